@@ -1,0 +1,317 @@
+"""The hidden-state cache: safetensors shards plus a manifest, written atomically, read with checks.
+
+Layout (docs/contracts.md): `<out>/manifest.json` and `<out>/shard_NNNNN.safetensors`, each shard
+holding its samples concatenated along tokens as `layer.{id}` [T, H] (model dtype), `input_ids` [T]
+and, when stored, `argmax` [T]. A sample never spans shards. The writer fills `<out>.tmp-<pid>/`
+and renames it to `<out>` only when complete, so a reader never sees a partial cache.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import shutil
+from collections.abc import Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+from safetensors import safe_open
+from safetensors.torch import save_file
+
+from .errors import DflashEvalError
+from .io_utils import atomic_write_json, sha256_file
+
+log = logging.getLogger(__name__)
+
+FORMAT_VERSION = 1
+MANIFEST = "manifest.json"
+_HEADER_KEYS = ("target", "backend", "device", "completions")
+
+
+class CacheError(DflashEvalError):
+    """A hidden cache that is missing, malformed, corrupt, or being written with bad data."""
+
+
+def shard_name(index: int) -> str:
+    """File name of shard `index`."""
+    return f"shard_{index:05d}.safetensors"
+
+
+def layer_key(layer_id: int) -> str:
+    """Tensor name of a layer inside a shard."""
+    return f"layer.{layer_id}"
+
+
+@dataclass
+class _ShardBuffer:
+    """Host copies of the samples bound for one shard."""
+
+    layers: dict[int, list[torch.Tensor]]
+    input_ids: list[torch.Tensor] = field(default_factory=list)
+    argmax: list[torch.Tensor] = field(default_factory=list)
+    tokens: int = 0
+
+
+def _write_shard(path: Path, buffer: _ShardBuffer, store_argmax: bool) -> dict[str, Any]:
+    """Concatenate, save and hash one shard; runs on the writer's background thread."""
+    tensors = {layer_key(i): torch.cat(parts) for i, parts in buffer.layers.items()}
+    tensors["input_ids"] = torch.cat(buffer.input_ids)
+    if store_argmax:
+        tensors["argmax"] = torch.cat(buffer.argmax)
+    save_file(tensors, str(path), metadata={"format": "pt"})
+    return {"file": path.name, "sha256": sha256_file(path), "bytes": path.stat().st_size, "tokens": buffer.tokens}
+
+
+def _nonfinite_error(sample_id: str, layer_id: int, state: torch.Tensor) -> CacheError:
+    bad = (~torch.isfinite(state)).nonzero()
+    return CacheError(
+        f"sample {sample_id!r}, layer {layer_id}: {len(bad)} non-finite values (NaN/Inf), first at token "
+        f"{int(bad[0, 0])}; the target forward is broken (dtype overflow, bad weights); nothing was written"
+    )
+
+
+class CacheWriter:
+    """Accumulates samples into shards of about `shard_tokens` tokens and publishes the directory.
+
+    Host memory stays near three shards: the one filling, the one being written, and its
+    concatenation. Use as a context manager: an exception removes the temporary directory.
+    """
+
+    def __init__(
+        self,
+        out: str | Path,
+        *,
+        layer_ids: Sequence[int],
+        shard_tokens: int,
+        store_argmax: bool,
+        header: dict[str, Any],
+    ) -> None:
+        if shard_tokens < 1:
+            raise CacheError(f"shard_tokens must be >= 1, got {shard_tokens}")
+        self.out = Path(out)
+        self.tmp = self.out.with_name(f"{self.out.name}.tmp-{os.getpid()}")
+        self.layer_ids = list(layer_ids)
+        self.shard_tokens = shard_tokens
+        self.store_argmax = store_argmax
+        self.header = dict(header)
+        self.samples: list[dict[str, Any]] = []
+        self._ids: set[str] = set()
+        self._shards: list[Future] = []
+        self._buffer = self._new_buffer()
+        self._hidden: tuple[int, torch.dtype] | None = None
+        self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="cache-writer")
+        if self.tmp.exists():
+            shutil.rmtree(self.tmp)
+        self.tmp.mkdir(parents=True)
+
+    def __enter__(self) -> CacheWriter:
+        return self
+
+    def __exit__(self, exc_type: Any, *_: Any) -> None:
+        if exc_type is not None:
+            self.abort()
+
+    def _new_buffer(self) -> _ShardBuffer:
+        return _ShardBuffer(layers={i: [] for i in self.layer_ids})
+
+    def _check(self, sample_id: str, input_ids: torch.Tensor, states: dict[int, torch.Tensor],
+               argmax: torch.Tensor | None, prompt_len: int) -> None:
+        """Reject a sample whose shapes, keys or values do not fit the cache."""
+        if sample_id in self._ids:
+            raise CacheError(f"sample id {sample_id!r} appears twice")
+        length = input_ids.numel()
+        if length == 0 or not 0 <= prompt_len <= length:
+            raise CacheError(f"sample {sample_id!r}: {length} tokens with prompt_len {prompt_len}")
+        if sorted(states) != sorted(self.layer_ids):
+            raise CacheError(f"sample {sample_id!r}: layers {sorted(states)} given, cache holds {self.layer_ids}")
+        if (argmax is not None) != self.store_argmax:
+            raise CacheError(f"sample {sample_id!r}: argmax {'missing' if argmax is None else 'given'} "
+                             f"but store_argmax={self.store_argmax}")
+        if argmax is not None and argmax.shape != (length,):
+            raise CacheError(f"sample {sample_id!r}: argmax shape {tuple(argmax.shape)}, expected ({length},)")
+        for layer_id, state in states.items():
+            hidden = (state.shape[-1], state.dtype)
+            if state.dim() != 2 or state.shape[0] != length or (self._hidden not in (None, hidden)):
+                raise CacheError(f"sample {sample_id!r}, layer {layer_id}: state {tuple(state.shape)} {state.dtype}, "
+                                 f"expected ({length}, H) with one H and dtype for the whole cache")
+            self._hidden = hidden
+            if not torch.isfinite(state).all():
+                raise _nonfinite_error(sample_id, layer_id, state)
+
+    def add(self, sample_id: str, input_ids: torch.Tensor, states: dict[int, torch.Tensor],
+            argmax: torch.Tensor | None, prompt_len: int) -> None:
+        """Copy one sample's tokens, layer states [T, H] and argmax [T] to the host shard buffer."""
+        input_ids = input_ids.reshape(-1)
+        self._check(sample_id, input_ids, states, argmax, prompt_len)
+        length = input_ids.numel()
+        if self._buffer.tokens and self._buffer.tokens + length > self.shard_tokens:
+            self._flush()
+        buffer = self._buffer
+        for layer_id in self.layer_ids:
+            buffer.layers[layer_id].append(states[layer_id].detach().to("cpu").contiguous())
+        buffer.input_ids.append(input_ids.detach().to("cpu", torch.int64))
+        if argmax is not None:
+            buffer.argmax.append(argmax.detach().to("cpu", torch.int64))
+        self.samples.append({"id": sample_id, "shard": shard_name(len(self._shards)),
+                             "offset": buffer.tokens, "length": length, "prompt_len": int(prompt_len)})
+        self._ids.add(sample_id)
+        buffer.tokens += length
+        if buffer.tokens >= self.shard_tokens:
+            self._flush()
+
+    def _flush(self) -> None:
+        """Hand the filled buffer to the background writer (waiting for the previous shard first)."""
+        if not self._buffer.tokens:
+            return
+        if self._shards:
+            self._shards[-1].result()  # bounds memory and surfaces write errors early
+        path = self.tmp / shard_name(len(self._shards))
+        self._shards.append(self._pool.submit(_write_shard, path, self._buffer, self.store_argmax))
+        self._buffer = self._new_buffer()
+
+    def finish(self, **updates: Any) -> Path:
+        """Write the last shard and the manifest, then atomically publish `<out>` (replacing an old one)."""
+        self._flush()
+        shards = [future.result() for future in self._shards]
+        self._pool.shutdown()
+        header = {**self.header, **updates}
+        missing = [key for key in _HEADER_KEYS if key not in header]
+        if missing:
+            raise CacheError(f"manifest header lacks {missing}")
+        manifest = {
+            "format_version": FORMAT_VERSION,
+            **header,
+            "layer_ids": self.layer_ids,
+            "store_argmax": self.store_argmax,
+            "samples": self.samples,
+            "shards": shards,
+        }
+        atomic_write_json(self.tmp / MANIFEST, manifest)
+        self._publish()
+        log.info("hidden cache %s: %d samples, %d tokens, %d shards", self.out, len(self.samples),
+                 sum(s["tokens"] for s in shards), len(shards))
+        return self.out
+
+    def _publish(self) -> None:
+        old = self.out.with_name(f"{self.out.name}.old-{os.getpid()}")
+        if old.exists():
+            shutil.rmtree(old)
+        if self.out.exists():
+            os.replace(self.out, old)
+        os.replace(self.tmp, self.out)
+        if old.exists():
+            shutil.rmtree(old)
+
+    def abort(self) -> None:
+        """Drop everything written so far; `<out>` (if any) is left as it was."""
+        self._pool.shutdown(wait=True, cancel_futures=True)
+        shutil.rmtree(self.tmp, ignore_errors=True)
+
+
+@dataclass
+class SampleStates:
+    """One cached sample: tokens [T], features [T, n*H] in the requested layer order, argmax [T]."""
+
+    input_ids: torch.Tensor
+    features: torch.Tensor
+    argmax: torch.Tensor | None
+    prompt_len: int
+
+
+def _require(condition: bool, directory: Path, what: str) -> None:
+    if not condition:
+        raise CacheError(f"{directory / MANIFEST}: {what}; re-run the extract stage to rebuild this cache")
+
+
+class HiddenCache:
+    """Read-only view of a hidden cache directory, validated on open."""
+
+    def __init__(self, directory: str | Path) -> None:
+        self.directory = Path(directory)
+        manifest_path = self.directory / MANIFEST
+        if not manifest_path.is_file():
+            what = "directory" if not self.directory.is_dir() else "manifest"
+            raise CacheError(
+                f"hidden cache {what} not found: {manifest_path}; build it with the extract stage "
+                "(snakemake ... or `dflash-eval extract --completions ... --out DIR`)"
+            )
+        self.manifest: dict[str, Any] = json.loads(manifest_path.read_text())
+        self._validate()
+        self._by_id = {entry["id"]: entry for entry in self.manifest["samples"]}
+
+    def _validate(self) -> None:
+        m, d = self.manifest, self.directory
+        _require(m.get("format_version") == FORMAT_VERSION, d,
+                 f"format_version {m.get('format_version')!r}, this reader understands {FORMAT_VERSION}")
+        for key in (*_HEADER_KEYS, "layer_ids", "store_argmax", "samples", "shards"):
+            _require(key in m, d, f"missing key {key!r}")
+        _require(all(isinstance(i, int) for i in m["layer_ids"]), d, "layer_ids must be integers")
+        shards = {s["file"]: s for s in m["shards"]}
+        for name in shards:
+            _require((d / name).is_file(), d, f"shard {name} is listed but missing")
+        ids = [s["id"] for s in m["samples"]]
+        _require(len(set(ids)) == len(ids), d, "sample ids repeat")
+        for s in m["samples"]:
+            shard = shards.get(s["shard"])
+            _require(shard is not None and 0 <= s["offset"] and s["offset"] + s["length"] <= shard["tokens"], d,
+                     f"sample {s['id']!r} points outside its shard {s['shard']}")
+
+    @property
+    def layer_ids(self) -> list[int]:
+        return list(self.manifest["layer_ids"])
+
+    @property
+    def backend(self) -> dict[str, Any]:
+        return dict(self.manifest["backend"])
+
+    @property
+    def samples(self) -> list[dict[str, Any]]:
+        return list(self.manifest["samples"])
+
+    @property
+    def store_argmax(self) -> bool:
+        return bool(self.manifest["store_argmax"])
+
+    def sample(self, sample_id: str) -> dict[str, Any]:
+        """Manifest entry of one sample."""
+        try:
+            return self._by_id[sample_id]
+        except KeyError:
+            raise CacheError(f"sample {sample_id!r} is not in the hidden cache {self.directory}") from None
+
+    def load_sample(self, sample_id: str, layer_ids: Sequence[int] | None = None,
+                    dtype: torch.dtype | None = None) -> SampleStates:
+        """States of one sample, concatenated over `layer_ids` in that order (default: the cache's).
+
+        Features keep the stored dtype unless `dtype` is given.
+        """
+        layer_ids = self.layer_ids if layer_ids is None else list(layer_ids)
+        absent = [i for i in layer_ids if i not in self.manifest["layer_ids"]]
+        if absent:
+            raise CacheError(f"layers {absent} are not in the hidden cache {self.directory} "
+                             f"(it holds {self.layer_ids}); extract a layer set that includes them")
+        entry = self.sample(sample_id)
+        rows = slice(entry["offset"], entry["offset"] + entry["length"])
+        with safe_open(str(self.directory / entry["shard"]), framework="pt") as handle:
+            features = torch.cat([handle.get_slice(layer_key(i))[rows] for i in layer_ids], dim=-1)
+            input_ids = handle.get_slice("input_ids")[rows]
+            argmax = handle.get_slice("argmax")[rows] if self.store_argmax else None
+        if dtype is not None:
+            features = features.to(dtype)
+        return SampleStates(input_ids=input_ids, features=features, argmax=argmax, prompt_len=entry["prompt_len"])
+
+    def verify(self) -> None:
+        """Check every shard's size and sha256 against the manifest (reads all bytes)."""
+        for shard in self.manifest["shards"]:
+            path = self.directory / shard["file"]
+            size = path.stat().st_size
+            if size != shard["bytes"]:
+                raise CacheError(f"{path}: {size} bytes, manifest says {shard['bytes']}; the shard is corrupt, "
+                                 "re-run the extract stage")
+            if sha256_file(path) != shard["sha256"]:
+                raise CacheError(f"{path}: sha256 differs from the manifest; the shard is corrupt, "
+                                 "re-run the extract stage")

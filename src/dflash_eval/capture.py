@@ -1,0 +1,96 @@
+"""Decoder-layer outputs by forward hooks, and the target's own greedy token per position.
+
+Layer id i is the output of decoder layer i: the residual stream before any norm. Hooks give it
+directly; `output_hidden_states` would not (its last entry is the final-norm output).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from .errors import DflashEvalError
+
+
+class _StopForward(Exception):
+    """Raised by the last needed hook to skip the remaining layers."""
+
+
+@dataclass
+class Capture:
+    """One sequence's captured layers (id -> [T, H]) and argmax [T] (None when not wanted)."""
+
+    states: dict[int, torch.Tensor]
+    argmax: torch.Tensor | None
+
+
+def text_parts(model: torch.nn.Module) -> tuple[torch.nn.Module, torch.nn.Module]:
+    """(text decoder with .layers/.norm, lm_head) of a CausalLM or of a VLM's language model."""
+    inner = model.model
+    decoder = getattr(inner, "language_model", inner)
+    if getattr(decoder, "layers", None) is None:
+        raise DflashEvalError(f"{type(model).__name__} has no decoder layers at model.layers or model.language_model")
+    return decoder, model.get_output_embeddings()
+
+
+def check_layer_ids(layer_ids: Sequence[int], num_layers: int) -> list[int]:
+    """Layer ids as a list, each in [0, num_layers), without repeats."""
+    ids = list(layer_ids)
+    bad = [i for i in ids if not isinstance(i, int) or isinstance(i, bool) or not 0 <= i < num_layers]
+    if bad:
+        raise DflashEvalError(
+            f"layer ids {bad} out of range: the target has {num_layers} decoder layers, so ids must be in "
+            f"0..{num_layers - 1} (id i = output of decoder layer i)"
+        )
+    if not ids or len(set(ids)) != len(ids):
+        raise DflashEvalError(f"layer ids {ids} must be a non-empty list without repeats")
+    return ids
+
+
+def capture_layers(
+    model: torch.nn.Module,
+    layer_ids: Sequence[int],
+    input_ids: torch.Tensor,
+    *,
+    want_argmax: bool = True,
+    stop_after_last: bool | None = None,
+) -> Capture:
+    """Run one sequence ([T] or [1, T]) and keep the requested layer outputs as [T, H] tensors.
+
+    With `want_argmax` the forward completes and the argmax of lm_head(final norm) is returned;
+    without it the forward stops after the last needed layer unless `stop_after_last=False`.
+    """
+    decoder, lm_head = text_parts(model)
+    ids = check_layer_ids(layer_ids, len(decoder.layers))
+    if stop_after_last is None:
+        stop_after_last = not want_argmax
+    if stop_after_last and want_argmax:
+        raise DflashEvalError("stop_after_last skips the final norm, so it cannot be combined with want_argmax")
+    tokens = input_ids.reshape(1, -1)
+    last = max(ids)
+    states: dict[int, torch.Tensor] = {}
+
+    def keep(layer_id: int):
+        def hook(_module: torch.nn.Module, _args: Any, output: Any) -> None:
+            hidden = output[0] if isinstance(output, tuple) else output
+            states[layer_id] = hidden[0].detach()
+            if stop_after_last and layer_id == last:
+                raise _StopForward
+        return hook
+
+    handles = [decoder.layers[i].register_forward_hook(keep(i)) for i in ids]
+    argmax = None
+    try:
+        with torch.inference_mode():
+            out = decoder(input_ids=tokens, use_cache=False)
+            if want_argmax:
+                argmax = lm_head(out.last_hidden_state[0]).argmax(dim=-1)
+    except _StopForward:
+        pass
+    finally:
+        for handle in handles:
+            handle.remove()
+    return Capture(states={i: states[i] for i in ids}, argmax=argmax)

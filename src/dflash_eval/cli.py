@@ -1,0 +1,62 @@
+"""`dflash-eval`: one subcommand per stage, so every Snakemake rule is also a command you can run."""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import logging
+import sys
+
+from .errors import DflashEvalError
+
+# subcommand -> (module, add_arguments, run, help)
+COMMANDS: dict[str, tuple[str, str, str, str]] = {
+    "demo-tokenizer": ("dflash_eval.demo.tokenizer", "add_tokenizer_arguments", "run_tokenizer",
+                       "train the demo's byte-level BPE tokenizer"),
+    "demo-target": ("dflash_eval.demo.target", "add_target_arguments", "run_target",
+                    "build and briefly train the demo's tiny hybrid target"),
+    "demo-drafters": ("dflash_eval.demo.drafters", "add_arguments", "run",
+                      "train the demo's DFlash drafters and save checkpoints"),
+    "server": ("dflash_eval.server", "add_arguments", "run", "start, stop or query the inference server"),
+    "fetch": ("dflash_eval.fetch", "add_arguments", "run", "fetch greedy completions from the server"),
+    "extract": ("dflash_eval.extract", "add_arguments", "run", "extract the target's hidden states"),
+    "evaluate": ("dflash_eval.evaluate", "add_arguments", "run", "evaluate one drafter on one dataset"),
+    "report": ("dflash_eval.report", "add_arguments", "run", "summary tables and plots"),
+}
+
+
+def build_parser(only: str | None = None) -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="dflash-eval", description=__doc__)
+    parser.add_argument("--log", help="also write the log to this file (Snakemake's log:)")
+    parser.add_argument("-v", "--verbose", action="store_true")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    for name, (module, add, _, help_text) in COMMANDS.items():
+        command = sub.add_parser(name, help=help_text)
+        if only is None or only == name:
+            getattr(importlib.import_module(module), add)(command)
+    return parser
+
+
+def _setup_logging(path: str | None, verbose: bool) -> None:
+    handlers: list[logging.Handler] = [logging.StreamHandler(sys.stderr)]
+    if path:
+        handlers.append(logging.FileHandler(path, mode="a", encoding="utf-8"))
+    logging.basicConfig(level=logging.DEBUG if verbose else logging.INFO, handlers=handlers, force=True,
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    command = next((a for a in argv if a in COMMANDS), None)
+    args = build_parser(only=command).parse_args(argv)
+    _setup_logging(args.log, args.verbose)
+    module, _, run_name, _ = COMMANDS[args.command]
+    try:
+        return int(getattr(importlib.import_module(module), run_name)(args) or 0)
+    except DflashEvalError as error:
+        logging.getLogger("dflash-eval").error("%s", error)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

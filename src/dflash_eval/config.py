@@ -1,0 +1,212 @@
+"""config.yaml: loading, validation with messages that name the key, and per-stage settings.
+
+The Snakefile and the CLI both go through here, so a stage run by hand gets exactly the settings
+the workflow would pass. Each `*_settings` function returns only what its stage reads: the
+workflow passes it as a rule param, which is what makes Snakemake rerun a stage when (and only
+when) its own settings change.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+from pathlib import Path
+from typing import Any
+
+import jsonschema
+import yaml
+
+from .errors import DflashEvalError
+
+PACKAGE_ROOT = Path(__file__).resolve().parents[2]
+SCHEMA_PATH = PACKAGE_ROOT / "workflow" / "schemas" / "config.schema.yaml"
+
+
+def _schema() -> dict:
+    if not SCHEMA_PATH.exists():
+        raise DflashEvalError(f"config schema {SCHEMA_PATH} not found; run from a checkout of dflash-eval")
+    return yaml.safe_load(SCHEMA_PATH.read_text())
+
+
+def _fill_defaults(instance: Any, schema: dict) -> None:
+    """Fill schema defaults in place, recursing into objects and maps (jsonschema does not)."""
+    if not isinstance(instance, dict) or schema.get("type") != "object":
+        return
+    for key, sub in schema.get("properties", {}).items():
+        if key not in instance and "default" in sub:
+            instance[key] = copy.deepcopy(sub["default"])
+        if key in instance:
+            _fill_defaults(instance[key], sub)
+    extra = schema.get("additionalProperties")
+    if isinstance(extra, dict):
+        for key, value in instance.items():
+            if key not in schema.get("properties", {}):
+                _fill_defaults(value, extra)
+
+
+def _where(error: jsonschema.ValidationError) -> str:
+    return ".".join(str(p) for p in error.absolute_path) or "(top level)"
+
+
+def validate_config(config: dict, source: str = "config.yaml") -> dict:
+    """Validate against the schema, fill defaults, then check what a schema cannot express."""
+    schema = _schema()
+    validator = jsonschema.Draft202012Validator(schema)
+    errors = sorted(validator.iter_errors(config), key=lambda e: list(e.absolute_path))
+    if errors:
+        lines = []
+        for error in errors:
+            message = error.message
+            if error.validator == "additionalProperties":
+                allowed = ", ".join(sorted(error.schema.get("properties", {})))
+                message += f" (allowed keys: {allowed})"
+            lines.append(f"  {_where(error)}: {message}")
+        raise DflashEvalError(f"{source} is not valid:\n" + "\n".join(lines))
+    config = copy.deepcopy(config)
+    _fill_defaults(config, schema)
+    _check_semantics(config, source)
+    return config
+
+
+def _check_semantics(config: dict, source: str) -> None:
+    server = config["server"]
+    if server["kind"] == "managed" and not server.get("command"):
+        raise DflashEvalError(f"{source}: server.command is required when server.kind is managed (the launch command)")
+    if server["kind"] == "external" and not (server.get("start_command") and server.get("stop_command")):
+        raise DflashEvalError(f"{source}: server.start_command and server.stop_command are required when server.kind is external")
+    if config["target"]["backend"] == "fla" and config["target"]["device"] == "cpu":
+        raise DflashEvalError(
+            f"{source}: target.backend fla cannot run on target.device cpu (Triton kernels need CUDA); "
+            "use a cuda device, or backend torch (and then set trained_with accordingly)"
+        )
+    reference = config.get("report", {}).get("reference")
+    if reference is not None and reference not in config["drafters"]:
+        raise DflashEvalError(f"{source}: report.reference {reference!r} is not one of the drafters: {', '.join(config['drafters'])}")
+
+
+def load_config(path: str | Path) -> dict:
+    """Read and validate a config.yaml."""
+    path = Path(path)
+    if not path.exists():
+        raise DflashEvalError(f"config file {path} not found")
+    try:
+        raw = yaml.safe_load(path.read_text()) or {}
+    except yaml.YAMLError as error:
+        raise DflashEvalError(f"{path}: not valid YAML ({error})") from error
+    return validate_config(raw, str(path))
+
+
+# -- layer sets -------------------------------------------------------------------------------
+
+def layerset_name(layer_ids: list[int]) -> str:
+    """Directory-safe, order-preserving name of a layer list: [1, 16, 31] -> L1-16-31."""
+    return "L" + "-".join(str(i) for i in layer_ids)
+
+
+def parse_layerset(name: str) -> list[int]:
+    if not name.startswith("L"):
+        raise DflashEvalError(f"layer set {name!r} must look like L1-16-31")
+    return [int(part) for part in name[1:].split("-")]
+
+
+def drafter_layer_ids(config: dict, drafter: str) -> list[int]:
+    """The drafter's target layers: from config.yaml, else from its config.json when it exists now."""
+    spec = config["drafters"][drafter]
+    if spec.get("layer_ids"):
+        return [int(i) for i in spec["layer_ids"]]
+    path = Path(spec["path"])
+    candidates = [Path(spec["config"])] if spec.get("config") else [path, path.parent]
+    for candidate in candidates:
+        file = candidate / "config.json" if candidate.is_dir() or candidate.suffix != ".json" else candidate
+        if file.is_file():
+            data = json.loads(file.read_text())
+            ids = data.get("dflash_config", {}).get("target_layer_ids", data.get("target_layer_ids"))
+            if ids:
+                return [int(i) for i in ids]
+    raise DflashEvalError(
+        f"drafters.{drafter}: cannot tell its target layers (no layer_ids in config.yaml and no readable "
+        f"config.json with dflash_config.target_layer_ids at {spec['path']}); set drafters.{drafter}.layer_ids"
+    )
+
+
+# -- per-stage settings ---------------------------------------------------------------------
+
+def server_settings(config: dict) -> dict:
+    return dict(config["server"])
+
+
+def fetch_settings(config: dict, dataset: str) -> dict:
+    spec = config["datasets"][dataset]
+    return {
+        "dataset": dataset,
+        "prompts": spec["prompts"],
+        "max_samples": spec["max_samples"],
+        "seed": spec["seed"],
+        "server": server_settings(config),
+        "tokenizer": config["target"]["path"],
+        **{key: config["fetch"][key] for key in
+           ("endpoint", "max_tokens", "temperature", "concurrency", "timeout_s", "retries", "chat_template_kwargs")},
+    }
+
+
+def extract_settings(config: dict, dataset: str, layer_ids: list[int]) -> dict:
+    return {
+        "dataset": dataset,
+        "layer_ids": list(layer_ids),
+        "target": dict(config["target"]),
+        "server": server_settings(config),
+        **config["extraction"],
+    }
+
+
+def evaluate_settings(config: dict, drafter: str, dataset: str) -> dict:
+    spec = config["drafters"][drafter]
+    checkpoint = {key: spec[key] for key in ("path", "layout", "config", "trained_with", "allow_pickle", "step")}
+    checkpoint["layer_ids"] = drafter_layer_ids(config, drafter)
+    return {
+        "drafter": drafter,
+        "dataset": dataset,
+        "checkpoint": checkpoint,
+        "target": {"path": config["target"]["path"]},
+        "max_tokens": config["fetch"]["max_tokens"],
+        **config["evaluation"],
+    }
+
+
+def report_settings(config: dict) -> dict:
+    return {
+        "drafters": {name: {"step": spec.get("step"), "layer_ids": drafter_layer_ids(config, name)}
+                     for name, spec in config["drafters"].items()},
+        "datasets": list(config["datasets"]),
+        "reference": config.get("report", {}).get("reference"),
+    }
+
+
+STAGE_SETTINGS = {"fetch": fetch_settings, "extract": extract_settings, "evaluate": evaluate_settings}
+
+
+def settings_json(settings: dict) -> str:
+    """Canonical JSON, so equal settings compare equal as Snakemake params."""
+    return json.dumps(settings, sort_keys=True, separators=(",", ":"))
+
+
+def settings_from_args(args: Any, build: Any, *selectors: str) -> dict:
+    """Settings for a CLI stage: `--settings JSON` as the workflow passes it, or `--config` + selectors."""
+    if getattr(args, "settings", None):
+        text = args.settings
+        if not text.lstrip().startswith("{") and Path(text).is_file():
+            text = Path(text).read_text()
+        try:
+            return json.loads(text)
+        except json.JSONDecodeError as error:
+            raise DflashEvalError(f"--settings is not valid JSON ({error})") from error
+    if not getattr(args, "config", None):
+        raise DflashEvalError("give --settings JSON (as the workflow does) or --config config.yaml with the selectors")
+    config = load_config(args.config)
+    values = []
+    for selector in selectors:
+        value = getattr(args, selector, None)
+        if value is None:
+            raise DflashEvalError(f"--{selector} is required with --config")
+        values.append(value)
+    return build(config, *values)

@@ -1,0 +1,218 @@
+"""Stage 2, extract: the target's hidden states for every completion, under an explicit kernel backend.
+
+Everything that can be checked without the GPU (settings, completions, token ids, layer ids,
+backend availability) is checked before the inference server is paused. The model is loaded and
+run inside `server_paused`, and its memory is released before the server comes back.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import logging
+import time
+import traceback
+from contextlib import AbstractContextManager, nullcontext
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+from tqdm import tqdm
+
+from .backends import select_backend, use_backend
+from .cache import CacheWriter
+from .capture import capture_layers, check_layer_ids
+from .errors import DflashEvalError
+from .io_utils import sha256_file
+from .target import load_target, read_config_json, target_config_hash, text_config_dict
+
+log = logging.getLogger(__name__)
+
+_SETTING_KEYS = ("layer_ids", "target", "shard_tokens", "store_argmax", "strict_tokens")
+_TARGET_KEYS = ("path", "dtype", "device", "backend")
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--settings", help="extract settings as JSON (from config.extract_settings)")
+    parser.add_argument("--config", help="config.yaml, instead of --settings (with --dataset and --layers)")
+    parser.add_argument("--dataset", help="dataset name in config.yaml")
+    parser.add_argument("--layers", help="comma-separated layer ids, e.g. 1,16,31,46,61")
+    parser.add_argument("--completions", required=True, help="results/completions/{dataset}.jsonl")
+    parser.add_argument("--out", required=True, help="cache directory, results/hidden/{dataset}/{layerset}")
+
+
+def parse_layers(text: str) -> list[int]:
+    """'1,16,31' -> [1, 16, 31]."""
+    try:
+        return [int(part) for part in text.split(",") if part.strip()]
+    except ValueError:
+        raise DflashEvalError(f"--layers {text!r}: expected comma-separated integers such as 1,16,31") from None
+
+
+def resolve_settings(args: argparse.Namespace) -> dict[str, Any]:
+    """Settings from --settings JSON, or built from --config/--dataset/--layers; keys checked."""
+    if args.settings:
+        settings = json.loads(args.settings)
+    elif args.config and args.dataset and args.layers:
+        from .config import extract_settings, load_config
+
+        settings = extract_settings(load_config(args.config), args.dataset, parse_layers(args.layers))
+    else:
+        raise DflashEvalError("extract needs --settings JSON, or --config with --dataset and --layers")
+    missing = [k for k in _SETTING_KEYS if k not in settings]
+    missing += [f"target.{k}" for k in _TARGET_KEYS if k not in settings.get("target", {})]
+    if missing:
+        raise DflashEvalError(f"extract settings lack {missing}")
+    return settings
+
+
+def read_completions(path: str | Path) -> list[dict[str, Any]]:
+    """Completion records with the fields extraction needs, ids unique."""
+    path = Path(path)
+    if not path.is_file():
+        raise DflashEvalError(f"completions file {path} not found; run the fetch stage first")
+    records = []
+    with path.open(encoding="utf-8") as handle:
+        for number, line in enumerate(handle, 1):
+            if not line.strip():
+                continue
+            record = json.loads(line)
+            for key in ("id", "prompt_token_ids", "completion_token_ids"):
+                if key not in record:
+                    raise DflashEvalError(f"{path}:{number}: record lacks {key!r}")
+            if not record["prompt_token_ids"]:
+                raise DflashEvalError(f"{path}:{number}: sample {record['id']!r} has no prompt tokens")
+            records.append(record)
+    ids = [str(r["id"]) for r in records]
+    if len(set(ids)) != len(ids):
+        raise DflashEvalError(f"{path}: sample ids repeat")
+    if not records:
+        raise DflashEvalError(f"{path} holds no completions")
+    return records
+
+
+@dataclass
+class TokenReport:
+    """Records whose token ids are not exactly the server's: flagged, and fatal in strict mode."""
+
+    mismatch: list[str] = field(default_factory=list)
+    retokenized: list[str] = field(default_factory=list)
+
+    def to_manifest(self) -> dict[str, list[str]]:
+        return {"mismatch": self.mismatch, "retokenized": self.retokenized}
+
+
+def check_tokens(records: list[dict[str, Any]], strict: bool) -> TokenReport:
+    """Flag token_check mismatches and retokenized completions; raise on any in strict mode."""
+    report = TokenReport()
+    for record in records:
+        check = record.get("token_check") or {}
+        if any(value is False for value in check.values()):
+            report.mismatch.append(str(record["id"]))
+        if record.get("completion_ids_source") == "retokenized":
+            report.retokenized.append(str(record["id"]))
+    for kind, ids in (("token_check mismatch", report.mismatch), ("retokenized completion ids", report.retokenized)):
+        if ids:
+            log.warning("%d of %d samples flagged: %s (e.g. %s)", len(ids), len(records), kind, ids[:5])
+    if strict and (report.mismatch or report.retokenized):
+        raise DflashEvalError(
+            f"strict_tokens: {len(report.mismatch)} samples with token_check mismatches and "
+            f"{len(report.retokenized)} with retokenized completions (e.g. {(report.mismatch + report.retokenized)[:5]}); "
+            "re-fetch with token ids from the server, or set strict_tokens: false to accept them"
+        )
+    return report
+
+
+def _check_token_range(records: list[dict[str, Any]], vocab_size: int) -> None:
+    """Out-of-range ids would crash inside the embedding kernel; say which sample instead."""
+    for record in records:
+        ids = record["prompt_token_ids"] + record["completion_token_ids"]
+        if any(not 0 <= t < vocab_size for t in ids):
+            raise DflashEvalError(f"sample {record['id']!r} has token ids outside the target's vocabulary "
+                                  f"(size {vocab_size}); the completions come from another model")
+
+
+def _server_paused(server: dict[str, Any] | None) -> AbstractContextManager:
+    if server is None:
+        return nullcontext()
+    from .server import server_paused
+
+    return server_paused(server)
+
+
+def _release_device_memory(device: torch.device) -> None:
+    gc.collect()
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
+
+
+def _extract_on_device(settings: dict[str, Any], records: list[dict[str, Any]], header: dict[str, Any],
+                       out: Path) -> Path:
+    """Load the target, run every record under the verified backend, write the cache."""
+    target, layer_ids = settings["target"], list(settings["layer_ids"])
+    device = torch.device(target["device"])
+    model, _ = load_target(target["path"], target["dtype"], device)
+    header["target"]["dtype"] = str(model.dtype).removeprefix("torch.")
+    store_argmax = bool(settings["store_argmax"])
+    total = sum(len(r["prompt_token_ids"]) + len(r["completion_token_ids"]) for r in records)
+    started = time.perf_counter()
+    with (use_backend(target["backend"], device, model) as backend,
+          CacheWriter(out, layer_ids=layer_ids, shard_tokens=int(settings["shard_tokens"]),
+                      store_argmax=store_argmax, header=header) as writer,
+          tqdm(total=total, unit="tok", unit_scale=True, desc=f"extract {settings.get('dataset', '')}") as bar):
+        for record in records:
+            ids = record["prompt_token_ids"] + record["completion_token_ids"]
+            tokens = torch.tensor(ids, dtype=torch.long, device=device)
+            captured = capture_layers(model, layer_ids, tokens, want_argmax=store_argmax)
+            backend.verify()
+            writer.add(str(record["id"]), tokens, captured.states, captured.argmax, len(record["prompt_token_ids"]))
+            bar.update(len(ids))
+        info = backend.verify()
+        path = writer.finish(backend=info.to_manifest())
+    seconds = time.perf_counter() - started
+    log.info("extracted %d tokens in %.1f s (%.0f tokens/s) with %s", total, seconds, total / seconds,
+             info.implementation)
+    return path
+
+
+def extract(settings: dict[str, Any], completions: str | Path, out: str | Path) -> Path:
+    """The stage without argparse: check inputs, pause the server, extract, publish the cache."""
+    target = settings["target"]
+    records = read_completions(completions)
+    tokens = check_tokens(records, bool(settings["strict_tokens"]))
+    text_config = text_config_dict(read_config_json(target["path"]))
+    check_layer_ids(settings["layer_ids"], int(text_config["num_hidden_layers"]))
+    _check_token_range(records, int(text_config["vocab_size"]))
+    planned = select_backend(target["backend"], target["device"])  # fails here, before the server stops
+    log.info("kernel backend %s will bind %s", planned.name, planned.implementation)
+    header = {
+        "dataset": settings.get("dataset"),
+        "target": {
+            "path": str(target["path"]),
+            "config_hash": target_config_hash(target["path"]),
+            "model_type": text_config.get("model_type"),
+            "num_hidden_layers": int(text_config["num_hidden_layers"]),
+            "hidden_size": int(text_config["hidden_size"]),
+            "dtype": target["dtype"],
+        },
+        "device": str(torch.device(target["device"])),
+        "completions": {"path": str(completions), "sha256": sha256_file(completions)},
+        "token_flags": tokens.to_manifest(),
+    }
+    with _server_paused(settings.get("server")):
+        try:
+            return _extract_on_device(settings, records, header, Path(out))
+        except BaseException as error:
+            # Frames in the traceback would keep the model alive on the GPU while the server restarts.
+            traceback.clear_frames(error.__traceback__)
+            raise
+        finally:
+            _release_device_memory(torch.device(target["device"]))
+
+
+def run(args: argparse.Namespace) -> int:
+    settings = resolve_settings(args)
+    extract(settings, args.completions, args.out)
+    return 0

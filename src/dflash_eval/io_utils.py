@@ -1,0 +1,40 @@
+"""Small file helpers shared by every stage: atomic writes and content hashes."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import tempfile
+from pathlib import Path
+from typing import Any
+
+
+def sha256_file(path: str | Path, chunk_bytes: int = 1 << 22) -> str:
+    """Content hash of a file, read in chunks so large checkpoints never sit in memory."""
+    digest = hashlib.sha256()
+    with open(path, "rb") as handle:
+        while block := handle.read(chunk_bytes):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def atomic_write_text(path: str | Path, text: str) -> None:
+    """Write to a temporary sibling and rename, so a crash never leaves a half-written file."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as handle:
+            handle.write(text)
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def atomic_write_json(path: str | Path, data: Any) -> None:
+    """JSON twin of atomic_write_text, indented for humans and sorted for stable diffs."""
+    atomic_write_text(path, json.dumps(data, indent=2, sort_keys=True) + "\n")

@@ -1,0 +1,73 @@
+"""Prompt files: JSONL of {"id": str, "messages": [{"role": str, "content": str}, ...]}.
+
+Loading is strict: a malformed line is an error naming the file and the line, never a skipped
+prompt, because a silently shorter prompt set changes every number downstream.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+
+class PromptFileError(ValueError):
+    """A prompt file that cannot be used as it is; the message names the file and line."""
+
+
+@dataclass(frozen=True)
+class Prompt:
+    id: str
+    messages: list[dict[str, Any]]
+
+
+def _check_record(rec: Any) -> str | None:
+    """Why `rec` is not a valid prompt record, or None when it is."""
+    if not isinstance(rec, dict):
+        return "not a JSON object"
+    if not isinstance(rec.get("id"), str) or not rec["id"]:
+        return 'needs "id", a non-empty string'
+    messages = rec.get("messages")
+    if not isinstance(messages, list) or not messages:
+        return 'needs "messages", a non-empty list'
+    for i, msg in enumerate(messages):
+        if not isinstance(msg, dict) or not isinstance(msg.get("role"), str) or "content" not in msg:
+            return f'messages[{i}] needs "role" (a string) and "content"'
+    return None
+
+
+def load_prompts(path: str | Path) -> list[Prompt]:
+    """All prompts of a JSONL file, in file order; blank lines are allowed, duplicate ids are not."""
+    path = Path(path)
+    prompts: list[Prompt] = []
+    first_line: dict[str, int] = {}
+    with open(path, encoding="utf-8") as fh:
+        for lineno, line in enumerate(fh, start=1):
+            if not line.strip():
+                continue
+            try:
+                rec = json.loads(line)
+            except json.JSONDecodeError as exc:
+                raise PromptFileError(f"{path}:{lineno}: invalid JSON ({exc.msg} at column {exc.colno})") from None
+            problem = _check_record(rec)
+            if problem:
+                raise PromptFileError(f"{path}:{lineno}: {problem}")
+            if rec["id"] in first_line:
+                raise PromptFileError(f"{path}:{lineno}: duplicate id {rec['id']!r} (first on line {first_line[rec['id']]})")
+            first_line[rec["id"]] = lineno
+            prompts.append(Prompt(id=rec["id"], messages=rec["messages"]))
+    if not prompts:
+        raise PromptFileError(f"{path}: no prompts")
+    return prompts
+
+
+def select_subset(prompts: list[Prompt], max_samples: int | None, seed: int) -> list[Prompt]:
+    """A deterministic subset of `max_samples` prompts (all when None), kept in file order."""
+    if max_samples is None or max_samples >= len(prompts):
+        return list(prompts)
+    if max_samples < 1:
+        raise ValueError(f"max_samples must be at least 1, got {max_samples}")
+    keep = sorted(random.Random(seed).sample(range(len(prompts)), max_samples))
+    return [prompts[i] for i in keep]

@@ -1,0 +1,48 @@
+"""Tiny random models for fast tests: a hybrid Qwen3.5 target and a reference DFlash drafter."""
+
+from __future__ import annotations
+
+import torch
+from transformers import Qwen3Config
+from transformers.models.qwen3_5 import Qwen3_5ForCausalLM, Qwen3_5TextConfig
+
+VOCAB = 300
+MASK_ID = 299
+
+
+def tiny_target(seed: int = 0, layers: int = 4, hidden: int = 64) -> Qwen3_5ForCausalLM:
+    """A 3 linear : 1 full attention Qwen3.5 target in float32."""
+    torch.manual_seed(seed)
+    config = Qwen3_5TextConfig(
+        vocab_size=VOCAB, hidden_size=hidden, intermediate_size=2 * hidden, num_hidden_layers=layers,
+        num_attention_heads=4, num_key_value_heads=2, head_dim=16,
+        linear_num_key_heads=2, linear_num_value_heads=4, linear_key_head_dim=16, linear_value_head_dim=16,
+        layer_types=["linear_attention" if (i + 1) % 4 else "full_attention" for i in range(layers)],
+        tie_word_embeddings=False, eos_token_id=1, bos_token_id=0, pad_token_id=0,
+    )
+    return Qwen3_5ForCausalLM(config).eval()
+
+
+def tiny_drafter_config(layer_ids: list[int], hidden: int = 64, block_size: int = 4, window: int | None = 5,
+                        num_target_layers: int = 4) -> Qwen3Config:
+    """Drafter config shaped like the z-lab ones: sliding layers then one full-attention layer."""
+    return Qwen3Config(
+        vocab_size=VOCAB, hidden_size=hidden, intermediate_size=2 * hidden, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=2, head_dim=16, max_position_embeddings=4096,
+        layer_types=["sliding_attention", "full_attention"], use_sliding_window=window is not None,
+        sliding_window=window, max_window_layers=0, architectures=["DFlashDraftModel"],
+        block_size=block_size, num_target_layers=num_target_layers,
+        dflash_config={"mask_token_id": MASK_ID, "target_layer_ids": layer_ids},
+    )
+
+
+def tiny_drafter(layer_ids: list[int], seed: int = 1, **kwargs):
+    from dflash import DFlashDraftModel
+
+    torch.manual_seed(seed)
+    model = DFlashDraftModel(tiny_drafter_config(layer_ids, **kwargs)).eval()
+    with torch.no_grad():  # post_init leaves norms at 1 and projections small; make the signal visible
+        for param in model.parameters():
+            if param.dim() > 1:
+                param.normal_(0, 0.2)
+    return model
