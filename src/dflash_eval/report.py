@@ -1,0 +1,513 @@
+"""The report stage: every drafter x dataset metrics.json into one CSV, one markdown page and plots.
+
+summary.csv is tidy (one row per drafter x dataset x method) so that it can be filtered or plotted
+without knowing this module; summary.md is for people: tau with its confidence interval, the best
+per column in bold, and a Diagnostics section that makes a suspect number (kernel backend mismatch,
+low argmax agreement, skipped samples) impossible to miss.
+
+This module reads only JSON and writes text and PNG: it imports neither torch nor transformers, so
+the report reruns in a second even on a loaded machine.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import math
+import os
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Iterable
+
+import pandas as pd
+
+from .config import report_settings, settings_from_args
+from .errors import DflashEvalError
+from .io_utils import atomic_write_text
+
+log = logging.getLogger(__name__)
+
+COLUMNS = [
+    "drafter", "dataset", "method", "block_size", "tau_mean_of_samples", "tau_token_weighted",
+    "ci_low", "ci_high", "ci_low_tw", "ci_high_tw", "samples", "steps", "tokens", "training_step",
+    "layer_ids", "backend", "backend_mismatch_allowed", "argmax_agreement", "tau_vs_reference",
+]
+TAU_LABEL = "acceptance length tau (tokens per step)"
+FIGSIZE, DPI = (12, 6), 100          # 1200 x 600 px
+DIGITS = 2                           # tau precision shown; the CI is wider than 0.01 in practice
+LOW_AGREEMENT = 0.95                 # below this the cached target is likely not the one that served
+STEP_PLOT = "tau_vs_step.png"
+MAX_LISTED_SKIPS = 5
+
+
+@dataclass(frozen=True)
+class Evaluation:
+    """One metrics.json and the file it came from (named in every error about it)."""
+
+    path: Path
+    metrics: dict
+
+    @property
+    def key(self) -> tuple[str, str]:
+        return self.metrics["drafter"], self.metrics["dataset"]
+
+
+# -- command line ---------------------------------------------------------------------------------
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--settings", help="report settings as JSON (what the workflow passes)")
+    parser.add_argument("--config", help="config.yaml, to run by hand")
+    parser.add_argument("--metrics", nargs="+", required=True, help="metrics.json of every drafter x dataset")
+    parser.add_argument("--csv", required=True, help="output tidy summary CSV")
+    parser.add_argument("--md", required=True, help="output markdown summary")
+    parser.add_argument("--plot", required=True, help="output PNG: tau by drafter and dataset")
+    parser.add_argument("--plot-dir", help=f"where further plots go ({STEP_PLOT}); default: the --plot directory")
+
+
+def run(args: argparse.Namespace) -> int:
+    settings = settings_from_args(args, report_settings)
+    check_settings(settings)
+    evaluations = collect(settings, args.metrics)
+    rows = summary_rows(evaluations, settings)
+    atomic_write_text(args.csv, summary_frame(rows).to_csv(index=False))
+    atomic_write_text(args.md, render_markdown(rows, evaluations, settings))
+    plot_tau(rows, settings, args.plot)
+    written = [args.csv, args.md, args.plot]
+    if has_step_trend(rows):
+        step_plot = Path(args.plot_dir or Path(args.plot).parent) / STEP_PLOT
+        plot_tau_vs_step(rows, settings, step_plot)
+        written.append(str(step_plot))
+    for warning in warnings(evaluations):
+        log.warning("%s", _plain(warning))
+    log.info("report of %d evaluations written: %s", len(evaluations), ", ".join(map(str, written)))
+    return 0
+
+
+# -- reading and checking ------------------------------------------------------------------------
+
+REQUIRED = ("drafter", "dataset", "block_size", "layer_ids", "checkpoint", "cache.backend",
+            "cache.backend_mismatch_allowed", "chain.tau_mean_of_samples", "chain.tau_token_weighted",
+            "chain.samples", "chain.steps", "chain.tokens", "chain.ci95", "diagnostics")
+
+
+def check_settings(settings: dict) -> None:
+    """The settings must name something to report, and a reference that is one of the drafters."""
+    if not settings.get("drafters") or not settings.get("datasets"):
+        raise DflashEvalError("report settings name no drafters or no datasets: nothing to report")
+    reference = settings.get("reference")
+    if reference is not None and reference not in settings["drafters"]:
+        raise DflashEvalError(f"report reference {reference!r} is not one of the drafters: {', '.join(settings['drafters'])}")
+
+
+def _lookup(data: dict, dotted: str) -> Any:
+    for part in dotted.split("."):
+        if not isinstance(data, dict) or part not in data:
+            raise KeyError(dotted)
+        data = data[part]
+    return data
+
+
+def read_metrics(path: str | Path) -> Evaluation:
+    """Load one metrics.json, failing with its name when it is absent, not JSON or lacks a field."""
+    path = Path(path)
+    if not path.is_file():
+        raise DflashEvalError(f"metrics file {path} not found; run the evaluate stage for it first")
+    try:
+        metrics = json.loads(path.read_text(encoding="utf-8"))
+    except json.JSONDecodeError as error:
+        raise DflashEvalError(f"{path}: not valid JSON ({error})") from error
+    for field in REQUIRED:
+        try:
+            _lookup(metrics, field)
+        except KeyError:
+            raise DflashEvalError(f"{path}: no {field!r}; is it a metrics.json written by `dflash-eval evaluate`?") from None
+    return Evaluation(path=path, metrics=metrics)
+
+
+def collect(settings: dict, paths: Iterable[str | Path]) -> list[Evaluation]:
+    """Exactly one evaluation per configured drafter x dataset, in config order."""
+    paths = list(paths)
+    absent = [str(p) for p in paths if not Path(p).is_file()]
+    if absent:
+        raise DflashEvalError(f"metrics file(s) not found: {', '.join(absent)}; run the evaluate stage for them first")
+    found: dict[tuple[str, str], Evaluation] = {}
+    for path in paths:
+        evaluation = read_metrics(path)
+        if evaluation.key in found:
+            raise DflashEvalError(f"{found[evaluation.key].path} and {path} both hold drafter "
+                                  f"{evaluation.key[0]!r} on dataset {evaluation.key[1]!r}; pass one")
+        found[evaluation.key] = evaluation
+    ordered = [_expected(found, drafter, dataset) for drafter in settings["drafters"] for dataset in settings["datasets"]]
+    for key in sorted(set(found) - {e.key for e in ordered}):
+        log.warning("%s: drafter %r on dataset %r is not in the config; left out of the report", found[key].path, *key)
+    for evaluation in ordered:
+        _check_layers(evaluation, settings["drafters"][evaluation.key[0]])
+    return ordered
+
+
+def _expected(found: dict[tuple[str, str], Evaluation], drafter: str, dataset: str) -> Evaluation:
+    if (drafter, dataset) not in found:
+        raise DflashEvalError(
+            f"no metrics for drafter {drafter!r} on dataset {dataset!r} among the --metrics files "
+            f"(expected e.g. results/eval/{drafter}/{dataset}/metrics.json); run the evaluate stage for it"
+        )
+    return found[(drafter, dataset)]
+
+
+def _check_layers(evaluation: Evaluation, spec: dict) -> None:
+    """A metrics file from another layer list is stale: reporting it would mislabel the number."""
+    expected = spec.get("layer_ids")
+    actual = list(evaluation.metrics["layer_ids"])
+    if expected is not None and list(expected) != actual:
+        raise DflashEvalError(f"{evaluation.path}: evaluated with layer ids {actual} but the config says "
+                              f"{list(expected)} for drafter {evaluation.key[0]!r}; re-run its evaluation")
+
+
+# -- the tidy table ------------------------------------------------------------------------------
+
+def training_step(metrics: dict, spec: dict) -> int | None:
+    """The checkpoint's own global_step is the truth; the config's step is the fallback."""
+    checkpoint = metrics.get("checkpoint") or {}
+    for step in (checkpoint.get("global_step"), spec.get("step"), checkpoint.get("step")):
+        if step is not None:
+            return int(step)
+    return None
+
+
+def _pair(values: Any) -> tuple[float, float]:
+    if not isinstance(values, (list, tuple)) or len(values) != 2:
+        return math.nan, math.nan
+    return tuple(math.nan if v is None else float(v) for v in values)  # type: ignore[return-value]
+
+
+def method_rows(evaluation: Evaluation, spec: dict) -> list[dict]:
+    """The rows of one evaluation: the chain for now; DDTree budgets will add rows here."""
+    metrics = evaluation.metrics
+    chain, cache = metrics["chain"], metrics["cache"]
+    ci, ci_tw = _pair(chain["ci95"].get("tau_mean_of_samples")), _pair(chain["ci95"].get("tau_token_weighted"))
+    agreement = metrics["diagnostics"].get("argmax_agreement")
+    return [{
+        "drafter": metrics["drafter"], "dataset": metrics["dataset"], "method": f"chain-B{metrics['block_size']}",
+        "block_size": int(metrics["block_size"]),
+        "tau_mean_of_samples": _float(chain["tau_mean_of_samples"]),
+        "tau_token_weighted": _float(chain["tau_token_weighted"]),
+        "ci_low": ci[0], "ci_high": ci[1], "ci_low_tw": ci_tw[0], "ci_high_tw": ci_tw[1],
+        "samples": int(chain["samples"]), "steps": int(chain["steps"]), "tokens": int(chain["tokens"]),
+        "training_step": training_step(metrics, spec),
+        "layer_ids": " ".join(str(i) for i in metrics["layer_ids"]),
+        "backend": cache["backend"], "backend_mismatch_allowed": bool(cache["backend_mismatch_allowed"]),
+        "argmax_agreement": _float(agreement), "tau_vs_reference": math.nan,
+    }]
+
+
+def _float(value: Any) -> float:
+    return math.nan if value is None else float(value)
+
+
+def summary_rows(evaluations: list[Evaluation], settings: dict) -> list[dict]:
+    """All rows in config order, with tau relative to the reference drafter when there is one."""
+    rows = [row for e in evaluations for row in method_rows(e, settings["drafters"][e.key[0]])]
+    reference = settings.get("reference")
+    if reference is not None:
+        baseline = {(r["dataset"], _comparable(r["method"])): r["tau_mean_of_samples"]
+                    for r in rows if r["drafter"] == reference}
+        for row in rows:
+            base = baseline.get((row["dataset"], _comparable(row["method"])), math.nan)
+            row["tau_vs_reference"] = row["tau_mean_of_samples"] / base if base and not math.isnan(base) else math.nan
+    return rows
+
+
+def summary_frame(rows: list[dict]) -> pd.DataFrame:
+    """The CSV's table; the nullable integer step keeps "1000" from becoming "1000.0"."""
+    frame = pd.DataFrame(rows, columns=COLUMNS)
+    frame["training_step"] = frame["training_step"].astype("Int64")
+    return frame
+
+
+def _comparable(method: str) -> str:
+    """Chains compare across block sizes (the drafter's block is part of what is being compared)."""
+    return "chain" if method.startswith("chain-") else method
+
+
+# -- markdown ------------------------------------------------------------------------------------
+
+def _missing(value: Any) -> bool:
+    return value is None or bool(pd.isna(value))
+
+
+def _fmt(value: Any, digits: int = DIGITS) -> str:
+    return "n/a" if _missing(value) else f"{value:.{digits}f}"
+
+
+def _cell(text: Any) -> str:
+    return str(text).replace("|", "\\|").replace("\n", " ")
+
+
+def _table_row(cells: Iterable[Any]) -> str:
+    return "| " + " | ".join(_cell(c) for c in cells) + " |"
+
+
+def _columns(rows: list[dict], settings: dict) -> list[tuple[str, str]]:
+    """(dataset, method) pairs: datasets in config order, methods in order of first appearance."""
+    columns: list[tuple[str, str]] = []
+    for dataset in settings["datasets"]:
+        for row in rows:
+            if row["dataset"] == dataset and (dataset, row["method"]) not in columns:
+                columns.append((dataset, row["method"]))
+    return columns
+
+
+def _best(rows: list[dict], column: tuple[str, str], value: str) -> float | None:
+    """Best value at the shown precision, so that equal-looking numbers are bold together."""
+    shown = [round(r[value], DIGITS) for r in rows if (r["dataset"], r["method"]) == column and not _missing(r[value])]
+    return max(shown) if shown else None
+
+
+def _tau_cell(row: dict | None, value: str, low: str, high: str, best: float | None) -> str:
+    if row is None:
+        return "–"
+    text = _fmt(row[value])
+    if best is not None and not _missing(row[value]) and round(row[value], DIGITS) == best:
+        text = f"**{text}**"
+    if not _missing(row[low]):
+        text += f" <sub>[{_fmt(row[low])}, {_fmt(row[high])}]</sub>"
+    return text + (" ⚠️" if row["backend_mismatch_allowed"] else "")
+
+
+def _drafter_label(drafter: str, settings: dict) -> str:
+    return f"{drafter} (reference)" if drafter == settings.get("reference") else drafter
+
+
+def _steps_by_drafter(rows: list[dict]) -> dict[str, Any]:
+    return {r["drafter"]: r["training_step"] for r in rows if not _missing(r["training_step"])}
+
+
+def tau_table(rows: list[dict], settings: dict, value: str, low: str, high: str) -> list[str]:
+    """Drafters as rows, dataset x method as columns, tau with its CI, best per column in bold."""
+    columns = _columns(rows, settings)
+    steps = _steps_by_drafter(rows)
+    by_key = {(r["drafter"], r["dataset"], r["method"]): r for r in rows}
+    best = {column: _best(rows, column, value) for column in columns}
+    lead = ["drafter", "training step"] if steps else ["drafter"]
+    lines = [_table_row(lead + [f"{d}<br>{m}" for d, m in columns]),
+             _table_row(["---"] * len(lead) + ["---:"] * len(columns))]
+    for drafter in settings["drafters"]:
+        cells = [_drafter_label(drafter, settings)] + ([steps.get(drafter, "")] if steps else [])
+        cells += [_tau_cell(by_key.get((drafter, *column)), value, low, high, best[column]) for column in columns]
+        lines.append(_table_row(cells))
+    return lines
+
+
+def reference_table(rows: list[dict], settings: dict) -> list[str]:
+    """tau (z-lab mean) of each drafter as a percentage of the reference drafter's."""
+    columns = _columns(rows, settings)
+    by_key = {(r["drafter"], r["dataset"], r["method"]): r for r in rows}
+    lines = [_table_row(["drafter"] + [f"{d}<br>{m}" for d, m in columns]), _table_row(["---"] + ["---:"] * len(columns))]
+    for drafter in settings["drafters"]:
+        cells = [_drafter_label(drafter, settings)]
+        for column in columns:
+            row = by_key.get((drafter, *column))
+            ratio = None if row is None else row["tau_vs_reference"]
+            cells.append("–" if _missing(ratio) else f"{100 * ratio:.1f}%")
+        lines.append(_table_row(cells))
+    return lines
+
+
+def warnings(evaluations: list[Evaluation]) -> list[str]:
+    """Everything that makes a number suspect, one markdown line each."""
+    found = []
+    for evaluation in evaluations:
+        metrics, (drafter, dataset) = evaluation.metrics, evaluation.key
+        cache, diagnostics = metrics["cache"], metrics["diagnostics"]
+        if cache["backend_mismatch_allowed"]:
+            found.append(f"**Backend mismatch**: {drafter} on {dataset} was evaluated on hidden states from the "
+                         f"`{cache['backend']}` kernels but trained with `{cache.get('trained_with', '?')}` ones "
+                         "(allowed by evaluation.allow_backend_mismatch); its tau is not the deployed one.")
+        agreement = diagnostics.get("argmax_agreement")
+        if agreement is not None and agreement < LOW_AGREEMENT:
+            found.append(f"**Low argmax agreement**: {drafter} on {dataset}: {agreement:.1%} of completion tokens "
+                         "are the cached target's own greedy choice; the cache may not come from the served model.")
+        if diagnostics.get("samples_skipped"):
+            found.append(f"**Skipped samples**: {drafter} on {dataset}: {len(diagnostics['samples_skipped'])} "
+                         "sample(s) not evaluated (see Diagnostics).")
+        if int(metrics["chain"]["samples"]) == 0:
+            found.append(f"**No samples**: {drafter} on {dataset} evaluated no sample; its tau is undefined.")
+    return found
+
+
+def _plain(markdown: str) -> str:
+    return markdown.replace("**", "").replace("`", "")
+
+
+def _skipped_summary(skipped: list[dict]) -> str:
+    if not skipped:
+        return "0"
+    listed = ", ".join(f"{s.get('id')} ({s.get('why', '?')})" for s in skipped[:MAX_LISTED_SKIPS])
+    more = f", … {len(skipped) - MAX_LISTED_SKIPS} more" if len(skipped) > MAX_LISTED_SKIPS else ""
+    return f"**{len(skipped)}**: {listed}{more}"
+
+
+def _checkpoint_summary(checkpoint: dict) -> str:
+    name = Path(str(checkpoint.get("path", "?"))).name
+    digest = checkpoint.get("sha256")
+    return f"{name} (sha256 {digest[:12]})" if digest else name
+
+
+def diagnostics_table(evaluations: list[Evaluation]) -> list[str]:
+    """Per evaluation: kernel backend, mismatch (loud), argmax agreement, skips, layers, checkpoint."""
+    header = ["drafter", "dataset", "cache backend", "trained with", "backend mismatch", "argmax agreement",
+              "samples", "skipped", "layer ids", "checkpoint"]
+    lines = [_table_row(header), _table_row(["---"] * len(header))]
+    for evaluation in evaluations:
+        metrics = evaluation.metrics
+        cache, diagnostics = metrics["cache"], metrics["diagnostics"]
+        agreement = diagnostics.get("argmax_agreement")
+        agreement_text = "n/a (no argmax stored)" if agreement is None else f"{agreement:.2%}"
+        if agreement is not None and agreement < LOW_AGREEMENT:
+            agreement_text = f"**{agreement_text} ⚠️ LOW**"
+        mismatch = "**⚠️ YES (allowed)**" if cache["backend_mismatch_allowed"] else "no"
+        lines.append(_table_row([
+            metrics["drafter"], metrics["dataset"], cache["backend"], cache.get("trained_with", "?"), mismatch,
+            agreement_text, metrics["chain"]["samples"], _skipped_summary(diagnostics.get("samples_skipped") or []),
+            ", ".join(str(i) for i in metrics["layer_ids"]), _checkpoint_summary(metrics.get("checkpoint") or {}),
+        ]))
+    return lines
+
+
+INTRO = (
+    "tau (acceptance length) = accepted draft tokens + 1 (the bonus token) per verification step, with greedy "
+    "verification against the target's own greedy completions. **z-lab mean**: mean over samples of each "
+    "sample's mean tau. **Token-weighted**: total tokens / total verification steps (the SGLang convention). "
+    "Brackets: 95% bootstrap confidence interval over samples. **Bold**: best in its column "
+    f"(at the {DIGITS} decimals shown). `chain-B16`: chain drafting, block size 16. ⚠️: see Warnings."
+)
+
+
+def render_markdown(rows: list[dict], evaluations: list[Evaluation], settings: dict) -> str:
+    """The whole summary.md: intro, warnings first (loud), the tables, then diagnostics."""
+    lines = ["# DFlash drafter evaluation", "", INTRO, ""]
+    found = warnings(evaluations)
+    if found:
+        lines += ["## ⚠️ Warnings", ""] + [f"- {w}" for w in found] + [""]
+    lines += ["## tau, z-lab mean (mean of per-sample means)", ""]
+    lines += tau_table(rows, settings, "tau_mean_of_samples", "ci_low", "ci_high") + [""]
+    lines += ["## tau, token-weighted (tokens / steps)", ""]
+    lines += tau_table(rows, settings, "tau_token_weighted", "ci_low_tw", "ci_high_tw") + [""]
+    if settings.get("reference") is not None:
+        lines += [f"## tau relative to the reference ({settings['reference']}), z-lab mean", ""]
+        lines += reference_table(rows, settings) + [""]
+    lines += ["## Diagnostics", "",
+              "Argmax agreement: share of completion tokens that equal the cached target's own greedy "
+              "prediction; well below 100% means the cached target is not the model that served the "
+              "completions. A backend mismatch means the hidden states came from other kernels than the "
+              "drafter was trained with.", ""]
+    lines += diagnostics_table(evaluations) + [""]
+    return "\n".join(lines)
+
+
+# -- plots ---------------------------------------------------------------------------------------
+
+def _figure() -> Any:
+    """A pyplot-free Figure: no global state, and PNG output goes through Agg whatever the backend."""
+    from matplotlib.figure import Figure
+
+    return Figure(figsize=FIGSIZE, dpi=DPI, layout="constrained")
+
+
+def _colors(count: int) -> list:
+    from matplotlib import colormaps
+
+    if count <= 10:
+        return [colormaps["tab10"](i) for i in range(count)]
+    return [colormaps["viridis"](i / max(count - 1, 1)) for i in range(count)]
+
+
+def save_png(figure: Any, path: str | Path) -> None:
+    """Render to a temporary sibling and rename, so a crash never leaves a half-written PNG."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".png", dir=path.parent)
+    os.close(fd)
+    try:
+        figure.savefig(tmp, format="png", dpi=DPI)
+        os.chmod(tmp, 0o666 & ~_umask())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def _umask() -> int:
+    """mkstemp makes 0600 files; give the PNG the permissions a plain open() would have."""
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
+
+
+def _error_bars(rows: list[dict]) -> list[list[float]]:
+    """Distances below and above tau; 0 where the CI is unknown, so the bar still draws."""
+    below, above = [], []
+    for r in rows:
+        tau, low, high = r["tau_mean_of_samples"], r["ci_low"], r["ci_high"]
+        known = not (_missing(tau) or _missing(low) or _missing(high))
+        below.append(max(tau - low, 0.0) if known else 0.0)
+        above.append(max(high - tau, 0.0) if known else 0.0)
+    return [below, above]
+
+
+def _chain_rows(rows: list[dict]) -> list[dict]:
+    return [r for r in rows if r["method"].startswith("chain-")]
+
+
+def plot_tau(rows: list[dict], settings: dict, path: str | Path) -> None:
+    """Grouped bars: datasets along x, one bar per drafter, 95% CI as error bars."""
+    chain = _chain_rows(rows)
+    drafters, datasets = list(settings["drafters"]), list(settings["datasets"])
+    figure = _figure()
+    axes = figure.subplots()
+    width = 0.8 / len(drafters)
+    label_bars = len(drafters) * len(datasets) <= 30
+    for index, (drafter, color) in enumerate(zip(drafters, _colors(len(drafters)))):
+        mine = {r["dataset"]: r for r in chain if r["drafter"] == drafter}
+        present = [d for d in datasets if d in mine]
+        xs = [datasets.index(d) + (index - (len(drafters) - 1) / 2) * width for d in present]
+        values = [0.0 if _missing(mine[d]["tau_mean_of_samples"]) else mine[d]["tau_mean_of_samples"] for d in present]
+        bars = axes.bar(xs, values, width * 0.92, yerr=_error_bars([mine[d] for d in present]), capsize=3,
+                        color=color, label=_drafter_label(drafter, settings), hatch="//" if drafter == settings.get("reference") else None)
+        if label_bars:
+            axes.bar_label(bars, labels=[_fmt(mine[d]["tau_mean_of_samples"]) for d in present], padding=2, fontsize=8)
+    axes.set_xticks(range(len(datasets)), datasets)
+    axes.set_xlabel("dataset")
+    axes.set_ylabel(TAU_LABEL)
+    axes.set_title("DFlash drafters: tau (z-lab mean) with 95% bootstrap CI")
+    axes.grid(axis="y", alpha=0.3)
+    axes.set_axisbelow(True)
+    axes.legend(title="drafter", loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=9)
+    save_png(figure, path)
+
+
+def has_step_trend(rows: list[dict]) -> bool:
+    """A tau-vs-step plot needs more than one drafter with a training step."""
+    return len(_steps_by_drafter(_chain_rows(rows))) > 1
+
+
+def plot_tau_vs_step(rows: list[dict], settings: dict, path: str | Path) -> None:
+    """tau against training step, one line per dataset, the 95% CI as a band."""
+    chain = [r for r in _chain_rows(rows) if not _missing(r["training_step"])]
+    figure = _figure()
+    axes = figure.subplots()
+    for dataset, color in zip(settings["datasets"], _colors(len(settings["datasets"]))):
+        points = sorted((r for r in chain if r["dataset"] == dataset), key=lambda r: r["training_step"])
+        if not points:
+            continue
+        steps = [int(r["training_step"]) for r in points]
+        axes.plot(steps, [r["tau_mean_of_samples"] for r in points], marker="o", color=color, label=dataset)
+        axes.fill_between(steps, [r["ci_low"] for r in points], [r["ci_high"] for r in points], color=color, alpha=0.2)
+    axes.set_xlabel("training step")
+    axes.set_ylabel(TAU_LABEL)
+    axes.set_title("DFlash drafters: tau (z-lab mean) against training step, 95% CI band")
+    axes.grid(alpha=0.3)
+    axes.legend(title="dataset", loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=9)
+    save_png(figure, path)

@@ -1,0 +1,22 @@
+# Stage 3: one drafter on one dataset, from the cached states of that drafter's layer set.
+
+
+rule evaluate:
+    input:
+        hidden=lambda w: f"{RESULTS}/hidden/{w.dataset}/{drafter_layerset(w.drafter)}",
+        completions=f"{RESULTS}/completions/{{dataset}}.jsonl",
+        checkpoint=lambda w: checkpoint_files(w.drafter),
+        target=target_files,
+    output:
+        metrics=f"{RESULTS}/eval/{{drafter}}/{{dataset}}/metrics.json",
+        samples=f"{RESULTS}/eval/{{drafter}}/{{dataset}}/samples.csv",
+    params:
+        settings=lambda w: settings_param(cfg.evaluate_settings(config, w.drafter, w.dataset)),
+    threads: 2
+    log:
+        f"{LOGS}/evaluate/{{drafter}}/{{dataset}}.log",
+    benchmark:
+        f"{BENCH}/evaluate/{{drafter}}/{{dataset}}.tsv"
+    shell:
+        "dflash-eval --log {log} evaluate --settings {params.settings:q} --hidden {input.hidden}"
+        " --completions {input.completions} --metrics {output.metrics} --samples {output.samples} 2>> {log}"

@@ -1,0 +1,22 @@
+# Stage 2: the target's hidden states at one layer set, with the server stopped or freed meanwhile.
+
+
+rule extract:
+    input:
+        completions=f"{RESULTS}/completions/{{dataset}}.jsonl",
+        target=target_files,
+    output:
+        directory(f"{RESULTS}/hidden/{{dataset}}/{{layerset}}"),
+    params:
+        settings=lambda w: settings_param(cfg.extract_settings(config, w.dataset, cfg.parse_layerset(w.layerset))),
+    resources:
+        server_lock=1,
+        gpu=lambda w: 0 if config["target"]["device"] == "cpu" else 1,
+    threads: 2
+    log:
+        f"{LOGS}/extract/{{dataset}}/{{layerset}}.log",
+    benchmark:
+        f"{BENCH}/extract/{{dataset}}/{{layerset}}.tsv"
+    shell:
+        "dflash-eval --log {log} extract --settings {params.settings:q} --completions {input.completions}"
+        " --out {output} 2>> {log}"

@@ -1,0 +1,19 @@
+# Stage 1: greedy completions from the live server (OpenAI API).
+
+
+rule fetch:
+    input:
+        prompts=lambda w: config["datasets"][w.dataset]["prompts"],
+        target=target_files,
+    output:
+        f"{RESULTS}/completions/{{dataset}}.jsonl",
+    params:
+        settings=lambda w: settings_param(cfg.fetch_settings(config, w.dataset)),
+    resources:
+        server_lock=1,
+    log:
+        f"{LOGS}/fetch/{{dataset}}.log",
+    benchmark:
+        f"{BENCH}/fetch/{{dataset}}.tsv"
+    shell:
+        "dflash-eval --log {log} fetch --settings {params.settings:q} --out {output} 2>> {log}"
