@@ -1,15 +1,24 @@
-"""Test helpers for the server and fetch tests: a tiny real target model and a free port.
+"""Test helpers for the server and fetch tests: a tiny real target model, a free port, and (run as a
+script) a tiny real HTTP server that starts in a fraction of a second.
 
 The tokenizer is character level on purpose: decoding and re-encoding a completion then gives the
 same ids back (unless a special token was generated), which the fetch tests rely on to compare the
 retokenized completion with `generate`.
+
+Script: `python helpers_server.py --port P [--ignore-sigterm] [--unhealthy] [--state FILE]` serves
+GET /health (200, or 503 with --unhealthy, or 503 while "released") and POST
+/release_memory_occupation and /resume_memory_occupation (each appends a line to --state).
 """
 
 from __future__ import annotations
 
+import argparse
 import json
+import signal
 import socket
 import string
+import sys
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 CHAT_TEMPLATE = (
@@ -38,7 +47,7 @@ def build_tokenizer(out_dir: Path):
     chars = list(dict.fromkeys(string.printable))
     vocab = {tok: i for i, tok in enumerate(SPECIAL_TOKENS + ["<unk>"] + chars)}
     core = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<unk>"))
-    core.pre_tokenizer = pre_tokenizers.Split(Regex("."), behavior="isolated")
+    core.pre_tokenizer = pre_tokenizers.Split(Regex(r"[\s\S]"), behavior="isolated")
     core.decoder = decoders.Fuse()
     tok = PreTrainedTokenizerFast(
         tokenizer_object=core,
@@ -93,6 +102,58 @@ def build_tiny_target(out_dir: Path, seed: int = 0) -> Path:
     return out_dir
 
 
+HELPER_SCRIPT = Path(__file__).resolve()
+_SHARED: dict[str, object] = {}
+
+
+def tiny_helper_settings(log_dir: Path, *flags: str, **overrides: object) -> dict:
+    """Managed-server settings for this file run as a tiny HTTP server on a free port."""
+    port = free_port()
+    command = f"exec {sys.executable} {HELPER_SCRIPT} --port {port} {' '.join(flags)}"
+    return {
+        "kind": "managed",
+        "base_url": f"http://127.0.0.1:{port}",
+        "command": command,
+        "health_timeout_s": 30.0,
+        "stop_grace_s": 5.0,
+        "log_dir": str(log_dir),
+        **overrides,
+    }
+
+
+def shared_transformers_server(base: Path) -> dict:
+    """Settings of one `transformers serve` of the tiny target, shared by every test of the session.
+
+    Built once (the model and the settings; the server itself is launched by whoever first needs it,
+    through ServerController), since each start of `transformers serve` costs seconds of imports.
+    OMP_NUM_THREADS=1: with two cores shared by several processes, torch's default two OpenMP threads
+    made a 16-token greedy request 100x slower (spin-waiting), 15 s instead of 0.1 s.
+    """
+    if "settings" not in _SHARED:
+        model_dir = build_tiny_target(base / "tiny-target")
+        port = free_port()
+        command = (
+            f"HF_HUB_OFFLINE=1 OMP_NUM_THREADS=1 exec {sys.executable} -m transformers.cli.transformers serve "
+            f"--host 127.0.0.1 --port {port} --device cpu {model_dir}"
+        )
+        _SHARED["settings"] = {
+            "kind": "managed",
+            "base_url": f"http://127.0.0.1:{port}",
+            "model": None,
+            "command": command,
+            "health_timeout_s": 300.0,
+            "stop_grace_s": 10.0,
+            "log_dir": str(base / "server-logs"),
+        }
+        _SHARED["model_dir"] = model_dir
+    return dict(_SHARED["settings"])  # type: ignore[arg-type]
+
+
+def shared_model_dir() -> Path:
+    """The tiny target of `shared_transformers_server` (call that first)."""
+    return _SHARED["model_dir"]  # type: ignore[return-value]
+
+
 def write_prompts(path: Path, n: int) -> Path:
     """Write `n` short chat prompts as JSONL."""
     with open(path, "w") as fh:
@@ -100,3 +161,55 @@ def write_prompts(path: Path, n: int) -> Path:
             rec = {"id": f"p{i}", "messages": [{"role": "user", "content": f"Question {i}: what is {i} + {i}?"}]}
             fh.write(json.dumps(rec) + "\n")
     return path
+
+
+def serve(port: int, ignore_sigterm: bool, unhealthy: bool, state: Path | None) -> None:
+    """Run the tiny HTTP server until killed."""
+    released = [False]
+
+    class Handler(BaseHTTPRequestHandler):
+        def _answer(self, code: int, body: dict) -> None:
+            data = json.dumps(body).encode()
+            self.send_response(code)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
+
+        def do_GET(self) -> None:  # noqa: N802 (http.server's naming)
+            if self.path == "/health":
+                ok = not unhealthy and not released[0]
+                self._answer(200 if ok else 503, {"status": "ok" if ok else "unhealthy"})
+            else:
+                self._answer(404, {"detail": "not found"})
+
+        def do_POST(self) -> None:  # noqa: N802
+            action = self.path.strip("/")
+            if action not in ("release_memory_occupation", "resume_memory_occupation"):
+                self._answer(404, {"detail": "not found"})
+                return
+            released[0] = action.startswith("release")
+            if state is not None:
+                with open(state, "a") as fh:
+                    fh.write(action + "\n")
+            self._answer(200, {"success": True})
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    if ignore_sigterm:
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    server = ThreadingHTTPServer(("127.0.0.1", port), Handler)
+    print(f"tiny server on {port}", flush=True)
+    server.serve_forever()
+
+
+if __name__ == "__main__":
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--port", type=int, required=True)
+    ap.add_argument("--ignore-sigterm", action="store_true")
+    ap.add_argument("--unhealthy", action="store_true")
+    ap.add_argument("--state", type=Path)
+    a = ap.parse_args()
+    serve(a.port, a.ignore_sigterm, a.unhealthy, a.state)
+    sys.exit(0)

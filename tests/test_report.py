@@ -164,3 +164,21 @@ def test_one_stepped_drafter_makes_no_step_plot_and_cli_runs(tmp_path):
     assert (tmp_path / "plots" / "tau.png").is_file() and not (tmp_path / "plots" / "tau_vs_step.png").exists()
     assert "relative to the reference" not in (tmp_path / "summary.md").read_text()
     assert cli.main(argv[:4] + [str(tmp_path / "absent.json")] + argv[4:]) == 2
+
+
+def test_an_empty_evaluation_reports_na_and_warns(tmp_path):
+    paths = write_metrics(tmp_path)
+    empty = metrics_dict("step-2000", "gsm8k")
+    nan = float("nan")
+    empty["chain"].update(tau_mean_of_samples=nan, tau_token_weighted=nan, samples=0, steps=0, tokens=0,
+                          ci95={"tau_mean_of_samples": [nan, nan], "tau_token_weighted": [nan, nan]})
+    empty["diagnostics"]["argmax_agreement"] = None
+    atomic_write_json(paths[2], empty)                  # json writes NaN, as evaluate does
+    assert report.run(report_args(tmp_path, paths)) == 0
+    markdown = (tmp_path / "summary.md").read_text()
+    assert "**No samples**: step-2000 on gsm8k" in markdown
+    assert "| **4.10** <sub>[3.90, 4.30]</sub>" in _table_line(markdown, "## tau, z-lab mean", "step-1000")
+    assert "| n/a |" in _table_line(markdown, "## tau, z-lab mean", "step-2000")
+    assert "n/a (no argmax stored)" in markdown
+    row = pd.read_csv(tmp_path / "summary.csv").iloc[2]
+    assert pd.isna(row.tau_mean_of_samples) and row.samples == 0

@@ -76,6 +76,7 @@ class BackendInfo:
     implementation: dict[str, str]
     versions: dict[str, str]
     calls: dict[str, int] = field(default_factory=dict)
+    device_name: str = ""
 
     def to_manifest(self) -> dict[str, Any]:
         """The `backend` block of a hidden-cache manifest."""
@@ -84,17 +85,29 @@ class BackendInfo:
             "implementation": dict(self.implementation),
             "versions": dict(self.versions),
             "calls": dict(self.calls),
+            "device_name": self.device_name,
         }
+
+
+def device_name(device: torch.device) -> str:
+    """Human name of the accelerator ('cpu' for the CPU): kernels choose code paths by chip."""
+    return torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
+
+
+@functools.cache
+def _installed_versions() -> tuple[tuple[str, str], ...]:
+    found = []
+    for dist in _DISTRIBUTIONS:
+        try:
+            found.append((dist, importlib.metadata.version(dist)))
+        except importlib.metadata.PackageNotFoundError:
+            continue
+    return tuple(found)
 
 
 def package_versions() -> dict[str, str]:
     """Versions of every package that can change the numbers, where installed."""
-    versions = {}
-    for dist in _DISTRIBUTIONS:
-        try:
-            versions[dist] = importlib.metadata.version(dist)
-        except importlib.metadata.PackageNotFoundError:
-            continue
+    versions = dict(_installed_versions())
     if torch.version.cuda:
         versions["cuda"] = torch.version.cuda
     return versions
@@ -132,6 +145,16 @@ def torch_function(module: Any, role: str) -> Callable:
             "this transformers binds kernels differently: update dflash_eval/backends.py"
         )
     return fn
+
+
+def ambient_binding(module: Any, role: str) -> str:
+    """What transformers bound by itself at import (read from its wrapper's closure), for the logs."""
+    original = getattr(module, ROLE_NAMES[role])
+    original = getattr(original, "_dflash_original", original)
+    try:
+        return qualified_name(inspect.getclosurevars(original).nonlocals["implementation"])
+    except (KeyError, TypeError):
+        return "?"
 
 
 def _fla_kernels(device: torch.device) -> dict[str, Callable]:
@@ -190,11 +213,14 @@ def select_backend(name: BackendName, device: str | torch.device) -> BackendInfo
     device = torch.device(device)
     module = _loaded_modeling_modules()[0]
     chosen = _implementations(name, device, module)
+    log.info("transformers bound %s by itself; backend %r forces %s", ambient_binding(module, "chunk"), name,
+             qualified_name(chosen["chunk"]))
     return BackendInfo(
         name=name,
         device=str(device),
         implementation={role: qualified_name(fn) for role, fn in chosen.items()},
         versions=package_versions(),
+        device_name=device_name(device),
     )
 
 
@@ -231,6 +257,7 @@ class BackendRun:
         self.ran: dict[str, str] = {}  # role -> qualified name of the function that ran
         self.layer_calls = 0  # Gated DeltaNet module forwards seen by hooks
         self.layer_modules = 0
+        self.watching = False
 
     def counted(self, role: str, fn: Callable, original: Callable) -> Callable:
         """`fn` behind a counter, with kwargs filtered to its signature (as transformers does)."""
@@ -260,6 +287,7 @@ class BackendRun:
 
     def watch(self, model: torch.nn.Module) -> list[torch.utils.hooks.RemovableHandle]:
         """Count Gated DeltaNet module forwards: the number of rule calls that must match."""
+        self.watching = True
         handles = []
         for module in model.modules():
             if type(module).__name__.endswith("GatedDeltaNet"):
@@ -277,6 +305,8 @@ class BackendRun:
         globals. Equal counts therefore mean no layer bypassed the selection (a hub-kernelized
         forward, remote code, an unpatched module) and hence that the other implementation never ran.
         """
+        if not self.watching:
+            raise BackendMismatch("nothing to verify: pass the model to use_backend so its layers are watched")
         rules = self.calls["chunk"] + self.calls["recurrent"]
         convs = self.calls["conv"] + self.calls["conv_update"]
         if rules != self.layer_calls or convs != self.layer_calls:
@@ -291,6 +321,7 @@ class BackendRun:
             implementation=dict(sorted(self.ran.items())),
             versions=package_versions(),
             calls=dict(sorted(self.calls.items())),
+            device_name=device_name(self.device),
         )
 
 
@@ -298,9 +329,13 @@ _active: BackendRun | None = None
 
 
 @contextmanager
-def use_backend(name: BackendName, device: str | torch.device, model: torch.nn.Module) -> Iterator[BackendRun]:
+def use_backend(
+    name: BackendName, device: str | torch.device, model: torch.nn.Module | None = None
+) -> Iterator[BackendRun]:
     """Bind `name`'s implementations in every hybrid modeling module and count calls on `model`.
 
+    Without a model the binding still holds (e.g. for CPU reference forwards in tests, which would
+    otherwise hit fla's Triton kernels wherever fla imports) but `verify` has nothing to check.
     The patch is process-global (module globals), so blocks cannot nest; everything is restored
     on exit, also on error.
     """
@@ -321,7 +356,7 @@ def use_backend(name: BackendName, device: str | torch.device, model: torch.nn.M
                 original = getattr(module, attr)
                 saved.append((module, attr, original))
                 setattr(module, attr, run.counted(role, fn, original))
-        handles = run.watch(model)
+        handles = run.watch(model) if model is not None else []
         log.info("kernel backend %s on %s: %d Gated DeltaNet layers watched", name, device, run.layer_modules)
         yield run
     finally:

@@ -8,19 +8,19 @@ and renames it to `<out>` only when complete, so a reader never sees a partial c
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import os
 import shutil
 from collections.abc import Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
 from safetensors import safe_open
-from safetensors.torch import save_file
 
 from .errors import DflashEvalError
 from .io_utils import atomic_write_json, sha256_file
@@ -46,24 +46,81 @@ def layer_key(layer_id: int) -> str:
     return f"layer.{layer_id}"
 
 
-@dataclass
+_SAFETENSORS_DTYPES = {
+    torch.bfloat16: "BF16", torch.float16: "F16", torch.float32: "F32", torch.int64: "I64",
+}
+
+
+def write_safetensors(path: Path, tensors: dict[str, torch.Tensor], metadata: dict[str, str]) -> tuple[str, int]:
+    """Write contiguous CPU tensors as one safetensors file; return (sha256, bytes).
+
+    Written here from the format (u64 header length, JSON header, raw little-endian data) so
+    that the bytes go straight from the pinned shard buffer to the file and the hash in one pass,
+    with no intermediate copies (the safetensors package copies each tensor to `bytes` first).
+    """
+    header: dict[str, Any] = {"__metadata__": metadata}
+    offset = 0
+    for name, tensor in tensors.items():
+        size = tensor.numel() * tensor.element_size()
+        header[name] = {"dtype": _SAFETENSORS_DTYPES[tensor.dtype], "shape": list(tensor.shape),
+                        "data_offsets": [offset, offset + size]}
+        offset += size
+    encoded = json.dumps(header, separators=(",", ":")).encode()
+    encoded += b" " * (-len(encoded) % 8)
+    digest = hashlib.sha256()
+    with open(path, "wb") as handle:
+        for chunk in (len(encoded).to_bytes(8, "little"), encoded,
+                      *(t.contiguous().view(torch.uint8).numpy().data for t in tensors.values())):
+            handle.write(chunk)
+            digest.update(chunk)
+    return digest.hexdigest(), 8 + len(encoded) + offset
+
+
 class _ShardBuffer:
-    """Host copies of the samples bound for one shard."""
+    """Preallocated host rows for one shard; pinned when the states come from a GPU."""
 
-    layers: dict[int, list[torch.Tensor]]
-    input_ids: list[torch.Tensor] = field(default_factory=list)
-    argmax: list[torch.Tensor] = field(default_factory=list)
-    tokens: int = 0
+    def __init__(self, layer_ids: Sequence[int], capacity: int, hidden: int, dtype: torch.dtype,
+                 store_argmax: bool, pin: bool) -> None:
+        def rows(*shape: int, dtype: torch.dtype = torch.int64) -> torch.Tensor:
+            return torch.empty(*shape, dtype=dtype, pin_memory=pin)
+
+        self.layers = {i: rows(capacity, hidden, dtype=dtype) for i in layer_ids}
+        self.input_ids = rows(capacity)
+        self.argmax = rows(capacity) if store_argmax else None
+        self.capacity = capacity
+        self.tokens = 0
+        self.write: Future | None = None  # the pending write that reads this buffer
+
+    def put(self, input_ids: torch.Tensor, states: dict[int, torch.Tensor], argmax: torch.Tensor | None) -> None:
+        """Copy one sample in (asynchronously from a GPU: `sync` before the rows are read)."""
+        rows = slice(self.tokens, self.tokens + input_ids.numel())
+        for layer_id, rows_of_layer in self.layers.items():
+            rows_of_layer[rows].copy_(states[layer_id], non_blocking=True)
+        self.input_ids[rows].copy_(input_ids, non_blocking=True)
+        if self.argmax is not None:
+            self.argmax[rows].copy_(argmax, non_blocking=True)
+        self.tokens = rows.stop
+
+    def filled(self) -> dict[str, torch.Tensor]:
+        """The shard's tensors: views of the filled rows."""
+        tensors = {layer_key(i): rows[: self.tokens] for i, rows in self.layers.items()}
+        tensors["input_ids"] = self.input_ids[: self.tokens]
+        if self.argmax is not None:
+            tensors["argmax"] = self.argmax[: self.tokens]
+        return tensors
+
+    def wait(self) -> None:
+        """Block until no pending write reads this buffer, then mark it empty."""
+        if self.write is not None:
+            self.write.result()
+            self.write = None
+        self.tokens = 0
 
 
-def _write_shard(path: Path, buffer: _ShardBuffer, store_argmax: bool) -> dict[str, Any]:
-    """Concatenate, save and hash one shard; runs on the writer's background thread."""
-    tensors = {layer_key(i): torch.cat(parts) for i, parts in buffer.layers.items()}
-    tensors["input_ids"] = torch.cat(buffer.input_ids)
-    if store_argmax:
-        tensors["argmax"] = torch.cat(buffer.argmax)
-    save_file(tensors, str(path), metadata={"format": "pt"})
-    return {"file": path.name, "sha256": sha256_file(path), "bytes": path.stat().st_size, "tokens": buffer.tokens}
+def _write_shard(path: Path, tensors: dict[str, torch.Tensor]) -> dict[str, Any]:
+    """Save and hash one shard; runs on the writer's background thread."""
+    sha256, size = write_safetensors(path, tensors, {"format": "pt"})
+    return {"file": path.name, "sha256": sha256, "bytes": size, "tokens": int(tensors["input_ids"].numel())}
 
 
 def _nonfinite_error(sample_id: str, layer_id: int, state: torch.Tensor) -> CacheError:
@@ -75,10 +132,12 @@ def _nonfinite_error(sample_id: str, layer_id: int, state: torch.Tensor) -> Cach
 
 
 class CacheWriter:
-    """Accumulates samples into shards of about `shard_tokens` tokens and publishes the directory.
+    """Accumulates samples into shards of at most `shard_tokens` tokens and publishes the directory.
 
-    Host memory stays near three shards: the one filling, the one being written, and its
-    concatenation. Use as a context manager: an exception removes the temporary directory.
+    Two preallocated shard buffers alternate: one fills (asynchronous GPU->pinned copies) while a
+    background thread writes and hashes the other, so host memory stays at two shards and the GPU
+    rarely waits on the disk. A sample never spans shards; one longer than `shard_tokens` gets a
+    shard of its own. Use as a context manager: an exception removes the temporary directory.
     """
 
     def __init__(
@@ -101,7 +160,7 @@ class CacheWriter:
         self.samples: list[dict[str, Any]] = []
         self._ids: set[str] = set()
         self._shards: list[Future] = []
-        self._buffer = self._new_buffer()
+        self._buffers: list[_ShardBuffer] = []  # [filling, spare], allocated at the first sample
         self._hidden: tuple[int, torch.dtype] | None = None
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="cache-writer")
         if self.tmp.exists():
@@ -114,9 +173,6 @@ class CacheWriter:
     def __exit__(self, exc_type: Any, *_: Any) -> None:
         if exc_type is not None:
             self.abort()
-
-    def _new_buffer(self) -> _ShardBuffer:
-        return _ShardBuffer(layers={i: [] for i in self.layer_ids})
 
     def _check(self, sample_id: str, input_ids: torch.Tensor, states: dict[int, torch.Tensor],
                argmax: torch.Tensor | None, prompt_len: int) -> None:
@@ -135,49 +191,70 @@ class CacheWriter:
             raise CacheError(f"sample {sample_id!r}: argmax shape {tuple(argmax.shape)}, expected ({length},)")
         for layer_id, state in states.items():
             hidden = (state.shape[-1], state.dtype)
-            if state.dim() != 2 or state.shape[0] != length or (self._hidden not in (None, hidden)):
+            if state.dim() != 2 or state.shape[0] != length or self._hidden not in (None, hidden):
                 raise CacheError(f"sample {sample_id!r}, layer {layer_id}: state {tuple(state.shape)} {state.dtype}, "
                                  f"expected ({length}, H) with one H and dtype for the whole cache")
             self._hidden = hidden
-            if not torch.isfinite(state).all():
-                raise _nonfinite_error(sample_id, layer_id, state)
+        finite = torch.stack([torch.isfinite(states[i]).all() for i in self.layer_ids]).tolist()  # one sync
+        for layer_id, ok in zip(self.layer_ids, finite):
+            if not ok:
+                raise _nonfinite_error(sample_id, layer_id, states[layer_id])
+
+    def _new_buffer(self, capacity: int, pin: bool) -> _ShardBuffer:
+        hidden, dtype = self._hidden
+        return _ShardBuffer(self.layer_ids, capacity, hidden, dtype, self.store_argmax, pin)
 
     def add(self, sample_id: str, input_ids: torch.Tensor, states: dict[int, torch.Tensor],
             argmax: torch.Tensor | None, prompt_len: int) -> None:
-        """Copy one sample's tokens, layer states [T, H] and argmax [T] to the host shard buffer."""
+        """Copy one sample's tokens, layer states [T, H] and argmax [T] into the shard buffer."""
         input_ids = input_ids.reshape(-1)
         self._check(sample_id, input_ids, states, argmax, prompt_len)
         length = input_ids.numel()
-        if self._buffer.tokens and self._buffer.tokens + length > self.shard_tokens:
+        pin = torch.cuda.is_available() and states[self.layer_ids[0]].is_cuda
+        if not self._buffers:
+            self._buffers = [self._new_buffer(self.shard_tokens, pin) for _ in range(2)]
+        if length > self.shard_tokens:  # its own shard, from a one-off buffer
             self._flush()
-        buffer = self._buffer
-        for layer_id in self.layer_ids:
-            buffer.layers[layer_id].append(states[layer_id].detach().to("cpu").contiguous())
-        buffer.input_ids.append(input_ids.detach().to("cpu", torch.int64))
-        if argmax is not None:
-            buffer.argmax.append(argmax.detach().to("cpu", torch.int64))
-        self.samples.append({"id": sample_id, "shard": shard_name(len(self._shards)),
-                             "offset": buffer.tokens, "length": length, "prompt_len": int(prompt_len)})
+            buffer = self._new_buffer(length, pin=False)
+        else:
+            buffer = self._buffers[0]
+            if buffer.tokens + length > self.shard_tokens:
+                self._flush()
+                buffer = self._buffers[0]
+        offset = buffer.tokens
+        buffer.put(input_ids, states, argmax)
+        self.samples.append({"id": sample_id, "shard": shard_name(len(self._shards)), "offset": offset,
+                             "length": length, "prompt_len": int(prompt_len)})
         self._ids.add(sample_id)
-        buffer.tokens += length
-        if buffer.tokens >= self.shard_tokens:
+        if buffer is not self._buffers[0]:
+            self._submit(buffer)
+        elif buffer.tokens == self.shard_tokens:
             self._flush()
 
-    def _flush(self) -> None:
-        """Hand the filled buffer to the background writer (waiting for the previous shard first)."""
-        if not self._buffer.tokens:
-            return
-        if self._shards:
-            self._shards[-1].result()  # bounds memory and surfaces write errors early
+    def _submit(self, buffer: _ShardBuffer) -> None:
+        """Queue `buffer` for the background writer once its asynchronous copies have landed."""
+        if torch.cuda.is_available():
+            torch.cuda.synchronize()
         path = self.tmp / shard_name(len(self._shards))
-        self._shards.append(self._pool.submit(_write_shard, path, self._buffer, self.store_argmax))
-        self._buffer = self._new_buffer()
+        buffer.write = self._pool.submit(_write_shard, path, buffer.filled())
+        self._shards.append(buffer.write)
+
+    def _flush(self) -> None:
+        """Write the filling buffer and continue in the spare one (after its own write is done)."""
+        filling, spare = self._buffers
+        if not filling.tokens:
+            return
+        self._submit(filling)
+        spare.wait()  # surfaces write errors early and bounds memory to two shards
+        self._buffers = [spare, filling]
 
     def finish(self, **updates: Any) -> Path:
         """Write the last shard and the manifest, then atomically publish `<out>` (replacing an old one)."""
-        self._flush()
+        if self._buffers:
+            self._flush()
         shards = [future.result() for future in self._shards]
         self._pool.shutdown()
+        self._buffers = []
         header = {**self.header, **updates}
         missing = [key for key in _HEADER_KEYS if key not in header]
         if missing:
@@ -209,6 +286,7 @@ class CacheWriter:
     def abort(self) -> None:
         """Drop everything written so far; `<out>` (if any) is left as it was."""
         self._pool.shutdown(wait=True, cancel_futures=True)
+        self._buffers = []
         shutil.rmtree(self.tmp, ignore_errors=True)
 
 

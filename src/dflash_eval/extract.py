@@ -143,8 +143,9 @@ def _server_paused(server: dict[str, Any] | None) -> AbstractContextManager:
 
 
 def _release_device_memory(device: torch.device) -> None:
-    gc.collect()
+    """Free the model's GPU memory before the server restarts (module graphs hold reference cycles)."""
     if device.type == "cuda":
+        gc.collect()
         torch.cuda.empty_cache()
 
 

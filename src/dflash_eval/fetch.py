@@ -267,10 +267,10 @@ def write_jsonl_atomic(path: Path, records: list[dict[str, Any]]) -> None:
 
 def fetch(settings: dict[str, Any], out: Path) -> list[dict[str, Any]]:
     """Run the stage: prompts → server up → greedy completions → `out`; returns the records."""
-    from transformers import AutoTokenizer
-
     settings = resolve_settings(settings)
     prompts = select_subset(load_prompts(settings["prompts"]), settings["max_samples"], int(settings["seed"]))
+    from transformers import AutoTokenizer  # slow to import: only once the prompts are known good
+
     tokenizer = AutoTokenizer.from_pretrained(settings["tokenizer"])
     rendered = render_prompts(tokenizer, prompts, settings["chat_template_kwargs"])
 

@@ -29,12 +29,30 @@ def atomic_write_text(path: str | Path, text: str) -> None:
             handle.write(text)
             handle.flush()
             os.fsync(handle.fileno())
+        os.chmod(tmp, 0o666 & ~_umask())  # mkstemp makes 0600; results must be readable like any file
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
 
 
+def _umask() -> int:
+    current = os.umask(0)
+    os.umask(current)
+    return current
+
+
+def _strict(value: Any) -> Any:
+    """NaN and Inf become null: strict JSON readers (jq, browsers) reject them."""
+    if isinstance(value, float) and (value != value or value in (float("inf"), float("-inf"))):
+        return None
+    if isinstance(value, dict):
+        return {key: _strict(item) for key, item in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_strict(item) for item in value]
+    return value
+
+
 def atomic_write_json(path: str | Path, data: Any) -> None:
     """JSON twin of atomic_write_text, indented for humans and sorted for stable diffs."""
-    atomic_write_text(path, json.dumps(data, indent=2, sort_keys=True) + "\n")
+    atomic_write_text(path, json.dumps(_strict(data), indent=2, sort_keys=True, allow_nan=False) + "\n")

@@ -381,7 +381,7 @@ INTRO = (
     "verification against the target's own greedy completions. **z-lab mean**: mean over samples of each "
     "sample's mean tau. **Token-weighted**: total tokens / total verification steps (the SGLang convention). "
     "Brackets: 95% bootstrap confidence interval over samples. **Bold**: best in its column "
-    f"(at the {DIGITS} decimals shown). `chain-B16`: chain drafting, block size 16. ⚠️: see Warnings."
+    f"(at the {DIGITS} decimals shown). `chain-B<n>`: chain drafting, block size n. ⚠️: see Warnings."
 )
 
 
@@ -461,6 +461,10 @@ def _chain_rows(rows: list[dict]) -> list[dict]:
     return [r for r in rows if r["method"].startswith("chain-")]
 
 
+def _bar_label(row: dict) -> str:
+    return _fmt(row["tau_mean_of_samples"]) + (" ⚠" if row["backend_mismatch_allowed"] else "")
+
+
 def plot_tau(rows: list[dict], settings: dict, path: str | Path) -> None:
     """Grouped bars: datasets along x, one bar per drafter, 95% CI as error bars."""
     chain = _chain_rows(rows)
@@ -477,11 +481,14 @@ def plot_tau(rows: list[dict], settings: dict, path: str | Path) -> None:
         bars = axes.bar(xs, values, width * 0.92, yerr=_error_bars([mine[d] for d in present]), capsize=3,
                         color=color, label=_drafter_label(drafter, settings), hatch="//" if drafter == settings.get("reference") else None)
         if label_bars:
-            axes.bar_label(bars, labels=[_fmt(mine[d]["tau_mean_of_samples"]) for d in present], padding=2, fontsize=8)
+            axes.bar_label(bars, labels=[_bar_label(mine[d]) for d in present], padding=2, fontsize=8)
     axes.set_xticks(range(len(datasets)), datasets)
     axes.set_xlabel("dataset")
     axes.set_ylabel(TAU_LABEL)
-    axes.set_title("DFlash drafters: tau (z-lab mean) with 95% bootstrap CI")
+    title = "DFlash drafters: tau (z-lab mean) with 95% bootstrap CI"
+    if any(r["backend_mismatch_allowed"] for r in chain):
+        title += "\n⚠ = hidden states from other kernels than the drafter was trained with (see summary.md)"
+    axes.set_title(title)
     axes.grid(axis="y", alpha=0.3)
     axes.set_axisbelow(True)
     axes.legend(title="drafter", loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=9)

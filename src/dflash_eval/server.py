@@ -208,7 +208,11 @@ class ServerController:
             time.sleep(POLL_S)
         raise ServerError(
             f"server at {self.base_url} not healthy after {self.settings['health_timeout_s']} s"
-            + (f"; {self.server_log} ends with:\n{_log_tail(self.server_log)}" if self.kind == "managed" else "")
+            + {
+                "managed": f"; {self.server_log} ends with:\n{_log_tail(self.server_log)}",
+                "external": f"; see {self.server_log} for the output of start_command",
+                "release": " (a release-kind server is started by you, not by dflash-eval)",
+            }[self.kind]
         )
 
     def _launch(self) -> None:
@@ -321,12 +325,12 @@ class ServerController:
 
     def _resume(self) -> None:
         """Resume a release-kind server's memory if we released it; we never start such a server."""
-        if not self.is_healthy():
-            raise ServerError(f"the release-kind server at {self.base_url} is not running; start it yourself")
         if self.released_marker.exists():
             self.record("start_requested", action="resume_memory_occupation")
             self._post("/resume_memory_occupation")
             self.released_marker.unlink()
+            self.wait_healthy()
+        elif not self.is_healthy():
             self.wait_healthy()
 
     def _run_hook(self, command: str) -> None:

@@ -88,10 +88,12 @@ def wrap_tokenizer(tok: Tokenizer) -> PreTrainedTokenizerFast:
     return hf
 
 
-def build_tokenizer(out_dir: Path, seed: int = 0, vocab_size: int = DEFAULT_VOCAB_SIZE) -> None:
+def build_tokenizer(
+    out_dir: Path, seed: int = 0, vocab_size: int = DEFAULT_VOCAB_SIZE, corpus_bytes: int = CORPUS_BYTES
+) -> None:
     """Train the demo tokenizer on a seeded stdlib subset and save it (HF format) to `out_dir`."""
     out_dir = Path(out_dir)
-    files = select_sources(seed=seed, max_bytes=CORPUS_BYTES)
+    files = select_sources(seed=seed, max_bytes=corpus_bytes)
     tok = train_tokenizer([f.text for f in files], vocab_size=vocab_size)
     hf = wrap_tokenizer(tok)
     out_dir.mkdir(parents=True, exist_ok=True)

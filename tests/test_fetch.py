@@ -1,0 +1,156 @@
+"""Fetch: prompt loading, and the stage end to end against a real `transformers serve` of a tiny target."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+import helpers_server as hs
+import pytest
+
+from dflash_eval import fetch
+from dflash_eval.prompts import PromptFileError, load_prompts, select_subset
+from dflash_eval.server import ServerController
+
+MAX_TOKENS = 16
+RECORD_FIELDS = {
+    "id", "dataset", "messages", "prompt_token_ids", "completion_token_ids", "text", "finish_reason", "usage",
+    "request", "server", "completion_ids_source", "token_check", "spec",
+}
+
+
+# ----- prompt files -----
+
+
+@pytest.mark.parametrize(
+    ("line", "problem"),
+    [
+        ('{"id": "b", "messages": [}', "invalid JSON"),
+        ('{"id": "b"}', '"messages"'),
+        ('{"id": "", "messages": [{"role": "user", "content": "x"}]}', '"id"'),
+        ('{"id": "b", "messages": [{"content": "x"}]}', 'messages[0] needs "role"'),
+        ('{"id": "a", "messages": [{"role": "user", "content": "x"}]}', "duplicate id 'a' (first on line 1)"),
+        ("[1, 2]", "not a JSON object"),
+    ],
+)
+def test_malformed_prompt_line_names_file_and_line(tmp_path, line, problem):
+    path = tmp_path / "prompts.jsonl"
+    good = '{"id": "a", "messages": [{"role": "user", "content": "hi"}]}'
+    path.write_text(f"{good}\n\n{line}\n{good.replace('a', 'c')}\n")
+    with pytest.raises(PromptFileError) as err:
+        load_prompts(path)
+    assert str(err.value).startswith(f"{path}:3: ")
+    assert problem in str(err.value)
+
+
+def test_fetch_cli_fails_on_malformed_prompts_before_touching_the_server(tmp_path):
+    prompts = tmp_path / "bad.jsonl"
+    prompts.write_text('{"id": "a", "messages": []}\n')
+    settings = {"dataset": "bad", "prompts": str(prompts), "tokenizer": "unused",
+                "server": {"kind": "external", "start_command": "false", "stop_command": "false"}}
+    args = argparse.Namespace(settings=json.dumps(settings), config=None, dataset=None, out=tmp_path / "o.jsonl", log=None)
+    with pytest.raises(PromptFileError, match=rf"{prompts}:1: "):
+        fetch.run(args)
+    assert not (tmp_path / "o.jsonl").exists()
+
+
+def test_subset_is_deterministic_and_in_file_order(tmp_path):
+    prompts = load_prompts(hs.write_prompts(tmp_path / "p.jsonl", 20))
+    a = select_subset(prompts, 5, seed=1)
+    assert a == select_subset(prompts, 5, seed=1)
+    assert [int(p.id[1:]) for p in a] == sorted(int(p.id[1:]) for p in a)
+    assert select_subset(prompts, None, 0) == prompts == select_subset(prompts, 50, 0)
+
+
+def test_fetch_settings_are_checked():
+    with pytest.raises(ValueError, match=r"missing \['prompts'"):
+        fetch.resolve_settings({"dataset": "x", "server": {}, "tokenizer": "t", "typo": 1})
+
+
+# ----- end to end against `transformers serve` -----
+
+
+@pytest.fixture(scope="session")
+def tiny_server(tmp_path_factory):
+    settings = hs.shared_transformers_server(tmp_path_factory.getbasetemp())
+    yield settings
+    ServerController(settings).stop_if_launched()
+
+
+@pytest.fixture(scope="module")
+def reference(tiny_server):
+    """The tiny target's tokenizer and model, loaded here, to compute what the server should return."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    torch.set_num_threads(1)
+    model_dir = hs.shared_model_dir()
+    return AutoTokenizer.from_pretrained(model_dir), AutoModelForCausalLM.from_pretrained(model_dir).eval()
+
+
+def greedy(reference, prompt_ids: list[int]) -> list[int]:
+    import torch
+
+    tok, model = reference
+    out = model.generate(torch.tensor([prompt_ids]), max_new_tokens=MAX_TOKENS, do_sample=False)
+    return out[0, len(prompt_ids):].tolist()
+
+
+def fetch_settings(tmp_path: Path, server: dict, n: int, endpoint: str = "completions") -> dict:
+    return {
+        "dataset": "tiny", "prompts": str(hs.write_prompts(tmp_path / "prompts.jsonl", n)), "max_samples": None,
+        "seed": 0, "server": server, "tokenizer": str(hs.shared_model_dir()), "max_tokens": MAX_TOKENS,
+        "temperature": 0.0, "concurrency": 2, "timeout_s": 120.0, "retries": 2, "endpoint": endpoint,
+        "chat_template_kwargs": {},
+    }
+
+
+def test_fetch_end_to_end(tmp_path, tiny_server, reference):
+    settings = fetch_settings(tmp_path, tiny_server, 4)
+    out = tmp_path / "completions" / "tiny.jsonl"
+    args = argparse.Namespace(settings=json.dumps(settings), config=None, dataset=None, out=out, log=tmp_path / "fetch.log")
+    assert fetch.run(args) == 0
+    records = [json.loads(line) for line in out.read_text().splitlines()]
+    assert [r["id"] for r in records] == ["p0", "p1", "p2", "p3"]
+    assert list(out.parent.iterdir()) == [out]  # no temp file left behind
+    assert '"records": 4' in (tmp_path / "fetch.log").read_text()
+
+    tok, _ = reference
+    eos = tok.eos_token_id
+    for r in records:
+        assert set(r) == RECORD_FIELDS
+        ours = tok(tok.apply_chat_template(r["messages"], add_generation_prompt=True, tokenize=False),
+                   add_special_tokens=False)["input_ids"]
+        assert r["prompt_token_ids"] == ours
+        assert r["usage"]["prompt_tokens"] == len(ours) and r["token_check"]["prompt_tokens_match"] is True
+        assert r["completion_ids_source"] == "retokenized"
+        assert r["server"]["model"] == str(hs.shared_model_dir()) and r["server"]["base_url"] == tiny_server["base_url"]
+        assert r["request"]["endpoint"] == "completions" and r["request"]["temperature"] == 0.0
+        assert r["spec"] is None
+        expected = greedy(reference, ours)
+        if r["finish_reason"] == "stop":
+            assert expected[-1] == eos and len(expected) < MAX_TOKENS
+        else:
+            assert r["finish_reason"] == "length" and len(expected) == MAX_TOKENS
+        # transformers serve counts the eos token in usage.completion_tokens, and its text drops it.
+        assert r["usage"]["completion_tokens"] == len(expected)
+        if expected[-1] == eos and r["finish_reason"] == "length":
+            # eos as the very last allowed token is reported as "length": re-encoding cannot see it.
+            assert r["completion_token_ids"] == expected[:-1]
+            assert r["token_check"]["completion_tokens_match"] is False
+        else:
+            assert r["completion_token_ids"] == expected
+            assert r["token_check"]["completion_tokens_match"] is True
+    assert {r["finish_reason"] for r in records} == {"stop", "length"}  # both paths exercised
+
+
+def test_fetch_chat_endpoint_matches_completions(tmp_path, tiny_server):
+    by_endpoint = {}
+    for endpoint in ("completions", "chat"):
+        out = tmp_path / f"{endpoint}.jsonl"
+        by_endpoint[endpoint] = fetch.fetch(fetch_settings(tmp_path, tiny_server, 2, endpoint), out)
+    for a, b in zip(by_endpoint["completions"], by_endpoint["chat"]):
+        assert b["request"]["endpoint"] == "chat" and b["request"]["prompt_format"] == "messages"
+        for key in ("prompt_token_ids", "completion_token_ids", "text", "finish_reason", "usage", "token_check"):
+            assert a[key] == b[key], key
