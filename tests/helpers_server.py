@@ -141,7 +141,7 @@ def shared_transformers_server(base: Path) -> dict:
             "base_url": f"http://127.0.0.1:{port}",
             "model": None,
             "command": command,
-            "health_timeout_s": 300.0,
+            "health_timeout_s": 600.0,
             "stop_grace_s": 10.0,
             "log_dir": str(base / "server-logs"),
         }

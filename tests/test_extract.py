@@ -83,6 +83,19 @@ def test_extract_end_to_end_matches_the_targets_own_forward(target_dir, completi
     assert manifest["completions"]["path"] == str(completions)
     assert manifest["token_flags"] == {"mismatch": ["c"], "retokenized": ["b"]}
     assert manifest["layer_ids"] == LAYERS and manifest["device"] == "cpu"
+    # random completions: the tiny target's greedy choice matches them only by chance
+    assert manifest["argmax_agreement"]["tokens"] == sum(len(r["completion_token_ids"]) for r in RECORDS)
+
+
+def test_argmax_agreement_is_complete_for_the_targets_own_greedy_output(target_dir, tmp_path):
+    model = tiny_target()
+    prompt = [5, 6, 7, 8]
+    with torch.no_grad(), use_backend("torch", "cpu"):
+        out = model.generate(torch.tensor([prompt]), max_new_tokens=6, do_sample=False, min_new_tokens=6)
+    path = tmp_path / "greedy.jsonl"
+    path.write_text(json.dumps(_record("g", prompt, out[0, len(prompt):].tolist())) + "\n")
+    extract_stage.extract(_settings(target_dir), path, tmp_path / "cache")
+    assert HiddenCache(tmp_path / "cache").manifest["argmax_agreement"] == {"matches": 6, "tokens": 6}
 
 
 def test_last_captured_layer_is_pre_norm(target_dir, completions, tmp_path):

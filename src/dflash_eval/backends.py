@@ -181,16 +181,15 @@ def _fla_kernels(device: torch.device) -> dict[str, Callable]:
     return {role: getattr(modules[KERNELS[role][0]], KERNELS[role][1]) for role in ("chunk", "recurrent")}
 
 
-def _conv_kernels(name: str) -> dict[str, Callable]:
-    """causal-conv1d's CUDA kernels for the fla backend where installed, as transformers would bind them."""
-    if name != "fla":
-        return {}
+@functools.cache
+def _conv_kernels() -> tuple[tuple[str, Callable], ...]:
+    """causal-conv1d's CUDA kernels where installed, as transformers would bind them with fla."""
     try:
         module = importlib.import_module(KERNELS["conv"][0])
-        return {role: getattr(module, KERNELS[role][1]) for role in ("conv", "conv_update")}
+        return tuple((role, getattr(module, KERNELS[role][1])) for role in ("conv", "conv_update"))
     except Exception as error:
         log.info("causal-conv1d not usable (%s): the depthwise conv runs the torch path, as in transformers", error)
-        return {}
+        return ()
 
 
 def _implementations(name: str, device: torch.device, module: Any) -> dict[str, Callable]:
@@ -198,7 +197,7 @@ def _implementations(name: str, device: torch.device, module: Any) -> dict[str, 
     chosen = {role: torch_function(module, role) for role in ROLE_NAMES}
     if name == "fla":
         chosen.update(_fla_kernels(device))
-        chosen.update(_conv_kernels(name))
+        chosen.update(_conv_kernels())
     return chosen
 
 
@@ -224,23 +223,36 @@ def select_backend(name: BackendName, device: str | torch.device) -> BackendInfo
     )
 
 
+def _fla_registry(fn: Callable) -> Any:
+    """fla's BackendRegistry behind a dispatched entry point (found in its wrappers' closures), or None."""
+    current: Any = fn
+    while current is not None:
+        try:
+            registry = inspect.getclosurevars(current).nonlocals.get("self")
+        except TypeError:
+            registry = None
+        if hasattr(registry, "_get_sorted_backends"):
+            return registry
+        current = getattr(current, "__wrapped__", None)
+    return None
+
+
 def _fla_dispatch(fn: Callable, args: tuple, kwargs: dict) -> str:
     """Which fla sub-backend (e.g. FlashQLA on Hopper) fla's own dispatcher picks for this call.
 
-    fla 0.6 routes some entry points through `fla.backends.dispatch`; that choice changes the
-    numbers too, so it is recorded. Uses fla internals defensively: unknown layouts give "?".
+    fla 0.6 routes `chunk_gated_delta_rule` through `fla.backends` (FlashQLA TileLang kernels win
+    on SM90 when `flash_qla` is installed); that changes the numbers too, so it is recorded.
+    Reads fla internals defensively: "?" when they are not as expected.
     """
     try:
-        backends = importlib.import_module("fla.backends")
-        if getattr(backends, "_DISPATCH_DISABLED", False):
-            return "triton"
-        registry = backends._function_registries.get(inspect.unwrap(fn))
+        registry = _fla_registry(fn)
         if registry is None:
-            return "triton"
+            return "triton"  # not dispatched: fla's own Triton kernel
+        name = inspect.unwrap(fn).__name__
         for backend in registry._get_sorted_backends():
             if backend.is_available() and backend.is_enabled():
-                accepted, _ = backend.verify(inspect.unwrap(fn).__name__, *args, **kwargs)
-                if accepted and backend.get_implementation(inspect.unwrap(fn).__name__) is not None:
+                accepted, _ = backend.verify(name, *args, **kwargs)
+                if accepted and backend.get_implementation(name) is not None:
                     return backend.backend_type
         return "triton"
     except Exception:  # introspection only; never let it break a forward
@@ -254,7 +266,7 @@ class BackendRun:
         self.name = name
         self.device = device
         self.calls: Counter[str] = Counter()  # role -> calls of the selected implementation
-        self.ran: dict[str, str] = {}  # role -> qualified name of the function that ran
+        self.ran: dict[str, set[str]] = {}  # role -> qualified names of the functions that ran
         self.layer_calls = 0  # Gated DeltaNet module forwards seen by hooks
         self.layer_modules = 0
         self.watching = False
@@ -268,7 +280,8 @@ class BackendRun:
         @functools.wraps(original)
         def call(*args: Any, **kwargs: Any) -> Any:
             if is_torch and kwargs.get("cu_seqlens") is not None:
-                raise BackendUnavailable("the torch Gated DeltaNet path cannot keep packed sequences apart (cu_seqlens)")
+                raise BackendUnavailable("the torch Gated DeltaNet path cannot keep packed sequences "
+                                         "apart (cu_seqlens)")
             tensors = [a for a in args if isinstance(a, torch.Tensor)]
             if not is_torch and any(t.device.type != "cuda" for t in tensors):
                 raise BackendUnavailable(
@@ -276,9 +289,8 @@ class BackendRun:
                 )
             kwargs = {k: v for k, v in kwargs.items() if k in params}
             self.calls[role] += 1
-            if role not in self.ran:
-                sub = f"[{_fla_dispatch(fn, args, kwargs)}]" if label.startswith("fla.") else ""
-                self.ran[role] = label + sub
+            sub = f"[{_fla_dispatch(fn, args, kwargs)}]" if label.startswith("fla.") else ""
+            self.ran.setdefault(role, set()).add(label + sub)
             return fn(*args, **kwargs)
 
         call._dflash_counted = True  # type: ignore[attr-defined]
@@ -318,7 +330,7 @@ class BackendRun:
         return BackendInfo(
             name=self.name,
             device=str(self.device),
-            implementation=dict(sorted(self.ran.items())),
+            implementation={role: " + ".join(sorted(labels)) for role, labels in sorted(self.ran.items())},
             versions=package_versions(),
             calls=dict(sorted(self.calls.items())),
             device_name=device_name(self.device),

@@ -6,7 +6,7 @@ directly; `output_hidden_states` would not (its last entry is the final-norm out
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -73,7 +73,7 @@ def capture_layers(
     last = max(ids)
     states: dict[int, torch.Tensor] = {}
 
-    def keep(layer_id: int):
+    def keep(layer_id: int) -> Callable[..., None]:
         def hook(_module: torch.nn.Module, _args: Any, output: Any) -> None:
             hidden = output[0] if isinstance(output, tuple) else output
             states[layer_id] = hidden[0].detach()

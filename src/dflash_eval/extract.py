@@ -21,7 +21,7 @@ from typing import Any
 import torch
 from tqdm import tqdm
 
-from .backends import select_backend, use_backend
+from .backends import BackendRun, select_backend, use_backend
 from .cache import CacheWriter
 from .capture import capture_layers, check_layer_ids
 from .errors import DflashEvalError
@@ -117,9 +117,10 @@ def check_tokens(records: list[dict[str, Any]], strict: bool) -> TokenReport:
         if ids:
             log.warning("%d of %d samples flagged: %s (e.g. %s)", len(ids), len(records), kind, ids[:5])
     if strict and (report.mismatch or report.retokenized):
+        examples = (report.mismatch + report.retokenized)[:5]
         raise DflashEvalError(
             f"strict_tokens: {len(report.mismatch)} samples with token_check mismatches and "
-            f"{len(report.retokenized)} with retokenized completions (e.g. {(report.mismatch + report.retokenized)[:5]}); "
+            f"{len(report.retokenized)} with retokenized completions (e.g. {examples}); "
             "re-fetch with token ids from the server, or set strict_tokens: false to accept them"
         )
     return report
@@ -149,32 +150,57 @@ def _release_device_memory(device: torch.device) -> None:
         torch.cuda.empty_cache()
 
 
-def _extract_on_device(settings: dict[str, Any], records: list[dict[str, Any]], header: dict[str, Any],
-                       out: Path) -> Path:
-    """Load the target, run every record under the verified backend, write the cache."""
-    target, layer_ids = settings["target"], list(settings["layer_ids"])
-    device = torch.device(target["device"])
-    model, _ = load_target(target["path"], target["dtype"], device)
-    header["target"]["dtype"] = str(model.dtype).removeprefix("torch.")
-    store_argmax = bool(settings["store_argmax"])
+def _greedy_matches(tokens: torch.Tensor, argmax: torch.Tensor, prompt_len: int) -> torch.Tensor:
+    """How many completion tokens equal the target's argmax at the previous position (device scalar).
+
+    The completions are the server's greedy output of this target, so this should be near 100%;
+    a low value means another model, template or backend produced them.
+    """
+    return (argmax[prompt_len - 1 : -1] == tokens[prompt_len:]).sum()
+
+
+def _run_records(model: torch.nn.Module, records: list[dict[str, Any]], settings: dict[str, Any],
+                 backend: BackendRun, writer: CacheWriter) -> dict[str, int] | None:
+    """One verified forward per record, captured layers to the writer; returns the argmax agreement."""
+    layer_ids, store_argmax = list(settings["layer_ids"]), bool(settings["store_argmax"])
+    device = torch.device(settings["target"]["device"])
     total = sum(len(r["prompt_token_ids"]) + len(r["completion_token_ids"]) for r in records)
-    started = time.perf_counter()
-    with (use_backend(target["backend"], device, model) as backend,
-          CacheWriter(out, layer_ids=layer_ids, shard_tokens=int(settings["shard_tokens"]),
-                      store_argmax=store_argmax, header=header) as writer,
-          tqdm(total=total, unit="tok", unit_scale=True, desc=f"extract {settings.get('dataset', '')}") as bar):
+    matches, completion_tokens = torch.zeros((), dtype=torch.long, device=device), 0
+    with tqdm(total=total, unit="tok", unit_scale=True, desc=f"extract {settings.get('dataset', '')}") as bar:
         for record in records:
             ids = record["prompt_token_ids"] + record["completion_token_ids"]
+            prompt_len = len(record["prompt_token_ids"])
             tokens = torch.tensor(ids, dtype=torch.long, device=device)
             captured = capture_layers(model, layer_ids, tokens, want_argmax=store_argmax)
             backend.verify()
-            writer.add(str(record["id"]), tokens, captured.states, captured.argmax, len(record["prompt_token_ids"]))
+            writer.add(str(record["id"]), tokens, captured.states, captured.argmax, prompt_len)
+            if store_argmax:
+                matches += _greedy_matches(tokens, captured.argmax, prompt_len)
+                completion_tokens += len(ids) - prompt_len
             bar.update(len(ids))
+    return {"matches": int(matches), "tokens": completion_tokens} if store_argmax else None
+
+
+def _extract_on_device(settings: dict[str, Any], records: list[dict[str, Any]], header: dict[str, Any],
+                       out: Path) -> Path:
+    """Load the target, run every record under the verified backend, publish the cache."""
+    target = settings["target"]
+    model, _ = load_target(target["path"], target["dtype"], target["device"])
+    header["target"]["dtype"] = str(model.dtype).removeprefix("torch.")
+    started = time.perf_counter()
+    with (use_backend(target["backend"], target["device"], model) as backend,
+          CacheWriter(out, layer_ids=settings["layer_ids"], shard_tokens=int(settings["shard_tokens"]),
+                      store_argmax=bool(settings["store_argmax"]), header=header) as writer):
+        agreement = _run_records(model, records, settings, backend, writer)
         info = backend.verify()
-        path = writer.finish(backend=info.to_manifest())
+        path = writer.finish(backend=info.to_manifest(), argmax_agreement=agreement)
+    tokens = sum(s["length"] for s in writer.samples)
     seconds = time.perf_counter() - started
-    log.info("extracted %d tokens in %.1f s (%.0f tokens/s) with %s", total, seconds, total / seconds,
+    log.info("extracted %d tokens in %.1f s (%.0f tokens/s) with %s", tokens, seconds, tokens / seconds,
              info.implementation)
+    if agreement and agreement["tokens"]:
+        log.info("target argmax equals the completion token at %.2f%% of %d completion positions",
+                 100 * agreement["matches"] / agreement["tokens"], agreement["tokens"])
     return path
 
 

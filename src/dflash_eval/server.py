@@ -134,6 +134,7 @@ class ServerController:
         self.log_dir = Path(self.settings["log_dir"])
         self.pid_file = self.log_dir / "server.pid"
         self.server_log = self.log_dir / "server.log"
+        self.lock_file = self.log_dir / "server.lock"
         # Present while a release-kind server's memory is released by us (resume is only sent then).
         self.released_marker = self.log_dir / "server.released"
         self._proc: subprocess.Popen[bytes] | None = None
@@ -154,7 +155,7 @@ class ServerController:
         if self._proc is not None:
             self._proc.poll()  # reap our own child if it exited, so it is not mistaken for a live one
         pid = int(info.get("pid", 0))
-        if pid <= 0 or _proc_start_ticks(pid) != info.get("start_ticks"):
+        if info.get("base_url") != self.base_url or pid <= 0 or _proc_start_ticks(pid) != info.get("start_ticks"):
             return None
         return pid
 
@@ -184,13 +185,16 @@ class ServerController:
             return
         if self.is_healthy():
             return
-        self.record("start_requested")
-        if self.kind == "external":
-            self._run_hook(self.settings["start_command"])
-        elif self.launched_pid() is None:
-            self._launch()
-        # else: our server is still starting (launched by an earlier call or process); just wait.
-        self.wait_healthy()
+        with host_lock(self.lock_file):  # two jobs must not both launch (or start) the server
+            if self.is_healthy():
+                return
+            self.record("start_requested")
+            if self.kind == "external":
+                self._run_hook(self.settings["start_command"])
+            elif self.launched_pid() is None:
+                self._launch()
+            # else: our server is still starting (launched by an earlier call or process); just wait.
+            self.wait_healthy()
 
     def wait_healthy(self) -> None:
         """Poll the health endpoint until it answers, bounded by health_timeout_s."""
@@ -351,9 +355,24 @@ class ServerController:
 # ----- pausing around extraction -----
 
 
+_HELD_LOCKS: dict[str, int] = {}  # lock path -> nesting depth in this process
+
+
 @contextlib.contextmanager
 def host_lock(path: Path) -> Iterator[None]:
-    """Hold an exclusive flock on `path` (shared by every dflash-eval process of this host)."""
+    """Hold an exclusive flock on `path` (shared by every dflash-eval process of this host).
+
+    Re-entrant within one process: server_paused holds it while ensure_up takes it again (a second
+    flock on a new file descriptor of the same process would deadlock).
+    """
+    key = str(Path(path).resolve())
+    if _HELD_LOCKS.get(key):
+        _HELD_LOCKS[key] += 1
+        try:
+            yield
+        finally:
+            _HELD_LOCKS[key] -= 1
+        return
     path.parent.mkdir(parents=True, exist_ok=True)
     with open(path, "a") as fh:
         try:
@@ -361,9 +380,11 @@ def host_lock(path: Path) -> Iterator[None]:
         except BlockingIOError:
             log.info("waiting for the server lock %s", path)
             fcntl.flock(fh, fcntl.LOCK_EX)
+        _HELD_LOCKS[key] = 1
         try:
             yield
         finally:
+            del _HELD_LOCKS[key]
             fcntl.flock(fh, fcntl.LOCK_UN)
 
 
@@ -401,7 +422,7 @@ def server_paused(settings: dict[str, Any]) -> Iterator[ServerController]:
     that no other dflash-eval process starts or uses the server meanwhile.
     """
     ctl = ServerController(settings)
-    with host_lock(ctl.log_dir / "server.lock"), sigterm_raises() as cleaning:
+    with host_lock(ctl.lock_file), sigterm_raises() as cleaning:
         was_up = ctl.is_healthy()
         ctl.record("pause", was_up=was_up)
         try:

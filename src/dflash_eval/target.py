@@ -45,7 +45,8 @@ def parse_device(device: str | torch.device) -> torch.device:
     device = torch.device(device)
     if device.type == "cuda":
         if not torch.cuda.is_available():
-            raise DflashEvalError(f"device {device} requested but torch sees no CUDA device; use 'cpu' or a GPU machine")
+            raise DflashEvalError(f"device {device} requested but torch sees no CUDA device; "
+                                  "use 'cpu' or a GPU machine")
         index = 0 if device.index is None else device.index
         if index >= torch.cuda.device_count():
             raise DflashEvalError(f"device {device} requested but only {torch.cuda.device_count()} CUDA devices exist")
