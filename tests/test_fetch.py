@@ -2,14 +2,14 @@
 
 from __future__ import annotations
 
-import argparse
 import json
 from pathlib import Path
 
 import helpers_server as hs
 import pytest
 
-from dflash_eval import fetch
+from dflash_eval import cli, fetch
+from dflash_eval.errors import DflashEvalError
 from dflash_eval.prompts import PromptFileError, load_prompts, select_subset
 from dflash_eval.server import ServerController
 
@@ -49,9 +49,10 @@ def test_fetch_cli_fails_on_malformed_prompts_before_touching_the_server(tmp_pat
     prompts.write_text('{"id": "a", "messages": []}\n')
     settings = {"dataset": "bad", "prompts": str(prompts), "tokenizer": "unused",
                 "server": {"kind": "external", "start_command": "false", "stop_command": "false"}}
-    args = argparse.Namespace(settings=json.dumps(settings), config=None, dataset=None, out=tmp_path / "o.jsonl", log=None)
-    with pytest.raises(PromptFileError, match=rf"{prompts}:1: "):
-        fetch.run(args)
+    log = tmp_path / "fetch.log"
+    argv = ["--log", str(log), "fetch", "--settings", json.dumps(settings), "--out", str(tmp_path / "o.jsonl")]
+    assert cli.main(argv) == 2
+    assert f"{prompts}:1: " in log.read_text()
     assert not (tmp_path / "o.jsonl").exists()
 
 
@@ -64,7 +65,7 @@ def test_subset_is_deterministic_and_in_file_order(tmp_path):
 
 
 def test_fetch_settings_are_checked():
-    with pytest.raises(ValueError, match=r"missing \['prompts'"):
+    with pytest.raises(DflashEvalError, match=r"missing \['prompts'"):
         fetch.resolve_settings({"dataset": "x", "server": {}, "tokenizer": "t", "typo": 1})
 
 
@@ -109,12 +110,12 @@ def fetch_settings(tmp_path: Path, server: dict, n: int, endpoint: str = "comple
 def test_fetch_end_to_end(tmp_path, tiny_server, reference):
     settings = fetch_settings(tmp_path, tiny_server, 4)
     out = tmp_path / "completions" / "tiny.jsonl"
-    args = argparse.Namespace(settings=json.dumps(settings), config=None, dataset=None, out=out, log=tmp_path / "fetch.log")
-    assert fetch.run(args) == 0
+    log = tmp_path / "fetch.log"
+    assert cli.main(["--log", str(log), "fetch", "--settings", json.dumps(settings), "--out", str(out)]) == 0
     records = [json.loads(line) for line in out.read_text().splitlines()]
     assert [r["id"] for r in records] == ["p0", "p1", "p2", "p3"]
     assert list(out.parent.iterdir()) == [out]  # no temp file left behind
-    assert '"records": 4' in (tmp_path / "fetch.log").read_text()
+    assert '"records": 4' in log.read_text()
 
     tok, _ = reference
     eos = tok.eos_token_id
@@ -154,3 +155,23 @@ def test_fetch_chat_endpoint_matches_completions(tmp_path, tiny_server):
         assert b["request"]["endpoint"] == "chat" and b["request"]["prompt_format"] == "messages"
         for key in ("prompt_token_ids", "completion_token_ids", "text", "finish_reason", "usage", "token_check"):
             assert a[key] == b[key], key
+
+
+def test_eos_as_the_last_allowed_token_is_reported_as_length(tmp_path, tiny_server, reference):
+    """transformers serve 5.24 says "length" whenever max_tokens tokens came out, even if the last was eos;
+    its text drops the eos, so the retokenized ids are one short and the token check flags the record."""
+    tok, _ = reference
+    for prompt in load_prompts(hs.write_prompts(tmp_path / "all.jsonl", 4)):
+        text = tok.apply_chat_template(prompt.messages, add_generation_prompt=True, tokenize=False)
+        expected = greedy(reference, tok(text, add_special_tokens=False)["input_ids"])
+        if expected[-1] == tok.eos_token_id:
+            break
+    else:
+        pytest.fail("no prompt of the tiny target stops on eos")
+    one = tmp_path / "one.jsonl"
+    one.write_text(json.dumps({"id": prompt.id, "messages": prompt.messages}) + "\n")
+    settings = {**fetch_settings(tmp_path, tiny_server, 1), "prompts": str(one), "max_tokens": len(expected)}
+    [record] = fetch.fetch(settings, tmp_path / "out.jsonl")
+    assert record["finish_reason"] == "length" and record["usage"]["completion_tokens"] == len(expected)
+    assert record["completion_token_ids"] == expected[:-1]
+    assert record["token_check"]["completion_tokens_match"] is False

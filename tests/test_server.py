@@ -3,7 +3,6 @@ process mechanics, and a real `transformers serve` of a tiny Qwen3.5 target for 
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import signal
@@ -15,7 +14,8 @@ from pathlib import Path
 import helpers_server as hs
 import pytest
 
-from dflash_eval import server
+from dflash_eval import cli
+from dflash_eval.errors import DflashEvalError
 from dflash_eval.server import ServerController, ServerError, port_open, server_paused
 
 
@@ -227,17 +227,23 @@ def test_release_kind(tmp_path):
 
 
 def test_settings_are_checked():
-    with pytest.raises(ValueError, match="needs `command`"):
+    with pytest.raises(DflashEvalError, match="needs `command`"):
         ServerController({"kind": "managed"})
-    with pytest.raises(ValueError, match="unknown server settings"):
+    with pytest.raises(DflashEvalError, match="unknown server settings"):
         ServerController({"kind": "release", "port": 1})
 
 
-def test_cli_status(tmp_path, capsys):
+def test_cli(tmp_path, capsys, controllers):
     settings = hs.tiny_helper_settings(tmp_path / "logs")
-    args = argparse.Namespace(action="status", settings=json.dumps(settings), config=None)
-    assert server.run(args) == 3
+    make(controllers, settings)
+    as_json = json.dumps(settings)
+    assert cli.main(["server", "status", "--settings", as_json]) == 3
     assert json.loads(capsys.readouterr().out)["healthy"] is False
+    assert cli.main(["server", "up", "--settings", as_json]) == 0
+    assert cli.main(["server", "status", "--settings", as_json]) == 0
+    assert json.loads(capsys.readouterr().out)["launched_pid"] is not None
+    assert cli.main(["server", "stop-launched", "--settings", as_json]) == 0
+    assert cli.main(["server", "status", "--settings", as_json]) == 3
 
 
 # ----- real `transformers serve` -----

@@ -38,9 +38,9 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
 
 
 def _setup_logging(path: str | None, verbose: bool) -> None:
-    handlers: list[logging.Handler] = [logging.StreamHandler(sys.stderr)]
-    if path:
-        handlers.append(logging.FileHandler(path, mode="a", encoding="utf-8"))
+    # With --log the rules also send stderr (progress bars, tracebacks) to the same file: log once.
+    handlers: list[logging.Handler] = [logging.FileHandler(path, mode="a", encoding="utf-8") if path
+                                       else logging.StreamHandler(sys.stderr)]
     logging.basicConfig(level=logging.DEBUG if verbose else logging.INFO, handlers=handlers, force=True,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
 

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from dflash_eval.errors import DflashEvalError
 from dflash_eval.prompts import Prompt, load_prompts, select_subset
 from dflash_eval.server import ServerController, http_request
 
@@ -38,7 +39,7 @@ REQUIRED = ("dataset", "prompts", "server", "tokenizer")
 ENDPOINTS = ("completions", "chat")
 
 
-class FetchError(RuntimeError):
+class FetchError(DflashEvalError):
     """A request failed for good (after the client's retries) or the server answered nonsense."""
 
 
@@ -73,10 +74,10 @@ def resolve_settings(settings: dict[str, Any]) -> dict[str, Any]:
     missing = [k for k in REQUIRED if settings.get(k) is None]
     unknown = set(settings) - set(DEFAULTS) - set(REQUIRED)
     if missing or unknown:
-        raise ValueError(f"fetch settings: missing {missing}, unknown {sorted(unknown)}")
-    out = {**DEFAULTS, **settings}
+        raise DflashEvalError(f"fetch settings: missing {missing}, unknown {sorted(unknown)}")
+    out = {**DEFAULTS, **{k: v for k, v in settings.items() if v is not None}}
     if out["endpoint"] not in ENDPOINTS:
-        raise ValueError(f"fetch endpoint must be one of {ENDPOINTS}, got {out['endpoint']!r}")
+        raise DflashEvalError(f"fetch endpoint must be one of {ENDPOINTS}, got {out['endpoint']!r}")
     out["chat_template_kwargs"] = dict(out["chat_template_kwargs"] or {})
     return out
 
@@ -295,40 +296,17 @@ def fetch(settings: dict[str, Any], out: Path) -> list[dict[str, Any]]:
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    """`dflash-eval fetch --settings JSON --out results/completions/{dataset}.jsonl [--log FILE]`."""
+    """`dflash-eval [--log FILE] fetch --settings JSON --out results/completions/{dataset}.jsonl`."""
     src = parser.add_mutually_exclusive_group(required=True)
     src.add_argument("--settings", help="fetch settings as JSON (see docs/contracts.md)")
     src.add_argument("--config", help="config.yaml (by hand; needs --dataset)")
     parser.add_argument("--dataset", help="dataset name, with --config")
     parser.add_argument("--out", required=True, type=Path, help="completions JSONL to write")
-    parser.add_argument("--log", type=Path, help="also write the log to this file")
-
-
-def _load_settings(args: argparse.Namespace) -> dict[str, Any]:
-    if args.settings:
-        return json.loads(args.settings)
-    if not args.dataset:
-        raise SystemExit("--config needs --dataset")
-    from dflash_eval.config import fetch_settings, load_config
-
-    return fetch_settings(load_config(args.config), args.dataset)
 
 
 def run(args: argparse.Namespace) -> int:
-    """CLI entry: fetch, logging to --log as well when given."""
-    pkg_log = logging.getLogger("dflash_eval")
-    handler: logging.Handler | None = None
-    if args.log:
-        args.log.parent.mkdir(parents=True, exist_ok=True)
-        handler = logging.FileHandler(args.log)
-        handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
-        pkg_log.addHandler(handler)
-        if pkg_log.getEffectiveLevel() > logging.INFO:
-            pkg_log.setLevel(logging.INFO)
-    try:
-        fetch(_load_settings(args), args.out)
-    finally:
-        if handler is not None:
-            pkg_log.removeHandler(handler)
-            handler.close()
+    """CLI entry (the log file is the global `dflash-eval --log`)."""
+    from dflash_eval.config import fetch_settings, settings_from_args
+
+    fetch(settings_from_args(args, fetch_settings, "dataset"), args.out)
     return 0

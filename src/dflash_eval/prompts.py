@@ -12,8 +12,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from dflash_eval.errors import DflashEvalError
 
-class PromptFileError(ValueError):
+
+class PromptFileError(DflashEvalError):
     """A prompt file that cannot be used as it is; the message names the file and line."""
 
 
@@ -68,6 +70,6 @@ def select_subset(prompts: list[Prompt], max_samples: int | None, seed: int) -> 
     if max_samples is None or max_samples >= len(prompts):
         return list(prompts)
     if max_samples < 1:
-        raise ValueError(f"max_samples must be at least 1, got {max_samples}")
+        raise DflashEvalError(f"max_samples must be at least 1, got {max_samples}")
     keep = sorted(random.Random(seed).sample(range(len(prompts)), max_samples))
     return [prompts[i] for i in keep]

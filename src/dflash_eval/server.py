@@ -20,7 +20,6 @@ import os
 import signal
 import socket
 import subprocess
-import sys
 import threading
 import time
 import urllib.error
@@ -30,6 +29,8 @@ from collections.abc import Iterator
 from datetime import datetime
 from pathlib import Path
 from typing import Any
+
+from dflash_eval.errors import DflashEvalError
 
 log = logging.getLogger(__name__)
 
@@ -51,8 +52,8 @@ POLL_S = 0.25
 LOG_TAIL_CHARS = 3000
 
 
-class ServerError(RuntimeError):
-    """The server could not be brought to the requested state."""
+class ServerError(DflashEvalError):
+    """The server could not be brought to the requested state; the message says what to look at."""
 
 
 class Terminated(BaseException):
@@ -66,14 +67,14 @@ def resolve_settings(settings: dict[str, Any]) -> dict[str, Any]:
     """Fill defaults and reject what cannot work, before anything is started or stopped."""
     unknown = set(settings) - set(DEFAULTS)
     if unknown:
-        raise ValueError(f"unknown server settings: {sorted(unknown)}")
+        raise DflashEvalError(f"unknown server settings: {sorted(unknown)}")
     out = {**DEFAULTS, **{k: v for k, v in settings.items() if v is not None}}
     if out["kind"] not in KINDS:
-        raise ValueError(f"server kind must be one of {KINDS}, got {out['kind']!r}")
+        raise DflashEvalError(f"server kind must be one of {KINDS}, got {out['kind']!r}")
     if out["kind"] == "managed" and not out["command"]:
-        raise ValueError("a managed server needs `command`")
+        raise DflashEvalError("a managed server needs `command`")
     if out["kind"] == "external" and not (out["start_command"] and out["stop_command"]):
-        raise ValueError("an external server needs `start_command` and `stop_command`")
+        raise DflashEvalError("an external server needs `start_command` and `stop_command`")
     out["base_url"] = str(out["base_url"]).rstrip("/")
     return out
 
@@ -439,41 +440,28 @@ def server_paused(settings: dict[str, Any]) -> Iterator[ServerController]:
 # ----- CLI -----
 
 
-def load_settings(args: argparse.Namespace) -> dict[str, Any]:
-    """Server settings from --settings JSON or from --config config.yaml."""
-    if args.settings:
-        return json.loads(args.settings)
-    if args.config:
-        from dflash_eval.config import load_config, server_settings
-
-        return server_settings(load_config(args.config))
-    raise SystemExit("give --settings JSON or --config config.yaml")
-
-
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    """`dflash-eval server {up,down,status,stop-launched}`."""
+    """`dflash-eval server {up,down,status,stop-launched} --settings JSON | --config config.yaml`."""
     parser.add_argument("action", choices=["up", "down", "status", "stop-launched"])
-    src = parser.add_mutually_exclusive_group()
+    src = parser.add_mutually_exclusive_group(required=True)
     src.add_argument("--settings", help="server settings as JSON (see docs/contracts.md)")
     src.add_argument("--config", help="config.yaml to read the server settings from")
 
 
 def run(args: argparse.Namespace) -> int:
-    """Run one action; `status` exits 0 when healthy and 3 when not (as systemctl does)."""
-    ctl = ServerController(load_settings(args))
-    try:
-        if args.action == "up":
-            ctl.ensure_up()
-        elif args.action == "down":
-            ctl.take_down()
-        elif args.action == "stop-launched":
-            ctl.stop_if_launched()
-        else:
-            healthy = ctl.is_healthy()
-            status = {"base_url": ctl.base_url, "kind": ctl.kind, "healthy": healthy, "launched_pid": ctl.launched_pid()}
-            print(json.dumps(status))
-            return 0 if healthy else 3
-    except ServerError as exc:
-        print(f"dflash-eval server {args.action}: {exc}", file=sys.stderr)
-        return 1
+    """Run one action; `status` prints JSON and exits 0 when healthy, 3 when not (as systemctl does)."""
+    from dflash_eval.config import server_settings, settings_from_args
+
+    ctl = ServerController(settings_from_args(args, server_settings))
+    if args.action == "up":
+        ctl.ensure_up()
+    elif args.action == "down":
+        ctl.take_down()
+    elif args.action == "stop-launched":
+        ctl.stop_if_launched()
+    else:
+        healthy = ctl.is_healthy()
+        status = {"base_url": ctl.base_url, "kind": ctl.kind, "healthy": healthy, "launched_pid": ctl.launched_pid()}
+        print(json.dumps(status))
+        return 0 if healthy else 3
     return 0

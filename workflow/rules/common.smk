@@ -1,5 +1,5 @@
 # Helpers shared by the rules: settings as params, input files of targets and checkpoints.
-import shlex
+import subprocess
 from pathlib import Path
 
 from dflash_eval import config as cfg
@@ -54,5 +54,5 @@ def drafter_layerset(name: str) -> str:
 def stop_launched_server() -> None:
     """End of run: stop a managed server that this workflow launched, unless told to keep it."""
     if config["server"]["kind"] == "managed" and not config["server"].get("keep_running"):
-        settings = shlex.quote(settings_param(cfg.server_settings(config)))
-        shell(f"dflash-eval server stop-launched --settings {settings} || true")
+        settings = settings_param(cfg.server_settings(config))
+        subprocess.run(["dflash-eval", "server", "stop-launched", "--settings", settings], check=False)
