@@ -256,9 +256,10 @@ def tiny_server(tmp_path_factory):
     ServerController(settings).stop_if_launched()
 
 
+@pytest.mark.slow
 def test_paused_real_server_down_inside_and_back_after_an_exception(tiny_server):
-    """One pause round trip of `transformers serve` (each start costs tens of seconds of imports here);
-    the normal exit of the block is covered with the tiny server above, on the same code path."""
+    """One pause round trip of `transformers serve`. Slow: each start of it imports torch and transformers
+    (50-60 CPU seconds on the 2-core dev machine); the tiny server above covers the same code paths."""
     ctl = ServerController(tiny_server)
     ctl.ensure_up()
     pid = ctl.launched_pid()

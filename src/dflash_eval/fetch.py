@@ -216,6 +216,8 @@ async def fetch_all(
     import openai
     from tqdm import tqdm
 
+    for name in ("httpx", "httpx2"):  # the openai client's transport logs every request at INFO
+        logging.getLogger(name).setLevel(logging.WARNING)
     sem = asyncio.Semaphore(int(settings["concurrency"]))
     client = openai.AsyncOpenAI(
         base_url=info.base_url + "/v1",

@@ -80,8 +80,13 @@ def resolve_settings(settings: dict[str, Any]) -> dict[str, Any]:
 
 
 def http_request(url: str, method: str = "GET", timeout: float = 5.0) -> tuple[int, bytes]:
-    """One HTTP request; returns (status, body), status 0 when nothing answered."""
-    req = urllib.request.Request(url, method=method, data=b"" if method == "POST" else None)
+    """One HTTP request; returns (status, body), status 0 when nothing answered.
+
+    A POST sends an empty JSON object: SGLang's release/resume endpoints parse the body as a request
+    object and answer 422 to an empty one.
+    """
+    data, headers = (b"{}", {"Content-Type": "application/json"}) if method == "POST" else (None, {})
+    req = urllib.request.Request(url, method=method, data=data, headers=headers)
     try:
         with urllib.request.urlopen(req, timeout=timeout) as resp:
             return resp.status, resp.read()
@@ -205,7 +210,7 @@ class ServerController:
             if self.is_healthy():
                 self.record("healthy", waited_s=round(time.monotonic() - start, 2))
                 return
-            if self.kind == "managed" and self.launched_pid() is None:
+            if self.kind == "managed" and (self._exited() or self.launched_pid() is None):
                 raise ServerError(
                     f"the managed server exited before it became healthy; {self.server_log} ends with:\n"
                     + _log_tail(self.server_log)
@@ -219,6 +224,10 @@ class ServerController:
                 "release": " (a release-kind server is started by you, not by dflash-eval)",
             }[self.kind]
         )
+
+    def _exited(self) -> bool:
+        """Whether the server this controller launched has exited (False if it launched none)."""
+        return self._proc is not None and self._proc.poll() is not None
 
     def _launch(self) -> None:
         if port_open(self.base_url):

@@ -168,7 +168,8 @@ def _continuation(text: str, rng: random.Random, max_lines: int) -> tuple[str, s
     head_n = rng.randint(3, max(3, max_lines // 3))
     rest_n = rng.randint(4, max_lines)
     head = "".join(lines[start : start + head_n])
-    rest = "".join(lines[start + head_n : start + head_n + rest_n])
+    # No leading blank lines: the prompt's "assistant\n" must not merge with them into one token.
+    rest = "".join(lines[start + head_n : start + head_n + rest_n]).lstrip("\n")
     if not head.strip() or not rest.strip():
         return None
     return head, rest

@@ -23,6 +23,7 @@ from pathlib import Path
 
 import torch
 from tqdm.auto import tqdm
+from tqdm.contrib.logging import logging_redirect_tqdm
 from transformers import (
     AutoTokenizer,
     GenerationConfig,
@@ -161,6 +162,9 @@ def _lr_at(step: int, s: TrainSettings) -> float:
 def train(model: Qwen3_5ForCausalLM, data: torch.Tensor, s: TrainSettings, seed: int) -> list[float]:
     """AdamW on next-token loss over `data` windows; returns the per-step losses."""
     generator = torch.Generator().manual_seed(seed)
+    # Epochs of seeded permutations: every window is seen once before any repeats.
+    epochs = math.ceil(s.steps * s.batch_size / data.shape[0])
+    order = torch.cat([torch.randperm(data.shape[0], generator=generator) for _ in range(epochs)])
     decay = [p for n, p in model.named_parameters() if p.ndim >= 2 and "embed" not in n]
     no_decay = [p for n, p in model.named_parameters() if not (p.ndim >= 2 and "embed" not in n)]
     opt = torch.optim.AdamW(
@@ -170,21 +174,21 @@ def train(model: Qwen3_5ForCausalLM, data: torch.Tensor, s: TrainSettings, seed:
     )
     model.train()
     losses: list[float] = []
-    bar = tqdm(range(s.steps), desc="demo target", unit="step")
-    for step in bar:
-        rows = torch.randint(0, data.shape[0], (s.batch_size,), generator=generator)
-        batch = data[rows]
-        for group in opt.param_groups:
-            group["lr"] = _lr_at(step, s)
-        loss = model(input_ids=batch, labels=batch).loss
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), s.grad_clip)
-        opt.step()
-        opt.zero_grad(set_to_none=True)
-        losses.append(loss.item())
-        bar.set_postfix(loss=f"{losses[-1]:.3f}")
-        if step % 25 == 0 or step == s.steps - 1:
-            log.info("step %d loss %.4f lr %.2e", step, losses[-1], _lr_at(step, s))
+    with logging_redirect_tqdm():
+        bar = tqdm(range(s.steps), desc="demo target", unit="step")
+        for step in bar:
+            batch = data[order[step * s.batch_size : (step + 1) * s.batch_size]]
+            for group in opt.param_groups:
+                group["lr"] = _lr_at(step, s)
+            loss = model(input_ids=batch, labels=batch).loss
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(model.parameters(), s.grad_clip)
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+            losses.append(loss.item())
+            bar.set_postfix(loss=f"{losses[-1]:.3f}")
+            if step % 25 == 0 or step == s.steps - 1:
+                log.info("step %d loss %.4f lr %.2e", step, losses[-1], _lr_at(step, s))
     model.eval()
     return losses
 
