@@ -7,7 +7,8 @@ import time
 import torch
 
 
-def online_acceptance(drafter, target, prompt_ids: list[int], max_new_tokens: int, stop_ids: list[int]):
+def online_acceptance(drafter, target, prompt_ids: list[int], max_new_tokens: int, stop_ids: list[int],
+                      block_size: int | None = None):
     """Run the reference online loop (temperature 0); returns (acceptance_lengths, output ids)."""
     import dflash.model as reference
 
@@ -15,7 +16,7 @@ def online_acceptance(drafter, target, prompt_ids: list[int], max_new_tokens: in
     reference._cuda_time = time.perf_counter  # the reference synchronises CUDA for its timers
     try:
         stats = reference.dflash_generate(drafter, target, torch.tensor([prompt_ids]), max_new_tokens,
-                                          stop_ids, temperature=0.0, return_stats=True)
+                                          stop_ids, temperature=0.0, block_size=block_size, return_stats=True)
     finally:
         reference._cuda_time = original
     return list(stats.acceptance_lengths), stats.output_ids[0].tolist()
@@ -31,3 +32,106 @@ def first_difference(a: list[int], b: list[int]) -> int | None:
         if x != y:
             return index
     return None if len(a) == len(b) else min(len(a), len(b))
+
+
+def _greedy_next(target, ids: list[int]) -> int:
+    with torch.no_grad():
+        return int(target(torch.tensor([ids])).logits[0, -1].argmax())
+
+
+def _draft_logprobs(drafter, target, ids: list[int], start: int, size: int) -> torch.Tensor:
+    """The reference drafter's block at anchor `start`, recomputed from scratch: [size - 1, V] log-probs."""
+    from dflash.model import _output_head, extract_context_feature
+
+    with torch.no_grad():
+        hidden = target(torch.tensor([ids[:start]]), output_hidden_states=True).hidden_states
+        context = extract_context_feature(hidden, drafter.target_layer_ids)
+        block = torch.tensor([[ids[start]] + [drafter.mask_token_id] * (size - 1)])
+        scale = float(getattr(drafter.config, "input_embedding_scale", 1.0))
+        noise = torch.nn.functional.embedding(block, target.get_input_embeddings().weight) * scale
+        out = drafter(position_ids=torch.arange(start + size)[None], noise_embedding=noise, target_hidden=context)
+        logits = drafter.compute_logits(out[:, 1:], _output_head(target))[0]
+    return torch.log_softmax(logits.float(), dim=-1)
+
+
+def heap_tree(logprobs: torch.Tensor, budget: int) -> set[tuple[int, ...]]:
+    """DDTree-N built literally: best-first with a heap; pop, push next sibling and first child."""
+    import heapq
+
+    values, indices = torch.topk(logprobs, min(budget, logprobs.shape[-1]), dim=-1)
+    width, depth_max = values.shape[1], values.shape[0]
+
+    def score(ranks: tuple[int, ...]) -> float:
+        total = torch.zeros((), dtype=values.dtype)
+        for depth, rank in enumerate(ranks):
+            total = total + values[depth, rank]
+        return float(total)
+
+    heap = [(-score((0,)), (0,))]
+    chosen: list[tuple[int, ...]] = []
+    while heap and len(chosen) < budget:
+        _, ranks = heapq.heappop(heap)
+        chosen.append(ranks)
+        if ranks[-1] + 1 < width:
+            sibling = ranks[:-1] + (ranks[-1] + 1,)
+            heapq.heappush(heap, (-score(sibling), sibling))
+        if len(ranks) < depth_max:
+            child = ranks + (0,)
+            heapq.heappush(heap, (-score(child), child))
+    return {tuple(int(indices[d, r]) for d, r in enumerate(ranks)) for ranks in chosen}
+
+
+def ddtree_online(drafter, target, prompt_ids: list[int], max_new_tokens: int, stop_ids: list[int],
+                  budget: int) -> tuple[list[int], list[int]]:
+    """A straightforward DDTree loop with the live target: build each tree, walk it with the target's
+    greedy choices, accept the deepest matching path plus the bonus token. Returns (lengths, ids)."""
+    ids = list(prompt_ids)
+    max_length = len(ids) + max_new_tokens
+    ids.append(_greedy_next(target, ids))
+    start, lengths, stopped = len(prompt_ids), [], ids[-1] in stop_ids
+    while start + 1 < max_length and not stopped:
+        size = min(drafter.block_size, max_length - start)
+        tree = heap_tree(_draft_logprobs(drafter, target, ids, start, size), budget) if size > 1 else set()
+        path: tuple[int, ...] = ()
+        while True:
+            nxt = _greedy_next(target, ids[:start + 1] + list(path))
+            if path + (nxt,) in tree:
+                path += (nxt,)
+            else:
+                break
+        produced_ids = list(path) + [nxt]
+        produced = min(len(produced_ids), max_length - start - 1)
+        for offset, token in enumerate(produced_ids[:produced], 1):
+            if token in stop_ids:
+                produced, stopped = offset, True
+                break
+        ids = ids[:start + 1] + produced_ids[:produced]
+        start += produced
+        lengths.append(produced)
+    return lengths, ids[:min(start + 1, max_length)]
+
+
+def assert_same_steps(mine: list[int], online: list[int], online_ids: list[int], expected_ids: list[int],
+                      prompt_len: int, target, tie: float = 1e-4) -> int:
+    """Offline steps must equal the live loop's, step by step.
+
+    When the live loop's own tokens leave the expected greedy completion (the target's kernels
+    round differently for a block than for one token), that divergence must be a floating-point
+    near-tie of the target (top-2 logit gap < `tie`), never an offset; the steps are then compared
+    up to the step that reaches it. Returns the number of steps compared.
+    """
+    diverge = first_difference(online_ids, expected_ids)
+    if diverge is None:
+        assert first_difference(mine, online) is None, (mine, online)
+        return len(mine)
+    with torch.no_grad():
+        logits = target(torch.tensor([expected_ids[:diverge]])).logits[0, -1]
+    gap = top2_gap(logits)
+    assert gap < tie, f"live loop left the greedy completion at token {diverge} without a near-tie (gap {gap:.3g})"
+    start, compared = prompt_len, 0
+    for a, b in zip(mine, online):
+        if start + max(a, b) >= diverge:
+            break
+        assert a == b, (compared, mine, online)
+        start, compared = start + a, compared + 1
+    return compared

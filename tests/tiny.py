@@ -25,11 +25,15 @@ def tiny_target(seed: int = 0, layers: int = 4, hidden: int = 64) -> Qwen3_5ForC
 
 def tiny_drafter_config(layer_ids: list[int], hidden: int = 64, block_size: int = 4, window: int | None = 5,
                         num_target_layers: int = 4) -> Qwen3Config:
-    """Drafter config shaped like the z-lab ones: sliding layers then one full-attention layer."""
+    """Drafter config shaped like the z-lab ones: a sliding layer then a full-attention layer.
+
+    window=None gives a drafter of full-attention layers only.
+    """
     return Qwen3Config(
         vocab_size=VOCAB, hidden_size=hidden, intermediate_size=2 * hidden, num_hidden_layers=2,
         num_attention_heads=4, num_key_value_heads=2, head_dim=16, max_position_embeddings=4096,
-        layer_types=["sliding_attention", "full_attention"], use_sliding_window=window is not None,
+        layer_types=["sliding_attention" if window else "full_attention", "full_attention"],
+        use_sliding_window=window is not None,
         sliding_window=window, max_window_layers=0, architectures=["DFlashDraftModel"],
         block_size=block_size, num_target_layers=num_target_layers,
         dflash_config={"mask_token_id": MASK_ID, "target_layer_ids": layer_ids},

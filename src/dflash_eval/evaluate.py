@@ -3,9 +3,11 @@
 metrics.json (the report reads it):
   drafter, dataset, checkpoint{path, layout, sha256, global_step, epoch, step}, block_size, layer_ids,
   cache{dir, backend, trained_with, backend_mismatch_allowed, target_config_hash},
-  stop_token_ids, chain{tau_mean_of_samples, tau_token_weighted, ci95{...}, samples, steps, tokens,
-  acceptance_by_position, histogram}, diagnostics{argmax_agreement, tokens_seen, samples_skipped[]}
-samples.csv: one row per sample with its steps, tokens, tau and the acceptance lengths in order.
+  stop_token_ids, methods{"chain-B<b>" | "ddtree-<N>": {method, kind, block_size, budget,
+  tau_mean_of_samples, tau_token_weighted, ci95{...}, samples, steps, tokens, acceptance_by_position,
+  histogram}}, chain (= methods["chain-B<B>"], the drafter's own block), topk_accuracy{k,
+  positions_seen, by_position[B-1][k]}, diagnostics{argmax_agreement, tokens_seen, samples_skipped[]}
+samples.csv: one row per sample x method with its steps, tokens, tau and the acceptance lengths in order.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ import json
 import logging
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
 import torch
 from tqdm import tqdm
@@ -24,7 +27,7 @@ from .blocks import BlockDrafter
 from .config import evaluate_settings, settings_from_args
 from .drafter import load_drafter
 from .errors import DflashEvalError
-from .evaluator import evaluate_sample
+from .evaluator import chain_method, evaluate_sample
 from .io_utils import atomic_write_json, atomic_write_text, sha256_file
 from .target_head import load_target_head
 
@@ -116,7 +119,14 @@ def run_evaluation(settings: dict, hidden: str, completions: str) -> tuple[dict,
     runner = BlockDrafter(loaded.model, head.embed, head.lm_head, loaded.mask_token_id).to(device=device, dtype=dtype)
     stops = stop_token_ids(settings)
     records = read_completions(completions)
-    rows, per_sample, agree, seen, skipped = [], [], 0, 0, []
+    block = loaded.block_size
+    block_sizes = requested_block_sizes(settings.get("block_sizes"), block)
+    budgets = sorted(set(settings.get("ddtree_budgets") or []))
+    topk = sorted(set(settings.get("topk") or []))
+    per_method: dict[str, dict[str, list[int]]] = {}
+    rows, agree, seen, skipped = [], 0, 0, []
+    topk_hits = np.zeros((block - 1, len(topk)), dtype=np.int64)
+    topk_seen = np.zeros(block - 1, dtype=np.int64)
     for entry in tqdm(cache.samples, desc=f"evaluate {settings['drafter']} on {settings['dataset']}", unit="sample"):
         sample_id = str(entry["id"])
         record = records.get(sample_id)
@@ -128,32 +138,59 @@ def run_evaluation(settings: dict, hidden: str, completions: str) -> tuple[dict,
         max_tokens = record.get("request", {}).get("max_tokens", settings.get("max_tokens"))
         limits = acceptance.sequence_limits(states.prompt_len, len(tokens), max_tokens, int(tokens[-1]) in stops)
         result = evaluate_sample(runner, states.features.to(device=device, dtype=dtype), tokens, limits,
-                                 set(stops), settings["anchor_chunk"])
+                                 set(stops), block_sizes, budgets, topk, settings["anchor_chunk"])
+        topk_hits += result.outcomes.topk_hits
+        topk_seen += result.outcomes.topk_seen
         if states.argmax is not None and len(tokens) > states.prompt_len:
             predicted = states.argmax[states.prompt_len - 1:-1].cpu()
             agree += int((predicted == states.input_ids[states.prompt_len:].cpu()).sum())
             seen += len(predicted)
-        per_sample.append(result.steps)
-        rows.append({"id": sample_id, "prompt_tokens": states.prompt_len,
-                     "completion_tokens": len(tokens) - states.prompt_len, "steps": len(result.steps),
-                     "tokens": sum(result.steps),
-                     "tau": sum(result.steps) / len(result.steps) if result.steps else float("nan"),
-                     "acceptance_lengths": " ".join(map(str, result.steps))})
-    stats = acceptance.tau_stats(per_sample)
-    block = loaded.block_size
+        for method, steps in result.steps.items():
+            per_method.setdefault(method, {})[sample_id] = steps
+            rows.append({"id": sample_id, "method": method, "prompt_tokens": states.prompt_len,
+                         "completion_tokens": len(tokens) - states.prompt_len, "steps": len(steps),
+                         "tokens": sum(steps), "tau": sum(steps) / len(steps) if steps else float("nan"),
+                         "acceptance_lengths": " ".join(map(str, steps))})
+    methods = {method: method_metrics(method, list(by_sample.values()), block, settings)
+               for method, by_sample in per_method.items()}
+    primary = chain_method(block)
     metrics = {
         "drafter": settings["drafter"], "dataset": settings["dataset"],
         "checkpoint": {"path": loaded.path, "layout": loaded.layout, "sha256": _checkpoint_hash(loaded.path),
                        "global_step": loaded.global_step, "epoch": loaded.epoch, "step": checkpoint.get("step")},
         "block_size": block, "layer_ids": loaded.layer_ids, "cache": cache_info, "stop_token_ids": stops,
         "device": str(device), "dtype": settings["dtype"],
-        "chain": {**stats, "ci95": acceptance.bootstrap_ci(per_sample, settings["bootstrap"], settings["seed"]),
-                  "acceptance_by_position": acceptance.acceptance_by_position(per_sample, block),
-                  "histogram": acceptance.histogram(per_sample, block)},
+        "chain": methods.get(primary) or method_metrics(primary, [], block, settings),
+        "methods": methods,
+        "topk_accuracy": {"k": topk, "positions_seen": topk_seen.tolist(),
+                          "by_position": [[float(h) / s if s else None for h in hits]
+                                          for hits, s in zip(topk_hits.tolist(), topk_seen.tolist())]},
         "diagnostics": {"argmax_agreement": agree / seen if seen else None, "tokens_seen": seen,
                         "samples_skipped": skipped},
     }
     return metrics, pd.DataFrame(rows)
+
+
+def requested_block_sizes(requested: list[int] | str | None, block: int) -> list[int]:
+    """Chain block sizes to evaluate: the drafter's own B plus those asked for that fit (2..B)."""
+    if requested == "all":
+        return list(range(2, block + 1))
+    sizes = sorted({int(b) for b in requested or []} | {block})
+    too_big = [b for b in sizes if b > block]
+    if too_big:
+        log.warning("block sizes %s exceed the drafter's block size %d; skipped", too_big, block)
+    return [b for b in sizes if b <= block]
+
+
+def method_metrics(method: str, per_sample: list[list[int]], block: int, settings: dict) -> dict:
+    """tau (both conventions), bootstrap CI, counts, acceptance by position and histogram of one method."""
+    kind, size = method.split("-", 1)
+    depth = int(size.lstrip("B")) if kind == "chain" else block
+    return {"method": method, "kind": kind, "block_size": depth if kind == "chain" else block,
+            "budget": int(size) if kind == "ddtree" else None, **acceptance.tau_stats(per_sample),
+            "ci95": acceptance.bootstrap_ci(per_sample, settings["bootstrap"], settings["seed"]),
+            "acceptance_by_position": acceptance.acceptance_by_position(per_sample, depth),
+            "histogram": acceptance.histogram(per_sample, depth)}
 
 
 def _checkpoint_hash(path: str) -> str:
@@ -166,10 +203,10 @@ def _checkpoint_hash(path: str) -> str:
 def run(args: argparse.Namespace) -> int:
     settings = settings_from_args(args, evaluate_settings, "drafter", "dataset")
     metrics, rows = run_evaluation(settings, args.hidden, args.completions)
-    chain = metrics["chain"]
-    log.info("%s on %s: tau %.3f (z-lab mean), %.3f (token-weighted), %d samples, %d steps",
-             metrics["drafter"], metrics["dataset"], chain["tau_mean_of_samples"], chain["tau_token_weighted"],
-             chain["samples"], chain["steps"])
+    for method, stats in metrics["methods"].items():
+        log.info("%s on %s, %s: tau %.3f (z-lab mean), %.3f (token-weighted), %d samples, %d steps",
+                 metrics["drafter"], metrics["dataset"], method, stats["tau_mean_of_samples"],
+                 stats["tau_token_weighted"], stats["samples"], stats["steps"])
     atomic_write_text(args.samples, rows.to_csv(index=False))
     atomic_write_json(args.metrics, metrics)
     return 0

@@ -30,7 +30,7 @@ from .io_utils import atomic_write_text
 log = logging.getLogger(__name__)
 
 COLUMNS = [
-    "drafter", "dataset", "method", "block_size", "tau_mean_of_samples", "tau_token_weighted",
+    "drafter", "dataset", "method", "primary", "block_size", "budget", "tau_mean_of_samples", "tau_token_weighted",
     "ci_low", "ci_high", "ci_low_tw", "ci_high_tw", "samples", "steps", "tokens", "training_step",
     "layer_ids", "backend", "backend_mismatch_allowed", "argmax_agreement", "tau_vs_reference",
 ]
@@ -183,23 +183,28 @@ def _pair(values: Any) -> tuple[float, float]:
 
 
 def method_rows(evaluation: Evaluation, spec: dict) -> list[dict]:
-    """The rows of one evaluation: the chain for now; DDTree budgets will add rows here."""
+    """One row per method of one evaluation: each chain block size and each DDTree budget."""
     metrics = evaluation.metrics
-    chain, cache = metrics["chain"], metrics["cache"]
-    ci, ci_tw = _pair(chain["ci95"].get("tau_mean_of_samples")), _pair(chain["ci95"].get("tau_token_weighted"))
+    cache = metrics["cache"]
+    methods = metrics.get("methods") or {f"chain-B{metrics['block_size']}": metrics["chain"]}
     agreement = metrics["diagnostics"].get("argmax_agreement")
-    return [{
-        "drafter": metrics["drafter"], "dataset": metrics["dataset"], "method": f"chain-B{metrics['block_size']}",
-        "block_size": int(metrics["block_size"]),
-        "tau_mean_of_samples": _float(chain["tau_mean_of_samples"]),
-        "tau_token_weighted": _float(chain["tau_token_weighted"]),
-        "ci_low": ci[0], "ci_high": ci[1], "ci_low_tw": ci_tw[0], "ci_high_tw": ci_tw[1],
-        "samples": int(chain["samples"]), "steps": int(chain["steps"]), "tokens": int(chain["tokens"]),
-        "training_step": training_step(metrics, spec),
-        "layer_ids": " ".join(str(i) for i in metrics["layer_ids"]),
-        "backend": cache["backend"], "backend_mismatch_allowed": bool(cache["backend_mismatch_allowed"]),
-        "argmax_agreement": _float(agreement), "tau_vs_reference": math.nan,
-    }]
+    rows = []
+    for method, stats in methods.items():
+        ci, ci_tw = _pair(stats["ci95"].get("tau_mean_of_samples")), _pair(stats["ci95"].get("tau_token_weighted"))
+        rows.append({
+            "drafter": metrics["drafter"], "dataset": metrics["dataset"], "method": method,
+            "primary": method == f"chain-B{metrics['block_size']}",
+            "block_size": int(stats.get("block_size", metrics["block_size"])), "budget": stats.get("budget"),
+            "tau_mean_of_samples": _float(stats["tau_mean_of_samples"]),
+            "tau_token_weighted": _float(stats["tau_token_weighted"]),
+            "ci_low": ci[0], "ci_high": ci[1], "ci_low_tw": ci_tw[0], "ci_high_tw": ci_tw[1],
+            "samples": int(stats["samples"]), "steps": int(stats["steps"]), "tokens": int(stats["tokens"]),
+            "training_step": training_step(metrics, spec),
+            "layer_ids": " ".join(str(i) for i in metrics["layer_ids"]),
+            "backend": cache["backend"], "backend_mismatch_allowed": bool(cache["backend_mismatch_allowed"]),
+            "argmax_agreement": _float(agreement), "tau_vs_reference": math.nan,
+        })
+    return rows
 
 
 def _float(value: Any) -> float:
@@ -211,10 +216,10 @@ def summary_rows(evaluations: list[Evaluation], settings: dict) -> list[dict]:
     rows = [row for e in evaluations for row in method_rows(e, settings["drafters"][e.key[0]])]
     reference = settings.get("reference")
     if reference is not None:
-        baseline = {(r["dataset"], _comparable(r["method"])): r["tau_mean_of_samples"]
+        baseline = {(r["dataset"], _comparable(r)): r["tau_mean_of_samples"]
                     for r in rows if r["drafter"] == reference}
         for row in rows:
-            base = baseline.get((row["dataset"], _comparable(row["method"])), math.nan)
+            base = baseline.get((row["dataset"], _comparable(row)), math.nan)
             row["tau_vs_reference"] = row["tau_mean_of_samples"] / base if base and not math.isnan(base) else math.nan
     return rows
 
@@ -223,12 +228,13 @@ def summary_frame(rows: list[dict]) -> pd.DataFrame:
     """The CSV's table; the nullable integer step keeps "1000" from becoming "1000.0"."""
     frame = pd.DataFrame(rows, columns=COLUMNS)
     frame["training_step"] = frame["training_step"].astype("Int64")
+    frame["budget"] = frame["budget"].astype("Int64")
     return frame
 
 
-def _comparable(method: str) -> str:
-    """Chains compare across block sizes (the drafter's block is part of what is being compared)."""
-    return "chain" if method.startswith("chain-") else method
+def _comparable(row: dict) -> str:
+    """Own-block chains compare across block sizes (the drafter's block is part of what is compared)."""
+    return "chain" if row["primary"] else row["method"]
 
 
 # -- markdown ------------------------------------------------------------------------------------
@@ -458,7 +464,8 @@ def _error_bars(rows: list[dict]) -> list[list[float]]:
 
 
 def _chain_rows(rows: list[dict]) -> list[dict]:
-    return [r for r in rows if r["method"].startswith("chain-")]
+    """Each drafter's own chain (block size B): the headline number of the plots."""
+    return [r for r in rows if r["primary"]]
 
 
 def _bar_label(row: dict) -> str:

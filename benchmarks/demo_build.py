@@ -1,0 +1,107 @@
+"""Time the embedded demo's build on N CPU threads and check its drafters' tau, without a server.
+
+Builds tokenizer, target and drafters with the same CLI calls the workflow makes, then computes
+greedy completions of the demo prompts with Hugging Face `generate` (what the served target
+returns) and evaluates every drafter from the target's hidden states with our evaluator. Prints a
+table and appends it to benchmarks/results/demo_build.md.
+
+    python benchmarks/demo_build.py --out /tmp/demo --threads 2 [--skip-build]
+"""
+
+from __future__ import annotations
+
+import argparse
+import platform
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def build(out: Path, target_steps: int, drafter_steps: list[int], threads: int) -> dict[str, float]:
+    calls = {
+        "tokenizer": ["demo-tokenizer", "--out", str(out / "tokenizer"), "--seed", "0"],
+        "target": ["demo-target", "--tokenizer", str(out / "tokenizer"), "--out", str(out / "target"),
+                   "--seed", "0", "--steps", str(target_steps), "--threads", str(threads)],
+        "drafters": ["demo-drafters", "--target", str(out / "target"), "--out", str(out / "drafters"),
+                     "--steps", *map(str, drafter_steps), "--seed", "0", "--threads", str(threads)],
+    }
+    seconds = {}
+    for name, args in calls.items():
+        started = time.perf_counter()
+        subprocess.run([sys.executable, "-m", "dflash_eval.cli", *args], check=True)
+        seconds[name] = time.perf_counter() - started
+    return seconds
+
+
+@torch.inference_mode()
+def evaluate(out: Path, max_tokens: int, drafter_names: list[str]) -> tuple[dict[str, float], float]:
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from dflash_eval.acceptance import sequence_limits, tau_stats
+    from dflash_eval.blocks import BlockDrafter
+    from dflash_eval.drafter import load_drafter
+    from dflash_eval.evaluator import chain_method, evaluate_sample
+    from dflash_eval.prompts import load_prompts
+
+    tokenizer = AutoTokenizer.from_pretrained(out / "target")
+    target = AutoModelForCausalLM.from_pretrained(out / "target", dtype=torch.float32).eval()
+    eos = int(target.generation_config.eos_token_id)
+    started = time.perf_counter()
+    samples = []
+    for prompt in load_prompts(ROOT / "resources/prompts/demo_code.jsonl"):
+        ids = tokenizer.apply_chat_template(prompt.messages, add_generation_prompt=True, return_tensors="pt",
+                                            return_dict=True)["input_ids"]
+        full = target.generate(ids, max_new_tokens=max_tokens, do_sample=False, eos_token_id=eos, pad_token_id=eos)[0]
+        hidden = target(full[None], output_hidden_states=True).hidden_states
+        samples.append((full, hidden, ids.shape[1]))
+    generate_seconds = time.perf_counter() - started
+    taus = {}
+    for name in drafter_names:
+        loaded = load_drafter(str(out / "drafters" / name), "auto", None, None, False, vocab_size=len(tokenizer))
+        runner = BlockDrafter(loaded.model, target.model.embed_tokens.weight, target.lm_head.weight,
+                              loaded.mask_token_id)
+        steps = []
+        for full, hidden, prompt_len in samples:
+            features = torch.cat([hidden[i + 1][0] for i in loaded.layer_ids], dim=-1)
+            limits = sequence_limits(prompt_len, len(full), max_tokens, int(full[-1]) == eos)
+            steps.append(evaluate_sample(runner, features, full, limits, {eos}).steps[chain_method(loaded.block_size)])
+        taus[name] = tau_stats(steps)["tau_mean_of_samples"]
+    return taus, generate_seconds
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", type=Path, default=Path("/tmp/dflash-demo-build"))
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--target-steps", type=int, default=300)
+    parser.add_argument("--drafter-steps", type=int, nargs="+", default=[60, 250, 900])
+    parser.add_argument("--max-tokens", type=int, default=96)
+    parser.add_argument("--skip-build", action="store_true")
+    parser.add_argument("--record", type=Path, default=ROOT / "benchmarks/results/demo_build.md")
+    args = parser.parse_args()
+    torch.set_num_threads(args.threads)
+    seconds = {} if args.skip_build else build(args.out, args.target_steps, args.drafter_steps, args.threads)
+    names = ["untrained"] + [f"step{s}" for s in args.drafter_steps]
+    taus, generate_seconds = evaluate(args.out, args.max_tokens, names)
+    lines = [f"## demo build, {args.threads} threads, {platform.processor() or platform.machine()}, "
+             f"python {platform.python_version()}, torch {torch.__version__}", "",
+             "| stage | seconds |", "|---|---:|"]
+    lines += [f"| {k} | {v:.1f} |" for k, v in seconds.items()]
+    lines += [f"| greedy completions + hidden states ({args.max_tokens} tokens) | {generate_seconds:.1f} |", "",
+              "| drafter | tau (chain, z-lab mean) |", "|---|---:|"]
+    lines += [f"| {k} | {v:.3f} |" for k, v in taus.items()]
+    text = "\n".join(lines) + "\n"
+    print(text)
+    args.record.parent.mkdir(parents=True, exist_ok=True)
+    with open(args.record, "a", encoding="utf-8") as handle:
+        handle.write(text + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
