@@ -17,7 +17,7 @@ from dflash_eval.blocks import BlockDrafter
 from dflash_eval.demo.drafters import TrainingSequence, block_loss
 from dflash_eval.evaluator import chain_method, evaluate_sample, tree_method
 
-from reference import assert_same_steps, ddtree_online, online_acceptance
+from reference import _draft_logprobs, assert_same_steps, ddtree_online, online_acceptance
 from tiny import MASK_ID, tiny_drafter, tiny_target
 
 EOS = 1
@@ -49,6 +49,11 @@ def sequences():
                                   pad_token_id=EOS)[0]
             out.append(TrainingSequence(ids, _features(target, ids), len(prompt)))
     return target, out
+
+
+def _size(block, sequence, anchor):
+    """The block length the online loop uses at `anchor` (shorter near the token budget)."""
+    return min(block, sequence.prompt_len + MAX_NEW - anchor)
 
 
 def _trained(target, sequences, window):
@@ -86,7 +91,9 @@ def test_chain_equals_dflash_generate_step_by_step(setup, block):
         prompt = sequence.tokens[: sequence.prompt_len].tolist()
         online, online_ids = online_acceptance(drafter, target, prompt, MAX_NEW, [EOS], block_size=block)
         mine = steps[chain_method(block)]
-        compared = assert_same_steps(mine, online, online_ids, sequence.tokens.tolist(), sequence.prompt_len, target, TIE)
+        ids = sequence.tokens.tolist()
+        compared = assert_same_steps(mine, online, online_ids, ids, sequence.prompt_len, target, TIE,
+                                     lambda anchor: _draft_logprobs(drafter, target, ids, anchor, _size(block, sequence, anchor)))
         all_steps += mine[:compared]
     assert len(all_steps) > 60, "too few steps compared for a meaningful test"
     tau = sum(all_steps) / len(all_steps)
@@ -101,7 +108,9 @@ def test_ddtree_equals_heap_tree_with_live_target(setup, budget):
         prompt = sequence.tokens[: sequence.prompt_len].tolist()
         online, online_ids = ddtree_online(drafter, target, prompt, MAX_NEW, [EOS], budget)
         mine = steps[tree_method(budget)]
-        assert_same_steps(mine, online, online_ids, sequence.tokens.tolist(), sequence.prompt_len, target, TIE)
+        ids = sequence.tokens.tolist()
+        assert_same_steps(mine, online, online_ids, ids, sequence.prompt_len, target, TIE,
+                          lambda anchor: _draft_logprobs(drafter, target, ids, anchor, _size(BLOCK, sequence, anchor)), budget)
 
 
 def test_tree_tau_grows_with_budget(setup):
