@@ -60,6 +60,8 @@ def validate_config(config: dict, source: str = "config.yaml") -> dict:
             if error.validator == "additionalProperties":
                 allowed = ", ".join(sorted(error.schema.get("properties", {})))
                 message += f" (allowed keys: {allowed})"
+            elif error.schema.get("description"):
+                message += f" (expected: {error.schema['description']})"
             lines.append(f"  {_where(error)}: {message}")
         raise DflashEvalError(f"{source} is not valid:\n" + "\n".join(lines))
     config = copy.deepcopy(config)

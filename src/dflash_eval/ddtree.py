@@ -38,18 +38,18 @@ def truth_path_ranks(logprobs: torch.Tensor, truth: torch.Tensor, width: int) ->
     return values, exists, truth_score
 
 
-def better_node_counts(values: torch.Tensor, truth_score: torch.Tensor) -> torch.Tensor:
+def better_node_counts(values: torch.Tensor, truth_score: torch.Tensor, budget: int) -> torch.Tensor:
     """For each depth, how many tree nodes (among those that matter) score above the truth node.
 
-    values [m, P, W] are the per-position top-W log-probs. Counts are exact below W; a count of W or
-    more only says "not in any tree of budget <= W".
+    values [m, P, W] are the per-position top-W log-probs (W = min(budget, vocabulary)). Counts are
+    exact below `budget`; a count of `budget` or more only says "not in any tree of that budget".
     """
-    m, positions, width = values.shape
+    m, positions, _ = values.shape
     beam = torch.zeros(m, 1, dtype=values.dtype, device=values.device)
     beams = []
     for depth in range(positions):
         candidates = (beam[:, :, None] + values[:, depth, None, :]).reshape(m, -1)
-        beam = torch.topk(candidates, min(width, candidates.shape[1]), dim=-1).values
+        beam = torch.topk(candidates, min(budget, candidates.shape[1]), dim=-1).values
         beams.append(beam)
     every = torch.cat(beams, dim=1)  # [m, P * W], the best W nodes of each depth
     return (every[:, None, :] > truth_score[:, :, None]).sum(dim=-1)
@@ -64,7 +64,7 @@ def tree_accepted(logits: torch.Tensor, truth: torch.Tensor, budgets: Sequence[i
     logprobs = torch.log_softmax(logits.float(), dim=-1)
     width = min(max(budgets), logprobs.shape[-1])
     values, exists, truth_score = truth_path_ranks(logprobs, truth, width)
-    better = better_node_counts(values, truth_score)
+    better = better_node_counts(values, truth_score, max(budgets))
     out = []
     for budget in budgets:
         inside = exists & (better < budget)
