@@ -52,13 +52,38 @@ def metrics_dict(drafter: str, dataset: str) -> dict:
     }
 
 
+# per-sample acceptance lengths behind the paired verdicts: +1 on every gsm8k sample (better);
+# on humaneval half the samples gain 1 and half lose 1 (no clear difference)
+SAMPLE_STEPS = {
+    ("step-1000", "gsm8k"): {str(i): [4, 4] for i in range(10)},
+    ("step-2000", "gsm8k"): {str(i): [5, 5] for i in range(10)},
+    ("step-1000", "humaneval"): {str(i): [4] for i in range(10)},
+    ("step-2000", "humaneval"): {str(i): [3 if i % 2 else 5] for i in range(10)},
+}
+
+
 def write_metrics(root: Path) -> list[Path]:
     paths = []
     for drafter, dataset in TAUS:
         path = root / "eval" / drafter / dataset / "metrics.json"
         atomic_write_json(path, metrics_dict(drafter, dataset))
+        rows = [{"id": i, "method": "chain-B4", "acceptance_lengths": " ".join(map(str, steps))}
+                for i, steps in SAMPLE_STEPS[(drafter, dataset)].items()]
+        pd.DataFrame(rows).to_csv(path.with_name("samples.csv"), index=False)
         paths.append(path)
     return paths
+
+
+def test_paired_verdicts_against_the_reference(out):
+    table = pd.read_csv(out / "summary.csv", keep_default_na=False)
+    verdicts = {(r.drafter, r.dataset): r.verdict for r in table.itertuples()}
+    assert verdicts[("step-2000", "gsm8k")] == "better"
+    assert verdicts[("step-2000", "humaneval")] == "no clear difference"
+    assert verdicts[("step-1000", "gsm8k")] == ""  # the reference itself
+    row = table[(table.drafter == "step-2000") & (table.dataset == "gsm8k")].iloc[0]
+    assert [float(row[c]) for c in ("diff_vs_reference", "diff_ci_low", "diff_ci_high")] == [1.0, 1.0, 1.0]
+    markdown = (out / "summary.md").read_text()
+    assert "## Verdicts against the reference (step-1000)" in markdown and "**better**" in markdown
 
 
 def report_args(root: Path, metrics: list[Path], settings: dict = SETTINGS) -> argparse.Namespace:

@@ -181,6 +181,8 @@ def report_settings(config: dict) -> dict:
                      for name, spec in config["drafters"].items()},
         "datasets": list(config["datasets"]),
         "reference": config.get("report", {}).get("reference"),
+        "bootstrap": config["evaluation"]["bootstrap"],
+        "seed": config["evaluation"]["seed"],
     }
 
 

@@ -24,6 +24,7 @@ from typing import Any, Iterable
 import pandas as pd
 
 from .config import report_settings, settings_from_args
+from . import acceptance
 from .errors import DflashEvalError
 from .io_utils import atomic_write_text
 
@@ -33,6 +34,7 @@ COLUMNS = [
     "drafter", "dataset", "method", "primary", "block_size", "budget", "tau_mean_of_samples", "tau_token_weighted",
     "ci_low", "ci_high", "ci_low_tw", "ci_high_tw", "samples", "steps", "tokens", "training_step",
     "layer_ids", "backend", "backend_mismatch_allowed", "argmax_agreement", "tau_vs_reference",
+    "diff_vs_reference", "diff_ci_low", "diff_ci_high", "verdict",
 ]
 TAU_LABEL = "acceptance length tau (tokens per step)"
 FIGSIZE, DPI = (12, 6), 100          # 1200 x 600 px
@@ -203,6 +205,7 @@ def method_rows(evaluation: Evaluation, spec: dict) -> list[dict]:
             "layer_ids": " ".join(str(i) for i in metrics["layer_ids"]),
             "backend": cache["backend"], "backend_mismatch_allowed": bool(cache["backend_mismatch_allowed"]),
             "argmax_agreement": _float(agreement), "tau_vs_reference": math.nan,
+            "diff_vs_reference": math.nan, "diff_ci_low": math.nan, "diff_ci_high": math.nan, "verdict": "",
         })
     return rows
 
@@ -211,9 +214,47 @@ def _float(value: Any) -> float:
     return math.nan if value is None else float(value)
 
 
+def per_sample_steps(evaluation: Evaluation) -> dict[str, dict[str, list[int]]]:
+    """method -> sample id -> acceptance lengths, from the samples.csv written beside metrics.json."""
+    path = evaluation.path.with_name("samples.csv")
+    if not path.is_file():
+        raise DflashEvalError(f"{path} not found; the paired comparison needs the evaluate stage's per-sample rows")
+    frame = pd.read_csv(path, dtype={"id": str, "acceptance_lengths": str}, keep_default_na=False)
+    if "method" not in frame:
+        frame["method"] = f"chain-B{evaluation.metrics['block_size']}"
+    out: dict[str, dict[str, list[int]]] = {}
+    for row in frame.itertuples(index=False):
+        out.setdefault(row.method, {})[row.id] = [int(x) for x in str(row.acceptance_lengths).split()]
+    return out
+
+
+def add_verdicts(rows: list[dict], evaluations: list[Evaluation], settings: dict) -> None:
+    """Paired difference to the reference drafter (same samples, same method) and its verdict."""
+    reference = settings.get("reference")
+    if reference is None:
+        return
+    steps = {e.key: per_sample_steps(e) for e in evaluations}
+    for row in rows:
+        if row["drafter"] == reference:
+            continue
+        mine = steps.get((row["drafter"], row["dataset"]), {})
+        theirs = steps.get((reference, row["dataset"]), {})
+        method = row["method"] if row["method"] in theirs else None
+        if row["primary"]:  # own-block chains compare across block sizes, as in tau_vs_reference
+            method = next((r["method"] for r in rows if r["drafter"] == reference and r["dataset"] == row["dataset"]
+                           and r["primary"]), None)
+        if method is None or row["method"] not in mine:
+            continue
+        paired = acceptance.paired_difference(mine[row["method"]], theirs[method], settings.get("bootstrap", 1000),
+                                              settings.get("seed", 0))["tau_mean_of_samples"]
+        row.update(diff_vs_reference=paired["difference"], diff_ci_low=paired["ci95"][0],
+                   diff_ci_high=paired["ci95"][1], verdict=acceptance.verdict(paired["ci95"]))
+
+
 def summary_rows(evaluations: list[Evaluation], settings: dict) -> list[dict]:
     """All rows in config order, with tau relative to the reference drafter when there is one."""
     rows = [row for e in evaluations for row in method_rows(e, settings["drafters"][e.key[0]])]
+    add_verdicts(rows, evaluations, settings)
     reference = settings.get("reference")
     if reference is not None:
         baseline = {(r["dataset"], _comparable(r)): r["tau_mean_of_samples"]
@@ -321,6 +362,19 @@ def reference_table(rows: list[dict], settings: dict) -> list[str]:
     return lines
 
 
+def verdict_table(rows: list[dict], settings: dict) -> list[str]:
+    """One line per drafter x dataset x method compared with the reference."""
+    lines = [_table_row(["drafter", "dataset", "method", "difference", "95% CI", "verdict"]),
+             _table_row(["---", "---", "---", "---:", "---", "---"])]
+    for row in rows:
+        if not row["verdict"]:
+            continue
+        verdict = f"**{row['verdict']}**" if row["verdict"] in ("better", "worse") else row["verdict"]
+        lines.append(_table_row([row["drafter"], row["dataset"], row["method"], f"{row['diff_vs_reference']:+.{DIGITS}f}",
+                                 f"[{_fmt(row['diff_ci_low'])}, {_fmt(row['diff_ci_high'])}]", verdict]))
+    return lines
+
+
 def warnings(evaluations: list[Evaluation]) -> list[str]:
     """Everything that makes a number suspect, one markdown line each."""
     found = []
@@ -402,6 +456,10 @@ def render_markdown(rows: list[dict], evaluations: list[Evaluation], settings: d
     lines += ["## tau, token-weighted (tokens / steps)", ""]
     lines += tau_table(rows, settings, "tau_token_weighted", "ci_low_tw", "ci_high_tw") + [""]
     if settings.get("reference") is not None:
+        lines += [f"## Verdicts against the reference ({settings['reference']})", "",
+                  "Paired difference in tau (z-lab mean) on the same samples, with its 95% paired bootstrap "
+                  "interval: **better** or **worse** when the whole interval is above or below zero.", ""]
+        lines += verdict_table(rows, settings) + [""]
         lines += [f"## tau relative to the reference ({settings['reference']}), z-lab mean", ""]
         lines += reference_table(rows, settings) + [""]
     lines += ["## Diagnostics", "",

@@ -3,8 +3,10 @@
 
 rule report:
     input:
-        expand(f"{RESULTS}/eval/{{drafter}}/{{dataset}}/metrics.json", drafter=list(config["drafters"]),
-               dataset=list(config["datasets"])),
+        metrics=expand(f"{RESULTS}/eval/{{drafter}}/{{dataset}}/metrics.json", drafter=list(config["drafters"]),
+                       dataset=list(config["datasets"])),
+        samples=expand(f"{RESULTS}/eval/{{drafter}}/{{dataset}}/samples.csv", drafter=list(config["drafters"]),
+                       dataset=list(config["datasets"])),
     output:
         csv=f"{RESULTS}/summary.csv",
         md=f"{RESULTS}/summary.md",
@@ -16,5 +18,5 @@ rule report:
     benchmark:
         f"{BENCH}/report.tsv"
     shell:
-        "dflash-eval --log {log} report --settings {params.settings:q} --metrics {input}"
+        "dflash-eval --log {log} report --settings {params.settings:q} --metrics {input.metrics}"
         " --csv {output.csv} --md {output.md} --plot {output.plot} 2>> {log}"
