@@ -144,5 +144,10 @@ class BlockDrafter(nn.Module):
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """Draft logits for the mask positions (block positions 1..B-1), as the reference computes them."""
-        head = lambda x: F.linear(x, self.lm_head)  # noqa: E731 - mirrors `output_head(hidden)`
-        return self.drafter.compute_logits(hidden[:, 1:], head)
+        # A contiguous 2-D input makes the LM head one GEMM; on the strided slice cuBLAS chose a
+        # batched kernel that was 7x slower on an H200 (benchmarks/results/evaluator_speed.md).
+        draft = hidden[:, 1:].contiguous()
+
+        def head(x: torch.Tensor) -> torch.Tensor:  # mirrors the reference's `output_head(hidden)`
+            return F.linear(x.reshape(-1, x.shape[-1]), self.lm_head).view(*x.shape[:-1], -1)
+        return self.drafter.compute_logits(draft, head)
