@@ -42,7 +42,8 @@ def demo():
     spec = config["drafters"][DRAFTER]
     drafter = load_drafter(REPO / spec["path"], config=REPO / spec["config"]).model
     records = [json.loads(line) for line in (REPO / "results" / "completions" / f"{DATASET}.jsonl").open()]
-    rows = pd.read_csv(samples, dtype={"id": str, "acceptance_lengths": str}).set_index("id")
+    rows = pd.read_csv(samples, dtype={"id": str, "acceptance_lengths": str})
+    rows = rows[rows["method"] == f"chain-B{drafter.block_size}"].set_index("id")  # the drafter's own block
     return config, target, drafter, records, rows
 
 
