@@ -179,6 +179,7 @@ def report_settings(config: dict) -> dict:
     return {
         "drafters": {name: {"step": spec.get("step"), "layer_ids": drafter_layer_ids(config, name)}
                      for name, spec in config["drafters"].items()},
+        "drafter_order": list(config["drafters"]),  # the settings JSON sorts keys; the report keeps config order
         "datasets": list(config["datasets"]),
         "reference": config.get("report", {}).get("reference"),
         "bootstrap": config["evaluation"]["bootstrap"],

@@ -70,6 +70,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     settings = settings_from_args(args, report_settings)
+    drafters = settings.get("drafters") or {}
+    order = [n for n in settings.get("drafter_order") or [] if n in drafters] + [n for n in drafters if n not in (settings.get("drafter_order") or [])]
+    settings["drafters"] = {name: drafters[name] for name in order}
     check_settings(settings)
     evaluations = collect(settings, args.metrics)
     rows = summary_rows(evaluations, settings)
