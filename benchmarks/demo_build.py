@@ -18,6 +18,7 @@ import time
 from pathlib import Path
 
 import torch
+from record import print_and_record  # benchmarks/record.py (the script's own folder)
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -101,11 +102,7 @@ def main() -> int:
     methods = list(next(iter(taus.values())))
     lines += ["| drafter | evaluation s | " + " | ".join(methods) + " |", "|---|---:|" + "---:|" * len(methods)]
     lines += [f"| {k} | {eval_seconds[k]:.1f} | " + " | ".join(f"{v[m]:.3f}" for m in methods) + " |" for k, v in taus.items()]
-    text = "\n".join(lines) + "\n"
-    print(text)
-    args.record.parent.mkdir(parents=True, exist_ok=True)
-    with open(args.record, "a", encoding="utf-8") as handle:
-        handle.write(text + "\n")
+    print_and_record(lines, args.record)
     return 0
 
 

@@ -19,6 +19,7 @@ import time
 from pathlib import Path
 
 import torch
+from record import print_and_record  # benchmarks/record.py (the script's own folder)
 from transformers import Qwen3Config
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -154,11 +155,7 @@ def main() -> int:
              "| method | anchors | seconds | anchors/s | x sequential | TFLOP/s | % of peak |", "|---|---:|---:|---:|---:|---:|---:|"]
     lines += [f"| {n} | {a} | {s:.2f} | {r:,.1f} | {r / base:.1f} | {t:.1f} | {100 * t / PEAK_TFLOPS:.1f}% |"
               for n, a, s, r, t in rows]
-    text = "\n".join(lines) + "\n"
-    print(text)
-    args.record.parent.mkdir(parents=True, exist_ok=True)
-    with open(args.record, "a", encoding="utf-8") as handle:
-        handle.write(text + "\n")
+    print_and_record(lines, args.record)
     return 0
 
 

@@ -54,11 +54,11 @@ def _draft_logprobs(drafter, target, ids: list[int], start: int, size: int) -> t
     return torch.log_softmax(logits.float(), dim=-1)
 
 
-def heap_tree(logprobs: torch.Tensor, budget: int) -> set[tuple[int, ...]]:
-    """DDTree-N built literally: best-first with a heap; pop, push next sibling and first child."""
+def best_first(values: torch.Tensor, count: int):
+    """The first `count` DDTree nodes popped best-first, as (rank path, score), built literally with a heap:
+    pop the best, push its next sibling and its first child. values [P, W]: per-position top-W log-probs."""
     import heapq
 
-    values, indices = torch.topk(logprobs, min(budget, logprobs.shape[-1]), dim=-1)
     width, depth_max = values.shape[1], values.shape[0]
 
     def score(ranks: tuple[int, ...]) -> float:
@@ -68,17 +68,23 @@ def heap_tree(logprobs: torch.Tensor, budget: int) -> set[tuple[int, ...]]:
         return float(total)
 
     heap = [(-score((0,)), (0,))]
-    chosen: list[tuple[int, ...]] = []
-    while heap and len(chosen) < budget:
-        _, ranks = heapq.heappop(heap)
-        chosen.append(ranks)
+    popped: list[tuple[tuple[int, ...], float]] = []
+    while heap and len(popped) < count:
+        negative, ranks = heapq.heappop(heap)
+        popped.append((ranks, -negative))
         if ranks[-1] + 1 < width:
             sibling = ranks[:-1] + (ranks[-1] + 1,)
             heapq.heappush(heap, (-score(sibling), sibling))
         if len(ranks) < depth_max:
             child = ranks + (0,)
             heapq.heappush(heap, (-score(child), child))
-    return {tuple(int(indices[d, r]) for d, r in enumerate(ranks)) for ranks in chosen}
+    return popped
+
+
+def heap_tree(logprobs: torch.Tensor, budget: int) -> set[tuple[int, ...]]:
+    """DDTree-N as token paths: the first N best-first nodes of the per-position top-N."""
+    values, indices = torch.topk(logprobs, min(budget, logprobs.shape[-1]), dim=-1)
+    return {tuple(int(indices[d, r]) for d, r in enumerate(ranks)) for ranks, _ in best_first(values, budget)}
 
 
 def ddtree_online(drafter, target, prompt_ids: list[int], max_new_tokens: int, stop_ids: list[int],
@@ -122,8 +128,6 @@ def tree_tie_gap(logprobs: torch.Tensor, truth: list[int], budget: int) -> float
     Two DDTree acceptances at the same anchor can differ only if the truth path's node and the
     budget-th node swap places, i.e. their scores (sums of log-probs) nearly tie.
     """
-    import heapq
-
     values, indices = torch.topk(logprobs, min(budget + 1, logprobs.shape[-1]), dim=-1)
     truth_scores, total = [], torch.zeros((), dtype=values.dtype)
     for depth, token in enumerate(truth[: values.shape[0]]):
@@ -132,16 +136,7 @@ def tree_tie_gap(logprobs: torch.Tensor, truth: list[int], budget: int) -> float
             break
         total = total + values[depth, int(hit[0])]
         truth_scores.append(float(total))
-    others, heap = [], [(-float(values[0, 0]), (0,))]
-    while heap and len(others) < budget + 1:
-        negative, ranks = heapq.heappop(heap)
-        others.append(-negative)
-        if ranks[-1] + 1 < values.shape[1]:
-            sibling = ranks[:-1] + (ranks[-1] + 1,)
-            heapq.heappush(heap, (-float(sum(values[d, r] for d, r in enumerate(sibling))), sibling))
-        if len(ranks) < values.shape[0]:
-            child = ranks + (0,)
-            heapq.heappush(heap, (-float(sum(values[d, r] for d, r in enumerate(child))), child))
+    others = [score for _, score in best_first(values, budget + 1)]
     gaps = [abs(t - o) for t in truth_scores for o in others if t != o]
     return min(gaps) if gaps else float("inf")
 

@@ -186,7 +186,7 @@ def method_metrics(method: str, per_sample: list[list[int]], block: int, setting
     """tau (both conventions), bootstrap CI, counts, acceptance by position and histogram of one method."""
     kind, size = method.split("-", 1)
     depth = int(size.lstrip("B")) if kind == "chain" else block
-    return {"method": method, "kind": kind, "block_size": depth if kind == "chain" else block,
+    return {"method": method, "kind": kind, "block_size": depth,
             "budget": int(size) if kind == "ddtree" else None, **acceptance.tau_stats(per_sample),
             "ci95": acceptance.bootstrap_ci(per_sample, settings["bootstrap"], settings["seed"]),
             "acceptance_by_position": acceptance.acceptance_by_position(per_sample, depth),
