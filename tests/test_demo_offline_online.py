@@ -2,7 +2,8 @@
 
 For every demo prompt, the evaluator's acceptance length at each verification step (from the
 workflow's own results) must equal what `dflash.model.dflash_generate` produces running the demo
-target live. Where a step differs, the difference must be a floating-point near-tie: the two
+target live (with exact cache rollback: see reference.exact_target_rollback; as published, the
+loop keeps rejected draft tokens in the target's Gated DeltaNet states). Where a step differs, the difference must be a floating-point near-tie: the two
 largest logits (target's or drafter's) within NEAR_TIE of each other at the position that
 decided it; a served completion that differs from the reference loop's output is judged the same
 way. Needs the demo built and run (`snakemake --cores 2`), so it is marked slow.
