@@ -22,6 +22,7 @@ from typing import Any
 import torch
 from safetensors import safe_open
 
+from .cache_resume import JOURNAL, PLAN, ResumeState, append_journal, partial_dir
 from .errors import DflashEvalError
 from .io_utils import atomic_write_json, sha256_file
 
@@ -117,10 +118,22 @@ class _ShardBuffer:
         self.tokens = 0
 
 
-def _write_shard(path: Path, tensors: dict[str, torch.Tensor]) -> dict[str, Any]:
-    """Save and hash one shard; runs on the writer's background thread."""
+def _write_shard(path: Path, tensors: dict[str, torch.Tensor], journal: Path | None = None,
+                 index: int = 0, samples: Sequence[dict[str, Any]] = ()) -> dict[str, Any]:
+    """Save and hash one shard, then journal it; runs on the writer's background thread."""
     sha256, size = write_safetensors(path, tensors, {"format": "pt"})
-    return {"file": path.name, "sha256": sha256, "bytes": size, "tokens": int(tensors["input_ids"].numel())}
+    entry = {"file": path.name, "sha256": sha256, "bytes": size, "tokens": int(tensors["input_ids"].numel())}
+    if journal is not None:
+        with open(path, "rb") as handle:
+            os.fsync(handle.fileno())  # the journal line must never outlive the bytes it vouches for
+        append_journal(journal, {**entry, "index": index, "samples": list(samples)})
+    return entry
+
+
+def _done(value: dict[str, Any]) -> Future:
+    future: Future = Future()
+    future.set_result(value)
+    return future
 
 
 def _nonfinite_error(sample_id: str, layer_id: int, state: torch.Tensor) -> CacheError:
@@ -137,7 +150,9 @@ class CacheWriter:
     Two preallocated shard buffers alternate: one fills (asynchronous GPU->pinned copies) while a
     background thread writes and hashes the other, so host memory stays at two shards and the GPU
     rarely waits on the disk. A sample never spans shards; one longer than `shard_tokens` gets a
-    shard of its own. Use as a context manager: an exception removes the temporary directory.
+    shard of its own (cache_resume.plan_shards states the rule). Use as a context manager: an
+    exception removes the temporary directory, unless the writer resumes (`resume` given): then
+    it works in `<out>.partial/`, journals every finished shard, and leaves them for the next run.
     """
 
     def __init__(
@@ -148,11 +163,13 @@ class CacheWriter:
         shard_tokens: int,
         store_argmax: bool,
         header: dict[str, Any],
+        resume: ResumeState | None = None,
     ) -> None:
         if shard_tokens < 1:
             raise CacheError(f"shard_tokens must be >= 1, got {shard_tokens}")
         self.out = Path(out)
-        self.tmp = self.out.with_name(f"{self.out.name}.tmp-{os.getpid()}")
+        self.resume = resume
+        self.tmp = partial_dir(self.out) if resume else self.out.with_name(f"{self.out.name}.tmp-{os.getpid()}")
         self.layer_ids = list(layer_ids)
         self.shard_tokens = shard_tokens
         self.store_argmax = store_argmax
@@ -162,10 +179,12 @@ class CacheWriter:
         self._shards: list[Future] = []
         self._buffers: list[_ShardBuffer] = []  # [filling, spare], allocated at the first sample
         self._hidden: tuple[int, torch.dtype] | None = None
+        self.adopted = 0  # shards taken over from an earlier run
+        self._unsubmitted = 0  # index in self.samples of the first sample of the shard being filled
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="cache-writer")
-        if self.tmp.exists():
+        if resume is None and self.tmp.exists():
             shutil.rmtree(self.tmp)
-        self.tmp.mkdir(parents=True)
+        self.tmp.mkdir(parents=True, exist_ok=True)
 
     def __enter__(self) -> CacheWriter:
         return self
@@ -231,12 +250,31 @@ class CacheWriter:
         elif buffer.tokens == self.shard_tokens:
             self._flush()
 
+    def adopt(self, index: int, entry: dict[str, Any]) -> None:
+        """Take over shard `index`, finished and verified by an earlier run (see cache_resume)."""
+        if self._buffers:
+            self._flush()
+        if index != len(self._shards):
+            raise CacheError(f"shard {index} adopted out of order (next is {len(self._shards)})")
+        for sample in entry["samples"]:
+            if sample["id"] in self._ids:
+                raise CacheError(f"sample id {sample['id']!r} appears twice")
+            self._ids.add(sample["id"])
+            self.samples.append(dict(sample))
+        self._shards.append(_done({key: entry[key] for key in ("file", "sha256", "bytes", "tokens")}))
+        self._unsubmitted = len(self.samples)
+        self.adopted += 1
+
     def _submit(self, buffer: _ShardBuffer) -> None:
         """Queue `buffer` for the background writer once its asynchronous copies have landed."""
         if torch.cuda.is_available():
             torch.cuda.synchronize()
-        path = self.tmp / shard_name(len(self._shards))
-        buffer.write = self._pool.submit(_write_shard, path, buffer.filled())
+        index = len(self._shards)
+        path = self.tmp / shard_name(index)
+        journal = self.tmp / JOURNAL if self.resume else None
+        samples = self.samples[self._unsubmitted:]
+        self._unsubmitted = len(self.samples)
+        buffer.write = self._pool.submit(_write_shard, path, buffer.filled(), journal, index, samples)
         self._shards.append(buffer.write)
 
     def _flush(self) -> None:
@@ -267,8 +305,12 @@ class CacheWriter:
             "samples": self.samples,
             "shards": shards,
         }
+        if self.resume:
+            manifest.update(plan_key=self.resume.key, resumed_shards=self.adopted)
         atomic_write_json(self.tmp / MANIFEST, manifest)
         self._publish()
+        for name in (JOURNAL, PLAN):  # bookkeeping of the partial directory, not part of the cache
+            (self.out / name).unlink(missing_ok=True)
         log.info("hidden cache %s: %d samples, %d tokens, %d shards", self.out, len(self.samples),
                  sum(s["tokens"] for s in shards), len(shards))
         return self.out
@@ -284,10 +326,15 @@ class CacheWriter:
             shutil.rmtree(old)
 
     def abort(self) -> None:
-        """Drop everything written so far; `<out>` (if any) is left as it was."""
+        """Stop writing; `<out>` (if any) is left as it was.
+
+        A resuming writer keeps `<out>.partial/` (its journaled shards are the next run's head
+        start); otherwise everything written so far is dropped.
+        """
         self._pool.shutdown(wait=True, cancel_futures=True)
         self._buffers = []
-        shutil.rmtree(self.tmp, ignore_errors=True)
+        if self.resume is None:
+            shutil.rmtree(self.tmp, ignore_errors=True)
 
 
 @dataclass

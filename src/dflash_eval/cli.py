@@ -20,6 +20,8 @@ COMMANDS: dict[str, tuple[str, str, str, str]] = {
     "server": ("dflash_eval.server", "add_arguments", "run", "start, stop or query the inference server"),
     "fetch": ("dflash_eval.fetch", "add_arguments", "run", "fetch greedy completions from the server"),
     "extract": ("dflash_eval.extract", "add_arguments", "run", "extract the target's hidden states"),
+    "compare-backends": ("dflash_eval.compare_backends", "add_arguments", "run",
+                         "per-layer differences between the fla and torch kernels, and their effect on tau"),
     "evaluate": ("dflash_eval.evaluate", "add_arguments", "run", "evaluate one drafter on one dataset"),
     "report": ("dflash_eval.report", "add_arguments", "run", "summary tables and plots"),
 }

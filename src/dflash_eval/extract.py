@@ -21,8 +21,9 @@ from typing import Any
 import torch
 from tqdm import tqdm
 
-from .backends import BackendRun, select_backend, use_backend
+from .backends import BackendInfo, BackendRun, package_versions, select_backend, use_backend
 from .cache import CacheWriter
+from .cache_resume import ResumeState, plan_key, plan_shards, prepare_resume
 from .capture import capture_layers, check_layer_ids
 from .errors import DflashEvalError
 from .io_utils import sha256_file
@@ -159,15 +160,25 @@ def _greedy_matches(tokens: torch.Tensor, argmax: torch.Tensor, prompt_len: int)
     return (argmax[prompt_len - 1 : -1] == tokens[prompt_len:]).sum()
 
 
+def _length(record: dict[str, Any]) -> int:
+    return len(record["prompt_token_ids"]) + len(record["completion_token_ids"])
+
+
 def _run_records(model: torch.nn.Module, records: list[dict[str, Any]], settings: dict[str, Any],
-                 backend: BackendRun, writer: CacheWriter) -> dict[str, int] | None:
-    """One verified forward per record, captured layers to the writer; returns the argmax agreement."""
+                 backend: BackendRun, writer: CacheWriter, resume: ResumeState | None = None) -> dict[str, int] | None:
+    """One verified forward per record, captured layers to the writer; returns the argmax agreement.
+
+    With `resume`, shards an earlier run finished are adopted as they are and their records skipped
+    (their argmax agreement is then not counted).
+    """
     layer_ids, store_argmax = list(settings["layer_ids"]), bool(settings["store_argmax"])
     device = torch.device(settings["target"]["device"])
-    total = sum(len(r["prompt_token_ids"]) + len(r["completion_token_ids"]) for r in records)
+    plan = resume.plan if resume else [list(range(len(records)))]
+    todo = [records[i] for index, shard in enumerate(plan) if not (resume and index in resume.kept) for i in shard]
     matches, completion_tokens = torch.zeros((), dtype=torch.long, device=device), 0
-    with tqdm(total=total, unit="tok", unit_scale=True, desc=f"extract {settings.get('dataset', '')}") as bar:
-        for record in records:
+    with tqdm(total=sum(map(_length, todo)), unit="tok", unit_scale=True,
+              desc=f"extract {settings.get('dataset', '')}") as bar:
+        for record in _planned(records, plan, resume, writer):
             ids = record["prompt_token_ids"] + record["completion_token_ids"]
             prompt_len = len(record["prompt_token_ids"])
             tokens = torch.tensor(ids, dtype=torch.long, device=device)
@@ -181,20 +192,58 @@ def _run_records(model: torch.nn.Module, records: list[dict[str, Any]], settings
     return {"matches": int(matches), "tokens": completion_tokens} if store_argmax else None
 
 
+def _planned(records: list[dict[str, Any]], plan: list[list[int]], resume: ResumeState | None,
+             writer: CacheWriter):
+    """The records to compute, in plan order, adopting finished shards on the way."""
+    for index, shard in enumerate(plan):
+        if resume and index in resume.kept:
+            writer.adopt(index, resume.kept[index])
+            continue
+        for i in shard:
+            yield records[i]
+
+
+def _resume_key(settings: dict[str, Any], header: dict[str, Any]) -> str:
+    """Everything that decides the cache's bytes: a rerun with another value starts afresh."""
+    target = settings["target"]
+    weights = sorted((p.name, p.stat().st_size) for p in Path(target["path"]).glob("*.safetensors"))
+    return plan_key({"completions": header["completions"]["sha256"], "target": header["target"],
+                     "weights": weights, "layer_ids": list(settings["layer_ids"]),
+                     "store_argmax": bool(settings["store_argmax"]), "shard_tokens": int(settings["shard_tokens"]),
+                     "device": torch.device(target["device"]).type, "backend": target["backend"],
+                     "versions": package_versions()})
+
+
+def _writer(settings: dict[str, Any], header: dict[str, Any], out: Path, resume: ResumeState) -> CacheWriter:
+    return CacheWriter(out, layer_ids=settings["layer_ids"], shard_tokens=int(settings["shard_tokens"]),
+                       store_argmax=bool(settings["store_argmax"]), header=header, resume=resume)
+
+
+def _publish_resumed(settings: dict[str, Any], header: dict[str, Any], out: Path, resume: ResumeState,
+                     planned: BackendInfo) -> Path:
+    """Every shard was finished by an earlier run: publish without loading the model."""
+    with _writer(settings, header, out, resume) as writer:
+        for index, entry in sorted(resume.kept.items()):
+            writer.adopt(index, entry)
+        log.info("all %d shards were already complete; no forward needed", len(resume.plan))
+        return writer.finish(backend={**planned.to_manifest(), "note": "no forward ran in the resuming run"},
+                             argmax_agreement=None)
+
+
 def _extract_on_device(settings: dict[str, Any], records: list[dict[str, Any]], header: dict[str, Any],
-                       out: Path) -> Path:
-    """Load the target, run every record under the verified backend, publish the cache."""
+                       out: Path, resume: ResumeState) -> Path:
+    """Load the target, run the records still to do under the verified backend, publish the cache."""
     target = settings["target"]
     model, _ = load_target(target["path"], target["dtype"], target["device"])
     header["target"]["dtype"] = str(model.dtype).removeprefix("torch.")
     started = time.perf_counter()
     with (use_backend(target["backend"], target["device"], model) as backend,
-          CacheWriter(out, layer_ids=settings["layer_ids"], shard_tokens=int(settings["shard_tokens"]),
-                      store_argmax=bool(settings["store_argmax"]), header=header) as writer):
-        agreement = _run_records(model, records, settings, backend, writer)
+          _writer(settings, header, out, resume) as writer):
+        agreement = _run_records(model, records, settings, backend, writer, resume)
         info = backend.verify()
         path = writer.finish(backend=info.to_manifest(), argmax_agreement=agreement)
-    tokens = sum(s["length"] for s in writer.samples)
+    kept = {s["id"] for index in resume.kept for s in resume.kept[index]["samples"]}
+    tokens = sum(s["length"] for s in writer.samples if s["id"] not in kept)
     seconds = time.perf_counter() - started
     log.info("extracted %d tokens in %.1f s (%.0f tokens/s) with %s", tokens, seconds, tokens / seconds,
              info.implementation)
@@ -228,9 +277,14 @@ def extract(settings: dict[str, Any], completions: str | Path, out: str | Path) 
         "completions": {"path": str(completions), "sha256": sha256_file(completions)},
         "token_flags": tokens.to_manifest(),
     }
+    out = Path(out)
+    plan = plan_shards([_length(r) for r in records], int(settings["shard_tokens"]))
+    resume = prepare_resume(out, _resume_key(settings, header), plan, [str(r["id"]) for r in records])
+    if resume.complete:
+        return _publish_resumed(settings, header, out, resume, planned)
     with _server_paused(settings.get("server")):
         try:
-            return _extract_on_device(settings, records, header, Path(out))
+            return _extract_on_device(settings, records, header, out, resume)
         except BaseException as error:
             # Frames in the traceback would keep the model alive on the GPU while the server restarts.
             traceback.clear_frames(error.__traceback__)
