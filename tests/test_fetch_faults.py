@@ -115,9 +115,9 @@ def test_intermittent_500_and_timeouts_are_retried_and_counted(tmp_path, tokeniz
     assert n_500 >= 4 and n_stall >= 2
     [summary, _] = [json.loads(m.split(": ", 1)[1]) for m in caplog.messages if m.startswith("fetch t: {")]
     # Every failed attempt was retried and counted: each 500, and each timeout (every stall, plus any
-    # answer slower than the timeout on a loaded machine, which the server then answered in vain).
+    # answer slower than the timeout on a loaded machine); the server saw at least the 24 good attempts.
     assert summary["retries"]["HTTP 500"] == n_500
-    assert n_stall <= summary["retries"]["timeout"] <= attempts - n_500 - 24
+    assert summary["retries"]["timeout"] >= n_stall and attempts >= 24 + n_500 + n_stall
     assert any(re.match(r"record p\d+: HTTP 500, retry 1 of 4 in", m) for m in caplog.messages)
 
 
@@ -139,7 +139,7 @@ def test_malformed_prompt_file_fetches_nothing(tmp_path, tokenizer_dir):
     with fake(tokenizer_dir, log) as url:
         with pytest.raises(DflashEvalError, match=rf"{re.escape(str(prompts))}:2: \"turns\" must be a non-empty list"):
             fetch.fetch(settings(tmp_path, url, tokenizer_dir, prompts), out)
-    assert not log.exists() and not out.exists() and not partial_path(out).exists()
+    assert log.read_text() == "" and not out.exists() and not partial_path(out).exists()
 
 
 def test_torn_last_line_is_dropped_and_refetched(tmp_path, tokenizer_dir, caplog):
