@@ -15,7 +15,7 @@ from dflash_eval.server import ServerController
 
 MAX_TOKENS = 16
 RECORD_FIELDS = {
-    "id", "dataset", "messages", "prompt_token_ids", "completion_token_ids", "text", "finish_reason", "usage",
+    "id", "prompt_id", "turn", "dataset", "messages", "prompt_token_ids", "completion_token_ids", "text", "finish_reason", "usage",
     "request", "server", "completion_ids_source", "token_check", "spec",
 }
 

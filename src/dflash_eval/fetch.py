@@ -13,14 +13,17 @@ import asyncio
 import json
 import logging
 import os
+import time
 from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from dflash_eval.errors import DflashEvalError
+from dflash_eval.fetch_store import PartialStore
 from dflash_eval.prompts import Prompt, load_prompts, select_subset
-from dflash_eval.server import ServerController, http_request
+from dflash_eval.retry import FetchError, with_retries
+from dflash_eval.server import ServerController, http_request, sigterm_raises
 
 log = logging.getLogger(__name__)
 
@@ -32,22 +35,25 @@ DEFAULTS: dict[str, Any] = {
     "concurrency": 4,
     "timeout_s": 600.0,
     "retries": 5,
+    "backoff_s": 1.0,  # first retry waits about this long (times a jitter in [0.5, 1]); each next one twice as long
     "endpoint": "completions",
     "chat_template_kwargs": {},
 }
 REQUIRED = ("dataset", "prompts", "server", "tokenizer")
 ENDPOINTS = ("completions", "chat")
+SPEC_KEYS = ("spec_accept_length", "spec_verify_ct")
 
-
-class FetchError(DflashEvalError):
-    """A request failed for good (after the client's retries) or the server answered nonsense."""
+__all__ = ["FetchError", "fetch"]
 
 
 @dataclass
 class Rendered:
-    """One prompt as the target sees it: chat template applied, then tokenized by us."""
+    """One turn's prompt as the target sees it: chat template applied, then tokenized by us."""
 
-    prompt: Prompt
+    id: str  # the record id: the prompt's id, or "<prompt id>#<turn>" for turns of a multi-turn prompt
+    prompt_id: str
+    turn: int  # 1-based
+    messages: list[dict[str, Any]]
     text: str
     ids: list[int]
 
@@ -82,16 +88,30 @@ def resolve_settings(settings: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-def server_identity(base_url: str, model: str | None) -> ServerInfo:
-    """Who answers at base_url: /v1/models for the model name, /get_model_info (SGLang) for path and version."""
+def _same_model(a: str, b: str) -> bool:
+    """Whether two model names or paths name the same model: equal, or the same last path component
+    (the server may mount the weights elsewhere, or list a hub id such as Qwen/Qwen3.6-27B)."""
+    def last(x: str) -> str:
+        return x.rstrip("/").rsplit("/", 1)[-1].lower()
+
+    return a == b or last(a) == last(b)
+
+
+def server_identity(base_url: str, model: str | None, target: str) -> ServerInfo:
+    """Who answers at base_url: /v1/models for the model name, /get_model_info (SGLang) for path and version.
+
+    The completions must be the target's own: a server that serves another model is an error, since
+    every hidden state and acceptance length computed from its completions would be silently wrong.
+    The expected model is `server.model` when set (the served name), else the target's path.
+    """
     status, body = http_request(base_url + "/v1/models", timeout=30.0)
-    served = [m["id"] for m in json.loads(body).get("data", [])] if status == 200 else []
+    served = [str(m["id"]) for m in json.loads(body).get("data", [])] if status == 200 else []
     if model is None:
         if not served:
             raise FetchError(f"{base_url}/v1/models lists no model (HTTP {status}); set server.model")
         model = served[0]
     elif served and model not in served:
-        log.warning("model %r is not among the served models %s", model, served)
+        raise FetchError(f"server.model is {model!r} but {base_url} serves {served}; set server.model to the served name")
     info = ServerInfo(base_url, model, model_path=model, weight_version=None, sglang=False)
     status, body = http_request(base_url + "/get_model_info", timeout=30.0)
     if status == 200:
@@ -99,20 +119,37 @@ def server_identity(base_url: str, model: str | None) -> ServerInfo:
         info.model_path = meta.get("model_path", model)
         info.weight_version = meta.get("weight_version")
         info.sglang = True
+    names = {model, info.model_path or model}
+    if not any(_same_model(name, target) for name in names):
+        raise FetchError(
+            f"the server at {base_url} serves {sorted(names)}, not the configured target {target!r}: its completions "
+            "would not be the target's own. Point server.base_url at the target's server, or target.path at its model"
+        )
     return info
 
 
-def render_prompts(tokenizer: Any, prompts: list[Prompt], chat_template_kwargs: dict[str, Any]) -> list[Rendered]:
+def render(tokenizer: Any, messages: list[dict[str, Any]], chat_template_kwargs: dict[str, Any]) -> tuple[str, list[int]]:
     """Apply the target's chat template and tokenize the result exactly as the template wrote it."""
-    out = []
-    for p in prompts:
-        text = tokenizer.apply_chat_template(
-            p.messages, add_generation_prompt=True, tokenize=False, **chat_template_kwargs
-        )
-        # No special tokens added: the template already wrote every one the model should see.
-        ids = tokenizer(text, add_special_tokens=False)["input_ids"]
-        out.append(Rendered(p, text, list(ids)))
-    return out
+    text = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False, **chat_template_kwargs)
+    # No special tokens added: the template already wrote every one the model should see.
+    return text, list(tokenizer(text, add_special_tokens=False)["input_ids"])
+
+
+def record_ids(prompt: Prompt) -> list[str]:
+    """The ids of a prompt's records: its own id, or one per turn for a multi-turn prompt."""
+    if not prompt.turns:
+        return [prompt.id]
+    return [f"{prompt.id}#{k}" for k in range(1, len(prompt.turns) + 1)]
+
+
+def turn_messages(prompt: Prompt, turn: int, answers: list[str]) -> list[dict[str, Any]]:
+    """The conversation that turn `turn` (1-based) answers: the prefix, earlier turns with their answers, the turn."""
+    if not prompt.turns:
+        return prompt.messages
+    messages = list(prompt.messages)
+    for question, answer in zip(prompt.turns[: turn - 1], answers):
+        messages += [{"role": "user", "content": question}, {"role": "assistant", "content": answer}]
+    return messages + [{"role": "user", "content": prompt.turns[turn - 1]}]
 
 
 async def request_one(client: Any, settings: dict[str, Any], info: ServerInfo, r: Rendered) -> dict[str, Any]:
@@ -130,9 +167,7 @@ async def request_one(client: Any, settings: dict[str, Any], info: ServerInfo, r
             extra["chat_template_kwargs"] = settings["chat_template_kwargs"]
         if info.sglang:
             extra.update(return_token_ids=True, return_prompt_token_ids=True, return_meta_info=True)
-        resp = await client.chat.completions.create(
-            messages=r.prompt.messages, extra_body=extra or None, **common
-        )
+        resp = await client.chat.completions.create(messages=r.messages, extra_body=extra or None, **common)
     return resp.model_dump()
 
 
@@ -152,18 +187,30 @@ def completion_ids(choice: dict[str, Any], text: str, finish_reason: str | None,
     return ids, "retokenized"
 
 
+def request_params(settings: dict[str, Any], info: ServerInfo) -> dict[str, Any]:
+    """What a record's completion depends on besides its messages; a kept record must match it to be reused."""
+    return {
+        "model": info.model,
+        "max_tokens": settings["max_tokens"],
+        "temperature": settings["temperature"],
+        "endpoint": settings["endpoint"],
+        "chat_template_kwargs": settings["chat_template_kwargs"],
+        "prompt_format": "messages" if settings["endpoint"] == "chat" else ("token_ids" if info.sglang else "text"),
+    }
+
+
 def build_record(
     resp: dict[str, Any], r: Rendered, settings: dict[str, Any], info: ServerInfo, tokenizer: Any
 ) -> dict[str, Any]:
     """One completions-file record (docs/contracts.md)."""
     if not resp.get("choices"):
-        raise FetchError(f"prompt {r.prompt.id}: response without choices: {resp}")
+        raise FetchError(f"record {r.id}: response without choices: {resp}")
     choice = resp["choices"][0]
     if settings["endpoint"] == "chat":
         message = choice.get("message") or {}
         text = message.get("content") or ""
         if message.get("reasoning_content"):
-            log.warning("prompt %s: the server split off reasoning_content; `text` holds only the content", r.prompt.id)
+            log.warning("record %s: the server split off reasoning_content; `text` holds only the content", r.id)
     else:
         text = choice.get("text") or ""
     finish_reason = choice.get("finish_reason")
@@ -176,25 +223,20 @@ def build_record(
     else:
         prompt_ids = r.ids
         prompt_match = len(r.ids) == usage["prompt_tokens"] if "prompt_tokens" in usage else None
-    meta = choice.get("meta_info") or {}
-    spec = {k: meta.get(k) for k in ("spec_accept_length", "spec_verify_ct")} if "spec_verify_ct" in meta else None
+    meta = choice.get("meta_info") or resp.get("meta_info") or {}
+    spec = {k: meta.get(k) for k in SPEC_KEYS} if any(k in meta for k in SPEC_KEYS) else None
     return {
-        "id": r.prompt.id,
+        "id": r.id,
+        "prompt_id": r.prompt_id,
+        "turn": r.turn,
         "dataset": settings["dataset"],
-        "messages": r.prompt.messages,
+        "messages": r.messages,
         "prompt_token_ids": prompt_ids,
         "completion_token_ids": ids,
         "text": text,
         "finish_reason": finish_reason,
         "usage": {k: usage.get(k) for k in ("prompt_tokens", "completion_tokens", "total_tokens")},
-        "request": {
-            "model": info.model,
-            "max_tokens": settings["max_tokens"],
-            "temperature": settings["temperature"],
-            "endpoint": settings["endpoint"],
-            "chat_template_kwargs": settings["chat_template_kwargs"],
-            "prompt_format": "messages" if settings["endpoint"] == "chat" else ("token_ids" if info.sglang else "text"),
-        },
+        "request": request_params(settings, info),
         "server": info.as_record(),
         "completion_ids_source": source,
         "token_check": {
@@ -205,42 +247,106 @@ def build_record(
     }
 
 
-async def fetch_all(
-    rendered: list[Rendered], settings: dict[str, Any], info: ServerInfo, tokenizer: Any
-) -> list[dict[str, Any]]:
-    """All records, in prompt order; at most `concurrency` requests in flight.
+def reusable(rec: dict[str, Any] | None, messages: list[dict[str, Any]], request: dict[str, Any], info: ServerInfo) -> bool:
+    """Whether a record kept from an earlier run answers exactly this request of the same model."""
+    return (
+        rec is not None
+        and rec.get("messages") == messages
+        and rec.get("request") == request
+        and (rec.get("server") or {}).get("model_path") == info.model_path
+        and (rec.get("server") or {}).get("weight_version") == info.weight_version
+    )
 
-    Timeouts and retries with exponential backoff (connection errors, 408/409/429, 5xx) are the
-    openai client's own; a request that still fails fails the stage.
+
+class Progress:
+    """tqdm bar over records, with completion tokens per second in its postfix."""
+
+    def __init__(self, total: int, done: int, desc: str) -> None:
+        from tqdm import tqdm
+
+        self.bar = tqdm(total=total, initial=done, desc=desc, unit="rec", mininterval=0.5, smoothing=0.1)
+        self.tokens = 0
+        self.start = time.monotonic()
+
+    def update(self, record: dict[str, Any]) -> None:
+        self.tokens += len(record["completion_token_ids"])
+        rate = self.tokens / max(time.monotonic() - self.start, 1e-9)
+        self.bar.set_postfix_str(f"{rate:,.0f} tok/s", refresh=False)
+        self.bar.update(1)
+
+    def close(self) -> None:
+        self.bar.close()
+
+
+async def fetch_all(
+    prompts: list[Prompt],
+    settings: dict[str, Any],
+    info: ServerInfo,
+    tokenizer: Any,
+    kept: dict[str, dict[str, Any]],
+    store: PartialStore,
+    retry_counts: Counter[str],
+) -> dict[str, dict[str, Any]]:
+    """Every record of `prompts`, by id; at most `concurrency` requests in flight.
+
+    A conversation's turns go in order, each answer feeding the next turn; conversations run side
+    by side. Records in `kept` that answer the same request are reused; each new record goes to
+    `store` as soon as it is built. On the first request that fails for good, the others are
+    cancelled and the error raised (what finished is in the store).
     """
     import openai
-    from tqdm import tqdm
 
     for name in ("httpx", "httpx2"):  # the openai client's transport logs every request at INFO
         logging.getLogger(name).setLevel(logging.WARNING)
     sem = asyncio.Semaphore(int(settings["concurrency"]))
+    request = request_params(settings, info)
+    retries, backoff_s = int(settings["retries"]), float(settings["backoff_s"])
+    results: dict[str, dict[str, Any]] = {}
+    # Retries are ours (counted and logged), so the client's own are off.
     client = openai.AsyncOpenAI(
         base_url=info.base_url + "/v1",
         api_key=os.environ.get("DFLASH_EVAL_API_KEY", "EMPTY"),
         timeout=float(settings["timeout_s"]),
-        max_retries=int(settings["retries"]),
+        max_retries=0,
     )
-    bar = tqdm(total=len(rendered), desc=f"fetch {settings['dataset']}", unit="prompt")
+    expected = [rid for p in prompts for rid in record_ids(p)]
+    assumed = sum(1 for rid in expected if kept.get(rid, {}).get("request") == request)
+    progress = Progress(len(expected), assumed, f"fetch {settings['dataset']}")
 
-    async def one(r: Rendered) -> dict[str, Any]:
-        async with sem:
-            try:
-                resp = await request_one(client, settings, info, r)
-            except openai.APIError as exc:
-                raise FetchError(f"prompt {r.prompt.id}: {exc}") from exc
-        bar.update(1)
-        return build_record(resp, r, settings, info, tokenizer)
+    async def conversation(prompt: Prompt) -> None:
+        answers: list[str] = []
+        for turn, rid in enumerate(record_ids(prompt), start=1):
+            messages = turn_messages(prompt, turn, answers)
+            rec = kept.get(rid)
+            if not reusable(rec, messages, request, info):
+                if rec is not None and rec.get("request") == request:
+                    progress.bar.total += 1  # counted as kept at the start, but an earlier turn changed
+                text, ids = render(tokenizer, messages, settings["chat_template_kwargs"])
+                r = Rendered(rid, prompt.id, turn, messages, text, ids)
+                async with sem:
+                    resp = await with_retries(
+                        lambda: request_one(client, settings, info, r), f"record {rid}", retries, backoff_s, retry_counts
+                    )
+                rec = build_record(resp, r, settings, info, tokenizer)
+                store.add(rec)
+                progress.update(rec)
+            results[rid] = rec
+            answers.append(rec["text"])
 
     try:
-        async with client:
-            return list(await asyncio.gather(*(one(r) for r in rendered)))
+        async with client, asyncio.TaskGroup() as group:
+            for prompt in prompts:
+                group.create_task(conversation(prompt))
+    except BaseExceptionGroup as errors:
+        failures = [e for e in errors.exceptions if isinstance(e, FetchError)]
+        if len(failures) < len(errors.exceptions):
+            raise
+        if len(failures) > 1:
+            log.error("%d requests failed for good; the first: %s", len(failures), failures[0])
+        raise failures[0] from None
     finally:
-        bar.close()
+        progress.close()
+    return results
 
 
 def summarize(records: list[dict[str, Any]]) -> dict[str, Any]:
@@ -256,37 +362,43 @@ def summarize(records: list[dict[str, Any]]) -> dict[str, Any]:
     }
 
 
-def write_jsonl_atomic(path: Path, records: list[dict[str, Any]]) -> None:
-    """Write to a temporary file beside `path`, then rename: a reader never sees half a file."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp.{os.getpid()}")
-    with open(tmp, "w", encoding="utf-8") as fh:
-        for rec in records:
-            fh.write(json.dumps(rec, ensure_ascii=False) + "\n")
-        fh.flush()
-        os.fsync(fh.fileno())
-    os.replace(tmp, path)
-
-
 def fetch(settings: dict[str, Any], out: Path) -> list[dict[str, Any]]:
-    """Run the stage: prompts → server up → greedy completions → `out`; returns the records."""
+    """Run the stage: prompts -> server up -> greedy completions -> `out`; returns the records.
+
+    Resumable: finished records collect in `<out>.partial` (see fetch_store); a rerun sends only the
+    requests whose answer is missing, and `out` appears only once every record is there.
+    """
     settings = resolve_settings(settings)
     prompts = select_subset(load_prompts(settings["prompts"]), settings["max_samples"], int(settings["seed"]))
+    expected = [rid for p in prompts for rid in record_ids(p)]
+    dup = sorted(rid for rid, n in Counter(expected).items() if n > 1)
+    if dup:
+        raise DflashEvalError(f"{settings['prompts']}: record ids {dup[:5]} collide (a multi-turn prompt's turns are '<id>#<turn>')")
     from transformers import AutoTokenizer  # slow to import: only once the prompts are known good
 
     tokenizer = AutoTokenizer.from_pretrained(settings["tokenizer"])
-    rendered = render_prompts(tokenizer, prompts, settings["chat_template_kwargs"])
-
     controller = ServerController(settings["server"])
     controller.ensure_up()
-    info = server_identity(controller.base_url, controller.settings["model"])
-    log.info("fetching %d prompts of %s from %s (model %s, endpoint %s)",
-             len(rendered), settings["dataset"], info.base_url, info.model, settings["endpoint"])
-
-    records = asyncio.run(fetch_all(rendered, settings, info, tokenizer))
-    write_jsonl_atomic(out, records)
+    info = server_identity(controller.base_url, controller.settings["model"], str(settings["tokenizer"]))
+    retry_counts: Counter[str] = Counter()
+    started = time.monotonic()
+    with PartialStore(Path(out)) as store, sigterm_raises():
+        wanted = set(expected)
+        kept = {str(r["id"]): r for r in store.load() if str(r["id"]) in wanted}
+        log.info("fetching %d records (%d prompts) of %s from %s (model %s, endpoint %s); %d kept from an earlier run",
+                 len(expected), len(prompts), settings["dataset"], info.base_url, info.model, settings["endpoint"], len(kept))
+        try:
+            by_id = asyncio.run(fetch_all(prompts, settings, info, tokenizer, kept, store, retry_counts))
+        finally:
+            log.info("fetch %s: retries %s", settings["dataset"], json.dumps(dict(retry_counts)))
+        records = [by_id[rid] for rid in expected]
+        store.finish(records)
 
     summary = summarize(records)
+    summary["fetched"] = sum(1 for r in records if kept.get(r["id"]) is not r)
+    summary["reused"] = len(records) - summary["fetched"]
+    summary["retries"] = dict(retry_counts)
+    summary["seconds"] = round(time.monotonic() - started, 2)
     log.info("fetch %s: %s", settings["dataset"], json.dumps(summary))
     for key in ("prompt_token_mismatches", "completion_token_mismatches"):
         if summary[key]:

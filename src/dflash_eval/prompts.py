@@ -1,4 +1,7 @@
-"""Prompt files: JSONL of {"id": str, "messages": [{"role": str, "content": str}, ...]}.
+"""Prompt files: JSONL, one prompt a line, either
+- single turn: {"id": str, "messages": [{"role": str, "content": str}, ...]}: one completion of the whole list;
+- multi-turn (MT-Bench style): {"id": str, "turns": [str, ...], "system": str (optional)}: the user turns,
+  answered in order, each answer becoming the assistant message before the next turn.
 
 Loading is strict: a malformed line is an error naming the file and the line, never a skipped
 prompt, because a silently shorter prompt set changes every number downstream.
@@ -21,8 +24,12 @@ class PromptFileError(DflashEvalError):
 
 @dataclass(frozen=True)
 class Prompt:
+    """`messages` is the whole conversation of a single-turn prompt, or the fixed prefix (a system
+    message, or nothing) of a multi-turn one, whose user turns are `turns`."""
+
     id: str
     messages: list[dict[str, Any]]
+    turns: tuple[str, ...] = ()
 
 
 def _check_record(rec: Any) -> str | None:
@@ -31,9 +38,18 @@ def _check_record(rec: Any) -> str | None:
         return "not a JSON object"
     if not isinstance(rec.get("id"), str) or not rec["id"]:
         return 'needs "id", a non-empty string'
+    if "turns" in rec:
+        if "messages" in rec:
+            return 'has both "messages" and "turns": give one'
+        turns = rec["turns"]
+        if not isinstance(turns, list) or not turns or not all(isinstance(t, str) and t for t in turns):
+            return '"turns" must be a non-empty list of non-empty strings'
+        if not isinstance(rec.get("system", ""), str):
+            return '"system" must be a string'
+        return None
     messages = rec.get("messages")
     if not isinstance(messages, list) or not messages:
-        return 'needs "messages", a non-empty list'
+        return 'needs "messages", a non-empty list (or "turns", a list of user turns)'
     for i, msg in enumerate(messages):
         if not isinstance(msg, dict) or not isinstance(msg.get("role"), str) or "content" not in msg:
             return f'messages[{i}] needs "role" (a string) and "content"'
@@ -59,7 +75,11 @@ def load_prompts(path: str | Path) -> list[Prompt]:
             if rec["id"] in first_line:
                 raise PromptFileError(f"{path}:{lineno}: duplicate id {rec['id']!r} (first on line {first_line[rec['id']]})")
             first_line[rec["id"]] = lineno
-            prompts.append(Prompt(id=rec["id"], messages=rec["messages"]))
+            if "turns" in rec:
+                system = [{"role": "system", "content": rec["system"]}] if rec.get("system") else []
+                prompts.append(Prompt(id=rec["id"], messages=system, turns=tuple(rec["turns"])))
+            else:
+                prompts.append(Prompt(id=rec["id"], messages=rec["messages"]))
     if not prompts:
         raise PromptFileError(f"{path}: no prompts")
     return prompts

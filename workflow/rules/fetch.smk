@@ -1,4 +1,5 @@
-# Stage 1: greedy completions from the live server (OpenAI API).
+# Stage 1: greedy completions from the live server (OpenAI API). Resumable: finished records collect in
+# {output}.partial (not an output, so Snakemake keeps it when it reruns the rule); a rerun sends only the rest.
 
 
 rule fetch:

@@ -1,0 +1,119 @@
+"""The fetch stage's resumable state: completed records appended to `<out>.partial`, renamed at the end.
+
+Hours of completions must survive a dropped connection, a killed job or Ctrl-C. Snakemake deletes a
+rule's outputs before it reruns the rule, so the state lives beside the output, never in it:
+`results/completions/x.jsonl.partial` collects finished records; when every record is there the
+output is written in prompt order (temporary name, then rename) and the partial file removed.
+
+Appends are whole lines, written with one O_APPEND write per batch and fsynced, so a crash can only
+leave a torn *last* line (a write cut short), which the next run drops with a warning. An exclusive
+flock keeps two fetches of the same output from interleaving their appends.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import logging
+import os
+import time
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
+
+from dflash_eval.errors import DflashEvalError
+from dflash_eval.io_utils import atomic_write_text
+
+log = logging.getLogger(__name__)
+
+
+def partial_path(out: Path) -> Path:
+    return out.with_name(out.name + ".partial")
+
+
+def read_records(path: Path, repair: bool = False) -> list[dict[str, Any]]:
+    """The records of a JSONL file we wrote. A torn last line (no newline) is dropped with a warning,
+    and cut off the file when `repair`; any other unreadable line is an error naming the line."""
+    data = path.read_bytes()
+    end = data.rfind(b"\n") + 1
+    if end < len(data):
+        log.warning("%s: dropping a torn last line (%d bytes without a newline: a run was killed while writing)",
+                    path, len(data) - end)
+        if repair:
+            with open(path, "r+b") as fh:
+                fh.truncate(end)
+    records = []
+    for lineno, line in enumerate(data[:end].split(b"\n")[:-1], start=1):
+        try:
+            rec = json.loads(line)
+        except ValueError:
+            raise DflashEvalError(f"{path}:{lineno}: not a JSON record; the file is damaged: delete it to refetch") from None
+        if not isinstance(rec, dict) or "id" not in rec:
+            raise DflashEvalError(f"{path}:{lineno}: not a completions record (no id); delete the file to refetch")
+        records.append(rec)
+    return records
+
+
+class PartialStore:
+    """Append-only, locked, batched writer of completed records (use as a context manager)."""
+
+    def __init__(self, out: Path, flush_s: float = 1.0, flush_records: int = 256) -> None:
+        self.out = Path(out)
+        self.path = partial_path(self.out)
+        self.flush_s = flush_s
+        self.flush_records = flush_records
+        self._fd: int | None = None
+        self._buffer: list[bytes] = []
+        self._last_flush = time.monotonic()
+
+    def __enter__(self) -> PartialStore:
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self._fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o666)
+        try:
+            fcntl.flock(self._fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(self._fd)
+            self._fd = None
+            raise DflashEvalError(f"{self.path} is locked by another running fetch of the same output; wait for it") from None
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        try:
+            self.flush()
+        finally:
+            if self._fd is not None:
+                os.close(self._fd)  # releases the lock
+                self._fd = None
+
+    def load(self) -> list[dict[str, Any]]:
+        """Records from a previous run: the output itself if a run finished (by hand), then the partial
+        file (its torn last line cut off); later duplicates of an id are dropped."""
+        records: dict[str, dict[str, Any]] = {}
+        for path in (self.out, self.path):
+            if path.exists() and path.stat().st_size:
+                for rec in read_records(path, repair=path == self.path):
+                    records.setdefault(str(rec["id"]), rec)
+        return list(records.values())
+
+    def add(self, record: dict[str, Any]) -> None:
+        """Queue one finished record; written with the batch once flush_s passed or flush_records queued."""
+        self._buffer.append((json.dumps(record, ensure_ascii=False) + "\n").encode())
+        if len(self._buffer) >= self.flush_records or time.monotonic() - self._last_flush >= self.flush_s:
+            self.flush()
+
+    def flush(self) -> None:
+        """Append the queued records as one write and fsync them."""
+        self._last_flush = time.monotonic()
+        if not self._buffer or self._fd is None:
+            return
+        data = memoryview(b"".join(self._buffer))
+        self._buffer.clear()
+        while data:  # a write may be short; O_APPEND keeps each piece at the end
+            data = data[os.write(self._fd, data):]
+        os.fsync(self._fd)
+
+    def finish(self, records: Iterable[dict[str, Any]]) -> None:
+        """Write the complete output atomically, then drop the partial file."""
+        self.flush()
+        atomic_write_text(self.out, "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in records))
+        self.path.unlink(missing_ok=True)
