@@ -27,6 +27,12 @@ config = validate_config(config, "config.yaml")
 
 include: "{REPO}/workflow/rules/common.smk"
 include: "{REPO}/workflow/rules/report.smk"
+
+
+rule all:
+    default_target: True
+    input:
+        rules.report.output,
 """
 
 

@@ -207,7 +207,7 @@ def method_rows(evaluation: Evaluation, spec: dict) -> list[dict]:
     methods = metrics.get("methods") or {f"chain-B{metrics['block_size']}": metrics["chain"]}
     agreement = metrics["diagnostics"].get("argmax_agreement")
     rows = []
-    for method, stats in methods.items():
+    for method, stats in sorted(methods.items(), key=lambda item: method_order(item[0])):
         ci, ci_tw = _pair(stats["ci95"].get("tau_mean_of_samples")), _pair(stats["ci95"].get("tau_token_weighted"))
         rows.append({
             "drafter": metrics["drafter"], "dataset": metrics["dataset"], "method": method,
@@ -224,6 +224,13 @@ def method_rows(evaluation: Evaluation, spec: dict) -> list[dict]:
             "diff_vs_reference": math.nan, "diff_ci_low": math.nan, "diff_ci_high": math.nan, "verdict": "",
         })
     return rows
+
+
+def method_order(method: str) -> tuple[int, int, str]:
+    """Chains by block size, then DDTree by budget: metrics.json sorts keys as text (ddtree-16 < ddtree-8)."""
+    kind, _, size = method.partition("-")
+    number = size.lstrip("B")
+    return (0 if kind == "chain" else 1, int(number) if number.isdigit() else 0, method)
 
 
 def _float(value: Any) -> float:
