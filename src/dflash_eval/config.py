@@ -81,9 +81,10 @@ def _check_semantics(config: dict, source: str) -> None:
             f"{source}: target.backend fla cannot run on target.device cpu (Triton kernels need CUDA); "
             "use a cuda device, or backend torch (and then set trained_with accordingly)"
         )
-    reference = config.get("report", {}).get("reference")
-    if reference is not None and reference not in config["drafters"]:
-        raise DflashEvalError(f"{source}: report.reference {reference!r} is not one of the drafters: {', '.join(config['drafters'])}")
+    for key in ("reference", "served_drafter"):
+        name = config.get("report", {}).get(key)
+        if name is not None and name not in config["drafters"]:
+            raise DflashEvalError(f"{source}: report.{key} {name!r} is not one of the drafters: {', '.join(config['drafters'])}")
 
 
 def load_config(path: str | Path) -> dict:
@@ -177,11 +178,14 @@ def evaluate_settings(config: dict, drafter: str, dataset: str) -> dict:
 
 def report_settings(config: dict) -> dict:
     return {
-        "drafters": {name: {"step": spec.get("step"), "layer_ids": drafter_layer_ids(config, name)}
+        "drafters": {name: {"step": spec.get("step"), "run": spec.get("run"), "layer_ids": drafter_layer_ids(config, name)}
                      for name, spec in config["drafters"].items()},
         "drafter_order": list(config["drafters"]),  # the settings JSON sorts keys; the report keeps config order
         "datasets": list(config["datasets"]),
         "reference": config.get("report", {}).get("reference"),
+        "served_drafter": config.get("report", {}).get("served_drafter"),
+        "online_tolerance": config.get("report", {}).get("online_tolerance", 0.05),
+        "transitions": str(Path(config["server"].get("log_dir", "results/logs/server")) / "transitions.jsonl"),
         "bootstrap": config["evaluation"]["bootstrap"],
         "seed": config["evaluation"]["seed"],
     }

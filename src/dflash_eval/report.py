@@ -16,17 +16,17 @@ import json
 import logging
 import math
 import os
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterable
 
 import pandas as pd
 
+from . import acceptance, plots, trust
 from .config import report_settings, settings_from_args
-from . import acceptance
 from .errors import DflashEvalError
-from .io_utils import atomic_write_text
+from .io_utils import atomic_write_json, atomic_write_text
+from .plots import drafter_label as _drafter_label, fmt as _fmt, missing as _missing
 
 log = logging.getLogger(__name__)
 
@@ -36,11 +36,8 @@ COLUMNS = [
     "layer_ids", "backend", "backend_mismatch_allowed", "argmax_agreement", "tau_vs_reference",
     "diff_vs_reference", "diff_ci_low", "diff_ci_high", "verdict",
 ]
-TAU_LABEL = "acceptance length tau (tokens per step)"
-FIGSIZE, DPI = (12, 6), 100          # 1200 x 600 px
-DIGITS = 2                           # tau precision shown; the CI is wider than 0.01 in practice
+DIGITS = plots.DIGITS
 LOW_AGREEMENT = 0.95                 # below this the cached target is likely not the one that served
-STEP_PLOT = "tau_vs_step.png"
 MAX_LISTED_SKIPS = 5
 
 
@@ -62,29 +59,42 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--settings", help="report settings as JSON (what the workflow passes)")
     parser.add_argument("--config", help="config.yaml, to run by hand")
     parser.add_argument("--metrics", nargs="+", required=True, help="metrics.json of every drafter x dataset")
+    parser.add_argument("--hidden", nargs="*", default=[],
+                        help="hidden-state cache directories, for the trust panel (default: each metrics' cache dir)")
+    parser.add_argument("--completions", nargs="*", default=[],
+                        help="completions JSONL per dataset (results/completions/{dataset}.jsonl), for the trust panel")
+    parser.add_argument("--transitions", help="the server hook's transitions.jsonl (default: from the settings)")
     parser.add_argument("--csv", required=True, help="output tidy summary CSV")
     parser.add_argument("--md", required=True, help="output markdown summary")
+    parser.add_argument("--trust", help="output JSON: the trust panel, machine-readable")
     parser.add_argument("--plot", required=True, help="output PNG: tau by drafter and dataset")
-    parser.add_argument("--plot-dir", help=f"where further plots go ({STEP_PLOT}); default: the --plot directory")
+    parser.add_argument("--plot-dir", help="where the other plots go (" + ", ".join(
+        plots.NAMES[k] for k in ("step", "position", "histogram")) + "); default: the --plot directory")
+
+
+def ordered_settings(settings: dict) -> dict:
+    """Drafters in config order: the settings JSON sorts keys, `drafter_order` keeps the user's order."""
+    drafters = settings.get("drafters") or {}
+    listed = [n for n in settings.get("drafter_order") or [] if n in drafters]
+    return {**settings, "drafters": {name: drafters[name] for name in listed + [n for n in drafters if n not in listed]}}
 
 
 def run(args: argparse.Namespace) -> int:
-    settings = settings_from_args(args, report_settings)
-    drafters = settings.get("drafters") or {}
-    order = [n for n in settings.get("drafter_order") or [] if n in drafters] + [n for n in drafters if n not in (settings.get("drafter_order") or [])]
-    settings["drafters"] = {name: drafters[name] for name in order}
+    settings = ordered_settings(settings_from_args(args, report_settings))
     check_settings(settings)
     evaluations = collect(settings, args.metrics)
     rows = summary_rows(evaluations, settings)
+    panel = trust_panel(evaluations, settings, args.hidden, args.completions,
+                        args.transitions or settings.get("transitions"))
     atomic_write_text(args.csv, summary_frame(rows).to_csv(index=False))
-    atomic_write_text(args.md, render_markdown(rows, evaluations, settings))
-    plot_tau(rows, settings, args.plot)
-    written = [args.csv, args.md, args.plot]
-    if has_step_trend(rows):
-        step_plot = Path(args.plot_dir or Path(args.plot).parent) / STEP_PLOT
-        plot_tau_vs_step(rows, settings, step_plot)
-        written.append(str(step_plot))
-    for warning in warnings(evaluations):
+    atomic_write_text(args.md, render_markdown(rows, evaluations, settings, panel))
+    written = [args.csv, args.md]
+    if args.trust:
+        atomic_write_json(args.trust, panel)
+        written.append(args.trust)
+    chains = {e.key: e.metrics["chain"] for e in evaluations}
+    written += plots.write_all(rows, chains, settings, args.plot, args.plot_dir or Path(args.plot).parent)
+    for warning in warnings(evaluations) + panel["warnings"]:
         log.warning("%s", _plain(warning))
     log.info("report of %d evaluations written: %s", len(evaluations), ", ".join(map(str, written)))
     return 0
@@ -104,6 +114,9 @@ def check_settings(settings: dict) -> None:
     reference = settings.get("reference")
     if reference is not None and reference not in settings["drafters"]:
         raise DflashEvalError(f"report reference {reference!r} is not one of the drafters: {', '.join(settings['drafters'])}")
+    served = settings.get("served_drafter")
+    if served is not None and served not in settings["drafters"]:
+        raise DflashEvalError(f"report served_drafter {served!r} is not one of the drafters: {', '.join(settings['drafters'])}")
 
 
 def _lookup(data: dict, dotted: str) -> Any:
@@ -194,7 +207,7 @@ def method_rows(evaluation: Evaluation, spec: dict) -> list[dict]:
     methods = metrics.get("methods") or {f"chain-B{metrics['block_size']}": metrics["chain"]}
     agreement = metrics["diagnostics"].get("argmax_agreement")
     rows = []
-    for method, stats in methods.items():
+    for method, stats in sorted(methods.items(), key=lambda item: method_order(item[0])):
         ci, ci_tw = _pair(stats["ci95"].get("tau_mean_of_samples")), _pair(stats["ci95"].get("tau_token_weighted"))
         rows.append({
             "drafter": metrics["drafter"], "dataset": metrics["dataset"], "method": method,
@@ -211,6 +224,13 @@ def method_rows(evaluation: Evaluation, spec: dict) -> list[dict]:
             "diff_vs_reference": math.nan, "diff_ci_low": math.nan, "diff_ci_high": math.nan, "verdict": "",
         })
     return rows
+
+
+def method_order(method: str) -> tuple[int, int, str]:
+    """Chains by block size, then DDTree by budget: metrics.json sorts keys as text (ddtree-16 < ddtree-8)."""
+    kind, _, size = method.partition("-")
+    number = size.lstrip("B")
+    return (0 if kind == "chain" else 1, int(number) if number.isdigit() else 0, method)
 
 
 def _float(value: Any) -> float:
@@ -268,6 +288,56 @@ def summary_rows(evaluations: list[Evaluation], settings: dict) -> list[dict]:
     return rows
 
 
+def trust_panel(evaluations: list[Evaluation], settings: dict, hidden: Iterable[str | Path],
+                completions: Iterable[str | Path], transitions: str | Path | None) -> dict:
+    """Everything the "can I trust this" panel shows, as data (trust.json holds the same)."""
+    fetched = {}
+    for path in map(Path, completions):
+        if path.is_file():
+            fetched[path.name.removesuffix(".jsonl")] = trust.read_completions(path)
+        else:
+            log.warning("%s not found: its fetch checks are reported as not recorded", path)
+    cache_dataset = {os.path.abspath(e.metrics["cache"]["dir"]): e.key[1] for e in evaluations}
+    directories: dict[str, str] = {}   # absolute path -> as first named (relative paths stay relative)
+    for directory in [str(h) for h in hidden] + [str(e.metrics["cache"]["dir"]) for e in evaluations]:
+        directories.setdefault(os.path.abspath(directory), os.path.normpath(directory))
+    caches = []
+    for key, directory in directories.items():
+        dataset = cache_dataset.get(key, Path(directory).parent.name)
+        caches.append(trust.cache_entry(directory, fetched[dataset].sha256 if dataset in fetched else None))
+    served = settings.get("served_drafter")
+    by_key = {e.key: e for e in evaluations}
+    online = {}
+    for dataset in settings["datasets"]:
+        steps = None
+        if served is not None:
+            evaluation = by_key[(served, dataset)]
+            steps = per_sample_steps(evaluation).get(evaluation.metrics["chain"].get(
+                "method", f"chain-B{evaluation.metrics['block_size']}"))
+        entry = trust.online_vs_offline(fetched.get(dataset), steps, float(settings.get("online_tolerance", 0.05)))
+        online[dataset] = {**entry, "drafter": served}
+    panel = {
+        "caches": caches,
+        "fetch": {dataset: trust.fetch_entry(fetched.get(dataset)) for dataset in settings["datasets"]},
+        "evaluations": [evaluation_entry(e) for e in evaluations],
+        "online": online,
+        "server": trust.server_outages(transitions),
+    }
+    panel["warnings"] = trust.warnings(panel)
+    return panel
+
+
+def evaluation_entry(evaluation: Evaluation) -> dict:
+    """What one evaluation says about itself: backend, argmax agreement with the completions, skips."""
+    metrics = evaluation.metrics
+    cache, diagnostics = metrics["cache"], metrics["diagnostics"]
+    return {"drafter": metrics["drafter"], "dataset": metrics["dataset"], "cache_dir": cache["dir"],
+            "backend": cache["backend"], "trained_with": cache.get("trained_with"),
+            "backend_mismatch_allowed": bool(cache["backend_mismatch_allowed"]),
+            "argmax_agreement": diagnostics.get("argmax_agreement"), "tokens_seen": diagnostics.get("tokens_seen"),
+            "samples": int(metrics["chain"]["samples"]), "samples_skipped": list(diagnostics.get("samples_skipped") or [])}
+
+
 def summary_frame(rows: list[dict]) -> pd.DataFrame:
     """The CSV's table; the nullable integer step keeps "1000" from becoming "1000.0"."""
     frame = pd.DataFrame(rows, columns=COLUMNS)
@@ -299,12 +369,17 @@ def _table_row(cells: Iterable[Any]) -> str:
     return "| " + " | ".join(_cell(c) for c in cells) + " |"
 
 
-def _columns(rows: list[dict], settings: dict) -> list[tuple[str, str]]:
+def headline(row: dict) -> bool:
+    """The main table's methods: each drafter's own chain and every DDTree budget (shorter chains go below)."""
+    return row["primary"] or not row["method"].startswith("chain-")
+
+
+def _columns(rows: list[dict], settings: dict, keep: Any = headline) -> list[tuple[str, str]]:
     """(dataset, method) pairs: datasets in config order, methods in order of first appearance."""
     columns: list[tuple[str, str]] = []
     for dataset in settings["datasets"]:
         for row in rows:
-            if row["dataset"] == dataset and (dataset, row["method"]) not in columns:
+            if row["dataset"] == dataset and keep(row) and (dataset, row["method"]) not in columns:
                 columns.append((dataset, row["method"]))
     return columns
 
@@ -326,17 +401,13 @@ def _tau_cell(row: dict | None, value: str, low: str, high: str, best: float | N
     return text + (" ⚠️" if row["backend_mismatch_allowed"] else "")
 
 
-def _drafter_label(drafter: str, settings: dict) -> str:
-    return f"{drafter} (reference)" if drafter == settings.get("reference") else drafter
-
-
 def _steps_by_drafter(rows: list[dict]) -> dict[str, Any]:
     return {r["drafter"]: r["training_step"] for r in rows if not _missing(r["training_step"])}
 
 
-def tau_table(rows: list[dict], settings: dict, value: str, low: str, high: str) -> list[str]:
+def tau_table(rows: list[dict], settings: dict, value: str, low: str, high: str, keep: Any = headline) -> list[str]:
     """Drafters as rows, dataset x method as columns, tau with its CI, best per column in bold."""
-    columns = _columns(rows, settings)
+    columns = _columns(rows, settings, keep)
     steps = _steps_by_drafter(rows)
     by_key = {(r["drafter"], r["dataset"], r["method"]): r for r in rows}
     best = {column: _best(rows, column, value) for column in columns}
@@ -351,7 +422,7 @@ def tau_table(rows: list[dict], settings: dict, value: str, low: str, high: str)
 
 
 def reference_table(rows: list[dict], settings: dict) -> list[str]:
-    """tau (z-lab mean) of each drafter as a percentage of the reference drafter's."""
+    """tau (z-lab mean) of each drafter as a percentage of the reference drafter's (main-table methods)."""
     columns = _columns(rows, settings)
     by_key = {(r["drafter"], r["dataset"], r["method"]): r for r in rows}
     lines = [_table_row(["drafter"] + [f"{d}<br>{m}" for d, m in columns]), _table_row(["---"] + ["---:"] * len(columns))]
@@ -418,10 +489,10 @@ def _checkpoint_summary(checkpoint: dict) -> str:
     return f"{name} (sha256 {digest[:12]})" if digest else name
 
 
-def diagnostics_table(evaluations: list[Evaluation]) -> list[str]:
-    """Per evaluation: kernel backend, mismatch (loud), argmax agreement, skips, layers, checkpoint."""
-    header = ["drafter", "dataset", "cache backend", "trained with", "backend mismatch", "argmax agreement",
-              "samples", "skipped", "layer ids", "checkpoint"]
+def diagnostics_table(evaluations: list[Evaluation], fetch: dict[str, dict]) -> list[str]:
+    """Per evaluation: kernel backend, mismatch (loud), fetch token checks, argmax agreement, skips, checkpoint."""
+    header = ["drafter", "dataset", "cache backend", "trained with", "backend mismatch", "token mismatches at fetch",
+              "completion ids from", "argmax agreement", "samples", "skipped", "layer ids", "checkpoint"]
     lines = [_table_row(header), _table_row(["---"] * len(header))]
     for evaluation in evaluations:
         metrics = evaluation.metrics
@@ -433,6 +504,7 @@ def diagnostics_table(evaluations: list[Evaluation]) -> list[str]:
         mismatch = "**⚠️ YES (allowed)**" if cache["backend_mismatch_allowed"] else "no"
         lines.append(_table_row([
             metrics["drafter"], metrics["dataset"], cache["backend"], cache.get("trained_with", "?"), mismatch,
+            *trust.fetch_cells(fetch.get(metrics["dataset"]) or {}),
             agreement_text, metrics["chain"]["samples"], _skipped_summary(diagnostics.get("samples_skipped") or []),
             ", ".join(str(i) for i in metrics["layer_ids"]), _checkpoint_summary(metrics.get("checkpoint") or {}),
         ]))
@@ -443,21 +515,20 @@ INTRO = (
     "tau (acceptance length) = accepted draft tokens + 1 (the bonus token) per verification step, with greedy "
     "verification against the target's own greedy completions. **z-lab mean**: mean over samples of each "
     "sample's mean tau. **Token-weighted**: total tokens / total verification steps (the SGLang convention). "
-    "Brackets: 95% bootstrap confidence interval over samples. **Bold**: best in its column "
-    f"(at the {DIGITS} decimals shown). `chain-B<n>`: chain drafting, block size n. ⚠️: see Warnings."
+    "<sub>[a, b]</sub>: 95% bootstrap confidence interval over samples. **Bold**: best in its column "
+    f"(at the {DIGITS} decimals shown). `chain-B<n>`: chain drafting with block size n (the drafter's own B "
+    "here); `ddtree-<N>`: DDTree with N nodes besides the root. ⚠️: see Warnings."
 )
 
 
-def render_markdown(rows: list[dict], evaluations: list[Evaluation], settings: dict) -> str:
-    """The whole summary.md: intro, warnings first (loud), the tables, then diagnostics."""
+def render_markdown(rows: list[dict], evaluations: list[Evaluation], settings: dict, panel: dict) -> str:
+    """The whole summary.md: warnings first (loud), the main table, verdicts, then diagnostics and trust."""
     lines = ["# DFlash drafter evaluation", "", INTRO, ""]
-    found = warnings(evaluations)
+    found = warnings(evaluations) + panel["warnings"]
     if found:
         lines += ["## ⚠️ Warnings", ""] + [f"- {w}" for w in found] + [""]
     lines += ["## tau, z-lab mean (mean of per-sample means)", ""]
     lines += tau_table(rows, settings, "tau_mean_of_samples", "ci_low", "ci_high") + [""]
-    lines += ["## tau, token-weighted (tokens / steps)", ""]
-    lines += tau_table(rows, settings, "tau_token_weighted", "ci_low_tw", "ci_high_tw") + [""]
     if settings.get("reference") is not None:
         lines += [f"## Verdicts against the reference ({settings['reference']})", "",
                   "Paired difference in tau (z-lab mean) on the same samples, with its 95% paired bootstrap "
@@ -465,124 +536,29 @@ def render_markdown(rows: list[dict], evaluations: list[Evaluation], settings: d
         lines += verdict_table(rows, settings) + [""]
         lines += [f"## tau relative to the reference ({settings['reference']}), z-lab mean", ""]
         lines += reference_table(rows, settings) + [""]
-    lines += ["## Diagnostics", "",
+    lines += ["## tau, token-weighted (tokens / steps)", ""]
+    lines += tau_table(rows, settings, "tau_token_weighted", "ci_low_tw", "ci_high_tw") + [""]
+    shorter = [r for r in rows if not headline(r)]
+    if shorter:
+        lines += ["## Chain drafting with shorter blocks, z-lab mean", "",
+                  "The same drafter run with blocks of n < B tokens (each its own pass; full-attention drafter "
+                  "layers see the whole block, so a shorter block drafts differently).", ""]
+        lines += tau_table(rows, settings, "tau_mean_of_samples", "ci_low", "ci_high",
+                           keep=lambda r: not headline(r)) + [""]
+    lines += ["## Diagnostics: can I trust these numbers?", "",
+              "### Per evaluation", "",
               "Argmax agreement: share of completion tokens that equal the cached target's own greedy "
               "prediction; well below 100% means the cached target is not the model that served the "
               "completions. A backend mismatch means the hidden states came from other kernels than the "
-              "drafter was trained with.", ""]
-    lines += diagnostics_table(evaluations) + [""]
+              "drafter was trained with. Token mismatches at fetch: records whose token ids disagree with the "
+              "server's own prompt / completion token counts.", ""]
+    lines += diagnostics_table(evaluations, panel["fetch"]) + [""]
+    lines += ["### Hidden-state caches", ""] + trust.cache_table(panel["caches"]) + [""]
+    tolerance = float(settings.get("online_tolerance", 0.05))
+    lines += ["### Online vs offline", "",
+              "Online tau: the server's own `spec_accept_length` (SGLang with speculative decoding), mean over "
+              "requests; offline tau: the served drafter's own-block chain on the same samples (z-lab mean). "
+              f"Flagged when they differ by more than {tolerance:.1%} (report.online_tolerance).", ""]
+    lines += trust.online_table(panel["online"]) + [""]
+    lines += ["### Server outages", ""] + trust.outage_lines(panel["server"]) + [""]
     return "\n".join(lines)
-
-
-# -- plots ---------------------------------------------------------------------------------------
-
-def _figure() -> Any:
-    """A pyplot-free Figure: no global state, and PNG output goes through Agg whatever the backend."""
-    from matplotlib.figure import Figure
-
-    return Figure(figsize=FIGSIZE, dpi=DPI, layout="constrained")
-
-
-def _colors(count: int) -> list:
-    from matplotlib import colormaps
-
-    if count <= 10:
-        return [colormaps["tab10"](i) for i in range(count)]
-    return [colormaps["viridis"](i / max(count - 1, 1)) for i in range(count)]
-
-
-def save_png(figure: Any, path: str | Path) -> None:
-    """Render to a temporary sibling and rename, so a crash never leaves a half-written PNG."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".png", dir=path.parent)
-    os.close(fd)
-    try:
-        figure.savefig(tmp, format="png", dpi=DPI)
-        os.chmod(tmp, 0o666 & ~_umask())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-
-
-def _umask() -> int:
-    """mkstemp makes 0600 files; give the PNG the permissions a plain open() would have."""
-    mask = os.umask(0)
-    os.umask(mask)
-    return mask
-
-
-def _error_bars(rows: list[dict]) -> list[list[float]]:
-    """Distances below and above tau; 0 where the CI is unknown, so the bar still draws."""
-    below, above = [], []
-    for r in rows:
-        tau, low, high = r["tau_mean_of_samples"], r["ci_low"], r["ci_high"]
-        known = not (_missing(tau) or _missing(low) or _missing(high))
-        below.append(max(tau - low, 0.0) if known else 0.0)
-        above.append(max(high - tau, 0.0) if known else 0.0)
-    return [below, above]
-
-
-def _chain_rows(rows: list[dict]) -> list[dict]:
-    """Each drafter's own chain (block size B): the headline number of the plots."""
-    return [r for r in rows if r["primary"]]
-
-
-def _bar_label(row: dict) -> str:
-    return _fmt(row["tau_mean_of_samples"]) + (" ⚠" if row["backend_mismatch_allowed"] else "")
-
-
-def plot_tau(rows: list[dict], settings: dict, path: str | Path) -> None:
-    """Grouped bars: datasets along x, one bar per drafter, 95% CI as error bars."""
-    chain = _chain_rows(rows)
-    drafters, datasets = list(settings["drafters"]), list(settings["datasets"])
-    figure = _figure()
-    axes = figure.subplots()
-    width = 0.8 / len(drafters)
-    label_bars = len(drafters) * len(datasets) <= 30
-    for index, (drafter, color) in enumerate(zip(drafters, _colors(len(drafters)))):
-        mine = {r["dataset"]: r for r in chain if r["drafter"] == drafter}
-        present = [d for d in datasets if d in mine]
-        xs = [datasets.index(d) + (index - (len(drafters) - 1) / 2) * width for d in present]
-        values = [0.0 if _missing(mine[d]["tau_mean_of_samples"]) else mine[d]["tau_mean_of_samples"] for d in present]
-        bars = axes.bar(xs, values, width * 0.92, yerr=_error_bars([mine[d] for d in present]), capsize=3,
-                        color=color, label=_drafter_label(drafter, settings), hatch="//" if drafter == settings.get("reference") else None)
-        if label_bars:
-            axes.bar_label(bars, labels=[_bar_label(mine[d]) for d in present], padding=2, fontsize=8)
-    axes.set_xticks(range(len(datasets)), datasets)
-    axes.set_xlabel("dataset")
-    axes.set_ylabel(TAU_LABEL)
-    title = "DFlash drafters: tau (z-lab mean) with 95% bootstrap CI"
-    if any(r["backend_mismatch_allowed"] for r in chain):
-        title += "\n⚠ = hidden states from other kernels than the drafter was trained with (see summary.md)"
-    axes.set_title(title)
-    axes.grid(axis="y", alpha=0.3)
-    axes.set_axisbelow(True)
-    axes.legend(title="drafter", loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=9)
-    save_png(figure, path)
-
-
-def has_step_trend(rows: list[dict]) -> bool:
-    """A tau-vs-step plot needs more than one drafter with a training step."""
-    return len(_steps_by_drafter(_chain_rows(rows))) > 1
-
-
-def plot_tau_vs_step(rows: list[dict], settings: dict, path: str | Path) -> None:
-    """tau against training step, one line per dataset, the 95% CI as a band."""
-    chain = [r for r in _chain_rows(rows) if not _missing(r["training_step"])]
-    figure = _figure()
-    axes = figure.subplots()
-    for dataset, color in zip(settings["datasets"], _colors(len(settings["datasets"]))):
-        points = sorted((r for r in chain if r["dataset"] == dataset), key=lambda r: r["training_step"])
-        if not points:
-            continue
-        steps = [int(r["training_step"]) for r in points]
-        axes.plot(steps, [r["tau_mean_of_samples"] for r in points], marker="o", color=color, label=dataset)
-        axes.fill_between(steps, [r["ci_low"] for r in points], [r["ci_high"] for r in points], color=color, alpha=0.2)
-    axes.set_xlabel("training step")
-    axes.set_ylabel(TAU_LABEL)
-    axes.set_title("DFlash drafters: tau (z-lab mean) against training step, 95% CI band")
-    axes.grid(alpha=0.3)
-    axes.legend(title="dataset", loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=9)
-    save_png(figure, path)
