@@ -13,6 +13,7 @@ rule report:
         plot=f"{RESULTS}/plots/tau.png",
     params:
         settings=settings_param(cfg.report_settings(config)),
+        code=code_fingerprint("report"),
     log:
         f"{LOGS}/report.log",
     benchmark:
