@@ -32,12 +32,12 @@ if args[:1] == ["--log"]:
 command, rest = args[0], args[1:]
 opts = {{rest[i]: rest[i + 1] for i in range(len(rest) - 1) if rest[i].startswith("--")}}
 stamp = json.dumps({{"command": command, "settings": opts.get("--settings")}}, sort_keys=True)
-if command != "server":
+outputs = {{"fetch": ["--out"], "extract": ["--out"], "evaluate": ["--metrics", "--samples"],
+           "report": ["--csv", "--md", "--plot"]}}.get(command, [])
+if outputs:
     with open("calls.log", "a") as log:
-        log.write(command + " " + " ".join(opts.get(k, "") for k in ("--out", "--metrics", "--csv") if k in opts) + "\n")
-for key in ("--out", "--metrics", "--samples", "--csv", "--md", "--plot"):
-    if key not in opts:
-        continue
+        log.write(f"{{command}} {{opts[outputs[0]]}}\n")
+for key in outputs:
     path = Path(opts[key])
     if command == "extract":
         path.mkdir(parents=True, exist_ok=True)
