@@ -60,7 +60,7 @@ def test_tiny_workflow_through_slurm_equals_a_local_run(tmp_path):
     tiny_project(cluster, big_checkpoint=False)
     check(snakemake(workflow, local, *TARGETS))
 
-    text = check(snakemake(workflow, cluster, *SMALL, "--resources", "server_lock=2", *TARGETS,
+    text = check(snakemake(workflow, cluster, *TARGETS, *SMALL, "--resources", "server_lock=2",
                            profile="slurm", timeout=1700))
     submitted = re.findall(r"submitted with SLURM jobid (\d+)", text)
     assert len(submitted) == len(TARGETS), text[-4000:]
