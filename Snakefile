@@ -20,7 +20,7 @@ include: "workflow/rules/report.smk"
 rule all:
     default_target: True
     input:
-        rules.report.output,
+        selected_evaluations() if config.get("only") or config.get("only_datasets") else rules.report.output,
 
 
 onsuccess:

@@ -9,7 +9,9 @@ when) its own settings change.
 from __future__ import annotations
 
 import copy
+import fnmatch
 import json
+import re
 from pathlib import Path
 from typing import Any
 
@@ -66,6 +68,7 @@ def validate_config(config: dict, source: str = "config.yaml") -> dict:
         raise DflashEvalError(f"{source} is not valid:\n" + "\n".join(lines))
     config = copy.deepcopy(config)
     _fill_defaults(config, schema)
+    config["drafters"] = expand_step_directories(config["drafters"], source)
     _check_semantics(config, source)
     return config
 
@@ -81,6 +84,8 @@ def _check_semantics(config: dict, source: str) -> None:
             f"{source}: target.backend fla cannot run on target.device cpu (Triton kernels need CUDA); "
             "use a cuda device, or backend torch (and then set trained_with accordingly)"
         )
+    for key, names in (("only", config["drafters"]), ("only_datasets", config["datasets"])):
+        select(config.get(key), list(names), f"{source}: {key}")
     for key in ("reference", "served_drafter"):
         name = config.get("report", {}).get(key)
         if name is not None and name not in config["drafters"]:
@@ -97,6 +102,80 @@ def load_config(path: str | Path) -> dict:
     except yaml.YAMLError as error:
         raise DflashEvalError(f"{path}: not valid YAML ({error})") from error
     return validate_config(raw, str(path))
+
+
+# -- checkpoint directories and selections ------------------------------------------------------
+
+_STEP_NAME = re.compile(r"^(?:step|checkpoint|global_step)[_-]?(\d+)(\.pt|\.pth|\.safetensors)?$")
+
+
+def step_checkpoints(path: str | Path) -> list[tuple[int, Path]]:
+    """(step, checkpoint) of a training run's directory: `step_N.pt` files or `step_N/`, `checkpoint-N/` HF dirs.
+
+    Empty when `path` is not such a directory (a single checkpoint, or not there yet).
+    """
+    root = Path(path)
+    if not root.is_dir() or any(root.glob("*.safetensors")):
+        return []
+    found = []
+    for child in root.iterdir():
+        match = _STEP_NAME.match(child.name)
+        if not match:
+            continue
+        is_file = child.is_file() and match.group(2) is not None
+        is_model_dir = child.is_dir() and match.group(2) is None and (child / "config.json").is_file()
+        if is_file or is_model_dir:
+            found.append((int(match.group(1)), child))
+    steps = [step for step, _ in found]
+    duplicates = sorted({step for step in steps if steps.count(step) > 1})
+    if duplicates:
+        raise DflashEvalError(f"{root}: more than one checkpoint for step(s) {duplicates}; keep one layout per step")
+    return sorted(found)
+
+
+def expand_step_directories(drafters: dict, source: str) -> dict:
+    """A drafter naming a directory of training checkpoints becomes one drafter per step, `<name>-step<N>`.
+
+    Evaluated at every workflow start, so a new step shows up as new jobs and nothing else.
+    """
+    expanded: dict = {}
+    for name, spec in drafters.items():
+        steps = step_checkpoints(spec["path"])
+        if not steps:
+            expanded[name] = spec
+            continue
+        config_path = spec.get("config")
+        if config_path is None and (Path(spec["path"]) / "config.json").is_file():
+            config_path = str(Path(spec["path"]) / "config.json")
+        for step, checkpoint in steps:
+            if checkpoint.is_file() and config_path is None:
+                raise DflashEvalError(
+                    f"{source}: drafters.{name}: {checkpoint} is a bare checkpoint; set drafters.{name}.config "
+                    f"(a drafter config.json) or put config.json in {spec['path']}")
+            step_name = f"{name}-step{step}"
+            if step_name in drafters:
+                raise DflashEvalError(f"{source}: drafters.{name} expands to {step_name}, which is also a drafter of its own; rename one")
+            expanded[step_name] = {**spec, "path": str(checkpoint), "step": step, "run": spec.get("run") or name,
+                                   "config": None if checkpoint.is_dir() else config_path}
+    return expanded
+
+
+def select(patterns: Any, names: list[str], what: str) -> list[str]:
+    """Names matching `--config only=...`: a list or comma-separated names or shell patterns.
+
+    A directory drafter's own name selects all its steps. None selects everything.
+    """
+    if patterns is None:
+        return names
+    if isinstance(patterns, str):
+        patterns = [p for p in patterns.split(",") if p.strip()]
+    chosen: list[str] = []
+    for pattern in (str(p).strip() for p in patterns):
+        matched = [n for n in names if fnmatch.fnmatchcase(n, pattern) or n.rsplit("-step", 1)[0] == pattern]
+        if not matched:
+            raise DflashEvalError(f"{what}: {pattern!r} matches none of: {', '.join(names)}")
+        chosen += [n for n in matched if n not in chosen]
+    return [n for n in names if n in chosen]
 
 
 # -- layer sets -------------------------------------------------------------------------------

@@ -1,8 +1,11 @@
 # Helpers shared by the rules: settings as params, input files of targets and checkpoints.
+import functools
 import subprocess
 from pathlib import Path
 
 from dflash_eval import config as cfg
+from dflash_eval.code_version import code_fingerprint
+from dflash_eval.fingerprint import FingerprintCache
 
 RESULTS = "results"
 LOGS = f"{RESULTS}/logs"
@@ -30,8 +33,50 @@ def model_dir_files(path: str, demo_files: list[str]) -> list[str]:
     raise ValueError(f"{path}: not a model directory with safetensors weights (check target.path / drafters.*.path)")
 
 
+# Model files that a rule of this workflow builds (the demo) are inputs, so the DAG orders their
+# build first; every other model file is tracked by a content fingerprint param, hashed once and
+# cached by path, size and mtime (see dflash_eval/fingerprint.py for why not Snakemake's checksums).
+FINGERPRINTS = FingerprintCache()
+
+
+def built_here(files: list[str]) -> bool:
+    return all(f.startswith(DEMO_DIR + "/") for f in files)
+
+
 def target_files(wildcards=None) -> list[str]:
     return model_dir_files(config["target"]["path"], ["config.json", "model.safetensors", "generation_config.json"])
+
+
+def target_inputs(wildcards=None) -> list[str]:
+    files = target_files()
+    return files if built_here(files) else []
+
+
+def target_fingerprint(wildcards=None) -> str:
+    return _target_fingerprint()
+
+
+@functools.cache
+def _target_fingerprint() -> str:
+    files = target_files()
+    return "built by the workflow" if built_here(files) else FINGERPRINTS.files(files, "target.path")
+
+
+def selected_evaluations() -> list[str]:
+    """`--config only=... only_datasets=...`: just these evaluations, no report."""
+    drafters = cfg.select(config.get("only"), list(config["drafters"]), "--config only")
+    datasets = cfg.select(config.get("only_datasets"), list(config["datasets"]), "--config only_datasets")
+    return expand(f"{RESULTS}/eval/{{drafter}}/{{dataset}}/metrics.json", drafter=drafters, dataset=datasets)
+
+
+def checkpoint_inputs(name: str) -> list[str]:
+    files = checkpoint_files(name)
+    return files if built_here(files) else []
+
+
+def checkpoint_fingerprint(name: str) -> str:
+    files = checkpoint_files(name)
+    return "built by the workflow" if built_here(files) else FINGERPRINTS.files(files, f"drafters.{name}.path")
 
 
 def checkpoint_files(name: str) -> list[str]:

@@ -5,13 +5,18 @@ rule evaluate:
     input:
         hidden=lambda w: f"{RESULTS}/hidden/{w.dataset}/{drafter_layerset(w.drafter)}",
         completions=f"{RESULTS}/completions/{{dataset}}.jsonl",
-        checkpoint=lambda w: checkpoint_files(w.drafter),
-        target=target_files,
+        checkpoint=lambda w: checkpoint_inputs(w.drafter),
+        target=target_inputs,
     output:
         metrics=f"{RESULTS}/eval/{{drafter}}/{{dataset}}/metrics.json",
         samples=f"{RESULTS}/eval/{{drafter}}/{{dataset}}/samples.csv",
     params:
         settings=lambda w: settings_param(cfg.evaluate_settings(config, w.drafter, w.dataset)),
+        checkpoint=lambda w: checkpoint_fingerprint(w.drafter),
+        target=target_fingerprint,
+        code=code_fingerprint("evaluate"),
+    resources:
+        gpu=lambda w: 0 if config["evaluation"]["device"] == "cpu" else 1,
     threads: 2
     log:
         f"{LOGS}/evaluate/{{drafter}}/{{dataset}}.log",

@@ -4,11 +4,13 @@
 rule extract:
     input:
         completions=f"{RESULTS}/completions/{{dataset}}.jsonl",
-        target=target_files,
+        target=target_inputs,
     output:
         directory(f"{RESULTS}/hidden/{{dataset}}/{{layerset}}"),
     params:
         settings=lambda w: settings_param(cfg.extract_settings(config, w.dataset, cfg.parse_layerset(w.layerset))),
+        target=target_fingerprint,
+        code=code_fingerprint("extract"),
     resources:
         server_lock=1,
         gpu=lambda w: 0 if config["target"]["device"] == "cpu" else 1,

@@ -5,11 +5,13 @@
 rule fetch:
     input:
         prompts=lambda w: config["datasets"][w.dataset]["prompts"],
-        target=target_files,
+        target=target_inputs,
     output:
         f"{RESULTS}/completions/{{dataset}}.jsonl",
     params:
         settings=lambda w: settings_param(cfg.fetch_settings(config, w.dataset)),
+        target=target_fingerprint,
+        code=code_fingerprint("fetch"),
     resources:
         server_lock=1,
     log:

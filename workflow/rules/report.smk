@@ -29,6 +29,7 @@ rule report:
     params:
         settings=settings_param(cfg.report_settings(config)),
         plot_dir=f"{RESULTS}/plots",
+        code=code_fingerprint("report"),
     log:
         f"{LOGS}/report.log",
     benchmark:

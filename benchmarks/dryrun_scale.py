@@ -1,0 +1,82 @@
+"""Time a dry run of 100 checkpoints x 5 datasets (goal: <= 10 s on 2 cores).
+
+The checkpoints are one training-run directory of 100 `step_N.pt` files (expanded to 100 drafters),
+so the run also measures the directory expansion and the content fingerprints: the first dry run
+hashes every checkpoint, later ones read the fingerprint cache (keyed by path, size and mtime).
+Nothing is executed: the plan covers 5 fetch + 5 extract + 500 evaluate + 1 report jobs. Also
+reports the load average, because the machine it ran on may be shared. Appends to
+benchmarks/results/dryrun_scale.md.
+
+    python benchmarks/dryrun_scale.py [--checkpoints 100] [--datasets 5] [--checkpoint-mb 8] [--note TEXT]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from record import print_and_record  # benchmarks/record.py (the script's own folder)
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "tests"))
+from workflow_harness import check, copy_workflow, load_config, save_config, snakemake, tiny_project, write_bytes  # noqa: E402
+
+
+def build(root: Path, checkpoints: int, datasets: int, checkpoint_mb: float) -> None:
+    tiny_project(root, drafters=0, datasets=datasets)
+    config = load_config(root)
+    run = root / "ckpt" / "run"
+    run.mkdir(parents=True)
+    (run / "config.json").write_text('{"block_size": 16}')
+    for i in range(checkpoints):
+        write_bytes(run / f"step_{(i + 1) * 1000}.pt", int(checkpoint_mb * 2**20), seed=i)
+    config["drafters"] = {"run": {"path": "ckpt/run", "layer_ids": [1, 16, 31, 46, 61], "trained_with": "fla"}}
+    save_config(root, config)
+
+
+def timed_dry_run(workflow: Path, root: Path) -> tuple[float, int]:
+    started = time.perf_counter()
+    text = check(snakemake(workflow, root, "--dry-run"))
+    seconds = time.perf_counter() - started
+    total = int(re.search(r"^total\s+(\d+)", text, re.M).group(1))
+    return seconds, total
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--checkpoints", type=int, default=100)
+    parser.add_argument("--datasets", type=int, default=5)
+    parser.add_argument("--checkpoint-mb", type=float, default=8.0)
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--note", default="", help="what else ran on the machine, CPU throttling, ...")
+    args = parser.parse_args()
+    with tempfile.TemporaryDirectory() as tmp:
+        workflow = copy_workflow(Path(tmp) / "workflow")
+        root = Path(tmp) / "project"
+        build(root, args.checkpoints, args.datasets, args.checkpoint_mb)
+        load_before = os.getloadavg()[0]
+        cold, jobs = timed_dry_run(workflow, root)
+        warm = [timed_dry_run(workflow, root)[0] for _ in range(args.repeats)]
+        load_after = os.getloadavg()[0]
+    lines = [
+        f"## {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}: {args.checkpoints} checkpoints x {args.datasets} datasets,"
+        f" {jobs} planned jobs, {os.cpu_count()} CPUs",
+        "",
+        "| dry run | seconds |",
+        "|---|---|",
+        f"| first (hashes {args.checkpoints} x {args.checkpoint_mb:g} MB checkpoints) | {cold:.1f} |",
+        f"| cached fingerprints, best of {args.repeats} | {min(warm):.1f} |",
+        f"| cached fingerprints, median of {args.repeats} | {sorted(warm)[len(warm) // 2]:.1f} |",
+        "",
+        f"Load average (1 min) before/after: {load_before:.1f} / {load_after:.1f}. {args.note}".rstrip(),
+    ]
+    print_and_record(lines, ROOT / "benchmarks" / "results" / "dryrun_scale.md")
+
+
+if __name__ == "__main__":
+    main()
