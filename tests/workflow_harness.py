@@ -33,7 +33,7 @@ command, rest = args[0], args[1:]
 opts = {{rest[i]: rest[i + 1] for i in range(len(rest) - 1) if rest[i].startswith("--")}}
 stamp = json.dumps({{"command": command, "settings": opts.get("--settings")}}, sort_keys=True)
 outputs = {{"fetch": ["--out"], "extract": ["--out"], "evaluate": ["--metrics", "--samples"],
-           "report": ["--csv", "--md", "--plot"]}}.get(command, [])
+           "report": ["--csv", "--md", "--plot", "--trust"]}}.get(command, [])
 if outputs:
     with open("calls.log", "a") as log:
         log.write(f"{{command}} {{opts[outputs[0]]}}\n")
@@ -45,6 +45,9 @@ for key in outputs:
     else:
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(stamp)
+if command == "report":
+    for name in ("tau_vs_step.png", "acceptance_by_position.png", "acceptance_histogram.png"):
+        (Path(opts["--plot-dir"]) / name).write_text(stamp)
 '''
 
 
