@@ -38,6 +38,13 @@ def drafter_label(drafter: str, settings: dict) -> str:
     return f"{drafter} (reference)" if drafter == settings.get("reference") else drafter
 
 
+def _whole_number_ticks(axes: Any) -> None:
+    """Draft positions and acceptance lengths are whole numbers: no 1.25 ticks."""
+    from matplotlib.ticker import MaxNLocator
+
+    axes.xaxis.set_major_locator(MaxNLocator(integer=True))
+
+
 def _figure() -> Any:
     from matplotlib.figure import Figure
 
@@ -187,6 +194,7 @@ def plot_acceptance_by_position(chains: dict[tuple[str, str], dict], settings: d
                       color=color, label=drafter_label(drafter, settings))
         axes.set_title(dataset)
         axes.set_xlabel("draft position k (k-th token after the bonus token)")
+        _whole_number_ticks(axes)
         axes.set_ylim(0, 100)
         axes.grid(alpha=0.3)
     figure.axes[0].set_ylabel("verification steps accepting draft token k (%)")
@@ -216,6 +224,7 @@ def plot_acceptance_histogram(chains: dict[tuple[str, str], dict], settings: dic
             axes.set_xticks(sorted(lengths))
         axes.set_title(dataset)
         axes.set_xlabel("acceptance length (tokens per verification step)")
+        _whole_number_ticks(axes)
         axes.grid(axis="y", alpha=0.3)
         axes.set_axisbelow(True)
     figure.axes[0].set_ylabel("share of verification steps (%)")
