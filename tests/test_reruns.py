@@ -98,12 +98,16 @@ def _edit(path: Path, text: str) -> None:
     path.write_text(path.read_text() + text)
 
 
-def test_stage_code_change_reruns_that_stage_and_what_follows(base, tmp_path):
+def _private_copies(base, tmp_path: Path) -> tuple[Path, Path]:
+    """A workflow copy whose code a test may edit, and a copy of the finished project."""
     workflow, project = base
-    code = tmp_path / "workflow"
-    shutil.copytree(workflow, code)
-    root = tmp_path / "case"
-    shutil.copytree(project, root)
+    shutil.copytree(workflow, tmp_path / "workflow")
+    shutil.copytree(project, tmp_path / "case")
+    return tmp_path / "workflow", tmp_path / "case"
+
+
+def test_stage_code_change_reruns_that_stage_and_what_follows(base, tmp_path):
+    code, root = _private_copies(base, tmp_path)
     _edit(code / "src" / "dflash_eval" / "evaluator.py", "\n# a comment and blank lines do not count\n\n")
     assert plan(code, root) == set()
     _edit(code / "src" / "dflash_eval" / "evaluator.py", "_CHANGED = True\n")  # imported by the evaluate stage
@@ -113,11 +117,7 @@ def test_stage_code_change_reruns_that_stage_and_what_follows(base, tmp_path):
 
 
 def test_report_code_change_reruns_only_the_report(base, tmp_path):
-    workflow, project = base
-    code = tmp_path / "workflow"
-    shutil.copytree(workflow, code)
-    root = tmp_path / "case"
-    shutil.copytree(project, root)
+    code, root = _private_copies(base, tmp_path)
     _edit(code / "src" / "dflash_eval" / "report.py", "_CHANGED = True\n")
     assert plan(code, root) == {job("report")}
 
