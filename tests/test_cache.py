@@ -165,3 +165,40 @@ def test_a_manifest_pointing_outside_its_shard_is_rejected(tmp_path):
     (out / "manifest.json").write_text(json.dumps(manifest))
     with pytest.raises(CacheError, match="points outside its shard"):
         HiddenCache(out)
+
+
+@pytest.mark.gpu
+def test_gpu_states_round_trip_through_the_side_stream_while_their_memory_is_reused(tmp_path):
+    """CUDA samples: copies on the writer's side stream, states freed (and overwritten) right after add."""
+    out, device, written = tmp_path / "cache", torch.device("cuda"), {}
+    with CacheWriter(out, layer_ids=LAYERS, shard_tokens=10, store_argmax=True, header=HEADER) as writer:
+        for n, length in enumerate([4, 5, 3, 12, 1, 6]):
+            ids, states, argmax = _sample(length, n)
+            written[f"s{n}"] = (ids, states, argmax)
+            on_gpu = {i: s.to(device) for i, s in states.items()}
+            writer.add(f"s{n}", ids.to(device), on_gpu, argmax.to(device), prompt_len=1)
+            del on_gpu
+            torch.full((1 << 20,), float("nan"), device=device)  # reuses freed blocks unless they are held
+        writer.finish()
+    cache = HiddenCache(out)
+    for sample_id, (ids, states, argmax) in written.items():
+        loaded = cache.load_sample(sample_id, LAYERS)
+        assert torch.equal(loaded.input_ids, ids) and torch.equal(loaded.argmax, argmax)
+        assert torch.equal(loaded.features, torch.cat([states[i] for i in LAYERS], dim=-1))
+
+
+@pytest.mark.gpu
+def test_gpu_non_finite_state_is_caught_at_the_shard_boundary_and_nothing_is_written(tmp_path):
+    """On CUDA the NaN check is read once per shard, not per sample; it still names sample, layer, token."""
+    device = torch.device("cuda")
+    with pytest.raises(CacheError, match=r"sample 'broken', layer 4: 1 non-finite values .* token 3"):
+        with CacheWriter(tmp_path / "cache", layer_ids=LAYERS, shard_tokens=100, store_argmax=True,
+                         header=HEADER) as writer:
+            for name, seed in (("fine", 1), ("broken", 2), ("after", 3)):
+                ids, states, argmax = _sample(6, seed)
+                if name == "broken":
+                    states[4][3, 2] = float("nan")
+                writer.add(name, ids.to(device), {i: s.to(device) for i, s in states.items()}, argmax.to(device),
+                           prompt_len=1)
+            writer.finish()
+    assert list(tmp_path.iterdir()) == []

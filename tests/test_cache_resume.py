@@ -92,7 +92,7 @@ def test_a_killed_run_resumes_with_only_the_missing_shards(target_dir, completio
     journaled = read_journal(partial_dir(out) / JOURNAL)
     # plan: [0] [1] [2] [3] [4] [5, 6] [7, 8] [9]; the kill came at sample 6 with shard [5, 6] open
     assert plan_shards(LENGTHS, 10) == [[0], [1], [2], [3], [4], [5, 6], [7, 8], [9]]
-    assert [e["index"] for e in journaled] == [0, 1, 2, 3, 4]
+    assert sorted(e["index"] for e in journaled) == [0, 1, 2, 3, 4]  # two writer threads: any order
 
     counter = Counting(monkeypatch)
     with caplog.at_level("INFO"):

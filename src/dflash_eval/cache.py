@@ -31,6 +31,7 @@ log = logging.getLogger(__name__)
 FORMAT_VERSION = 1
 MANIFEST = "manifest.json"
 _HEADER_KEYS = ("target", "backend", "device", "completions")
+WRITER_THREADS = 2  # shards written at once; one thread could not keep up with an H200 (benchmarks/)
 
 
 class CacheError(DflashEvalError):
@@ -69,11 +70,14 @@ def write_safetensors(path: Path, tensors: dict[str, torch.Tensor], metadata: di
     encoded = json.dumps(header, separators=(",", ":")).encode()
     encoded += b" " * (-len(encoded) % 8)
     digest = hashlib.sha256()
-    with open(path, "wb") as handle:
+    # Hashing and writing each chunk run side by side (both release the GIL): a shard then costs
+    # max(hash, write) instead of their sum, which decides whether the GPU ever waits for the disk.
+    with open(path, "wb") as handle, ThreadPoolExecutor(max_workers=1, thread_name_prefix="sha256") as hasher:
         for chunk in (len(encoded).to_bytes(8, "little"), encoded,
                       *(t.contiguous().view(torch.uint8).numpy().data for t in tensors.values())):
+            hashed = hasher.submit(digest.update, chunk)
             handle.write(chunk)
-            digest.update(chunk)
+            hashed.result()
     return digest.hexdigest(), 8 + len(encoded) + offset
 
 
@@ -92,14 +96,27 @@ class _ShardBuffer:
         self.tokens = 0
         self.write: Future | None = None  # the pending write that reads this buffer
 
-    def put(self, input_ids: torch.Tensor, states: dict[int, torch.Tensor], argmax: torch.Tensor | None) -> None:
-        """Copy one sample in (asynchronously from a GPU: `sync` before the rows are read)."""
+    def put(self, input_ids: torch.Tensor, states: dict[int, torch.Tensor], argmax: torch.Tensor | None,
+            stream: torch.cuda.Stream | None = None) -> None:
+        """Copy one sample in; from a GPU asynchronously, on `stream` (synchronize before reading the rows).
+
+        On a side stream the copies overlap the next forward instead of queueing behind it; the
+        sources are marked as used there so the allocator does not hand their memory out too early.
+        """
         rows = slice(self.tokens, self.tokens + input_ids.numel())
-        for layer_id, rows_of_layer in self.layers.items():
-            rows_of_layer[rows].copy_(states[layer_id], non_blocking=True)
-        self.input_ids[rows].copy_(input_ids, non_blocking=True)
+        pairs = [(rows_of_layer[rows], states[layer_id]) for layer_id, rows_of_layer in self.layers.items()]
+        pairs.append((self.input_ids[rows], input_ids))
         if self.argmax is not None:
-            self.argmax[rows].copy_(argmax, non_blocking=True)
+            pairs.append((self.argmax[rows], argmax))
+        if stream is None:
+            for destination, source in pairs:
+                destination.copy_(source, non_blocking=True)
+        else:
+            stream.wait_stream(torch.cuda.current_stream(input_ids.device))
+            with torch.cuda.stream(stream):
+                for destination, source in pairs:
+                    destination.copy_(source, non_blocking=True)
+                    source.record_stream(stream)
         self.tokens = rows.stop
 
     def filled(self) -> dict[str, torch.Tensor]:
@@ -147,9 +164,9 @@ def _nonfinite_error(sample_id: str, layer_id: int, state: torch.Tensor) -> Cach
 class CacheWriter:
     """Accumulates samples into shards of at most `shard_tokens` tokens and publishes the directory.
 
-    Two preallocated shard buffers alternate: one fills (asynchronous GPU->pinned copies) while a
-    background thread writes and hashes the other, so host memory stays at two shards and the GPU
-    rarely waits on the disk. A sample never spans shards; one longer than `shard_tokens` gets a
+    Three preallocated shard buffers rotate: one fills (asynchronous GPU->pinned copies, on a side
+    stream) while two background threads write and hash the others, so host memory stays at three
+    shards and the GPU waits for the disk only when the disk is slower than the forward. A sample never spans shards; one longer than `shard_tokens` gets a
     shard of its own (cache_resume.plan_shards states the rule). Use as a context manager: an
     exception removes the temporary directory, unless the writer resumes (`resume` given): then
     it works in `<out>.partial/`, journals every finished shard, and leaves them for the next run.
@@ -177,11 +194,13 @@ class CacheWriter:
         self.samples: list[dict[str, Any]] = []
         self._ids: set[str] = set()
         self._shards: list[Future] = []
-        self._buffers: list[_ShardBuffer] = []  # [filling, spare], allocated at the first sample
+        self._buffers: list[_ShardBuffer] = []  # [filling, *spares oldest first], allocated at the first sample
+        self._copy_stream: torch.cuda.Stream | None = None  # GPU->host copies, beside the forward
+        self._pending_finite: list[torch.Tensor] = []  # GPU finite flags of the unsubmitted samples
         self._hidden: tuple[int, torch.dtype] | None = None
         self.adopted = 0  # shards taken over from an earlier run
         self._unsubmitted = 0  # index in self.samples of the first sample of the shard being filled
-        self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="cache-writer")
+        self._pool = ThreadPoolExecutor(max_workers=WRITER_THREADS, thread_name_prefix="cache-writer")
         if resume is None and self.tmp.exists():
             shutil.rmtree(self.tmp)
         self.tmp.mkdir(parents=True, exist_ok=True)
@@ -194,8 +213,11 @@ class CacheWriter:
             self.abort()
 
     def _check(self, sample_id: str, input_ids: torch.Tensor, states: dict[int, torch.Tensor],
-               argmax: torch.Tensor | None, prompt_len: int) -> None:
-        """Reject a sample whose shapes, keys or values do not fit the cache."""
+               argmax: torch.Tensor | None, prompt_len: int) -> torch.Tensor:
+        """Reject a sample whose shapes or keys do not fit the cache; its finite flags per layer.
+
+        CPU states are checked for NaN/Inf here; GPU flags are returned unread (see `add`).
+        """
         if sample_id in self._ids:
             raise CacheError(f"sample id {sample_id!r} appears twice")
         length = input_ids.numel()
@@ -214,10 +236,30 @@ class CacheWriter:
                 raise CacheError(f"sample {sample_id!r}, layer {layer_id}: state {tuple(state.shape)} {state.dtype}, "
                                  f"expected ({length}, H) with one H and dtype for the whole cache")
             self._hidden = hidden
-        finite = torch.stack([torch.isfinite(states[i]).all() for i in self.layer_ids]).tolist()  # one sync
-        for layer_id, ok in zip(self.layer_ids, finite):
-            if not ok:
-                raise _nonfinite_error(sample_id, layer_id, states[layer_id])
+        finite = torch.stack([torch.isfinite(states[i]).all() for i in self.layer_ids])
+        if not finite.is_cuda:  # reading a GPU flag now would stall the queue; see _check_pending_finite
+            for layer_id, ok in zip(self.layer_ids, finite.tolist()):
+                if not ok:
+                    raise _nonfinite_error(sample_id, layer_id, states[layer_id])
+        return finite
+
+    def _check_pending_finite(self, buffer: _ShardBuffer) -> None:
+        """Raise for the first non-finite state among the samples of `buffer` (after a synchronize).
+
+        GPU samples are checked here, once per shard, rather than in `add`: a host read per sample
+        would stop the CPU from queueing the next forward while the GPU finishes this one. A bad
+        sample still never reaches a file, because this runs before the shard is handed to the writer.
+        """
+        pending, self._pending_finite = self._pending_finite, []
+        if not pending:
+            return
+        finite = torch.stack(pending).cpu()
+        if bool(finite.all()):
+            return
+        row, column = (~finite).nonzero()[0].tolist()
+        sample, layer_id = self.samples[self._unsubmitted + row], self.layer_ids[column]
+        rows = buffer.layers[layer_id][sample["offset"]: sample["offset"] + sample["length"]]
+        raise _nonfinite_error(sample["id"], layer_id, rows)
 
     def _new_buffer(self, capacity: int, pin: bool) -> _ShardBuffer:
         hidden, dtype = self._hidden
@@ -227,11 +269,12 @@ class CacheWriter:
             argmax: torch.Tensor | None, prompt_len: int) -> None:
         """Copy one sample's tokens, layer states [T, H] and argmax [T] into the shard buffer."""
         input_ids = input_ids.reshape(-1)
-        self._check(sample_id, input_ids, states, argmax, prompt_len)
+        finite = self._check(sample_id, input_ids, states, argmax, prompt_len)
         length = input_ids.numel()
         pin = torch.cuda.is_available() and states[self.layer_ids[0]].is_cuda
         if not self._buffers:
-            self._buffers = [self._new_buffer(self.shard_tokens, pin) for _ in range(2)]
+            self._buffers = [self._new_buffer(self.shard_tokens, pin) for _ in range(WRITER_THREADS + 1)]
+            self._copy_stream = torch.cuda.Stream(states[self.layer_ids[0]].device) if pin else None
         if length > self.shard_tokens:  # its own shard, from a one-off buffer
             self._flush()
             buffer = self._new_buffer(length, pin=False)
@@ -241,10 +284,12 @@ class CacheWriter:
                 self._flush()
                 buffer = self._buffers[0]
         offset = buffer.tokens
-        buffer.put(input_ids, states, argmax)
+        buffer.put(input_ids, states, argmax, self._copy_stream if finite.is_cuda else None)
         self.samples.append({"id": sample_id, "shard": shard_name(len(self._shards)), "offset": offset,
                              "length": length, "prompt_len": int(prompt_len)})
         self._ids.add(sample_id)
+        if finite.is_cuda:
+            self._pending_finite.append(finite)
         if buffer is not self._buffers[0]:
             self._submit(buffer)
         elif buffer.tokens == self.shard_tokens:
@@ -269,6 +314,7 @@ class CacheWriter:
         """Queue `buffer` for the background writer once its asynchronous copies have landed."""
         if torch.cuda.is_available():
             torch.cuda.synchronize()
+        self._check_pending_finite(buffer)
         index = len(self._shards)
         path = self.tmp / shard_name(index)
         journal = self.tmp / JOURNAL if self.resume else None
@@ -278,13 +324,13 @@ class CacheWriter:
         self._shards.append(buffer.write)
 
     def _flush(self) -> None:
-        """Write the filling buffer and continue in the spare one (after its own write is done)."""
-        filling, spare = self._buffers
+        """Write the filling buffer and continue in the oldest spare (after its own write is done)."""
+        filling, spare, *others = self._buffers
         if not filling.tokens:
             return
         self._submit(filling)
-        spare.wait()  # surfaces write errors early and bounds memory to two shards
-        self._buffers = [spare, filling]
+        spare.wait()  # surfaces write errors early and bounds host memory to WRITER_THREADS + 1 shards
+        self._buffers = [spare, *others, filling]
 
     def finish(self, **updates: Any) -> Path:
         """Write the last shard and the manifest, then atomically publish `<out>` (replacing an old one)."""
@@ -331,7 +377,9 @@ class CacheWriter:
         A resuming writer keeps `<out>.partial/` (its journaled shards are the next run's head
         start); otherwise everything written so far is dropped.
         """
-        self._pool.shutdown(wait=True, cancel_futures=True)
+        # A resuming writer lets queued shard writes finish: they are complete shards, journaled for
+        # the next run. Otherwise they are dropped with the temporary directory.
+        self._pool.shutdown(wait=True, cancel_futures=self.resume is None)
         self._buffers = []
         if self.resume is None:
             shutil.rmtree(self.tmp, ignore_errors=True)

@@ -16,6 +16,7 @@ import hashlib
 import json
 import logging
 import os
+import threading
 import shutil
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -83,9 +84,12 @@ def read_journal(path: Path) -> list[dict[str, Any]]:
     return entries
 
 
+_JOURNAL_LOCK = threading.Lock()  # the cache writer's threads finish shards concurrently
+
+
 def append_journal(path: Path, entry: dict[str, Any]) -> None:
     """One line per finished shard, synced, so a kill can lose at most the line being written."""
-    with open(path, "a", encoding="utf-8") as handle:
+    with _JOURNAL_LOCK, open(path, "a", encoding="utf-8") as handle:
         handle.write(json.dumps(entry, sort_keys=True) + "\n")
         handle.flush()
         os.fsync(handle.fileno())

@@ -160,6 +160,18 @@ def _greedy_matches(tokens: torch.Tensor, argmax: torch.Tensor, prompt_len: int)
     return (argmax[prompt_len - 1 : -1] == tokens[prompt_len:]).sum()
 
 
+def _upload(ids: list[int], device: torch.device) -> torch.Tensor:
+    """Token ids on `device`; to a GPU through pinned memory, so the copy does not wait for the queue.
+
+    A plain `torch.tensor(ids, device=cuda)` synchronizes the stream: the CPU would then stop
+    queueing kernels until the previous forward has finished, and the GPU would idle at every sample.
+    """
+    tokens = torch.tensor(ids, dtype=torch.long)
+    if device.type == "cuda":
+        return tokens.pin_memory().to(device, non_blocking=True)
+    return tokens.to(device)
+
+
 def _length(record: dict[str, Any]) -> int:
     return len(record["prompt_token_ids"]) + len(record["completion_token_ids"])
 
@@ -181,7 +193,7 @@ def _run_records(model: torch.nn.Module, records: list[dict[str, Any]], settings
         for record in _planned(records, plan, resume, writer):
             ids = record["prompt_token_ids"] + record["completion_token_ids"]
             prompt_len = len(record["prompt_token_ids"])
-            tokens = torch.tensor(ids, dtype=torch.long, device=device)
+            tokens = _upload(ids, device)
             captured = capture_layers(model, layer_ids, tokens, want_argmax=store_argmax)
             backend.verify()
             writer.add(str(record["id"]), tokens, captured.states, captured.argmax, prompt_len)
