@@ -101,44 +101,55 @@ class BlockDrafter(nn.Module):
                 visible &= -diff < attn.sliding_window
         return visible
 
-    def _attention(self, attn: nn.Module, hidden: torch.Tensor, ctx: LayerContext, anchors: torch.Tensor,
-                   cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    def _attention(self, attn: nn.Module, hidden: torch.Tensor, ctx: LayerContext, ctx_len: int,
+                   visible: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
         m, block, _ = hidden.shape
-        ctx_len = int(anchors.max().item())
         q = attn.q_norm(attn.q_proj(hidden).view(m, block, -1, self.head_dim)).transpose(1, 2)
         k = attn.k_norm(attn.k_proj(hidden).view(m, block, -1, self.head_dim)).transpose(1, 2)
         v = attn.v_proj(hidden).view(m, block, -1, self.head_dim).transpose(1, 2)
         q, k = _rope(q, cos[:, None], sin[:, None]), _rope(k, cos[:, None], sin[:, None])
         n_kv = k.shape[1]
-        q = q.reshape(m, n_kv, self.kv_groups, block, self.head_dim)
+        # The scale goes on q (small) rather than on the scores: the passes over the scores
+        # [m, heads, block, ctx] are the attention's cost (memory traffic, not arithmetic), so there
+        # is one copy of them, masked in place, and softmax accumulates in fp32 inside its kernel.
+        q = (q * attn.scaling).reshape(m, n_kv, self.kv_groups, block, self.head_dim)
         ctx_keys, ctx_values = ctx.keys[:, :ctx_len], ctx.values[:, :ctx_len]
         scores = torch.cat([
             torch.einsum("mkgbd,ktd->mkgbt", q, ctx_keys),
             torch.einsum("mkgbd,mkid->mkgbi", q, k),
-        ], dim=-1).float() * attn.scaling
-        visible = self._visible(attn, anchors, block, ctx_len)
-        scores = scores.masked_fill(~visible[:, None, None], float("-inf"))
-        weights = torch.softmax(scores, dim=-1).to(v.dtype)
+        ], dim=-1)
+        scores.masked_fill_(~visible[:, None, None], float("-inf"))
+        weights = torch.softmax(scores, dim=-1)
         out = (torch.einsum("mkgbt,ktd->mkgbd", weights[..., :ctx_len], ctx_values)
                + torch.einsum("mkgbi,mkid->mkgbd", weights[..., ctx_len:], v))
         out = out.reshape(m, -1, block, self.head_dim).transpose(1, 2).reshape(m, block, -1)
         return attn.o_proj(out)
 
     def block_hidden(self, context: SampleContext, tokens: torch.Tensor, anchors: torch.Tensor,
-                     block_size: int | None = None) -> torch.Tensor:
+                     block_size: int | None = None, ctx_len: int | None = None) -> torch.Tensor:
         """Final (normed) drafter hidden states [m, block, H] for blocks anchored at `anchors`.
 
         `tokens` [T] are the sample's token ids; the block of anchor s is [tokens[s], mask, ...].
+        `ctx_len` is max(anchors) when the caller knows it on the host (reading it from the GPU
+        would stall the queue of kernels).
         """
         block = self.block_size if block_size is None else block_size
+        if ctx_len is None:
+            ctx_len = int(anchors.max().item())
         block_ids = torch.full((len(anchors), block), self.mask_token_id, dtype=torch.long, device=tokens.device)
         block_ids[:, 0] = tokens[anchors]
         hidden = F.embedding(block_ids, self.embed) * self.embed_scale
         positions = anchors[:, None] + torch.arange(block, device=anchors.device)[None]
         cos, sin = context.cos[positions], context.sin[positions]
+        masks: dict[tuple[bool, int | None], torch.Tensor] = {}  # one per kind of layer, shared by its layers
         for layer, layer_ctx in zip(self.drafter.layers, context.layers):
+            attn = layer.self_attn
+            kind = (bool(attn.is_causal), attn.sliding_window)
+            if kind not in masks:
+                masks[kind] = self._visible(attn, anchors, block, ctx_len)
             residual = hidden
-            hidden = residual + self._attention(layer.self_attn, layer.input_layernorm(hidden), layer_ctx, anchors, cos, sin)
+            hidden = residual + self._attention(attn, layer.input_layernorm(hidden), layer_ctx, ctx_len, masks[kind],
+                                                cos, sin)
             hidden = hidden + layer.mlp(layer.post_attention_layernorm(hidden))
         return self.drafter.norm(hidden)
 

@@ -75,19 +75,22 @@ def anchor_outcomes(drafter: BlockDrafter, features: torch.Tensor, tokens: torch
     anchors_all = torch.arange(limits.prompt_len, limits.total_len - 1, device=features.device)
     for block in sizes_wanted:
         sizes = verify_sizes(limits, block)
-        accepted = np.zeros(n_anchors, dtype=np.int64)
+        accepted = torch.zeros(n_anchors, dtype=torch.long, device=features.device)  # read once, at the end
         for size in np.unique(sizes):
             if size <= 1:
                 continue  # a block of one token drafts nothing: the step yields only the bonus token
             index = np.nonzero(sizes == size)[0]
             for begin in range(0, len(index), chunk):
                 part = index[begin:begin + chunk]
-                anchors = anchors_all[torch.as_tensor(part, device=features.device)]
-                logits = drafter.logits(drafter.block_hidden(context, tokens, anchors, block_size=int(size)))
-                accepted[part] = matched_prefix(logits.argmax(dim=-1), tokens, anchors).cpu().numpy()
+                where = torch.as_tensor(part, device=features.device)
+                anchors = anchors_all[where]
+                hidden = drafter.block_hidden(context, tokens, anchors, block_size=int(size),
+                                              ctx_len=limits.prompt_len + int(part.max()))
+                logits = drafter.logits(hidden)
+                accepted[where] = matched_prefix(logits.argmax(dim=-1), tokens, anchors)
                 if block == full:
                     _tree_and_topk(out, logits, _truth(tokens, anchors, int(size) - 1), part, budgets, topk)
-        out.chain[block] = accepted
+        out.chain[block] = accepted.cpu().numpy()
     return out
 
 
