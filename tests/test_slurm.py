@@ -12,11 +12,12 @@ from __future__ import annotations
 import re
 import shutil
 import subprocess
+from collections import Counter
 from pathlib import Path
 
 import pytest
 
-from workflow_harness import check, copy_workflow, snakemake, tiny_project
+from workflow_harness import check, copy_workflow, plan, snakemake, tiny_project
 
 pytestmark = pytest.mark.slurm
 
@@ -44,10 +45,10 @@ def _results(root: Path) -> dict[str, str]:
     return files
 
 
-# Each SLURM job starts Snakemake twice (batch script, then its srun job step): minutes per job on a
-# loaded 2-core machine. So the test runs the two fetch jobs, side by side (server_lock raised to 2);
-# `snakemake --profile profiles/slurm` without targets runs the whole tiny workflow the same way.
-TARGETS = ["results/completions/d1.jsonl", "results/completions/d2.jsonl"]
+# Each SLURM job starts Snakemake twice (batch script, then its srun job step): one to two minutes per
+# job on a loaded 2-core machine. So the project is one drafter on two datasets (7 jobs, 4 rounds), and
+# server_lock is raised to 2 so that the two fetches and the two extractions run side by side.
+JOBS = {"fetch": 2, "extract": 2, "evaluate": 2, "report": 1}
 
 
 @pytest.mark.timeout(1800)
@@ -56,19 +57,27 @@ def test_tiny_workflow_through_slurm_equals_a_local_run(tmp_path):
         pytest.fail("no SLURM cluster answers: start one with `tests/slurm/single_node.sh start` (as root)")
     workflow = copy_workflow(tmp_path / "workflow")
     local, cluster = tmp_path / "local", tmp_path / "cluster"
-    tiny_project(local, big_checkpoint=False)
-    tiny_project(cluster, big_checkpoint=False)
-    check(snakemake(workflow, local, *TARGETS))
+    tiny_project(local, drafters=1)
+    tiny_project(cluster, drafters=1)
+    check(snakemake(workflow, local))
 
-    text = check(snakemake(workflow, cluster, *TARGETS, *SMALL, "--resources", "server_lock=2",
-                           profile="slurm", timeout=1700))
+    text = check(snakemake(workflow, cluster, *SMALL, "--resources", "server_lock=2", profile="slurm",
+                           timeout=1700))
     submitted = re.findall(r"submitted with SLURM jobid (\d+)", text)
-    assert len(submitted) == len(TARGETS), text[-4000:]
-    logs = {p.stem for p in (cluster / "results" / "logs" / "slurm").rglob("*.log")}
-    assert set(submitted) <= logs, f"SLURM log files {sorted(logs)} lack job ids {submitted}"
+    assert len(submitted) == sum(JOBS.values()), text[-4000:]
+    logs = {p.stem: p for p in (cluster / "results" / "logs" / "slurm").rglob("*.log")}
+    assert set(submitted) <= set(logs), f"SLURM log files {sorted(logs)} lack job ids {submitted}"
     for job_id in submitted:
         shown = subprocess.run(["scontrol", "show", "job", job_id], capture_output=True, text=True).stdout
         assert "JobState=COMPLETED" in shown, shown
-    assert (cluster / "calls.log").read_text().count("fetch") == 2
-    assert _results(cluster) == _results(local)
-    assert sorted(_results(local)) == TARGETS
+        assert "--executor slurm-jobstep" in logs[job_id].read_text(), "the job ran Snakemake's job step"
+    calls = (cluster / "calls.log").read_text().splitlines()
+    assert Counter(call.split()[0] for call in calls) == JOBS
+    assert sorted(calls) == sorted((local / "calls.log").read_text().splitlines())
+    packages = set((cluster / "packages.log").read_text().split())
+    assert packages == {str(workflow / "src" / "dflash_eval" / "__init__.py")}, "jobs saw the submitter's PYTHONPATH"
+    results = _results(cluster)
+    assert results == _results(local)
+    assert {"results/summary.csv", "results/hidden/d2/L1-2/manifest.json", "results/eval/a/d1/metrics.json"} <= set(results)
+    # The SLURM run left Snakemake's metadata complete: locally, nothing is left to do.
+    assert plan(workflow, cluster) == set()

@@ -10,11 +10,13 @@ and needs no server or model, while Snakemake does its real bookkeeping.
 from __future__ import annotations
 
 import json
+import multiprocessing
 import os
 import re
 import shutil
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import yaml
@@ -23,7 +25,7 @@ REPO = Path(__file__).resolve().parents[1]
 
 RECORDER = r'''#!{python}
 """Stand-in for dflash-eval in workflow tests: writes the declared outputs and logs the call."""
-import json, os, sys
+import importlib.util, json, os, sys
 from pathlib import Path
 
 args = sys.argv[1:]
@@ -37,6 +39,8 @@ outputs = {{"fetch": ["--out"], "extract": ["--out"], "evaluate": ["--metrics", 
 if outputs:
     with open("calls.log", "a") as log:
         log.write(f"{{command}} {{opts[outputs[0]]}}\n")
+    with open("packages.log", "a") as log:  # the dflash_eval a real call would import here (PYTHONPATH)
+        log.write(importlib.util.find_spec("dflash_eval").origin + "\n")
 for key in outputs:
     path = Path(opts[key])
     if command == "extract":
@@ -123,16 +127,59 @@ def load_config(root: Path) -> dict:
     return yaml.safe_load((root / "config.yaml").read_text())
 
 
-def snakemake(workflow: Path, root: Path, *args: str, profile: str = "default",
-              timeout: int = 600, env: dict | None = None) -> subprocess.CompletedProcess:
-    """The real snakemake on `workflow`'s copy, in `root`, with that copy's package on PYTHONPATH."""
+def snakemake(workflow: Path, root: Path, *args: str, profile: str = "default", timeout: int = 600,
+              env: dict | None = None, fresh: bool = False) -> subprocess.CompletedProcess:
+    """The real snakemake on `workflow`'s copy, in `root`, with that copy's package on PYTHONPATH.
+
+    By default the run is a child forked from a process that imported Snakemake once (see
+    `_forked_snakemake`); `fresh=True` starts a new interpreter, as a user's command line does
+    (for timings that must include Snakemake's own start-up).
+    """
     environment = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(workflow / "src"),
                    "PATH": f"{workflow / 'bin'}{os.pathsep}{os.environ['PATH']}", **(env or {})}
-    command = [sys.executable, "-m", "snakemake", "--snakefile", str(workflow / "Snakefile"),
-               "--directory", str(root), "--configfile", str(root / "config.yaml"),
-               "--workflow-profile", str(workflow / "profiles" / profile), "--cores", "2", *args]
-    run = subprocess.run(command, cwd=root, env=environment, capture_output=True, text=True, timeout=timeout)
-    return run
+    argv = ["--snakefile", str(workflow / "Snakefile"), "--directory", str(root), "--configfile",
+            str(root / "config.yaml"), "--workflow-profile", str(workflow / "profiles" / profile), "--cores", "2", *args]
+    if fresh:
+        return subprocess.run([sys.executable, "-m", "snakemake", *argv], cwd=root, env=environment,
+                              capture_output=True, text=True, timeout=timeout)
+    return _forked_snakemake(argv, root, environment, timeout)
+
+
+# Importing Snakemake and its plugins (the SLURM plugin pulls in pandas and SQLAlchemy) is most of
+# the CPU time of a dry run of a tiny project. A multiprocessing fork server imports it once; each
+# run is a child forked from it, which then runs Snakemake's own command-line entry point. The
+# server never imports dflash_eval, so each child imports the package copy on its PYTHONPATH
+# (tests that edit a copy's code see their edit).
+_FORKS = multiprocessing.get_context("forkserver")
+_FORKS.set_forkserver_preload(["snakemake.cli"])
+
+
+def _forked_snakemake(argv: list[str], cwd: Path, environment: dict, timeout: int) -> subprocess.CompletedProcess:
+    with tempfile.TemporaryDirectory() as tmp:
+        out, err = Path(tmp) / "stdout", Path(tmp) / "stderr"
+        child = _FORKS.Process(target=_snakemake_main, args=(argv, str(cwd), environment, str(out), str(err)))
+        child.start()
+        child.join(timeout)
+        if child.exitcode is None:
+            child.kill()
+            child.join()
+            raise subprocess.TimeoutExpired(["snakemake", *argv], timeout, out.read_text(), err.read_text())
+        return subprocess.CompletedProcess(["snakemake", *argv], child.exitcode, out.read_text(), err.read_text())
+
+
+def _snakemake_main(argv: list[str], cwd: str, environment: dict, out: str, err: str) -> None:
+    """In the forked child: this run's directory, environment, sys.path and output files, then Snakemake."""
+    os.chdir(cwd)
+    os.environ.clear()
+    os.environ.update(environment)
+    sys.path[:0] = environment["PYTHONPATH"].split(os.pathsep)
+    for fd, path in ((1, out), (2, err)):
+        with open(path, "w") as handle:
+            os.dup2(handle.fileno(), fd)
+    sys.argv = ["snakemake", *argv]
+    from snakemake.cli import main
+
+    main(argv)  # exits through SystemExit, whose code multiprocessing turns into the exit code
 
 
 def check(run: subprocess.CompletedProcess) -> str:

@@ -43,13 +43,15 @@ def built_here(files: list[str]) -> bool:
     return all(f.startswith(DEMO_DIR + "/") for f in files)
 
 
-def target_files(wildcards=None) -> list[str]:
-    return model_dir_files(config["target"]["path"], ["config.json", "model.safetensors", "generation_config.json"])
+@functools.cache
+def target_files() -> tuple[str, ...]:
+    """Listed once per Snakemake process: every fetch, extract and evaluate job asks (500+ at scale)."""
+    return tuple(model_dir_files(config["target"]["path"], ["config.json", "model.safetensors", "generation_config.json"]))
 
 
 def target_inputs(wildcards=None) -> list[str]:
     files = target_files()
-    return files if built_here(files) else []
+    return list(files) if built_here(files) else []
 
 
 def target_fingerprint(wildcards=None) -> str:
@@ -58,7 +60,7 @@ def target_fingerprint(wildcards=None) -> str:
 
 @functools.cache
 def _target_fingerprint() -> str:
-    files = target_files()
+    files = list(target_files())
     return "built by the workflow" if built_here(files) else FINGERPRINTS.files(files, "target.path")
 
 
@@ -71,15 +73,17 @@ def selected_evaluations() -> list[str]:
 
 def checkpoint_inputs(name: str) -> list[str]:
     files = checkpoint_files(name)
-    return files if built_here(files) else []
+    return list(files) if built_here(files) else []
 
 
+@functools.cache  # per drafter, not per evaluation job
 def checkpoint_fingerprint(name: str) -> str:
-    files = checkpoint_files(name)
+    files = list(checkpoint_files(name))
     return "built by the workflow" if built_here(files) else FINGERPRINTS.files(files, f"drafters.{name}.path")
 
 
-def checkpoint_files(name: str) -> list[str]:
+@functools.cache  # per drafter: its input and its fingerprint param both ask, for every dataset
+def checkpoint_files(name: str) -> tuple[str, ...]:
     spec = config["drafters"][name]
     path = spec["path"]
     if path.endswith((".pt", ".pth", ".safetensors", ".bin", ".ckpt")):
@@ -89,7 +93,7 @@ def checkpoint_files(name: str) -> list[str]:
     if spec.get("config"):
         config_path = spec["config"]
         files.append(config_path if config_path.endswith(".json") else f"{config_path}/config.json")
-    return files
+    return tuple(files)
 
 
 def drafter_layerset(name: str) -> str:
