@@ -100,3 +100,28 @@ def test_mask_token_outside_vocab(saved):
     _, root = saved
     with pytest.raises(DflashEvalError, match="outside the target vocabulary"):
         load_drafter(root / "hf", vocab_size=100)
+
+
+def test_dflash2_directory_with_the_selectors_bare_codebook_keys(tmp_path):
+    """A DFlash2DraftModel is built from its config; codebooks saved without `.weight` still load."""
+    from safetensors.torch import load_file
+
+    model = tiny_drafter(LAYERS, dflash2=True)
+    model.save_pretrained(tmp_path / "hf", safe_serialization=True)
+    weights = tmp_path / "hf" / "model.safetensors"
+    state = {k.removesuffix(".weight") if "codebook" in k else k: v for k, v in load_file(weights).items()}
+    save_file(state, weights, metadata={"format": "pt"})
+    loaded = load_drafter(tmp_path / "hf")
+    assert type(loaded.model).__name__ == "DFlash2DraftModel"
+    assert _same_weights(model, loaded.model)
+
+
+def test_dflash2_config_without_its_settings_names_them(tmp_path):
+    model = tiny_drafter(LAYERS, dflash2=True)
+    model.save_pretrained(tmp_path / "hf", safe_serialization=True)
+    config_path = tmp_path / "hf" / "config.json"
+    config = json.loads(config_path.read_text())
+    del config["dflash_config"]["selector_rank"]
+    config_path.write_text(json.dumps(config))
+    with pytest.raises(DflashEvalError, match="selector_rank"):
+        load_drafter(tmp_path / "hf")

@@ -56,8 +56,8 @@ def _size(block, sequence, anchor):
     return min(block, sequence.prompt_len + MAX_NEW - anchor)
 
 
-def _trained(target, sequences, window):
-    drafter = tiny_drafter(LAYERS, block_size=BLOCK, window=window)
+def _trained(target, sequences, window, dflash2=False):
+    drafter = tiny_drafter(LAYERS, block_size=BLOCK, window=window, dflash2=dflash2)
     runner = BlockDrafter(drafter, target.model.embed_tokens.weight.detach(), target.lm_head.weight.detach(), MASK_ID)
     optimizer = torch.optim.AdamW(drafter.parameters(), lr=3e-3)
     rng = random.Random(0)
@@ -151,3 +151,24 @@ def test_reference_loop_rewinds_the_hybrid_target_exactly(sequences):
     published = _next_logits_after_partial_acceptance(target, ids, exact=False)
     assert (published - fresh).abs().max() > 1e-3, (
         "transformers now rewinds Gated DeltaNet states on crop; exact_target_rollback is no longer needed")
+
+
+def test_dflash2_chain_equals_dflash_generate_step_by_step(sequences):
+    """DFlash2 (block convolutions, candidate selector): the online loop drafts the selector's path."""
+    target, seqs = sequences
+    drafter, runner = _trained(target, seqs, 5, dflash2=True)
+    with torch.no_grad():  # untrained codebooks would leave the selector a no-op; make it matter
+        for param in drafter.candidate_selector.parameters():
+            param.normal_(0, 0.5)
+    all_steps = []
+    for sequence in seqs:
+        limits = sequence_limits(sequence.prompt_len, len(sequence.tokens), MAX_NEW, int(sequence.tokens[-1]) == EOS)
+        mine = evaluate_sample(runner, sequence.features, sequence.tokens, limits, {EOS}, chunk=7).steps[chain_method(BLOCK)]
+        prompt = sequence.tokens[: sequence.prompt_len].tolist()
+        online, online_ids = online_acceptance(drafter, target, prompt, MAX_NEW, [EOS])
+        ids = sequence.tokens.tolist()
+        compared = assert_same_steps(mine, online, online_ids, ids, sequence.prompt_len, target, TIE,
+                                     lambda anchor: _draft_logprobs(drafter, target, ids, anchor, _size(BLOCK, sequence, anchor)))
+        all_steps += mine[:compared]
+    assert len(all_steps) > 30, "too few steps compared for a meaningful test"
+    assert sum(all_steps) / len(all_steps) > 1.2, "drafter too weak for a meaningful comparison"

@@ -40,13 +40,21 @@ def tiny_drafter_config(layer_ids: list[int], hidden: int = 64, block_size: int 
     )
 
 
-def tiny_drafter(layer_ids: list[int], seed: int = 1, **kwargs):
-    from dflash import DFlashDraftModel
+DFLASH2_SETTINGS = {"conv_kernel_size": 3, "conv_group_size": 16, "selector_rank": 8, "selector_top_k": 4}
+
+
+def tiny_drafter(layer_ids: list[int], seed: int = 1, dflash2: bool = False, **kwargs):
+    """A reference drafter; `dflash2` gives a DFlash2DraftModel (block convolutions, candidate selector)."""
+    from dflash.model import DFlash2DraftModel, DFlashDraftModel
 
     torch.manual_seed(seed)
-    model = DFlashDraftModel(tiny_drafter_config(layer_ids, **kwargs)).eval()
+    config = tiny_drafter_config(layer_ids, **kwargs)
+    if dflash2:
+        config.architectures = ["DFlash2DraftModel"]
+        config.dflash_config.update(DFLASH2_SETTINGS)
+    model = (DFlash2DraftModel if dflash2 else DFlashDraftModel)(config).eval()
     with torch.no_grad():  # post_init leaves norms at 1 and projections small; make the signal visible
-        for param in model.parameters():
-            if param.dim() > 1:
-                param.normal_(0, 0.2)
+        for name, param in model.named_parameters():
+            if param.dim() > 1:  # (DFlash2's convolution kernels and codebooks start uninitialised)
+                param.normal_(0, 0.05 if "codebook" in name or "conv" in name else 0.2)
     return model

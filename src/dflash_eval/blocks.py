@@ -30,6 +30,19 @@ def _rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor
     return x * cos + _rotate_half(x) * sin
 
 
+def _around_conv(conv: nn.Module | None, hidden: torch.Tensor, inner) -> torch.Tensor:
+    """`inner(hidden)`, wrapped in DFlash2's grouped dynamic causal convolution when the layer has one.
+
+    The convolution runs along the block's positions (the block is the only sequence the drafter's
+    layers see; the target context enters through the attention's keys and values), so applying it
+    per row of a batch of blocks is what the online loop computes for each block.
+    """
+    if conv is None:
+        return inner(hidden)
+    prepared, kernel = conv.prepare(hidden)
+    return conv.finish(inner(prepared), kernel)
+
+
 @dataclass
 class LayerContext:
     """Keys [Hkv, T, D] (normed, rotated) and values [Hkv, T, D] of the projected context."""
@@ -147,11 +160,24 @@ class BlockDrafter(nn.Module):
             kind = (bool(attn.is_causal), attn.sliding_window)
             if kind not in masks:
                 masks[kind] = self._visible(attn, anchors, block, ctx_len)
-            residual = hidden
-            hidden = residual + self._attention(attn, layer.input_layernorm(hidden), layer_ctx, ctx_len, masks[kind],
-                                                cos, sin)
-            hidden = hidden + layer.mlp(layer.post_attention_layernorm(hidden))
+            hidden = hidden + _around_conv(
+                getattr(layer, "attention_conv", None), layer.input_layernorm(hidden),
+                lambda x: self._attention(attn, x, layer_ctx, ctx_len, masks[kind], cos, sin))
+            hidden = hidden + _around_conv(getattr(layer, "mlp_conv", None), layer.post_attention_layernorm(hidden),
+                                           layer.mlp)
         return self.drafter.norm(hidden)
+
+    def draft_tokens(self, hidden: torch.Tensor, logits: torch.Tensor, anchor_ids: torch.Tensor) -> torch.Tensor:
+        """The greedy draft [m, B-1] the online loop proposes from these block states and logits.
+
+        DFlashDraftModel drafts the argmax of each position. DFlash2DraftModel's candidate selector
+        walks its top-k candidates left to right, scoring each against the token chosen before it
+        (`propose` at temperature 0); we call the model's own selector on the whole batch of anchors.
+        """
+        selector = getattr(self.drafter, "candidate_selector", None)
+        if selector is None:
+            return logits.argmax(dim=-1)
+        return selector.select(hidden[:, 1:], logits, anchor_ids, 0.0)[0]
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """Draft logits for the mask positions (block positions 1..B-1), as the reference computes them."""

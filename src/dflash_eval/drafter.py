@@ -162,6 +162,24 @@ def _check_layer_count(path: Path, state: dict[str, torch.Tensor], hidden: int, 
         )
 
 
+def _build(model_class: type, config: Qwen3Config, path: Path) -> torch.nn.Module:
+    """The drafter module; a DFlash2 config without its extra settings is an error naming them."""
+    try:
+        return model_class(config)
+    except (TypeError, ValueError, KeyError) as error:  # _draft_value(...) gave None for a needed setting
+        raise DflashEvalError(
+            f"{path}: cannot build {model_class.__name__} from its config ({type(error).__name__}: {error}); a "
+            "DFlash2DraftModel needs conv_kernel_size, conv_group_size, selector_rank and selector_top_k in "
+            "dflash_config"
+        ) from error
+
+
+def _codebook_keys(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """DFlash2 checkpoints store the selector's codebooks without `.weight` (its from_pretrained maps them)."""
+    bare = {f"candidate_selector.{name}" for name in ("predecessor_codebook", "successor_codebook")}
+    return {f"{key}.weight" if key in bare else key: value for key, value in state.items()}
+
+
 def drafter_layer_ids(config: dict) -> list[int] | None:
     """target_layer_ids from a drafter config.json dict, where the reference package reads them."""
     ids = config.get("dflash_config", {}).get("target_layer_ids", config.get("target_layer_ids"))
@@ -190,8 +208,7 @@ def load_drafter(
             raise DflashEvalError(f"{path}: a {layout} checkpoint needs `config:` (a drafter config.json or HF dir)")
         config_source = sibling
     config_dict = _read_config(config_source)
-    if "DFlash2DraftModel" in config_dict.get("architectures", []):
-        raise DflashEvalError(f"{path}: DFlash2DraftModel is not supported by the all-anchor evaluator yet")
+    model_class = DFlash2DraftModel if "DFlash2DraftModel" in config_dict.get("architectures", []) else DFlashDraftModel
     own_ids = drafter_layer_ids(config_dict)
     if own_ids is not None and layer_ids is not None and list(layer_ids) != own_ids:
         raise DflashEvalError(
@@ -210,11 +227,11 @@ def load_drafter(
         raise DflashEvalError(f"{path}: mask_token_id {mask_token_id} is outside the target vocabulary (size {vocab_size})")
     state, meta = _read_state(path, layout, allow_pickle)
     with torch.device("meta"):
-        skeleton = DFlashDraftModel(qwen_config)
-    state = _strip_prefixes(state, set(skeleton.state_dict()))
+        skeleton = _build(model_class, qwen_config, path)
+    state = _codebook_keys(_strip_prefixes(state, set(skeleton.state_dict())))
     _check_layer_count(path, state, qwen_config.hidden_size, list(ids))
     _check_keys(path, skeleton, state)
-    model = DFlashDraftModel(qwen_config)
+    model = _build(model_class, qwen_config, path)
     model.load_state_dict(state, strict=True)
     model.eval()
     step = meta.get("global_step", meta.get("step"))

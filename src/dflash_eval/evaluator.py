@@ -7,6 +7,9 @@ hits per block position. A smaller chain block size b is its own pass with block
 because full-attention drafter layers are non-causal inside the block: a block of b tokens drafts
 differently from the first b - 1 positions of a block of B (this is `dflash_generate(block_size=b)`).
 The trajectories then follow the online loop from the first completion token.
+
+For a DFlash2DraftModel the chain draft is its candidate selector's path (what `dflash_generate`
+proposes); DDTree and top-k read the per-position logits, as for DFlash.
 """
 
 from __future__ import annotations
@@ -87,7 +90,8 @@ def anchor_outcomes(drafter: BlockDrafter, features: torch.Tensor, tokens: torch
                 hidden = drafter.block_hidden(context, tokens, anchors, block_size=int(size),
                                               ctx_len=limits.prompt_len + int(part.max()))
                 logits = drafter.logits(hidden)
-                accepted[where] = matched_prefix(logits.argmax(dim=-1), tokens, anchors)
+                draft = drafter.draft_tokens(hidden, logits, tokens[anchors])
+                accepted[where] = matched_prefix(draft, tokens, anchors)
                 if block == full:
                     _tree_and_topk(out, logits, _truth(tokens, anchors, int(size) - 1), part, budgets, topk)
         out.chain[block] = accepted.cpu().numpy()
