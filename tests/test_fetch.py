@@ -30,7 +30,7 @@ RECORD_FIELDS = {
         ('{"id": "b"}', '"messages"'),
         ('{"id": "", "messages": [{"role": "user", "content": "x"}]}', '"id"'),
         ('{"id": "b", "messages": [{"content": "x"}]}', 'messages[0] needs "role"'),
-        ('{"id": "a", "messages": [{"role": "user", "content": "x"}]}', "duplicate id 'a' (first on line 1)"),
+        ('{"id": "a", "messages": [{"role": "user", "content": "x"}]}', "duplicate id 'a' (first at "),
         ("[1, 2]", "not a JSON object"),
     ],
 )
@@ -65,8 +65,11 @@ def test_subset_is_deterministic_and_in_file_order(tmp_path):
 
 
 def test_fetch_settings_are_checked():
-    with pytest.raises(DflashEvalError, match=r"missing \['prompts'"):
-        fetch.resolve_settings({"dataset": "x", "server": {}, "tokenizer": "t", "typo": 1})
+    with pytest.raises(DflashEvalError, match=r"missing \['server'\], unknown \['typo'\]"):
+        fetch.resolve_settings({"dataset": "x", "prompts": "p", "tokenizer": "t", "typo": 1})
+    for where in ({}, {"prompts": "p.jsonl", "preset": "gsm8k"}):
+        with pytest.raises(DflashEvalError, match=r"give exactly one of prompts \(a file\) and preset"):
+            fetch.resolve_settings({"dataset": "x", "server": {}, "tokenizer": "t", **where})
 
 
 # ----- end to end against `transformers serve` -----
