@@ -1,18 +1,26 @@
 """Client overhead of the fetch stage: our fetch vs a bare asyncio + openai loop, side by side, same requests.
 
-Both talk to the same local fake OpenAI server process (tests/fake_openai_server.py: raw asyncio HTTP,
-answers in microseconds), so what differs is the client: our stage adds retries, record building,
-retokenization, batched fsynced appends to the partial file, the progress bar and the final write.
-Runs alternate (bare, ours, bare, ours, ...) so that a machine's changing load hits both alike.
-Prints a table and appends it to benchmarks/results/fetch_speed.md.
+Both talk to one local fake OpenAI server process (tests/fake_openai_server.py: raw asyncio HTTP, answers
+at once), so what differs is the client: our stage adds prompt rendering and tokenization, retries,
+record building with retokenization, batched fsynced appends to the partial file, the progress bar and
+the final write. One warm-up run of each first (imports, tokenizer, connections), then rounds that
+alternate (bare, ours, bare, ours, ...) so that a shared machine's changing load hits both alike.
+Reported: median requests/s of each (wall clock, the goal's measure), the ratio of the medians and the
+median of the per-round ratios, and the client process's CPU time per request (less sensitive to other
+jobs' load than the wall clock). Run both under the same `nice`:
 
-    python benchmarks/fetch_speed.py --requests 1024 --concurrency 64 --rounds 3
+    nice -n 5 python benchmarks/fetch_speed.py --requests 512 --concurrency 64 --rounds 7
+
+`--profile FILE` writes a cProfile of one more run of our stage (pstats format) after the rounds.
+Prints a table and appends it to benchmarks/results/fetch_speed.md.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import cProfile
+import logging
 import os
 import platform
 import statistics
@@ -20,6 +28,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 from record import print_and_record  # benchmarks/record.py (the script's own folder)
@@ -30,6 +39,7 @@ sys.path.insert(0, str(ROOT / "tests"))
 import helpers_server as hs  # noqa: E402  (the tests' tokenizer builder and free-port helper)
 
 from dflash_eval import fetch  # noqa: E402
+from dflash_eval.prompts import load_prompts  # noqa: E402
 from dflash_eval.server import http_request  # noqa: E402
 
 
@@ -47,14 +57,23 @@ async def bare_loop(url: str, model: str, prompts: list[str], concurrency: int, 
         return sum(await asyncio.gather(*(one(p) for p in prompts)))
 
 
+def timed(run: Callable[[], object]) -> tuple[float, float]:
+    """(wall seconds, this process's CPU seconds) of one call."""
+    wall, cpu = time.perf_counter(), time.process_time()
+    run()
+    return time.perf_counter() - wall, time.process_time() - cpu
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--requests", type=int, default=1024)
+    ap.add_argument("--requests", type=int, default=512)
     ap.add_argument("--concurrency", type=int, default=64)
-    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--rounds", type=int, default=7)
     ap.add_argument("--max-tokens", type=int, default=16)
+    ap.add_argument("--profile", type=Path, help="cProfile one more run of our stage into this file")
     ap.add_argument("--record", type=Path, default=ROOT / "benchmarks/results/fetch_speed.md")
     args = ap.parse_args()
+    logging.basicConfig(level=logging.WARNING)  # the stage's INFO summary lines are not part of the output
 
     work = Path(tempfile.mkdtemp(prefix="fetch-speed-"))
     tok_dir = work / "tok"
@@ -64,43 +83,64 @@ def main() -> int:
     url = f"http://127.0.0.1:{port}"
     server = subprocess.Popen([sys.executable, str(ROOT / "tests/fake_openai_server.py"), "--port", str(port),
                                "--tokenizer", str(tok_dir), "--model", str(tok_dir)], stdout=subprocess.DEVNULL)
+    settings = {"dataset": "bench", "prompts": str(prompts_file), "tokenizer": str(tok_dir),
+                "server": {"kind": "external", "base_url": url, "start_command": "false", "stop_command": "true",
+                           "log_dir": str(work / "server-logs")},
+                "max_tokens": args.max_tokens, "concurrency": args.concurrency, "timeout_s": 60.0}
+    # The bare loop sends the very prompts our stage sends: the chat template rendered as text.
+    texts = [fetch.render(tok, p.messages, {})[0] for p in load_prompts(prompts_file)]
+    runs = 0
+
+    def ours() -> None:
+        nonlocal runs
+        runs += 1
+        out = work / f"out{runs}.jsonl"
+        records = fetch.fetch(settings, out)  # the whole stage: tokenizer load, identity, requests, files
+        assert len(records) == args.requests and not out.with_name(out.name + ".partial").exists()
+        out.unlink()
+
+    def bare() -> None:
+        asyncio.run(bare_loop(url, str(tok_dir), texts, args.concurrency, args.max_tokens))
+
+    load_before = os.getloadavg()
+    bare_t, ours_t = [], []
     try:
         while http_request(url + "/health", timeout=1.0)[0] != 200:
             time.sleep(0.05)
-        settings = {"dataset": "bench", "prompts": str(prompts_file), "tokenizer": str(tok_dir),
-                    "server": {"kind": "external", "base_url": url, "start_command": "false", "stop_command": "true",
-                               "log_dir": str(work / "server-logs")},
-                    "max_tokens": args.max_tokens, "concurrency": args.concurrency, "timeout_s": 60.0}
-        # The bare loop sends the very prompts our stage sends: the chat template rendered as text.
-        from dflash_eval.prompts import load_prompts
-
-        texts = [fetch.render(tok, p.messages, {})[0] for p in load_prompts(prompts_file)]
-        asyncio.run(bare_loop(url, str(tok_dir), texts[:128], args.concurrency, args.max_tokens))  # warm-up
-        bare_s, ours_s = [], []
-        for r in range(args.rounds):
-            started = time.perf_counter()
-            asyncio.run(bare_loop(url, str(tok_dir), texts, args.concurrency, args.max_tokens))
-            bare_s.append(time.perf_counter() - started)
-            out = work / f"out{r}.jsonl"
-            started = time.perf_counter()
-            records = fetch.fetch(settings, out)  # the whole stage: tokenizer load, identity, requests, files
-            ours_s.append(time.perf_counter() - started)
-            assert len(records) == args.requests and not out.with_name(out.name + ".partial").exists()
+        bare(), ours()  # warm-up: imports, tokenizer, first connections
+        for _ in range(args.rounds):
+            bare_t.append(timed(bare))
+            ours_t.append(timed(ours))
+        if args.profile:
+            cProfile.runctx("ours()", globals(), {"ours": ours}, str(args.profile))
     finally:
         server.kill()
         server.wait()
+    load_after = os.getloadavg()
 
-    def rate(seconds: list[float]) -> float:
-        return args.requests / statistics.median(seconds)
+    def rate(times: list[tuple[float, float]]) -> float:
+        return args.requests / statistics.median(t[0] for t in times)
 
-    bare, ours = rate(bare_s), rate(ours_s)
-    cpu = f"{platform.processor() or platform.machine()}, {os.cpu_count()} CPUs visible, load {os.getloadavg()[0]:.1f}"
-    lines = [f"## fetch speed: {args.requests} requests, concurrency {args.concurrency}, max_tokens {args.max_tokens}, "
-             f"{args.rounds} alternating rounds; {cpu}; {time.strftime('%Y-%m-%d %H:%M')}", "",
-             "| client | seconds per round | requests/s (median) |", "|---|---|---:|",
-             f"| bare asyncio + openai loop | {', '.join(f'{s:.2f}' for s in bare_s)} | {bare:,.1f} |",
-             f"| dflash-eval fetch stage (whole stage) | {', '.join(f'{s:.2f}' for s in ours_s)} | {ours:,.1f} |",
-             "", f"fetch stage / bare loop: **{100 * ours / bare:.1f}%** (goal >= 95%)"]
+    def cpu_ms(times: list[tuple[float, float]]) -> float:
+        return 1000 * statistics.median(t[1] for t in times) / args.requests
+
+    bare_rate, ours_rate = rate(bare_t), rate(ours_t)
+    pair = [b[0] / o[0] for b, o in zip(bare_t, ours_t)]  # ours/bare in requests/s, round by round
+    cpu = f"{platform.processor() or platform.machine()}, {os.cpu_count()} CPUs visible"
+    lines = [
+        f"## fetch speed: {args.requests} requests, concurrency {args.concurrency}, max_tokens {args.max_tokens}, "
+        f"{args.rounds} alternating rounds after a warm-up of each; {cpu}; load average {load_before[0]:.1f} before, "
+        f"{load_after[0]:.1f} after; {time.strftime('%Y-%m-%d %H:%M')}", "",
+        "| client | wall seconds per round | requests/s (median) | client CPU ms per request (median) |",
+        "|---|---|---:|---:|",
+        f"| bare asyncio + openai loop | {', '.join(f'{t[0]:.2f}' for t in bare_t)} | {bare_rate:,.1f} | {cpu_ms(bare_t):.2f} |",
+        f"| dflash-eval fetch stage (whole stage, in process) | {', '.join(f'{t[0]:.2f}' for t in ours_t)} | "
+        f"{ours_rate:,.1f} | {cpu_ms(ours_t):.2f} |",
+        "",
+        f"fetch stage / bare loop: **{100 * ours_rate / bare_rate:.1f}%** of the median rate (goal >= 95%); per round "
+        f"{', '.join(f'{100 * r:.0f}%' for r in pair)} (median {100 * statistics.median(pair):.1f}%); "
+        f"client CPU per request: ours {cpu_ms(ours_t) / cpu_ms(bare_t):.2f}x the bare loop's",
+    ]
     print_and_record(lines, args.record)
     return 0
 

@@ -1,7 +1,8 @@
 """A real, fast, deterministic OpenAI-compatible HTTP server process for the fetch fault tests and benchmark.
 
 Run as a script: `python fake_openai_server.py --port P --tokenizer DIR [--model NAME] [--sglang]
-[--fail-every N] [--stall-every N --stall-s S] [--die-after N] [--reject-max-tokens-over N] [--request-log FILE]`.
+[--fail-every N] [--stall-every N --stall-s S] [--die-after N] [--reject-max-tokens-over N] [--request-log FILE]
+[--log-arrivals] [--delay-s S]`.
 
 It speaks HTTP/1.1 with keep-alive on raw asyncio streams (no framework), so that it answers in
 microseconds and a client benchmark measures the client. Endpoints: GET /health, /v1/models,
@@ -11,7 +12,9 @@ The completion of a prompt is a pure function of the prompt's token ids (a hash 
 and its printable characters), so a rerun, a retry or a second client gets the same answer. Its
 length decides "stop" (the stop token counted in usage, never in the text, as real servers do) or
 "length". With --sglang it takes token-id prompts, returns `token_ids`, `prompt_token_ids`,
-`matched_stop` and `meta_info` with speculative stats, like SGLang.
+`matched_stop` and `meta_info` with speculative stats, like SGLang. --delay-s S answers every request S
+seconds late (so that requests are in flight when a test kills the process), and --log-arrivals logs each
+request when it arrives as well as when it is answered.
 
 Faults, counted over completion requests (the n-th request, 1-based): --fail-every N answers every
 N-th with HTTP 500; --stall-every N sleeps S seconds before answering every N-th (past the client's
@@ -73,6 +76,10 @@ class Fake:
         if self.args.die_after is not None and n > self.args.die_after:
             os.kill(os.getpid(), signal.SIGKILL)
         req = json.loads(body)
+        if self.args.log_arrivals:
+            self._log(n, req, "arrived", self.prompt_ids(path, req))
+        if self.args.delay_s:
+            await asyncio.sleep(self.args.delay_s)
         if self.args.reject_max_tokens_over is not None and req.get("max_tokens", 0) > self.args.reject_max_tokens_over:
             self._log(n, req, 400)
             return 400, {"object": "error", "message": f"max_tokens must be at most {self.args.reject_max_tokens_over}",
@@ -84,13 +91,7 @@ class Fake:
             self._log(n, req, "stall")
             await asyncio.sleep(self.args.stall_s)
         chat = path.endswith("chat/completions")
-        if chat:
-            text = "".join(f"<|im_start|>{m['role']}\n{m['content']}<|im_end|>\n" for m in req["messages"])
-            prompt_ids = self.encode(text + "<|im_start|>assistant\n")
-        elif isinstance(req["prompt"], list):
-            prompt_ids = [int(t) for t in req["prompt"]]
-        else:
-            prompt_ids = self.encode(req["prompt"])
+        prompt_ids = self.prompt_ids(path, req)
         text, completion_tokens, finish = complete(prompt_ids, int(req.get("max_tokens", 16)))
         self._log(n, req, 200, prompt_ids)
         choice: dict[str, Any] = {"index": 0, "finish_reason": finish}
@@ -107,6 +108,15 @@ class Fake:
                  "total_tokens": len(prompt_ids) + completion_tokens}
         return 200, {"id": f"cmpl-{n}", "object": "chat.completion" if chat else "text_completion",
                      "created": 0, "model": self.args.model, "choices": [choice], "usage": usage}
+
+    def prompt_ids(self, path: str, req: dict[str, Any]) -> list[int]:
+        """The prompt as token ids: rendered from chat messages (ChatML), given as ids, or encoded from text."""
+        if path.endswith("chat/completions"):
+            text = "".join(f"<|im_start|>{m['role']}\n{m['content']}<|im_end|>\n" for m in req["messages"])
+            return self.encode(text + "<|im_start|>assistant\n")
+        if isinstance(req["prompt"], list):
+            return [int(t) for t in req["prompt"]]
+        return self.encode(req["prompt"])
 
     def _log(self, n: int, req: dict[str, Any], status: Any, prompt_ids: list[int] | None = None) -> None:
         if self.log is not None:
@@ -155,6 +165,8 @@ if __name__ == "__main__":
     ap.add_argument("--die-after", type=int)
     ap.add_argument("--reject-max-tokens-over", type=int)
     ap.add_argument("--request-log")
+    ap.add_argument("--log-arrivals", action="store_true", help="also log each request as it arrives (status 'arrived')")
+    ap.add_argument("--delay-s", type=float, default=0.0, help="answer every request this late (keeps requests in flight)")
     a = ap.parse_args()
     try:
         asyncio.run(main(a))

@@ -30,7 +30,7 @@ RECORD_FIELDS = {
         ('{"id": "b"}', '"messages"'),
         ('{"id": "", "messages": [{"role": "user", "content": "x"}]}', '"id"'),
         ('{"id": "b", "messages": [{"content": "x"}]}', 'messages[0] needs "role"'),
-        ('{"id": "a", "messages": [{"role": "user", "content": "x"}]}', "duplicate id 'a' (first on line 1)"),
+        ('{"id": "a", "messages": [{"role": "user", "content": "x"}]}', "duplicate id 'a' (first at "),
         ("[1, 2]", "not a JSON object"),
     ],
 )
@@ -65,8 +65,11 @@ def test_subset_is_deterministic_and_in_file_order(tmp_path):
 
 
 def test_fetch_settings_are_checked():
-    with pytest.raises(DflashEvalError, match=r"missing \['prompts'"):
-        fetch.resolve_settings({"dataset": "x", "server": {}, "tokenizer": "t", "typo": 1})
+    with pytest.raises(DflashEvalError, match=r"missing \['server'\], unknown \['typo'\]"):
+        fetch.resolve_settings({"dataset": "x", "prompts": "p", "tokenizer": "t", "typo": 1})
+    for where in ({}, {"prompts": "p.jsonl", "preset": "gsm8k"}):
+        with pytest.raises(DflashEvalError, match=r"give exactly one of prompts \(a file\) and preset"):
+            fetch.resolve_settings({"dataset": "x", "server": {}, "tokenizer": "t", **where})
 
 
 # ----- end to end against `transformers serve` -----
@@ -175,3 +178,24 @@ def test_eos_as_the_last_allowed_token_is_reported_as_length(tmp_path, tiny_serv
     assert record["finish_reason"] == "length" and record["usage"]["completion_tokens"] == len(expected)
     assert record["completion_token_ids"] == expected[:-1]
     assert record["token_check"]["completion_tokens_match"] is False
+
+
+@pytest.mark.parametrize("where", ["choice", "response", None])
+def test_spec_stats_are_recorded_when_the_server_reports_them(where):
+    """SGLang's `meta_info.spec_accept_length` / `spec_verify_ct` (on the choice or the response) go to `spec`;
+    a server that reports none gives `spec: null`, never zeros."""
+    choice = {"text": "ab", "finish_reason": "length", "token_ids": [5, 6], "prompt_token_ids": [1, 2]}
+    resp = {"choices": [choice], "usage": {"prompt_tokens": 2, "completion_tokens": 2}}
+    meta = {"spec_accept_length": 3.25, "spec_verify_ct": 7, "e2e_latency": 0.1}
+    if where == "choice":
+        choice["meta_info"] = meta
+    elif where == "response":
+        resp["meta_info"] = meta
+    settings = fetch.resolve_settings({"dataset": "d", "prompts": "p", "server": {}, "tokenizer": "t"})
+    info = fetch.ServerInfo("http://x", "m", "/models/m", "w1", sglang=True)
+    rendered = fetch.Rendered("a", "a", 1, [{"role": "user", "content": "x"}], "x", [1, 2])
+    rec = fetch.build_record(resp, rendered, settings, info, tokenizer=None)
+    assert rec["spec"] == ({"spec_accept_length": 3.25, "spec_verify_ct": 7} if where else None)
+    assert rec["server"] == {"base_url": "http://x", "model": "m", "model_path": "/models/m", "weight_version": "w1"}
+    assert rec["completion_ids_source"] == "server" and rec["token_check"] == {
+        "prompt_tokens_match": True, "completion_tokens_match": True}

@@ -9,8 +9,10 @@ import contextlib
 import json
 import logging
 import re
+import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -35,9 +37,10 @@ def tokenizer_dir(tmp_path_factory):
 
 
 @contextlib.contextmanager
-def fake(tokenizer_dir: Path, log: Path | None = None, *flags: str, model: str | None = None):
-    """Run the fake server; yields its base URL; kills it at the end (if it did not die by itself)."""
-    port = hs.free_port()
+def fake_process(tokenizer_dir: Path, log: Path | None = None, *flags: str, model: str | None = None,
+                 port: int | None = None):
+    """Run the fake server (on `port`, else a free one); yields (process, base URL); kills it at the end."""
+    port = port or hs.free_port()
     cmd = [sys.executable, str(FAKE), "--port", str(port), "--tokenizer", str(tokenizer_dir),
            "--model", model or str(tokenizer_dir), *flags]
     if log is not None:
@@ -49,10 +52,17 @@ def fake(tokenizer_dir: Path, log: Path | None = None, *flags: str, model: str |
         while http_request(url + "/health", timeout=1.0)[0] != 200:
             assert proc.poll() is None and time.monotonic() < deadline, "fake server did not start"
             time.sleep(0.05)
-        yield url
+        yield proc, url
     finally:
         proc.kill()
         proc.wait()
+
+
+@contextlib.contextmanager
+def fake(tokenizer_dir: Path, log: Path | None = None, *flags: str, model: str | None = None):
+    """Run the fake server; yields its base URL; kills it at the end (if it did not die by itself)."""
+    with fake_process(tokenizer_dir, log, *flags, model=model) as (_, url):
+        yield url
 
 
 def settings(tmp_path: Path, url: str, tokenizer_dir: Path, prompts: Path, **over) -> dict:
@@ -63,10 +73,11 @@ def settings(tmp_path: Path, url: str, tokenizer_dir: Path, prompts: Path, **ove
 
 
 def served(log: Path, status=200) -> list[int]:
-    """The prompt numbers (`Question i`) of the requests the fake server answered with `status`."""
+    """The prompt numbers (`Question i`) of the requests the fake server logged with `status` (200: answered;
+    "arrived" with --log-arrivals: received)."""
     if not log.exists():
         return []
-    rows = [json.loads(line) for line in log.read_text().splitlines()]
+    rows = [json.loads(line) for line in log.read_text().split("\n")[:-1]]  # a line being written is not done
     return [int(re.search(r"Question (\d+):", r["prompt"]).group(1)) for r in rows if r["status"] == status]
 
 
@@ -75,23 +86,49 @@ def strip_url(records: list[dict]) -> list[dict]:
 
 
 def test_server_killed_mid_run_then_rerun_completes_the_rest(tmp_path, tokenizer_dir):
+    """SIGKILL the server process from outside while 4 requests are in flight (it answers each 0.3 s late),
+    then rerun against a server restarted on the same port: the rerun sends exactly the prompts that have
+    no record (those in flight included), and the output equals a clean run's, without duplicates."""
     prompts = hs.write_prompts(tmp_path / "p.jsonl", 24)
     out = tmp_path / "out" / "t.jsonl"
-    with fake(tokenizer_dir, None, "--die-after", "10") as url:
-        with pytest.raises(FetchError, match="still failing after 1 retries"):
-            fetch.fetch(settings(tmp_path, url, tokenizer_dir, prompts, retries=1), out)
+    first_log = tmp_path / "first.jsonl"
+    port = hs.free_port()
+    with fake_process(tokenizer_dir, first_log, "--delay-s", "0.3", "--log-arrivals", port=port) as (proc, url):
+        def kill_mid_run() -> None:
+            """SIGKILL once 8 requests were answered and others are waiting for their answers."""
+            while proc.poll() is None and not fetched.is_set():
+                answered = len(served(first_log))
+                if answered >= 8 and len(served(first_log, "arrived")) > answered:
+                    proc.send_signal(signal.SIGKILL)
+                time.sleep(0.01)
+
+        fetched = threading.Event()
+        killer = threading.Thread(target=kill_mid_run)
+        killer.start()
+        try:
+            with pytest.raises(FetchError, match="still failing after 1 retries"):
+                fetch.fetch(settings(tmp_path, url, tokenizer_dir, prompts, retries=1), out)
+        finally:
+            fetched.set()
+            killer.join()
+        assert proc.wait() == -signal.SIGKILL
     assert not out.exists()
     first = read_records(partial_path(out))
-    assert 10 - 4 <= len(first) <= 10  # at most the 4 requests in flight are lost
-    assert len({r["id"] for r in first}) == len(first)
+    kept = [int(r["id"][1:]) for r in first]
+    answered, arrived = served(first_log), served(first_log, "arrived")
+    in_flight = set(arrived) - set(answered)
+    assert in_flight, "no request was in flight when the server was killed"
+    assert len(kept) == len(set(kept)) and set(kept) <= set(answered)  # a record only for an answer, once
+    assert len(kept) >= len(answered) - 4  # at most the 4 requests in flight are lost
 
     log = tmp_path / "requests.jsonl"
-    with fake(tokenizer_dir, log) as url:
+    with fake(tokenizer_dir, None) as clean_url:
+        clean = fetch.fetch(settings(tmp_path, clean_url, tokenizer_dir, prompts), tmp_path / "clean.jsonl")
+    with fake_process(tokenizer_dir, log, port=port) as (_, url):
         records = fetch.fetch(settings(tmp_path, url, tokenizer_dir, prompts), out)
-        rerun = served(log)
-        clean = fetch.fetch(settings(tmp_path, url, tokenizer_dir, prompts), tmp_path / "clean.jsonl")
-    kept = {int(r["id"][1:]) for r in first}
-    assert sorted(rerun) == sorted(set(range(24)) - kept)  # the rerun sent exactly the missing prompts
+    rerun = served(log)
+    assert sorted(rerun) == sorted(set(range(24)) - set(kept))  # the rerun sent exactly the missing prompts,
+    assert in_flight <= set(rerun)  # the lost ones among them, each once
     assert [r["id"] for r in records] == [f"p{i}" for i in range(24)]
     assert [json.loads(line) for line in out.read_text().splitlines()] == records
     assert strip_url(records) == strip_url(clean)  # nothing lost, nothing duplicated, same answers
@@ -215,7 +252,8 @@ def test_multi_turn_conversation_feeds_each_answer_into_the_next_turn(tmp_path, 
         assert r["completion_token_ids"] == tok.encode(text, add_special_tokens=False) + ([eos] if finish == "stop" else [])
         assert r["completion_ids_source"] == "server" and r["request"]["prompt_format"] == "token_ids"
         assert r["spec"] == {"spec_accept_length": 2.5, "spec_verify_ct": max(1, n // 2)}
-    assert "tok/s" in capsys.readouterr().err  # the progress bar shows the token rate
+    bar = capsys.readouterr().err.rstrip().splitlines()[-1]
+    assert re.search(r"fetch t: 100%.* 4/4 \[.*,\s+[\d.]+rec/s, [\d,]+ tok/s\]$", bar), bar  # request and token rates
 
 
 def test_store_batches_appends_and_refuses_a_second_writer(tmp_path):

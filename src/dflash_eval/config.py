@@ -84,12 +84,29 @@ def _check_semantics(config: dict, source: str) -> None:
             f"{source}: target.backend fla cannot run on target.device cpu (Triton kernels need CUDA); "
             "use a cuda device, or backend torch (and then set trained_with accordingly)"
         )
+    for name, spec in config["datasets"].items():
+        _check_dataset(name, spec, source)
     for key, names in (("only", config["drafters"]), ("only_datasets", config["datasets"])):
         select(config.get(key), list(names), f"{source}: {key}")
     for key in ("reference", "served_drafter"):
         name = config.get("report", {}).get(key)
         if name is not None and name not in config["drafters"]:
             raise DflashEvalError(f"{source}: report.{key} {name!r} is not one of the drafters: {', '.join(config['drafters'])}")
+
+
+def _check_dataset(name: str, spec: dict, source: str) -> None:
+    """A dataset is a prompt file or a named preset (its local copy optional): exactly one, named."""
+    from .presets import PRESETS
+
+    key = f"{source}: datasets.{name}"
+    if ("prompts" in spec) == ("preset" in spec):
+        raise DflashEvalError(f"{key}: give either prompts (a JSONL prompt file) or preset (one of {', '.join(PRESETS)}), "
+                              "not both or neither")
+    if "preset" in spec and spec["preset"] not in PRESETS:
+        raise DflashEvalError(f"{key}.preset: unknown preset {spec['preset']!r}; one of {', '.join(PRESETS)}")
+    for extra in ("source", "cache_dir"):
+        if spec.get(extra) is not None and "preset" not in spec:
+            raise DflashEvalError(f"{key}.{extra} only goes with preset (the local copy of a named set); remove it")
 
 
 def load_config(path: str | Path) -> dict:
@@ -217,11 +234,22 @@ def server_settings(config: dict) -> dict:
     return dict(config["server"])
 
 
+def dataset_inputs(config: dict, dataset: str) -> list[str]:
+    """The files a dataset's fetch reads: its prompt file, or a preset's local copy (none from the hub)."""
+    spec = config["datasets"][dataset]
+    if "prompts" in spec:
+        return [spec["prompts"]]
+    return [spec["source"]] if spec.get("source") else []
+
+
 def fetch_settings(config: dict, dataset: str) -> dict:
     spec = config["datasets"][dataset]
+    # A prompt file's settings keep the shape they always had, so existing results do not rerun.
+    where = ({"prompts": spec["prompts"]} if "prompts" in spec else
+             {"preset": spec["preset"], "source": spec.get("source"), "cache_dir": spec.get("cache_dir")})
     return {
         "dataset": dataset,
-        "prompts": spec["prompts"],
+        **where,
         "max_samples": spec["max_samples"],
         "seed": spec["seed"],
         "server": server_settings(config),

@@ -28,6 +28,10 @@ from dflash_eval.server import ServerController, http_request, sigterm_raises
 log = logging.getLogger(__name__)
 
 DEFAULTS: dict[str, Any] = {
+    "prompts": None,  # a prompt file, or
+    "preset": None,  # a named benchmark (presets.PRESETS), with optionally
+    "source": None,  # its local copy (file or directory) and
+    "cache_dir": None,  # the `datasets` cache to load it through
     "max_samples": None,
     "seed": 0,
     "max_tokens": 512,
@@ -39,7 +43,7 @@ DEFAULTS: dict[str, Any] = {
     "endpoint": "completions",
     "chat_template_kwargs": {},
 }
-REQUIRED = ("dataset", "prompts", "server", "tokenizer")
+REQUIRED = ("dataset", "server", "tokenizer")
 ENDPOINTS = ("completions", "chat")
 SPEC_KEYS = ("spec_accept_length", "spec_verify_ct")
 
@@ -82,10 +86,22 @@ def resolve_settings(settings: dict[str, Any]) -> dict[str, Any]:
     if missing or unknown:
         raise DflashEvalError(f"fetch settings: missing {missing}, unknown {sorted(unknown)}")
     out = {**DEFAULTS, **{k: v for k, v in settings.items() if v is not None}}
+    if (out["prompts"] is None) == (out["preset"] is None):
+        raise DflashEvalError(f"fetch settings: give exactly one of prompts (a file) and preset (a named set), got "
+                              f"prompts={out['prompts']!r}, preset={out['preset']!r}")
     if out["endpoint"] not in ENDPOINTS:
         raise DflashEvalError(f"fetch endpoint must be one of {ENDPOINTS}, got {out['endpoint']!r}")
     out["chat_template_kwargs"] = dict(out["chat_template_kwargs"] or {})
     return out
+
+
+def load_prompt_set(settings: dict[str, Any]) -> tuple[list[Prompt], str]:
+    """The prompts of a prompt file or a named preset, and how to name them in messages."""
+    if settings["preset"] is not None:
+        from dflash_eval.presets import load_preset
+
+        return load_preset(settings["preset"], settings["source"], settings["cache_dir"]), f"preset {settings['preset']}"
+    return load_prompts(settings["prompts"]), str(settings["prompts"])
 
 
 def _same_model(a: str, b: str) -> bool:
@@ -153,7 +169,12 @@ def turn_messages(prompt: Prompt, turn: int, answers: list[str]) -> list[dict[st
 
 
 async def request_one(client: Any, settings: dict[str, Any], info: ServerInfo, r: Rendered) -> dict[str, Any]:
-    """Send one greedy request; returns the response as a plain dict (extra server fields kept)."""
+    """Send one greedy request; returns the response body as a plain dict (extra server fields kept).
+
+    The body is parsed from the raw response: the client's parse into its pydantic model (then dumped
+    back to a dict) was the largest CPU item of the stage's profile besides the HTTP transport
+    (benchmarks/fetch_speed.md). Error statuses still raise the client's exceptions, for the retries.
+    """
     common = {"model": info.model, "max_tokens": settings["max_tokens"], "temperature": settings["temperature"]}
     extra: dict[str, Any] = {}
     if settings["endpoint"] == "completions":
@@ -161,14 +182,20 @@ async def request_one(client: Any, settings: dict[str, Any], info: ServerInfo, r
             extra["return_token_ids"] = True
         # SGLang takes the ids themselves; transformers serve only takes text (and tokenizes it itself).
         prompt: Any = r.ids if info.sglang else r.text
-        resp = await client.completions.create(prompt=prompt, extra_body=extra or None, **common)
+        raw = await client.completions.with_raw_response.create(prompt=prompt, extra_body=extra or None, **common)
     else:
         if settings["chat_template_kwargs"]:
             extra["chat_template_kwargs"] = settings["chat_template_kwargs"]
         if info.sglang:
             extra.update(return_token_ids=True, return_prompt_token_ids=True, return_meta_info=True)
-        resp = await client.chat.completions.create(messages=r.messages, extra_body=extra or None, **common)
-    return resp.model_dump()
+        raw = await client.chat.completions.with_raw_response.create(messages=r.messages, extra_body=extra or None, **common)
+    try:
+        body = json.loads(raw.content)
+    except ValueError:
+        raise FetchError(f"record {r.id}: the server's answer is not JSON: {raw.content[:200]!r}") from None
+    if not isinstance(body, dict):
+        raise FetchError(f"record {r.id}: the server's answer is not a JSON object: {raw.content[:200]!r}")
+    return body
 
 
 def completion_ids(choice: dict[str, Any], text: str, finish_reason: str | None, tokenizer: Any) -> tuple[list[int], str]:
@@ -369,11 +396,12 @@ def fetch(settings: dict[str, Any], out: Path) -> list[dict[str, Any]]:
     requests whose answer is missing, and `out` appears only once every record is there.
     """
     settings = resolve_settings(settings)
-    prompts = select_subset(load_prompts(settings["prompts"]), settings["max_samples"], int(settings["seed"]))
+    prompt_set, origin = load_prompt_set(settings)
+    prompts = select_subset(prompt_set, settings["max_samples"], int(settings["seed"]))
     expected = [rid for p in prompts for rid in record_ids(p)]
     dup = sorted(rid for rid, n in Counter(expected).items() if n > 1)
     if dup:
-        raise DflashEvalError(f"{settings['prompts']}: record ids {dup[:5]} collide (a multi-turn prompt's turns are '<id>#<turn>')")
+        raise DflashEvalError(f"{origin}: record ids {dup[:5]} collide (a multi-turn prompt's turns are '<id>#<turn>')")
     from transformers import AutoTokenizer  # slow to import: only once the prompts are known good
 
     tokenizer = AutoTokenizer.from_pretrained(settings["tokenizer"])

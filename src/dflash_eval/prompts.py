@@ -56,11 +56,31 @@ def _check_record(rec: Any) -> str | None:
     return None
 
 
+def prompt_from_record(rec: Any, where: str) -> Prompt:
+    """One prompt from a prompt-file record (a parsed JSONL line, or a preset's row mapped to one);
+    `where` ("file:line", "preset gsm8k row 3") starts the error message of an invalid record."""
+    problem = _check_record(rec)
+    if problem:
+        raise PromptFileError(f"{where}: {problem}")
+    if "turns" in rec:
+        system = [{"role": "system", "content": rec["system"]}] if rec.get("system") else []
+        return Prompt(id=rec["id"], messages=system, turns=tuple(rec["turns"]))
+    return Prompt(id=rec["id"], messages=rec["messages"])
+
+
+def note_unique_id(first: dict[str, str], prompt: Prompt, where: str) -> None:
+    """Record where `prompt`'s id was seen; a second prompt with that id (the two would share one record)
+    is an error naming both places."""
+    if prompt.id in first:
+        raise PromptFileError(f"{where}: duplicate id {prompt.id!r} (first at {first[prompt.id]})")
+    first[prompt.id] = where
+
+
 def load_prompts(path: str | Path) -> list[Prompt]:
     """All prompts of a JSONL file, in file order; blank lines are allowed, duplicate ids are not."""
     path = Path(path)
     prompts: list[Prompt] = []
-    first_line: dict[str, int] = {}
+    first: dict[str, str] = {}
     with open(path, encoding="utf-8") as fh:
         for lineno, line in enumerate(fh, start=1):
             if not line.strip():
@@ -69,17 +89,8 @@ def load_prompts(path: str | Path) -> list[Prompt]:
                 rec = json.loads(line)
             except json.JSONDecodeError as exc:
                 raise PromptFileError(f"{path}:{lineno}: invalid JSON ({exc.msg} at column {exc.colno})") from None
-            problem = _check_record(rec)
-            if problem:
-                raise PromptFileError(f"{path}:{lineno}: {problem}")
-            if rec["id"] in first_line:
-                raise PromptFileError(f"{path}:{lineno}: duplicate id {rec['id']!r} (first on line {first_line[rec['id']]})")
-            first_line[rec["id"]] = lineno
-            if "turns" in rec:
-                system = [{"role": "system", "content": rec["system"]}] if rec.get("system") else []
-                prompts.append(Prompt(id=rec["id"], messages=system, turns=tuple(rec["turns"])))
-            else:
-                prompts.append(Prompt(id=rec["id"], messages=rec["messages"]))
+            prompts.append(prompt_from_record(rec, f"{path}:{lineno}"))
+            note_unique_id(first, prompts[-1], f"{path}:{lineno}")
     if not prompts:
         raise PromptFileError(f"{path}: no prompts")
     return prompts

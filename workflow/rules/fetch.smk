@@ -4,7 +4,7 @@
 
 rule fetch:
     input:
-        prompts=lambda w: config["datasets"][w.dataset]["prompts"],
+        prompts=lambda w: cfg.dataset_inputs(config, w.dataset),
         target=target_inputs,
     output:
         f"{RESULTS}/completions/{{dataset}}.jsonl",
