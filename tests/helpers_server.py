@@ -141,6 +141,23 @@ def group_members(pgid: int) -> list[int]:
     return members
 
 
+def check_down_around_extraction(transitions: Path) -> list[dict]:
+    """Assert what the issue's "done when" asks of a run's transitions.jsonl: each extraction ran inside
+    an outage that took the server down before it and saw it healthy again after it. Returns the entries."""
+    entries = [json.loads(line) for line in Path(transitions).read_text().splitlines()]
+    events = [e["event"] for e in entries]
+    assert "extraction_start" in events, events
+    for start, event in enumerate(events):
+        if event != "extraction_start":
+            continue
+        pause = max(i for i in range(start) if events[i] == "pause")
+        end = events.index("extraction_end", start)
+        resume = events.index("resume", end)
+        assert entries[pause]["was_up"] and "down" in events[pause:start], events
+        assert "healthy" in events[end:resume] and entries[resume]["restored"], events
+    return entries
+
+
 def shared_transformers_server(base: Path) -> dict:
     """Settings of one `transformers serve` of the tiny target, shared by every test of the session.
 
