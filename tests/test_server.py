@@ -55,18 +55,22 @@ def server_side(state: Path) -> list[str]:
 
 
 PAUSER = (
-    "import json, sys, time\n"
+    "import json, os, sys, time\n"
     "from dflash_eval.server import server_paused\n"
     "with server_paused(json.loads(sys.argv[1])):\n"
     "    print('inside', flush=True)\n"
     "    time.sleep(float(sys.argv[2]))\n"
+    "    while len(sys.argv) > 3 and not os.path.exists(sys.argv[3]):\n"
+    "        time.sleep(0.05)\n"
     "print('done', flush=True)\n"
 )
 
 
-def pauser(settings: dict, seconds: float) -> subprocess.Popen:
-    """A separate process that holds the server paused for `seconds`, as an extraction job does."""
-    return subprocess.Popen([sys.executable, "-c", PAUSER, json.dumps(settings), str(seconds)],
+def pauser(settings: dict, seconds: float, until: Path | None = None) -> subprocess.Popen:
+    """A separate process that holds the server paused for `seconds` (and then until the file `until`
+    exists), as an extraction job does."""
+    args = [str(seconds)] + ([str(until)] if until else [])
+    return subprocess.Popen([sys.executable, "-c", PAUSER, json.dumps(settings), *args],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
 
@@ -206,7 +210,13 @@ def test_two_extractions_at_once_share_one_outage(tmp_path, controllers):
     state = tmp_path / "state.txt"
     ctl = make(controllers, hs.tiny_helper_settings(tmp_path / "logs", "--state", str(state)))
     ctl.ensure_up()
-    jobs = [pauser(ctl.settings, 1.5) for _ in range(2)]
+    go = tmp_path / "go"
+    jobs = [pauser(ctl.settings, 0, until=go) for _ in range(2)]
+    deadline = time.monotonic() + 60
+    while not {"pause", "joined"} <= set(transitions(tmp_path / "logs")):  # both arrived; one is extracting
+        assert time.monotonic() < deadline and all(job.poll() is None for job in jobs)
+        time.sleep(0.05)
+    go.touch()
     outputs = [job.communicate(timeout=120) for job in jobs]
     assert [job.returncode for job in jobs] == [0, 0], outputs
     assert ctl.is_healthy()
@@ -275,6 +285,24 @@ def test_paused_restores_after_sigterm_and_finish_leaves_no_orphan(tmp_path, con
     assert cli.main(["server", "finish", "--settings", json.dumps(ctl.settings)]) == 0  # the Snakefile's hook
     assert not port_open(ctl.base_url)
     assert hs.group_members(second) == [] and hs.group_members(first) == []  # the pids and their groups
+
+
+def test_sigterm_during_the_stop_is_acted_on_once_the_server_is_down(tmp_path, controllers):
+    """A SIGTERM that lands while the server is being stopped must not leave it half-stopped: the stop
+    completes (down), the extraction never starts, and the server is restored."""
+    ctl = make(controllers, hs.tiny_helper_settings(tmp_path / "logs", "--ignore-sigterm", stop_grace_s=1.0))
+    ctl.ensure_up()
+    proc = pauser(ctl.settings, 60)
+    deadline = time.monotonic() + 60
+    while "stop_requested" not in transitions(tmp_path / "logs"):
+        assert time.monotonic() < deadline and proc.poll() is None
+        time.sleep(0.05)
+    proc.send_signal(signal.SIGTERM)  # the server ignores SIGTERM: its stop takes stop_grace_s, then SIGKILL
+    out, err = proc.communicate(timeout=60)
+    assert proc.returncode != 0 and "Terminated" in err and "inside" not in out
+    assert ctl.is_healthy()
+    assert transitions(tmp_path / "logs")[3:] == ["pause", "stop_requested", "down", "start_requested", "launched",
+                                                  "healthy", "resume"]
 
 
 def test_a_failed_restart_exits_nonzero_with_the_log_tail(tmp_path, controllers):
