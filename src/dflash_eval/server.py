@@ -255,6 +255,8 @@ class ServerController:
         """
         announced = 0.0
         while True:
+            if not self.outage_file.exists() and self.is_healthy():
+                return  # the common case: nothing to restore, nothing to wait for, no lock needed
             with host_lock(self.lock_file):
                 current = self.current_outage()
                 if current is None or not current.holders:
