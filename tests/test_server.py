@@ -28,11 +28,11 @@ def transitions(log_dir: Path | str) -> list[str]:
 
 @pytest.fixture
 def controllers():
-    """Controllers made by a test; whatever they launched is stopped afterwards."""
+    """Controllers made by a test; whatever they launched is stopped afterwards (keep_running or not)."""
     made: list[ServerController] = []
     yield made
     for ctl in made:
-        ServerController(ctl.settings).stop_if_launched()
+        ServerController({**ctl.settings, "keep_running": False}).stop_if_launched()
 
 
 def make(controllers: list, settings: dict) -> ServerController:
