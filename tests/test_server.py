@@ -405,6 +405,23 @@ def test_release_that_frees_nothing_without_fallback_fails_and_resumes(tmp_path)
         proc.wait()
 
 
+def test_a_broken_memory_probe_fails_before_anything_is_released(tmp_path):
+    state = tmp_path / "state.txt"
+    settings = hs.tiny_helper_settings(tmp_path / "logs", "--state", str(state))
+    proc = subprocess.Popen(settings["command"], shell=True)
+    release = release_settings(settings["base_url"], tmp_path / "logs", memory_probe="echo 'no GPUs here' >&2; exit 9")
+    try:
+        wait_healthy(ServerController(release))
+        with pytest.raises(ServerError, match="server.memory_probe: .* exited with 9: no GPUs here"), \
+                server_paused(release):
+            pytest.fail("extraction must not start")
+        assert server_side(state) == ["started"]  # neither released nor resumed
+        assert ServerController(release).current_outage() is None
+    finally:
+        proc.kill()
+        proc.wait()
+
+
 @pytest.mark.skipif(shutil.which("nvidia-smi") is not None or torch.cuda.is_available(),
                     reason="this machine can read its GPU memory")
 def test_release_without_a_readable_gpu_says_it_could_not_check(tmp_path):

@@ -501,7 +501,8 @@ class ServerController:
         status, body = http_request(self.base_url + path, method="POST", timeout=300.0)
         if status != 200:
             raise ServerError(f"POST {self.base_url}{path} answered {status or 'nothing'}: {body[:500]!r}"
-                              + (" (was SGLang started with --enable-memory-saver?)" if "memory" in path else ""))
+                              + (" (SGLang needs --enable-memory-saver for this, and releases only while no "
+                                 "request is running)" if "memory" in path else ""))
 
 
 # ----- pausing around extraction -----
