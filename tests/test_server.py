@@ -333,6 +333,13 @@ def test_finish_restores_what_a_killed_job_left_down(tmp_path, controllers):
     assert transitions(tmp_path / "logs")[-1] == "resume"
 
 
+def test_a_corrupt_outage_record_names_the_file_and_the_fix(tmp_path):
+    (tmp_path / "logs").mkdir()
+    (tmp_path / "logs" / "outage.json").write_text('{"was_up": tr')  # torn by hand or a full disk
+    with pytest.raises(DflashEvalError, match=r"(?s)outage.json: not an outage record .* then delete this file"):
+        ServerController(hs.tiny_helper_settings(tmp_path / "logs")).ensure_up()
+
+
 def test_external_kind_runs_the_commands_in_order(tmp_path):
     port = hs.free_port()
     settings = {"kind": "external", "base_url": f"http://127.0.0.1:{port}", "health_timeout_s": 30.0,
