@@ -10,6 +10,7 @@ config = validate_config(config, "config.yaml (plus any --config overrides)")
 
 
 include: "workflow/rules/common.smk"
+include: "workflow/rules/server.smk"
 include: "workflow/rules/demo.smk"
 include: "workflow/rules/fetch.smk"
 include: "workflow/rules/extract.smk"
@@ -24,8 +25,8 @@ rule all:
 
 
 onsuccess:
-    stop_launched_server()
+    finish_server()
 
 
 onerror:
-    stop_launched_server()
+    finish_server()

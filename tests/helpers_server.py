@@ -5,9 +5,12 @@ The tokenizer is character level on purpose: decoding and re-encoding a completi
 same ids back (unless a special token was generated), which the fetch tests rely on to compare the
 retokenized completion with `generate`.
 
-Script: `python helpers_server.py --port P [--ignore-sigterm] [--unhealthy] [--state FILE]` serves
-GET /health (200, or 503 with --unhealthy, or 503 while "released") and POST
-/release_memory_occupation and /resume_memory_occupation (each appends a line to --state).
+Script: `python helpers_server.py --port P [--ignore-sigterm] [--unhealthy] [--state FILE]
+[--memory-file FILE]` serves GET /health (200, or 503 with --unhealthy, or 503 while "released") and
+POST /release_memory_occupation and /resume_memory_occupation. --state: the process appends
+`started` once it listens, and each POST's action, so a test sees from the server's side how often it
+was started and what it was asked. --memory-file: the "GPU memory in use" in MiB that a
+`server.memory_probe` of `cat FILE` reads: BUSY_MIB while it holds its memory, FREE_MIB once released.
 """
 
 from __future__ import annotations
@@ -103,6 +106,7 @@ def build_tiny_target(out_dir: Path, seed: int = 0) -> Path:
 
 
 HELPER_SCRIPT = Path(__file__).resolve()
+BUSY_MIB, FREE_MIB = 80000, 1000
 _SHARED: dict[str, object] = {}
 
 
@@ -119,6 +123,39 @@ def tiny_helper_settings(log_dir: Path, *flags: str, **overrides: object) -> dic
         "log_dir": str(log_dir),
         **overrides,
     }
+
+
+def group_members(pgid: int) -> list[int]:
+    """Processes of process group `pgid` still in the process table (zombies left out: they hold nothing)."""
+    members = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+        except OSError:
+            continue
+        state, _ppid, pgrp = stat[stat.rindex(")") + 2 :].split()[:3]
+        if state not in ("Z", "X") and int(pgrp) == pgid:
+            members.append(int(entry.name))
+    return members
+
+
+def check_down_around_extraction(transitions: Path) -> list[dict]:
+    """Assert what the issue's "done when" asks of a run's transitions.jsonl: each extraction ran inside
+    an outage that took the server down before it and saw it healthy again after it. Returns the entries."""
+    entries = [json.loads(line) for line in Path(transitions).read_text().splitlines()]
+    events = [e["event"] for e in entries]
+    assert "extraction_start" in events, events
+    for start, event in enumerate(events):
+        if event != "extraction_start":
+            continue
+        pause = max(i for i in range(start) if events[i] == "pause")
+        end = events.index("extraction_end", start)
+        resume = events.index("resume", end)
+        assert entries[pause]["was_up"] and "down" in events[pause:start], events
+        assert "healthy" in events[end:resume] and entries[resume]["restored"], events
+    return entries
 
 
 def shared_transformers_server(base: Path) -> dict:
@@ -163,7 +200,20 @@ def write_prompts(path: Path, n: int) -> Path:
     return path
 
 
-def serve(port: int, ignore_sigterm: bool, unhealthy: bool, state: Path | None) -> None:
+def _append(path: Path | None, line: str) -> None:
+    if path is not None:
+        with open(path, "a") as fh:
+            fh.write(line + "\n")
+
+
+def _set_memory(path: Path | None, mib: int) -> None:
+    if path is not None:
+        tmp = path.with_suffix(".tmp")
+        tmp.write_text(f"{mib}\n")
+        tmp.replace(path)
+
+
+def serve(port: int, ignore_sigterm: bool, unhealthy: bool, state: Path | None, memory: Path | None) -> None:
     """Run the tiny HTTP server until killed."""
     released = [False]
 
@@ -189,9 +239,8 @@ def serve(port: int, ignore_sigterm: bool, unhealthy: bool, state: Path | None) 
                 self._answer(404, {"detail": "not found"})
                 return
             released[0] = action.startswith("release")
-            if state is not None:
-                with open(state, "a") as fh:
-                    fh.write(action + "\n")
+            _set_memory(memory, FREE_MIB if released[0] else BUSY_MIB)
+            _append(state, action)
             self._answer(200, {"success": True})
 
         def log_message(self, *args: object) -> None:
@@ -200,6 +249,8 @@ def serve(port: int, ignore_sigterm: bool, unhealthy: bool, state: Path | None) 
     if ignore_sigterm:
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
     server = ThreadingHTTPServer(("127.0.0.1", port), Handler)
+    _set_memory(memory, BUSY_MIB)
+    _append(state, "started")
     print(f"tiny server on {port}", flush=True)
     server.serve_forever()
 
@@ -210,6 +261,7 @@ if __name__ == "__main__":
     ap.add_argument("--ignore-sigterm", action="store_true")
     ap.add_argument("--unhealthy", action="store_true")
     ap.add_argument("--state", type=Path)
+    ap.add_argument("--memory-file", type=Path)
     a = ap.parse_args()
-    serve(a.port, a.ignore_sigterm, a.unhealthy, a.state)
+    serve(a.port, a.ignore_sigterm, a.unhealthy, a.state, a.memory_file)
     sys.exit(0)

@@ -87,12 +87,16 @@ def write_metrics(root: Path) -> list[Path]:
 # The server's own stats: gsm8k 4.2 per request against offline 4.0 (5% apart, beyond the 3% tolerance);
 # humaneval 4.0 against 4.0. Sample 3 of gsm8k disagrees with the server's prompt token count.
 ONLINE = {"gsm8k": 4.2, "humaneval": 4.0}
-TRANSITIONS = [  # one 60.5 s outage, a pause while down (none), and a pause never resumed
+TRANSITIONS = [  # one 60.5 s outage shared by two extractions, a pause while down (none), a pause never resumed
     {"event": "start_requested", "unix": 50.0}, {"event": "healthy", "unix": 90.0},
     {"event": "pause", "unix": 100.0, "was_up": True}, {"event": "stop_requested", "unix": 100.1},
-    {"event": "down", "unix": 101.0}, {"event": "healthy", "unix": 160.0},
+    {"event": "down", "unix": 101.0}, {"event": "extraction_start", "unix": 101.1},
+    {"event": "joined", "unix": 102.0, "holders": 2}, {"event": "extraction_end", "unix": 130.0},
+    {"event": "left", "unix": 130.1, "holders": 1}, {"event": "extraction_start", "unix": 130.2},
+    {"event": "extraction_end", "unix": 155.0}, {"event": "healthy", "unix": 160.0},
     {"event": "resume", "unix": 160.5, "restored": True},
-    {"event": "pause", "unix": 200.0, "was_up": False}, {"event": "resume", "unix": 210.0, "restored": False},
+    {"event": "pause", "unix": 200.0, "was_up": False}, {"event": "extraction_start", "unix": 200.1},
+    {"event": "resume", "unix": 210.0, "restored": False},
     {"event": "pause", "unix": 300.0, "was_up": True}, {"event": "down", "unix": 301.0},
 ]
 
@@ -327,11 +331,13 @@ def test_server_outages_from_the_transitions_log(out):
     server = json.loads((out / "trust.json").read_text())["server"]
     # pause at 100 (up) -> resume at 160.5: 60.5 s; the pause at 200 found it down; the one at 300 never ended
     assert [o["seconds"] for o in server["outages"]] == [60.5, None]
+    assert [o["extractions"] for o in server["outages"]] == [2, 0]  # the joined job's extraction counts in
     assert (server["count"], server["total_s"], server["longest_s"], server["unrestored"]) == (2, 60.5, 60.5, 1)
     markdown = (out / "summary.md").read_text()
     outages = _section(markdown, "### Server outages")
     assert "2 outage(s)" in outages and "60.5 s in all, longest 60.5 s" in outages
-    assert "| t100 | t160.5 | 60.5 s | yes |" in outages and "| t300 | – | **never ended ⚠️** | **no ⚠️** |" in outages
+    assert "| t100 | t160.5 | 60.5 s | yes | 2 |" in outages
+    assert "| t300 | – | **never ended ⚠️** | **no ⚠️** | 0 |" in outages
     assert "**Server not restored**: 1 pause(s)" in markdown
 
 

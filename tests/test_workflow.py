@@ -13,6 +13,7 @@ import pandas as pd
 import pytest
 import yaml
 
+from helpers_server import check_down_around_extraction, group_members
 from tiny import tiny_drafter_config
 
 REPO = Path(__file__).resolve().parents[1]
@@ -94,6 +95,10 @@ def test_pipeline_end_to_end(workdir):
     assert manifest["backend"]["name"] == "torch" and manifest["layer_ids"] == [1, 2]
     records = [json.loads(l) for l in (workdir / "results" / "completions" / "tiny.jsonl").read_text().splitlines()]
     assert len(records) == 3 and all(r["prompt_token_ids"] for r in records)
+    # the server went down before the extraction and was healthy after it; the run's end stopped it
+    entries = check_down_around_extraction(workdir / "results" / "logs" / "server" / "transitions.jsonl")
+    assert [e["event"] for e in entries][-2:] == ["stop_requested", "down"]
+    assert all(group_members(e["pid"]) == [] for e in entries if e["event"] == "launched")
     # a second run has nothing to do
     again = _snakemake(workdir, "-n")
     assert again.returncode == 0 and "Nothing to be done" in again.stdout + again.stderr, again.stdout[-2000:]

@@ -74,11 +74,12 @@ def validate_config(config: dict, source: str = "config.yaml") -> dict:
 
 
 def _check_semantics(config: dict, source: str) -> None:
-    server = config["server"]
-    if server["kind"] == "managed" and not server.get("command"):
-        raise DflashEvalError(f"{source}: server.command is required when server.kind is managed (the launch command)")
-    if server["kind"] == "external" and not (server.get("start_command") and server.get("stop_command")):
-        raise DflashEvalError(f"{source}: server.start_command and server.stop_command are required when server.kind is external")
+    from dflash_eval.server import resolve_settings  # the server's own rules, so they are stated once
+
+    try:
+        resolve_settings(config["server"])
+    except DflashEvalError as error:
+        raise DflashEvalError(f"{source}: {error}") from error
     if config["target"]["backend"] == "fla" and config["target"]["device"] == "cpu":
         raise DflashEvalError(
             f"{source}: target.backend fla cannot run on target.device cpu (Triton kernels need CUDA); "

@@ -175,13 +175,15 @@ def _weighted(spec: Iterable[dict]) -> float:
 def server_outages(path: str | Path | None) -> dict:
     """Outages from transitions.jsonl: each `pause` with the server up, until its `resume`.
 
-    A pause without a resume is an outage that never ended (the server may still be down). Stopping
-    a launched server at the end of a run is not an outage: nobody waits for it.
+    Extraction jobs that overlap share one outage (later ones log `joined`), so an outage counts the
+    extractions it served. A pause without a resume is an outage that never ended (the server may
+    still be down). Stopping a launched server at the end of a run is not an outage: nobody waits for it.
     """
     if path is None or not Path(path).is_file():
         return {"recorded": False, "path": None if path is None else str(path)}
     outages: list[dict] = []
     open_pause: dict | None = None
+    extractions = 0
     with Path(path).open(encoding="utf-8") as handle:
         for number, line in enumerate(handle, 1):
             if not line.strip():
@@ -193,24 +195,26 @@ def server_outages(path: str | Path | None) -> dict:
                 raise DflashEvalError(f"{path}:{number}: not a server transition ({error!r})") from error
             if name == "pause" and event.get("was_up"):
                 if open_pause is not None:
-                    outages.append(_outage(open_pause, None))
-                open_pause = event
+                    outages.append(_outage(open_pause, None, extractions))
+                open_pause, extractions = event, 0
+            elif name == "extraction_start" and open_pause is not None:
+                extractions += 1
             elif name == "resume" and open_pause is not None:
-                outages.append(_outage(open_pause, event))
+                outages.append(_outage(open_pause, event, extractions))
                 open_pause = None
     if open_pause is not None:
-        outages.append(_outage(open_pause, None))
+        outages.append(_outage(open_pause, None, extractions))
     ended = [o["seconds"] for o in outages if o["seconds"] is not None]
     return {"recorded": True, "path": str(path), "outages": outages, "count": len(outages),
             "total_s": sum(ended), "longest_s": max(ended) if ended else None,
             "unrestored": sum(o["seconds"] is None or not o["restored"] for o in outages)}
 
 
-def _outage(pause: dict, resume: dict | None) -> dict:
+def _outage(pause: dict, resume: dict | None, extractions: int) -> dict:
     restored = bool(resume and resume.get("restored"))
     seconds = None if resume is None else round(float(resume["unix"]) - float(pause["unix"]), 3)
     return {"start": pause.get("time"), "end": None if resume is None else resume.get("time"),
-            "seconds": seconds, "restored": restored, "by_pid": pause.get("by_pid")}
+            "seconds": seconds, "restored": restored, "by_pid": pause.get("by_pid"), "extractions": extractions}
 
 
 # -- warnings and markdown ------------------------------------------------------------------------
@@ -321,9 +325,10 @@ def outage_lines(server: dict) -> list[str]:
         return [f"No server outage in `{server['path']}` (the server was never paused while up)."]
     longest = "n/a" if server["longest_s"] is None else f"{server['longest_s']:.1f} s"
     lines = [f"{server['count']} outage(s) in `{server['path']}`, {server['total_s']:.1f} s in all, longest {longest}.",
-             "", _row(["paused at", "back at", "outage", "restored"]), _row(["---", "---", "---:", "---"])]
+             "", _row(["paused at", "back at", "outage", "restored", "extractions"]),
+             _row(["---", "---", "---:", "---", "---:"])]
     for outage in server["outages"]:
         seconds = "**never ended ⚠️**" if outage["seconds"] is None else f"{outage['seconds']:.1f} s"
         lines.append(_row([outage["start"], outage["end"] or "–", seconds,
-                           "yes" if outage["restored"] else "**no ⚠️**"]))
+                           "yes" if outage["restored"] else "**no ⚠️**", outage.get("extractions", 0)]))
     return lines

@@ -1,6 +1,5 @@
 # Helpers shared by the rules: settings as params, input files of targets and checkpoints.
 import functools
-import subprocess
 from pathlib import Path
 
 from dflash_eval import config as cfg
@@ -99,9 +98,3 @@ def checkpoint_files(name: str) -> tuple[str, ...]:
 def drafter_layerset(name: str) -> str:
     return cfg.layerset_name(cfg.drafter_layer_ids(config, name))
 
-
-def stop_launched_server() -> None:
-    """End of run: stop a managed server that this workflow launched, unless told to keep it."""
-    if config["server"]["kind"] == "managed" and not config["server"].get("keep_running"):
-        settings = settings_param(cfg.server_settings(config))
-        subprocess.run(["dflash-eval", "server", "stop-launched", "--settings", settings], check=False)
