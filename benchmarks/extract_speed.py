@@ -6,17 +6,22 @@ heads of 256, linear heads 16 key / 48 value of 128, intermediate 17408, vocab 2
 
 - plain forward: `model(ids)` with logits for every position (what the peer measured);
 - plain capture: `output_hidden_states=True`, five layers copied to the host with `.cpu()`;
-- extract (ours): the extract stage's own loop (`extract._run_records`): hooks, argmax, pinned
-  double-buffered shards, background writer and sha256, safetensors on local disk, everything
-  included (pinned-buffer allocation, the last shard's write);
+- extract (ours): the extract stage's own path (`cache_resume.prepare_resume`, `extract._run_records`):
+  hooks, argmax, pinned shard buffers filled on a side stream, two writer threads that check the
+  NaN flags, hash (sha256) and write safetensors on local disk, fsync each shard and journal it
+  (what makes a killed run resumable), shards planned with a halving tail; everything included
+  (the last shards' write after the last forward);
 - extract, no argmax: the same without the argmax (the forward stops after layer 61);
-- extract, sustained: the same run minus the final `finish` (last shard's write and hash, manifest),
-  which no forward is left to overlap; it is paid once per cache, so it is ~0 on a real dataset;
+- extract, sustained: the same run minus what `finish` waited for after the last forward;
 - ablations, to show what each lever is worth: the forward with hooks and argmax alone (nothing
-  copied or written), ours with the host copies on the compute stream instead of a side stream,
-  and ours with a synchronize after every sample (what the per-sample NaN check and the pageable
-  token upload cost before they were made asynchronous);
+  copied or written), ours with greedy shards (no halving tail: the last full shard is written
+  after the last forward), ours with a device-wide synchronize at every shard boundary (how the
+  NaN flags were read before the writer threads took that over), and ours without the journal
+  (no fsync, not resumable);
 - torch backend rows: the plain forward and our extraction with transformers' torch fallback.
+
+Each "ours" row also gives how long the forward waited for the writers in total and how long
+`finish` waited after the last forward.
 
 Then compare-backends (fla against torch) on the same sequences. Prints tables and appends them to
 benchmarks/results/extract_speed.md.
@@ -27,6 +32,7 @@ benchmarks/results/extract_speed.md.
 from __future__ import annotations
 
 import argparse
+import os
 import platform
 import shutil
 import tempfile
@@ -38,6 +44,7 @@ from record import print_and_record  # benchmarks/record.py (the script's own fo
 
 from dflash_eval.backends import use_backend
 from dflash_eval.cache import CacheWriter
+from dflash_eval.cache_resume import _greedy, plan_shards, prepare_resume
 from dflash_eval.capture import capture_layers
 from dflash_eval.compare_backends import compare_backends, format_table
 from dflash_eval.extract import _run_records
@@ -105,45 +112,30 @@ def capture_only(model, sequences, device) -> None:
         capture_layers(model, LAYERS, ids.to(device), want_argmax=True)
 
 
-class ComputeStreamWriter(CacheWriter):
-    """Ablation: host copies queued on the compute stream (no side stream)."""
+class SyncPerShardWriter(CacheWriter):
+    """Ablation: a device-wide synchronize before each shard is handed to a writer thread."""
 
-    @property
-    def _copy_stream(self) -> None:
-        return None
-
-    @_copy_stream.setter
-    def _copy_stream(self, _value) -> None:
-        pass
-
-
-class SyncEverySample:
-    """Ablation: a backend whose per-sample verify() also synchronizes, as a per-sample host read did."""
-
-    def __init__(self, backend) -> None:
-        self.backend = backend
-
-    def verify(self):
+    def _submit(self, buffer) -> None:
         torch.cuda.synchronize()
-        return self.backend.verify()
+        super()._submit(buffer)
 
 
 def our_extract(model, sequences, device, backend, store_argmax: bool, workdir: Path, shard_tokens: int,
-                writer_class=CacheWriter, tail: dict | None = None) -> None:
-    """The extract stage's loop; `tail["s"]` gets the seconds of `finish` (last shard's write, manifest)."""
+                writer_class=CacheWriter, plan=plan_shards, journal: bool = True, stats: dict | None = None) -> None:
+    """The extract stage's path; `stats` gets the writer's wait and tail seconds."""
     records = [{"id": f"s{i}", "prompt_token_ids": ids[:16].tolist(), "completion_token_ids": ids[16:].tolist()}
                for i, ids in enumerate(sequences)]
     settings = {"layer_ids": LAYERS, "store_argmax": store_argmax, "target": {"device": str(device)}}
     out = workdir / "cache"
     header = {"target": {}, "device": str(device), "completions": {}}
+    shards = plan([len(ids) for ids in sequences], shard_tokens)
+    resume = prepare_resume(out, "benchmark", shards, [r["id"] for r in records]) if journal else None
     with writer_class(out, layer_ids=LAYERS, shard_tokens=shard_tokens, store_argmax=store_argmax,
-                      header=header) as writer:
-        _run_records(model, records, settings, backend, writer)
-        sync(device)
-        started = time.perf_counter()
+                      header=header, resume=resume) as writer:
+        _run_records(model, records, settings, backend, writer, resume)
         writer.finish(backend={})
-        if tail is not None:
-            tail["s"] = time.perf_counter() - started
+    if stats is not None:
+        stats.update(wait=writer.writer_wait_s, tail=writer.tail_s)
     shutil.rmtree(out)
 
 
@@ -161,6 +153,12 @@ def host_rates(workdir: Path, device: torch.device, megabytes: int = 1024) -> st
         handle.write(data.numpy().data)
     rates["file write (page cache)"] = megabytes / 1024 / (time.perf_counter() - started)
     path.unlink()
+    started = time.perf_counter()
+    with open(path, "wb") as handle:
+        handle.write(data.numpy().data)
+        os.fsync(handle.fileno())
+    rates["file write + fsync"] = megabytes / 1024 / (time.perf_counter() - started)
+    path.unlink()
     if device.type == "cuda":
         source, pinned = data.to(device), torch.empty_like(data, pin_memory=True)
         pinned.copy_(source)
@@ -176,6 +174,9 @@ def main() -> None:
     parser.add_argument("--tokens", type=int, default=131072, help="tokens per row and sequence length")
     parser.add_argument("--shard-tokens", type=int, default=16384, help="extraction.shard_tokens (config default)")
     parser.add_argument("--torch-tokens", type=int, default=16384, help="tokens for the torch-backend rows")
+    parser.add_argument("--backends", nargs="+", default=["fla", "torch"], help="torch alone on a CPU")
+    parser.add_argument("--only", nargs="+", default=None,
+                        help="keep only the rows whose label contains one of these (plain forward always runs)")
     parser.add_argument("--layers", type=int, default=64)
     parser.add_argument("--hidden", type=int, default=5120)
     parser.add_argument("--vocab", type=int, default=248320)
@@ -193,49 +194,64 @@ def main() -> None:
     print(rates, flush=True)
     lines = [f"## {name}, {args.layers} layers, hidden {args.hidden}, vocab {args.vocab}, bf16, layers {LAYERS}, "
              f"shard_tokens {args.shard_tokens}, torch {torch.__version__}", "",
-             rates, "", "| backend | row | seq len | tokens | tokens/s | vs plain forward |", "|---|---|---:|---:|---:|---:|"]
+             rates, "", "| backend | row | seq len | tokens | tokens/s | vs plain forward | s waited for writers / at the end |",
+             "|---|---|---:|---:|---:|---:|---:|"]
     comparisons = []
     for seq_len in args.seq_lens:
         generator = torch.Generator().manual_seed(seq_len)
         count = max(1, args.tokens // seq_len)
         sequences = [torch.randint(0, args.vocab, (seq_len,), generator=generator) for _ in range(count)]
-        for backend_name, budget in (("fla", args.tokens), ("torch", args.torch_tokens)):
+        for backend_name in args.backends:
+            budget = args.torch_tokens if backend_name == "torch" and "fla" in args.backends else args.tokens
             subset = sequences[: max(1, budget // seq_len)]
             tokens = seq_len * len(subset)
             with use_backend(backend_name, device, model) as backend:
+                stats: dict[str, dict] = {}
+
+                def ours(label: str, store_argmax: bool = True, **options):
+                    stats[label] = {}
+                    return lambda: our_extract(model, subset, device, backend, store_argmax, workdir,
+                                               args.shard_tokens, stats=stats[label], **options)
+
                 rows = {
                     "plain forward": lambda: plain_forward(model, subset, device),
                     "plain capture (.cpu())": lambda: plain_capture(model, subset, device),
-                    "extract (ours)": lambda: our_extract(model, subset, device, backend, True, workdir, args.shard_tokens,
-                                                          tail=tail),
-                    "extract, no argmax (ours)": lambda: our_extract(model, subset, device, backend, False, workdir, args.shard_tokens),
+                    "extract (ours)": ours("extract (ours)"),
+                    "extract, no argmax (ours)": ours("extract, no argmax (ours)", False),
                     "ablation: forward + hooks + argmax only": lambda: capture_only(model, subset, device),
-                    "ablation: ours, copies on the compute stream": lambda: our_extract(
-                        model, subset, device, backend, True, workdir, args.shard_tokens, ComputeStreamWriter),
-                    "ablation: ours, a synchronize per sample": lambda: our_extract(
-                        model, subset, device, SyncEverySample(backend), True, workdir, args.shard_tokens),
+                    "ablation: ours, greedy shards (no halving tail)": ours(
+                        "ablation: ours, greedy shards (no halving tail)", plan=_greedy),
+                    "ablation: ours, a synchronize per shard": ours(
+                        "ablation: ours, a synchronize per shard", writer_class=SyncPerShardWriter),
+                    "ablation: ours, no journal (no fsync, not resumable)": ours(
+                        "ablation: ours, no journal (no fsync, not resumable)", journal=False),
                 }
                 if device.type != "cuda":
-                    rows = {k: v for k, v in rows.items() if not k.startswith("ablation: ours")}
-                if backend_name == "torch":
+                    rows = {k: v for k, v in rows.items() if not k.startswith("ablation: ours, a sync")}
+                if args.only:
+                    rows = {k: v for k, v in rows.items() if k == "plain forward" or any(o in k for o in args.only)}
+                if backend_name == "torch" and "fla" in args.backends:
                     rows = {k: rows[k] for k in ("plain forward", "extract (ours)")}
                 plain_forward(model, subset[:1], device)  # warm-up: kernel autotuning, allocator
                 # Warm-up of ours: the pinned shard buffers come from torch's host allocator cache in every
                 # timed row, as they would after the first shard of a long run.
                 our_extract(model, subset[:1], device, backend, True, workdir, args.shard_tokens)
-                tail: dict = {}
                 seconds = {label: timed(fn, device) for label, fn in rows.items()}
                 backend.verify()
-                # What a long run sustains: the last shard's write and the manifest happen once per cache,
-                # after the last forward, so they weigh 1 / (number of shards) here and ~0 on a real dataset.
-                seconds["extract (ours), sustained (without the final shard's write)"] = (
-                    seconds["extract (ours)"] - tail["s"])
+                # What a long run sustains: the last shards' write happens once per cache, after the last
+                # forward, so it weighs ~0 on a real dataset of hundreds of shards.
+                if "extract (ours)" in seconds:
+                    seconds["extract (ours), sustained (without the wait at the end)"] = (
+                        seconds["extract (ours)"] - stats["extract (ours)"]["tail"])
             base = tokens / seconds["plain forward"]
             for label, s in seconds.items():
                 rate = tokens / s
-                lines.append(f"| {backend_name} | {label} | {seq_len} | {tokens} | {rate:,.0f} | {rate / base:.2f}x |")
+                waits = stats.get(label)
+                waited = f"{waits['wait']:.2f} / {waits['tail']:.2f}" if waits else ""
+                lines.append(f"| {backend_name} | {label} | {seq_len} | {tokens} | {rate:,.0f} | {rate / base:.2f}x "
+                             f"| {waited} |")
                 print(lines[-1], flush=True)
-        if device.type == "cuda":
+        if {"fla", "torch"} <= set(args.backends):
             result = compare_backends(model, sequences[:2], LAYERS, device, ("fla", "torch"))
             comparisons.append(f"### compare-backends, {seq_len}-token sequences\n\n{format_table(result)}\n")
     shutil.rmtree(workdir, ignore_errors=True)

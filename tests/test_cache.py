@@ -188,8 +188,9 @@ def test_gpu_states_round_trip_through_the_side_stream_while_their_memory_is_reu
 
 
 @pytest.mark.gpu
-def test_gpu_non_finite_state_is_caught_at_the_shard_boundary_and_nothing_is_written(tmp_path):
-    """On CUDA the NaN check is read once per shard, not per sample; it still names sample, layer, token."""
+def test_gpu_non_finite_state_is_caught_before_its_shard_is_written(tmp_path):
+    """On CUDA the NaN flags are read by the shard's writer thread, not per sample on the main thread;
+    the error still names sample, layer and token, and no file of that shard is written."""
     device = torch.device("cuda")
     with pytest.raises(CacheError, match=r"sample 'broken', layer 4: 1 non-finite values .* token 3"):
         with CacheWriter(tmp_path / "cache", layer_ids=LAYERS, shard_tokens=100, store_argmax=True,

@@ -8,7 +8,7 @@ import torch
 
 from dflash_eval import extract as extract_stage
 from dflash_eval.cache import CacheWriter, HiddenCache
-from dflash_eval.cache_resume import JOURNAL, partial_dir, plan_shards, read_journal
+from dflash_eval.cache_resume import JOURNAL, _greedy, partial_dir, plan_shards, read_journal
 
 from tiny import tiny_target
 
@@ -63,20 +63,41 @@ class Counting:
         monkeypatch.setattr(extract_stage, "capture_layers", capture)
 
 
-def test_plan_matches_how_the_writer_packs_shards(tmp_path):
+def _pack(tmp_path, name, lengths, plan=None):
+    """Samples through a CacheWriter (closing shards where `plan` says, if given); sample indices per shard."""
+    out = tmp_path / name
+    with CacheWriter(out, layer_ids=[0], shard_tokens=10, store_argmax=False,
+                     header={"target": {}, "backend": {}, "device": "cpu", "completions": {}}) as writer:
+        for shard in plan or [range(len(lengths))]:
+            for index in shard:
+                writer.add(f"s{index}", torch.arange(lengths[index]), {0: torch.zeros(lengths[index], 4)}, None, 1)
+            writer.close_shard()
+        writer.finish()
+    by_shard: dict[str, list[int]] = {}
+    for sample in HiddenCache(out).samples:
+        by_shard.setdefault(sample["shard"], []).append(int(sample["id"][1:]))
+    return [by_shard[name] for name in sorted(by_shard)]
+
+
+def test_the_writer_packs_shards_exactly_as_planned(tmp_path):
     rng = random.Random(1)
     for trial in range(20):
         lengths = [rng.randint(1, 14) for _ in range(rng.randint(1, 12))]
-        out = tmp_path / f"c{trial}"
-        with CacheWriter(out, layer_ids=[0], shard_tokens=10, store_argmax=False,
-                         header={"target": {}, "backend": {}, "device": "cpu", "completions": {}}) as writer:
-            for index, length in enumerate(lengths):
-                writer.add(f"s{index}", torch.arange(length), {0: torch.zeros(length, 4)}, None, 1)
-            writer.finish()
-        by_shard: dict[str, list[int]] = {}
-        for sample in HiddenCache(out).samples:
-            by_shard.setdefault(sample["shard"], []).append(int(sample["id"][1:]))
-        assert [by_shard[name] for name in sorted(by_shard)] == plan_shards(lengths, 10), lengths
+        plan = plan_shards(lengths, 10)
+        assert [i for shard in plan for i in shard] == list(range(len(lengths)))
+        assert all(len(shard) == 1 or sum(lengths[i] for i in shard) <= 10 for shard in plan), (lengths, plan)
+        assert _pack(tmp_path, f"planned{trial}", lengths, plan) == plan, lengths
+        # Left to itself, the writer fills shards greedily: the rule the plan uses before its tail.
+        assert _pack(tmp_path, f"greedy{trial}", lengths) == _greedy(lengths, 10), lengths
+
+
+def test_the_plan_ends_in_shards_of_halving_size():
+    """The last shard is written after the last forward; the tail keeps it to about one sample."""
+    assert plan_shards(LENGTHS, 10) == [[0], [1], [2], [3], [4], [5, 6], [7], [8], [9]]  # tail: 2 + 5 tokens
+    assert [len(shard) for shard in plan_shards([2048] * 64, 16384)] == [8] * 7 + [4, 2, 1, 1]
+    assert [len(shard) for shard in plan_shards([8192] * 16, 16384)] == [2] * 7 + [1, 1]
+    assert plan_shards([3, 3, 3], 10) == [[0], [1], [2]]
+    assert plan_shards([20], 10) == [[0]] and plan_shards([], 10) == []
 
 
 def test_a_killed_run_resumes_with_only_the_missing_shards(target_dir, completions, tmp_path, monkeypatch, caplog):
@@ -90,14 +111,14 @@ def test_a_killed_run_resumes_with_only_the_missing_shards(target_dir, completio
             extract_stage.extract(_settings(target_dir), completions, out)
     assert not out.exists()
     journaled = read_journal(partial_dir(out) / JOURNAL)
-    # plan: [0] [1] [2] [3] [4] [5, 6] [7, 8] [9]; the kill came at sample 6 with shard [5, 6] open
-    assert plan_shards(LENGTHS, 10) == [[0], [1], [2], [3], [4], [5, 6], [7, 8], [9]]
+    # plan: [0] [1] [2] [3] [4] [5, 6] [7] [8] [9]; the kill came at sample 6 with shard [5, 6] open
+    assert plan_shards(LENGTHS, 10) == [[0], [1], [2], [3], [4], [5, 6], [7], [8], [9]]
     assert sorted(e["index"] for e in journaled) == [0, 1, 2, 3, 4]  # two writer threads: any order
 
     counter = Counting(monkeypatch)
     with caplog.at_level("INFO"):
         extract_stage.extract(_settings(target_dir), completions, out)
-    assert "5 of 8 shards already complete and verified; redoing 3" in caplog.text
+    assert "5 of 9 shards already complete and verified; redoing 4" in caplog.text
     assert counter.calls == len(LENGTHS) - 5  # samples 5.. ran again, 5 because its shard was open
     assert not partial_dir(out).exists()
     cache = HiddenCache(out)

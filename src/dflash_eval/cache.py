@@ -13,6 +13,7 @@ import json
 import logging
 import os
 import shutil
+import time
 from collections.abc import Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
@@ -135,9 +136,39 @@ class _ShardBuffer:
         self.tokens = 0
 
 
-def _write_shard(path: Path, tensors: dict[str, torch.Tensor], journal: Path | None = None,
-                 index: int = 0, samples: Sequence[dict[str, Any]] = ()) -> dict[str, Any]:
-    """Save and hash one shard, then journal it; runs on the writer's background thread."""
+@dataclass
+class _PendingCopies:
+    """What a shard's writer must wait for and check before it may read a buffer filled from a GPU.
+
+    `ready` is recorded on the copy stream after the shard's last copy; `finite` [samples, layers]
+    arrives in pinned memory through the same stream. The main thread never waits for them: a
+    device-wide synchronize per shard would drain the GPU's queue at every shard boundary.
+    """
+
+    ready: torch.cuda.Event
+    finite: torch.Tensor
+    layer_ids: list[int]
+
+    def check(self, samples: Sequence[dict[str, Any]], layers: dict[int, torch.Tensor]) -> None:
+        """Block until the copies landed; raise for the first sample with a NaN/Inf state."""
+        self.ready.synchronize()
+        if bool(self.finite.all()):
+            return
+        row, column = (~self.finite).nonzero()[0].tolist()
+        sample, layer_id = samples[row], self.layer_ids[column]
+        raise _nonfinite_error(sample["id"], layer_id,
+                               layers[layer_id][sample["offset"]: sample["offset"] + sample["length"]])
+
+
+def _write_shard(path: Path, buffer: _ShardBuffer, journal: Path | None = None, index: int = 0,
+                 samples: Sequence[dict[str, Any]] = (), pending: _PendingCopies | None = None) -> dict[str, Any]:
+    """Check, save and hash one shard, then journal it; runs on a writer thread.
+
+    A shard with a non-finite state raises before its file is opened, so it never reaches disk.
+    """
+    if pending is not None:
+        pending.check(samples, buffer.layers)
+    tensors = buffer.filled()
     sha256, size = write_safetensors(path, tensors, {"format": "pt"})
     entry = {"file": path.name, "sha256": sha256, "bytes": size, "tokens": int(tensors["input_ids"].numel())}
     if journal is not None:
@@ -200,6 +231,8 @@ class CacheWriter:
         self._hidden: tuple[int, torch.dtype] | None = None
         self.adopted = 0  # shards taken over from an earlier run
         self._unsubmitted = 0  # index in self.samples of the first sample of the shard being filled
+        self.writer_wait_s = 0.0  # time `add` blocked on a writer: the GPU waited for the disk
+        self.tail_s = 0.0  # time `finish` waited for the last shards, after the last forward
         self._pool = ThreadPoolExecutor(max_workers=WRITER_THREADS, thread_name_prefix="cache-writer")
         if resume is None and self.tmp.exists():
             shutil.rmtree(self.tmp)
@@ -237,29 +270,31 @@ class CacheWriter:
                                  f"expected ({length}, H) with one H and dtype for the whole cache")
             self._hidden = hidden
         finite = torch.stack([torch.isfinite(states[i]).all() for i in self.layer_ids])
-        if not finite.is_cuda:  # reading a GPU flag now would stall the queue; see _check_pending_finite
+        if not finite.is_cuda:  # reading a GPU flag now would stall the queue; see _pending_copies
             for layer_id, ok in zip(self.layer_ids, finite.tolist()):
                 if not ok:
                     raise _nonfinite_error(sample_id, layer_id, states[layer_id])
         return finite
 
-    def _check_pending_finite(self, buffer: _ShardBuffer) -> None:
-        """Raise for the first non-finite state among the samples of `buffer` (after a synchronize).
+    def _pending_copies(self) -> _PendingCopies | None:
+        """The event and finite flags the writer of the shard being submitted waits for (GPU only).
 
-        GPU samples are checked here, once per shard, rather than in `add`: a host read per sample
-        would stop the CPU from queueing the next forward while the GPU finishes this one. A bad
-        sample still never reaches a file, because this runs before the shard is handed to the writer.
+        GPU samples are checked on the writer thread rather than in `add`: a host read per sample
+        (or a synchronize per shard) would stop the CPU from queueing the next forward while the
+        GPU finishes this one. A bad sample still never reaches a file: the writer checks first.
         """
         pending, self._pending_finite = self._pending_finite, []
         if not pending:
-            return
-        finite = torch.stack(pending).cpu()
-        if bool(finite.all()):
-            return
-        row, column = (~finite).nonzero()[0].tolist()
-        sample, layer_id = self.samples[self._unsubmitted + row], self.layer_ids[column]
-        rows = buffer.layers[layer_id][sample["offset"]: sample["offset"] + sample["length"]]
-        raise _nonfinite_error(sample["id"], layer_id, rows)
+            return None
+        stream = self._copy_stream
+        with torch.cuda.stream(stream):  # it already waited for the forwards that computed the flags
+            for flags in pending:
+                flags.record_stream(stream)
+            finite = torch.empty(len(pending), len(self.layer_ids), dtype=torch.bool, pin_memory=True)
+            finite.copy_(torch.stack(pending), non_blocking=True)
+            ready = torch.cuda.Event()
+            ready.record(stream)
+        return _PendingCopies(ready, finite, self.layer_ids)
 
     def _new_buffer(self, capacity: int, pin: bool) -> _ShardBuffer:
         hidden, dtype = self._hidden
@@ -297,8 +332,7 @@ class CacheWriter:
 
     def adopt(self, index: int, entry: dict[str, Any]) -> None:
         """Take over shard `index`, finished and verified by an earlier run (see cache_resume)."""
-        if self._buffers:
-            self._flush()
+        self.close_shard()
         if index != len(self._shards):
             raise CacheError(f"shard {index} adopted out of order (next is {len(self._shards)})")
         for sample in entry["samples"]:
@@ -311,17 +345,19 @@ class CacheWriter:
         self.adopted += 1
 
     def _submit(self, buffer: _ShardBuffer) -> None:
-        """Queue `buffer` for the background writer once its asynchronous copies have landed."""
-        if torch.cuda.is_available():
-            torch.cuda.synchronize()
-        self._check_pending_finite(buffer)
+        """Queue `buffer` for a writer thread, which waits for its asynchronous copies to land."""
         index = len(self._shards)
         path = self.tmp / shard_name(index)
         journal = self.tmp / JOURNAL if self.resume else None
         samples = self.samples[self._unsubmitted:]
         self._unsubmitted = len(self.samples)
-        buffer.write = self._pool.submit(_write_shard, path, buffer.filled(), journal, index, samples)
+        buffer.write = self._pool.submit(_write_shard, path, buffer, journal, index, samples, self._pending_copies())
         self._shards.append(buffer.write)
+
+    def close_shard(self) -> None:
+        """End the shard being filled here, as the plan says (cache_resume.plan_shards); no-op when empty."""
+        if self._buffers:
+            self._flush()
 
     def _flush(self) -> None:
         """Write the filling buffer and continue in the oldest spare (after its own write is done)."""
@@ -329,15 +365,18 @@ class CacheWriter:
         if not filling.tokens:
             return
         self._submit(filling)
+        started = time.perf_counter()
         spare.wait()  # surfaces write errors early and bounds host memory to WRITER_THREADS + 1 shards
+        self.writer_wait_s += time.perf_counter() - started
         self._buffers = [spare, *others, filling]
 
     def finish(self, **updates: Any) -> Path:
         """Write the last shard and the manifest, then atomically publish `<out>` (replacing an old one)."""
-        if self._buffers:
-            self._flush()
+        started = time.perf_counter()
+        self.close_shard()
         shards = [future.result() for future in self._shards]
         self._pool.shutdown()
+        self.tail_s = time.perf_counter() - started
         self._buffers = []
         header = {**self.header, **updates}
         missing = [key for key in _HEADER_KEYS if key not in header]
@@ -357,8 +396,9 @@ class CacheWriter:
         self._publish()
         for name in (JOURNAL, PLAN):  # bookkeeping of the partial directory, not part of the cache
             (self.out / name).unlink(missing_ok=True)
-        log.info("hidden cache %s: %d samples, %d tokens, %d shards", self.out, len(self.samples),
-                 sum(s["tokens"] for s in shards), len(shards))
+        log.info("hidden cache %s: %d samples, %d tokens, %d shards; the forward waited %.1f s for the writers, "
+                 "and the last shards took %.1f s after it", self.out, len(self.samples),
+                 sum(s["tokens"] for s in shards), len(shards), self.writer_wait_s, self.tail_s)
         return self.out
 
     def _publish(self) -> None:

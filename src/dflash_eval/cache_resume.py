@@ -38,10 +38,24 @@ def partial_dir(out: Path) -> Path:
 
 
 def plan_shards(lengths: Sequence[int], shard_tokens: int) -> list[list[int]]:
-    """Sample indices per shard, in order: fill up to `shard_tokens`, a longer sample alone.
+    """Sample indices per shard, in order: fill up to `shard_tokens`, a longer sample alone, a halving tail.
 
-    The cache writer packs shards by exactly this rule (tests hold the two together).
+    The last shard is written after the last forward, with nothing left to overlap it, so the final
+    `shard_tokens` worth of samples is cut into shards of halving size (see `_halving_tail`): the
+    wait at the end shrinks from a whole shard's write to about one sample's. The cache writer packs
+    the head by exactly this greedy rule and closes a shard wherever the plan says (tests hold the two
+    together).
     """
+    start = len(lengths)
+    tail_tokens = 0
+    while start > 0 and tail_tokens + lengths[start - 1] <= shard_tokens:
+        start -= 1
+        tail_tokens += lengths[start]
+    return _greedy(lengths[:start], shard_tokens) + _halving_tail(lengths, start)
+
+
+def _greedy(lengths: Sequence[int], shard_tokens: int) -> list[list[int]]:
+    """Fill each shard up to `shard_tokens`; a sample longer than that gets a shard of its own."""
     shards: list[list[int]] = []
     current: list[int] = []
     filled = 0
@@ -62,6 +76,25 @@ def plan_shards(lengths: Sequence[int], shard_tokens: int) -> list[list[int]]:
             current, filled = [], 0
     if current:
         shards.append(current)
+    return shards
+
+
+def _halving_tail(lengths: Sequence[int], start: int) -> list[list[int]]:
+    """Samples start.. in shards that each hold at most half of what is left (at least one sample).
+
+    Shard k's write then overlaps the forwards of the shards after it, which hold about as many
+    tokens; the writer (hash and file write) is several times faster than the forward.
+    """
+    shards: list[list[int]] = []
+    rest = list(range(start, len(lengths)))
+    while rest:
+        half = sum(lengths[i] for i in rest) / 2
+        take, filled = 1, lengths[rest[0]]
+        while take < len(rest) and filled + lengths[rest[take]] <= half:
+            filled += lengths[rest[take]]
+            take += 1
+        shards.append(rest[:take])
+        rest = rest[take:]
     return shards
 
 

@@ -180,12 +180,13 @@ def _run_records(model: torch.nn.Module, records: list[dict[str, Any]], settings
                  backend: BackendRun, writer: CacheWriter, resume: ResumeState | None = None) -> dict[str, int] | None:
     """One verified forward per record, captured layers to the writer; returns the argmax agreement.
 
-    With `resume`, shards an earlier run finished are adopted as they are and their records skipped
-    (their argmax agreement is then not counted).
+    Shards end where `plan_shards` says (the resume plan when resuming). With `resume`, shards an
+    earlier run finished are adopted as they are and their records skipped (their argmax agreement
+    is then not counted).
     """
     layer_ids, store_argmax = list(settings["layer_ids"]), bool(settings["store_argmax"])
     device = torch.device(settings["target"]["device"])
-    plan = resume.plan if resume else [list(range(len(records)))]
+    plan = resume.plan if resume else plan_shards([_length(r) for r in records], writer.shard_tokens)
     todo = [records[i] for index, shard in enumerate(plan) if not (resume and index in resume.kept) for i in shard]
     matches, completion_tokens = torch.zeros((), dtype=torch.long, device=device), 0
     with tqdm(total=sum(map(_length, todo)), unit="tok", unit_scale=True,
@@ -213,6 +214,7 @@ def _planned(records: list[dict[str, Any]], plan: list[list[int]], resume: Resum
             continue
         for i in shard:
             yield records[i]
+        writer.close_shard()  # runs once the consumer has added the shard's last record
 
 
 def _resume_key(settings: dict[str, Any], header: dict[str, Any]) -> str:
