@@ -8,8 +8,8 @@ heads of 256, linear heads 16 key / 48 value of 128, intermediate 17408, vocab 2
 - plain capture: `output_hidden_states=True`, five layers copied to the host with `.cpu()`;
 - extract (ours): the extract stage's own path (`cache_resume.prepare_resume`, `extract._run_records`):
   hooks, argmax, pinned shard buffers filled on a side stream, two writer threads that check the
-  NaN flags, hash (sha256) and write safetensors on local disk, fsync each shard and journal it
-  (what makes a killed run resumable), shards planned with a halving tail; everything included
+  NaN flags, hash (sha256) and write safetensors on local disk and journal each shard (what makes
+  a killed run resumable), shards planned with a halving tail; everything included
   (the last shards' write after the last forward);
 - extract, no argmax: the same without the argmax (the forward stops after layer 61);
 - extract, sustained: the same run minus what `finish` waited for after the last forward;
@@ -17,7 +17,7 @@ heads of 256, linear heads 16 key / 48 value of 128, intermediate 17408, vocab 2
   copied or written), ours with greedy shards (no halving tail: the last full shard is written
   after the last forward), ours with a device-wide synchronize at every shard boundary (how the
   NaN flags were read before the writer threads took that over), and ours without the journal
-  (no fsync, not resumable);
+  (not resumable);
 - torch backend rows: the plain forward and our extraction with transformers' torch fallback.
 
 Each "ours" row also gives how long the forward waited for the writers in total and how long
@@ -223,8 +223,8 @@ def main() -> None:
                         "ablation: ours, greedy shards (no halving tail)", plan=_greedy),
                     "ablation: ours, a synchronize per shard": ours(
                         "ablation: ours, a synchronize per shard", writer_class=SyncPerShardWriter),
-                    "ablation: ours, no journal (no fsync, not resumable)": ours(
-                        "ablation: ours, no journal (no fsync, not resumable)", journal=False),
+                    "ablation: ours, no journal (not resumable)": ours(
+                        "ablation: ours, no journal (not resumable)", journal=False),
                 }
                 if device.type != "cuda":
                     rows = {k: v for k, v in rows.items() if not k.startswith("ablation: ours, a sync")}

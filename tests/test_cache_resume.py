@@ -128,6 +128,34 @@ def test_a_killed_run_resumes_with_only_the_missing_shards(target_dir, completio
     assert sorted(p.name for p in out.iterdir()) == sorted([*_shards(clean), "manifest.json"])
 
 
+def test_a_journaled_shard_whose_bytes_never_reached_the_disk_is_redone(target_dir, completions, tmp_path,
+                                                                       monkeypatch, caplog):
+    """Shards and journal lines are not fsynced: after a power loss a line can outlive its bytes.
+
+    What such a loss leaves (the file's size kept, its blocks zeros, or the file gone) must be
+    found by the resume check and redone, never adopted.
+    """
+    clean = tmp_path / "clean"
+    extract_stage.extract(_settings(target_dir), completions, clean)
+    out = tmp_path / "hidden"
+    with monkeypatch.context() as patch:
+        Counting(patch, stop_at=6)
+        with pytest.raises(KeyboardInterrupt):
+            extract_stage.extract(_settings(target_dir), completions, out)
+    work = partial_dir(out)
+    zeroed = work / "shard_00002.safetensors"
+    zeroed.write_bytes(bytes(zeroed.stat().st_size))
+    (work / "shard_00003.safetensors").unlink()
+    counter = Counting(monkeypatch)
+    with caplog.at_level("INFO"):
+        extract_stage.extract(_settings(target_dir), completions, out)
+    assert "shard_00002.safetensors (sha256 differs)" in caplog.text
+    assert "shard_00003.safetensors (missing)" in caplog.text
+    assert counter.calls == len(LENGTHS) - 3  # shards 0, 1 and 4 (one sample each) kept
+    HiddenCache(out).verify()
+    assert _shards(out) == _shards(clean)
+
+
 def test_a_corrupt_shard_of_a_published_cache_is_found_and_redone(target_dir, completions, tmp_path,
                                                                   monkeypatch, caplog):
     out = tmp_path / "hidden"
