@@ -247,6 +247,21 @@ def test_fetch_waits_while_another_job_holds_the_server_down(tmp_path, controlle
     assert resume["by_pid"] == job.pid
 
 
+def test_fetch_wait_for_another_jobs_outage_is_bounded(tmp_path, controllers):
+    """A job that holds the server down longer than outage_wait_s makes ensure_up fail, naming it."""
+    ctl = make(controllers, hs.tiny_helper_settings(tmp_path / "logs"))
+    ctl.ensure_up()
+    job = pauser(ctl.settings, 30.0)
+    assert job.stdout.readline().strip() == "inside"
+    start = time.monotonic()
+    with pytest.raises(ServerError, match=rf"held down for \d+ s \(server.outage_wait_s=1.0\) by .*{job.pid}"):
+        ServerController({**ctl.settings, "outage_wait_s": 1.0}).ensure_up()
+    assert time.monotonic() - start < 10
+    assert job.poll() is None  # the holder's extraction was left alone
+    job.terminate()
+    assert job.wait(timeout=60) != 0 and ctl.is_healthy()  # its SIGTERM restore brought the server back
+
+
 def test_health_wait_is_bounded(tmp_path):
     settings = {"kind": "external", "base_url": f"http://127.0.0.1:{hs.free_port()}", "log_dir": str(tmp_path / "logs"),
                 "start_command": "echo 'starting nothing'", "stop_command": "true", "health_timeout_s": 1.0}

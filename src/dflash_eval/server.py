@@ -50,6 +50,7 @@ DEFAULTS: dict[str, Any] = {
     "stop_command": None,
     "health_path": "/health",
     "health_timeout_s": 600.0,
+    "outage_wait_s": 43200.0,
     "stop_grace_s": 30.0,
     "log_dir": "results/logs/server",
     "keep_running": False,
@@ -250,10 +251,11 @@ class ServerController:
     def ensure_up(self) -> None:
         """Make the server healthy (launch, start or resume it); raise ServerError when it will not come.
 
-        While another process's extraction holds the server down, wait for it; an outage whose holders
-        died (or one that `server down` began) is ended first, restoring the server the way it went down.
+        While another process's extraction holds the server down, wait for it, at most outage_wait_s; an
+        outage whose holders died (or one that `server down` began) is ended first, restoring the server
+        the way it went down.
         """
-        announced = 0.0
+        announced, started = 0.0, time.monotonic()
         while True:
             if not self.outage_file.exists() and self.is_healthy():
                 return  # the common case: nothing to restore, nothing to wait for, no lock needed
@@ -264,6 +266,13 @@ class ServerController:
                         self._end_outage(current)
                     self._bring_up(None)
                     return
+            waited = time.monotonic() - started
+            if waited > float(self.settings["outage_wait_s"]):
+                raise ServerError(
+                    f"server {self.base_url} has been held down for {waited:.0f} s (server.outage_wait_s="
+                    f"{self.settings['outage_wait_s']}) by the extraction of {current.holders} (recorded in "
+                    f"{self.outage_file}); wait for that job, raise server.outage_wait_s, or end a stuck one "
+                    "(its restore runs in `finally`; `dflash-eval server finish` restores what it left down)")
             if time.monotonic() - announced > WAIT_LOG_S:
                 log.info("server %s is held down by %s for their extraction: waiting", self.base_url, current.holders)
                 announced = time.monotonic()
