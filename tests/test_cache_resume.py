@@ -100,15 +100,20 @@ def test_the_plan_ends_in_shards_of_halving_size():
     assert plan_shards([20], 10) == [[0]] and plan_shards([], 10) == []
 
 
-def test_a_killed_run_resumes_with_only_the_missing_shards(target_dir, completions, tmp_path, monkeypatch, caplog):
+def _clean_and_killed(target_dir, completions, tmp_path, monkeypatch):
+    """An uninterrupted cache, and the cache dir of a run killed at its 7th forward (shard [5, 6] open)."""
     clean = tmp_path / "clean"
     extract_stage.extract(_settings(target_dir), completions, clean)
-
     out = tmp_path / "hidden"
     with monkeypatch.context() as patch:
         Counting(patch, stop_at=6)
         with pytest.raises(KeyboardInterrupt):
             extract_stage.extract(_settings(target_dir), completions, out)
+    return clean, out
+
+
+def test_a_killed_run_resumes_with_only_the_missing_shards(target_dir, completions, tmp_path, monkeypatch, caplog):
+    clean, out = _clean_and_killed(target_dir, completions, tmp_path, monkeypatch)
     assert not out.exists()
     journaled = read_journal(partial_dir(out) / JOURNAL)
     # plan: [0] [1] [2] [3] [4] [5, 6] [7] [8] [9]; the kill came at sample 6 with shard [5, 6] open
@@ -135,13 +140,7 @@ def test_a_journaled_shard_whose_bytes_never_reached_the_disk_is_redone(target_d
     What such a loss leaves (the file's size kept, its blocks zeros, or the file gone) must be
     found by the resume check and redone, never adopted.
     """
-    clean = tmp_path / "clean"
-    extract_stage.extract(_settings(target_dir), completions, clean)
-    out = tmp_path / "hidden"
-    with monkeypatch.context() as patch:
-        Counting(patch, stop_at=6)
-        with pytest.raises(KeyboardInterrupt):
-            extract_stage.extract(_settings(target_dir), completions, out)
+    clean, out = _clean_and_killed(target_dir, completions, tmp_path, monkeypatch)
     work = partial_dir(out)
     zeroed = work / "shard_00002.safetensors"
     zeroed.write_bytes(bytes(zeroed.stat().st_size))
