@@ -3,8 +3,9 @@
 Extraction of a large dataset takes hours of GPU time, so a killed run must not cost the shards it
 finished. The assignment of samples to shards is a pure function of the sample lengths and
 `shard_tokens` (`plan_shards`), so a rerun knows which samples each shard must hold. The writer
-works in `<out>.partial/` and appends one journal line per shard once its file is written; a rerun with the same inputs (`plan_key`) keeps every journaled shard whose size and
-sha256 still match and whose samples are the planned ones, and redoes the rest. A published cache
+works in `<out>.partial/` and appends one journal line per shard once its file is written; a rerun
+with the same inputs (`plan_key`) keeps every journaled shard whose size and sha256 still match and
+whose samples are the planned ones, and redoes the rest. A published cache
 whose shards no longer match its manifest is resumed the same way. Snakemake deletes a rule's
 declared outputs before rerunning it; `<out>.partial/` is not one, so it survives.
 """
