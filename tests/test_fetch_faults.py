@@ -300,6 +300,20 @@ def test_store_batches_appends_and_refuses_a_second_writer(tmp_path):
         read_records(partial_path(out))
 
 
+def test_finish_writes_added_and_kept_records_in_the_given_order(tmp_path):
+    """finish() reuses the lines add() serialized, and serializes only the records add() never saw (kept ones)."""
+    out = tmp_path / "o.jsonl"
+    kept = {"id": "k", "text": "caf\u00e9 \u2603"}
+    new = [{"id": f"r{i}", "completion_token_ids": [i, 7]} for i in range(2)]
+    with PartialStore(out) as store:
+        for rec in new:
+            store.add(rec)
+        store.finish([new[1], kept, new[0]])
+    assert read_records(out) == [new[1], kept, new[0]]
+    assert "caf\u00e9 \u2603" in out.read_text(encoding="utf-8")  # written as UTF-8 text, not escaped
+    assert not partial_path(out).exists()
+
+
 def test_backoff_doubles_with_jitter_and_is_capped():
     for attempt in range(4):
         delays = [backoff_delay(attempt, 0.5) for _ in range(200)]
