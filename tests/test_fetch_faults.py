@@ -283,6 +283,21 @@ def test_requests_run_with_the_heap_frozen_and_repeated_runs_leave_it_as_found(t
             gc.unfreeze()
 
 
+def test_prompts_rendered_together_are_tokenized_as_one_by_one(tokenizer_dir):
+    """render_all tokenizes many texts in one call: no padding, no special tokens, each as alone."""
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(tokenizer_dir)
+    conversations = [[{"role": "user", "content": "Q" * n}] for n in (1, 40, 3)] + [
+        [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "caf\u00e9?"}]]
+    alone = []
+    for messages in conversations:
+        text = tok.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+        alone.append((text, tok(text, add_special_tokens=False)["input_ids"]))
+    assert fetch.render_all(tok, conversations, {}) == alone
+    assert fetch.render_all(tok, [], {}) == []
+
+
 def test_store_batches_appends_and_refuses_a_second_writer(tmp_path):
     out = tmp_path / "o.jsonl"
     with PartialStore(out, flush_s=3600, flush_records=3) as store:
