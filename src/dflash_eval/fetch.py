@@ -422,7 +422,7 @@ def heap_frozen() -> Iterator[None]:
     made before the block is collected later and repeated in-process runs leave the collector as they
     found it; left alone when the caller has frozen the heap itself (theirs to undo).
     """
-    if gc.get_freeze_count():
+    if gc.get_freeze_count():  # walks the frozen objects (~20 ms for 210k); instant when there are none
         yield
         return
     gc.freeze()
