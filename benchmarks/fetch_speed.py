@@ -6,8 +6,17 @@ record building with retokenization, batched fsynced appends to the partial file
 the final write. One warm-up run of each first (imports, tokenizer, connections), then rounds that
 alternate (bare, ours, bare, ours, ...) so that a shared machine's changing load hits both alike.
 Reported: median requests/s of each (wall clock, the goal's measure), the ratio of the medians and the
-median of the per-round ratios, and the client process's CPU time per request (less sensitive to other
-jobs' load than the wall clock). Run both under the same `nice`:
+median of the per-round ratios, the client process's CPU time per request (less sensitive to other
+jobs' load than the wall clock) and the garbage collector's time per round.
+
+The garbage collector gets the same treatment on both sides. Our stage freezes the heap alive when
+its requests start (fetch.heap_frozen: imported libraries, ~290k objects as transformers imports torch,
+which every full collection otherwise walks, ~170 ms each); the bare loop runs under the same freeze,
+or it would walk our imports' objects, which a bare loop in its own process would not have (and the
+collection, about one per pair of rounds, drifted from one client's rounds to the other's over a run:
+a per-round ratio of 125% falling to 71% in the 07:42 record). Before each round an untimed
+gc.collect() clears the garbage earlier rounds left, as a fresh process would have none. Run both
+under the same `nice`:
 
     nice -n 5 python benchmarks/fetch_speed.py --requests 512 --concurrency 64 --rounds 7
 
@@ -20,6 +29,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import cProfile
+import gc
 import logging
 import os
 import platform
@@ -57,11 +67,26 @@ async def bare_loop(url: str, model: str, prompts: list[str], concurrency: int, 
         return sum(await asyncio.gather(*(one(p) for p in prompts)))
 
 
-def timed(run: Callable[[], object]) -> tuple[float, float]:
-    """(wall seconds, this process's CPU seconds) of one call."""
-    wall, cpu = time.perf_counter(), time.process_time()
+class GcClock:
+    """Seconds the garbage collector ran, summed over its collections (a gc callback)."""
+
+    def __init__(self) -> None:
+        self.total = 0.0
+        self._start = 0.0
+        gc.callbacks.append(self._tick)
+
+    def _tick(self, phase: str, info: dict[str, int]) -> None:
+        if phase == "start":
+            self._start = time.perf_counter()
+        else:
+            self.total += time.perf_counter() - self._start
+
+
+def timed(run: Callable[[], object], gc_clock: GcClock) -> tuple[float, float, float]:
+    """(wall seconds, this process's CPU seconds, garbage-collector seconds) of one call."""
+    wall, cpu, collecting = time.perf_counter(), time.process_time(), gc_clock.total
     run()
-    return time.perf_counter() - wall, time.process_time() - cpu
+    return time.perf_counter() - wall, time.process_time() - cpu, gc_clock.total - collecting
 
 
 def main() -> int:
@@ -100,7 +125,8 @@ def main() -> int:
         out.unlink()
 
     def bare() -> None:
-        asyncio.run(bare_loop(url, str(tok_dir), texts, args.concurrency, args.max_tokens))
+        with fetch.heap_frozen():  # what our stage does for itself (see the module docstring)
+            asyncio.run(bare_loop(url, str(tok_dir), texts, args.concurrency, args.max_tokens))
 
     load_before = os.getloadavg()
     bare_t, ours_t = [], []
@@ -108,9 +134,11 @@ def main() -> int:
         while http_request(url + "/health", timeout=1.0)[0] != 200:
             time.sleep(0.05)
         bare(), ours()  # warm-up: imports, tokenizer, first connections
+        gc_clock = GcClock()
         for _ in range(args.rounds):
-            bare_t.append(timed(bare))
-            ours_t.append(timed(ours))
+            for run, times in ((bare, bare_t), (ours, ours_t)):
+                gc.collect()
+                times.append(timed(run, gc_clock))
         if args.profile:
             cProfile.runctx("ours()", globals(), {"ours": ours}, str(args.profile))
     finally:
@@ -118,24 +146,30 @@ def main() -> int:
         server.wait()
     load_after = os.getloadavg()
 
-    def rate(times: list[tuple[float, float]]) -> float:
+    def rate(times: list[tuple[float, float, float]]) -> float:
         return args.requests / statistics.median(t[0] for t in times)
 
-    def cpu_ms(times: list[tuple[float, float]]) -> float:
+    def cpu_ms(times: list[tuple[float, float, float]]) -> float:
         return 1000 * statistics.median(t[1] for t in times) / args.requests
+
+    def gc_ms(times: list[tuple[float, float, float]]) -> str:
+        return ", ".join(f"{1000 * t[2]:.0f}" for t in times)
 
     bare_rate, ours_rate = rate(bare_t), rate(ours_t)
     pair = [b[0] / o[0] for b, o in zip(bare_t, ours_t)]  # ours/bare in requests/s, round by round
     cpu = f"{platform.processor() or platform.machine()}, {os.cpu_count()} CPUs visible"
     lines = [
         f"## fetch speed: {args.requests} requests, concurrency {args.concurrency}, max_tokens {args.max_tokens}, "
-        f"{args.rounds} alternating rounds after a warm-up of each; {cpu}; load average {load_before[0]:.1f} before, "
+        f"{args.rounds} alternating rounds after a warm-up of each, both under fetch.heap_frozen, gc.collect() before "
+        f"each; {cpu}; load average {load_before[0]:.1f} before, "
         f"{load_after[0]:.1f} after; {time.strftime('%Y-%m-%d %H:%M')}", "",
-        "| client | wall seconds per round | requests/s (median) | client CPU ms per request (median) |",
-        "|---|---|---:|---:|",
-        f"| bare asyncio + openai loop | {', '.join(f'{t[0]:.2f}' for t in bare_t)} | {bare_rate:,.1f} | {cpu_ms(bare_t):.2f} |",
+        "| client | wall seconds per round | requests/s (median) | client CPU ms per request (median) "
+        "| GC ms per round |",
+        "|---|---|---:|---:|---|",
+        f"| bare asyncio + openai loop | {', '.join(f'{t[0]:.2f}' for t in bare_t)} | {bare_rate:,.1f} | "
+        f"{cpu_ms(bare_t):.2f} | {gc_ms(bare_t)} |",
         f"| dflash-eval fetch stage (whole stage, in process) | {', '.join(f'{t[0]:.2f}' for t in ours_t)} | "
-        f"{ours_rate:,.1f} | {cpu_ms(ours_t):.2f} |",
+        f"{ours_rate:,.1f} | {cpu_ms(ours_t):.2f} | {gc_ms(ours_t)} |",
         "",
         f"fetch stage / bare loop: **{100 * ours_rate / bare_rate:.1f}%** of the median rate (goal >= 95%); per round "
         f"{', '.join(f'{100 * r:.0f}%' for r in pair)} (median {100 * statistics.median(pair):.1f}%); "

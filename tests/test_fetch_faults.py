@@ -6,6 +6,7 @@ against a clean run and against the server's own function."""
 from __future__ import annotations
 
 import contextlib
+import gc
 import json
 import logging
 import re
@@ -256,6 +257,47 @@ def test_multi_turn_conversation_feeds_each_answer_into_the_next_turn(tmp_path, 
     assert re.search(r"fetch t: 100%.* 4/4 \[.*,\s+[\d.]+rec/s, [\d,]+ tok/s\]$", bar), bar  # request and token rates
 
 
+def test_requests_run_with_the_heap_frozen_and_repeated_runs_leave_it_as_found(tmp_path, tokenizer_dir, monkeypatch):
+    """The collector skips what was alive before the requests (full collections walked torch's ~290k objects,
+    ~170 ms each, as long as the requests ran); afterwards the freeze is undone, run after run, and a heap
+    frozen by the caller stays frozen."""
+    prompts = hs.write_prompts(tmp_path / "p.jsonl", 4)
+    request_one = fetch.request_one
+    frozen_during: list[int] = []
+
+    async def spy(*args, **kwargs):
+        frozen_during.append(gc.get_freeze_count())
+        return await request_one(*args, **kwargs)
+
+    monkeypatch.setattr(fetch, "request_one", spy)
+    with fake(tokenizer_dir) as url:
+        for k in range(2):
+            fetch.fetch(settings(tmp_path, url, tokenizer_dir, prompts), tmp_path / f"o{k}.jsonl")
+            assert gc.get_freeze_count() == 0
+        assert len(frozen_during) == 8 and min(frozen_during) > 0
+        gc.freeze()
+        try:
+            fetch.fetch(settings(tmp_path, url, tokenizer_dir, prompts), tmp_path / "o2.jsonl")
+            assert gc.get_freeze_count() > 0
+        finally:
+            gc.unfreeze()
+
+
+def test_prompts_rendered_together_are_tokenized_as_one_by_one(tokenizer_dir):
+    """render_all tokenizes many texts in one call: no padding, no special tokens, each as alone."""
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(tokenizer_dir)
+    conversations = [[{"role": "user", "content": "Q" * n}] for n in (1, 40, 3)] + [
+        [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "caf\u00e9?"}]]
+    alone = []
+    for messages in conversations:
+        text = tok.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+        alone.append((text, tok(text, add_special_tokens=False)["input_ids"]))
+    assert fetch.render_all(tok, conversations, {}) == alone
+    assert fetch.render_all(tok, [], {}) == []
+
+
 def test_store_batches_appends_and_refuses_a_second_writer(tmp_path):
     out = tmp_path / "o.jsonl"
     with PartialStore(out, flush_s=3600, flush_records=3) as store:
@@ -271,6 +313,20 @@ def test_store_batches_appends_and_refuses_a_second_writer(tmp_path):
     partial_path(out).write_text('{"id": "r0"}\nnot json\n{"id": "r2"}\n')
     with pytest.raises(DflashEvalError, match=r"o.jsonl.partial:2: not a JSON record"):
         read_records(partial_path(out))
+
+
+def test_finish_writes_added_and_kept_records_in_the_given_order(tmp_path):
+    """finish() reuses the lines add() serialized, and serializes only the records add() never saw (kept ones)."""
+    out = tmp_path / "o.jsonl"
+    kept = {"id": "k", "text": "caf\u00e9 \u2603"}
+    new = [{"id": f"r{i}", "completion_token_ids": [i, 7]} for i in range(2)]
+    with PartialStore(out) as store:
+        for rec in new:
+            store.add(rec)
+        store.finish([new[1], kept, new[0]])
+    assert read_records(out) == [new[1], kept, new[0]]
+    assert "caf\u00e9 \u2603" in out.read_text(encoding="utf-8")  # written as UTF-8 text, not escaped
+    assert not partial_path(out).exists()
 
 
 def test_backoff_doubles_with_jitter_and_is_capped():

@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from dflash_eval.errors import DflashEvalError
-from dflash_eval.io_utils import atomic_write_text
+from dflash_eval.io_utils import atomic_write_bytes
 
 log = logging.getLogger(__name__)
 
@@ -70,6 +70,7 @@ class PartialStore:
         self._syncer: ThreadPoolExecutor | None = None
         self._synced: Future[None] | None = None  # the latest fsync handed to the worker
         self._buffer: list[bytes] = []
+        self._lines: dict[str, bytes] = {}  # each record added by this run, serialized, by id: reused by finish
         self._last_flush = time.monotonic()
 
     def __enter__(self) -> PartialStore:
@@ -108,7 +109,9 @@ class PartialStore:
 
     def add(self, record: dict[str, Any]) -> None:
         """Queue one finished record; written with the batch once flush_s passed or flush_records queued."""
-        self._buffer.append((json.dumps(record, ensure_ascii=False) + "\n").encode())
+        line = serialize(record)
+        self._lines[str(record["id"])] = line
+        self._buffer.append(line)
         if len(self._buffer) >= self.flush_records or time.monotonic() - self._last_flush >= self.flush_s:
             self.flush()
 
@@ -128,7 +131,18 @@ class PartialStore:
         self._synced = self._syncer.submit(os.fsync, self._fd)
 
     def finish(self, records: Iterable[dict[str, Any]]) -> None:
-        """Write the complete output atomically, then drop the partial file."""
+        """Write the complete output atomically, then drop the partial file.
+
+        A record added by this run is written as add() serialized it (the record of its id must not
+        have changed since); only the kept ones are serialized here.
+        """
         self.flush()
-        atomic_write_text(self.out, "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in records))
+        lines = self._lines
+        atomic_write_bytes(self.out, b"".join(lines.get(str(r["id"])) or serialize(r) for r in records))
         self.path.unlink(missing_ok=True)
+        lines.clear()
+
+
+def serialize(record: dict[str, Any]) -> bytes:
+    """One JSONL line of a record, as both the partial file and the output hold it."""
+    return (json.dumps(record, ensure_ascii=False) + "\n").encode()

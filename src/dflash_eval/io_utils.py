@@ -21,12 +21,17 @@ def sha256_file(path: str | Path, chunk_bytes: int = 1 << 22) -> str:
 
 def atomic_write_text(path: str | Path, text: str) -> None:
     """Write to a temporary sibling and rename, so a crash never leaves a half-written file."""
+    atomic_write_bytes(path, text.encode("utf-8"))
+
+
+def atomic_write_bytes(path: str | Path, data: bytes) -> None:
+    """atomic_write_text for content already encoded (the fetch stage's serialized records)."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:
-        with os.fdopen(fd, "w", encoding="utf-8") as handle:
-            handle.write(text)
+        with os.fdopen(fd, "wb") as handle:
+            handle.write(data)
             handle.flush()
             os.fsync(handle.fileno())
         os.chmod(tmp, 0o666 & ~_umask())  # mkstemp makes 0600; results must be readable like any file
