@@ -53,13 +53,13 @@ from dflash_eval.prompts import load_prompts  # noqa: E402
 from dflash_eval.server import http_request  # noqa: E402
 
 
-async def bare_loop(url: str, model: str, prompts: list[str], concurrency: int, max_tokens: int) -> int:
+async def bare_loop(url: str, model: str, prompts: list[str] | list[list[int]], concurrency: int, max_tokens: int) -> int:
     """The baseline: a semaphore, one AsyncOpenAI client, gather; returns the completion tokens."""
     import openai
 
     sem = asyncio.Semaphore(concurrency)
     async with openai.AsyncOpenAI(base_url=url + "/v1", api_key="EMPTY", max_retries=0, timeout=60.0) as client:
-        async def one(prompt: str) -> int:
+        async def one(prompt: str | list[int]) -> int:
             async with sem:
                 resp = await client.completions.create(model=model, prompt=prompt, max_tokens=max_tokens, temperature=0.0)
             return resp.usage.completion_tokens
@@ -95,6 +95,8 @@ def main() -> int:
     ap.add_argument("--concurrency", type=int, default=64)
     ap.add_argument("--rounds", type=int, default=7)
     ap.add_argument("--max-tokens", type=int, default=16)
+    ap.add_argument("--sglang", action="store_true",
+                    help="the fake server speaks SGLang: token-id prompts in, completion token ids out (both clients)")
     ap.add_argument("--profile", type=Path, help="cProfile one more run of our stage into this file")
     ap.add_argument("--record", type=Path, default=ROOT / "benchmarks/results/fetch_speed.md")
     args = ap.parse_args()
@@ -107,13 +109,15 @@ def main() -> int:
     port = hs.free_port()
     url = f"http://127.0.0.1:{port}"
     server = subprocess.Popen([sys.executable, str(ROOT / "tests/fake_openai_server.py"), "--port", str(port),
-                               "--tokenizer", str(tok_dir), "--model", str(tok_dir)], stdout=subprocess.DEVNULL)
+                               "--tokenizer", str(tok_dir), "--model", str(tok_dir), *(["--sglang"] if args.sglang else [])],
+                              stdout=subprocess.DEVNULL)
     settings = {"dataset": "bench", "prompts": str(prompts_file), "tokenizer": str(tok_dir),
                 "server": {"kind": "external", "base_url": url, "start_command": "false", "stop_command": "true",
                            "log_dir": str(work / "server-logs")},
                 "max_tokens": args.max_tokens, "concurrency": args.concurrency, "timeout_s": 60.0}
-    # The bare loop sends the very prompts our stage sends: the chat template rendered as text.
-    texts = [fetch.render(tok, p.messages, {})[0] for p in load_prompts(prompts_file)]
+    # The bare loop sends the very prompts our stage sends: the chat template rendered as text, or its
+    # token ids when the server takes them (SGLang).
+    texts = [fetch.render(tok, p.messages, {})[0 if not args.sglang else 1] for p in load_prompts(prompts_file)]
     runs = 0
 
     def ours() -> None:
@@ -161,7 +165,8 @@ def main() -> int:
     lines = [
         f"## fetch speed: {args.requests} requests, concurrency {args.concurrency}, max_tokens {args.max_tokens}, "
         f"{args.rounds} alternating rounds after a warm-up of each, both under fetch.heap_frozen, gc.collect() before "
-        f"each; {cpu}; load average {load_before[0]:.1f} before, "
+        f"each; {'SGLang-style server (token ids in and out)' if args.sglang else 'OpenAI-style server (text in and out)'}; "
+        f"{cpu}; load average {load_before[0]:.1f} before, "
         f"{load_after[0]:.1f} after; {time.strftime('%Y-%m-%d %H:%M')}", "",
         "| client | wall seconds per round | requests/s (median) | client CPU ms per request (median) "
         "| GC ms per round |",
