@@ -136,6 +136,35 @@ def test_server_killed_mid_run_then_rerun_completes_the_rest(tmp_path, tokenizer
     assert not partial_path(out).exists()
 
 
+def test_sigterm_to_the_fetch_command_keeps_what_it_finished_and_says_so(tmp_path, tokenizer_dir):
+    """What scancel or a Snakemake cancel sends: the command flushes its finished records, exits 143 at once
+    with one line (no traceback), and a rerun sends only the prompts without a record."""
+    prompts = hs.write_prompts(tmp_path / "p.jsonl", 16)
+    out = tmp_path / "out" / "t.jsonl"
+    log = tmp_path / "requests.jsonl"
+    with fake_process(tokenizer_dir, log, "--delay-s", "0.3") as (_, url):
+        command = subprocess.Popen(
+            ["dflash-eval", "fetch", "--settings", json.dumps(settings(tmp_path, url, tokenizer_dir, prompts)),
+             "--out", str(out)], stderr=subprocess.PIPE, text=True)
+        deadline = time.monotonic() + 60
+        while len(served(log)) < 6:
+            assert command.poll() is None and time.monotonic() < deadline, command.stderr.read()
+            time.sleep(0.02)
+        sent = time.monotonic()
+        command.send_signal(signal.SIGTERM)
+        assert command.wait(timeout=30) == 128 + signal.SIGTERM
+        assert time.monotonic() - sent < 5
+        stderr = command.stderr.read()
+    assert "fetch stopped by SIGTERM; what it finished is kept" in stderr and "Traceback" not in stderr, stderr
+    kept = [int(r["id"][1:]) for r in read_records(partial_path(out))]
+    assert len(kept) >= 6 and len(kept) == len(set(kept)) and set(kept) <= set(served(log))
+    rerun_log = tmp_path / "rerun.jsonl"
+    with fake(tokenizer_dir, rerun_log) as url:
+        records = fetch.fetch(settings(tmp_path, url, tokenizer_dir, prompts), out)
+    assert sorted(served(rerun_log)) == sorted(set(range(16)) - set(kept))
+    assert [r["id"] for r in records] == [f"p{i}" for i in range(16)]
+
+
 def test_intermittent_500_and_timeouts_are_retried_and_counted(tmp_path, tokenizer_dir, caplog):
     prompts = hs.write_prompts(tmp_path / "p.jsonl", 24)
     log = tmp_path / "requests.jsonl"

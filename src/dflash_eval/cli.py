@@ -5,9 +5,10 @@ from __future__ import annotations
 import argparse
 import importlib
 import logging
+import signal
 import sys
 
-from .errors import DflashEvalError
+from .errors import DflashEvalError, Terminated
 
 # subcommand -> (module, add_arguments, run, help)
 COMMANDS: dict[str, tuple[str, str, str, str]] = {
@@ -58,6 +59,10 @@ def main(argv: list[str] | None = None) -> int:
     except DflashEvalError as error:
         logging.getLogger("dflash-eval").error("%s", error)
         return 2
+    except Terminated:  # the stage's finally blocks already ran (records flushed, server restored)
+        logging.getLogger("dflash-eval").error(
+            "%s stopped by SIGTERM; what it finished is kept, and a rerun continues from there", args.command)
+        return 128 + signal.SIGTERM
 
 
 if __name__ == "__main__":

@@ -35,7 +35,7 @@ from pathlib import Path
 from typing import Any
 
 from dflash_eval import gpu_memory, outage
-from dflash_eval.errors import DflashEvalError
+from dflash_eval.errors import DflashEvalError, Terminated
 from dflash_eval.outage import Outage, process_start_ticks
 
 log = logging.getLogger(__name__)
@@ -65,13 +65,6 @@ LOG_TAIL_CHARS = 3000
 
 class ServerError(DflashEvalError):
     """The server could not be brought to the requested state; the message says what to look at."""
-
-
-class Terminated(BaseException):
-    """Raised by our SIGTERM handler so that ``finally`` blocks run (Snakemake cancels with SIGTERM).
-
-    A BaseException, like KeyboardInterrupt, so that ``except Exception`` does not swallow it.
-    """
 
 
 def resolve_settings(settings: dict[str, Any]) -> dict[str, Any]:
