@@ -150,14 +150,15 @@ def test_sigterm_to_the_fetch_command_keeps_what_it_finished_and_says_so(tmp_pat
         while len(served(log)) < 6:
             assert command.poll() is None and time.monotonic() < deadline, command.stderr.read()
             time.sleep(0.02)
-        sent = time.monotonic()
+        sent, answered = time.monotonic(), len(served(log))
         command.send_signal(signal.SIGTERM)
         assert command.wait(timeout=30) == 128 + signal.SIGTERM
         assert time.monotonic() - sent < 5
         stderr = command.stderr.read()
     assert "fetch stopped by SIGTERM; what it finished is kept" in stderr and "Traceback" not in stderr, stderr
     kept = [int(r["id"][1:]) for r in read_records(partial_path(out))]
-    assert len(kept) >= 6 and len(kept) == len(set(kept)) and set(kept) <= set(served(log))
+    # Answers still on their way to the client (at most the 4 in flight) may be lost, nothing else.
+    assert len(kept) >= answered - 4 and len(kept) == len(set(kept)) and set(kept) <= set(served(log))
     rerun_log = tmp_path / "rerun.jsonl"
     with fake(tokenizer_dir, rerun_log) as url:
         records = fetch.fetch(settings(tmp_path, url, tokenizer_dir, prompts), out)
@@ -282,7 +283,8 @@ def test_multi_turn_conversation_feeds_each_answer_into_the_next_turn(tmp_path, 
         assert r["completion_token_ids"] == tok.encode(text, add_special_tokens=False) + ([eos] if finish == "stop" else [])
         assert r["completion_ids_source"] == "server" and r["request"]["prompt_format"] == "token_ids"
         assert r["spec"] == {"spec_accept_length": 2.5, "spec_verify_ct": max(1, n // 2)}
-    bar = capsys.readouterr().err.rstrip().splitlines()[-1]
+    # The bar's last state (log lines may follow it on stderr when an earlier test set up the CLI's logging).
+    bar = [line for line in capsys.readouterr().err.splitlines() if "fetch t: " in line][-1].rstrip()
     assert re.search(r"fetch t: 100%.* 4/4 \[.*,\s+[\d.]+rec/s, [\d,]+ tok/s\]$", bar), bar  # request and token rates
 
 

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from dflash_eval.errors import DflashEvalError
+from dflash_eval.errors import DflashEvalError, Terminated
 from dflash_eval.fetch_store import PartialStore
 from dflash_eval.prompts import Prompt, load_prompts, select_subset
 from dflash_eval.retry import FetchError, with_retries
@@ -401,6 +401,8 @@ async def fetch_all(
             for prompt in prompts:
                 group.create_task(conversation(prompt))
     except BaseExceptionGroup as errors:
+        if errors.subgroup(Terminated) is not None:  # SIGTERM landed inside a request's task
+            raise Terminated("SIGTERM") from None
         failures = [e for e in errors.exceptions if isinstance(e, FetchError)]
         if len(failures) < len(errors.exceptions):
             raise
