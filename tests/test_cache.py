@@ -67,6 +67,46 @@ def test_shards_stay_within_shard_tokens_unless_one_sample_is_larger(tmp_path):
     assert sorted(p.name for p in out.iterdir()) == ["manifest.json"] + [s["file"] for s in shards]
 
 
+def test_storage_is_the_states_plus_at_most_one_percent(tmp_path):
+    """At the target's scale (5 layers x 5120 bf16 = 51,200 bytes a token) everything else the cache stores
+    (token ids, argmax, safetensors headers, the manifest), with the stage's shard plan, is <= 1% of that."""
+    from dflash_eval.cache_resume import plan_shards
+
+    layers, hidden = [1, 16, 31, 46, 61], 5120
+    lengths = [300, 180, 420, 250, 96, 33]
+    header = {**HEADER, "target": {**HEADER["target"], "hidden_size": hidden, "num_hidden_layers": 64}}
+    out = tmp_path / "cache"
+    with CacheWriter(out, layer_ids=layers, shard_tokens=512, store_argmax=True, header=header) as writer:
+        for shard in plan_shards(lengths, 512):
+            for n in shard:
+                state = torch.zeros(lengths[n], hidden, dtype=torch.bfloat16)
+                ids = torch.arange(lengths[n])
+                writer.add(f"s{n}", ids, {i: state for i in layers}, ids, prompt_len=16)
+            writer.close_shard()
+        writer.finish()
+    payload = sum(lengths) * len(layers) * hidden * 2
+    stored = sum(f.stat().st_size for f in out.iterdir())
+    assert len(list(out.glob("*.safetensors"))) >= 4  # the halving tail's extra headers are counted too
+    assert payload < stored <= 1.01 * payload, (stored - payload) / payload
+
+
+def test_host_memory_is_a_few_shard_buffers_whatever_the_dataset_size(tmp_path, monkeypatch):
+    """Buffers are allocated once (WRITER_THREADS + 1 of shard_tokens rows) and reused for every shard."""
+    from dflash_eval import cache
+
+    allocated: list[int] = []
+
+    class Counted(cache._ShardBuffer):
+        def __init__(self, layer_ids, capacity, *args, **kwargs):
+            allocated.append(capacity)
+            super().__init__(layer_ids, capacity, *args, **kwargs)
+
+    monkeypatch.setattr(cache, "_ShardBuffer", Counted)
+    _write(tmp_path / "cache", [5, 3, 2] * 40)  # 40 shards of 10 tokens
+    assert len(HiddenCache(tmp_path / "cache").manifest["shards"]) == 40
+    assert allocated == [10] * (cache.WRITER_THREADS + 1)
+
+
 def test_manifest_follows_the_contract(tmp_path):
     out = tmp_path / "cache"
     _write(out, [3, 3], store_argmax=False)
