@@ -33,6 +33,7 @@ import gc
 import logging
 import os
 import platform
+import shutil
 import statistics
 import subprocess
 import sys
@@ -148,6 +149,7 @@ def main() -> int:
     finally:
         server.kill()
         server.wait()
+        shutil.rmtree(work, ignore_errors=True)
     load_after = os.getloadavg()
 
     def rate(times: list[tuple[float, float, float]]) -> float:
