@@ -52,6 +52,20 @@ def test_argmax_is_the_targets_greedy_token(model, reference):
     assert list(captured.states) == [1, 3]
 
 
+def test_argmax_in_chunks_equals_the_full_logits_argmax_and_bounds_the_rows(model, reference, monkeypatch):
+    """The head runs over at most ARGMAX_CHUNK positions at a time (bounded logits memory), same tokens."""
+    from dflash_eval import capture
+
+    rows: list[int] = []
+    head = model.lm_head
+    monkeypatch.setattr(capture, "ARGMAX_CHUNK", 5)
+    original = head.forward
+    monkeypatch.setattr(head, "forward", lambda x: rows.append(len(x)) or original(x))
+    captured = capture_layers(model, [1], TOKENS)
+    assert rows == [5, 5, 5, 4]
+    assert torch.equal(captured.argmax, reference.logits[0].argmax(-1))
+
+
 def test_layer_order_follows_the_request(model):
     assert list(capture_layers(model, [2, 0], TOKENS).states) == [2, 0]
 

@@ -36,6 +36,20 @@ def text_parts(model: torch.nn.Module) -> tuple[torch.nn.Module, torch.nn.Module
     return decoder, model.get_output_embeddings()
 
 
+ARGMAX_CHUNK = 4096  # positions per lm_head call: logits of 4096 x 248,320 bf16 are 2 GB
+
+
+def greedy_tokens(lm_head: torch.nn.Module, hidden: torch.Tensor) -> torch.Tensor:
+    """argmax of lm_head(hidden) [T, H] -> [T], ARGMAX_CHUNK positions at a time.
+
+    A thinking model's 32k-token completion would otherwise materialize 16 GB of logits at once
+    beside a 27B target; chunks bound that to 2 GB and are still large matrix products
+    (4096 x 5120 x 248,320 for Qwen3.6-27B). Not yet timed on the GPU against one product.
+    """
+    return torch.cat([lm_head(hidden[start:start + ARGMAX_CHUNK]).argmax(dim=-1)
+                      for start in range(0, len(hidden), ARGMAX_CHUNK)])
+
+
 def check_layer_ids(layer_ids: Sequence[int], num_layers: int) -> list[int]:
     """Layer ids as a list, each in [0, num_layers), without repeats."""
     ids = list(layer_ids)
@@ -87,7 +101,7 @@ def capture_layers(
         with torch.inference_mode():
             out = decoder(input_ids=tokens, use_cache=False)
             if want_argmax:
-                argmax = lm_head(out.last_hidden_state[0]).argmax(dim=-1)
+                argmax = greedy_tokens(lm_head, out.last_hidden_state[0])
     except _StopForward:
         pass
     finally:
