@@ -86,6 +86,24 @@ def test_fetch_parameter_change_reruns_everything_downstream_of_that_dataset(cas
                                     job("evaluate", "b", "d1"), job("report")}
 
 
+def test_server_and_fetch_runtime_changes_rerun_nothing(case):
+    """How fetch and extract run (server, concurrency, timeouts, retries) does not change what they produce:
+    rerunning them would discard hours of completions and of GPU time. The new values still reach the stages."""
+    workflow, root = case
+    config = load_config(root)
+    config["server"].update(health_timeout_s=1234, stop_grace_s=7, base_url="http://127.0.0.1:10")
+    config["fetch"].update(concurrency=3, timeout_s=99, retries=9)
+    save_config(root, config)
+    assert plan(workflow, root) == set()
+    (root / "runtime.log").unlink()
+    check(snakemake(workflow, root, "--forcerun", "fetch"))
+    calls = [json.loads(line) for line in (root / "runtime.log").read_text().splitlines()]
+    fetches, extracts = [c for c in calls if "concurrency" in c], [c for c in calls if "concurrency" not in c]
+    assert len(fetches) == len(extracts) == 2
+    assert all(c["concurrency"] == 3 and c["timeout_s"] == 99 and c["retries"] == 9 for c in fetches)
+    assert all(c["server"]["health_timeout_s"] == 1234 and c["server"]["base_url"].endswith(":10") for c in calls)
+
+
 def test_added_drafter_runs_only_its_evaluations_and_the_report(case):
     workflow, root = case
     config = load_config(root)

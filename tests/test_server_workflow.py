@@ -37,7 +37,7 @@ if rest[0] == "server":
     sys.exit(main(rest))
 if rest[0] in ("fetch", "extract"):
     from dflash_eval.server import ServerController, server_paused
-    server = json.loads(rest[rest.index("--settings") + 1])["server"]
+    server = json.loads(rest[rest.index("--runtime") + 1])["server"]  # how the stage runs, beside its params
     if rest[0] == "fetch":
         ServerController(server).ensure_up()
     else:

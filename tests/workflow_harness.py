@@ -39,6 +39,9 @@ outputs = {{"fetch": ["--out"], "extract": ["--out"], "evaluate": ["--metrics", 
 if outputs:
     with open("calls.log", "a") as log:
         log.write(f"{{command}} {{opts[outputs[0]]}}\n")
+    if "--runtime" in opts:
+        with open("runtime.log", "a") as log:
+            log.write(opts["--runtime"] + "\n")
     with open("packages.log", "a") as log:  # the dflash_eval a real call would import here (PYTHONPATH)
         log.write(importlib.util.find_spec("dflash_eval").origin + "\n")
 for key in outputs:

@@ -243,7 +243,20 @@ def dataset_inputs(config: dict, dataset: str) -> list[str]:
     return [spec["source"]] if spec.get("source") else []
 
 
-def fetch_settings(config: dict, dataset: str) -> dict:
+FETCH_RUNTIME_KEYS = ("concurrency", "timeout_s", "retries")
+
+
+def fetch_runtime(config: dict) -> dict:
+    """How fetch runs, not what it fetches: the server it talks to, concurrency, timeouts, retries.
+
+    The workflow passes these beside the params (`--runtime`), so changing them reruns nothing: a
+    rerun of fetch would throw away hours of completions, and of extraction hours of GPU time.
+    """
+    return {"server": server_settings(config), **{key: config["fetch"][key] for key in FETCH_RUNTIME_KEYS}}
+
+
+def fetch_params(config: dict, dataset: str) -> dict:
+    """What decides a dataset's completions: the Snakemake params of its fetch job."""
     spec = config["datasets"][dataset]
     # A prompt file's settings keep the shape they always had, so existing results do not rerun.
     where = ({"prompts": spec["prompts"]} if "prompts" in spec else
@@ -253,21 +266,34 @@ def fetch_settings(config: dict, dataset: str) -> dict:
         **where,
         "max_samples": spec["max_samples"],
         "seed": spec["seed"],
-        "server": server_settings(config),
         "tokenizer": config["target"]["path"],
-        **{key: config["fetch"][key] for key in
-           ("endpoint", "max_tokens", "temperature", "concurrency", "timeout_s", "retries", "chat_template_kwargs")},
+        **{key: config["fetch"][key] for key in ("endpoint", "max_tokens", "temperature", "chat_template_kwargs")},
     }
 
 
-def extract_settings(config: dict, dataset: str, layer_ids: list[int]) -> dict:
+def fetch_settings(config: dict, dataset: str) -> dict:
+    """Everything the fetch stage reads (params and runtime), for running it by hand from config.yaml."""
+    return {**fetch_params(config, dataset), **fetch_runtime(config)}
+
+
+def extract_runtime(config: dict) -> dict:
+    """How extraction runs around the server (see fetch_runtime): passed beside the params."""
+    return {"server": server_settings(config)}
+
+
+def extract_params(config: dict, dataset: str, layer_ids: list[int]) -> dict:
+    """What decides a hidden-state cache: the Snakemake params of its extract job."""
     return {
         "dataset": dataset,
         "layer_ids": list(layer_ids),
         "target": dict(config["target"]),
-        "server": server_settings(config),
         **config["extraction"],
     }
+
+
+def extract_settings(config: dict, dataset: str, layer_ids: list[int]) -> dict:
+    """Everything the extract stage reads (params and runtime), for running it by hand from config.yaml."""
+    return {**extract_params(config, dataset, layer_ids), **extract_runtime(config)}
 
 
 def evaluate_settings(config: dict, drafter: str, dataset: str) -> dict:
@@ -305,6 +331,16 @@ STAGE_SETTINGS = {"fetch": fetch_settings, "extract": extract_settings, "evaluat
 def settings_json(settings: dict) -> str:
     """Canonical JSON, so equal settings compare equal as Snakemake params."""
     return json.dumps(settings, sort_keys=True, separators=(",", ":"))
+
+
+def with_runtime(settings: dict, runtime: str | None) -> dict:
+    """`settings` with the workflow's `--runtime JSON` (how the stage runs; see fetch_runtime) merged in."""
+    if not runtime:
+        return settings
+    try:
+        return {**settings, **json.loads(runtime)}
+    except json.JSONDecodeError as error:
+        raise DflashEvalError(f"--runtime is not valid JSON ({error})") from error
 
 
 def settings_from_args(args: Any, build: Any, *selectors: str) -> dict:

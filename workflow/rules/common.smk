@@ -17,6 +17,13 @@ def settings_param(settings: dict) -> str:
     return cfg.settings_json(settings)
 
 
+# How fetch and extract run (server, concurrency, timeouts), as opposed to what they produce: passed
+# in the shell command from these globals, not as params, so Snakemake reruns nothing when they change
+# (the code trigger sees the command's template, not its values). See config.fetch_runtime.
+FETCH_RUNTIME = cfg.settings_json(cfg.fetch_runtime(config))
+EXTRACT_RUNTIME = cfg.settings_json(cfg.extract_runtime(config))
+
+
 def model_dir_files(path: str, demo_files: list[str]) -> list[str]:
     """Files of a model directory that a rule depends on (content-tracked, not the directory mtime).
 

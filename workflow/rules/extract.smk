@@ -8,7 +8,7 @@ rule extract:
     output:
         directory(f"{RESULTS}/hidden/{{dataset}}/{{layerset}}"),
     params:
-        settings=lambda w: settings_param(cfg.extract_settings(config, w.dataset, cfg.parse_layerset(w.layerset))),
+        settings=lambda w: settings_param(cfg.extract_params(config, w.dataset, cfg.parse_layerset(w.layerset))),
         target=target_fingerprint,
         code=code_fingerprint("extract"),
     resources:
@@ -20,5 +20,6 @@ rule extract:
     benchmark:
         f"{BENCH}/extract/{{dataset}}/{{layerset}}.tsv"
     shell:
-        "dflash-eval --log {log} extract --settings {params.settings:q} --completions {input.completions}"
+        "dflash-eval --log {log} extract --settings {params.settings:q} --runtime {EXTRACT_RUNTIME:q}"
+        " --completions {input.completions}"
         " --out {output} 2>> {log}"

@@ -9,7 +9,7 @@ rule fetch:
     output:
         f"{RESULTS}/completions/{{dataset}}.jsonl",
     params:
-        settings=lambda w: settings_param(cfg.fetch_settings(config, w.dataset)),
+        settings=lambda w: settings_param(cfg.fetch_params(config, w.dataset)),
         target=target_fingerprint,
         code=code_fingerprint("fetch"),
     resources:
@@ -19,4 +19,5 @@ rule fetch:
     benchmark:
         f"{BENCH}/fetch/{{dataset}}.tsv"
     shell:
-        "dflash-eval --log {log} fetch --settings {params.settings:q} --out {output} 2>> {log}"
+        "dflash-eval --log {log} fetch --settings {params.settings:q} --runtime {FETCH_RUNTIME:q} --out {output}"
+        " 2>> {log}"
