@@ -333,6 +333,10 @@ def settings_json(settings: dict) -> str:
     return json.dumps(settings, sort_keys=True, separators=(",", ":"))
 
 
+RUNTIME_HELP = ("how the stage runs, as JSON (server; for fetch also concurrency, timeout_s, retries): the workflow "
+                "passes it beside --settings, so that changing it reruns nothing")
+
+
 def with_runtime(settings: dict, runtime: str | None) -> dict:
     """`settings` with the workflow's `--runtime JSON` (how the stage runs; see fetch_runtime) merged in."""
     if not runtime:

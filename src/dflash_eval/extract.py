@@ -25,6 +25,7 @@ from .backends import BackendInfo, BackendRun, package_versions, select_backend,
 from .cache import CacheWriter
 from .cache_resume import ResumeState, plan_key, plan_shards, prepare_resume
 from .capture import capture_layers, check_layer_ids
+from .config import RUNTIME_HELP, extract_settings, load_config, with_runtime
 from .errors import DflashEvalError
 from .io_utils import sha256_file
 from .target import load_target, read_config_json, target_config_hash, text_config_dict
@@ -40,7 +41,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--config", help="config.yaml, instead of --settings (with --dataset and --layers)")
     parser.add_argument("--dataset", help="dataset name in config.yaml")
     parser.add_argument("--layers", help="comma-separated layer ids, e.g. 1,16,31,46,61")
-    parser.add_argument("--runtime", help="how the stage runs, as JSON (server, and for fetch concurrency, timeout_s, retries): the workflow passes it beside --settings so that changing it reruns nothing")
+    parser.add_argument("--runtime", help=RUNTIME_HELP)
     parser.add_argument("--completions", required=True, help="results/completions/{dataset}.jsonl")
     parser.add_argument("--out", required=True, help="cache directory, results/hidden/{dataset}/{layerset}")
 
@@ -58,13 +59,9 @@ def resolve_settings(args: argparse.Namespace) -> dict[str, Any]:
     if args.settings:
         settings = json.loads(args.settings)
     elif args.config and args.dataset and args.layers:
-        from .config import extract_settings, load_config
-
         settings = extract_settings(load_config(args.config), args.dataset, parse_layers(args.layers))
     else:
         raise DflashEvalError("extract needs --settings JSON, or --config with --dataset and --layers")
-    from .config import with_runtime
-
     settings = with_runtime(settings, args.runtime)
     missing = [k for k in _SETTING_KEYS if k not in settings]
     missing += [f"target.{k}" for k in _TARGET_KEYS if k not in settings.get("target", {})]

@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from dflash_eval.config import RUNTIME_HELP, fetch_settings, settings_from_args, with_runtime
 from dflash_eval.errors import DflashEvalError, Terminated
 from dflash_eval.fetch_store import PartialStore
 from dflash_eval.prompts import Prompt, load_prompts, select_subset
@@ -502,13 +503,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     src.add_argument("--settings", help="fetch settings as JSON (see docs/contracts.md)")
     src.add_argument("--config", help="config.yaml (by hand; needs --dataset)")
     parser.add_argument("--dataset", help="dataset name, with --config")
-    parser.add_argument("--runtime", help="how the stage runs, as JSON (server, and for fetch concurrency, timeout_s, retries): the workflow passes it beside --settings so that changing it reruns nothing")
+    parser.add_argument("--runtime", help=RUNTIME_HELP)
     parser.add_argument("--out", required=True, type=Path, help="completions JSONL to write")
 
 
 def run(args: argparse.Namespace) -> int:
     """CLI entry (the log file is the global `dflash-eval --log`)."""
-    from dflash_eval.config import fetch_settings, settings_from_args, with_runtime
-
     fetch(with_runtime(settings_from_args(args, fetch_settings, "dataset"), args.runtime), args.out)
     return 0
