@@ -56,6 +56,21 @@ def test_fetch_cli_fails_on_malformed_prompts_before_touching_the_server(tmp_pat
     assert not (tmp_path / "o.jsonl").exists()
 
 
+def test_fetch_cli_takes_the_server_from_runtime_and_names_bad_runtime_json(tmp_path):
+    """The workflow passes how fetch runs as --runtime beside --settings; it is merged in, and bad JSON is named."""
+    prompts = tmp_path / "bad.jsonl"
+    prompts.write_text('{"id": "a", "messages": []}\n')
+    params = {"dataset": "bad", "prompts": str(prompts), "tokenizer": "unused"}
+    runtime = {"server": {"kind": "external", "start_command": "false", "stop_command": "false"}, "concurrency": 2}
+    log = tmp_path / "fetch.log"
+    base = ["--log", str(log), "fetch", "--settings", json.dumps(params), "--out", str(tmp_path / "o.jsonl")]
+    assert cli.main([*base, "--runtime", json.dumps(runtime)]) == 2
+    assert f"{prompts}:1: " in log.read_text()  # got past the settings check: the server came from --runtime
+    assert cli.main(base) == 2 and "missing ['server']" in log.read_text()
+    assert cli.main([*base, "--runtime", "{concurrency: 2"]) == 2
+    assert "--runtime is not valid JSON" in log.read_text()
+
+
 def test_subset_is_deterministic_and_in_file_order(tmp_path):
     prompts = load_prompts(hs.write_prompts(tmp_path / "p.jsonl", 20))
     a = select_subset(prompts, 5, seed=1)
