@@ -35,7 +35,6 @@ A short run (one repeat of 65k tokens) moved rows by about +-0.03x between repea
 from __future__ import annotations
 
 import argparse
-import os
 import platform
 import shutil
 import statistics
@@ -173,12 +172,6 @@ def host_rates(workdir: Path, device: torch.device, megabytes: int = 1024) -> st
     with open(path, "wb") as handle:
         handle.write(data.numpy().data)
     rates["file write (page cache)"] = megabytes / 1024 / (time.perf_counter() - started)
-    path.unlink()
-    started = time.perf_counter()
-    with open(path, "wb") as handle:
-        handle.write(data.numpy().data)
-        os.fsync(handle.fileno())
-    rates["file write + fsync"] = megabytes / 1024 / (time.perf_counter() - started)
     path.unlink()
     if device.type == "cuda":
         source, pinned = data.to(device), torch.empty_like(data, pin_memory=True)

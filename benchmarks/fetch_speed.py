@@ -118,7 +118,7 @@ def main() -> int:
                 "max_tokens": args.max_tokens, "concurrency": args.concurrency, "timeout_s": 60.0}
     # The bare loop sends the very prompts our stage sends: the chat template rendered as text, or its
     # token ids when the server takes them (SGLang).
-    texts = [fetch.render(tok, p.messages, {})[0 if not args.sglang else 1] for p in load_prompts(prompts_file)]
+    texts = [fetch.render(tok, p.messages, {})[1 if args.sglang else 0] for p in load_prompts(prompts_file)]
     runs = 0
 
     def ours() -> None:

@@ -99,7 +99,7 @@ class _ShardBuffer:
 
     def put(self, input_ids: torch.Tensor, states: dict[int, torch.Tensor], argmax: torch.Tensor | None,
             stream: torch.cuda.Stream | None = None) -> None:
-        """Copy one sample in; from a GPU asynchronously, on `stream` (synchronize before reading the rows).
+        """Copy one sample in; from a GPU asynchronously, on `stream` (wait for it before reading the rows).
 
         On a side stream the copies overlap the next forward instead of queueing behind it; the
         sources are marked as used there so the allocator does not hand their memory out too early.
@@ -194,9 +194,11 @@ class CacheWriter:
     """Accumulates samples into shards of at most `shard_tokens` tokens and publishes the directory.
 
     Three preallocated shard buffers rotate: one fills (asynchronous GPU->pinned copies, on a side
-    stream) while two background threads write and hash the others, so host memory stays at three
-    shards and the GPU waits for the disk only when the disk is slower than the forward. A sample never spans shards; one longer than `shard_tokens` gets a
-    shard of its own (cache_resume.plan_shards states the rule). Use as a context manager: an
+    stream) while two background threads check, write and hash the others, so host memory stays at
+    three shards and the GPU waits for the disk only when the disk is slower than the forward. A
+    sample never spans shards; one longer than `shard_tokens` gets a shard of its own, and
+    `close_shard` ends a shard early where the plan says (cache_resume.plan_shards states the
+    rule). Use as a context manager: an
     exception removes the temporary directory, unless the writer resumes (`resume` given): then
     it works in `<out>.partial/`, journals every finished shard, and leaves them for the next run.
     """

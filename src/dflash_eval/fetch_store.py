@@ -17,11 +17,11 @@ from __future__ import annotations
 
 import fcntl
 import json
-from concurrent.futures import Future, ThreadPoolExecutor
 import logging
 import os
 import time
 from collections.abc import Iterable
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
