@@ -16,11 +16,14 @@ heads of 256, linear heads 16 key / 48 value of 128, intermediate 17408, vocab 2
 - ablations, to show what each lever is worth: the forward with hooks and argmax alone (nothing
   copied or written), ours with greedy shards (no halving tail: the last full shard is written
   after the last forward), ours with a device-wide synchronize at every shard boundary (how the
-  NaN flags were read before the writer threads took that over), and ours without the journal
-  (not resumable);
+  NaN flags were read before the writer threads took that over), ours without the journal
+  (not resumable), ours with writer threads that only wait for the copies and check the NaN flags
+  (no hash, no file: what the copies alone cost), and the plain forward beside a thread that
+  hashes 1 MB chunks in a loop (whether host load alone slows the forward);
 - torch backend rows: the plain forward and our extraction with transformers' torch fallback.
 
-Each "ours" row also gives how long the forward waited for the writers in total and how long
+The cache each "ours" row wrote is deleted after its clock stops: the stage never deletes its
+output, and unlinking gigabytes of page cache is not extraction. Each "ours" row also gives how long the forward waited for the writers in total and how long
 `finish` waited after the last forward.
 
 Then compare-backends (fla against torch) on the same sequences. Prints tables and appends them to
@@ -35,10 +38,12 @@ A short run (one repeat of 65k tokens) moved rows by about +-0.03x between repea
 from __future__ import annotations
 
 import argparse
+import contextlib
 import platform
 import shutil
 import statistics
 import tempfile
+import threading
 import time
 from pathlib import Path
 
@@ -88,11 +93,15 @@ def sync(device: torch.device) -> None:
 
 
 def timed(fn, device: torch.device) -> float:
+    """Seconds of `fn()`; a directory it returns is deleted after the clock stops."""
     sync(device)
     started = time.perf_counter()
-    fn()
+    made = fn()
     sync(device)
-    return time.perf_counter() - started
+    seconds = time.perf_counter() - started
+    if isinstance(made, Path):
+        shutil.rmtree(made)
+    return seconds
 
 
 @torch.inference_mode()
@@ -109,10 +118,49 @@ def plain_capture(model, sequences, device) -> None:
         del out, kept
 
 
+def busy_forward(model, sequences, device) -> None:
+    with busy_host_thread():
+        plain_forward(model, sequences, device)
+
+
 @torch.inference_mode()
 def capture_only(model, sequences, device) -> None:
     for ids in sequences:
         capture_layers(model, LAYERS, ids.to(device), want_argmax=True)
+
+
+def checks_only(path: Path, buffer, journal, index, samples, pending) -> dict:
+    """Ablation writer thread: waits for the copies and checks the NaN flags, hashes and writes nothing."""
+    if pending is not None:
+        pending.check(samples, buffer.layers)
+    return {"file": path.name, "sha256": "", "bytes": 0, "tokens": buffer.tokens}
+
+
+class CopiesOnlyWriter(CacheWriter):
+    """Ablation: the copies to pinned memory and the NaN checks, no file and no hash."""
+
+    write_shard = staticmethod(checks_only)
+
+
+@contextlib.contextmanager
+def busy_host_thread(chunk_mb: int = 1):
+    """A thread hashing 1 MB chunks in a loop (each update releases the GIL): does host load slow the forward?"""
+    import hashlib
+
+    data, stop = bytes(chunk_mb << 20), threading.Event()
+
+    def spin() -> None:
+        digest = hashlib.sha256()
+        while not stop.is_set():
+            digest.update(data)
+
+    thread = threading.Thread(target=spin, daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        thread.join()
 
 
 class SyncPerShardWriter(CacheWriter):
@@ -124,8 +172,10 @@ class SyncPerShardWriter(CacheWriter):
 
 
 def our_extract(model, sequences, device, backend, store_argmax: bool, workdir: Path, shard_tokens: int,
-                writer_class=CacheWriter, plan=plan_shards, journal: bool = True, stats: dict | None = None) -> None:
-    """The extract stage's path; `stats` gets the writer's wait and tail seconds."""
+                writer_class=CacheWriter, plan=plan_shards, journal: bool = True, stats: dict | None = None) -> Path:
+    """The extract stage's path; `stats` gets the writer's wait and tail seconds. Returns the cache
+    directory, which the caller deletes outside the timed region (the stage never deletes it, and
+    unlinking ~3 GB of page cache takes a noticeable fraction of a second)."""
     records = [{"id": f"s{i}", "prompt_token_ids": ids[:16].tolist(), "completion_token_ids": ids[16:].tolist()}
                for i, ids in enumerate(sequences)]
     settings = {"layer_ids": LAYERS, "store_argmax": store_argmax, "target": {"device": str(device)}}
@@ -139,7 +189,7 @@ def our_extract(model, sequences, device, backend, store_argmax: bool, workdir: 
         writer.finish(backend={})
     if stats is not None:
         stats.update(wait=writer.writer_wait_s, tail=writer.tail_s)
-    shutil.rmtree(out)
+    return out
 
 
 def repeated(rows: dict, device: torch.device, repeats: int, stats: dict) -> dict[str, list[float]]:
@@ -236,6 +286,11 @@ def main() -> None:
                     "extract (ours)": ours("extract (ours)"),
                     "extract, no argmax (ours)": ours("extract, no argmax (ours)", False),
                     "ablation: forward + hooks + argmax only": lambda: capture_only(model, subset, device),
+                    "ablation: ours, copies and NaN checks only (nothing hashed or written)": ours(
+                        "ablation: ours, copies and NaN checks only (nothing hashed or written)",
+                        writer_class=CopiesOnlyWriter),
+                    "ablation: plain forward beside a thread hashing 1 MB chunks": lambda: busy_forward(
+                        model, subset, device),
                     "ablation: ours, greedy shards (no halving tail)": ours(
                         "ablation: ours, greedy shards (no halving tail)", plan=_greedy),
                     "ablation: ours, a synchronize per shard": ours(
@@ -252,7 +307,7 @@ def main() -> None:
                 plain_forward(model, subset[:1], device)  # warm-up: kernel autotuning, allocator
                 # Warm-up of ours: the pinned shard buffers come from torch's host allocator cache in every
                 # timed row, as they would after the first shard of a long run.
-                our_extract(model, subset[:1], device, backend, True, workdir, args.shard_tokens)
+                shutil.rmtree(our_extract(model, subset[:1], device, backend, True, workdir, args.shard_tokens))
                 runs = repeated(rows, device, args.repeats, stats)
                 backend.verify()
             for label, times in runs.items():

@@ -203,6 +203,8 @@ class CacheWriter:
     it works in `<out>.partial/`, journals every finished shard, and leaves them for the next run.
     """
 
+    write_shard = staticmethod(_write_shard)  # what a writer thread runs per shard (benchmarks swap it)
+
     def __init__(
         self,
         out: str | Path,
@@ -351,7 +353,7 @@ class CacheWriter:
         journal = self.tmp / JOURNAL if self.resume else None
         samples = self.samples[self._unsubmitted:]
         self._unsubmitted = len(self.samples)
-        buffer.write = self._pool.submit(_write_shard, path, buffer, journal, index, samples, self._pending_copies())
+        buffer.write = self._pool.submit(self.write_shard, path, buffer, journal, index, samples, self._pending_copies())
         self._shards.append(buffer.write)
 
     def close_shard(self) -> None:
