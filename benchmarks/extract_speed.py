@@ -261,7 +261,7 @@ def main() -> None:
     lines = [f"## {name}, {args.layers} layers, hidden {args.hidden}, vocab {args.vocab}, bf16, layers {LAYERS}, "
              f"shard_tokens {args.shard_tokens}, torch {torch.__version__}", "",
              rates, "", f"| backend | row | seq len | tokens | tokens/s (median of {args.repeats}) | vs plain forward (median of "
-             "the repeats' ratios) | s waited for writers / at the end (last repeat) |",
+             "the repeats' ratios, and their range) | s waited for writers / at the end (last repeat) |",
              "|---|---|---:|---:|---:|---:|---:|"]
     comparisons = []
     for seq_len in args.seq_lens:
@@ -314,10 +314,13 @@ def main() -> None:
                 rate = tokens / statistics.median(times)
                 # Each repeat's ratio against the plain forward of the same repeat: slow drifts of the
                 # machine cancel out; the median of those is the number the goal is judged by.
-                ratio = statistics.median(p / t for p, t in zip(runs["plain forward"], times))
+                ratios = [p / t for p, t in zip(runs["plain forward"], times)]
+                ratio = f"{statistics.median(ratios):.2f}x"
+                if len(ratios) > 1:  # the spread shows what a difference between two rows is worth
+                    ratio += f" ({min(ratios):.2f}-{max(ratios):.2f})"
                 waits = stats.get(label)
                 waited = f"{waits['wait']:.2f} / {waits['tail']:.2f}" if waits else ""
-                lines.append(f"| {backend_name} | {label} | {seq_len} | {tokens} | {rate:,.0f} | {ratio:.2f}x "
+                lines.append(f"| {backend_name} | {label} | {seq_len} | {tokens} | {rate:,.0f} | {ratio} "
                              f"| {waited} |")
                 print(lines[-1], flush=True)
         if {"fla", "torch"} <= set(args.backends):
