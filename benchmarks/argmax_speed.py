@@ -11,6 +11,7 @@ equals the argmax of one product. Prints a table and appends it to benchmarks/re
 from __future__ import annotations
 
 import argparse
+import time
 from pathlib import Path
 
 import torch
@@ -23,8 +24,6 @@ ROOT = Path(__file__).resolve().parents[1]
 
 def milliseconds(fn, device: torch.device, calls: int = 20) -> float:
     """Mean milliseconds of `fn` over `calls` calls after one warm-up (CUDA events on a GPU)."""
-    import time
-
     fn()
     if device.type != "cuda":
         started = time.perf_counter()

@@ -23,8 +23,9 @@ heads of 256, linear heads 16 key / 48 value of 128, intermediate 17408, vocab 2
 - torch backend rows: the plain forward and our extraction with transformers' torch fallback.
 
 The cache each "ours" row wrote is deleted after its clock stops: the stage never deletes its
-output, and unlinking gigabytes of page cache is not extraction. Each "ours" row also gives how long the forward waited for the writers in total and how long
-`finish` waited after the last forward.
+output, and unlinking gigabytes of page cache is not extraction. Each "ours" row also gives how
+long the forward waited for the writers in total and how long `finish` waited after the last
+forward.
 
 Then compare-backends (fla against torch) on the same sequences. Prints tables and appends them to
 benchmarks/results/extract_speed.md.
