@@ -360,6 +360,31 @@ def test_finish_writes_added_and_kept_records_in_the_given_order(tmp_path):
     assert not partial_path(out).exists()
 
 
+def test_a_failed_fsync_stops_finish_before_the_output_and_keeps_the_partial_file(tmp_path, monkeypatch):
+    """The first fsync fails (a later one on the same descriptor may pass, as on Linux after EIO):
+    finish raises before writing the output or dropping the partial file, which keeps the records."""
+    import dflash_eval.fetch_store as fetch_store
+
+    real_fsync, calls = fetch_store.os.fsync, []
+
+    def failing_once(fd: int) -> None:
+        calls.append(fd)
+        if len(calls) == 1:
+            raise OSError(5, "Input/output error")
+        real_fsync(fd)
+
+    monkeypatch.setattr(fetch_store.os, "fsync", failing_once)
+    out = tmp_path / "o.jsonl"
+    records = [{"id": f"r{i}"} for i in range(3)]
+    with pytest.raises(DflashEvalError, match=r"o.jsonl.partial: fsync failed"):
+        with PartialStore(out, flush_s=3600, flush_records=2) as store:
+            for rec in records:
+                store.add(rec)
+            store.finish(records)
+    assert not out.exists()
+    assert [r["id"] for r in read_records(partial_path(out))] == ["r0", "r1", "r2"]
+
+
 def test_backoff_doubles_with_jitter_and_is_capped():
     for attempt in range(4):
         delays = [backoff_delay(attempt, 0.5) for _ in range(200)]

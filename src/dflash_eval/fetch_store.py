@@ -69,6 +69,7 @@ class PartialStore:
         self._fd: int | None = None
         self._syncer: ThreadPoolExecutor | None = None
         self._synced: Future[None] | None = None  # the latest fsync handed to the worker
+        self._sync_error: OSError | None = None  # the first failed fsync (a later one on the same fd may pass)
         self._buffer: list[bytes] = []
         self._lines: dict[str, bytes] = {}  # each record added by this run, serialized, by id: reused by finish
         self._last_flush = time.monotonic()
@@ -84,7 +85,7 @@ class PartialStore:
             raise DflashEvalError(f"{self.path} is locked by another running fetch of the same output; wait for it") from None
         return self
 
-    def __exit__(self, *exc: object) -> None:
+    def __exit__(self, exc_type: object, *_: object) -> None:
         try:
             self.flush()
         finally:
@@ -94,8 +95,21 @@ class PartialStore:
             if self._fd is not None:
                 os.close(self._fd)  # releases the lock
                 self._fd = None
-        if self._synced is not None:
-            self._synced.result()  # a failed fsync is an error, not a silent loss
+        if exc_type is None:  # an exception on its way out is the one to report
+            self._raise_sync_error()  # a failed fsync is an error, not a silent loss
+
+    def _fsync(self) -> None:
+        """fsync on the worker thread, keeping the first failure for the main thread to raise."""
+        try:
+            os.fsync(self._fd)
+        except OSError as error:
+            self._sync_error = self._sync_error or error
+
+    def _raise_sync_error(self) -> None:
+        if self._sync_error is not None:
+            raise DflashEvalError(f"{self.path}: fsync failed ({self._sync_error}); the completions written since the "
+                                  "last successful fsync may not be on disk; free the disk or fix it, then rerun "
+                                  "(finished records are kept)") from self._sync_error
 
     def load(self) -> list[dict[str, Any]]:
         """Records from a previous run: the output itself if a run finished (by hand), then the partial
@@ -124,11 +138,10 @@ class PartialStore:
         self._buffer.clear()
         while data:  # a write may be short; O_APPEND keeps each piece at the end
             data = data[os.write(self._fd, data):]
-        if self._synced is not None and self._synced.done():
-            self._synced.result()  # raise an earlier fsync's error here
+        self._raise_sync_error()  # an earlier fsync's failure, here rather than at the end
         if self._syncer is None:
             self._syncer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="fsync")
-        self._synced = self._syncer.submit(os.fsync, self._fd)
+        self._synced = self._syncer.submit(self._fsync)
 
     def finish(self, records: Iterable[dict[str, Any]]) -> None:
         """Write the complete output atomically, then drop the partial file.
@@ -137,6 +150,9 @@ class PartialStore:
         have changed since); only the kept ones are serialized here.
         """
         self.flush()
+        if self._synced is not None:
+            self._synced.result()
+        self._raise_sync_error()  # before the output is written and the partial file dropped
         lines = self._lines
         atomic_write_bytes(self.out, b"".join(lines.get(str(r["id"])) or serialize(r) for r in records))
         self.path.unlink(missing_ok=True)

@@ -19,6 +19,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from dflash_eval.errors import DflashEvalError
+from dflash_eval.io_utils import atomic_write_text
 
 HOWS = (None, "stopped", "released")
 
@@ -71,7 +72,8 @@ def load(path: Path) -> Outage | None:
         data = json.loads(text)
         outage = Outage(was_up=bool(data["was_up"]), how=data.get("how"), holders=list(data.get("holders", [])),
                         since=float(data.get("since", 0.0)))
-    except (ValueError, KeyError, TypeError) as error:
+        outage.holders = [h for h in outage.holders if holder_alive(h)]  # a malformed holder fails here too
+    except (ValueError, KeyError, TypeError, AttributeError) as error:
         raise DflashEvalError(
             f"{path}: not an outage record ({error!r}); bring the server to the state you want by hand, "
             "then delete this file"
@@ -79,17 +81,12 @@ def load(path: Path) -> Outage | None:
     if outage.how not in HOWS:
         raise DflashEvalError(f"{path}: `how` is {outage.how!r}, not one of {HOWS}; delete the file once the server "
                               "is in the state you want")
-    outage.holders = [h for h in outage.holders if holder_alive(h)]
     return outage
 
 
 def save(path: Path, outage: Outage) -> None:
     """Write the record atomically (a crash mid-write must not leave half a file)."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps(asdict(outage)))
-    tmp.replace(path)
+    atomic_write_text(path, json.dumps(asdict(outage)))
 
 
 def clear(path: Path) -> None:

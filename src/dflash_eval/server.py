@@ -36,6 +36,7 @@ from typing import Any
 
 from dflash_eval import gpu_memory, outage
 from dflash_eval.errors import DflashEvalError, Terminated
+from dflash_eval.io_utils import atomic_write_text
 from dflash_eval.outage import Outage, process_start_ticks
 
 log = logging.getLogger(__name__)
@@ -230,7 +231,11 @@ class ServerController:
     def _end_outage(self, current: Outage) -> None:
         """Bring the server back if it was up before the outage, then forget the outage."""
         if current.was_up:
-            self._bring_up(current.how)
+            try:
+                self._bring_up(current.how)
+            except ServerError as error:  # the outage stays recorded, so every later run retries the restore
+                raise ServerError(f"{error}; the outage stays recorded in {self.outage_file} and every later run "
+                                  "retries this restore: bring the server back by hand, then delete that file") from error
         outage.clear(self.outage_file)
         self.record("resume", restored=current.was_up)
 
@@ -341,9 +346,7 @@ class ServerController:
             )
         pid = self._proc.pid
         info = {"pid": pid, "start_ticks": process_start_ticks(pid), "command": command, "base_url": self.base_url}
-        tmp = self.pid_file.with_suffix(".tmp")
-        tmp.write_text(json.dumps(info))
-        tmp.replace(self.pid_file)
+        atomic_write_text(self.pid_file, json.dumps(info))
         self.record("launched", pid=pid, command=command)
 
     # ----- down -----
@@ -366,7 +369,11 @@ class ServerController:
                 f"(no live pid in {self.pid_file}); stop it yourself or use kind: external"
             )
         self._note(current, "stopped")
-        self.record("stop_requested", pid=pid)
+        self._stop_pid(pid)
+
+    def _stop_pid(self, pid: int, **details: Any) -> None:
+        """Stop the launched server's process group, recorded before and after."""
+        self.record("stop_requested", pid=pid, **details)
         self._stop_group(pid)
         self.record("down", pid=pid)
 
@@ -431,9 +438,7 @@ class ServerController:
         if self.settings["keep_running"]:
             log.info("server %s (pid %d) left running: keep_running is set", self.base_url, pid)
             return False
-        self.record("stop_requested", pid=pid, reason="stop-launched")
-        self._stop_group(pid)
-        self.record("down", pid=pid)
+        self._stop_pid(pid, reason="stop-launched")
         return True
 
     def finish(self) -> None:
