@@ -107,6 +107,30 @@ def test_host_memory_is_a_few_shard_buffers_whatever_the_dataset_size(tmp_path, 
     assert allocated == [10] * (cache.WRITER_THREADS + 1)
 
 
+def test_samples_longer_than_a_shard_hold_one_one_off_buffer_at_a_time(tmp_path):
+    """A thinking model's long completions each get a one-off buffer; with a slow disk they must not
+    pile up in host memory: the next one waits for the previous one's write."""
+    import time
+
+    from dflash_eval import cache
+
+    class SlowDisk(CacheWriter):
+        @staticmethod
+        def write_shard(*args, **kwargs):
+            time.sleep(0.05)
+            return cache._write_shard(*args, **kwargs)
+
+    pending = []
+    with SlowDisk(tmp_path / "cache", layer_ids=LAYERS, shard_tokens=8, store_argmax=True, header=HEADER) as writer:
+        for n in range(8):
+            writer.add(f"s{n}", *_sample(20, n), prompt_len=2)
+            pending.append(sum(not shard.done() for shard in writer._shards))
+        writer.finish()
+    assert max(pending) == 1
+    assert len(HiddenCache(tmp_path / "cache").manifest["shards"]) == 8
+    HiddenCache(tmp_path / "cache").verify()
+
+
 def test_manifest_follows_the_contract(tmp_path):
     out = tmp_path / "cache"
     _write(out, [3, 3], store_argmax=False)

@@ -61,7 +61,8 @@ class SampleContext:
 
 
 class BlockDrafter(nn.Module):
-    """Runs a `dflash.DFlashDraftModel`'s weights over batches of anchors (differentiable)."""
+    """Runs a `dflash` DFlashDraftModel's or DFlash2DraftModel's weights (with its block convolutions and
+    candidate selector) over batches of anchors (differentiable)."""
 
     def __init__(self, drafter: nn.Module, embed: torch.Tensor, lm_head: torch.Tensor, mask_token_id: int) -> None:
         super().__init__()

@@ -23,14 +23,13 @@ from typing import Any
 import torch
 from safetensors import safe_open
 
-from .cache_resume import JOURNAL, PLAN, ResumeState, append_journal, partial_dir
+from .cache_resume import JOURNAL, MANIFEST, PLAN, ResumeState, append_journal, partial_dir
 from .errors import DflashEvalError
 from .io_utils import atomic_write_json, sha256_file
 
 log = logging.getLogger(__name__)
 
 FORMAT_VERSION = 1
-MANIFEST = "manifest.json"
 _HEADER_KEYS = ("target", "backend", "device", "completions")
 WRITER_THREADS = 2  # shards written at once; one thread could not keep up with an H200 (benchmarks/)
 
@@ -186,7 +185,7 @@ def _nonfinite_error(sample_id: str, layer_id: int, state: torch.Tensor) -> Cach
     bad = (~torch.isfinite(state)).nonzero()
     return CacheError(
         f"sample {sample_id!r}, layer {layer_id}: {len(bad)} non-finite values (NaN/Inf), first at token "
-        f"{int(bad[0, 0])}; the target forward is broken (dtype overflow, bad weights); nothing was written"
+        f"{int(bad[0, 0])}; the target forward is broken (dtype overflow, bad weights); the shard holding it was not written"
     )
 
 
@@ -195,8 +194,9 @@ class CacheWriter:
 
     Three preallocated shard buffers rotate: one fills (asynchronous GPU->pinned copies, on a side
     stream) while two background threads check, write and hash the others, so host memory stays at
-    three shards and the GPU waits for the disk only when the disk is slower than the forward. A
-    sample never spans shards; one longer than `shard_tokens` gets a shard of its own, and
+    three shards (plus one one-off buffer) and the GPU waits for the disk only when the disk is slower
+    than the forward. A sample never spans shards; one longer than `shard_tokens` gets a shard of its
+    own, from a one-off buffer that waits for the previous one-off's write, and
     `close_shard` ends a shard early where the plan says (cache_resume.plan_shards states the
     rule). Use as a context manager: an
     exception removes the temporary directory, unless the writer resumes (`resume` given): then
@@ -228,6 +228,7 @@ class CacheWriter:
         self._ids: set[str] = set()
         self._shards: list[Future] = []
         self._buffers: list[_ShardBuffer] = []  # [filling, *spares oldest first], allocated at the first sample
+        self._oversize: _ShardBuffer | None = None  # the latest one-off buffer of a sample longer than shard_tokens
         self._copy_stream: torch.cuda.Stream | None = None  # GPU->host copies, beside the forward
         self._pending_finite: list[torch.Tensor] = []  # GPU finite flags of the unsubmitted samples
         self._hidden: tuple[int, torch.dtype] | None = None
@@ -312,9 +313,11 @@ class CacheWriter:
         if not self._buffers:
             self._buffers = [self._new_buffer(self.shard_tokens, pin) for _ in range(WRITER_THREADS + 1)]
             self._copy_stream = torch.cuda.Stream(states[self.layer_ids[0]].device) if pin else None
-        if length > self.shard_tokens:  # its own shard, from a one-off buffer
+        if length > self.shard_tokens:  # its own shard, from a one-off buffer, one at a time (host memory bound)
             self._flush()
-            buffer = self._new_buffer(length, pin=False)
+            if self._oversize is not None:
+                self._wait_for(self._oversize)
+            buffer = self._oversize = self._new_buffer(length, pin=False)
         else:
             buffer = self._buffers[0]
             if buffer.tokens + length > self.shard_tokens:
@@ -367,10 +370,14 @@ class CacheWriter:
         if not filling.tokens:
             return
         self._submit(filling)
-        started = time.perf_counter()
-        spare.wait()  # surfaces write errors early and bounds host memory to WRITER_THREADS + 1 shards
-        self.writer_wait_s += time.perf_counter() - started
+        self._wait_for(spare)  # surfaces write errors early and bounds host memory to WRITER_THREADS + 1 shards
         self._buffers = [spare, *others, filling]
+
+    def _wait_for(self, buffer: _ShardBuffer) -> None:
+        """Block until no write reads `buffer`, counting the time as the forward waiting for the disk."""
+        started = time.perf_counter()
+        buffer.wait()
+        self.writer_wait_s += time.perf_counter() - started
 
     def finish(self, **updates: Any) -> Path:
         """Write the last shard and the manifest, then atomically publish `<out>` (replacing an old one)."""
@@ -379,7 +386,7 @@ class CacheWriter:
         shards = [future.result() for future in self._shards]
         self._pool.shutdown()
         self.tail_s = time.perf_counter() - started
-        self._buffers = []
+        self._buffers, self._oversize = [], None
         header = {**self.header, **updates}
         missing = [key for key in _HEADER_KEYS if key not in header]
         if missing:
@@ -422,7 +429,7 @@ class CacheWriter:
         # A resuming writer lets queued shard writes finish: they are complete shards, journaled for
         # the next run. Otherwise they are dropped with the temporary directory.
         self._pool.shutdown(wait=True, cancel_futures=self.resume is None)
-        self._buffers = []
+        self._buffers, self._oversize = [], None
         if self.resume is None:
             shutil.rmtree(self.tmp, ignore_errors=True)
 

@@ -167,10 +167,10 @@ def _build(model_class: type, config: Qwen3Config, path: Path) -> torch.nn.Modul
     try:
         return model_class(config)
     except (TypeError, ValueError, KeyError) as error:  # _draft_value(...) gave None for a needed setting
+        hint = ("; a DFlash2DraftModel needs conv_kernel_size, conv_group_size, selector_rank and selector_top_k "
+                "in dflash_config" if "DFlash2" in model_class.__name__ else "; check its config.json")
         raise DflashEvalError(
-            f"{path}: cannot build {model_class.__name__} from its config ({type(error).__name__}: {error}); a "
-            "DFlash2DraftModel needs conv_kernel_size, conv_group_size, selector_rank and selector_top_k in "
-            "dflash_config"
+            f"{path}: cannot build {model_class.__name__} from its config ({type(error).__name__}: {error}){hint}"
         ) from error
 
 
