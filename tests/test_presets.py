@@ -176,3 +176,15 @@ def test_fetch_of_a_preset_with_a_subset(tmp_path):
     assert records[1]["messages"] == [{"role": "user", "content": f"Question {kept[0]}: first?"},
                                       {"role": "assistant", "content": records[0]["text"]},
                                       {"role": "user", "content": "and then?"}]
+
+
+def test_a_missing_reader_package_names_the_file_and_both_fixes(tmp_path, monkeypatch):
+    """A parquet copy without pyarrow is an error naming the file, the extra and the .jsonl way out."""
+    from dflash_eval import presets
+
+    monkeypatch.setitem(sys.modules, "pyarrow.parquet", None)  # None in sys.modules: the import fails
+    source = tmp_path / "test-00000-of-00001.parquet"
+    source.write_bytes(b"PAR1")
+    with pytest.raises(DflashEvalError, match=r"test-00000-of-00001.parquet: reading a .parquet file needs the "
+                                              r"`pyarrow` package: pip install 'dflash-eval\[presets\]', or convert"):
+        presets._read_file(source)

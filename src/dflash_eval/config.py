@@ -1,9 +1,11 @@
 """config.yaml: loading, validation with messages that name the key, and per-stage settings.
 
 The Snakefile and the CLI both go through here, so a stage run by hand gets exactly the settings
-the workflow would pass. Each `*_settings` function returns only what its stage reads: the
-workflow passes it as a rule param, which is what makes Snakemake rerun a stage when (and only
-when) its own settings change.
+the workflow would pass. What decides a stage's output (`fetch_params`, `extract_params`,
+`evaluate_settings`, `report_settings`) is a rule param, which is what makes Snakemake rerun a stage
+when (and only when) it changes; how fetch and extract run (`fetch_runtime`, `extract_runtime`:
+the server, concurrency, timeouts) reaches them as `--runtime` JSON and reruns nothing. The
+`*_settings` functions join the two for running a stage by hand from config.yaml.
 """
 
 from __future__ import annotations
@@ -258,7 +260,7 @@ def fetch_runtime(config: dict) -> dict:
 def fetch_params(config: dict, dataset: str) -> dict:
     """What decides a dataset's completions: the Snakemake params of its fetch job."""
     spec = config["datasets"][dataset]
-    # A prompt file's settings keep the shape they always had, so existing results do not rerun.
+    # A prompt file's params carry no preset keys (source, cache_dir): only a preset's depend on them.
     where = ({"prompts": spec["prompts"]} if "prompts" in spec else
              {"preset": spec["preset"], "source": spec.get("source"), "cache_dir": spec.get("cache_dir")})
     return {
@@ -325,15 +327,12 @@ def report_settings(config: dict) -> dict:
     }
 
 
-STAGE_SETTINGS = {"fetch": fetch_settings, "extract": extract_settings, "evaluate": evaluate_settings}
-
-
 def settings_json(settings: dict) -> str:
     """Canonical JSON, so equal settings compare equal as Snakemake params."""
     return json.dumps(settings, sort_keys=True, separators=(",", ":"))
 
 
-RUNTIME_HELP = ("how the stage runs, as JSON (server; for fetch also concurrency, timeout_s, retries): the workflow "
+RUNTIME_HELP = (f"how the stage runs, as JSON (server; for fetch also {', '.join(FETCH_RUNTIME_KEYS)}): the workflow "
                 "passes it beside --settings, so that changing it reruns nothing")
 
 

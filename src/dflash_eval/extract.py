@@ -37,7 +37,7 @@ _TARGET_KEYS = ("path", "dtype", "device", "backend")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--settings", help="extract settings as JSON (from config.extract_settings)")
+    parser.add_argument("--settings", help="extract params as JSON (from config.extract_params)")
     parser.add_argument("--config", help="config.yaml, instead of --settings (with --dataset and --layers)")
     parser.add_argument("--dataset", help="dataset name in config.yaml")
     parser.add_argument("--layers", help="comma-separated layer ids, e.g. 1,16,31,46,61")

@@ -38,9 +38,9 @@ DEFAULTS: dict[str, Any] = {
     "cache_dir": None,  # the `datasets` cache to load it through
     "max_samples": None,
     "seed": 0,
-    "max_tokens": 512,
+    "max_tokens": 2048,  # the schema's defaults (workflow/schemas/config.schema.yaml), for settings written by hand
     "temperature": 0.0,
-    "concurrency": 4,
+    "concurrency": 16,
     "timeout_s": 600.0,
     "retries": 5,
     "backoff_s": 1.0,  # first retry waits about this long (times a jitter in [0.5, 1]); each next one twice as long

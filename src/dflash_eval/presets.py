@@ -17,6 +17,7 @@ the same code as a prompt file's lines.
 
 from __future__ import annotations
 
+import importlib
 import json
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -24,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from dflash_eval.errors import DflashEvalError
-from dflash_eval.prompts import Prompt, note_unique_id, prompt_from_record
+from dflash_eval.prompts import Prompt, json_lines, note_unique_id, prompt_from_record
 
 REASON_BOXED = "\nPlease reason step by step, and put your final answer within \\boxed{}."
 HUMANEVAL_INTRO = "Write a solution to the following problem and make sure that it passes the tests:\n"
@@ -77,23 +78,25 @@ def how_to_copy(name: str) -> str:
     )
 
 
+def _optional_import(module: str, source: Path, what: str) -> Any:
+    """`module`, or an error naming the source and both fixes (the presets extra, or a .jsonl copy)."""
+    try:
+        return importlib.import_module(module)
+    except ImportError:
+        raise DflashEvalError(
+            f"{source}: reading {what} needs the `{module.split('.')[0]}` package: pip install 'dflash-eval[presets]', "
+            "or convert the split to a .jsonl file (one JSON row per line) and point source at that") from None
+
+
 def _read_file(path: Path) -> list[dict[str, Any]]:
     """Rows of one data file, without `datasets` (importing it costs seconds; these formats need no more)."""
     if path.suffix == ".parquet":
-        import pyarrow.parquet as pq
-
+        pq = _optional_import("pyarrow.parquet", path, "a .parquet file")
         return pq.read_table(path).to_pylist()
     text = path.read_text(encoding="utf-8")
     if path.suffix == ".json" and text.lstrip().startswith("["):
         return json.loads(text)
-    rows = []
-    for lineno, line in enumerate(text.splitlines(), start=1):
-        if line.strip():
-            try:
-                rows.append(json.loads(line))
-            except json.JSONDecodeError as exc:
-                raise DflashEvalError(f"{path}:{lineno}: invalid JSON ({exc.msg} at column {exc.colno})") from None
-    return rows
+    return [row for _, row in json_lines(path, text.splitlines(), DflashEvalError)]
 
 
 def _split_files(root: Path, p: Preset) -> list[Path]:
@@ -120,8 +123,7 @@ def _load_local(name: str, source: Path) -> list[dict[str, Any]]:
             raise DflashEvalError(f"preset {name}: source {source} is not a {'/'.join(DATA_SUFFIXES)} file")
         return _read_file(source)
     if any((source / marker).is_file() for marker in ("dataset_info.json", "state.json", "dataset_dict.json")):
-        import datasets  # a save_to_disk directory: Arrow files only `datasets` reads
-
+        datasets = _optional_import("datasets", source, "a save_to_disk directory (Arrow files)")
         data = datasets.load_from_disk(str(source))
         if isinstance(data, datasets.DatasetDict):
             if p.split not in data:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import random
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -76,19 +77,26 @@ def note_unique_id(first: dict[str, str], prompt: Prompt, where: str) -> None:
     first[prompt.id] = where
 
 
+def json_lines(path: Path, lines: Iterable[str], error: type[DflashEvalError] = PromptFileError,
+               ) -> Iterator[tuple[int, Any]]:
+    """(line number, value) of each non-blank line of a JSONL file; a bad line is `error` naming path:line."""
+    for lineno, line in enumerate(lines, start=1):
+        if not line.strip():
+            continue
+        try:
+            value = json.loads(line)
+        except json.JSONDecodeError as exc:
+            raise error(f"{path}:{lineno}: invalid JSON ({exc.msg} at column {exc.colno})") from None
+        yield lineno, value
+
+
 def load_prompts(path: str | Path) -> list[Prompt]:
     """All prompts of a JSONL file, in file order; blank lines are allowed, duplicate ids are not."""
     path = Path(path)
     prompts: list[Prompt] = []
     first: dict[str, str] = {}
     with open(path, encoding="utf-8") as fh:
-        for lineno, line in enumerate(fh, start=1):
-            if not line.strip():
-                continue
-            try:
-                rec = json.loads(line)
-            except json.JSONDecodeError as exc:
-                raise PromptFileError(f"{path}:{lineno}: invalid JSON ({exc.msg} at column {exc.colno})") from None
+        for lineno, rec in json_lines(path, fh):
             prompts.append(prompt_from_record(rec, f"{path}:{lineno}"))
             note_unique_id(first, prompts[-1], f"{path}:{lineno}")
     if not prompts:
