@@ -2,8 +2,9 @@
 (SGLang's `/release_memory_occupation`) really gave it back before extraction loads a model.
 
 Read with `server.memory_probe` when set (any shell command that prints MiB numbers, one per GPU),
-else `nvidia-smi`, else torch; where none can read it, the reading says why, and the caller logs
-that the release could not be checked.
+else with `nvidia-smi` when it is on PATH, else with torch (which opens a CUDA context, ~0.5 GiB, on
+every visible GPU for the rest of the process: set a probe or install nvidia-smi to avoid that).
+The chosen reader is the only one tried; where it cannot read, the reading says why.
 """
 
 from __future__ import annotations
