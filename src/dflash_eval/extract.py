@@ -138,7 +138,9 @@ def _check_token_range(records: list[dict[str, Any]], vocab_size: int) -> None:
 
 
 def _server_paused(server: dict[str, Any] | None) -> AbstractContextManager:
-    if server is None:
+    if server is None:  # tests and by-hand runs without a server; the workflow always passes one (--runtime)
+        log.warning("no server settings (the workflow passes them as --runtime JSON): no inference server is "
+                    "paused, so a server on this GPU keeps its memory while the target loads")
         return nullcontext()
     from .server import server_paused
 
