@@ -17,7 +17,7 @@ from pathlib import Path
 import torch
 from record import print_and_record  # benchmarks/record.py (the script's own folder)
 
-from dflash_eval.capture import ARGMAX_CHUNK, greedy_tokens
+from dflash_eval.extract.capture import ARGMAX_CHUNK, greedy_tokens
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -25,10 +25,10 @@ from pathlib import Path
 from record import print_and_record  # benchmarks/record.py (the script's own folder)
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "tests"))
-from workflow_harness import check, copy_workflow, load_config, save_config, snakemake, tiny_project, write_bytes  # noqa: E402
+sys.path.insert(0, str(ROOT))  # the repository root: tests.support is importable
+from tests.support.workflow_harness import check, copy_workflow, load_config, save_config, snakemake, tiny_project, write_bytes  # noqa: E402
 
-from dflash_eval.fingerprint import DEFAULT_CACHE  # noqa: E402
+from dflash_eval.provenance.fingerprint import DEFAULT_CACHE  # noqa: E402
 
 
 def build(root: Path, checkpoints: int, datasets: int, checkpoint_mb: float) -> None:

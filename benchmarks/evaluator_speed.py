@@ -77,8 +77,8 @@ def sequential(model, embed, lm_head, features, tokens, anchors: list[int]) -> f
 
 @torch.inference_mode()
 def all_anchor(runner, features, tokens, prompt_len: int, methods: dict, chunk: int) -> tuple[float, int]:
-    from dflash_eval.acceptance import sequence_limits
-    from dflash_eval.evaluator import evaluate_sample
+    from dflash_eval.evaluate.acceptance import sequence_limits
+    from dflash_eval.evaluate.anchors import evaluate_sample
 
     limits = sequence_limits(prompt_len, len(tokens), None, False)
     sync(features.device)
@@ -102,7 +102,7 @@ def main() -> int:
     args = parser.parse_args()
     from dflash import DFlashDraftModel
 
-    from dflash_eval.blocks import BlockDrafter
+    from dflash_eval.evaluate.blocks import BlockDrafter
 
     device, dtype = torch.device(args.device), getattr(torch, args.dtype)
     shape = dict(layers=5, hidden=5120, heads=32, kv_heads=8, head_dim=128, intermediate=17408, block=16,

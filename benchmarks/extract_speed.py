@@ -9,7 +9,7 @@ heads of 256, linear heads 16 key / 48 value of 128, intermediate 17408, vocab 2
   idles while the next forward's first kernels are queued. "ours" uploads through pinned memory
   and does not wait; the "forward + hooks + argmax only" ablation uploads like the plain forward;
 - plain capture: `output_hidden_states=True`, five layers copied to the host with `.cpu()`;
-- extract (ours): the extract stage's own path (`cache_resume.prepare_resume`, `extract._run_records`):
+- extract (ours): the extract stage's own path (`cache.resume.prepare_resume`, `extract.stage._run_records`):
   hooks, argmax, pinned shard buffers filled on a side stream, two writer threads that check the
   NaN flags, hash (sha256) and write safetensors on local disk and journal each shard (what makes
   a killed run resumable), shards planned with a halving tail; everything included
@@ -54,12 +54,12 @@ from pathlib import Path
 import torch
 from record import print_and_record  # benchmarks/record.py (the script's own folder)
 
-from dflash_eval.backends import use_backend
-from dflash_eval.cache import CacheWriter
-from dflash_eval.cache_resume import _greedy, plan_shards, prepare_resume
-from dflash_eval.capture import capture_layers
-from dflash_eval.compare_backends import compare_backends, format_table
-from dflash_eval.extract import _run_records
+from dflash_eval.extract.backends import use_backend
+from dflash_eval.cache.store import CacheWriter
+from dflash_eval.cache.resume import _greedy, plan_shards, prepare_resume
+from dflash_eval.extract.capture import capture_layers
+from dflash_eval.tools.compare_backends import compare_backends, format_table
+from dflash_eval.extract.stage import _run_records
 
 ROOT = Path(__file__).resolve().parents[1]
 LAYERS = [1, 16, 31, 46, 61]

@@ -1,6 +1,6 @@
 """Client overhead of the fetch stage: our fetch vs a bare asyncio + openai loop, side by side, same requests.
 
-Both talk to one local fake OpenAI server process (tests/fake_openai_server.py: raw asyncio HTTP, answers
+Both talk to one local fake OpenAI server process (tests/support/fake_openai_server.py: raw asyncio HTTP, answers
 at once), so what differs is the client: our stage adds prompt rendering and tokenization, retries,
 record building with retokenization, batched fsynced appends to the partial file, the progress bar and
 the final write. One warm-up run of each first (imports, tokenizer, connections), then rounds that
@@ -45,13 +45,13 @@ from pathlib import Path
 from record import print_and_record  # benchmarks/record.py (the script's own folder)
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "tests"))
+sys.path.insert(0, str(ROOT))  # the repository root: tests.support is importable
 
-import helpers_server as hs  # noqa: E402  (the tests' tokenizer builder and free-port helper)
+from tests.support import servers as hs  # noqa: E402  (the tests' tokenizer builder and free-port helper)
 
-from dflash_eval import fetch  # noqa: E402
-from dflash_eval.prompts import load_prompts  # noqa: E402
-from dflash_eval.server import http_request  # noqa: E402
+from dflash_eval.fetch import stage as fetch  # noqa: E402
+from dflash_eval.fetch.prompts import load_prompts  # noqa: E402
+from dflash_eval.server.control import http_request  # noqa: E402
 
 
 async def bare_loop(url: str, model: str, prompts: list[str] | list[list[int]], concurrency: int, max_tokens: int) -> int:
@@ -109,7 +109,7 @@ def main() -> int:
     prompts_file = hs.write_prompts(work / "prompts.jsonl", args.requests)
     port = hs.free_port()
     url = f"http://127.0.0.1:{port}"
-    server = subprocess.Popen([sys.executable, str(ROOT / "tests/fake_openai_server.py"), "--port", str(port),
+    server = subprocess.Popen([sys.executable, str(ROOT / "tests/support/fake_openai_server.py"), "--port", str(port),
                                "--tokenizer", str(tok_dir), "--model", str(tok_dir), *(["--sglang"] if args.sglang else [])],
                               stdout=subprocess.DEVNULL)
     settings = {"dataset": "bench", "prompts": str(prompts_file), "tokenizer": str(tok_dir),

@@ -5,8 +5,6 @@ spin on a busy 2-core machine can stall a forward for minutes.
 """
 
 import os
-import sys
-from pathlib import Path
 
 import torch
 
@@ -14,4 +12,3 @@ torch.set_num_threads(1)
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
-sys.path.insert(0, str(Path(__file__).parent))

@@ -8,7 +8,7 @@ import logging
 import signal
 import sys
 
-from .errors import DflashEvalError, Terminated
+from dflash_eval.errors import DflashEvalError, Terminated
 
 # subcommand -> (module, add_arguments, run, help)
 COMMANDS: dict[str, tuple[str, str, str, str]] = {
@@ -18,13 +18,13 @@ COMMANDS: dict[str, tuple[str, str, str, str]] = {
                     "build and briefly train the demo's tiny hybrid target"),
     "demo-drafters": ("dflash_eval.demo.drafters", "add_arguments", "run",
                       "train the demo's DFlash drafters and save checkpoints"),
-    "server": ("dflash_eval.server", "add_arguments", "run", "start, stop or query the inference server"),
-    "fetch": ("dflash_eval.fetch", "add_arguments", "run", "fetch greedy completions from the server"),
-    "extract": ("dflash_eval.extract", "add_arguments", "run", "extract the target's hidden states"),
-    "compare-backends": ("dflash_eval.compare_backends", "add_arguments", "run",
+    "server": ("dflash_eval.server.control", "add_arguments", "run", "start, stop or query the inference server"),
+    "fetch": ("dflash_eval.fetch.stage", "add_arguments", "run", "fetch greedy completions from the server"),
+    "extract": ("dflash_eval.extract.stage", "add_arguments", "run", "extract the target's hidden states"),
+    "compare-backends": ("dflash_eval.tools.compare_backends", "add_arguments", "run",
                          "per-layer differences between the fla and torch kernels, and their effect on tau"),
-    "evaluate": ("dflash_eval.evaluate", "add_arguments", "run", "evaluate one drafter on one dataset"),
-    "report": ("dflash_eval.report", "add_arguments", "run", "summary tables and plots"),
+    "evaluate": ("dflash_eval.evaluate.stage", "add_arguments", "run", "evaluate one drafter on one dataset"),
+    "report": ("dflash_eval.report.stage", "add_arguments", "run", "summary tables and plots"),
 }
 
 

@@ -20,7 +20,7 @@ from typing import Any
 import jsonschema
 import yaml
 
-from .errors import DflashEvalError
+from dflash_eval.errors import DflashEvalError
 
 PACKAGE_ROOT = Path(__file__).resolve().parents[2]
 SCHEMA_PATH = PACKAGE_ROOT / "workflow" / "schemas" / "config.schema.yaml"
@@ -76,7 +76,7 @@ def validate_config(config: dict, source: str = "config.yaml") -> dict:
 
 
 def _check_semantics(config: dict, source: str) -> None:
-    from dflash_eval.server import resolve_settings  # the server's own rules, so they are stated once
+    from dflash_eval.server.control import resolve_settings  # the server's own rules, so they are stated once
 
     try:
         resolve_settings(config["server"])
@@ -99,7 +99,7 @@ def _check_semantics(config: dict, source: str) -> None:
 
 def _check_dataset(name: str, spec: dict, source: str) -> None:
     """A dataset is a prompt file or a named preset (its local copy optional): exactly one, named."""
-    from .presets import PRESETS
+    from dflash_eval.fetch.presets import PRESETS
 
     key = f"{source}: datasets.{name}"
     if ("prompts" in spec) == ("preset" in spec):

@@ -3,8 +3,8 @@ import functools
 from pathlib import Path
 
 from dflash_eval import config as cfg
-from dflash_eval.code_version import code_fingerprint
-from dflash_eval.fingerprint import FingerprintCache
+from dflash_eval.provenance.code_version import code_fingerprint
+from dflash_eval.provenance.fingerprint import FingerprintCache
 
 RESULTS = "results"
 LOGS = f"{RESULTS}/logs"

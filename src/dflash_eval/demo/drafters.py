@@ -25,9 +25,9 @@ from torch.nn import functional as F
 from tqdm import tqdm
 from transformers import AutoModelForCausalLM, AutoTokenizer, Qwen3Config
 
-from ..blocks import BlockDrafter
-from ..io_utils import atomic_write_json
-from .corpus import chat_examples, select_sources
+from dflash_eval.evaluate.blocks import BlockDrafter
+from dflash_eval.io_utils import atomic_write_json
+from dflash_eval.demo.corpus import chat_examples, select_sources
 
 log = logging.getLogger(__name__)
 

@@ -1,0 +1,539 @@
+"""The hidden-state cache: safetensors shards plus a manifest, written atomically, read with checks.
+
+Layout (docs/contracts.md): `<out>/manifest.json` and `<out>/shard_NNNNN.safetensors`, each shard
+holding its samples concatenated along tokens as `layer.{id}` [T, H] (model dtype), `input_ids` [T]
+and, when stored, `argmax` [T]. A sample never spans shards. The writer fills `<out>.tmp-<pid>/`
+and renames it to `<out>` only when complete, so a reader never sees a partial cache.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import shutil
+import time
+from collections.abc import Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from safetensors import safe_open
+
+from dflash_eval.cache.resume import JOURNAL, MANIFEST, PLAN, ResumeState, append_journal, partial_dir
+from dflash_eval.errors import DflashEvalError
+from dflash_eval.io_utils import atomic_write_json, sha256_file
+
+log = logging.getLogger(__name__)
+
+FORMAT_VERSION = 1
+_HEADER_KEYS = ("target", "backend", "device", "completions")
+WRITER_THREADS = 2  # shards written at once; one thread could not keep up with an H200 (benchmarks/)
+
+
+class CacheError(DflashEvalError):
+    """A hidden cache that is missing, malformed, corrupt, or being written with bad data."""
+
+
+def shard_name(index: int) -> str:
+    """File name of shard `index`."""
+    return f"shard_{index:05d}.safetensors"
+
+
+def layer_key(layer_id: int) -> str:
+    """Tensor name of a layer inside a shard."""
+    return f"layer.{layer_id}"
+
+
+_SAFETENSORS_DTYPES = {
+    torch.bfloat16: "BF16", torch.float16: "F16", torch.float32: "F32", torch.int64: "I64",
+}
+
+
+def write_safetensors(path: Path, tensors: dict[str, torch.Tensor], metadata: dict[str, str]) -> tuple[str, int]:
+    """Write contiguous CPU tensors as one safetensors file; return (sha256, bytes).
+
+    Written here from the format (u64 header length, JSON header, raw little-endian data) so
+    that the bytes go straight from the pinned shard buffer to the file and the hash in one pass,
+    with no intermediate copies (the safetensors package copies each tensor to `bytes` first).
+    """
+    header: dict[str, Any] = {"__metadata__": metadata}
+    offset = 0
+    for name, tensor in tensors.items():
+        size = tensor.numel() * tensor.element_size()
+        header[name] = {"dtype": _SAFETENSORS_DTYPES[tensor.dtype], "shape": list(tensor.shape),
+                        "data_offsets": [offset, offset + size]}
+        offset += size
+    encoded = json.dumps(header, separators=(",", ":")).encode()
+    encoded += b" " * (-len(encoded) % 8)
+    digest = hashlib.sha256()
+    # Hashing and writing each chunk run side by side (both release the GIL): a shard then costs
+    # max(hash, write) instead of their sum, which decides whether the GPU ever waits for the disk.
+    with open(path, "wb") as handle, ThreadPoolExecutor(max_workers=1, thread_name_prefix="sha256") as hasher:
+        for chunk in (len(encoded).to_bytes(8, "little"), encoded,
+                      *(t.contiguous().view(torch.uint8).numpy().data for t in tensors.values())):
+            hashed = hasher.submit(digest.update, chunk)
+            handle.write(chunk)
+            hashed.result()
+    return digest.hexdigest(), 8 + len(encoded) + offset
+
+
+class _ShardBuffer:
+    """Preallocated host rows for one shard; pinned when the states come from a GPU."""
+
+    def __init__(self, layer_ids: Sequence[int], capacity: int, hidden: int, dtype: torch.dtype,
+                 store_argmax: bool, pin: bool) -> None:
+        def rows(*shape: int, dtype: torch.dtype = torch.int64) -> torch.Tensor:
+            return torch.empty(*shape, dtype=dtype, pin_memory=pin)
+
+        self.layers = {i: rows(capacity, hidden, dtype=dtype) for i in layer_ids}
+        self.input_ids = rows(capacity)
+        self.argmax = rows(capacity) if store_argmax else None
+        self.capacity = capacity
+        self.tokens = 0
+        self.write: Future | None = None  # the pending write that reads this buffer
+
+    def put(self, input_ids: torch.Tensor, states: dict[int, torch.Tensor], argmax: torch.Tensor | None,
+            stream: torch.cuda.Stream | None = None) -> None:
+        """Copy one sample in; from a GPU asynchronously, on `stream` (wait for it before reading the rows).
+
+        On a side stream the copies overlap the next forward instead of queueing behind it; the
+        sources are marked as used there so the allocator does not hand their memory out too early.
+        """
+        rows = slice(self.tokens, self.tokens + input_ids.numel())
+        pairs = [(rows_of_layer[rows], states[layer_id]) for layer_id, rows_of_layer in self.layers.items()]
+        pairs.append((self.input_ids[rows], input_ids))
+        if self.argmax is not None:
+            pairs.append((self.argmax[rows], argmax))
+        if stream is None:
+            for destination, source in pairs:
+                destination.copy_(source, non_blocking=True)
+        else:
+            stream.wait_stream(torch.cuda.current_stream(input_ids.device))
+            with torch.cuda.stream(stream):
+                for destination, source in pairs:
+                    destination.copy_(source, non_blocking=True)
+                    source.record_stream(stream)
+        self.tokens = rows.stop
+
+    def filled(self) -> dict[str, torch.Tensor]:
+        """The shard's tensors: views of the filled rows."""
+        tensors = {layer_key(i): rows[: self.tokens] for i, rows in self.layers.items()}
+        tensors["input_ids"] = self.input_ids[: self.tokens]
+        if self.argmax is not None:
+            tensors["argmax"] = self.argmax[: self.tokens]
+        return tensors
+
+    def wait(self) -> None:
+        """Block until no pending write reads this buffer, then mark it empty."""
+        if self.write is not None:
+            self.write.result()
+            self.write = None
+        self.tokens = 0
+
+
+@dataclass
+class _PendingCopies:
+    """What a shard's writer must wait for and check before it may read a buffer filled from a GPU.
+
+    `ready` is recorded on the copy stream after the shard's last copy; `finite` [samples, layers]
+    arrives in pinned memory through the same stream. The main thread never waits for them: a
+    device-wide synchronize per shard would drain the GPU's queue at every shard boundary.
+    """
+
+    ready: torch.cuda.Event
+    finite: torch.Tensor
+    layer_ids: list[int]
+
+    def check(self, samples: Sequence[dict[str, Any]], layers: dict[int, torch.Tensor]) -> None:
+        """Block until the copies landed; raise for the first sample with a NaN/Inf state."""
+        self.ready.synchronize()
+        if bool(self.finite.all()):
+            return
+        row, column = (~self.finite).nonzero()[0].tolist()
+        sample, layer_id = samples[row], self.layer_ids[column]
+        raise _nonfinite_error(sample["id"], layer_id,
+                               layers[layer_id][sample["offset"]: sample["offset"] + sample["length"]])
+
+
+def _write_shard(path: Path, buffer: _ShardBuffer, journal: Path | None = None, index: int = 0,
+                 samples: Sequence[dict[str, Any]] = (), pending: _PendingCopies | None = None) -> dict[str, Any]:
+    """Check, save and hash one shard, then journal it; runs on a writer thread.
+
+    A shard with a non-finite state raises before its file is opened, so it never reaches disk.
+    """
+    if pending is not None:
+        pending.check(samples, buffer.layers)
+    tensors = buffer.filled()
+    sha256, size = write_safetensors(path, tensors, {"format": "pt"})
+    entry = {"file": path.name, "sha256": sha256, "bytes": size, "tokens": int(tensors["input_ids"].numel())}
+    if journal is not None:  # written after the file, checked against it on resume (no fsync needed)
+        append_journal(journal, {**entry, "index": index, "samples": list(samples)})
+    return entry
+
+
+def _done(value: dict[str, Any]) -> Future:
+    future: Future = Future()
+    future.set_result(value)
+    return future
+
+
+def _nonfinite_error(sample_id: str, layer_id: int, state: torch.Tensor) -> CacheError:
+    bad = (~torch.isfinite(state)).nonzero()
+    return CacheError(
+        f"sample {sample_id!r}, layer {layer_id}: {len(bad)} non-finite values (NaN/Inf), first at token "
+        f"{int(bad[0, 0])}; the target forward is broken (dtype overflow, bad weights); the shard holding it was not written"
+    )
+
+
+class CacheWriter:
+    """Accumulates samples into shards of at most `shard_tokens` tokens and publishes the directory.
+
+    Three preallocated shard buffers rotate: one fills (asynchronous GPU->pinned copies, on a side
+    stream) while two background threads check, write and hash the others, so host memory stays at
+    three shards (plus one one-off buffer) and the GPU waits for the disk only when the disk is slower
+    than the forward. A sample never spans shards; one longer than `shard_tokens` gets a shard of its
+    own, from a one-off buffer that waits for the previous one-off's write, and
+    `close_shard` ends a shard early where the plan says (cache.resume.plan_shards states the
+    rule). Use as a context manager: an
+    exception removes the temporary directory, unless the writer resumes (`resume` given): then
+    it works in `<out>.partial/`, journals every finished shard, and leaves them for the next run.
+    """
+
+    write_shard = staticmethod(_write_shard)  # what a writer thread runs per shard (benchmarks swap it)
+
+    def __init__(
+        self,
+        out: str | Path,
+        *,
+        layer_ids: Sequence[int],
+        shard_tokens: int,
+        store_argmax: bool,
+        header: dict[str, Any],
+        resume: ResumeState | None = None,
+    ) -> None:
+        if shard_tokens < 1:
+            raise CacheError(f"shard_tokens must be >= 1, got {shard_tokens}")
+        self.out = Path(out)
+        self.resume = resume
+        self.tmp = partial_dir(self.out) if resume else self.out.with_name(f"{self.out.name}.tmp-{os.getpid()}")
+        self.layer_ids = list(layer_ids)
+        self.shard_tokens = shard_tokens
+        self.store_argmax = store_argmax
+        self.header = dict(header)
+        self.samples: list[dict[str, Any]] = []
+        self._ids: set[str] = set()
+        self._shards: list[Future] = []
+        self._buffers: list[_ShardBuffer] = []  # [filling, *spares oldest first], allocated at the first sample
+        self._oversize: _ShardBuffer | None = None  # the latest one-off buffer of a sample longer than shard_tokens
+        self._copy_stream: torch.cuda.Stream | None = None  # GPU->host copies, beside the forward
+        self._pending_finite: list[torch.Tensor] = []  # GPU finite flags of the unsubmitted samples
+        self._hidden: tuple[int, torch.dtype] | None = None
+        self.adopted = 0  # shards taken over from an earlier run
+        self._unsubmitted = 0  # index in self.samples of the first sample of the shard being filled
+        self.writer_wait_s = 0.0  # time `add` blocked on a writer: the GPU waited for the disk
+        self.tail_s = 0.0  # time `finish` waited for the last shards, after the last forward
+        self._pool = ThreadPoolExecutor(max_workers=WRITER_THREADS, thread_name_prefix="cache-writer")
+        if resume is None and self.tmp.exists():
+            shutil.rmtree(self.tmp)
+        self.tmp.mkdir(parents=True, exist_ok=True)
+
+    def __enter__(self) -> CacheWriter:
+        return self
+
+    def __exit__(self, exc_type: Any, *_: Any) -> None:
+        if exc_type is not None:
+            self.abort()
+
+    def _check(self, sample_id: str, input_ids: torch.Tensor, states: dict[int, torch.Tensor],
+               argmax: torch.Tensor | None, prompt_len: int) -> torch.Tensor:
+        """Reject a sample whose shapes or keys do not fit the cache; its finite flags per layer.
+
+        CPU states are checked for NaN/Inf here; GPU flags are returned unread (see `add`).
+        """
+        if sample_id in self._ids:
+            raise CacheError(f"sample id {sample_id!r} appears twice")
+        length = input_ids.numel()
+        if length == 0 or not 0 <= prompt_len <= length:
+            raise CacheError(f"sample {sample_id!r}: {length} tokens with prompt_len {prompt_len}")
+        if sorted(states) != sorted(self.layer_ids):
+            raise CacheError(f"sample {sample_id!r}: layers {sorted(states)} given, cache holds {self.layer_ids}")
+        if (argmax is not None) != self.store_argmax:
+            raise CacheError(f"sample {sample_id!r}: argmax {'missing' if argmax is None else 'given'} "
+                             f"but store_argmax={self.store_argmax}")
+        if argmax is not None and argmax.shape != (length,):
+            raise CacheError(f"sample {sample_id!r}: argmax shape {tuple(argmax.shape)}, expected ({length},)")
+        for layer_id, state in states.items():
+            hidden = (state.shape[-1], state.dtype)
+            if state.dim() != 2 or state.shape[0] != length or self._hidden not in (None, hidden):
+                raise CacheError(f"sample {sample_id!r}, layer {layer_id}: state {tuple(state.shape)} {state.dtype}, "
+                                 f"expected ({length}, H) with one H and dtype for the whole cache")
+            self._hidden = hidden
+        finite = torch.stack([torch.isfinite(states[i]).all() for i in self.layer_ids])
+        if not finite.is_cuda:  # reading a GPU flag now would stall the queue; see _pending_copies
+            for layer_id, ok in zip(self.layer_ids, finite.tolist()):
+                if not ok:
+                    raise _nonfinite_error(sample_id, layer_id, states[layer_id])
+        return finite
+
+    def _pending_copies(self) -> _PendingCopies | None:
+        """The event and finite flags the writer of the shard being submitted waits for (GPU only).
+
+        GPU samples are checked on the writer thread rather than in `add`: a host read per sample
+        (or a synchronize per shard) would stop the CPU from queueing the next forward while the
+        GPU finishes this one. A bad sample still never reaches a file: the writer checks first.
+        """
+        pending, self._pending_finite = self._pending_finite, []
+        if not pending:
+            return None
+        stream = self._copy_stream
+        with torch.cuda.stream(stream):  # it already waited for the forwards that computed the flags
+            for flags in pending:
+                flags.record_stream(stream)
+            finite = torch.empty(len(pending), len(self.layer_ids), dtype=torch.bool, pin_memory=True)
+            finite.copy_(torch.stack(pending), non_blocking=True)
+            ready = torch.cuda.Event()
+            ready.record(stream)
+        return _PendingCopies(ready, finite, self.layer_ids)
+
+    def _new_buffer(self, capacity: int, pin: bool) -> _ShardBuffer:
+        hidden, dtype = self._hidden
+        return _ShardBuffer(self.layer_ids, capacity, hidden, dtype, self.store_argmax, pin)
+
+    def add(self, sample_id: str, input_ids: torch.Tensor, states: dict[int, torch.Tensor],
+            argmax: torch.Tensor | None, prompt_len: int) -> None:
+        """Copy one sample's tokens, layer states [T, H] and argmax [T] into the shard buffer."""
+        input_ids = input_ids.reshape(-1)
+        finite = self._check(sample_id, input_ids, states, argmax, prompt_len)
+        length = input_ids.numel()
+        pin = torch.cuda.is_available() and states[self.layer_ids[0]].is_cuda
+        if not self._buffers:
+            self._buffers = [self._new_buffer(self.shard_tokens, pin) for _ in range(WRITER_THREADS + 1)]
+            self._copy_stream = torch.cuda.Stream(states[self.layer_ids[0]].device) if pin else None
+        if length > self.shard_tokens:  # its own shard, from a one-off buffer, one at a time (host memory bound)
+            self._flush()
+            if self._oversize is not None:
+                self._wait_for(self._oversize)
+            buffer = self._oversize = self._new_buffer(length, pin=False)
+        else:
+            buffer = self._buffers[0]
+            if buffer.tokens + length > self.shard_tokens:
+                self._flush()
+                buffer = self._buffers[0]
+        offset = buffer.tokens
+        buffer.put(input_ids, states, argmax, self._copy_stream if finite.is_cuda else None)
+        self.samples.append({"id": sample_id, "shard": shard_name(len(self._shards)), "offset": offset,
+                             "length": length, "prompt_len": int(prompt_len)})
+        self._ids.add(sample_id)
+        if finite.is_cuda:
+            self._pending_finite.append(finite)
+        if buffer is not self._buffers[0]:
+            self._submit(buffer)
+        elif buffer.tokens == self.shard_tokens:
+            self._flush()
+
+    def adopt(self, index: int, entry: dict[str, Any]) -> None:
+        """Take over shard `index`, finished and verified by an earlier run (see cache.resume)."""
+        self.close_shard()
+        if index != len(self._shards):
+            raise CacheError(f"shard {index} adopted out of order (next is {len(self._shards)})")
+        for sample in entry["samples"]:
+            if sample["id"] in self._ids:
+                raise CacheError(f"sample id {sample['id']!r} appears twice")
+            self._ids.add(sample["id"])
+            self.samples.append(dict(sample))
+        self._shards.append(_done({key: entry[key] for key in ("file", "sha256", "bytes", "tokens")}))
+        self._unsubmitted = len(self.samples)
+        self.adopted += 1
+
+    def _submit(self, buffer: _ShardBuffer) -> None:
+        """Queue `buffer` for a writer thread, which waits for its asynchronous copies to land."""
+        index = len(self._shards)
+        path = self.tmp / shard_name(index)
+        journal = self.tmp / JOURNAL if self.resume else None
+        samples = self.samples[self._unsubmitted:]
+        self._unsubmitted = len(self.samples)
+        buffer.write = self._pool.submit(self.write_shard, path, buffer, journal, index, samples, self._pending_copies())
+        self._shards.append(buffer.write)
+
+    def close_shard(self) -> None:
+        """End the shard being filled here, as the plan says (cache.resume.plan_shards); no-op when empty."""
+        if self._buffers:
+            self._flush()
+
+    def _flush(self) -> None:
+        """Write the filling buffer and continue in the oldest spare (after its own write is done)."""
+        filling, spare, *others = self._buffers
+        if not filling.tokens:
+            return
+        self._submit(filling)
+        self._wait_for(spare)  # surfaces write errors early and bounds host memory to WRITER_THREADS + 1 shards
+        self._buffers = [spare, *others, filling]
+
+    def _wait_for(self, buffer: _ShardBuffer) -> None:
+        """Block until no write reads `buffer`, counting the time as the forward waiting for the disk."""
+        started = time.perf_counter()
+        buffer.wait()
+        self.writer_wait_s += time.perf_counter() - started
+
+    def finish(self, **updates: Any) -> Path:
+        """Write the last shard and the manifest, then atomically publish `<out>` (replacing an old one)."""
+        started = time.perf_counter()
+        self.close_shard()
+        shards = [future.result() for future in self._shards]
+        self._pool.shutdown()
+        self.tail_s = time.perf_counter() - started
+        self._buffers, self._oversize = [], None
+        header = {**self.header, **updates}
+        missing = [key for key in _HEADER_KEYS if key not in header]
+        if missing:
+            raise CacheError(f"manifest header lacks {missing}")
+        manifest = {
+            "format_version": FORMAT_VERSION,
+            **header,
+            "layer_ids": self.layer_ids,
+            "store_argmax": self.store_argmax,
+            "samples": self.samples,
+            "shards": shards,
+        }
+        if self.resume:
+            manifest.update(plan_key=self.resume.key, resumed_shards=self.adopted)
+        atomic_write_json(self.tmp / MANIFEST, manifest)
+        self._publish()
+        for name in (JOURNAL, PLAN):  # bookkeeping of the partial directory, not part of the cache
+            (self.out / name).unlink(missing_ok=True)
+        log.info("hidden cache %s: %d samples, %d tokens, %d shards; the forward waited %.1f s for the writers, "
+                 "and the last shards took %.1f s after it", self.out, len(self.samples),
+                 sum(s["tokens"] for s in shards), len(shards), self.writer_wait_s, self.tail_s)
+        return self.out
+
+    def _publish(self) -> None:
+        old = self.out.with_name(f"{self.out.name}.old-{os.getpid()}")
+        if old.exists():
+            shutil.rmtree(old)
+        if self.out.exists():
+            os.replace(self.out, old)
+        os.replace(self.tmp, self.out)
+        if old.exists():
+            shutil.rmtree(old)
+
+    def abort(self) -> None:
+        """Stop writing; `<out>` (if any) is left as it was.
+
+        A resuming writer keeps `<out>.partial/` (its journaled shards are the next run's head
+        start); otherwise everything written so far is dropped.
+        """
+        # A resuming writer lets queued shard writes finish: they are complete shards, journaled for
+        # the next run. Otherwise they are dropped with the temporary directory.
+        self._pool.shutdown(wait=True, cancel_futures=self.resume is None)
+        self._buffers, self._oversize = [], None
+        if self.resume is None:
+            shutil.rmtree(self.tmp, ignore_errors=True)
+
+
+@dataclass
+class SampleStates:
+    """One cached sample: tokens [T], features [T, n*H] in the requested layer order, argmax [T]."""
+
+    input_ids: torch.Tensor
+    features: torch.Tensor
+    argmax: torch.Tensor | None
+    prompt_len: int
+
+
+def _require(condition: bool, directory: Path, what: str) -> None:
+    if not condition:
+        raise CacheError(f"{directory / MANIFEST}: {what}; re-run the extract stage to rebuild this cache")
+
+
+class HiddenCache:
+    """Read-only view of a hidden cache directory, validated on open."""
+
+    def __init__(self, directory: str | Path) -> None:
+        self.directory = Path(directory)
+        manifest_path = self.directory / MANIFEST
+        if not manifest_path.is_file():
+            what = "directory" if not self.directory.is_dir() else "manifest"
+            raise CacheError(
+                f"hidden cache {what} not found: {manifest_path}; build it with the extract stage "
+                "(snakemake ... or `dflash-eval extract --completions ... --out DIR`)"
+            )
+        self.manifest: dict[str, Any] = json.loads(manifest_path.read_text())
+        self._validate()
+        self._by_id = {entry["id"]: entry for entry in self.manifest["samples"]}
+
+    def _validate(self) -> None:
+        m, d = self.manifest, self.directory
+        _require(m.get("format_version") == FORMAT_VERSION, d,
+                 f"format_version {m.get('format_version')!r}, this reader understands {FORMAT_VERSION}")
+        for key in (*_HEADER_KEYS, "layer_ids", "store_argmax", "samples", "shards"):
+            _require(key in m, d, f"missing key {key!r}")
+        _require(all(isinstance(i, int) for i in m["layer_ids"]), d, "layer_ids must be integers")
+        shards = {s["file"]: s for s in m["shards"]}
+        for name in shards:
+            _require((d / name).is_file(), d, f"shard {name} is listed but missing")
+        ids = [s["id"] for s in m["samples"]]
+        _require(len(set(ids)) == len(ids), d, "sample ids repeat")
+        for s in m["samples"]:
+            shard = shards.get(s["shard"])
+            _require(shard is not None and 0 <= s["offset"] and s["offset"] + s["length"] <= shard["tokens"], d,
+                     f"sample {s['id']!r} points outside its shard {s['shard']}")
+
+    @property
+    def layer_ids(self) -> list[int]:
+        return list(self.manifest["layer_ids"])
+
+    @property
+    def backend(self) -> dict[str, Any]:
+        return dict(self.manifest["backend"])
+
+    @property
+    def samples(self) -> list[dict[str, Any]]:
+        return list(self.manifest["samples"])
+
+    @property
+    def store_argmax(self) -> bool:
+        return bool(self.manifest["store_argmax"])
+
+    def sample(self, sample_id: str) -> dict[str, Any]:
+        """Manifest entry of one sample."""
+        try:
+            return self._by_id[sample_id]
+        except KeyError:
+            raise CacheError(f"sample {sample_id!r} is not in the hidden cache {self.directory}") from None
+
+    def load_sample(self, sample_id: str, layer_ids: Sequence[int] | None = None,
+                    dtype: torch.dtype | None = None) -> SampleStates:
+        """States of one sample, concatenated over `layer_ids` in that order (default: the cache's).
+
+        Features keep the stored dtype unless `dtype` is given.
+        """
+        layer_ids = self.layer_ids if layer_ids is None else list(layer_ids)
+        absent = [i for i in layer_ids if i not in self.manifest["layer_ids"]]
+        if absent:
+            raise CacheError(f"layers {absent} are not in the hidden cache {self.directory} "
+                             f"(it holds {self.layer_ids}); extract a layer set that includes them")
+        entry = self.sample(sample_id)
+        rows = slice(entry["offset"], entry["offset"] + entry["length"])
+        with safe_open(str(self.directory / entry["shard"]), framework="pt") as handle:
+            features = torch.cat([handle.get_slice(layer_key(i))[rows] for i in layer_ids], dim=-1)
+            input_ids = handle.get_slice("input_ids")[rows]
+            argmax = handle.get_slice("argmax")[rows] if self.store_argmax else None
+        if dtype is not None:
+            features = features.to(dtype)
+        return SampleStates(input_ids=input_ids, features=features, argmax=argmax, prompt_len=entry["prompt_len"])
+
+    def verify(self) -> None:
+        """Check every shard's size and sha256 against the manifest (reads all bytes)."""
+        for shard in self.manifest["shards"]:
+            path = self.directory / shard["file"]
+            size = path.stat().st_size
+            if size != shard["bytes"]:
+                raise CacheError(f"{path}: {size} bytes, manifest says {shard['bytes']}; the shard is corrupt, "
+                                 "re-run the extract stage")
+            if sha256_file(path) != shard["sha256"]:
+                raise CacheError(f"{path}: sha256 differs from the manifest; the shard is corrupt, "
+                                 "re-run the extract stage")

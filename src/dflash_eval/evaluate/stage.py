@@ -1,0 +1,212 @@
+"""The evaluate stage: one drafter x one dataset, from cached target states to metrics.json.
+
+metrics.json (the report reads it):
+  drafter, dataset, checkpoint{path, layout, sha256, global_step, epoch, step}, block_size, layer_ids,
+  cache{dir, backend, trained_with, backend_mismatch_allowed, target_config_hash},
+  stop_token_ids, methods{"chain-B<b>" | "ddtree-<N>": {method, kind, block_size, budget,
+  tau_mean_of_samples, tau_token_weighted, ci95{...}, samples, steps, tokens, acceptance_by_position,
+  histogram}}, chain (= methods["chain-B<B>"], the drafter's own block), topk_accuracy{k,
+  positions_seen, by_position[B-1][k]}, diagnostics{argmax_agreement, tokens_seen, samples_skipped[]}
+samples.csv: one row per sample x method with its steps, tokens, tau and the acceptance lengths in order.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import torch
+from tqdm import tqdm
+
+from dflash_eval.evaluate import acceptance
+from dflash_eval.evaluate.blocks import BlockDrafter
+from dflash_eval.config import evaluate_settings, settings_from_args
+from dflash_eval.evaluate.drafter import load_drafter
+from dflash_eval.errors import DflashEvalError
+from dflash_eval.evaluate.anchors import chain_method, evaluate_sample
+from dflash_eval.io_utils import atomic_write_json, atomic_write_text, sha256_file
+from dflash_eval.evaluate.target_head import load_target_head
+
+log = logging.getLogger(__name__)
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--settings", help="evaluate settings as JSON (what the workflow passes)")
+    parser.add_argument("--config", help="config.yaml, to run by hand with --drafter and --dataset")
+    parser.add_argument("--drafter")
+    parser.add_argument("--dataset")
+    parser.add_argument("--hidden", required=True, help="hidden-state cache directory")
+    parser.add_argument("--completions", required=True, help="completions JSONL the cache was built from")
+    parser.add_argument("--metrics", required=True, help="output metrics.json")
+    parser.add_argument("--samples", required=True, help="output per-sample CSV")
+
+
+def stop_token_ids(settings: dict) -> list[int]:
+    """Explicit ids from config, else the target's generation_config / config eos ids."""
+    if settings.get("stop_token_ids"):
+        return [int(i) for i in settings["stop_token_ids"]]
+    target = Path(settings["target"]["path"])
+    for name in ("generation_config.json", "config.json"):
+        file = target / name
+        if file.exists():
+            data = json.loads(file.read_text())
+            eos = data.get("eos_token_id", data.get("text_config", {}).get("eos_token_id"))
+            if eos is not None:
+                return [int(eos)] if isinstance(eos, int) else [int(i) for i in eos]
+    raise DflashEvalError(f"{target}: no eos_token_id in generation_config.json or config.json; set evaluation.stop_token_ids")
+
+
+def read_completions(path: str | Path) -> dict[str, dict]:
+    records = {}
+    with open(path, encoding="utf-8") as handle:
+        for number, line in enumerate(handle, 1):
+            if line.strip():
+                try:
+                    record = json.loads(line)
+                except json.JSONDecodeError as error:
+                    raise DflashEvalError(f"{path}:{number}: not valid JSON ({error})") from error
+                records[str(record["id"])] = record
+    return records
+
+
+def check_cache(cache, settings: dict) -> dict:
+    """The cache must hold the drafter's layers, come from the same target, and the trained backend."""
+    from dflash_eval.extract.target import target_config_hash
+
+    checkpoint = settings["checkpoint"]
+    missing = [i for i in checkpoint["layer_ids"] if i not in cache.layer_ids]
+    if missing:
+        raise DflashEvalError(f"{cache.directory}: cache lacks layers {missing} that drafter {settings['drafter']} needs")
+    expected_hash = target_config_hash(settings["target"]["path"])
+    cached_hash = cache.manifest["target"]["config_hash"]
+    if cached_hash != expected_hash:
+        raise DflashEvalError(
+            f"{cache.directory}: built from a different target (config hash {cached_hash[:12]}) than "
+            f"{settings['target']['path']} ({expected_hash[:12]}); re-run extraction"
+        )
+    backend = cache.backend["name"]
+    mismatch = backend != checkpoint["trained_with"]
+    if mismatch and not settings.get("allow_backend_mismatch"):
+        raise DflashEvalError(
+            f"{cache.directory}: hidden states were extracted with the {backend!r} kernels but drafter "
+            f"{settings['drafter']} was trained with {checkpoint['trained_with']!r} ones; they differ measurably. "
+            "Extract with the training backend (target.backend), or set evaluation.allow_backend_mismatch: true "
+            "to evaluate anyway (the report will say so)."
+        )
+    return {"dir": str(cache.directory), "backend": backend, "trained_with": checkpoint["trained_with"],
+            "backend_mismatch_allowed": mismatch, "target_config_hash": cached_hash}
+
+
+def run_evaluation(settings: dict, hidden: str, completions: str) -> tuple[dict, pd.DataFrame]:
+    from dflash_eval.cache.store import HiddenCache
+
+    device = torch.device(settings["device"])
+    dtype = DTYPES[settings["dtype"]]
+    cache = HiddenCache(hidden)
+    cache_info = check_cache(cache, settings)
+    head = load_target_head(settings["target"]["path"])
+    checkpoint = settings["checkpoint"]
+    loaded = load_drafter(checkpoint["path"], checkpoint["layout"], checkpoint.get("config"),
+                          checkpoint["layer_ids"], checkpoint["allow_pickle"], vocab_size=head.embed.shape[0])
+    if loaded.config.hidden_size != head.embed.shape[1]:
+        raise DflashEvalError(f"drafter hidden_size {loaded.config.hidden_size} != target hidden size {head.embed.shape[1]}")
+    runner = BlockDrafter(loaded.model, head.embed, head.lm_head, loaded.mask_token_id).to(device=device, dtype=dtype)
+    stops = stop_token_ids(settings)
+    records = read_completions(completions)
+    block = loaded.block_size
+    block_sizes = requested_block_sizes(settings.get("block_sizes"), block)
+    budgets = sorted(set(settings.get("ddtree_budgets") or []))
+    topk = sorted(set(settings.get("topk") or []))
+    per_method: dict[str, dict[str, list[int]]] = {}
+    rows, agree, seen, skipped = [], 0, 0, []
+    topk_hits = np.zeros((block - 1, len(topk)), dtype=np.int64)
+    topk_seen = np.zeros(block - 1, dtype=np.int64)
+    for entry in tqdm(cache.samples, desc=f"evaluate {settings['drafter']} on {settings['dataset']}", unit="sample"):
+        sample_id = str(entry["id"])
+        record = records.get(sample_id)
+        if record is None:
+            skipped.append({"id": sample_id, "why": "not in the completions file"})
+            continue
+        states = cache.load_sample(sample_id, loaded.layer_ids)
+        tokens = states.input_ids.to(device)
+        max_tokens = record.get("request", {}).get("max_tokens", settings.get("max_tokens"))
+        limits = acceptance.sequence_limits(states.prompt_len, len(tokens), max_tokens, int(tokens[-1]) in stops)
+        result = evaluate_sample(runner, states.features.to(device=device, dtype=dtype), tokens, limits,
+                                 set(stops), block_sizes, budgets, topk, settings["anchor_chunk"])
+        topk_hits += result.outcomes.topk_hits
+        topk_seen += result.outcomes.topk_seen
+        if states.argmax is not None and len(tokens) > states.prompt_len:
+            predicted = states.argmax[states.prompt_len - 1:-1].cpu()
+            agree += int((predicted == states.input_ids[states.prompt_len:].cpu()).sum())
+            seen += len(predicted)
+        for method, steps in result.steps.items():
+            per_method.setdefault(method, {})[sample_id] = steps
+            rows.append({"id": sample_id, "method": method, "prompt_tokens": states.prompt_len,
+                         "completion_tokens": len(tokens) - states.prompt_len, "steps": len(steps),
+                         "tokens": sum(steps), "tau": sum(steps) / len(steps) if steps else float("nan"),
+                         "acceptance_lengths": " ".join(map(str, steps))})
+    methods = {method: method_metrics(method, list(by_sample.values()), block, settings)
+               for method, by_sample in per_method.items()}
+    primary = chain_method(block)
+    metrics = {
+        "drafter": settings["drafter"], "dataset": settings["dataset"],
+        "checkpoint": {"path": loaded.path, "layout": loaded.layout, "sha256": _checkpoint_hash(loaded.path),
+                       "global_step": loaded.global_step, "epoch": loaded.epoch, "step": checkpoint.get("step")},
+        "block_size": block, "layer_ids": loaded.layer_ids, "cache": cache_info, "stop_token_ids": stops,
+        "device": str(device), "dtype": settings["dtype"],
+        "chain": methods.get(primary) or method_metrics(primary, [], block, settings),
+        "methods": methods,
+        "topk_accuracy": {"k": topk, "positions_seen": topk_seen.tolist(),
+                          "by_position": [[float(h) / s if s else None for h in hits]
+                                          for hits, s in zip(topk_hits.tolist(), topk_seen.tolist())]},
+        "diagnostics": {"argmax_agreement": agree / seen if seen else None, "tokens_seen": seen,
+                        "samples_skipped": skipped},
+    }
+    return metrics, pd.DataFrame(rows)
+
+
+def requested_block_sizes(requested: list[int] | str | None, block: int) -> list[int]:
+    """Chain block sizes to evaluate: the drafter's own B plus those asked for that fit (2..B)."""
+    if requested == "all":
+        return list(range(2, block + 1))
+    sizes = sorted({int(b) for b in requested or []} | {block})
+    too_big = [b for b in sizes if b > block]
+    if too_big:
+        log.warning("block sizes %s exceed the drafter's block size %d; skipped", too_big, block)
+    return [b for b in sizes if b <= block]
+
+
+def method_metrics(method: str, per_sample: list[list[int]], block: int, settings: dict) -> dict:
+    """tau (both conventions), bootstrap CI, counts, acceptance by position and histogram of one method."""
+    kind, size = method.split("-", 1)
+    depth = int(size.lstrip("B")) if kind == "chain" else block
+    return {"method": method, "kind": kind, "block_size": depth,
+            "budget": int(size) if kind == "ddtree" else None, **acceptance.tau_stats(per_sample),
+            "ci95": acceptance.bootstrap_ci(per_sample, settings["bootstrap"], settings["seed"]),
+            "acceptance_by_position": acceptance.acceptance_by_position(per_sample, depth),
+            "histogram": acceptance.histogram(per_sample, depth)}
+
+
+def _checkpoint_hash(path: str) -> str:
+    target = Path(path)
+    files = sorted(p for p in target.rglob("*") if p.is_file()) if target.is_dir() else [target]
+    return sha256_file(files[0]) if len(files) == 1 else \
+        __import__("hashlib").sha256("".join(sha256_file(f) for f in files).encode()).hexdigest()
+
+
+def run(args: argparse.Namespace) -> int:
+    settings = settings_from_args(args, evaluate_settings, "drafter", "dataset")
+    metrics, rows = run_evaluation(settings, args.hidden, args.completions)
+    for method, stats in metrics["methods"].items():
+        log.info("%s on %s, %s: tau %.3f (z-lab mean), %.3f (token-weighted), %d samples, %d steps",
+                 metrics["drafter"], metrics["dataset"], method, stats["tau_mean_of_samples"],
+                 stats["tau_token_weighted"], stats["samples"], stats["steps"])
+    atomic_write_text(args.samples, rows.to_csv(index=False))
+    atomic_write_json(args.metrics, metrics)
+    return 0

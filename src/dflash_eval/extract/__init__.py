@@ -1,0 +1,1 @@
+"""Stage 2: the target's hidden states at the drafter's layers, with an explicit kernel backend."""

@@ -1,0 +1,111 @@
+"""Decoder-layer outputs by forward hooks, and the target's own greedy token per position.
+
+Layer id i is the output of decoder layer i: the residual stream before any norm. Hooks give it
+directly; `output_hidden_states` would not (its last entry is the final-norm output).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from dflash_eval.errors import DflashEvalError
+
+
+class _StopForward(Exception):
+    """Raised by the last needed hook to skip the remaining layers."""
+
+
+@dataclass
+class Capture:
+    """One sequence's captured layers (id -> [T, H]) and argmax [T] (None when not wanted)."""
+
+    states: dict[int, torch.Tensor]
+    argmax: torch.Tensor | None
+
+
+def text_parts(model: torch.nn.Module) -> tuple[torch.nn.Module, torch.nn.Module]:
+    """(text decoder with .layers/.norm, lm_head) of a CausalLM or of a VLM's language model."""
+    inner = model.model
+    decoder = getattr(inner, "language_model", inner)
+    if getattr(decoder, "layers", None) is None:
+        raise DflashEvalError(f"{type(model).__name__} has no decoder layers at model.layers or model.language_model")
+    return decoder, model.get_output_embeddings()
+
+
+ARGMAX_CHUNK = 4096  # positions per lm_head call: logits of 4096 x 248,320 bf16 are 2 GB
+
+
+def greedy_tokens(lm_head: torch.nn.Module, hidden: torch.Tensor) -> torch.Tensor:
+    """argmax of lm_head(hidden) [T, H] -> [T], ARGMAX_CHUNK positions at a time.
+
+    A thinking model's 32k-token completion would otherwise materialize 16 GB of logits at once
+    beside a 27B target; chunks bound that to 2 GB and are still large matrix products
+    (4096 x 5120 x 248,320 for Qwen3.6-27B). On an H200 the chunks cost 0.3 ms per 2048 positions more
+    than one product, 0.1% of the forward (benchmarks/results/argmax_speed.md).
+    """
+    return torch.cat([lm_head(hidden[start:start + ARGMAX_CHUNK]).argmax(dim=-1)
+                      for start in range(0, len(hidden), ARGMAX_CHUNK)])
+
+
+def check_layer_ids(layer_ids: Sequence[int], num_layers: int) -> list[int]:
+    """Layer ids as a list, each in [0, num_layers), without repeats."""
+    ids = list(layer_ids)
+    bad = [i for i in ids if not isinstance(i, int) or isinstance(i, bool) or not 0 <= i < num_layers]
+    if bad:
+        raise DflashEvalError(
+            f"layer ids {bad} out of range: the target has {num_layers} decoder layers, so ids must be in "
+            f"0..{num_layers - 1} (id i = output of decoder layer i)"
+        )
+    if not ids or len(set(ids)) != len(ids):
+        raise DflashEvalError(f"layer ids {ids} must be a non-empty list without repeats")
+    return ids
+
+
+def capture_layers(
+    model: torch.nn.Module,
+    layer_ids: Sequence[int],
+    input_ids: torch.Tensor,
+    *,
+    want_argmax: bool = True,
+    stop_after_last: bool | None = None,
+) -> Capture:
+    """Run one sequence ([T] or [1, T]) and keep the requested layer outputs as [T, H] tensors.
+
+    With `want_argmax` the forward completes and the argmax of lm_head(final norm) is returned;
+    without it the forward stops after the last needed layer unless `stop_after_last=False`.
+    """
+    decoder, lm_head = text_parts(model)
+    ids = check_layer_ids(layer_ids, len(decoder.layers))
+    if stop_after_last is None:
+        stop_after_last = not want_argmax
+    if stop_after_last and want_argmax:
+        raise DflashEvalError("stop_after_last skips the final norm, so it cannot be combined with want_argmax")
+    tokens = input_ids.reshape(1, -1)
+    last = max(ids)
+    states: dict[int, torch.Tensor] = {}
+
+    def keep(layer_id: int) -> Callable[..., None]:
+        def hook(_module: torch.nn.Module, _args: Any, output: Any) -> None:
+            hidden = output[0] if isinstance(output, tuple) else output
+            states[layer_id] = hidden[0].detach()
+            if stop_after_last and layer_id == last:
+                raise _StopForward
+        return hook
+
+    handles = [decoder.layers[i].register_forward_hook(keep(i)) for i in ids]
+    argmax = None
+    try:
+        with torch.inference_mode():
+            out = decoder(input_ids=tokens, use_cache=False)
+            if want_argmax:
+                argmax = greedy_tokens(lm_head, out.last_hidden_state[0])
+    except _StopForward:
+        pass
+    finally:
+        for handle in handles:
+            handle.remove()
+    return Capture(states={i: states[i] for i in ids}, argmax=argmax)

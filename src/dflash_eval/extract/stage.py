@@ -1,0 +1,316 @@
+"""Stage 2, extract: the target's hidden states for every completion, under an explicit kernel backend.
+
+Everything that can be checked without the GPU (settings, completions, token ids, layer ids,
+backend availability) is checked before the inference server is paused. The model is loaded and
+run inside `server_paused`, and its memory is released before the server comes back.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import logging
+import time
+import traceback
+from contextlib import AbstractContextManager, nullcontext
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+from tqdm import tqdm
+
+from dflash_eval.extract.backends import BackendInfo, BackendRun, package_versions, select_backend, use_backend
+from dflash_eval.cache.store import CacheWriter
+from dflash_eval.cache.resume import ResumeState, plan_key, plan_shards, prepare_resume
+from dflash_eval.extract.capture import capture_layers, check_layer_ids
+from dflash_eval.config import RUNTIME_HELP, extract_settings, load_config, with_runtime
+from dflash_eval.errors import DflashEvalError
+from dflash_eval.io_utils import sha256_file
+from dflash_eval.extract.target import load_target, read_config_json, target_config_hash, text_config_dict
+
+log = logging.getLogger(__name__)
+
+_SETTING_KEYS = ("layer_ids", "target", "shard_tokens", "store_argmax", "strict_tokens")
+_TARGET_KEYS = ("path", "dtype", "device", "backend")
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--settings", help="extract params as JSON (from config.extract_params)")
+    parser.add_argument("--config", help="config.yaml, instead of --settings (with --dataset and --layers)")
+    parser.add_argument("--dataset", help="dataset name in config.yaml")
+    parser.add_argument("--layers", help="comma-separated layer ids, e.g. 1,16,31,46,61")
+    parser.add_argument("--runtime", help=RUNTIME_HELP)
+    parser.add_argument("--completions", required=True, help="results/completions/{dataset}.jsonl")
+    parser.add_argument("--out", required=True, help="cache directory, results/hidden/{dataset}/{layerset}")
+
+
+def parse_layers(text: str) -> list[int]:
+    """'1,16,31' -> [1, 16, 31]."""
+    try:
+        return [int(part) for part in text.split(",") if part.strip()]
+    except ValueError:
+        raise DflashEvalError(f"--layers {text!r}: expected comma-separated integers such as 1,16,31") from None
+
+
+def resolve_settings(args: argparse.Namespace) -> dict[str, Any]:
+    """Settings from --settings JSON, or built from --config/--dataset/--layers; keys checked."""
+    if args.settings:
+        settings = json.loads(args.settings)
+    elif args.config and args.dataset and args.layers:
+        settings = extract_settings(load_config(args.config), args.dataset, parse_layers(args.layers))
+    else:
+        raise DflashEvalError("extract needs --settings JSON, or --config with --dataset and --layers")
+    settings = with_runtime(settings, args.runtime)
+    missing = [k for k in _SETTING_KEYS if k not in settings]
+    missing += [f"target.{k}" for k in _TARGET_KEYS if k not in settings.get("target", {})]
+    if missing:
+        raise DflashEvalError(f"extract settings lack {missing}")
+    return settings
+
+
+def read_completions(path: str | Path) -> list[dict[str, Any]]:
+    """Completion records with the fields extraction needs, ids unique."""
+    path = Path(path)
+    if not path.is_file():
+        raise DflashEvalError(f"completions file {path} not found; run the fetch stage first")
+    records = []
+    with path.open(encoding="utf-8") as handle:
+        for number, line in enumerate(handle, 1):
+            if not line.strip():
+                continue
+            record = json.loads(line)
+            for key in ("id", "prompt_token_ids", "completion_token_ids"):
+                if key not in record:
+                    raise DflashEvalError(f"{path}:{number}: record lacks {key!r}")
+            if not record["prompt_token_ids"]:
+                raise DflashEvalError(f"{path}:{number}: sample {record['id']!r} has no prompt tokens")
+            records.append(record)
+    ids = [str(r["id"]) for r in records]
+    if len(set(ids)) != len(ids):
+        raise DflashEvalError(f"{path}: sample ids repeat")
+    if not records:
+        raise DflashEvalError(f"{path} holds no completions")
+    return records
+
+
+@dataclass
+class TokenReport:
+    """Records whose token ids are not exactly the server's: flagged, and fatal in strict mode."""
+
+    mismatch: list[str] = field(default_factory=list)
+    retokenized: list[str] = field(default_factory=list)
+
+    def to_manifest(self) -> dict[str, list[str]]:
+        return {"mismatch": self.mismatch, "retokenized": self.retokenized}
+
+
+def check_tokens(records: list[dict[str, Any]], strict: bool) -> TokenReport:
+    """Flag token_check mismatches and retokenized completions; raise on any in strict mode."""
+    report = TokenReport()
+    for record in records:
+        check = record.get("token_check") or {}
+        if any(value is False for value in check.values()):
+            report.mismatch.append(str(record["id"]))
+        if record.get("completion_ids_source") == "retokenized":
+            report.retokenized.append(str(record["id"]))
+    for kind, ids in (("token_check mismatch", report.mismatch), ("retokenized completion ids", report.retokenized)):
+        if ids:
+            log.warning("%d of %d samples flagged: %s (e.g. %s)", len(ids), len(records), kind, ids[:5])
+    if strict and (report.mismatch or report.retokenized):
+        examples = (report.mismatch + report.retokenized)[:5]
+        raise DflashEvalError(
+            f"strict_tokens: {len(report.mismatch)} samples with token_check mismatches and "
+            f"{len(report.retokenized)} with retokenized completions (e.g. {examples}); "
+            "re-fetch with token ids from the server, or set strict_tokens: false to accept them"
+        )
+    return report
+
+
+def _check_token_range(records: list[dict[str, Any]], vocab_size: int) -> None:
+    """Out-of-range ids would crash inside the embedding kernel; say which sample instead."""
+    for record in records:
+        ids = record["prompt_token_ids"] + record["completion_token_ids"]
+        if any(not 0 <= t < vocab_size for t in ids):
+            raise DflashEvalError(f"sample {record['id']!r} has token ids outside the target's vocabulary "
+                                  f"(size {vocab_size}); the completions come from another model")
+
+
+def _server_paused(server: dict[str, Any] | None) -> AbstractContextManager:
+    if server is None:  # tests and by-hand runs without a server; the workflow always passes one (--runtime)
+        log.warning("no server settings (the workflow passes them as --runtime JSON): no inference server is "
+                    "paused, so a server on this GPU keeps its memory while the target loads")
+        return nullcontext()
+    from dflash_eval.server.control import server_paused
+
+    return server_paused(server)
+
+
+def _release_device_memory(device: torch.device) -> None:
+    """Free the model's GPU memory before the server restarts (module graphs hold reference cycles)."""
+    if device.type == "cuda":
+        gc.collect()
+        torch.cuda.empty_cache()
+
+
+def _greedy_matches(tokens: torch.Tensor, argmax: torch.Tensor, prompt_len: int) -> torch.Tensor:
+    """How many completion tokens equal the target's argmax at the previous position (device scalar).
+
+    The completions are the server's greedy output of this target, so this should be near 100%;
+    a low value means another model, template or backend produced them.
+    """
+    return (argmax[prompt_len - 1 : -1] == tokens[prompt_len:]).sum()
+
+
+def _upload(ids: list[int], device: torch.device) -> torch.Tensor:
+    """Token ids on `device`; to a GPU through pinned memory, so the copy does not wait for the queue.
+
+    A plain `torch.tensor(ids, device=cuda)` synchronizes the stream: the CPU would then stop
+    queueing kernels until the previous forward has finished, and the GPU would idle at every sample.
+    """
+    tokens = torch.tensor(ids, dtype=torch.long)
+    if device.type == "cuda":
+        return tokens.pin_memory().to(device, non_blocking=True)
+    return tokens.to(device)
+
+
+def _length(record: dict[str, Any]) -> int:
+    return len(record["prompt_token_ids"]) + len(record["completion_token_ids"])
+
+
+def _run_records(model: torch.nn.Module, records: list[dict[str, Any]], settings: dict[str, Any],
+                 backend: BackendRun, writer: CacheWriter, resume: ResumeState | None = None) -> dict[str, int] | None:
+    """One verified forward per record, captured layers to the writer; returns the argmax agreement.
+
+    Shards end where `plan_shards` says (the resume plan when resuming). With `resume`, shards an
+    earlier run finished are adopted as they are and their records skipped (their argmax agreement
+    is then not counted).
+    """
+    layer_ids, store_argmax = list(settings["layer_ids"]), bool(settings["store_argmax"])
+    device = torch.device(settings["target"]["device"])
+    plan = resume.plan if resume else plan_shards([_length(r) for r in records], writer.shard_tokens)
+    todo = [records[i] for index, shard in enumerate(plan) if not (resume and index in resume.kept) for i in shard]
+    matches, completion_tokens = torch.zeros((), dtype=torch.long, device=device), 0
+    with tqdm(total=sum(map(_length, todo)), unit="tok", unit_scale=True,
+              desc=f"extract {settings.get('dataset', '')}") as bar:
+        for record in _planned(records, plan, resume, writer):
+            ids = record["prompt_token_ids"] + record["completion_token_ids"]
+            prompt_len = len(record["prompt_token_ids"])
+            tokens = _upload(ids, device)
+            captured = capture_layers(model, layer_ids, tokens, want_argmax=store_argmax)
+            backend.verify()
+            writer.add(str(record["id"]), tokens, captured.states, captured.argmax, prompt_len)
+            if store_argmax:
+                matches += _greedy_matches(tokens, captured.argmax, prompt_len)
+                completion_tokens += len(ids) - prompt_len
+            bar.update(len(ids))
+    return {"matches": int(matches), "tokens": completion_tokens} if store_argmax else None
+
+
+def _planned(records: list[dict[str, Any]], plan: list[list[int]], resume: ResumeState | None,
+             writer: CacheWriter):
+    """The records to compute, in plan order, adopting finished shards on the way."""
+    for index, shard in enumerate(plan):
+        if resume and index in resume.kept:
+            writer.adopt(index, resume.kept[index])
+            continue
+        for i in shard:
+            yield records[i]
+        writer.close_shard()  # runs once the consumer has added the shard's last record
+
+
+def _resume_key(settings: dict[str, Any], header: dict[str, Any]) -> str:
+    """Everything that decides the cache's bytes: a rerun with another value starts afresh."""
+    target = settings["target"]
+    weights = sorted((p.name, p.stat().st_size) for p in Path(target["path"]).glob("*.safetensors"))
+    return plan_key({"completions": header["completions"]["sha256"], "target": header["target"],
+                     "weights": weights, "layer_ids": list(settings["layer_ids"]),
+                     "store_argmax": bool(settings["store_argmax"]), "shard_tokens": int(settings["shard_tokens"]),
+                     "device": torch.device(target["device"]).type, "backend": target["backend"],
+                     "versions": package_versions()})
+
+
+def _writer(settings: dict[str, Any], header: dict[str, Any], out: Path, resume: ResumeState) -> CacheWriter:
+    return CacheWriter(out, layer_ids=settings["layer_ids"], shard_tokens=int(settings["shard_tokens"]),
+                       store_argmax=bool(settings["store_argmax"]), header=header, resume=resume)
+
+
+def _publish_resumed(settings: dict[str, Any], header: dict[str, Any], out: Path, resume: ResumeState,
+                     planned: BackendInfo) -> Path:
+    """Every shard was finished by an earlier run: publish without loading the model."""
+    with _writer(settings, header, out, resume) as writer:
+        for index, entry in sorted(resume.kept.items()):
+            writer.adopt(index, entry)
+        log.info("all %d shards were already complete; no forward needed", len(resume.plan))
+        return writer.finish(backend={**planned.to_manifest(), "note": "no forward ran in the resuming run"},
+                             argmax_agreement=None)
+
+
+def _extract_on_device(settings: dict[str, Any], records: list[dict[str, Any]], header: dict[str, Any],
+                       out: Path, resume: ResumeState) -> Path:
+    """Load the target, run the records still to do under the verified backend, publish the cache."""
+    target = settings["target"]
+    model, _ = load_target(target["path"], target["dtype"], target["device"])
+    header["target"]["dtype"] = str(model.dtype).removeprefix("torch.")
+    started = time.perf_counter()
+    with (use_backend(target["backend"], target["device"], model) as backend,
+          _writer(settings, header, out, resume) as writer):
+        agreement = _run_records(model, records, settings, backend, writer, resume)
+        info = backend.verify()
+        path = writer.finish(backend=info.to_manifest(), argmax_agreement=agreement)
+    kept = {s["id"] for index in resume.kept for s in resume.kept[index]["samples"]}
+    tokens = sum(s["length"] for s in writer.samples if s["id"] not in kept)
+    seconds = time.perf_counter() - started
+    log.info("extracted %d tokens in %.1f s (%.0f tokens/s) with %s", tokens, seconds, tokens / seconds,
+             info.implementation)
+    if agreement and agreement["tokens"]:
+        log.info("target argmax equals the completion token at %.2f%% of %d completion positions",
+                 100 * agreement["matches"] / agreement["tokens"], agreement["tokens"])
+    return path
+
+
+def extract(settings: dict[str, Any], completions: str | Path, out: str | Path) -> Path:
+    """The stage without argparse: check inputs, pause the server, extract, publish the cache."""
+    target = settings["target"]
+    records = read_completions(completions)
+    tokens = check_tokens(records, bool(settings["strict_tokens"]))
+    text_config = text_config_dict(read_config_json(target["path"]))
+    check_layer_ids(settings["layer_ids"], int(text_config["num_hidden_layers"]))
+    _check_token_range(records, int(text_config["vocab_size"]))
+    planned = select_backend(target["backend"], target["device"])  # fails here, before the server stops
+    log.info("kernel backend %s will bind %s", planned.name, planned.implementation)
+    header = {
+        "dataset": settings.get("dataset"),
+        "target": {
+            "path": str(target["path"]),
+            "config_hash": target_config_hash(target["path"]),
+            "model_type": text_config.get("model_type"),
+            "num_hidden_layers": int(text_config["num_hidden_layers"]),
+            "hidden_size": int(text_config["hidden_size"]),
+            "dtype": target["dtype"],
+        },
+        "device": str(torch.device(target["device"])),
+        "completions": {"path": str(completions), "sha256": sha256_file(completions)},
+        "token_flags": tokens.to_manifest(),
+    }
+    out = Path(out)
+    plan = plan_shards([_length(r) for r in records], int(settings["shard_tokens"]))
+    resume = prepare_resume(out, _resume_key(settings, header), plan, [str(r["id"]) for r in records])
+    if resume.complete:
+        return _publish_resumed(settings, header, out, resume, planned)
+    with _server_paused(settings.get("server")):
+        try:
+            return _extract_on_device(settings, records, header, out, resume)
+        except BaseException as error:
+            # Frames in the traceback would keep the model alive on the GPU while the server restarts.
+            traceback.clear_frames(error.__traceback__)
+            raise
+        finally:
+            _release_device_memory(torch.device(target["device"]))
+
+
+def run(args: argparse.Namespace) -> int:
+    settings = resolve_settings(args)
+    extract(settings, args.completions, args.out)
+    return 0

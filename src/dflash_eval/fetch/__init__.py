@@ -1,0 +1,1 @@
+"""Stage 1: greedy completions from a live server, with the prompt sets they answer."""

@@ -1,0 +1,1 @@
+"""What a result depends on: model-file fingerprints and the stages' code."""

@@ -1,0 +1,1 @@
+"""Stage 4: summary tables, the trust panel and the plots."""

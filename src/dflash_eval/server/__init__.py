@@ -1,0 +1,1 @@
+"""The inference server around extraction: its kinds, the outage protocol, the host lock."""

@@ -1,0 +1,1 @@
+"""Commands beside the pipeline (kernel comparisons)."""

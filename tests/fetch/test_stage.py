@@ -1,0 +1,217 @@
+"""Fetch: prompt loading, and the stage end to end against a real `transformers serve` of a tiny target."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from tests.support import servers as hs
+import pytest
+
+from dflash_eval import cli
+from dflash_eval.fetch import stage as fetch
+from dflash_eval.errors import DflashEvalError
+from dflash_eval.fetch.prompts import PromptFileError, load_prompts, select_subset
+from dflash_eval.server.control import ServerController
+
+MAX_TOKENS = 16
+RECORD_FIELDS = {
+    "id", "prompt_id", "turn", "dataset", "messages", "prompt_token_ids", "completion_token_ids", "text", "finish_reason", "usage",
+    "request", "server", "completion_ids_source", "token_check", "spec",
+}
+
+
+# ----- prompt files -----
+
+
+@pytest.mark.parametrize(
+    ("line", "problem"),
+    [
+        ('{"id": "b", "messages": [}', "invalid JSON"),
+        ('{"id": "b"}', '"messages"'),
+        ('{"id": "", "messages": [{"role": "user", "content": "x"}]}', '"id"'),
+        ('{"id": "b", "messages": [{"content": "x"}]}', 'messages[0] needs "role"'),
+        ('{"id": "a", "messages": [{"role": "user", "content": "x"}]}', "duplicate id 'a' (first at "),
+        ("[1, 2]", "not a JSON object"),
+    ],
+)
+def test_malformed_prompt_line_names_file_and_line(tmp_path, line, problem):
+    path = tmp_path / "prompts.jsonl"
+    good = '{"id": "a", "messages": [{"role": "user", "content": "hi"}]}'
+    path.write_text(f"{good}\n\n{line}\n{good.replace('a', 'c')}\n")
+    with pytest.raises(PromptFileError) as err:
+        load_prompts(path)
+    assert str(err.value).startswith(f"{path}:3: ")
+    assert problem in str(err.value)
+
+
+def test_fetch_cli_fails_on_malformed_prompts_before_touching_the_server(tmp_path):
+    prompts = tmp_path / "bad.jsonl"
+    prompts.write_text('{"id": "a", "messages": []}\n')
+    settings = {"dataset": "bad", "prompts": str(prompts), "tokenizer": "unused",
+                "server": {"kind": "external", "start_command": "false", "stop_command": "false"}}
+    log = tmp_path / "fetch.log"
+    argv = ["--log", str(log), "fetch", "--settings", json.dumps(settings), "--out", str(tmp_path / "o.jsonl")]
+    assert cli.main(argv) == 2
+    assert f"{prompts}:1: " in log.read_text()
+    assert not (tmp_path / "o.jsonl").exists()
+
+
+def test_fetch_cli_takes_the_server_from_runtime_and_names_bad_runtime_json(tmp_path):
+    """The workflow passes how fetch runs as --runtime beside --settings; it is merged in, and bad JSON is named."""
+    prompts = tmp_path / "bad.jsonl"
+    prompts.write_text('{"id": "a", "messages": []}\n')
+    params = {"dataset": "bad", "prompts": str(prompts), "tokenizer": "unused"}
+    runtime = {"server": {"kind": "external", "start_command": "false", "stop_command": "false"}, "concurrency": 2}
+    log = tmp_path / "fetch.log"
+    base = ["--log", str(log), "fetch", "--settings", json.dumps(params), "--out", str(tmp_path / "o.jsonl")]
+    assert cli.main([*base, "--runtime", json.dumps(runtime)]) == 2
+    assert f"{prompts}:1: " in log.read_text()  # got past the settings check: the server came from --runtime
+    assert cli.main(base) == 2 and "missing ['server']" in log.read_text()
+    assert cli.main([*base, "--runtime", "{concurrency: 2"]) == 2
+    assert "--runtime is not valid JSON" in log.read_text()
+
+
+def test_subset_is_deterministic_and_in_file_order(tmp_path):
+    prompts = load_prompts(hs.write_prompts(tmp_path / "p.jsonl", 20))
+    a = select_subset(prompts, 5, seed=1)
+    assert a == select_subset(prompts, 5, seed=1)
+    assert [int(p.id[1:]) for p in a] == sorted(int(p.id[1:]) for p in a)
+    assert select_subset(prompts, None, 0) == prompts == select_subset(prompts, 50, 0)
+
+
+def test_fetch_settings_are_checked():
+    with pytest.raises(DflashEvalError, match=r"missing \['server'\], unknown \['typo'\]"):
+        fetch.resolve_settings({"dataset": "x", "prompts": "p", "tokenizer": "t", "typo": 1})
+    for where in ({}, {"prompts": "p.jsonl", "preset": "gsm8k"}):
+        with pytest.raises(DflashEvalError, match=r"give exactly one of prompts \(a file\) and preset"):
+            fetch.resolve_settings({"dataset": "x", "server": {}, "tokenizer": "t", **where})
+
+
+# ----- end to end against `transformers serve` -----
+
+
+@pytest.fixture(scope="session")
+def tiny_server(tmp_path_factory):
+    settings = hs.shared_transformers_server(tmp_path_factory.getbasetemp())
+    yield settings
+    ServerController(settings).stop_if_launched()
+
+
+@pytest.fixture(scope="module")
+def reference(tiny_server):
+    """The tiny target's tokenizer and model, loaded here, to compute what the server should return."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    torch.set_num_threads(1)
+    model_dir = hs.shared_model_dir()
+    return AutoTokenizer.from_pretrained(model_dir), AutoModelForCausalLM.from_pretrained(model_dir).eval()
+
+
+def greedy(reference, prompt_ids: list[int]) -> list[int]:
+    import torch
+
+    tok, model = reference
+    out = model.generate(torch.tensor([prompt_ids]), max_new_tokens=MAX_TOKENS, do_sample=False)
+    return out[0, len(prompt_ids):].tolist()
+
+
+def fetch_settings(tmp_path: Path, server: dict, n: int, endpoint: str = "completions") -> dict:
+    return {
+        "dataset": "tiny", "prompts": str(hs.write_prompts(tmp_path / "prompts.jsonl", n)), "max_samples": None,
+        "seed": 0, "server": server, "tokenizer": str(hs.shared_model_dir()), "max_tokens": MAX_TOKENS,
+        "temperature": 0.0, "concurrency": 2, "timeout_s": 120.0, "retries": 2, "endpoint": endpoint,
+        "chat_template_kwargs": {},
+    }
+
+
+def test_fetch_end_to_end(tmp_path, tiny_server, reference):
+    settings = fetch_settings(tmp_path, tiny_server, 4)
+    out = tmp_path / "completions" / "tiny.jsonl"
+    log = tmp_path / "fetch.log"
+    assert cli.main(["--log", str(log), "fetch", "--settings", json.dumps(settings), "--out", str(out)]) == 0
+    records = [json.loads(line) for line in out.read_text().splitlines()]
+    assert [r["id"] for r in records] == ["p0", "p1", "p2", "p3"]
+    assert list(out.parent.iterdir()) == [out]  # no temp file left behind
+    assert '"records": 4' in log.read_text()
+
+    tok, _ = reference
+    eos = tok.eos_token_id
+    for r in records:
+        assert set(r) == RECORD_FIELDS
+        ours = tok(tok.apply_chat_template(r["messages"], add_generation_prompt=True, tokenize=False),
+                   add_special_tokens=False)["input_ids"]
+        assert r["prompt_token_ids"] == ours
+        assert r["usage"]["prompt_tokens"] == len(ours) and r["token_check"]["prompt_tokens_match"] is True
+        assert r["completion_ids_source"] == "retokenized"
+        assert r["server"]["model"] == str(hs.shared_model_dir()) and r["server"]["base_url"] == tiny_server["base_url"]
+        assert r["request"]["endpoint"] == "completions" and r["request"]["temperature"] == 0.0
+        assert r["spec"] is None
+        expected = greedy(reference, ours)
+        if r["finish_reason"] == "stop":
+            assert expected[-1] == eos and len(expected) < MAX_TOKENS
+        else:
+            assert r["finish_reason"] == "length" and len(expected) == MAX_TOKENS
+        # transformers serve counts the eos token in usage.completion_tokens, and its text drops it.
+        assert r["usage"]["completion_tokens"] == len(expected)
+        if expected[-1] == eos and r["finish_reason"] == "length":
+            # eos as the very last allowed token is reported as "length": re-encoding cannot see it.
+            assert r["completion_token_ids"] == expected[:-1]
+            assert r["token_check"]["completion_tokens_match"] is False
+        else:
+            assert r["completion_token_ids"] == expected
+            assert r["token_check"]["completion_tokens_match"] is True
+    assert {r["finish_reason"] for r in records} == {"stop", "length"}  # both paths exercised
+
+
+def test_fetch_chat_endpoint_matches_completions(tmp_path, tiny_server):
+    by_endpoint = {}
+    for endpoint in ("completions", "chat"):
+        out = tmp_path / f"{endpoint}.jsonl"
+        by_endpoint[endpoint] = fetch.fetch(fetch_settings(tmp_path, tiny_server, 2, endpoint), out)
+    for a, b in zip(by_endpoint["completions"], by_endpoint["chat"]):
+        assert b["request"]["endpoint"] == "chat" and b["request"]["prompt_format"] == "messages"
+        for key in ("prompt_token_ids", "completion_token_ids", "text", "finish_reason", "usage", "token_check"):
+            assert a[key] == b[key], key
+
+
+def test_eos_as_the_last_allowed_token_is_reported_as_length(tmp_path, tiny_server, reference):
+    """transformers serve 5.24 says "length" whenever max_tokens tokens came out, even if the last was eos;
+    its text drops the eos, so the retokenized ids are one short and the token check flags the record."""
+    tok, _ = reference
+    for prompt in load_prompts(hs.write_prompts(tmp_path / "all.jsonl", 4)):
+        text = tok.apply_chat_template(prompt.messages, add_generation_prompt=True, tokenize=False)
+        expected = greedy(reference, tok(text, add_special_tokens=False)["input_ids"])
+        if expected[-1] == tok.eos_token_id:
+            break
+    else:
+        pytest.fail("no prompt of the tiny target stops on eos")
+    one = tmp_path / "one.jsonl"
+    one.write_text(json.dumps({"id": prompt.id, "messages": prompt.messages}) + "\n")
+    settings = {**fetch_settings(tmp_path, tiny_server, 1), "prompts": str(one), "max_tokens": len(expected)}
+    [record] = fetch.fetch(settings, tmp_path / "out.jsonl")
+    assert record["finish_reason"] == "length" and record["usage"]["completion_tokens"] == len(expected)
+    assert record["completion_token_ids"] == expected[:-1]
+    assert record["token_check"]["completion_tokens_match"] is False
+
+
+@pytest.mark.parametrize("where", ["choice", "response", None])
+def test_spec_stats_are_recorded_when_the_server_reports_them(where):
+    """SGLang's `meta_info.spec_accept_length` / `spec_verify_ct` (on the choice or the response) go to `spec`;
+    a server that reports none gives `spec: null`, never zeros."""
+    choice = {"text": "ab", "finish_reason": "length", "token_ids": [5, 6], "prompt_token_ids": [1, 2]}
+    resp = {"choices": [choice], "usage": {"prompt_tokens": 2, "completion_tokens": 2}}
+    meta = {"spec_accept_length": 3.25, "spec_verify_ct": 7, "e2e_latency": 0.1}
+    if where == "choice":
+        choice["meta_info"] = meta
+    elif where == "response":
+        resp["meta_info"] = meta
+    settings = fetch.resolve_settings({"dataset": "d", "prompts": "p", "server": {}, "tokenizer": "t"})
+    info = fetch.ServerInfo("http://x", "m", "/models/m", "w1", sglang=True)
+    rendered = fetch.Rendered("a", "a", 1, [{"role": "user", "content": "x"}], "x", [1, 2])
+    rec = fetch.build_record(resp, rendered, settings, info, tokenizer=None)
+    assert rec["spec"] == ({"spec_accept_length": 3.25, "spec_verify_ct": 7} if where else None)
+    assert rec["server"] == {"base_url": "http://x", "model": "m", "model_path": "/models/m", "weight_version": "w1"}
+    assert rec["completion_ids_source"] == "server" and rec["token_check"] == {
+        "prompt_tokens_match": True, "completion_tokens_match": True}

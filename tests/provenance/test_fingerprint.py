@@ -1,0 +1,91 @@
+"""Content fingerprints, stage code fingerprints, step directories and `only` selections."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+
+import pytest
+
+from dflash_eval.provenance import code_version
+from dflash_eval.provenance import fingerprint
+from dflash_eval.config import expand_step_directories, select
+from dflash_eval.errors import DflashEvalError
+
+
+def test_file_hash_is_sha256_and_cached_by_size_and_mtime(tmp_path, monkeypatch):
+    path = tmp_path / "w.bin"
+    path.write_bytes(b"abc" * 1000)
+    cache = fingerprint.FingerprintCache(tmp_path / "cache.json")
+    assert cache.file(path) == hashlib.sha256(b"abc" * 1000).hexdigest()
+    reads = []
+    monkeypatch.setattr(fingerprint, "sha256_file", lambda p: reads.append(p) or "x")
+    fresh = fingerprint.FingerprintCache(tmp_path / "cache.json")  # from the file, as a new Snakemake process
+    assert fresh.file(path) == hashlib.sha256(b"abc" * 1000).hexdigest() and reads == []
+    os.utime(path, ns=(1, 1))  # touched: same size, other mtime -> hashed again
+    assert fresh.file(path) == "x" and len(reads) == 1
+
+
+def test_directory_fingerprint_depends_on_names_and_contents_not_order(tmp_path):
+    (tmp_path / "a").write_bytes(b"1")
+    (tmp_path / "b").write_bytes(b"2")
+    cache = fingerprint.FingerprintCache(tmp_path / "cache.json")
+    both = cache.files([str(tmp_path / "a"), str(tmp_path / "b")])
+    assert both == cache.files([str(tmp_path / "b"), str(tmp_path / "a")])
+    (tmp_path / "b").write_bytes(b"3")
+    assert cache.files([str(tmp_path / "a"), str(tmp_path / "b")]) != both
+
+
+def test_missing_file_names_the_config_key(tmp_path):
+    with pytest.raises(DflashEvalError, match=r"drafters.v4.path: .*nope.pt does not exist"):
+        fingerprint.FingerprintCache(tmp_path / "c.json").file(tmp_path / "nope.pt", "drafters.v4.path")
+
+
+def test_stage_modules_follow_imports_transitively():
+    evaluate = code_version.stage_modules("evaluate")
+    assert {"evaluate.stage", "evaluate.anchors", "evaluate.ddtree", "evaluate.acceptance", "evaluate.drafter",
+            "io_utils"} <= set(evaluate)
+    assert "fetch.stage" not in evaluate and "report.stage" not in evaluate
+    assert "evaluate.anchors" not in code_version.stage_modules("report")
+    assert "server.control" in code_version.stage_modules("extract")
+
+
+def test_normalized_source_ignores_blank_lines_and_comments_only():
+    base = "x = 1\ny = 2  # inline\n"
+    assert code_version._normalized(base) == code_version._normalized("# note\n\nx = 1   \n\ny = 2  # inline\n")
+    assert code_version._normalized(base) != code_version._normalized("x = 1\ny = 3  # inline\n")
+
+
+def test_step_directory_expands_in_step_order(tmp_path):
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "config.json").write_text("{}")
+    for step in (20, 3, 100):
+        (run / f"step_{step}.pt").write_bytes(b"x")
+    (run / "notes.txt").write_text("ignored")
+    hf = run.parent / "hf-run"
+    (hf / "checkpoint-5").mkdir(parents=True)
+    (hf / "checkpoint-5" / "config.json").write_text("{}")
+    drafters = {"first": {"path": "elsewhere.pt"}, "v4": {"path": str(run), "config": None},
+                "hf": {"path": str(hf), "config": None}}
+    out = expand_step_directories(drafters, "config.yaml")
+    assert list(out) == ["first", "v4-step3", "v4-step20", "v4-step100", "hf-step5"]
+    assert out["v4-step20"]["step"] == 20 and out["v4-step20"]["run"] == "v4"
+    assert out["v4-step20"]["config"] == str(run / "config.json")
+    assert out["hf-step5"]["config"] is None and out["hf-step5"]["path"] == str(hf / "checkpoint-5")
+
+
+def test_bare_steps_without_a_config_are_an_error(tmp_path):
+    (tmp_path / "step_1.pt").write_bytes(b"x")
+    with pytest.raises(DflashEvalError, match="drafters.v4.config"):
+        expand_step_directories({"v4": {"path": str(tmp_path), "config": None}}, "config.yaml")
+
+
+def test_select_names_patterns_and_series():
+    names = ["a", "v4-step1", "v4-step2", "b"]
+    assert select(None, names, "only") == names
+    assert select("b,a", names, "only") == ["a", "b"]
+    assert select(["v4"], names, "only") == ["v4-step1", "v4-step2"]
+    assert select("v4-*2", names, "only") == ["v4-step2"]
+    with pytest.raises(DflashEvalError, match="'c' matches none of"):
+        select("c", names, "--config only")

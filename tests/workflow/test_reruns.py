@@ -1,0 +1,181 @@
+"""Only what changed reruns: the real snakemake's plan after each kind of change, job by job.
+
+Base project (tests/support/workflow_harness.py): datasets d1, d2; drafter a (HF dir) and b (50 MB .pt), both
+on layers [1, 2]. Each test copies the finished base run, makes one change and compares the dry-run
+plan with the exact set of jobs that the change must rerun.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from pathlib import Path
+
+import pytest
+
+from tests.support.workflow_harness import (add_hf_drafter, check, copy_workflow, job, load_config, plan, save_config, snakemake,
+                              tiny_project, write_bytes)
+
+ALL_EVALS = {job("evaluate", d, s) for d in "ab" for s in ("d1", "d2")}
+
+
+@pytest.fixture(scope="module")
+def base(tmp_path_factory):
+    root = tmp_path_factory.mktemp("reruns")
+    workflow = copy_workflow(root / "workflow")
+    project = root / "base"
+    tiny_project(project)
+    check(snakemake(workflow, project))
+    assert (project / "results" / "summary.csv").exists()
+    return workflow, project
+
+
+@pytest.fixture
+def case(base, tmp_path):
+    workflow, project = base
+    copy = tmp_path / "case"
+    shutil.copytree(project, copy)  # copy2 keeps mtimes, so the copy is as up to date as the original
+    (copy / "calls.log").unlink()
+    return workflow, copy
+
+
+def test_finished_run_has_nothing_to_do(case):
+    workflow, root = case
+    assert plan(workflow, root) == set()
+
+
+def test_checkpoint_content_change_reruns_its_evaluations_and_the_report(case):
+    workflow, root = case
+    write_bytes(root / "ckpt" / "a" / "model.safetensors", 2048, seed=99)
+    assert plan(workflow, root) == {job("evaluate", "a", "d1"), job("evaluate", "a", "d2"), job("report")}
+
+
+def test_touched_checkpoints_with_the_same_content_rerun_nothing(case):
+    workflow, root = case
+    later = Path(root / "results" / "summary.csv").stat().st_mtime + 3600
+    for path in (root / "ckpt" / "a" / "model.safetensors", root / "ckpt" / "b.pt", root / "ckpt" / "b.json",
+                 root / "target" / "model.safetensors"):
+        os.utime(path, (later, later))
+    write_bytes(root / "ckpt" / "b.pt", 50 * 2**20, seed=20)  # rewritten, same bytes
+    assert (root / "ckpt" / "b.pt").stat().st_size == 50 * 2**20
+    assert plan(workflow, root) == set()
+
+
+def test_layer_list_change_extracts_the_new_set_and_keeps_the_old_cache(case):
+    workflow, root = case
+    config = load_config(root)
+    config["drafters"]["b"]["layer_ids"] = [1, 3]
+    save_config(root, config)
+    expected = {job("extract", "d1", "L1-3"), job("extract", "d2", "L1-3"),
+                job("evaluate", "b", "d1"), job("evaluate", "b", "d2"), job("report")}
+    assert plan(workflow, root) == expected
+    check(snakemake(workflow, root))
+    ran = set((root / "calls.log").read_text().splitlines())
+    assert ran == expected, "the real run ran exactly the planned jobs"
+    assert (root / "results" / "hidden" / "d1" / "L1-2" / "manifest.json").exists(), "old layer set's cache kept"
+    assert (root / "results" / "hidden" / "d1" / "L1-3" / "manifest.json").exists()
+
+
+def test_fetch_parameter_change_reruns_everything_downstream_of_that_dataset(case):
+    workflow, root = case
+    config = load_config(root)
+    config["datasets"]["d1"]["max_samples"] = 1
+    save_config(root, config)
+    assert plan(workflow, root) == {job("fetch", "d1"), job("extract", "d1", "L1-2"), job("evaluate", "a", "d1"),
+                                    job("evaluate", "b", "d1"), job("report")}
+
+
+def test_server_and_fetch_runtime_changes_rerun_nothing(case):
+    """How fetch and extract run (server, concurrency, timeouts, retries) does not change what they produce:
+    rerunning them would discard hours of completions and of GPU time. The new values still reach the stages."""
+    workflow, root = case
+    config = load_config(root)
+    config["server"].update(health_timeout_s=1234, stop_grace_s=7, base_url="http://127.0.0.1:10")
+    config["fetch"].update(concurrency=3, timeout_s=99, retries=9)
+    save_config(root, config)
+    assert plan(workflow, root) == set()
+    (root / "runtime.log").unlink()
+    check(snakemake(workflow, root, "--forcerun", "fetch"))
+    calls = [json.loads(line) for line in (root / "runtime.log").read_text().splitlines()]
+    fetches, extracts = [c for c in calls if "concurrency" in c], [c for c in calls if "concurrency" not in c]
+    assert len(fetches) == len(extracts) == 2
+    assert all(c["concurrency"] == 3 and c["timeout_s"] == 99 and c["retries"] == 9 for c in fetches)
+    assert all(c["server"]["health_timeout_s"] == 1234 and c["server"]["base_url"].endswith(":10") for c in calls)
+
+
+def test_added_drafter_runs_only_its_evaluations_and_the_report(case):
+    workflow, root = case
+    config = load_config(root)
+    add_hf_drafter(root, config, "c", seed=30)
+    save_config(root, config)
+    assert plan(workflow, root) == {job("evaluate", "c", "d1"), job("evaluate", "c", "d2"), job("report")}
+
+
+def _edit(path: Path, text: str) -> None:
+    path.write_text(path.read_text() + text)
+
+
+def _private_copies(base, tmp_path: Path) -> tuple[Path, Path]:
+    """A workflow copy whose code a test may edit, and a copy of the finished project."""
+    workflow, project = base
+    shutil.copytree(workflow, tmp_path / "workflow")
+    shutil.copytree(project, tmp_path / "case")
+    return tmp_path / "workflow", tmp_path / "case"
+
+
+def test_stage_code_change_reruns_that_stage_and_what_follows(base, tmp_path):
+    code, root = _private_copies(base, tmp_path)
+    evaluator = code / "src" / "dflash_eval" / "evaluate" / "anchors.py"  # imported by the evaluate stage
+    original = evaluator.read_text()
+    _edit(evaluator, "\n# a comment and blank lines do not count\n\n")
+    assert plan(code, root) == set()
+    _edit(evaluator, "_CHANGED = True\n")
+    assert plan(code, root) == ALL_EVALS | {job("report")}
+    evaluator.write_text(original)  # back to the recorded code: the report's own code alone
+    _edit(code / "src" / "dflash_eval" / "report" / "stage.py", "_CHANGED = True\n")
+    assert plan(code, root) == {job("report")}
+
+
+def test_only_evaluates_the_named_drafters_without_the_report(case):
+    workflow, root = case
+    write_bytes(root / "ckpt" / "a" / "model.safetensors", 2048, seed=98)
+    write_bytes(root / "ckpt" / "b.pt", 1024, seed=97)
+    assert plan(workflow, root, "--config", "only=a") == {job("evaluate", "a", "d1"), job("evaluate", "a", "d2")}
+    assert plan(workflow, root, "--config", "only=b", "only_datasets=d2") == {job("evaluate", "b", "d2")}
+    # a per-file target does the same for one evaluation
+    assert plan(workflow, root, "results/eval/a/d1/metrics.json") == {job("evaluate", "a", "d1")}
+
+
+def test_missing_checkpoint_is_a_clear_error(case):
+    workflow, root = case
+    (root / "ckpt" / "b.pt").unlink()
+    run = snakemake(workflow, root, "--dry-run")
+    assert run.returncode != 0
+    assert "drafters.b.path: ckpt/b.pt does not exist" in run.stdout + run.stderr
+
+
+def test_step_directory_expands_to_one_evaluation_per_step_and_new_steps_add_only_their_jobs(case):
+    workflow, root = case
+    run_dir = root / "ckpt" / "run"
+    run_dir.mkdir()
+    (run_dir / "config.json").write_text('{"block_size": 4}')
+    for step in (100, 200):
+        write_bytes(run_dir / f"step_{step}.pt", 1024, seed=step)
+    config = load_config(root)
+    config["drafters"]["run"] = {"path": "ckpt/run", "layer_ids": [1, 2], "trained_with": "torch"}
+    save_config(root, config)
+    check(snakemake(workflow, root))
+    ran = set((root / "calls.log").read_text().splitlines())
+    assert ran == {job("evaluate", f"run-step{s}", d) for s in (100, 200) for d in ("d1", "d2")} | {job("report")}
+    stamp = json.loads((root / "results" / "eval" / "run-step200" / "d1" / "metrics.json").read_text())
+    settings = json.loads(stamp["settings"])  # what the evaluate stage received
+    assert settings["checkpoint"]["step"] == 200 and settings["checkpoint"]["path"] == "ckpt/run/step_200.pt"
+    assert settings["checkpoint"]["config"] == "ckpt/run/config.json"
+    report = json.loads(json.loads((root / "results" / "summary.csv").read_text())["settings"])
+    assert report["drafters"]["run-step200"] == {"step": 200, "run": "run", "layer_ids": [1, 2]}
+
+    write_bytes(run_dir / "step_300.pt", 1024, seed=300)
+    new_step = {job("evaluate", "run-step300", "d1"), job("evaluate", "run-step300", "d2")}
+    assert plan(workflow, root) == new_step | {job("report")}
+    assert plan(workflow, root, "--config", "only=run") == new_step  # the directory's name selects its steps

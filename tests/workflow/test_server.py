@@ -1,0 +1,89 @@
+"""The server around a real `snakemake` run of the project's Snakefile: the server is launched by fetch,
+down during extraction, healthy after it, and stopped with its whole process group by the Snakefile's
+onsuccess/onerror hook, also when the extraction fails.
+
+The stages' computations are replaced by the rerun tests' recorder (tests/support/workflow_harness.py), but
+everything about the server is real: the stand-in `dflash-eval` runs the real `ServerController`
+before fetch and the real `server_paused` around extraction, and the real `dflash-eval server` CLI
+for the hooks, against a real server process (tests/support/servers.py).
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+from tests.support import servers as hs
+import pytest
+import yaml
+
+from tests.support.workflow_harness import check, copy_workflow, snakemake, tiny_project
+
+# Each test is one or two real snakemake runs: 84 s and 64 s on the loaded 2-core dev machine
+# (2026-11-30), too slow for the default suite. tests/server/test_control.py covers the same mechanics
+# (restore on success, failure and SIGTERM; `server finish`; no orphan) in seconds each.
+pytestmark = pytest.mark.slow
+
+STAND_IN = r'''#!{python}
+"""dflash-eval for the server workflow tests: real server control around fetch and extract, then the
+recorder's outputs; `server` is the real CLI."""
+import json, os, runpy, sys
+
+args = sys.argv[1:]
+rest = args[2:] if args[:1] == ["--log"] else args
+if rest[0] == "server":
+    from dflash_eval.cli import main
+    sys.exit(main(rest))
+if rest[0] in ("fetch", "extract"):
+    from dflash_eval.server.control import ServerController, server_paused
+    server = json.loads(rest[rest.index("--runtime") + 1])["server"]  # how the stage runs, beside its params
+    if rest[0] == "fetch":
+        ServerController(server).ensure_up()
+    else:
+        with server_paused(server):
+            if os.environ.get("EXTRACT_FAILS"):
+                sys.exit("extraction failed on purpose")
+runpy.run_path(os.path.join(os.path.dirname(os.path.abspath(__file__)), "recorder"), run_name="__main__")
+'''
+
+
+@pytest.fixture
+def project(tmp_path):
+    """One dataset, one drafter, and a managed tiny server that records each of its starts."""
+    workflow = copy_workflow(tmp_path / "workflow")
+    (workflow / "bin" / "dflash-eval").rename(workflow / "bin" / "recorder")
+    stand_in = workflow / "bin" / "dflash-eval"
+    stand_in.write_text(STAND_IN.format(python=sys.executable))
+    stand_in.chmod(0o755)
+    root = tmp_path / "project"
+    config = tiny_project(root, drafters=1, datasets=1)
+    server = hs.tiny_helper_settings(Path("unused"), "--state", str(root / "server-state.txt"))
+    config["server"] = {key: server[key] for key in ("kind", "base_url", "command", "health_timeout_s", "stop_grace_s")}
+    (root / "config.yaml").write_text(yaml.safe_dump(config, sort_keys=False))
+    return workflow, root
+
+
+def launched_pids(entries: list[dict]) -> list[int]:
+    return [e["pid"] for e in entries if e["event"] == "launched"]
+
+
+def test_run_takes_the_server_down_around_extraction_and_leaves_no_orphan(project):
+    workflow, root = project
+    check(snakemake(workflow, root))
+    entries = hs.check_down_around_extraction(root / "results" / "logs" / "server" / "transitions.jsonl")
+    events = [e["event"] for e in entries]
+    assert events[-2:] == ["stop_requested", "down"] and entries[-1]["pid"] == launched_pids(entries)[-1]  # onsuccess
+    assert (root / "server-state.txt").read_text().split() == ["started", "started"]  # by fetch; after extraction
+    assert all(hs.group_members(pid) == [] for pid in launched_pids(entries))  # no orphan: pids and groups gone
+    assert not (root / "results" / "logs" / "server" / "outage.json").exists()
+
+
+def test_failed_extraction_restores_and_onerror_stops_the_server(project):
+    workflow, root = project
+    run = snakemake(workflow, root, env={"EXTRACT_FAILS": "1"})
+    assert run.returncode != 0 and "extraction failed on purpose" in run.stdout + run.stderr
+    entries = hs.check_down_around_extraction(root / "results" / "logs" / "server" / "transitions.jsonl")
+    assert next(e for e in entries if e["event"] == "extraction_end")["ok"] is False
+    assert [e["event"] for e in entries][-2:] == ["stop_requested", "down"]  # onerror
+    assert all(hs.group_members(pid) == [] for pid in launched_pids(entries))
