@@ -1,4 +1,4 @@
-"""Small file helpers shared by every stage: atomic writes and content hashes."""
+"""Small file helpers shared by every stage: atomic writes, content hashes, safetensors headers."""
 
 from __future__ import annotations
 
@@ -8,6 +8,10 @@ import os
 import tempfile
 from pathlib import Path
 from typing import Any
+
+from dflash_eval.errors import DflashEvalError
+
+_MAX_HEADER_BYTES = 100 << 20  # the safetensors package's own limit
 
 
 def sha256_file(path: str | Path, chunk_bytes: int = 1 << 22) -> str:
@@ -61,3 +65,36 @@ def _strict(value: Any) -> Any:
 def atomic_write_json(path: str | Path, data: Any) -> None:
     """JSON twin of atomic_write_text, indented for humans and sorted for stable diffs."""
     atomic_write_text(path, json.dumps(_strict(data), indent=2, sort_keys=True, allow_nan=False) + "\n")
+
+
+def safetensors_header(path: str | Path, fix: str) -> dict[str, dict[str, Any]]:
+    """Tensor name -> {dtype, shape, data_offsets} of a safetensors file, from its header alone.
+
+    Reads a few kilobytes, not the weights, so the workflow can check every checkpoint when it loads.
+    A file that is not safetensors, or whose size is not what its header says (truncated by a copy
+    that stopped, or padded), is an error naming the file and `fix`, as the safetensors package's
+    own error ("incomplete metadata, file not fully covered") does not.
+    """
+    path = Path(path)
+    try:
+        size = path.stat().st_size
+        with open(path, "rb") as handle:
+            length = int.from_bytes(handle.read(8), "little")
+            if size < 8 or not 2 <= length <= min(_MAX_HEADER_BYTES, size - 8):
+                raise DflashEvalError(f"{path}: not a safetensors file ({size} bytes, no valid header); {fix}")
+            header = json.loads(handle.read(length))
+    except OSError as error:
+        raise DflashEvalError(f"{path}: cannot be read ({error.strerror}); {fix}") from None
+    except (UnicodeDecodeError, ValueError):
+        raise DflashEvalError(f"{path}: the safetensors header is not valid JSON (a damaged file); {fix}") from None
+    if not isinstance(header, dict):
+        raise DflashEvalError(f"{path}: the safetensors header is not a JSON object (a damaged file); {fix}")
+    header.pop("__metadata__", None)
+    try:
+        end = max((int(t["data_offsets"][1]) for t in header.values()), default=0)
+    except (TypeError, KeyError, IndexError, ValueError):
+        raise DflashEvalError(f"{path}: the safetensors header lacks data_offsets (a damaged file); {fix}") from None
+    if 8 + length + end != size:
+        raise DflashEvalError(f"{path}: {size} bytes, but its header says {8 + length + end}: the file is "
+                              f"{'truncated' if size < 8 + length + end else 'longer than its tensors'}; {fix}")
+    return header

@@ -21,21 +21,19 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from safetensors import safe_open
+from safetensors import SafetensorError, safe_open
 
 from dflash_eval.cache.resume import JOURNAL, MANIFEST, PLAN, ResumeState, append_journal, partial_dir
-from dflash_eval.errors import DflashEvalError
-from dflash_eval.io_utils import atomic_write_json, sha256_file
+from dflash_eval.cache.verify import CacheError, ShardVerifier, repair_command
+from dflash_eval.io_utils import atomic_write_json
+
+__all__ = ["CacheError", "CacheWriter", "HiddenCache", "SampleStates"]
 
 log = logging.getLogger(__name__)
 
 FORMAT_VERSION = 1
 _HEADER_KEYS = ("target", "backend", "device", "completions")
 WRITER_THREADS = 2  # shards written at once; one thread could not keep up with an H200 (benchmarks/)
-
-
-class CacheError(DflashEvalError):
-    """A hidden cache that is missing, malformed, corrupt, or being written with bad data."""
 
 
 def shard_name(index: int) -> str:
@@ -387,6 +385,8 @@ class CacheWriter:
         self._pool.shutdown()
         self.tail_s = time.perf_counter() - started
         self._buffers, self._oversize = [], None
+        for shard in shards:  # what `snakemake -n` compares with later (cache.verify.changed_since_extraction)
+            shard["mtime_ns"] = (self.tmp / shard["file"]).stat().st_mtime_ns
         header = {**self.header, **updates}
         missing = [key for key in _HEADER_KEYS if key not in header]
         if missing:
@@ -450,9 +450,13 @@ def _require(condition: bool, directory: Path, what: str) -> None:
 
 
 class HiddenCache:
-    """Read-only view of a hidden cache directory, validated on open."""
+    """Read-only view of a hidden cache directory, validated on open.
 
-    def __init__(self, directory: str | Path) -> None:
+    With `verify`, every shard a sample is read from is checked against its manifest sha256 (in the
+    background, see cache.verify): call `verified()` before trusting what was computed from them.
+    """
+
+    def __init__(self, directory: str | Path, verify: bool = False) -> None:
         self.directory = Path(directory)
         manifest_path = self.directory / MANIFEST
         if not manifest_path.is_file():
@@ -464,6 +468,7 @@ class HiddenCache:
         self.manifest: dict[str, Any] = json.loads(manifest_path.read_text())
         self._validate()
         self._by_id = {entry["id"]: entry for entry in self.manifest["samples"]}
+        self.verifier = ShardVerifier(self.directory, self.manifest) if verify else None
 
     def _validate(self) -> None:
         m, d = self.manifest, self.directory
@@ -473,8 +478,12 @@ class HiddenCache:
             _require(key in m, d, f"missing key {key!r}")
         _require(all(isinstance(i, int) for i in m["layer_ids"]), d, "layer_ids must be integers")
         shards = {s["file"]: s for s in m["shards"]}
-        for name in shards:
+        for name, shard in shards.items():
             _require((d / name).is_file(), d, f"shard {name} is listed but missing")
+            size = (d / name).stat().st_size
+            if size != shard["bytes"]:
+                raise CacheError(f"{d / name}: {size} bytes, but the manifest says {shard['bytes']}: the shard is "
+                                 f"{'truncated' if size < shard['bytes'] else 'damaged'}; {repair_command(d, m)}")
         ids = [s["id"] for s in m["samples"]]
         _require(len(set(ids)) == len(ids), d, "sample ids repeat")
         for s in m["samples"]:
@@ -518,22 +527,27 @@ class HiddenCache:
                              f"(it holds {self.layer_ids}); extract a layer set that includes them")
         entry = self.sample(sample_id)
         rows = slice(entry["offset"], entry["offset"] + entry["length"])
-        with safe_open(str(self.directory / entry["shard"]), framework="pt") as handle:
-            features = torch.cat([handle.get_slice(layer_key(i))[rows] for i in layer_ids], dim=-1)
-            input_ids = handle.get_slice("input_ids")[rows]
-            argmax = handle.get_slice("argmax")[rows] if self.store_argmax else None
+        if self.verifier is not None:
+            self.verifier.touch(entry["shard"])
+        try:
+            with safe_open(str(self.directory / entry["shard"]), framework="pt") as handle:
+                features = torch.cat([handle.get_slice(layer_key(i))[rows] for i in layer_ids], dim=-1)
+                input_ids = handle.get_slice("input_ids")[rows]
+                argmax = handle.get_slice("argmax")[rows] if self.store_argmax else None
+        except SafetensorError as error:
+            raise CacheError(f"{self.directory / entry['shard']}: not a readable safetensors shard ({error}); "
+                             f"{repair_command(self.directory, self.manifest)}") from None
         if dtype is not None:
             features = features.to(dtype)
         return SampleStates(input_ids=input_ids, features=features, argmax=argmax, prompt_len=entry["prompt_len"])
 
+    def verified(self) -> list[dict[str, Any]]:
+        """Wait for the hashes of every shard read so far; raise for a damaged one; what matched, for the record."""
+        return [] if self.verifier is None else self.verifier.record()
+
     def verify(self) -> None:
-        """Check every shard's size and sha256 against the manifest (reads all bytes)."""
+        """Check every shard's sha256 against the manifest now (reads all bytes; sizes were checked on open)."""
+        verifier = ShardVerifier(self.directory, self.manifest)
         for shard in self.manifest["shards"]:
-            path = self.directory / shard["file"]
-            size = path.stat().st_size
-            if size != shard["bytes"]:
-                raise CacheError(f"{path}: {size} bytes, manifest says {shard['bytes']}; the shard is corrupt, "
-                                 "re-run the extract stage")
-            if sha256_file(path) != shard["sha256"]:
-                raise CacheError(f"{path}: sha256 differs from the manifest; the shard is corrupt, "
-                                 "re-run the extract stage")
+            verifier.touch(shard["file"])
+        verifier.check()

@@ -8,22 +8,24 @@ equal the drafter's `target_layer_ids`.
 
 from __future__ import annotations
 
-import json
 import logging
+import re
 import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import torch
+from safetensors import SafetensorError
 from safetensors.torch import load_file
 from transformers import Qwen3Config
 
 from dflash_eval.errors import DflashEvalError
+from dflash_eval.evaluate.checkpoint import (agreed_layer_ids, check_against_target, check_fc_width, checkpoint_facts,
+                                             strip_prefixes, weight_files)
 
 log = logging.getLogger(__name__)
 
-PREFIXES = ("module.", "model.", "_orig_mod.")
 STATE_KEYS = ("model_state_dict", "state_dict", "model")
 
 
@@ -43,42 +45,19 @@ class LoadedDrafter:
     extra: dict[str, Any] = field(default_factory=dict)
 
 
-def _read_config(source: str | Path) -> dict:
-    source = Path(source)
-    config_file = source / "config.json" if source.is_dir() else source
-    if not config_file.exists():
-        raise DflashEvalError(f"drafter config {config_file} not found; give `config:` as a config.json or HF directory")
-    try:
-        return json.loads(config_file.read_text())
-    except json.JSONDecodeError as error:
-        raise DflashEvalError(f"{config_file}: not valid JSON ({error})") from error
-
-
-def detect_layout(path: Path) -> str:
-    """hf (directory with config.json), safetensors (bare file) or pt (training checkpoint)."""
-    if path.is_dir():
-        return "hf"
-    if path.suffix == ".safetensors":
-        return "safetensors"
-    if path.suffix in {".pt", ".pth", ".bin", ".ckpt"}:
-        return "pt"
-    raise DflashEvalError(
-        f"{path}: cannot tell the checkpoint layout; use a HF directory, a .safetensors file or a .pt/.pth "
-        "training checkpoint, or set `layout:` for this drafter"
-    )
-
-
 def _strip_prefixes(state: dict[str, torch.Tensor], expected: set[str]) -> dict[str, torch.Tensor]:
     """Remove wrapper prefixes (DDP `module.`, `model.`, torch.compile `_orig_mod.`) only when needed."""
-    changed = True
-    while changed and state and not set(state) & expected:
-        changed = False
-        for prefix in PREFIXES:
-            if all(key.startswith(prefix) for key in state):
-                state = {key[len(prefix):]: value for key, value in state.items()}
-                changed = True
-                break
-    return state
+    return {key: state[name] for name, key in strip_prefixes(list(state), expected).items()}
+
+
+_ANSI = re.compile(r"\x1b\[[0-9;]*m")
+
+
+def _load_error_summary(error: Exception) -> str:
+    """The line of torch.load's error that says what it refused, without the terminal escapes torch puts in."""
+    lines = [line.strip() for line in _ANSI.sub("", str(error)).splitlines() if line.strip()]
+    refused = next((line for line in lines if "WeightsUnpickler error" in line), None)
+    return refused or (lines[0] if lines else type(error).__name__)
 
 
 def _read_pt(path: Path, allow_pickle: bool) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
@@ -89,7 +68,7 @@ def _read_pt(path: Path, allow_pickle: bool) -> tuple[dict[str, torch.Tensor], d
     except Exception as error:  # torch raises UnpicklingError and others
         raise DflashEvalError(
             f"{path}: could not be loaded with weights_only={not allow_pickle} ({type(error).__name__}: "
-            f"{str(error).splitlines()[0]}). If you trust the file, set `allow_pickle: true` for this drafter."
+            f"{_load_error_summary(error)}). If you trust the file, set `allow_pickle: true` for this drafter."
         ) from error
     meta: dict[str, Any] = {}
     state = checkpoint
@@ -106,22 +85,32 @@ def _read_pt(path: Path, allow_pickle: bool) -> tuple[dict[str, torch.Tensor], d
     return state, meta
 
 
+def _read_safetensors(file: Path) -> dict[str, torch.Tensor]:
+    try:
+        return load_file(str(file))
+    except SafetensorError as error:
+        raise DflashEvalError(f"{file}: not a readable safetensors file ({error}); copy the checkpoint again") from None
+
+
 def _read_state(path: Path, layout: str, allow_pickle: bool) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
-    if layout == "hf":
-        single = path / "model.safetensors"
-        index = path / "model.safetensors.index.json"
-        if single.exists():
-            return load_file(str(single)), {}
-        if index.exists():
-            files = sorted(set(json.loads(index.read_text())["weight_map"].values()))
-            state: dict[str, torch.Tensor] = {}
-            for file in files:
-                state.update(load_file(str(path / file)))
-            return state, {}
-        raise DflashEvalError(f"{path}: HF drafter directory has no model.safetensors (or index)")
-    if layout == "safetensors":
-        return load_file(str(path)), {}
-    return _read_pt(path, allow_pickle)
+    if layout == "pt":
+        return _read_pt(path, allow_pickle)
+    state: dict[str, torch.Tensor] = {}
+    for file in weight_files(path, layout):
+        state.update(_read_safetensors(file))
+    return state, {}
+
+
+def check_finite(path: Path, state: dict[str, torch.Tensor]) -> None:
+    """Every floating weight finite: one NaN in fc.weight made every draft token wrong, with exit 0 and tau 1.000."""
+    bad = []
+    for name, tensor in state.items():
+        if tensor.is_floating_point() and not bool(torch.isfinite(tensor).all()):
+            nan, inf = int(torch.isnan(tensor).sum()), int(torch.isinf(tensor).sum())
+            bad.append(f"{name} ({nan} NaN, {inf} Inf of {tensor.numel()})")
+    if bad:
+        raise DflashEvalError(f"{path}: non-finite weights in {', '.join(bad)}; the checkpoint is broken "
+                              "(a diverged training step, or a damaged file): evaluate another step")
 
 
 def _check_keys(path: Path, model: torch.nn.Module, state: dict[str, torch.Tensor]) -> None:
@@ -147,21 +136,6 @@ def _check_keys(path: Path, model: torch.nn.Module, state: dict[str, torch.Tenso
         )
 
 
-def _check_layer_count(path: Path, state: dict[str, torch.Tensor], hidden: int, layer_ids: list[int]) -> None:
-    fc = state.get("fc.weight")
-    if fc is None:
-        return  # reported as a missing key by _check_keys
-    if fc.shape[1] % hidden:
-        raise DflashEvalError(f"{path}: fc.weight {tuple(fc.shape)} in-features are not a multiple of hidden_size {hidden}")
-    n_layers = fc.shape[1] // hidden
-    if n_layers != len(layer_ids):
-        raise DflashEvalError(
-            f"{path}: fc.weight {tuple(fc.shape)} takes {n_layers} target layers but target_layer_ids "
-            f"{layer_ids} has {len(layer_ids)}. Set `layer_ids:` for this drafter (or dflash_config.target_layer_ids "
-            f"in its config.json) to the {n_layers} layers it was trained with."
-        )
-
-
 def _build(model_class: type, config: Qwen3Config, path: Path) -> torch.nn.Module:
     """The drafter module; a DFlash2 config without its extra settings is an error naming them."""
     try:
@@ -180,12 +154,6 @@ def _codebook_keys(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     return {f"{key}.weight" if key in bare else key: value for key, value in state.items()}
 
 
-def drafter_layer_ids(config: dict) -> list[int] | None:
-    """target_layer_ids from a drafter config.json dict, where the reference package reads them."""
-    ids = config.get("dflash_config", {}).get("target_layer_ids", config.get("target_layer_ids"))
-    return None if ids is None else [int(i) for i in ids]
-
-
 def load_drafter(
     path: str | Path,
     layout: str = "auto",
@@ -197,39 +165,23 @@ def load_drafter(
     """Load a drafter strictly; `layer_ids` (from config.yaml) must agree with the checkpoint's own."""
     from dflash.model import DFlash2DraftModel, DFlashDraftModel
 
-    path = Path(path)
-    if not path.exists():
-        raise DflashEvalError(f"drafter checkpoint {path} does not exist")
-    layout = detect_layout(path) if layout == "auto" else layout
-    config_source = config if config is not None else (path if layout == "hf" else None)
-    if config_source is None:
-        sibling = path.parent / "config.json"
-        if not sibling.exists():
-            raise DflashEvalError(f"{path}: a {layout} checkpoint needs `config:` (a drafter config.json or HF dir)")
-        config_source = sibling
-    config_dict = _read_config(config_source)
+    facts = checkpoint_facts(path, layout, config)  # layout, config.json and headers, as the workflow read them
+    path, layout, config_dict = facts.path, facts.layout, dict(facts.config)
     model_class = DFlash2DraftModel if "DFlash2DraftModel" in config_dict.get("architectures", []) else DFlashDraftModel
-    own_ids = drafter_layer_ids(config_dict)
-    if own_ids is not None and layer_ids is not None and list(layer_ids) != own_ids:
-        raise DflashEvalError(
-            f"{path}: config.yaml says layer_ids {list(layer_ids)} but the drafter config says "
-            f"target_layer_ids {own_ids}; make them equal (the checkpoint's own list is the truth)"
-        )
-    ids = own_ids if own_ids is not None else layer_ids
-    if ids is None:
-        raise DflashEvalError(f"{path}: no target_layer_ids in the drafter config; set `layer_ids:` in config.yaml")
+    ids = agreed_layer_ids(facts, layer_ids)
     config_dict.setdefault("dflash_config", {})["target_layer_ids"] = list(ids)
     qwen_config = Qwen3Config.from_dict({k: v for k, v in config_dict.items() if k not in {"auto_map"}})
     mask_token_id = qwen_config.dflash_config.get("mask_token_id", getattr(qwen_config, "mask_token_id", None))
     if mask_token_id is None:
         raise DflashEvalError(f"{path}: no dflash_config.mask_token_id in the drafter config")
-    if vocab_size is not None and not 0 <= int(mask_token_id) < vocab_size:
-        raise DflashEvalError(f"{path}: mask_token_id {mask_token_id} is outside the target vocabulary (size {vocab_size})")
+    check_against_target(path, None, mask_token_id, None, vocab_size)
     state, meta = _read_state(path, layout, allow_pickle)
+    check_finite(path, state)
     with torch.device("meta"):
         skeleton = _build(model_class, qwen_config, path)
     state = _codebook_keys(_strip_prefixes(state, set(skeleton.state_dict())))
-    _check_layer_count(path, state, qwen_config.hidden_size, list(ids))
+    if "fc.weight" in state:  # else reported as a missing key by _check_keys
+        check_fc_width(path, tuple(state["fc.weight"].shape), qwen_config.hidden_size, list(ids))
     _check_keys(path, skeleton, state)
     model = _build(model_class, qwen_config, path)
     model.load_state_dict(state, strict=True)

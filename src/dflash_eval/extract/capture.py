@@ -13,6 +13,7 @@ from typing import Any
 import torch
 
 from dflash_eval.errors import DflashEvalError
+from dflash_eval.extract.layers import check_layer_ids
 
 
 class _StopForward(Exception):
@@ -49,20 +50,6 @@ def greedy_tokens(lm_head: torch.nn.Module, hidden: torch.Tensor) -> torch.Tenso
     """
     return torch.cat([lm_head(hidden[start:start + ARGMAX_CHUNK]).argmax(dim=-1)
                       for start in range(0, len(hidden), ARGMAX_CHUNK)])
-
-
-def check_layer_ids(layer_ids: Sequence[int], num_layers: int) -> list[int]:
-    """Layer ids as a list, each in [0, num_layers), without repeats."""
-    ids = list(layer_ids)
-    bad = [i for i in ids if not isinstance(i, int) or isinstance(i, bool) or not 0 <= i < num_layers]
-    if bad:
-        raise DflashEvalError(
-            f"layer ids {bad} out of range: the target has {num_layers} decoder layers, so ids must be in "
-            f"0..{num_layers - 1} (id i = output of decoder layer i)"
-        )
-    if not ids or len(set(ids)) != len(ids):
-        raise DflashEvalError(f"layer ids {ids} must be a non-empty list without repeats")
-    return ids
 
 
 def capture_layers(

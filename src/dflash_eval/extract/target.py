@@ -9,8 +9,6 @@ silently produces wrong hidden states.
 
 from __future__ import annotations
 
-import hashlib
-import json
 import logging
 from pathlib import Path
 from typing import Any
@@ -18,6 +16,9 @@ from typing import Any
 import torch
 
 from dflash_eval.errors import DflashEvalError
+from dflash_eval.extract.target_config import cuda_build_problem, read_config_json, target_config_hash, text_config_dict
+
+__all__ = ["load_target", "parse_device", "parse_dtype", "read_config_json", "target_config_hash", "text_config_dict"]
 
 log = logging.getLogger(__name__)
 
@@ -26,8 +27,6 @@ DTYPES = {
     "float16": torch.float16, "fp16": torch.float16,
     "float32": torch.float32, "fp32": torch.float32,
 }
-# config.json keys that record provenance, not the model
-_VOLATILE_KEYS = frozenset({"transformers_version", "_name_or_path", "architectures"})
 
 
 def parse_dtype(dtype: str | torch.dtype) -> torch.dtype:
@@ -40,44 +39,23 @@ def parse_dtype(dtype: str | torch.dtype) -> torch.dtype:
         raise DflashEvalError(f"unknown dtype {dtype!r}; choose one of {sorted(DTYPES)}") from None
 
 
-def parse_device(device: str | torch.device) -> torch.device:
-    """One device, 'cpu' or 'cuda[:N]', checked to exist."""
+def parse_device(device: str | torch.device, key: str = "device") -> torch.device:
+    """One device, 'cpu' or 'cuda[:N]', checked to exist; `key` names the setting in the errors."""
     device = torch.device(device)
     if device.type == "cuda":
+        problem = cuda_build_problem(str(device), key)
+        if problem:
+            raise DflashEvalError(problem)
         if not torch.cuda.is_available():
-            raise DflashEvalError(f"device {device} requested but torch sees no CUDA device; "
+            raise DflashEvalError(f"{key} {device} requested but torch sees no CUDA device; "
                                   "use 'cpu' or a GPU machine")
         index = 0 if device.index is None else device.index
         if index >= torch.cuda.device_count():
-            raise DflashEvalError(f"device {device} requested but only {torch.cuda.device_count()} CUDA devices exist")
+            raise DflashEvalError(f"{key} {device} requested but only {torch.cuda.device_count()} CUDA devices exist")
         return torch.device("cuda", index)
     if device.type != "cpu":
-        raise DflashEvalError(f"device {device}: only 'cpu' and 'cuda[:N]' are supported")
+        raise DflashEvalError(f"{key} {device}: only 'cpu' and 'cuda[:N]' are supported")
     return device
-
-
-def read_config_json(path: str | Path) -> dict[str, Any]:
-    """config.json of a checkpoint directory, with an error that names the path."""
-    config_file = Path(path) / "config.json"
-    if not config_file.is_file():
-        raise DflashEvalError(f"{config_file} not found: target.path must be a Hugging Face model directory")
-    return json.loads(config_file.read_text())
-
-
-def text_config_dict(config: dict[str, Any]) -> dict[str, Any]:
-    """The text model's part of a (possibly multimodal) config.json, provenance keys dropped."""
-    text = config.get("text_config", config)
-    return {k: v for k, v in text.items() if k not in _VOLATILE_KEYS}
-
-
-def target_config_hash(path: str | Path) -> str:
-    """sha256 of the canonical JSON of the target's text config (as written in config.json).
-
-    Raw JSON rather than transformers' parsed config, so the hash does not move when a new
-    transformers release adds default fields.
-    """
-    canonical = json.dumps(text_config_dict(read_config_json(path)), sort_keys=True, separators=(",", ":"))
-    return hashlib.sha256(canonical.encode()).hexdigest()
 
 
 def _check_loading(path: str | Path, info: dict[str, Any]) -> None:
@@ -99,7 +77,7 @@ def load_target(
     from transformers import AutoModelForCausalLM
 
     read_config_json(path)  # clear error for a wrong path before transformers' own
-    device = parse_device(device)
+    device = parse_device(device, "target.device")
     model, info = AutoModelForCausalLM.from_pretrained(
         str(path),
         dtype=parse_dtype(dtype),

@@ -33,8 +33,28 @@ class Prompt:
     turns: tuple[str, ...] = ()
 
 
+def _blank(text: str) -> bool:
+    return not text.strip()
+
+
+def _content_problem(content: Any) -> str | None:
+    """Why a message's content holds no text to send (empty, whitespace only, wrong type), or None."""
+    if isinstance(content, str):
+        return "is empty or whitespace only" if _blank(content) else None
+    if isinstance(content, list):  # OpenAI content parts: [{"type": "text", "text": ...}, ...]
+        texts = [part.get("text") for part in content if isinstance(part, dict)]
+        if len(texts) < len(content) or not all(isinstance(t, str) for t in texts):
+            return 'must be a string or a list of {"type": "text", "text": str} parts'
+        return "holds no text (empty or whitespace-only parts)" if all(_blank(t) for t in texts) else None
+    return f"must be a string, not {type(content).__name__}"
+
+
 def _check_record(rec: Any) -> str | None:
-    """Why `rec` is not a valid prompt record, or None when it is."""
+    """Why `rec` is not a valid prompt record, or None when it is.
+
+    A prompt must ask something: an empty or whitespace-only message, or a conversation without a
+    user message, would still get a completion (from the template alone) and count in every tau.
+    """
     if not isinstance(rec, dict):
         return "not a JSON object"
     if not isinstance(rec.get("id"), str) or not rec["id"]:
@@ -43,10 +63,16 @@ def _check_record(rec: Any) -> str | None:
         if "messages" in rec:
             return 'has both "messages" and "turns": give one'
         turns = rec["turns"]
-        if not isinstance(turns, list) or not turns or not all(isinstance(t, str) and t for t in turns):
-            return '"turns" must be a non-empty list of non-empty strings'
-        if not isinstance(rec.get("system", ""), str):
+        if not isinstance(turns, list) or not turns or not all(isinstance(t, str) for t in turns):
+            return '"turns" must be a non-empty list of strings'
+        blank = [i for i, t in enumerate(turns) if _blank(t)]
+        if blank:
+            return f'"turns"[{blank[0]}] is empty or whitespace only: write the user turn, or remove it'
+        system = rec.get("system", "")
+        if not isinstance(system, str):
             return '"system" must be a string'
+        if system and _blank(system):
+            return '"system" is whitespace only: write the system prompt, or remove the key'
         return None
     messages = rec.get("messages")
     if not isinstance(messages, list) or not messages:
@@ -54,6 +80,12 @@ def _check_record(rec: Any) -> str | None:
     for i, msg in enumerate(messages):
         if not isinstance(msg, dict) or not isinstance(msg.get("role"), str) or "content" not in msg:
             return f'messages[{i}] needs "role" (a string) and "content"'
+        problem = _content_problem(msg["content"])
+        if problem:
+            return f"messages[{i}] ({msg['role']}): content {problem}; write the message, or remove it"
+    if not any(msg["role"] == "user" for msg in messages):
+        roles = ", ".join(sorted({msg["role"] for msg in messages}))
+        return f'has no "user" message (only {roles}): nothing for the target to answer'
     return None
 
 
@@ -90,15 +122,29 @@ def json_lines(path: Path, lines: Iterable[str], error: type[DflashEvalError] = 
         yield lineno, value
 
 
+def utf8_lines(path: Path, error: type[DflashEvalError] = PromptFileError) -> Iterator[str]:
+    """The lines of a text file; a byte that is not UTF-8 is `error` naming path:line and column."""
+    try:
+        with open(path, "rb") as handle:
+            for lineno, raw in enumerate(handle, start=1):
+                try:
+                    line = raw.decode("utf-8")
+                except UnicodeDecodeError as exc:
+                    raise error(f"{path}:{lineno}: byte 0x{raw[exc.start]:02x} at column {exc.start + 1} is not "
+                                "UTF-8; save the file as UTF-8 (e.g. iconv -f latin1 -t utf-8)") from None
+                yield line
+    except OSError as exc:
+        raise error(f"{path}: cannot be read ({exc.strerror}); check the path in config.yaml") from None
+
+
 def load_prompts(path: str | Path) -> list[Prompt]:
     """All prompts of a JSONL file, in file order; blank lines are allowed, duplicate ids are not."""
     path = Path(path)
     prompts: list[Prompt] = []
     first: dict[str, str] = {}
-    with open(path, encoding="utf-8") as fh:
-        for lineno, rec in json_lines(path, fh):
-            prompts.append(prompt_from_record(rec, f"{path}:{lineno}"))
-            note_unique_id(first, prompts[-1], f"{path}:{lineno}")
+    for lineno, rec in json_lines(path, utf8_lines(path)):
+        prompts.append(prompt_from_record(rec, f"{path}:{lineno}"))
+        note_unique_id(first, prompts[-1], f"{path}:{lineno}")
     if not prompts:
         raise PromptFileError(f"{path}: no prompts")
     return prompts

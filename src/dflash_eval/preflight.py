@@ -1,0 +1,88 @@
+"""Every input that the config names, checked when the workflow loads: before any job runs or deletes anything.
+
+Snakemake decides what to run from file times and params. Without this, a path that went missing,
+or a checkpoint that contradicts its settings, is found only by the job that reads it: after
+Snakemake has removed that job's old outputs, perhaps after hours of extraction, or never, when the
+results already exist ("Nothing to be done" over stale numbers). What decides it is cheap to read
+(config.json files, safetensors headers, the prompt files), so it is read at every start, and every
+problem found is listed at once, each with its key and path.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Iterable
+from pathlib import Path
+from typing import Any
+
+from dflash_eval.errors import DflashEvalError
+from dflash_eval.evaluate.checkpoint import check_checkpoint, checkpoint_facts
+from dflash_eval.extract.layers import check_layer_ids
+from dflash_eval.extract.target_config import check_target_dir, cuda_build_problem
+from dflash_eval.fetch.prompts import load_prompts
+
+
+def built_by(outputs: Iterable[str]) -> Callable[[str], bool]:
+    """Whether a path is one that a rule of the workflow writes (a declared output, or a directory of
+    them: the demo's models): such a path need not exist when the workflow loads."""
+    files = {os.path.normpath(str(o)) for o in outputs}
+    dirs = {os.path.dirname(f) for f in files}
+    dirs |= {os.path.dirname(d) for d in dirs}  # one level up too: resources/demo/drafters/<name>/... -> drafters
+
+    def built(path: str) -> bool:
+        path = os.path.normpath(path)
+        return path in files or path in dirs
+
+    return built
+
+
+def check_inputs(config: dict[str, Any], source: str, built: Callable[[str], bool] = lambda path: False) -> None:
+    """Raise one error listing every missing path and contradiction in a validated config."""
+    problems: list[str] = []
+
+    def attempt(key: str, check: Callable[..., Any], *args: Any) -> Any:
+        try:
+            return check(*args)
+        except DflashEvalError as error:
+            problems.append(f"  {key}: {error}")
+            return None
+
+    def present(key: str, path: str | None) -> bool:
+        """Whether `path` can be read now; a missing one is a problem unless a rule builds it."""
+        if path is None or built(path) and not Path(path).exists():
+            return False
+        if not Path(path).exists():
+            problems.append(f"  {key}: {path} does not exist; fix the path (or create the file) before running")
+            return False
+        return True
+
+    target = config["target"]
+    text = attempt("target.path", check_target_dir, target["path"]) if present("target.path", target["path"]) else None
+    for key, device in (("target.device", target["device"]), ("evaluation.device", config["evaluation"]["device"])):
+        problem = cuda_build_problem(device, key)
+        if problem:
+            problems.append(f"  {key}: {problem}")
+    for name, spec in config["datasets"].items():
+        if present(f"datasets.{name}.prompts", spec.get("prompts")):
+            attempt(f"datasets.{name}.prompts", load_prompts, spec["prompts"])
+        present(f"datasets.{name}.source", spec.get("source"))
+    for name, spec in config["drafters"].items():
+        key = f"drafters.{name}"
+        readable = [present(f"{key}.{field}", spec[field]) for field in ("path", "config") if spec.get(field)]
+        if all(readable):
+            attempt(key, _check_drafter, spec, text)
+        if spec["trained_with"] != target["backend"] and not config["evaluation"]["allow_backend_mismatch"]:
+            problems.append(
+                f"  {key}.trained_with: {spec['trained_with']}, but target.backend is {target['backend']}: the evaluation "
+                "would refuse this drafter's cache after its extraction. Extract with the backend it was trained with "
+                "(target.backend), or set evaluation.allow_backend_mismatch: true to evaluate anyway (flagged)")
+    if problems:
+        raise DflashEvalError(f"{source}: {len(problems)} problem(s), found before any job ran:\n" + "\n".join(problems))
+
+
+def _check_drafter(spec: dict[str, Any], target_text: dict[str, Any] | None) -> None:
+    """The checkpoint's config and headers against config.yaml and the target (see evaluate.checkpoint)."""
+    facts = checkpoint_facts(spec["path"], spec["layout"], spec.get("config"))
+    ids = check_checkpoint(facts, spec.get("layer_ids"), target_text)
+    if target_text and target_text.get("num_hidden_layers") is not None:
+        check_layer_ids(ids, int(target_text["num_hidden_layers"]))
