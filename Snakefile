@@ -3,10 +3,12 @@ import json
 from pathlib import Path
 
 from dflash_eval.config import validate_config
+from dflash_eval.preflight import built_by, check_inputs, config_source
 
 configfile: "config.yaml"
 
-config = validate_config(config, "config.yaml (plus any --config overrides)")
+CONFIG_SOURCE = config_source(workflow.configfiles, workflow.overwrite_configfiles, workflow.config_settings.config)
+config = validate_config(config, CONFIG_SOURCE)
 
 
 include: "workflow/rules/common.smk"
@@ -16,6 +18,9 @@ include: "workflow/rules/fetch.smk"
 include: "workflow/rules/extract.smk"
 include: "workflow/rules/evaluate.smk"
 include: "workflow/rules/report.smk"
+
+# Every path and checkpoint the config names, before any job runs (what a rule builds may be missing).
+check_inputs(config, CONFIG_SOURCE, built_by(f for r in workflow.rules for f in r.output))
 
 
 rule all:

@@ -60,13 +60,18 @@ def validate_config(config: dict, source: str = "config.yaml") -> dict:
     if errors:
         lines = []
         for error in errors:
-            message = error.message
+            message, path = error.message, list(error.absolute_path)
             if error.validator == "additionalProperties":
                 allowed = ", ".join(sorted(error.schema.get("properties", {})))
                 message += f" (allowed keys: {allowed})"
-            elif error.schema.get("description"):
+                path += [k for k in error.instance if k not in error.schema.get("properties", {})][:1]
+            elif error.validator in ("oneOf", "anyOf") and error.context:  # say what each form wanted
+                message = f"{error.instance!r} is none of the allowed forms: " + "; or ".join(
+                    e.message + (f" (at {_where(e)})" if e.relative_path else "") for e in error.context)
+            if error.schema.get("description") and error.validator != "additionalProperties":
                 message += f" (expected: {error.schema['description']})"
-            lines.append(f"  {_where(error)}: {message}")
+            blame = source.blame(path) if hasattr(source, "blame") else ""  # the --configfile that set it
+            lines.append(f"  {_where(error)}{blame}: {message}")
         raise DflashEvalError(f"{source} is not valid:\n" + "\n".join(lines))
     config = copy.deepcopy(config)
     _fill_defaults(config, schema)
@@ -364,5 +369,14 @@ def settings_from_args(args: Any, build: Any, *selectors: str) -> dict:
         value = getattr(args, selector, None)
         if value is None:
             raise DflashEvalError(f"--{selector} is required with --config")
-        values.append(value)
+        values.append(configured_name(config, selector, value, args.config))
     return build(config, *values)
+
+
+def configured_name(config: dict, selector: str, name: str, source: str) -> str:
+    """`name` when the config has such a dataset or drafter (`selector`), else an error listing those it has."""
+    section = f"{selector}s"
+    if name not in config[section]:
+        raise DflashEvalError(f"--{selector} {name!r}: {source} has no such entry under {section}; "
+                              f"one of: {', '.join(config[section])}")
+    return name

@@ -22,6 +22,51 @@ from dflash_eval.extract.target_config import check_target_dir, cuda_build_probl
 from dflash_eval.fetch.prompts import load_prompts
 
 
+class ConfigSource(str):
+    """The label of a merged config ("config.yaml + run.yaml + --config"), which also knows, for a key,
+    the file that set it: Snakemake merges config.yaml, each --configfile and --config in that order."""
+
+    layers: list[tuple[str, Any]]
+
+    def __new__(cls, layers: list[tuple[str, Any]]) -> ConfigSource:
+        label = super().__new__(cls, " + ".join(name for name, _ in layers) or "config")
+        label.layers = layers
+        return label
+
+    def blame(self, path: list[Any]) -> str:
+        """" (in FILE)" for the last source that sets `path`, when there is more than one source."""
+        if len(self.layers) < 2:
+            return ""
+        for name, data in reversed(self.layers):
+            for key in path:
+                if not isinstance(data, dict) or key not in data:
+                    break
+                data = data[key]
+            else:
+                return f" (in {name})"
+        return ""
+
+
+def config_source(configfiles: Iterable[Any], cli_files: Iterable[Any], overrides: Any) -> ConfigSource:
+    """The sources of the config Snakemake built, lowest precedence first: the Snakefile's `configfile:`,
+    then each --configfile, then --config (the Snakefile passes workflow.configfiles and its settings)."""
+    import yaml
+
+    cli = [Path(f) for f in cli_files]
+    directive = [Path(f) for f in configfiles if Path(f).resolve() not in {c.resolve() for c in cli}]
+    layers: list[tuple[str, Any]] = []
+    for file in [*directive, *cli]:
+        try:
+            data = yaml.safe_load(file.read_text()) or {}
+        except (OSError, yaml.YAMLError):
+            data = {}  # Snakemake itself read it; only the blame is lost
+        relative = os.path.relpath(file)
+        layers.append((str(file.absolute()) if relative.startswith("..") else relative, data))
+    if overrides:
+        layers.append(("--config", dict(overrides)))
+    return ConfigSource(layers)
+
+
 def built_by(outputs: Iterable[str]) -> Callable[[str], bool]:
     """Whether a path is one that a rule of the workflow writes (a declared output, or a directory of
     them: the demo's models): such a path need not exist when the workflow loads."""
@@ -40,11 +85,14 @@ def check_inputs(config: dict[str, Any], source: str, built: Callable[[str], boo
     """Raise one error listing every missing path and contradiction in a validated config."""
     problems: list[str] = []
 
+    def blame(key: str) -> str:
+        return source.blame(key.split(".")) if isinstance(source, ConfigSource) else ""
+
     def attempt(key: str, check: Callable[..., Any], *args: Any) -> Any:
         try:
             return check(*args)
         except DflashEvalError as error:
-            problems.append(f"  {key}: {error}")
+            problems.append(f"  {key}{blame(key)}: {error}")
             return None
 
     def present(key: str, path: str | None) -> bool:
@@ -52,7 +100,7 @@ def check_inputs(config: dict[str, Any], source: str, built: Callable[[str], boo
         if path is None or built(path) and not Path(path).exists():
             return False
         if not Path(path).exists():
-            problems.append(f"  {key}: {path} does not exist; fix the path (or create the file) before running")
+            problems.append(f"  {key}{blame(key)}: {path} does not exist; fix the path (or create the file) before running")
             return False
         return True
 
@@ -61,7 +109,7 @@ def check_inputs(config: dict[str, Any], source: str, built: Callable[[str], boo
     for key, device in (("target.device", target["device"]), ("evaluation.device", config["evaluation"]["device"])):
         problem = cuda_build_problem(device, key)
         if problem:
-            problems.append(f"  {key}: {problem}")
+            problems.append(f"  {key}{blame(key)}: {problem}")
     for name, spec in config["datasets"].items():
         if present(f"datasets.{name}.prompts", spec.get("prompts")):
             attempt(f"datasets.{name}.prompts", load_prompts, spec["prompts"])
@@ -73,7 +121,7 @@ def check_inputs(config: dict[str, Any], source: str, built: Callable[[str], boo
             attempt(key, _check_drafter, spec, text)
         if spec["trained_with"] != target["backend"] and not config["evaluation"]["allow_backend_mismatch"]:
             problems.append(
-                f"  {key}.trained_with: {spec['trained_with']}, but target.backend is {target['backend']}: the evaluation "
+                f"  {key}.trained_with{blame(key + '.trained_with')}: {spec['trained_with']}, but target.backend is {target['backend']}: the evaluation "
                 "would refuse this drafter's cache after its extraction. Extract with the backend it was trained with "
                 "(target.backend), or set evaluation.allow_backend_mismatch: true to evaluate anyway (flagged)")
     if problems:

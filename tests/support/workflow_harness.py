@@ -75,11 +75,16 @@ def copy_workflow(dest: Path) -> Path:
 
 
 def write_bytes(path: Path, size: int, seed: int) -> None:
-    """Deterministic pseudo-random bytes: the same seed gives the same content."""
+    """Deterministic pseudo-random bytes: the same seed gives the same content. A `.safetensors` file
+    gets a real header around them (one uint8 tensor), as the workflow reads every header when it loads."""
     import random
 
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_bytes(random.Random(seed).randbytes(size))
+    data = random.Random(seed).randbytes(size)
+    if path.suffix == ".safetensors":
+        header = json.dumps({"blob": {"dtype": "U8", "shape": [size], "data_offsets": [0, size]}}).encode()
+        data = len(header).to_bytes(8, "little") + header + data
+    path.write_bytes(data)
 
 
 def tiny_project(root: Path, drafters: int = 2, datasets: int = 2, big_checkpoint: bool = True) -> dict:

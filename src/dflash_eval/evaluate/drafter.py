@@ -101,16 +101,18 @@ def _read_state(path: Path, layout: str, allow_pickle: bool) -> tuple[dict[str, 
     return state, {}
 
 
-def check_finite(path: Path, state: dict[str, torch.Tensor]) -> None:
-    """Every floating weight finite: one NaN in fc.weight made every draft token wrong, with exit 0 and tau 1.000."""
+def check_finite(path: Path, state: dict[str, torch.Tensor], fix: str) -> None:
+    """Every floating weight finite, else an error naming each bad tensor and `fix`.
+
+    One NaN in a drafter's fc.weight made every draft token wrong, with exit 0 and tau 1.000.
+    """
     bad = []
     for name, tensor in state.items():
         if tensor.is_floating_point() and not bool(torch.isfinite(tensor).all()):
             nan, inf = int(torch.isnan(tensor).sum()), int(torch.isinf(tensor).sum())
-            bad.append(f"{name} ({nan} NaN, {inf} Inf of {tensor.numel()})")
+            bad.append(f"{name} ({nan} NaN, {inf} Inf of {tensor.numel()} values)")
     if bad:
-        raise DflashEvalError(f"{path}: non-finite weights in {', '.join(bad)}; the checkpoint is broken "
-                              "(a diverged training step, or a damaged file): evaluate another step")
+        raise DflashEvalError(f"{path}: non-finite weights in {', '.join(bad)}; {fix}")
 
 
 def _check_keys(path: Path, model: torch.nn.Module, state: dict[str, torch.Tensor]) -> None:
@@ -176,7 +178,8 @@ def load_drafter(
         raise DflashEvalError(f"{path}: no dflash_config.mask_token_id in the drafter config")
     check_against_target(path, None, mask_token_id, None, vocab_size)
     state, meta = _read_state(path, layout, allow_pickle)
-    check_finite(path, state)
+    check_finite(path, state, "the checkpoint is broken (a diverged training step, or a damaged file): "
+                 "evaluate another one")
     with torch.device("meta"):
         skeleton = _build(model_class, qwen_config, path)
     state = _codebook_keys(_strip_prefixes(state, set(skeleton.state_dict())))

@@ -25,6 +25,7 @@ from tqdm import tqdm
 from dflash_eval.evaluate import acceptance
 from dflash_eval.evaluate.blocks import BlockDrafter
 from dflash_eval.config import evaluate_settings, settings_from_args
+from dflash_eval.evaluate.checkpoint import check_against_target
 from dflash_eval.evaluate.drafter import load_drafter
 from dflash_eval.errors import DflashEvalError
 from dflash_eval.evaluate.anchors import chain_method, evaluate_sample
@@ -80,7 +81,7 @@ def check_cache(cache, settings: dict) -> dict:
     from dflash_eval.extract.target import target_config_hash
 
     checkpoint = settings["checkpoint"]
-    missing = [i for i in checkpoint["layer_ids"] if i not in cache.layer_ids]
+    missing = [i for i in checkpoint.get("layer_ids") or [] if i not in cache.layer_ids]  # None: the checkpoint's own
     if missing:
         raise DflashEvalError(f"{cache.directory}: cache lacks layers {missing} that drafter {settings['drafter']} needs")
     expected_hash = target_config_hash(settings["target"]["path"])
@@ -106,16 +107,17 @@ def check_cache(cache, settings: dict) -> dict:
 def run_evaluation(settings: dict, hidden: str, completions: str) -> tuple[dict, pd.DataFrame]:
     from dflash_eval.cache.store import HiddenCache
 
-    device = torch.device(settings["device"])
+    from dflash_eval.extract.target import parse_device
+
+    device = parse_device(settings["device"], "evaluation.device")
     dtype = DTYPES[settings["dtype"]]
-    cache = HiddenCache(hidden)
+    cache = HiddenCache(hidden, verify=True)  # every shard read is checked against its sha256 (cache.verify)
     cache_info = check_cache(cache, settings)
     head = load_target_head(settings["target"]["path"])
     checkpoint = settings["checkpoint"]
     loaded = load_drafter(checkpoint["path"], checkpoint["layout"], checkpoint.get("config"),
                           checkpoint["layer_ids"], checkpoint["allow_pickle"], vocab_size=head.embed.shape[0])
-    if loaded.config.hidden_size != head.embed.shape[1]:
-        raise DflashEvalError(f"drafter hidden_size {loaded.config.hidden_size} != target hidden size {head.embed.shape[1]}")
+    check_against_target(loaded.path, loaded.config.hidden_size, None, head.embed.shape[1], None)
     runner = BlockDrafter(loaded.model, head.embed, head.lm_head, loaded.mask_token_id).to(device=device, dtype=dtype)
     stops = stop_token_ids(settings)
     records = read_completions(completions)
@@ -151,6 +153,7 @@ def run_evaluation(settings: dict, hidden: str, completions: str) -> tuple[dict,
                          "completion_tokens": len(tokens) - states.prompt_len, "steps": len(steps),
                          "tokens": sum(steps), "tau": sum(steps) / len(steps) if steps else float("nan"),
                          "acceptance_lengths": " ".join(map(str, steps))})
+    cache_info["shards_verified"] = cache.verified()  # raises for a damaged shard: no metrics from it
     methods = {method: method_metrics(method, list(by_sample.values()), block, settings)
                for method, by_sample in per_method.items()}
     primary = chain_method(block)

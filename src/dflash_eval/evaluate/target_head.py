@@ -12,9 +12,11 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
-from safetensors import safe_open
+from safetensors import SafetensorError, safe_open
 
 from dflash_eval.errors import DflashEvalError
+from dflash_eval.evaluate.drafter import check_finite
+from dflash_eval.io_utils import safetensors_header
 
 EMBED_KEYS = ("model.embed_tokens.weight", "model.language_model.embed_tokens.weight", "embed_tokens.weight")
 HEAD_KEYS = ("lm_head.weight", "model.lm_head.weight", "language_model.lm_head.weight")
@@ -46,13 +48,18 @@ def _weight_files(target_dir: Path) -> dict[str, Path]:
             f"{target_dir}: no model.safetensors or model.safetensors.index.json; "
             "the target must be a Hugging Face directory with safetensors weights"
         )
-    with safe_open(str(single), framework="pt") as handle:
-        return {name: single for name in handle.keys()}
+    return {name: single for name in safetensors_header(single, "copy the target again")}
 
 
 def _read(files: dict[str, Path], key: str) -> torch.Tensor:
-    with safe_open(str(files[key]), framework="pt") as handle:
-        return handle.get_tensor(key)
+    """One tensor, refused when it holds NaN/Inf: the drafter's every logit goes through the target's head."""
+    try:
+        with safe_open(str(files[key]), framework="pt") as handle:
+            tensor = handle.get_tensor(key)
+    except SafetensorError as error:
+        raise DflashEvalError(f"{files[key]}: not a readable safetensors file ({error}); copy the target again") from None
+    check_finite(files[key], {key: tensor}, "the target checkpoint is damaged: copy it again")
+    return tensor
 
 
 def load_target_head(target_dir: str | Path) -> TargetHead:

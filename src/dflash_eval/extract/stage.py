@@ -25,7 +25,7 @@ from dflash_eval.extract.backends import BackendInfo, BackendRun, package_versio
 from dflash_eval.cache.store import CacheWriter
 from dflash_eval.cache.resume import ResumeState, plan_key, plan_shards, prepare_resume
 from dflash_eval.extract.capture import capture_layers, check_layer_ids
-from dflash_eval.config import RUNTIME_HELP, extract_settings, load_config, with_runtime
+from dflash_eval.config import RUNTIME_HELP, configured_name, extract_settings, load_config, with_runtime
 from dflash_eval.errors import DflashEvalError
 from dflash_eval.io_utils import sha256_file
 from dflash_eval.extract.target import load_target, read_config_json, target_config_hash, text_config_dict
@@ -59,7 +59,9 @@ def resolve_settings(args: argparse.Namespace) -> dict[str, Any]:
     if args.settings:
         settings = json.loads(args.settings)
     elif args.config and args.dataset and args.layers:
-        settings = extract_settings(load_config(args.config), args.dataset, parse_layers(args.layers))
+        config = load_config(args.config)
+        settings = extract_settings(config, configured_name(config, "dataset", args.dataset, args.config),
+                                    parse_layers(args.layers))
     else:
         raise DflashEvalError("extract needs --settings JSON, or --config with --dataset and --layers")
     settings = with_runtime(settings, args.runtime)
