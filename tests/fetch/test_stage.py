@@ -133,7 +133,8 @@ def test_fetch_end_to_end(tmp_path, tiny_server, reference):
     assert cli.main(["--log", str(log), "fetch", "--settings", json.dumps(settings), "--out", str(out)]) == 0
     records = [json.loads(line) for line in out.read_text().splitlines()]
     assert [r["id"] for r in records] == ["p0", "p1", "p2", "p3"]
-    assert list(out.parent.iterdir()) == [out]  # no temp file left behind
+    assert sorted(out.parent.iterdir()) == [out, out.with_name("tiny.jsonl.partial")]  # no temp file left behind
+    assert out.with_name("tiny.jsonl.partial").samefile(out)  # the records a rerun reuses: a link of the output
     assert '"records": 4' in log.read_text()
 
     tok, _ = reference

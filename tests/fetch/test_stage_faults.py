@@ -9,6 +9,7 @@ import contextlib
 import gc
 import json
 import logging
+import os
 import re
 import signal
 import subprocess
@@ -133,7 +134,7 @@ def test_server_killed_mid_run_then_rerun_completes_the_rest(tmp_path, tokenizer
     assert [r["id"] for r in records] == [f"p{i}" for i in range(24)]
     assert [json.loads(line) for line in out.read_text().splitlines()] == records
     assert strip_url(records) == strip_url(clean)  # nothing lost, nothing duplicated, same answers
-    assert not partial_path(out).exists()
+    assert os.path.samefile(partial_path(out), out)  # kept, as a link of the output, for the next rerun
 
 
 def test_sigterm_to_the_fetch_command_keeps_what_it_finished_and_says_so(tmp_path, tokenizer_dir):
@@ -357,7 +358,7 @@ def test_finish_writes_added_and_kept_records_in_the_given_order(tmp_path):
         store.finish([new[1], kept, new[0]])
     assert read_records(out) == [new[1], kept, new[0]]
     assert "caf\u00e9 \u2603" in out.read_text(encoding="utf-8")  # written as UTF-8 text, not escaped
-    assert not partial_path(out).exists()
+    assert os.path.samefile(partial_path(out), out)  # kept, as a link of the output, for the next rerun
 
 
 def test_a_failed_fsync_stops_finish_before_the_output_and_keeps_the_partial_file(tmp_path, monkeypatch):

@@ -24,10 +24,12 @@ from tqdm import tqdm
 from dflash_eval.extract.backends import BackendInfo, BackendRun, package_versions, select_backend, use_backend
 from dflash_eval.cache.store import CacheWriter
 from dflash_eval.cache.resume import ResumeState, plan_key, plan_shards, prepare_resume
+from dflash_eval.cache.reuse import KeptStates, keep_published, state_code_hash
 from dflash_eval.extract.capture import capture_layers, check_layer_ids
 from dflash_eval.config import RUNTIME_HELP, configured_name, extract_settings, load_config, with_runtime
 from dflash_eval.errors import DflashEvalError
 from dflash_eval.io_utils import sha256_file
+from dflash_eval.provenance.fingerprint import FingerprintCache
 from dflash_eval.extract.target import load_target, read_config_json, target_config_hash, text_config_dict
 
 log = logging.getLogger(__name__)
@@ -181,13 +183,15 @@ def _length(record: dict[str, Any]) -> int:
     return len(record["prompt_token_ids"]) + len(record["completion_token_ids"])
 
 
-def _run_records(model: torch.nn.Module, records: list[dict[str, Any]], settings: dict[str, Any],
-                 backend: BackendRun, writer: CacheWriter, resume: ResumeState | None = None) -> dict[str, int] | None:
+def _run_records(model: torch.nn.Module | None, records: list[dict[str, Any]], settings: dict[str, Any],
+                 backend: BackendRun | None, writer: CacheWriter, resume: ResumeState | None = None,
+                 reuse: KeptStates | None = None) -> dict[str, int] | None:
     """One verified forward per record, captured layers to the writer; returns the argmax agreement.
 
     Shards end where `plan_shards` says (the resume plan when resuming). With `resume`, shards an
     earlier run finished are adopted as they are and their records skipped (their argmax agreement
-    is then not counted).
+    is then not counted); with `reuse`, the records it holds are copied from the kept cache instead
+    of computed (no model needed when it holds them all).
     """
     layer_ids, store_argmax = list(settings["layer_ids"]), bool(settings["store_argmax"])
     device = torch.device(settings["target"]["device"])
@@ -197,14 +201,19 @@ def _run_records(model: torch.nn.Module, records: list[dict[str, Any]], settings
     with tqdm(total=sum(map(_length, todo)), unit="tok", unit_scale=True,
               desc=f"extract {settings.get('dataset', '')}") as bar:
         for record in _planned(records, plan, resume, writer):
+            sample_id = str(record["id"])
             ids = record["prompt_token_ids"] + record["completion_token_ids"]
             prompt_len = len(record["prompt_token_ids"])
-            tokens = _upload(ids, device)
-            captured = capture_layers(model, layer_ids, tokens, want_argmax=store_argmax)
-            backend.verify()
-            writer.add(str(record["id"]), tokens, captured.states, captured.argmax, prompt_len)
+            if reuse is not None and sample_id in reuse:
+                tokens, states, argmax = reuse.states(sample_id, layer_ids, store_argmax, device)
+            else:
+                tokens = _upload(ids, device)
+                captured = capture_layers(model, layer_ids, tokens, want_argmax=store_argmax)
+                backend.verify()
+                states, argmax = captured.states, captured.argmax
+            writer.add(sample_id, tokens, states, argmax, prompt_len)
             if store_argmax:
-                matches += _greedy_matches(tokens, captured.argmax, prompt_len)
+                matches += _greedy_matches(tokens, argmax, prompt_len)
                 completion_tokens += len(ids) - prompt_len
             bar.update(len(ids))
     return {"matches": int(matches), "tokens": completion_tokens} if store_argmax else None
@@ -222,15 +231,20 @@ def _planned(records: list[dict[str, Any]], plan: list[list[int]], resume: Resum
         writer.close_shard()  # runs once the consumer has added the shard's last record
 
 
-def _resume_key(settings: dict[str, Any], header: dict[str, Any]) -> str:
-    """Everything that decides the cache's bytes: a rerun with another value starts afresh."""
+def _state_key(settings: dict[str, Any], header: dict[str, Any]) -> str:
+    """Everything that decides a sample's states besides its own token ids (cache.reuse)."""
     target = settings["target"]
-    weights = sorted((p.name, p.stat().st_size) for p in Path(target["path"]).glob("*.safetensors"))
-    return plan_key({"completions": header["completions"]["sha256"], "target": header["target"],
-                     "weights": weights, "layer_ids": list(settings["layer_ids"]),
-                     "store_argmax": bool(settings["store_argmax"]), "shard_tokens": int(settings["shard_tokens"]),
+    weights = sorted(str(p) for p in Path(target["path"]).glob("*.safetensors"))
+    return plan_key({"target": header["target"], "weights": FingerprintCache().files(weights, "target.path"),
+                     "layer_ids": list(settings["layer_ids"]), "store_argmax": bool(settings["store_argmax"]),
                      "device": torch.device(target["device"]).type, "backend": target["backend"],
-                     "versions": package_versions()})
+                     "versions": package_versions(), "code": state_code_hash()})
+
+
+def _resume_key(state_key: str, settings: dict[str, Any], header: dict[str, Any]) -> str:
+    """What decides the cache's bytes, shard by shard: a resumed plan with another value starts afresh."""
+    return plan_key({"state": state_key, "completions": header["completions"]["sha256"],
+                     "shard_tokens": int(settings["shard_tokens"])})
 
 
 def _writer(settings: dict[str, Any], header: dict[str, Any], out: Path, resume: ResumeState) -> CacheWriter:
@@ -249,8 +263,21 @@ def _publish_resumed(settings: dict[str, Any], header: dict[str, Any], out: Path
                              argmax_agreement=None)
 
 
+def _publish_reused(settings: dict[str, Any], records: list[dict[str, Any]], header: dict[str, Any], out: Path,
+                    resume: ResumeState, planned: BackendInfo, reuse: KeptStates) -> Path:
+    """Every sample still to do is in the kept cache: copy them on the CPU, without the model or a server pause."""
+    on_cpu = {**settings, "target": {**settings["target"], "device": "cpu"}}
+    with _writer(on_cpu, header, out, resume) as writer:
+        agreement = _run_records(None, records, on_cpu, None, writer, resume, reuse)
+        log.info("all %d samples still to do were reused from %s; no forward needed", len(reuse.usable),
+                 reuse.directory)
+        return writer.finish(backend={**planned.to_manifest(), "note": f"no forward ran: states reused from "
+                                      f"{reuse.directory}"}, argmax_agreement=agreement,
+                             reused_samples=len(reuse.usable))
+
+
 def _extract_on_device(settings: dict[str, Any], records: list[dict[str, Any]], header: dict[str, Any],
-                       out: Path, resume: ResumeState) -> Path:
+                       out: Path, resume: ResumeState, reuse: KeptStates | None = None) -> Path:
     """Load the target, run the records still to do under the verified backend, publish the cache."""
     target = settings["target"]
     model, _ = load_target(target["path"], target["dtype"], target["device"])
@@ -258,10 +285,11 @@ def _extract_on_device(settings: dict[str, Any], records: list[dict[str, Any]], 
     started = time.perf_counter()
     with (use_backend(target["backend"], target["device"], model) as backend,
           _writer(settings, header, out, resume) as writer):
-        agreement = _run_records(model, records, settings, backend, writer, resume)
+        agreement = _run_records(model, records, settings, backend, writer, resume, reuse)
         info = backend.verify()
-        path = writer.finish(backend=info.to_manifest(), argmax_agreement=agreement)
-    kept = {s["id"] for index in resume.kept for s in resume.kept[index]["samples"]}
+        path = writer.finish(backend=info.to_manifest(), argmax_agreement=agreement,
+                             reused_samples=len(reuse.usable) if reuse else 0)
+    kept = {s["id"] for index in resume.kept for s in resume.kept[index]["samples"]} | set(reuse.usable if reuse else ())
     tokens = sum(s["length"] for s in writer.samples if s["id"] not in kept)
     seconds = time.perf_counter() - started
     log.info("extracted %d tokens in %.1f s (%.0f tokens/s) with %s", tokens, seconds, tokens / seconds,
@@ -298,18 +326,36 @@ def extract(settings: dict[str, Any], completions: str | Path, out: str | Path) 
     }
     out = Path(out)
     plan = plan_shards([_length(r) for r in records], int(settings["shard_tokens"]))
-    resume = prepare_resume(out, _resume_key(settings, header), plan, [str(r["id"]) for r in records])
+    state_key = _state_key(settings, header)
+    resume = prepare_resume(out, _resume_key(state_key, settings, header), plan, [str(r["id"]) for r in records])
+    header["state_key"] = state_key  # in the manifest: what a rerun's reuse of <out>.kept/ is matched by
     if resume.complete:
-        return _publish_resumed(settings, header, out, resume, planned)
+        path = _publish_resumed(settings, header, out, resume, planned)
+    else:
+        todo = [records[i] for index in resume.todo for i in plan[index]]
+        reuse = KeptStates(out, state_key)
+        if reuse.find(todo, bool(settings["store_argmax"])):
+            log.info("%d of the %d samples still to do have unchanged token ids in %s: their states are copied, "
+                     "not computed", len(reuse.usable), len(todo), reuse.directory)
+        if len(reuse.usable) == len(todo):
+            path = _publish_reused(settings, records, header, out, resume, planned, reuse)
+        else:
+            path = _extract_with_server_paused(settings, records, header, out, resume, reuse)
+    keep_published(path)
+    return path
+
+
+def _extract_with_server_paused(settings: dict[str, Any], records: list[dict[str, Any]], header: dict[str, Any],
+                                out: Path, resume: ResumeState, reuse: KeptStates) -> Path:
     with _server_paused(settings.get("server")):
         try:
-            return _extract_on_device(settings, records, header, out, resume)
+            return _extract_on_device(settings, records, header, out, resume, reuse)
         except BaseException as error:
             # Frames in the traceback would keep the model alive on the GPU while the server restarts.
             traceback.clear_frames(error.__traceback__)
             raise
         finally:
-            _release_device_memory(torch.device(target["device"]))
+            _release_device_memory(torch.device(settings["target"]["device"]))
 
 
 def run(args: argparse.Namespace) -> int:

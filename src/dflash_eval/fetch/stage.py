@@ -24,7 +24,7 @@ from typing import Any
 
 from dflash_eval.config import RUNTIME_HELP, fetch_settings, settings_from_args, with_runtime
 from dflash_eval.errors import DflashEvalError, Terminated
-from dflash_eval.fetch.store import PartialStore
+from dflash_eval.fetch.store import PartialStore, pick_kept
 from dflash_eval.fetch.prompts import Prompt, load_prompts, select_subset
 from dflash_eval.fetch.retry import FetchError, with_retries
 from dflash_eval.server.control import ServerController, http_request, sigterm_raises
@@ -451,8 +451,9 @@ def summarize(records: list[dict[str, Any]]) -> dict[str, Any]:
 def fetch(settings: dict[str, Any], out: Path) -> list[dict[str, Any]]:
     """Run the stage: prompts -> server up -> greedy completions -> `out`; returns the records.
 
-    Resumable: finished records collect in `<out>.partial` (see fetch.store); a rerun sends only the
-    requests whose answer is missing, and `out` appears only once every record is there.
+    Resumable: finished records collect in `<out>.partial` and stay there (see fetch.store); a rerun, also
+    one after Snakemake removed `out`, sends only the requests whose answer is missing or was made with
+    other settings, and `out` appears only once every record is there.
     """
     settings = resolve_settings(settings)
     prompt_set, origin = load_prompt_set(settings)
@@ -470,8 +471,7 @@ def fetch(settings: dict[str, Any], out: Path) -> list[dict[str, Any]]:
     retry_counts: Counter[str] = Counter()
     started = time.monotonic()
     with PartialStore(Path(out)) as store, sigterm_raises():
-        wanted = set(expected)
-        kept = {str(r["id"]): r for r in store.load() if str(r["id"]) in wanted}
+        kept = pick_kept(store.load(), set(expected), request_params(settings, info))
         log.info("fetching %d records (%d prompts) of %s from %s (model %s, endpoint %s); %d kept from an earlier run",
                  len(expected), len(prompts), settings["dataset"], info.base_url, info.model, settings["endpoint"], len(kept))
         try:

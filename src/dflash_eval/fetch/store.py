@@ -1,9 +1,12 @@
-"""The fetch stage's resumable state: completed records appended to `<out>.partial`, renamed at the end.
+"""The fetch stage's resumable state: completed records appended to `<out>.partial`, kept after the end.
 
-Hours of completions must survive a dropped connection, a killed job or Ctrl-C. Snakemake deletes a
-rule's outputs before it reruns the rule, so the state lives beside the output, never in it:
-`results/completions/x.jsonl.partial` collects finished records; when every record is there the
-output is written in prompt order (temporary name, then rename) and the partial file removed.
+Hours of completions must survive a dropped connection, a killed job, Ctrl-C, and a rerun: Snakemake
+deletes a rule's outputs before it reruns the rule (after a prompt was added, a setting changed, the
+code changed), so the state lives beside the output, never in it: `results/completions/x.jsonl.partial`
+collects finished records; when every record is there the output is written in prompt order
+(temporary name, then rename), and the partial file becomes a hard link of the output (no extra
+disk; a copy where links fail). A rerun, whatever Snakemake removed, reuses every record there that
+answers the same request, and a file compacted to the last output does not grow from run to run.
 
 Appends are whole lines, written with one O_APPEND write per batch and fsynced, so a crash can only
 leave a torn *last* line (a write cut short), which the next run drops with a warning. The write is
@@ -19,6 +22,7 @@ import fcntl
 import json
 import logging
 import os
+import shutil
 import time
 from collections.abc import Iterable
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -76,6 +80,8 @@ class PartialStore:
 
     def __enter__(self) -> PartialStore:
         self.path.parent.mkdir(parents=True, exist_ok=True)
+        if self.path.exists() and self.path.stat().st_nlink > 1:  # still the last output's link: appending
+            _replace_with_copy(self.path)  # would change that output too
         self._fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o666)
         try:
             fcntl.flock(self._fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -112,14 +118,16 @@ class PartialStore:
                                   "(finished records are kept)") from self._sync_error
 
     def load(self) -> list[dict[str, Any]]:
-        """Records from a previous run: the output itself if a run finished (by hand), then the partial
-        file (its torn last line cut off); later duplicates of an id are dropped."""
-        records: dict[str, dict[str, Any]] = {}
+        """Records from earlier runs, oldest first: the output itself if it is there (a run by hand) and
+        not the partial file's link, then the partial file (its torn last line cut off). An id may come
+        more than once (a request that changed was fetched again): the caller picks (`pick_kept`)."""
+        records: list[dict[str, Any]] = []
         for path in (self.out, self.path):
+            if path == self.out and self.path.exists() and path.exists() and os.path.samefile(path, self.path):
+                continue
             if path.exists() and path.stat().st_size:
-                for rec in read_records(path, repair=path == self.path):
-                    records.setdefault(str(rec["id"]), rec)
-        return list(records.values())
+                records += read_records(path, repair=path == self.path)
+        return records
 
     def add(self, record: dict[str, Any]) -> None:
         """Queue one finished record; written with the batch once flush_s passed or flush_records queued."""
@@ -155,8 +163,39 @@ class PartialStore:
         self._raise_sync_error()  # before the output is written and the partial file dropped
         lines = self._lines
         atomic_write_bytes(self.out, b"".join(lines.get(str(r["id"])) or serialize(r) for r in records))
-        self.path.unlink(missing_ok=True)
+        _link_or_copy(self.out, self.path)  # what the next run reuses, whatever Snakemake removes
         lines.clear()
+
+
+def _link_or_copy(source: Path, dest: Path) -> None:
+    """Atomically make `dest` a hard link of `source`, or a copy where the file system has no links."""
+    tmp = dest.with_name(f"{dest.name}.tmp-{os.getpid()}")
+    tmp.unlink(missing_ok=True)
+    try:
+        os.link(source, tmp)
+    except OSError:
+        shutil.copyfile(source, tmp)
+    os.replace(tmp, dest)
+
+
+def _replace_with_copy(path: Path) -> None:
+    """Give `path` an inode of its own (a copy of its content), so writing to it leaves its other links alone."""
+    tmp = path.with_name(f"{path.name}.tmp-{os.getpid()}")
+    shutil.copyfile(path, tmp)
+    os.replace(tmp, path)
+
+
+def pick_kept(records: list[dict[str, Any]], wanted: set[str], request: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    """One earlier record per wanted id: the latest that was made with `request`, else the latest.
+
+    The record's messages and server are checked where it would be reused (fetch.stage.reusable).
+    """
+    kept: dict[str, dict[str, Any]] = {}
+    for rec in records:  # oldest first: a later one replaces an earlier one unless only the earlier fits
+        rid = str(rec["id"])
+        if rid in wanted and (rid not in kept or rec.get("request") == request or kept[rid].get("request") != request):
+            kept[rid] = rec
+    return kept
 
 
 def serialize(record: dict[str, Any]) -> bytes:

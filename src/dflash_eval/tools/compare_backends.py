@@ -23,6 +23,7 @@ from tqdm import tqdm
 
 from dflash_eval.extract.backends import BACKENDS, select_backend, use_backend
 from dflash_eval.extract.capture import capture_layers, check_layer_ids, text_parts
+from dflash_eval.extract.target import DTYPES
 from dflash_eval.errors import DflashEvalError
 from dflash_eval.io_utils import atomic_write_json
 
@@ -175,7 +176,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--completions", required=True, help="completions JSONL (the fetch stage's output)")
     parser.add_argument("--layers", required=True, help="comma-separated layer ids, e.g. 1,16,31,46,61")
     parser.add_argument("--device", default="cuda:0", help="fla needs a CUDA device")
-    parser.add_argument("--dtype", default="bfloat16")
+    parser.add_argument("--dtype", default="bfloat16", choices=sorted(DTYPES),
+                        help="dtype the target runs in on both backends (default bfloat16, what training uses)")
     parser.add_argument("--backends", default="fla,torch", help="candidate,reference")
     parser.add_argument("--max-samples", type=int, default=16, help="first N completions (0: all)")
     parser.add_argument("--drafter", help="optional drafter checkpoint: also report tau on each backend's states")
