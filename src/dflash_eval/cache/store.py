@@ -166,6 +166,7 @@ def _write_shard(path: Path, buffer: _ShardBuffer, journal: Path | None = None, 
     if pending is not None:
         pending.check(samples, buffer.layers)
     tensors = buffer.filled()
+    path.unlink(missing_ok=True)  # a new inode: the old file may be hard-linked from <out>.kept/ (cache.reuse)
     sha256, size = write_safetensors(path, tensors, {"format": "pt"})
     entry = {"file": path.name, "sha256": sha256, "bytes": size, "tokens": int(tensors["input_ids"].numel())}
     if journal is not None:  # written after the file, checked against it on resume (no fsync needed)

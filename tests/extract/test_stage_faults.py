@@ -1,0 +1,133 @@
+"""Extraction reruns that need no GPU hours, and bad hand-written settings: the real extract stage, a real tiny
+target, real safetensors shards.
+
+Snakemake removes the cache directory before it reruns extraction (here: `shutil.rmtree(out)`), so the reuse of
+`<out>.kept/` is what keeps a rerun after an appended prompt or another `shard_tokens` from recomputing
+everything; its states must be bit-identical to a fresh extraction's.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import shutil
+
+import pytest
+import torch
+
+from dflash_eval import cli
+from dflash_eval.cache.reuse import kept_dir
+from dflash_eval.cache.store import HiddenCache
+from dflash_eval.extract import stage as extract_stage
+from tests.cache.test_resume import Counting, _settings
+from tests.support.tiny import tiny_target
+
+LENGTHS = [7, 5, 9, 4, 12, 3, 6, 8, 2, 5]
+
+
+@pytest.fixture(scope="module")
+def target_dir(tmp_path_factory):
+    path = tmp_path_factory.mktemp("target")
+    tiny_target().save_pretrained(path)
+    return path
+
+
+def _records(lengths, seed=0):
+    rng = random.Random(seed)
+    records = []
+    for index, length in enumerate(lengths):
+        ids = [rng.randrange(2, 290) for _ in range(length)]
+        records.append({"id": f"s{index}", "prompt_token_ids": ids[:2], "completion_token_ids": ids[2:],
+                        "completion_ids_source": "server", "token_check": {}})
+    return records
+
+
+def _write(path, records):
+    path.write_text("".join(json.dumps(r) + "\n" for r in records))
+    return path
+
+
+def _states(out):
+    """Every sample's states, copied out of the shards (a slice may map the file, which a test then changes)."""
+    cache = HiddenCache(out)
+    loaded = {s["id"]: cache.load_sample(s["id"]) for s in cache.samples}
+    for states in loaded.values():
+        states.features, states.argmax, states.input_ids = (t.clone() for t in (states.features, states.argmax,
+                                                                                   states.input_ids))
+    return loaded
+
+
+def _same_states(a, b):
+    assert a.keys() == b.keys()
+    for key in a:
+        assert torch.equal(a[key].features, b[key].features) and torch.equal(a[key].argmax, b[key].argmax)
+        assert torch.equal(a[key].input_ids, b[key].input_ids) and a[key].prompt_len == b[key].prompt_len
+
+
+def test_a_rerun_after_snakemake_removed_the_cache_computes_only_new_or_changed_samples(
+        target_dir, tmp_path, monkeypatch, caplog):
+    records = _records(LENGTHS)
+    completions = _write(tmp_path / "c.jsonl", records)
+    out = tmp_path / "hidden"
+    extract_stage.extract(_settings(target_dir), completions, out)
+    assert kept_dir(out).is_dir() and all(
+        (kept_dir(out) / f.name).samefile(f) for f in out.iterdir()), "kept as hard links of the published cache"
+
+    # one prompt appended, one completion changed, and another shard_tokens: only those two run the target
+    changed = records + _records([6], seed=9)[0:1]
+    changed[-1]["id"] = "new"
+    changed[3] = {**changed[3], "completion_token_ids": changed[3]["completion_token_ids"][:-1] + [7]}
+    completions = _write(tmp_path / "c.jsonl", changed)
+    shutil.rmtree(out)  # what Snakemake does before it reruns the job
+    counter = Counting(monkeypatch)
+    with caplog.at_level("INFO"):
+        extract_stage.extract(_settings(target_dir, shard_tokens=7), completions, out)
+    assert counter.calls == 2
+    assert "9 of the 11 samples still to do have unchanged token ids" in caplog.text
+    assert HiddenCache(out).manifest["reused_samples"] == 9
+    fresh = tmp_path / "fresh"
+    extract_stage.extract(_settings(target_dir, shard_tokens=7), _write(tmp_path / "f.jsonl", changed), fresh)
+    _same_states(_states(out), _states(fresh))
+
+    # nothing changed but the layout: no model, no server pause
+    shutil.rmtree(out)
+    monkeypatch.setattr(extract_stage, "load_target", lambda *a, **k: pytest.fail("model loaded"))
+    caplog.clear()
+    with caplog.at_level("INFO"):
+        extract_stage.extract(_settings(target_dir, shard_tokens=13), completions, out)
+    assert "no forward needed" in caplog.text and "no inference server is paused" not in caplog.text
+    _same_states(_states(out), _states(fresh))
+
+
+def test_a_damaged_kept_shard_is_computed_again_and_other_inputs_reuse_nothing(
+        target_dir, tmp_path, monkeypatch, caplog):
+    completions = _write(tmp_path / "c.jsonl", _records(LENGTHS))
+    out = tmp_path / "hidden"
+    extract_stage.extract(_settings(target_dir), completions, out)
+    clean = _states(out)
+    kept_shard = kept_dir(out) / "shard_00004.safetensors"  # sample s4 alone (longer than a shard)
+    data = bytearray(kept_shard.read_bytes())
+    data[-5] ^= 0xFF
+    shutil.rmtree(out)
+    kept_shard.write_bytes(bytes(data))
+    counter = Counting(monkeypatch)
+    with caplog.at_level("INFO"):
+        extract_stage.extract(_settings(target_dir), completions, out)
+    assert counter.calls == 1 and "shard_00004.safetensors: damaged" in caplog.text
+    _same_states(_states(out), clean)
+
+    shutil.rmtree(out)  # other settings (no argmax stored) make another state key: nothing is reused
+    counter = Counting(monkeypatch)
+    extract_stage.extract(_settings(target_dir, store_argmax=False), completions, out)
+    assert counter.calls == len(LENGTHS)
+
+
+def test_bad_hand_written_settings_are_named_not_raised(target_dir, tmp_path):
+    completions = _write(tmp_path / "c.jsonl", _records(LENGTHS[:2]))
+    log = tmp_path / "extract.log"
+    settings = {**_settings(target_dir), "layer_ids": None}
+    argv = ["--log", str(log), "extract", "--settings", json.dumps(settings), "--completions", str(completions),
+            "--out", str(tmp_path / "out")]
+    assert cli.main(argv) == 2
+    assert "layer_ids must be a list of layer ids such as [1, 16, 31], got None" in log.read_text()
+    assert "Traceback" not in log.read_text()
