@@ -107,9 +107,9 @@ def check_inputs(config: dict[str, Any], source: str, built: Callable[[str], boo
     target = config["target"]
     text = attempt("target.path", check_target_dir, target["path"]) if present("target.path", target["path"]) else None
     for key, device in (("target.device", target["device"]), ("evaluation.device", config["evaluation"]["device"])):
-        problem = cuda_build_problem(device, key)
+        problem = cuda_build_problem(device, key)  # starts with the key
         if problem:
-            problems.append(f"  {key}{blame(key)}: {problem}")
+            problems.append(f"  {key}{blame(key)}{problem[len(key):]}")
     for name, spec in config["datasets"].items():
         if present(f"datasets.{name}.prompts", spec.get("prompts")):
             attempt(f"datasets.{name}.prompts", load_prompts, spec["prompts"])
