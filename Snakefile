@@ -3,7 +3,7 @@ import json
 from pathlib import Path
 
 from dflash_eval.config import validate_config
-from dflash_eval.preflight import built_by, check_inputs, config_source
+from dflash_eval.preflight import built_by, check_inputs, config_source, warn_changed_caches
 
 configfile: "config.yaml"
 
@@ -14,13 +14,16 @@ config = validate_config(config, CONFIG_SOURCE)
 include: "workflow/rules/common.smk"
 include: "workflow/rules/server.smk"
 include: "workflow/rules/demo.smk"
+
+# Every path and checkpoint the config names, before any job runs (what the demo rules build may be missing).
+check_inputs(config, CONFIG_SOURCE, built_by(f for r in workflow.rules for f in r.output))
+
 include: "workflow/rules/fetch.smk"
 include: "workflow/rules/extract.smk"
 include: "workflow/rules/evaluate.smk"
 include: "workflow/rules/report.smk"
 
-# Every path and checkpoint the config names, before any job runs (what a rule builds may be missing).
-check_inputs(config, CONFIG_SOURCE, built_by(f for r in workflow.rules for f in r.output))
+warn_changed_caches(report_caches())  # shards modified after extraction, seen by `snakemake -n`
 
 
 rule all:

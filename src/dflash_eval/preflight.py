@@ -10,11 +10,14 @@ problem found is listed at once, each with its key and path.
 
 from __future__ import annotations
 
+import json
 import os
+import sys
 from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
+from dflash_eval.cache.verify import changed_since_extraction, repair_command
 from dflash_eval.errors import DflashEvalError
 from dflash_eval.evaluate.checkpoint import check_checkpoint, checkpoint_facts
 from dflash_eval.extract.layers import check_layer_ids
@@ -134,3 +137,20 @@ def _check_drafter(spec: dict[str, Any], target_text: dict[str, Any] | None) -> 
     ids = check_checkpoint(facts, spec.get("layer_ids"), target_text)
     if target_text and target_text.get("num_hidden_layers") is not None:
         check_layer_ids(ids, int(target_text["num_hidden_layers"]))
+
+
+def warn_changed_caches(caches: Iterable[str]) -> None:
+    """A warning at load (also in `snakemake -n`) for every cache shard modified after its extraction.
+
+    A warning, not an error: metrics already computed read the shard before it changed (and verified
+    it), evaluations to come refuse it if its bytes are damaged, and the repair command must still run.
+    """
+    for directory in caches:
+        changed = changed_since_extraction(Path(directory))
+        if changed:
+            with open(Path(directory) / "manifest.json") as handle:
+                manifest = json.load(handle)
+            sys.stderr.write(f"WARNING: {len(changed)} shard(s) of the hidden cache {directory} changed after its "
+                             f"extraction: {'; '.join(changed[:3])}{' ...' if len(changed) > 3 else ''}. An evaluation "
+                             "refuses a shard whose sha256 no longer matches; "
+                             f"{repair_command(Path(directory), manifest)}\n")

@@ -118,6 +118,35 @@ def test_config_errors_name_the_configfile_that_set_the_key_and_the_minimum(case
     assert _snapshot(root) == before
 
 
+def test_a_cache_shard_modified_after_extraction_is_reported_by_the_dry_run(case):
+    """The dry run cannot hash the caches, but one stat a shard shows what changed after extraction."""
+    import torch
+
+    from dflash_eval.cache.store import CacheWriter
+
+    workflow, root = case
+    cache = root / "results" / "hidden" / "d1" / "L1-2"
+    shutil.rmtree(cache)
+    header = {"dataset": "d1", "target": {}, "backend": {"name": "torch"}, "device": "cpu",
+              "completions": {"path": "results/completions/d1.jsonl"}}
+    with CacheWriter(cache, layer_ids=[1, 2], shard_tokens=8, store_argmax=False, header=header) as writer:
+        for i in range(3):
+            writer.add(f"p{i}", torch.arange(5), {1: torch.ones(5, 4), 2: torch.ones(5, 4)}, None, 2)
+        writer.finish()
+    quiet = snakemake(workflow, root, "--dry-run")
+    assert quiet.returncode == 0 and "changed after its extraction" not in quiet.stdout + quiet.stderr
+    shard = cache / "shard_00001.safetensors"
+    data = bytearray(shard.read_bytes())
+    data[-1] ^= 1
+    shard.write_bytes(bytes(data))
+    run = snakemake(workflow, root, "--dry-run")
+    text = run.stdout + run.stderr
+    assert run.returncode == 0
+    assert ("WARNING: 1 shard(s) of the hidden cache results/hidden/d1/L1-2 changed after its extraction: "
+            "results/hidden/d1/L1-2/shard_00001.safetensors (size or modification time differs") in text
+    assert "snakemake --forcerun results/hidden/d1/L1-2" in text and "--layers 1,2" in text
+
+
 @contextlib.contextmanager
 def _fake_server(tokenizer_dir: Path, log: Path):
     port = hs.free_port()
