@@ -2,7 +2,8 @@
 
 metrics.json (the report reads it):
   drafter, dataset, checkpoint{path, layout, sha256, global_step, epoch, step}, block_size, layer_ids,
-  cache{dir, backend, trained_with, backend_mismatch_allowed, target_config_hash},
+  cache{dir, backend, trained_with, backend_mismatch_allowed, target_config_hash, shards_verified[{file, sha256,
+  bytes, mtime_ns}]},
   stop_token_ids, methods{"chain-B<b>" | "ddtree-<N>": {method, kind, block_size, budget,
   tau_mean_of_samples, tau_token_weighted, ci95{...}, samples, steps, tokens, acceptance_by_position,
   histogram}}, chain (= methods["chain-B<B>"], the drafter's own block), topk_accuracy{k,
