@@ -39,7 +39,7 @@ def build(root: Path, checkpoints: int, datasets: int, checkpoint_mb: float) -> 
     (run / "config.json").write_text('{"block_size": 16}')
     for i in range(checkpoints):
         write_bytes(run / f"step_{(i + 1) * 1000}.pt", int(checkpoint_mb * 2**20), seed=i)
-    config["drafters"] = {"run": {"path": "ckpt/run", "layer_ids": [1, 16, 31, 46, 61], "trained_with": "fla"}}
+    config["drafters"] = {"run": {"path": "ckpt/run", "layer_ids": [1, 16, 31, 46, 61], "trained_with": "torch"}}
     save_config(root, config)
 
 

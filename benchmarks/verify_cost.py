@@ -75,10 +75,10 @@ def main() -> None:
             times["sha256"].append(hash_all(out))
     median = {name: statistics.median(values) for name, values in times.items()}
     mb = size / 1e6
-    lines = [f"## verify_cost {time.strftime('%Y-%m-%d')}: {platform.processor() or platform.machine()}, "
+    title = (f"## verify_cost {time.strftime('%Y-%m-%d')}: {platform.processor() or platform.machine()}, "
              f"{torch.get_num_threads()} torch threads, {mb:.0f} MB cache ({args.samples} x {args.tokens} tokens, "
-             f"5 layers x {args.hidden} bf16), {args.repeats} repeats, medians",
-             "", "| pass | seconds | MB/s | vs read |", "|---|---|---|---|"]
+             f"5 layers x {args.hidden} bf16), {args.repeats} repeats, medians")
+    lines = [title, "", "| pass | seconds | MB/s | vs read |", "|---|---|---|---|"]
     for name, seconds in median.items():
         lines.append(f"| {name} | {seconds:.3f} | {mb / seconds:,.0f} | {seconds / median['read']:.2f}x |")
     lines.append("")

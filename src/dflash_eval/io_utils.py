@@ -67,6 +67,17 @@ def atomic_write_json(path: str | Path, data: Any) -> None:
     atomic_write_text(path, json.dumps(_strict(data), indent=2, sort_keys=True, allow_nan=False) + "\n")
 
 
+def read_json_object(file: str | Path) -> dict[str, Any]:
+    """A JSON object from a file (a config.json, an index), with errors that name the file."""
+    try:
+        data = json.loads(Path(file).read_text(encoding="utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as error:
+        raise DflashEvalError(f"{file}: not valid JSON ({error})") from None
+    if not isinstance(data, dict):
+        raise DflashEvalError(f"{file}: not a JSON object")
+    return data
+
+
 def safetensors_header(path: str | Path, fix: str) -> dict[str, dict[str, Any]]:
     """Tensor name -> {dtype, shape, data_offsets} of a safetensors file, from its header alone.
 

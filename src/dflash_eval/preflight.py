@@ -15,7 +15,7 @@ import os
 import sys
 from collections.abc import Callable, Iterable
 from pathlib import Path
-from typing import Any
+from typing import Any, Self
 
 from dflash_eval.cache.verify import changed_since_extraction, repair_command
 from dflash_eval.errors import DflashEvalError
@@ -31,7 +31,7 @@ class ConfigSource(str):
 
     layers: list[tuple[str, Any]]
 
-    def __new__(cls, layers: list[tuple[str, Any]]) -> ConfigSource:
+    def __new__(cls, layers: list[tuple[str, Any]]) -> Self:
         label = super().__new__(cls, " + ".join(name for name, _ in layers) or "config")
         label.layers = layers
         return label

@@ -4,6 +4,7 @@ code (without terminal escapes); the header-only checks the workflow runs at loa
 from __future__ import annotations
 
 import json
+import math
 
 import pytest
 import torch
@@ -40,7 +41,7 @@ def test_a_non_finite_drafter_weight_is_refused_naming_the_tensor(hf, value):
     weights = hf / "model.safetensors"
     _poison(weights, "fc.weight", value)
     before = weights.read_bytes()
-    kind = "1 NaN, 0 Inf" if value != value else "0 NaN, 1 Inf"
+    kind = "1 NaN, 0 Inf" if math.isnan(value) else "0 NaN, 1 Inf"
     with pytest.raises(DflashEvalError, match=rf"non-finite weights in fc.weight \({kind} of \d+ values\)"):
         load_drafter(hf)
     assert weights.read_bytes() == before

@@ -8,20 +8,16 @@ server process (tests/support/fake_openai_server.py), as Snakemake calls it.
 
 from __future__ import annotations
 
-import contextlib
 import json
 import shutil
-import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
 from safetensors.torch import save_file
 
 from dflash_eval.extract.target_config import torch_cuda_version
-from dflash_eval.server.control import http_request
-from tests.support import fake_openai_server
+from tests.fetch.test_stage_faults import fake_process
 from tests.support import servers as hs
 from tests.support.workflow_harness import (add_hf_drafter, check, copy_workflow, load_config, save_config, snakemake,
                                             tiny_project, write_bytes)
@@ -90,12 +86,12 @@ def test_missing_paths_and_contradictions_stop_the_run_at_load_with_results_inta
         "datasets.d2.prompts: prompts/d2.jsonl:2: messages[0] (user): content is empty or whitespace only",
         "datasets.d3.prompts: prompts/d3.jsonl does not exist",
         "datasets.d4.prompts: prompts/d4.jsonl:1: byte 0xff at column 56 is not UTF-8",
-        "drafters.b: ckpt/b: config.yaml says layer_ids [1, 2] but the drafter config (ckpt/b/config.json) says "
-        "target_layer_ids [1, 3]",
+        ("drafters.b: ckpt/b: config.yaml says layer_ids [1, 2] but the drafter config (ckpt/b/config.json) says "
+         "target_layer_ids [1, 3]"),
         "drafters.wide: ckpt/wide: fc.weight (8, 24) takes 3 target layers but target_layer_ids [1, 2] has 2",
         "drafters.fla.trained_with: fla, but target.backend is torch",
-        f"drafters.cut: ckpt/cut/model.safetensors: {weights.stat().st_size} bytes, but its header says "
-        f"{weights.stat().st_size + 10}: the file is truncated",
+        (f"drafters.cut: ckpt/cut/model.safetensors: {weights.stat().st_size} bytes, but its header says "
+         f"{weights.stat().st_size + 10}: the file is truncated"),
     ] + (["evaluation.device is cuda:0, but the installed torch"] if cpu_torch else [])
     for line in expected:
         assert line in text, line
@@ -147,24 +143,6 @@ def test_a_cache_shard_modified_after_extraction_is_reported_by_the_dry_run(case
     assert "snakemake --forcerun results/hidden/d1/L1-2" in text and "--layers 1,2" in text
 
 
-@contextlib.contextmanager
-def _fake_server(tokenizer_dir: Path, log: Path):
-    port = hs.free_port()
-    proc = subprocess.Popen([sys.executable, fake_openai_server.__file__, "--port", str(port), "--tokenizer",
-                             str(tokenizer_dir), "--model", str(tokenizer_dir), "--request-log", str(log)],
-                            stdout=subprocess.DEVNULL)
-    url = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + 30
-        while http_request(url + "/health", timeout=1.0)[0] != 200:
-            assert proc.poll() is None and time.monotonic() < deadline, "fake server did not start"
-            time.sleep(0.05)
-        yield url
-    finally:
-        proc.kill()
-        proc.wait()
-
-
 def _requests(log: Path) -> list[str]:
     return [json.loads(line)["prompt"] for line in log.read_text().splitlines()] if log.exists() else []
 
@@ -181,7 +159,7 @@ def test_a_prompt_file_edit_loses_no_completions_and_sends_only_the_new_prompt(t
     prompts = hs.write_prompts(root / "prompts" / "d1.jsonl", 3)
     log = tmp_path / "requests.jsonl"
     completions = root / "results" / "completions" / "d1.jsonl"
-    with _fake_server(root / "target", log) as url:
+    with fake_process(root / "target", log) as (_, url):
         config["server"] = {"kind": "external", "base_url": url, "start_command": "false", "stop_command": "true"}
         save_config(root, config)
         check(snakemake(workflow, root, str(completions.relative_to(root))))

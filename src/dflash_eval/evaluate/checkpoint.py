@@ -8,13 +8,12 @@ disagree about what a checkpoint is.
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from dflash_eval.errors import DflashEvalError
-from dflash_eval.io_utils import safetensors_header
+from dflash_eval.io_utils import read_json_object, safetensors_header
 
 PREFIXES = ("module.", "model.", "_orig_mod.")  # wrappers a training script may leave on every key
 PT_SUFFIXES = (".pt", ".pth", ".bin", ".ckpt")
@@ -66,17 +65,6 @@ def config_file(path: Path, layout: str, config: str | Path | None) -> Path:
     return file
 
 
-def read_json(file: Path) -> dict[str, Any]:
-    """A JSON object from a file, with errors that name it."""
-    try:
-        data = json.loads(file.read_text(encoding="utf-8"))
-    except (UnicodeDecodeError, json.JSONDecodeError) as error:
-        raise DflashEvalError(f"{file}: not valid JSON ({error})") from None
-    if not isinstance(data, dict):
-        raise DflashEvalError(f"{file}: not a JSON object")
-    return data
-
-
 def weight_files(path: Path, layout: str) -> list[Path]:
     """The safetensors files of a checkpoint (the index's shards for a sharded HF directory); [] for .pt."""
     if layout == "pt":
@@ -87,7 +75,7 @@ def weight_files(path: Path, layout: str) -> list[Path]:
     if single.is_file():
         return [single]
     if index.is_file():
-        weight_map = read_json(index).get("weight_map")
+        weight_map = read_json_object(index).get("weight_map")
         if not isinstance(weight_map, dict):
             raise DflashEvalError(f"{index}: no weight_map")
         files = [path / name for name in sorted(set(weight_map.values()))]
@@ -110,7 +98,7 @@ def checkpoint_facts(path: str | Path, layout: str = "auto", config: str | Path 
         shapes = {}
         for weights in weight_files(path, layout):
             shapes.update({name: list(entry["shape"]) for name, entry in safetensors_header(weights, _FIX).items()})
-    return CheckpointFacts(path=path, layout=layout, config_file=file, config=read_json(file), shapes=shapes)
+    return CheckpointFacts(path=path, layout=layout, config_file=file, config=read_json_object(file), shapes=shapes)
 
 
 def strip_prefixes(names: list[str], expected: set[str]) -> dict[str, str]:

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from dflash_eval.errors import DflashEvalError
-from dflash_eval.io_utils import safetensors_header
+from dflash_eval.io_utils import read_json_object, safetensors_header
 
 # config.json keys that record provenance, not the model
 _VOLATILE_KEYS = frozenset({"transformers_version", "_name_or_path", "architectures"})
@@ -27,13 +27,7 @@ def read_config_json(path: str | Path) -> dict[str, Any]:
     config_file = Path(path) / "config.json"
     if not config_file.is_file():
         raise DflashEvalError(f"{config_file} not found: target.path must be a Hugging Face model directory")
-    try:
-        config = json.loads(config_file.read_text(encoding="utf-8"))
-    except (UnicodeDecodeError, json.JSONDecodeError) as error:
-        raise DflashEvalError(f"{config_file}: not valid JSON ({error})") from None
-    if not isinstance(config, dict):
-        raise DflashEvalError(f"{config_file}: not a JSON object")
-    return config
+    return read_json_object(config_file)
 
 
 def text_config_dict(config: dict[str, Any]) -> dict[str, Any]:
