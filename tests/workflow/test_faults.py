@@ -147,9 +147,13 @@ def _requests(log: Path) -> list[str]:
     return [json.loads(line)["prompt"] for line in log.read_text().splitlines()] if log.exists() else []
 
 
-def test_a_prompt_file_edit_loses_no_completions_and_sends_only_the_new_prompt(tmp_path):
+def test_a_prompt_file_edit_loses_no_completions_and_sends_only_the_new_prompt(tmp_path, monkeypatch):
     """The real fetch stage under Snakemake: an appended prompt reruns fetch (Snakemake removes the completions
-    first), which sends that prompt alone; a malformed line is refused at load, the completions untouched."""
+    first), which sends that prompt alone; a malformed line is refused at load, the completions untouched.
+    The first fetch runs in this process with the settings the workflow passes (a snakemake run costs seconds)."""
+    from dflash_eval import config as cfg
+    from dflash_eval.fetch import stage as fetch
+
     workflow = copy_workflow(tmp_path / "workflow")
     (workflow / "bin" / "dflash-eval").write_text(REAL_CLI.format(python=sys.executable))
     root = tmp_path / "project"
@@ -162,7 +166,8 @@ def test_a_prompt_file_edit_loses_no_completions_and_sends_only_the_new_prompt(t
     with fake_process(root / "target", log) as (_, url):
         config["server"] = {"kind": "external", "base_url": url, "start_command": "false", "stop_command": "true"}
         save_config(root, config)
-        check(snakemake(workflow, root, str(completions.relative_to(root))))
+        monkeypatch.chdir(root)
+        fetch.fetch(cfg.fetch_settings(cfg.load_config(root / "config.yaml"), "d1"), completions)
         first = completions.read_text().splitlines()
         assert len(first) == 3 and len(_requests(log)) == 3
 
