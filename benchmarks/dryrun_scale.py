@@ -33,6 +33,7 @@ from dflash_eval.provenance.fingerprint import DEFAULT_CACHE  # noqa: E402
 
 def build(root: Path, checkpoints: int, datasets: int, checkpoint_mb: float) -> None:
     tiny_project(root, drafters=0, datasets=datasets)
+    (root / "target" / "config.json").write_text('{"num_hidden_layers": 64}')  # the layer ids below must exist
     config = load_config(root)
     run = root / "ckpt" / "run"
     run.mkdir(parents=True)

@@ -25,6 +25,9 @@ from dflash_eval.extract.target_config import check_target_dir, cuda_build_probl
 from dflash_eval.fetch.prompts import load_prompts
 
 
+_MAX_LISTED = 20  # a step directory of 100 checkpoints with one wrong setting is one problem 100 times
+
+
 class ConfigSource(str):
     """The label of a merged config ("config.yaml + run.yaml + --config"), which also knows, for a key,
     the file that set it: Snakemake merges config.yaml, each --configfile and --config in that order."""
@@ -128,7 +131,9 @@ def check_inputs(config: dict[str, Any], source: str, built: Callable[[str], boo
                 "would refuse this drafter's cache after its extraction. Extract with the backend it was trained with "
                 "(target.backend), or set evaluation.allow_backend_mismatch: true to evaluate anyway (flagged)")
     if problems:
-        raise DflashEvalError(f"{source}: {len(problems)} problem(s), found before any job ran:\n" + "\n".join(problems))
+        shown = problems[:_MAX_LISTED] + ([f"  ... and {len(problems) - _MAX_LISTED} more"]
+                                          if len(problems) > _MAX_LISTED else [])
+        raise DflashEvalError(f"{source}: {len(problems)} problem(s), found before any job ran:\n" + "\n".join(shown))
 
 
 def _check_drafter(spec: dict[str, Any], target_text: dict[str, Any] | None) -> None:

@@ -45,6 +45,7 @@ def project(tmp_path_factory):
 
 
 def _evaluate(root: Path, settings: dict, tmp_path: Path, hidden: Path | None = None) -> tuple[int, str, Path]:
+    tmp_path.mkdir(exist_ok=True)
     log, metrics = tmp_path / "evaluate.log", tmp_path / "metrics.json"
     code = cli.main(["--log", str(log), "evaluate", "--settings", json.dumps(settings), "--hidden",
                      str(hidden or root / "hidden"), "--completions", str(root / "c.jsonl"), "--metrics", str(metrics),
@@ -60,6 +61,11 @@ def test_every_shard_read_is_verified_and_recorded(project, tmp_path):
     verified = json.loads(metrics.read_text())["cache"]["shards_verified"]
     assert [(v["file"], v["sha256"], v["bytes"]) for v in verified] == \
         [(s["file"], s["sha256"], s["bytes"]) for s in manifest["shards"]]
+    # hand-written settings with `layer_ids: null`: the checkpoint's own list, not a TypeError
+    unset = {**settings, "checkpoint": {**settings["checkpoint"], "layer_ids": None}}
+    code, log, again = _evaluate(root, unset, tmp_path / "unset")
+    assert code == 0, log
+    assert json.loads(again.read_text())["chain"] == json.loads(metrics.read_text())["chain"]
 
 
 def test_a_shard_with_flipped_bits_is_refused_naming_it_and_the_repair(project, tmp_path):
