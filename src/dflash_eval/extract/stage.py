@@ -25,6 +25,7 @@ from dflash_eval.extract.backends import BackendInfo, BackendRun, package_versio
 from dflash_eval.cache.store import CacheWriter
 from dflash_eval.cache.resume import ResumeState, plan_key, plan_shards, prepare_resume
 from dflash_eval.extract.capture import capture_layers, check_layer_ids
+from dflash_eval.completions import read_completions
 from dflash_eval.config import RUNTIME_HELP, extract_settings, load_config, with_runtime
 from dflash_eval.errors import DflashEvalError
 from dflash_eval.io_utils import sha256_file
@@ -68,31 +69,6 @@ def resolve_settings(args: argparse.Namespace) -> dict[str, Any]:
     if missing:
         raise DflashEvalError(f"extract settings lack {missing}")
     return settings
-
-
-def read_completions(path: str | Path) -> list[dict[str, Any]]:
-    """Completion records with the fields extraction needs, ids unique."""
-    path = Path(path)
-    if not path.is_file():
-        raise DflashEvalError(f"completions file {path} not found; run the fetch stage first")
-    records = []
-    with path.open(encoding="utf-8") as handle:
-        for number, line in enumerate(handle, 1):
-            if not line.strip():
-                continue
-            record = json.loads(line)
-            for key in ("id", "prompt_token_ids", "completion_token_ids"):
-                if key not in record:
-                    raise DflashEvalError(f"{path}:{number}: record lacks {key!r}")
-            if not record["prompt_token_ids"]:
-                raise DflashEvalError(f"{path}:{number}: sample {record['id']!r} has no prompt tokens")
-            records.append(record)
-    ids = [str(r["id"]) for r in records]
-    if len(set(ids)) != len(ids):
-        raise DflashEvalError(f"{path}: sample ids repeat")
-    if not records:
-        raise DflashEvalError(f"{path} holds no completions")
-    return records
 
 
 @dataclass
@@ -273,7 +249,7 @@ def _extract_on_device(settings: dict[str, Any], records: list[dict[str, Any]], 
 def extract(settings: dict[str, Any], completions: str | Path, out: str | Path) -> Path:
     """The stage without argparse: check inputs, pause the server, extract, publish the cache."""
     target = settings["target"]
-    records = read_completions(completions)
+    records = read_completions(completions, need_tokens=True)
     tokens = check_tokens(records, bool(settings["strict_tokens"]))
     text_config = text_config_dict(read_config_json(target["path"]))
     check_layer_ids(settings["layer_ids"], int(text_config["num_hidden_layers"]))

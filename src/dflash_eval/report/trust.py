@@ -19,31 +19,22 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable
 
+from dflash_eval import completions
+from dflash_eval.cache import manifest as cache_manifest
 from dflash_eval.errors import DflashEvalError
 from dflash_eval.io_utils import sha256_file
 
 log = logging.getLogger(__name__)
 
 NOT_RECORDED = "not recorded"
-MANIFEST = "manifest.json"
 
 
 # -- caches ---------------------------------------------------------------------------------------
 
-def read_json(path: Path) -> dict | None:
-    """A JSON file, None when absent; a corrupt one is an error that names it."""
-    if not path.is_file():
-        return None
-    try:
-        return json.loads(path.read_text(encoding="utf-8"))
-    except json.JSONDecodeError as error:
-        raise DflashEvalError(f"{path}: not valid JSON ({error}); re-run the stage that writes it") from error
-
-
 def cache_entry(directory: str | Path, completions_sha256: str | None) -> dict:
     """One cache's provenance from its manifest; `completions_match` compares the file it was built from."""
     directory = Path(directory)
-    manifest = read_json(directory / MANIFEST)
+    manifest = cache_manifest.read(directory)
     if manifest is None:
         return {"dir": str(directory), "recorded": False}
     target, backend = manifest.get("target") or {}, manifest.get("backend") or {}
@@ -85,33 +76,26 @@ class FetchRecords:
 
 
 def read_completions(path: str | Path) -> FetchRecords:
-    """Scan one completions JSONL (contract in docs/contracts.md); bad lines are errors naming the line."""
+    """Scan one completions JSONL through dflash_eval.completions (bad lines are errors naming the line)."""
     path = Path(path)
     out = FetchRecords(path=path, sha256=sha256_file(path))
-    with path.open(encoding="utf-8") as handle:
-        for number, line in enumerate(handle, 1):
-            if not line.strip():
-                continue
-            try:
-                record = json.loads(line)
-                sample_id = str(record["id"])
-            except (json.JSONDecodeError, KeyError, TypeError) as error:
-                raise DflashEvalError(f"{path}:{number}: not a completion record ({error!r}); re-run fetch") from error
-            out.records += 1
-            check = record.get("token_check")
-            if check is None:
-                out.unchecked.append(sample_id)
-            else:
-                if check.get("prompt_tokens_match") is False:
-                    out.prompt_mismatch.append(sample_id)
-                if check.get("completion_tokens_match") is False:
-                    out.completion_mismatch.append(sample_id)
-            source = str(record.get("completion_ids_source") or NOT_RECORDED)
-            out.sources[source] = out.sources.get(source, 0) + 1
-            spec = record.get("spec") or {}
-            if spec.get("spec_verify_ct") and spec.get("spec_accept_length") is not None:
-                out.spec[sample_id] = {"accept_length": float(spec["spec_accept_length"]),
-                                       "verify_ct": int(spec["spec_verify_ct"])}
+    for _, record in completions.iter_records(path):
+        sample_id = record["id"]
+        out.records += 1
+        check = record.get("token_check")
+        if check is None:
+            out.unchecked.append(sample_id)
+        else:
+            if check.get("prompt_tokens_match") is False:
+                out.prompt_mismatch.append(sample_id)
+            if check.get("completion_tokens_match") is False:
+                out.completion_mismatch.append(sample_id)
+        source = str(record.get("completion_ids_source") or NOT_RECORDED)
+        out.sources[source] = out.sources.get(source, 0) + 1
+        spec = record.get("spec") or {}
+        if spec.get("spec_verify_ct") and spec.get("spec_accept_length") is not None:
+            out.spec[sample_id] = {"accept_length": float(spec["spec_accept_length"]),
+                                   "verify_ct": int(spec["spec_verify_ct"])}
     return out
 
 
