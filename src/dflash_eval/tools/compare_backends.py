@@ -10,12 +10,10 @@ drafter, what that does to tau. The reference for the error figures is the secon
 from __future__ import annotations
 
 import argparse
-import json
 import logging
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 import torch
