@@ -287,8 +287,7 @@ def stage_schema(stage: str) -> dict:
                        required=("dataset", "server", "tokenizer"))
     if stage == "extract":
         return _object({"dataset": NAME, "layer_ids": LAYER_IDS, "target": top["target"], **_properties("extraction"),
-                        "server": {**server, "type": ["object", "null"]}},
-                       required=("layer_ids", "target"))
+                        "server": server}, required=("layer_ids", "target"))
     if stage == "evaluate":
         checkpoint = _object({**{key: drafter[key] for key in CHECKPOINT_KEYS}, "layer_ids": LAYER_IDS},
                              required=("path", "layer_ids"))
