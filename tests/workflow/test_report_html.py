@@ -12,7 +12,6 @@ import sys
 from pathlib import Path
 
 import pandas as pd
-import pytest
 import yaml
 
 from dflash_eval.report import plots

@@ -2,20 +2,12 @@
 # Outputs marked report() go into `snakemake --report results/report.html`, captioned from workflow/report/.
 
 
-def report_caches(wildcards=None) -> list[str]:
-    """Every hidden-state cache an evaluation read: the trust panel lists their provenance."""
-    return sorted({f"{RESULTS}/hidden/{dataset}/{drafter_layerset(drafter)}"
-                   for drafter in config["drafters"] for dataset in config["datasets"]})
-
-
 rule report:
     input:
-        metrics=expand(f"{RESULTS}/eval/{{drafter}}/{{dataset}}/metrics.json", drafter=list(config["drafters"]),
-                       dataset=list(config["datasets"])),
-        samples=expand(f"{RESULTS}/eval/{{drafter}}/{{dataset}}/samples.csv", drafter=list(config["drafters"]),
-                       dataset=list(config["datasets"])),
+        metrics=expand(METRICS, drafter=list(config["drafters"]), dataset=list(config["datasets"])),
+        samples=expand(SAMPLES, drafter=list(config["drafters"]), dataset=list(config["datasets"])),
         hidden=report_caches,
-        completions=expand(f"{RESULTS}/completions/{{dataset}}.jsonl", dataset=list(config["datasets"])),
+        completions=expand(COMPLETIONS, dataset=list(config["datasets"])),
     output:
         csv=report(f"{RESULTS}/summary.csv", caption="../report/summary_csv.rst", category="Summary"),
         md=report(f"{RESULTS}/summary.md", caption="../report/summary_md.rst", category="Summary"),
@@ -28,7 +20,7 @@ rule report:
                          category="Plots"),
     params:
         settings=settings_param(cfg.report_settings(config)),
-        plot_dir=f"{RESULTS}/plots",
+        plot_dir=lambda w, output: os.path.dirname(output.plot),
         code=code_fingerprint("report"),
     log:
         f"{LOGS}/report.log",

@@ -26,15 +26,12 @@ from dflash_eval.cache.store import CacheWriter
 from dflash_eval.cache.resume import ResumeState, plan_key, plan_shards, prepare_resume
 from dflash_eval.extract.capture import capture_layers, check_layer_ids
 from dflash_eval.completions import read_completions
-from dflash_eval.config import RUNTIME_HELP, extract_settings, load_config, with_runtime
+from dflash_eval.config import RUNTIME_HELP, extract_settings, settings_from_args, stage_settings
 from dflash_eval.errors import DflashEvalError
 from dflash_eval.io_utils import sha256_file
 from dflash_eval.extract.target import load_target, read_config_json, target_config_hash, text_config_dict
 
 log = logging.getLogger(__name__)
-
-_SETTING_KEYS = ("layer_ids", "target", "shard_tokens", "store_argmax", "strict_tokens")
-_TARGET_KEYS = ("path", "dtype", "device", "backend")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -55,20 +52,10 @@ def parse_layers(text: str) -> list[int]:
         raise DflashEvalError(f"--layers {text!r}: expected comma-separated integers such as 1,16,31") from None
 
 
-def resolve_settings(args: argparse.Namespace) -> dict[str, Any]:
-    """Settings from --settings JSON, or built from --config/--dataset/--layers; keys checked."""
-    if args.settings:
-        settings = json.loads(args.settings)
-    elif args.config and args.dataset and args.layers:
-        settings = extract_settings(load_config(args.config), args.dataset, parse_layers(args.layers))
-    else:
-        raise DflashEvalError("extract needs --settings JSON, or --config with --dataset and --layers")
-    settings = with_runtime(settings, args.runtime)
-    missing = [k for k in _SETTING_KEYS if k not in settings]
-    missing += [f"target.{k}" for k in _TARGET_KEYS if k not in settings.get("target", {})]
-    if missing:
-        raise DflashEvalError(f"extract settings lack {missing}")
-    return settings
+def settings_from_cli(args: argparse.Namespace) -> dict[str, Any]:
+    """--settings JSON (and --runtime), or settings built from --config, --dataset and --layers."""
+    layers = None if args.layers is None else parse_layers(args.layers)
+    return settings_from_args(argparse.Namespace(**{**vars(args), "layers": layers}), extract_settings, "dataset", "layers")
 
 
 @dataclass
@@ -248,6 +235,7 @@ def _extract_on_device(settings: dict[str, Any], records: list[dict[str, Any]], 
 
 def extract(settings: dict[str, Any], completions: str | Path, out: str | Path) -> Path:
     """The stage without argparse: check inputs, pause the server, extract, publish the cache."""
+    settings = stage_settings("extract", settings)
     target = settings["target"]
     records = read_completions(completions, need_tokens=True)
     tokens = check_tokens(records, bool(settings["strict_tokens"]))
@@ -287,6 +275,5 @@ def extract(settings: dict[str, Any], completions: str | Path, out: str | Path) 
 
 
 def run(args: argparse.Namespace) -> int:
-    settings = resolve_settings(args)
-    extract(settings, args.completions, args.out)
+    extract(settings_from_cli(args), args.completions, args.out)
     return 0
