@@ -11,7 +11,7 @@ import pandas as pd
 import pytest
 
 from dflash_eval import cli
-from dflash_eval.report import plots
+from dflash_eval.report import plots, summary
 from dflash_eval.report import stage as report
 from dflash_eval.errors import DflashEvalError
 from dflash_eval.io_utils import atomic_write_json, sha256_file
@@ -158,7 +158,7 @@ def report_args(root: Path, metrics: list[Path], settings: dict = SETTINGS, hidd
                               hidden=[str(p) for p in hidden], completions=[str(p) for p in completions],
                               transitions=None if transitions is None else str(transitions),
                               csv=str(root / "summary.csv"), md=str(root / "summary.md"), trust=str(root / "trust.json"),
-                              plot=str(root / "plots" / "tau.png"), plot_dir=None)
+                              plot_dir=str(root / "plots"))
 
 
 @pytest.fixture(scope="module")
@@ -172,7 +172,7 @@ def out(tmp_path_factory) -> Path:
 
 def test_csv_numbers_equal_the_metrics(out):
     table = pd.read_csv(out / "summary.csv")
-    assert list(table.columns) == report.COLUMNS
+    assert list(table.columns) == summary.COLUMNS
     assert list(zip(table.drafter, table.dataset, table.method)) == [
         (*key, method) for key in TAUS for method in ("chain-B2", "chain-B4", "ddtree-8")]   # config order
     for row in table.itertuples():
@@ -227,7 +227,7 @@ def test_markdown_flags_the_backend_mismatch_loudly(out):
     assert sum("⚠️ YES" in line for line in diagnostics.splitlines()) == 1
 
 
-@pytest.mark.parametrize("name", sorted(plots.NAMES.values()))
+@pytest.mark.parametrize("name", sorted(plot.file for plot in plots.PLOTS.values()))
 def test_plots_open_at_the_expected_size_and_are_not_blank(out, name):
     pixels = matplotlib.image.imread(out / "plots" / name)
     assert pixels.shape[:2] == (600, 1200)
@@ -261,9 +261,9 @@ def test_one_stepped_drafter_makes_no_step_plot_and_cli_runs(tmp_path):
                 "reference": None}
     args = report_args(tmp_path, paths, settings)
     argv = ["report", "--settings", args.settings, "--metrics", *args.metrics, "--csv", args.csv,
-            "--md", args.md, "--plot", args.plot]
+            "--md", args.md, "--plot-dir", args.plot_dir]
     assert cli.main(argv) == 0
-    assert all((tmp_path / "plots" / name).is_file() for name in plots.NAMES.values())   # the step plot says why empty
+    assert all((tmp_path / "plots" / name).is_file() for name in (plot.file for plot in plots.PLOTS.values()))   # the step plot says why empty
     assert "relative to the reference" not in (tmp_path / "summary.md").read_text()
     assert cli.main(argv[:4] + [str(tmp_path / "absent.json")] + argv[4:]) == 2
 
