@@ -2,8 +2,12 @@
 # Outputs marked report() go into `snakemake --report results/report.html`, captioned from workflow/report/.
 # The plots are the registry dflash_eval.report.plots.PLOTS: a new plot is one entry there plus its caption here.
 # update(): Snakemake keeps the last report while the job runs and puts it back if the job fails.
+from pathlib import Path
+
 from dflash_eval.errors import DflashEvalError
 from dflash_eval.report.plots import PLOTS
+
+EVALUATION = f"{RESULTS}/eval/{{drafter}}/{{dataset}}"   # what the evaluate rule writes: metrics.json, samples.csv
 
 
 def report_caches(wildcards=None) -> list[str]:
@@ -22,15 +26,15 @@ def checked_report_settings(wildcards=None) -> str:
     """
     for drafter in config["drafters"]:
         for dataset in config["datasets"]:
-            metrics = f"{RESULTS}/eval/{drafter}/{dataset}/metrics.json"
+            metrics = EVALUATION.format(drafter=drafter, dataset=dataset) + "/metrics.json"
             if Path(metrics).exists():
                 continue
             try:  # what the evaluate rule's inputs need (see evaluate.smk)
                 checkpoint_inputs(drafter)
                 target_inputs()
             except (ValueError, DflashEvalError) as error:
-                raise DflashEvalError(f"the report needs {metrics}, which does not exist and cannot be made: "
-                                      f"{error}") from None
+                raise DflashEvalError(f"the report needs {metrics} (drafter {drafter!r} on dataset {dataset!r}), "
+                                      f"which does not exist and cannot be made: {error}") from None
     return settings_param(cfg.report_settings(config))
 
 
@@ -45,10 +49,8 @@ def plot_dir(wildcards, output) -> str:
 
 rule report:
     input:
-        metrics=expand(f"{RESULTS}/eval/{{drafter}}/{{dataset}}/metrics.json", drafter=list(config["drafters"]),
-                       dataset=list(config["datasets"])),
-        samples=expand(f"{RESULTS}/eval/{{drafter}}/{{dataset}}/samples.csv", drafter=list(config["drafters"]),
-                       dataset=list(config["datasets"])),
+        metrics=expand(f"{EVALUATION}/metrics.json", drafter=list(config["drafters"]), dataset=list(config["datasets"])),
+        samples=expand(f"{EVALUATION}/samples.csv", drafter=list(config["drafters"]), dataset=list(config["datasets"])),
         hidden=report_caches,
         completions=expand(f"{RESULTS}/completions/{{dataset}}.jsonl", dataset=list(config["datasets"])),
     output:

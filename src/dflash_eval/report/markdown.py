@@ -8,8 +8,9 @@ skipped samples, a stale cache) is made impossible to miss.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any
 
 from dflash_eval.report.labels import DIGITS, drafter_label, fmt, missing
 from dflash_eval.report.summary import Evaluation

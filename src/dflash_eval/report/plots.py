@@ -13,8 +13,9 @@ This module imports no matplotlib or pandas at load: report.smk imports the regi
 from __future__ import annotations
 
 import io
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
 
 from dflash_eval.report.labels import drafter_label, fmt, missing
 
@@ -236,6 +237,7 @@ def draw_acceptance_histogram(data: PlotData) -> Any:
     return figure
 
 
+# name (the report rule's output name) -> plot, in the order of the HTML report's Plots
 PLOTS: dict[str, Plot] = {
     "tau": Plot("tau.png", draw_tau, "tau.rst"),
     "tau_vs_step": Plot("tau_vs_step.png", draw_tau_vs_step, "tau_vs_step.rst"),
