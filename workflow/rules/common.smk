@@ -5,6 +5,8 @@ import os
 from pathlib import Path
 
 from dflash_eval import config as cfg
+from dflash_eval.errors import DflashEvalError
+from dflash_eval.report.plots import PLOTS
 from dflash_eval.provenance.code_version import code_fingerprint
 from dflash_eval.provenance.fingerprint import FingerprintCache
 
@@ -126,3 +128,33 @@ def report_caches(wildcards=None) -> list[str]:
     """Every hidden-state cache an evaluation read: the trust panel lists their provenance."""
     return sorted({hidden_cache(drafter, dataset) for drafter in config["drafters"] for dataset in config["datasets"]})
 
+
+def checked_report_settings(wildcards=None) -> str:
+    """The report's settings, asked once each evaluation it reads exists or can be made.
+
+    With an older report present, Snakemake plans the report even when an evaluation cannot be made
+    (a drafter path that holds no model: the evaluate rule's input error is not shown), and the job
+    then fails on its missing inputs with a misleading "filesystem latency" message. A param's error
+    stops the run while it is planned, before any job starts, naming the cause.
+    """
+    for drafter in config["drafters"]:
+        for dataset in config["datasets"]:
+            metrics = METRICS.format(drafter=drafter, dataset=dataset)
+            if Path(metrics).exists():
+                continue
+            try:  # what the evaluate rule's inputs need (see evaluate.smk)
+                checkpoint_inputs(drafter)
+                target_inputs()
+            except (ValueError, DflashEvalError) as error:
+                raise DflashEvalError(f"the report needs {metrics} (drafter {drafter!r} on dataset {dataset!r}), "
+                                      f"which does not exist and cannot be made: {error}") from None
+    return settings_param(cfg.report_settings(config))
+
+
+def report_output(path: str, caption: str, category: str):
+    return report(update(path), caption=f"../report/{caption}", category=category)
+
+
+def plot_dir(wildcards, output) -> str:
+    """The plots' folder, from their declared outputs: the stage writes every registered plot there."""
+    return str(Path(getattr(output, next(iter(PLOTS)))).parent)
