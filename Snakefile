@@ -1,22 +1,43 @@
 # dflash-eval: fetch -> extract -> evaluate -> report. Edit config.yaml, not this file.
-import json
-from pathlib import Path
+import re
+
+from snakemake.utils import min_version
 
 from dflash_eval.config import validate_config
 from dflash_eval.preflight import built_by, check_inputs, config_source, warn_changed_caches
 
+min_version("9.0")
+
+
 configfile: "config.yaml"
+
 
 CONFIG_SOURCE = config_source(workflow.configfiles, workflow.overwrite_configfiles, workflow.config_settings.config)
 config = validate_config(config, CONFIG_SOURCE)
 
 
+report: "workflow/report/workflow.rst"
+
+
+# A name is one of config.yaml's (step directories expanded), so a path matches one rule, one way.
+wildcard_constraints:
+    drafter="|".join(re.escape(name) for name in config["drafters"]),
+    dataset="|".join(re.escape(name) for name in config["datasets"]),
+    layerset=r"L\d+(?:-\d+)*",
+
+
 include: "workflow/rules/common.smk"
 include: "workflow/rules/server.smk"
-include: "workflow/rules/demo.smk"
+
+
+if config["demo"]["enabled"]:
+
+    include: "workflow/rules/demo.smk"
+
 
 # Every path and checkpoint the config names, before any job runs (what the demo rules build may be missing).
-check_inputs(config, CONFIG_SOURCE, built_by(f for r in workflow.rules for f in r.output))
+check_inputs(config, CONFIG_SOURCE, built_by(f for r in workflow.rules for f in r.output), unbuilt_demo)
+
 
 include: "workflow/rules/fetch.smk"
 include: "workflow/rules/extract.smk"
@@ -29,7 +50,7 @@ warn_changed_caches(report_caches())  # shards modified after extraction, seen b
 rule all:
     default_target: True
     input:
-        selected_evaluations() if config.get("only") or config.get("only_datasets") else rules.report.output,
+        selected_evaluations() if config["only"] or config["only_datasets"] else rules.report.output,
 
 
 onsuccess:

@@ -10,13 +10,13 @@ problem found is listed at once, each with its key and path.
 
 from __future__ import annotations
 
-import json
 import os
 import sys
 from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any, Self
 
+from dflash_eval.cache import manifest as cache_manifest
 from dflash_eval.cache.verify import changed_since_extraction, repair_command
 from dflash_eval.errors import DflashEvalError
 from dflash_eval.evaluate.checkpoint import check_checkpoint, checkpoint_facts
@@ -87,8 +87,10 @@ def built_by(outputs: Iterable[str]) -> Callable[[str], bool]:
     return built
 
 
-def check_inputs(config: dict[str, Any], source: str, built: Callable[[str], bool] = lambda path: False) -> None:
-    """Raise one error listing every missing path and contradiction in a validated config."""
+def check_inputs(config: dict[str, Any], source: str, built: Callable[[str], bool] = lambda path: False,
+                 why_missing: Callable[[str], str] = lambda path: "") -> None:
+    """Raise one error listing every missing path and contradiction in a validated config; `why_missing`
+    may explain a missing path (the Snakefile's: a demo model while the demo's rules are off)."""
     problems: list[str] = []
 
     def blame(key: str) -> str:
@@ -106,7 +108,9 @@ def check_inputs(config: dict[str, Any], source: str, built: Callable[[str], boo
         if path is None or built(path) and not Path(path).exists():
             return False
         if not Path(path).exists():
-            problems.append(f"  {key}{blame(key)}: {path} does not exist; fix the path (or create the file) before running")
+            why = why_missing(path)
+            problems.append(f"  {key}{blame(key)}: {path} does not exist{f' ({why})' if why else ''}; fix the path "
+                            "(or create the file) before running")
             return False
         return True
 
@@ -153,8 +157,7 @@ def warn_changed_caches(caches: Iterable[str]) -> None:
     for directory in caches:
         changed = changed_since_extraction(Path(directory))
         if changed:
-            with open(Path(directory) / "manifest.json") as handle:
-                manifest = json.load(handle)
+            manifest = cache_manifest.read(Path(directory))
             sys.stderr.write(f"WARNING: {len(changed)} shard(s) of the hidden cache {directory} changed after its "
                              f"extraction: {'; '.join(changed[:3])}{' ...' if len(changed) > 3 else ''}. An evaluation "
                              "refuses a shard whose sha256 no longer matches; "

@@ -9,6 +9,7 @@ server process (tests/support/fake_openai_server.py), as Snakemake calls it.
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import sys
 from pathlib import Path
@@ -174,6 +175,9 @@ def test_a_prompt_file_edit_loses_no_completions_and_sends_only_the_new_prompt(t
         with open(prompts, "a") as handle:
             handle.write(json.dumps({"id": "p3", "messages": [{"role": "user", "content": "Question 3: and 3 + 3?"}]})
                          + "\n")
+        # An edit comes after the fetch; here both can fall in one tick of the file clock (equal mtimes: no rerun).
+        later = completions.stat().st_mtime_ns + 1_000_000_000
+        os.utime(prompts, ns=(later, later))
         check(snakemake(workflow, root, str(completions.relative_to(root))))
         again = completions.read_text().splitlines()
         assert again[:3] == first and len(again) == 4, "the 3 earlier records reused as they were"

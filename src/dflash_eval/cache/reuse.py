@@ -14,7 +14,6 @@ only on the rest (not at all, and without pausing the server, when nothing is le
 from __future__ import annotations
 
 import hashlib
-import json
 import logging
 import os
 import shutil
@@ -26,7 +25,8 @@ from typing import Any
 import torch
 from safetensors import SafetensorError, safe_open
 
-from dflash_eval.cache.resume import MANIFEST
+from dflash_eval.cache import manifest as cache_manifest
+from dflash_eval.cache.manifest import MANIFEST, CacheError
 from dflash_eval.io_utils import sha256_file
 
 log = logging.getLogger(__name__)
@@ -83,8 +83,10 @@ class KeptStates:
         self.manifest: dict[str, Any] | None = None
         self.usable: dict[str, dict[str, Any]] = {}  # sample id -> kept manifest entry, tokens and shard checked
         try:
-            manifest = json.loads((self.directory / MANIFEST).read_text())
-        except (OSError, ValueError):
+            manifest = cache_manifest.read(self.directory)
+        except (OSError, CacheError):
+            return
+        if manifest is None:
             return
         if manifest.get("state_key") != state_key:
             log.info("%s: kept states are from other inputs (target, layers, backend, versions or code); not reused",

@@ -10,13 +10,13 @@ shard never yields a metrics.json; the error names the shard and the command tha
 
 from __future__ import annotations
 
-import json
 import os
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
-from dflash_eval.errors import DflashEvalError
+from dflash_eval.cache import manifest as cache_manifest
+from dflash_eval.cache.manifest import CacheError
 from dflash_eval.io_utils import sha256_file
 
 
@@ -28,10 +28,6 @@ def repair_command(directory: Path, manifest: dict[str, Any] | None = None) -> s
     return (f"rebuild it with `snakemake --forcerun {directory}` (the extraction keeps the intact shards and "
             f"recomputes only the damaged ones), or by hand `dflash-eval extract --config config.yaml --dataset "
             f"{manifest.get('dataset') or '<dataset>'} --layers {layers} --completions {completions} --out {directory}`")
-
-
-class CacheError(DflashEvalError):
-    """A hidden cache that is missing, malformed, corrupt, or being written with bad data."""
 
 
 class ShardDamaged(CacheError):
@@ -89,10 +85,11 @@ def changed_since_extraction(directory: Path) -> list[str]:
     after extraction shows up in `snakemake -n`, before an evaluation reads it. Caches written before
     the manifest recorded mtimes are not checked here (their evaluations still hash every shard).
     """
-    manifest_path = directory / "manifest.json"
     try:
-        manifest = json.loads(manifest_path.read_text())
-    except (OSError, ValueError):
+        manifest = cache_manifest.read(directory)
+    except (OSError, CacheError):
+        return []
+    if manifest is None:
         return []
     changed = []
     for shard in manifest.get("shards", []):
