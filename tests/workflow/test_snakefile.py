@@ -38,7 +38,7 @@ def test_without_demo_enabled_the_demo_is_not_built_and_its_paths_say_so(project
     text = run.stdout + run.stderr
     assert run.returncode != 0
     assert re.search(r"resources/demo/\S+ does not exist \(the workflow builds the demo's models only with "
-                     r"demo\.enabled: true\)", text)  # named when the workflow loads (preflight.check_inputs)
+                     r"demo\.enabled: true\)", text)  # named when the workflow loads (workflow.preflight.check_inputs)
 
 
 def test_wildcards_match_only_configured_names(project):
