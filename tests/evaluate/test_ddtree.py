@@ -1,12 +1,12 @@
 """DDTree acceptance: hand-computed trees and the vectorised form against a literal heap build."""
 
-import math
+from itertools import product
 
 import pytest
 import torch
 
 from dflash_eval.evaluate.ddtree import tree_accepted
-
+from tests.support.ddtree_beam import beam_tree_accepted
 from tests.support.reference import heap_tree
 
 
@@ -50,10 +50,6 @@ def test_vectorised_equals_heap_built_tree(seed):
 
 
 # --- the pruned scorer against the full per-depth beam, the literal heap and a brute force ---------
-
-from itertools import product  # noqa: E402
-
-from tests.support.ddtree_beam import beam_tree_accepted  # noqa: E402
 
 
 def _truths(logits, generator, p_argmax=0.7):

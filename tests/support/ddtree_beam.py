@@ -9,7 +9,7 @@ truth node then counts as better than itself). `True` sums in path order, as the
 
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
 import torch
 

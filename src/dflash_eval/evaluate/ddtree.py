@@ -25,7 +25,7 @@ for bit (a cumsum may round differently: on CPU it accumulates in float64).
 
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
 import torch
 
@@ -50,13 +50,13 @@ def truth_path_ranks(logprobs: torch.Tensor, truth: torch.Tensor, width: int) ->
     return values, exists, truth_score
 
 
-def _candidate_pairs(budget: int, width: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
-    """(parent rank, token rank) pairs with (i + 1)(j + 1) <= budget, grouped by parent rank."""
-    parents = torch.arange(budget, device=device)
-    counts = torch.clamp(budget // (parents + 1), max=width)
+def _candidate_pairs(budget: int, parents: int, width: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    """(parent rank i < parents, token rank j < width) pairs with (i + 1)(j + 1) <= budget."""
+    ranks = torch.arange(parents, device=device)
+    counts = torch.clamp(budget // (ranks + 1), max=width)
     starts = torch.cumsum(counts, 0) - counts
-    parent = torch.repeat_interleave(parents, counts)
-    token = torch.arange(int(counts.sum()), device=device) - torch.repeat_interleave(starts, counts)
+    parent = torch.repeat_interleave(ranks, counts)
+    token = torch.arange(parent.shape[0], device=device) - torch.repeat_interleave(starts, counts)
     return parent, token
 
 
@@ -68,16 +68,16 @@ def better_node_counts(values: torch.Tensor, truth_score: torch.Tensor, exists: 
     """
     m, positions, width = values.shape
     device, neg_inf = values.device, torch.tensor(float("-inf"), device=values.device)
-    parent, token = _candidate_pairs(budget, width, device)
-    pair_limits = torch.cumsum(torch.clamp(budget // (torch.arange(budget, device=device) + 1), max=width), 0).tolist()
     best = torch.full((m, budget), float("-inf"), dtype=values.dtype, device=device)  # best nodes found, sorted
     active = torch.arange(m, device=device)
-    beam = values[:, 0]
+    beam, floor = values[:, 0], None
     for depth in range(positions):
         if depth > 0:
-            pairs = pair_limits[beam.shape[1] - 1]
-            candidates = beam[:, parent[:pairs]] + values[active, depth][:, token[:pairs]]
-            beam = torch.topk(candidates, min(budget, pairs), dim=-1).values
+            tokens = values[active, depth]
+            useful = int((tokens + beam[:, :1] > floor[:, None]).sum(dim=1).max())  # ranks worth a child
+            parent, token = _candidate_pairs(budget, beam.shape[1], max(useful, 1), device)
+            candidates = beam[:, parent] + tokens[:, token]
+            beam = torch.topk(candidates, min(budget, candidates.shape[1]), dim=-1).values
         merged = torch.topk(torch.cat([best[active], beam], dim=1), budget, dim=-1).values
         best[active] = merged
         # truth depths still undecided: the node exists and scores at least the budget-th best known
@@ -88,7 +88,7 @@ def better_node_counts(values: torch.Tensor, truth_score: torch.Tensor, exists: 
         keep = beam[:, 0] > neg_inf
         if depth + 1 == positions or not bool(keep.any()):
             break
-        active, beam = active[keep], beam[keep]
+        active, beam, floor = active[keep], beam[keep], floor[keep]
         beam = beam[:, :int((beam > neg_inf).sum(dim=1).max())]
     return (best[:, None, :] > truth_score[:, :, None]).sum(dim=-1)
 
