@@ -89,6 +89,9 @@ def _check_semantics(config: dict, source: str) -> None:
         )
     for name, spec in config["datasets"].items():
         _check_dataset(name, spec, source)
+    if config.get("speedup", {}).get("profile"):
+        from dflash_eval.evaluate.speedup import load_profile  # a bad profile fails at load, naming its field
+        load_profile(config["speedup"]["profile"])
     for key, names in (("only", config["drafters"]), ("only_datasets", config["datasets"])):
         select(config.get(key), list(names), f"{source}: {key}")
     for key in ("reference", "served_drafter"):
@@ -280,7 +283,7 @@ def fetch_settings(config: dict, dataset: str) -> dict:
 
 def extract_runtime(config: dict) -> dict:
     """How extraction runs around the server (see fetch_runtime): passed beside the params."""
-    return {"server": server_settings(config)}
+    return {"server": server_settings(config), "speedup": config.get("speedup", {})}  # timing writes no cache byte
 
 
 def extract_params(config: dict, dataset: str, layer_ids: list[int]) -> dict:
@@ -308,6 +311,7 @@ def evaluate_settings(config: dict, drafter: str, dataset: str) -> dict:
         "checkpoint": checkpoint,
         "target": {"path": config["target"]["path"]},
         "max_tokens": config["fetch"]["max_tokens"],
+        "speedup": config.get("speedup", {}),
         **config["evaluation"],
     }
 

@@ -5,8 +5,10 @@ metrics.json (the report reads it):
   cache{dir, backend, trained_with, backend_mismatch_allowed, target_config_hash},
   stop_token_ids, methods{"chain-B<b>" | "ddtree-<N>": {method, kind, block_size, budget,
   tau_mean_of_samples, tau_token_weighted, ci95{...}, samples, steps, tokens, acceptance_by_position,
-  histogram}}, chain (= methods["chain-B<B>"], the drafter's own block), topk_accuracy{k,
-  positions_seen, by_position[B-1][k]}, diagnostics{argmax_agreement, tokens_seen, samples_skipped[]}
+  histogram, expected_speedup}}, chain (= methods["chain-B<B>"], the drafter's own block), topk_accuracy{k,
+  positions_seen, by_position[B-1][k]}, diagnostics{argmax_agreement, tokens_seen, samples_skipped[]},
+  speedup{estimate, available, formula, tau, target_source, draft_source, t_ar_ms, t_draft_ms, verify,
+  best_ddtree{method, budget, expected_speedup}} (evaluate/speedup.py; an estimate, labelled so)
 samples.csv: one row per sample x method with its steps, tokens, tau and the acceptance lengths in order.
 """
 
@@ -30,6 +32,8 @@ from dflash_eval.errors import DflashEvalError
 from dflash_eval.evaluate.anchors import chain_method, evaluate_sample
 from dflash_eval.io_utils import atomic_write_json, atomic_write_text, sha256_file
 from dflash_eval.evaluate.target_head import load_target_head
+from dflash_eval.evaluate.draft_timing import time_on_cache as time_drafter_on_cache
+from dflash_eval.evaluate.speedup import estimate as estimate_speedup
 
 log = logging.getLogger(__name__)
 
@@ -154,6 +158,8 @@ def run_evaluation(settings: dict, hidden: str, completions: str) -> tuple[dict,
     methods = {method: method_metrics(method, list(by_sample.values()), block, settings)
                for method, by_sample in per_method.items()}
     primary = chain_method(block)
+    speedup = estimate_speedup(settings, hidden, methods, lambda: time_drafter_on_cache(
+        runner, cache, loaded.layer_ids, device, dtype, settings.get("speedup") or {}))
     metrics = {
         "drafter": settings["drafter"], "dataset": settings["dataset"],
         "checkpoint": {"path": loaded.path, "layout": loaded.layout, "sha256": _checkpoint_hash(loaded.path),
@@ -167,6 +173,7 @@ def run_evaluation(settings: dict, hidden: str, completions: str) -> tuple[dict,
                                           for hits, s in zip(topk_hits.tolist(), topk_seen.tolist())]},
         "diagnostics": {"argmax_agreement": agree / seen if seen else None, "tokens_seen": seen,
                         "samples_skipped": skipped},
+        "speedup": speedup,
     }
     return metrics, pd.DataFrame(rows)
 

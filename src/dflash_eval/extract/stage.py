@@ -28,6 +28,7 @@ from dflash_eval.extract.capture import capture_layers, check_layer_ids
 from dflash_eval.config import RUNTIME_HELP, extract_settings, load_config, with_runtime
 from dflash_eval.errors import DflashEvalError
 from dflash_eval.io_utils import sha256_file
+from dflash_eval.extract.profile import write_target_profile
 from dflash_eval.extract.target import load_target, read_config_json, target_config_hash, text_config_dict
 
 log = logging.getLogger(__name__)
@@ -259,6 +260,7 @@ def _extract_on_device(settings: dict[str, Any], records: list[dict[str, Any]], 
         agreement = _run_records(model, records, settings, backend, writer, resume)
         info = backend.verify()
         path = writer.finish(backend=info.to_manifest(), argmax_agreement=agreement)
+        write_target_profile(model, path, settings.get("speedup") or {})  # under the same kernels
     kept = {s["id"] for index in resume.kept for s in resume.kept[index]["samples"]}
     tokens = sum(s["length"] for s in writer.samples if s["id"] not in kept)
     seconds = time.perf_counter() - started

@@ -1,0 +1,167 @@
+"""Expected speedup of each method from tau and a cost profile of one serving step: an estimate.
+
+A speculative step drafts a block (T_draft) and has the target verify n tokens (T_verify(n): a
+chain block of b verifies b tokens, a DDTree of N nodes N + 1 under a tree mask); it yields tau
+tokens, where plain decoding yields one per T_AR. So
+
+    expected speedup = tau x T_AR / (T_draft + T_verify(n))
+
+with tau token-weighted (tokens / steps, the bonus token included: throughput counts every token).
+It is a model of a server, not a measurement of one: batch 1, no scheduling or sampling overhead,
+and the profile's own kernels (a tuned server such as SGLang uses CUDA graphs and its own kernels).
+
+The profile file (JSON; `speedup.profile` in config.yaml names a user's, which wins; extraction
+writes a measured one beside the cache, `serving_profile.json`):
+    t_ar_ms       the target's decode step of one token, ms (required, > 0)
+    t_verify_ms   {"<n tokens>": ms, ...} the target verifying n tokens (required; n >= 1; linear
+                  in between the listed n, no estimate outside them)
+    t_draft_ms    the drafter's block forward with its LM head, ms (optional: timed at evaluation)
+    context_tokens, source, device, spread   (optional, informational)
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from collections.abc import Callable
+from typing import Any
+
+from dflash_eval.errors import DflashEvalError
+
+PROFILE_NAME = "serving_profile.json"  # beside the hidden-state cache
+FORMULA = "tau_token_weighted x T_AR / (T_draft + T_verify(n))"
+TAU_CONVENTION = "token-weighted tau (tokens / verification steps, the bonus token included)"
+
+
+def _positive(path: Path, field: str, value: Any) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0 or value != value:
+        raise DflashEvalError(f"{path}: field {field!r} must be a positive number of milliseconds, got {value!r}")
+    return float(value)
+
+
+def check_profile(data: Any, path: str | Path) -> dict[str, Any]:
+    """A profile with its fields checked and t_verify_ms keyed by int; errors name the file and field."""
+    path = Path(path)
+    if not isinstance(data, dict):
+        raise DflashEvalError(f"{path}: a serving profile is a JSON object with t_ar_ms and t_verify_ms")
+    for required in ("t_ar_ms", "t_verify_ms"):
+        if required not in data:
+            raise DflashEvalError(f"{path}: field {required!r} is missing (see {__name__}'s docstring for the format)")
+    table = data["t_verify_ms"]
+    if not isinstance(table, dict) or not table:
+        raise DflashEvalError(f"{path}: field 't_verify_ms' must be an object {{\"<tokens>\": ms}} with at least one entry")
+    verify = {}
+    for key, value in table.items():
+        try:
+            tokens = int(key)
+        except (TypeError, ValueError):
+            tokens = 0
+        if tokens < 1 or str(tokens) != str(key).strip():
+            raise DflashEvalError(f"{path}: field 't_verify_ms' key {key!r} must be a token count >= 1")
+        verify[tokens] = _positive(path, f"t_verify_ms.{key}", value)
+    profile = {**data, "t_ar_ms": _positive(path, "t_ar_ms", data["t_ar_ms"]), "t_verify_ms": dict(sorted(verify.items()))}
+    if data.get("t_draft_ms") is not None:
+        profile["t_draft_ms"] = _positive(path, "t_draft_ms", data["t_draft_ms"])
+    return profile
+
+
+def load_profile(path: str | Path) -> dict[str, Any]:
+    path = Path(path)
+    if not path.is_file():
+        raise DflashEvalError(f"{path}: serving profile not found (speedup.profile in config.yaml)")
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except json.JSONDecodeError as error:
+        raise DflashEvalError(f"{path}: not valid JSON ({error})") from error
+    return check_profile(data, path)
+
+
+def verify_ms(profile: dict[str, Any], tokens: int) -> float | None:
+    """T_verify(tokens): the profile's value, linear between its two neighbours, None outside its range."""
+    table = profile["t_verify_ms"]
+    if tokens in table:
+        return table[tokens]
+    below = [n for n in table if n < tokens]
+    above = [n for n in table if n > tokens]
+    if not below or not above:
+        return None
+    low, high = max(below), min(above)
+    return table[low] + (table[high] - table[low]) * (tokens - low) / (high - low)
+
+
+def verified_tokens(method: dict[str, Any]) -> int:
+    """Tokens the target verifies per step: b for chain-B<b>, N + 1 (the root) for DDTree-N."""
+    return int(method["budget"]) + 1 if method["kind"] == "ddtree" else int(method["block_size"])
+
+
+def expected_speedup(tau: float, t_ar_ms: float, t_draft_ms: float, t_verify_ms: float) -> float:
+    return tau * t_ar_ms / (t_draft_ms + t_verify_ms)
+
+
+def speedup_section(methods: dict[str, dict], target: dict[str, Any] | None, target_source: str,
+                    t_draft_ms: float | None, draft_source: str) -> dict[str, Any]:
+    """Adds `expected_speedup` to each method (None where it cannot be estimated) and returns
+    metrics.json's `speedup` section: the inputs, their sources and the best DDTree budget."""
+    for stats in methods.values():
+        stats["expected_speedup"] = None
+    if target is None or t_draft_ms is None:
+        why = "no target profile" if target is None else "no drafter step time"
+        return {"estimate": True, "available": False, "why": f"{why} ({target_source}; {draft_source})"}
+    verify, outside = {}, []
+    for name, stats in methods.items():
+        tokens = verified_tokens(stats)
+        t_verify = verify_ms(target, tokens)
+        if t_verify is None:
+            outside.append(name)
+            continue
+        tau = stats.get("tau_token_weighted")
+        verify[name] = {"tokens": tokens, "t_verify_ms": t_verify}
+        if tau is not None and tau == tau:
+            stats["expected_speedup"] = expected_speedup(float(tau), target["t_ar_ms"], t_draft_ms, t_verify)
+    trees = [(s["expected_speedup"], s["budget"], name) for name, s in methods.items()
+             if s["kind"] == "ddtree" and s["expected_speedup"] is not None]
+    best = max(trees, key=lambda t: (t[0], -t[1])) if trees else None
+    return {
+        "estimate": True, "available": True, "formula": FORMULA, "tau": TAU_CONVENTION,
+        "target_source": target_source, "draft_source": draft_source,
+        "context_tokens": target.get("context_tokens"), "t_ar_ms": target["t_ar_ms"], "t_draft_ms": t_draft_ms,
+        "verify": verify, "outside_profile": outside,
+        "best_ddtree": None if best is None else {"method": best[2], "budget": best[1], "expected_speedup": best[0]},
+    }
+
+
+def profiles_for(settings: dict[str, Any], hidden: str | Path) -> tuple[dict | None, str]:
+    """The target profile to use and where it came from: the user's file wins over the measured one."""
+    options = settings.get("speedup") or {}
+    if options.get("profile"):
+        return load_profile(options["profile"]), f"user profile {options['profile']}"
+    measured = Path(hidden) / PROFILE_NAME
+    if measured.is_file():
+        profile = load_profile(measured)
+        return profile, f"measured at extraction on {profile.get('device', '?')} ({measured})"
+    return None, f"no {PROFILE_NAME} beside the cache and no speedup.profile"
+
+
+def estimate(settings: dict[str, Any], hidden: str | Path, methods: dict[str, dict],
+             time_drafter: Callable[[], dict[str, Any]]) -> dict[str, Any]:
+    """metrics.json's `speedup` section (and each method's expected_speedup) for one evaluation.
+
+    T_draft comes from the user's profile when it gives one, else `time_drafter()` measures it
+    (unless speedup.measure is false)."""
+    options = settings.get("speedup") or {}
+    target, target_source = profiles_for(settings, hidden)
+    timing, draft_ms = None, None
+    if target is not None and target.get("t_draft_ms") is not None:
+        draft_ms, draft_source = target["t_draft_ms"], target_source
+    elif target is not None and options.get("measure", True):
+        timing = time_drafter()
+    if timing is not None:
+        draft_ms = timing["ms"]
+        draft_source = (f"timed at evaluation on {timing['device']}, context {timing['context_tokens']}, "
+                        f"median of {options.get('repeats', 10)} ({timing['min_ms']:.3g}..{timing['max_ms']:.3g} ms)")
+    if draft_ms is None:
+        draft_source = "not timed (speedup.measure: false, no t_draft_ms in the profile)" if target else "not timed"
+    section = speedup_section(methods, target, target_source, draft_ms, draft_source)
+    if timing is not None:
+        section["draft_timing"] = timing
+    return section
