@@ -26,8 +26,8 @@ from record import print_and_record  # benchmarks/record.py (the script's own fo
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # the repository root: tests.support is importable
-from dflash_eval.evaluate.ddtree import tree_accepted  # noqa: E402
-from tests.support.ddtree_beam import beam_tree_accepted  # noqa: E402
+from dflash_eval.evaluate.ddtree import tree_accepted
+from tests.support.ddtree_beam import beam_tree_accepted
 
 BUDGET_SETS = {"8-64": [8, 16, 32, 64], "8-1024": [8, 16, 32, 64, 128, 256, 512, 1024]}
 
@@ -77,19 +77,19 @@ def main() -> int:
     hidden = torch.randn(args.anchors * args.positions, args.hidden, device=device, dtype=torch.bfloat16)
     head = torch.randn(args.vocab, args.hidden, device=device, dtype=torch.bfloat16) / args.hidden ** 0.5
     head_s, _ = timed(lambda: hidden @ head.T, device, args.repeats)
-    del hidden, head
+    hidden = head = None  # free them before the scorer runs
     name = torch.cuda.get_device_name(device) if device.type == "cuda" else platform.processor() or platform.machine()
-    lines = [f"## DDTree scoring: {name}, torch {torch.__version__}, {args.anchors} anchors x {args.positions} "
-             f"positions, vocab {args.vocab}, bf16 logits",
+    lines = [(f"## DDTree scoring: {name}, torch {torch.__version__}, {args.anchors} anchors x {args.positions} "
+              f"positions, vocab {args.vocab}, bf16 logits"),
              "", f"LM head for these anchors (hidden {args.hidden}, bf16): {1e3 * head_s:.2f} ms", "",
-             "| logits | budgets | before ms | before / head | after ms | after / head | before / after | "
-             "equal | mean depth at max budget |", "|---|---|---:|---:|---:|---:|---:|---|---:|"]
+             ("| logits | budgets | before ms | before / head | after ms | after / head | before / after | "
+              "equal | mean depth at max budget |"), "|---|---|---:|---:|---:|---:|---:|---|---:|"]
     for kind in ("drafter-like", "flat"):
         logits, truth = synthetic(kind, args.anchors, args.positions, args.vocab, device)
         for label, budgets in BUDGET_SETS.items():
-            after_s, after = timed(lambda: tree_accepted(logits, truth, budgets), device, args.repeats)
+            after_s, after = timed(lambda l=logits, t=truth, b=budgets: tree_accepted(l, t, b), device, args.repeats)
             if max(budgets) <= args.skip_before_above:
-                before_s, before = timed(lambda: beam_tree_accepted(logits, truth, budgets), device, args.repeats)
+                before_s, before = timed(lambda l=logits, t=truth, b=budgets: beam_tree_accepted(l, t, b), device, args.repeats)
                 equal = "yes" if torch.equal(before, after) else "NO"
                 before_cells = f"{1e3 * before_s:.1f} | {before_s / head_s:.2f} | "
                 ratio = f"{before_s / after_s:.1f}"

@@ -82,7 +82,7 @@ def test_measured_profile_and_timed_drafter(tmp_path):
     (tmp_path / speedup.PROFILE_NAME).write_text(json.dumps({**PROFILE, "device": "cpu"}))
     methods = {"chain-B16": _method("chain", 16, 5.0)}
     timing = {"ms": 6.0, "min_ms": 5.0, "max_ms": 7.0, "device": "cpu", "context_tokens": 100}
-    section = speedup.estimate({"speedup": {"measure": True}}, tmp_path, methods, lambda: timing)
+    section = speedup.estimate({"speedup": {}}, tmp_path, methods, lambda: timing)
     assert section["target_source"].startswith("measured at extraction on cpu") and section["t_draft_ms"] == 6.0
     assert methods["chain-B16"]["expected_speedup"] == pytest.approx(5 * 20 / 30)
 

@@ -10,6 +10,7 @@ def test_measured_profile_is_a_valid_profile(tmp_path):
     assert sorted(profile["t_verify_ms"]) == ["1", "2", "5"] and profile["t_ar_ms"] == profile["t_verify_ms"]["1"]
     for n, (low, high) in profile["spread"]["t_verify_ms"].items():
         assert 0 < low <= profile["t_verify_ms"][n] <= high
-    path = write_target_profile(tiny_target().eval(), tmp_path, {"context_tokens": 16, "repeats": 1})
+    path = write_target_profile(tiny_target().eval(), tmp_path, {"context_tokens": 16, "repeats": 1, "measure": True})
     assert path == tmp_path / PROFILE_NAME and load_profile(path)["t_verify_ms"][1] > 0
     assert write_target_profile(tiny_target(), tmp_path / "off", {"measure": False}) is None
+    assert write_target_profile(tiny_target(), tmp_path / "off", {"measure": "auto"}) is None  # a CPU target

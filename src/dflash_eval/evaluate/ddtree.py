@@ -66,7 +66,7 @@ def better_node_counts(values: torch.Tensor, truth_score: torch.Tensor, exists: 
     values [m, P, W] are the per-position top-W log-probs (W = min(budget, vocabulary)). Counts are
     exact below `budget` where the truth node exists; `budget` means "not in any tree of that budget".
     """
-    m, positions, width = values.shape
+    m, positions = values.shape[:2]
     device, neg_inf = values.device, torch.tensor(float("-inf"), device=values.device)
     best = torch.full((m, budget), float("-inf"), dtype=values.dtype, device=device)  # best nodes found, sorted
     active = torch.arange(m, device=device)

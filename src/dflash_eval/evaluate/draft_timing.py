@@ -12,7 +12,7 @@ from typing import Any
 import torch
 
 from dflash_eval.evaluate.blocks import BlockDrafter
-from dflash_eval.extract.profile import timed_ms
+from dflash_eval.extract.profile import timed_ms, wanted
 
 
 @torch.inference_mode()
@@ -26,14 +26,14 @@ def drafter_step_ms(runner: BlockDrafter, features: torch.Tensor, tokens: torch.
     def step() -> None:
         runner.logits(runner.block_hidden(context, tokens[:anchor + 1], anchors, ctx_len=anchor))
 
-    timing = timed_ms(step, tokens.device, repeats)
+    timing = timed_ms(step, tokens.device, repeats, budget_s=2.0)
     return {**timing, "context_tokens": anchor, "device": str(tokens.device)}
 
 
 def time_on_cache(runner: BlockDrafter, cache, layer_ids: list[int], device: torch.device, dtype: torch.dtype,
                   options: dict[str, Any]) -> dict[str, Any] | None:
     """drafter_step_ms on the cache's longest sample (the closest to a typical serving context)."""
-    if not cache.samples:
+    if not cache.samples or not wanted(options, device):
         return None
     longest = max(cache.samples, key=lambda sample: int(sample["length"]))
     states = cache.load_sample(str(longest["id"]), layer_ids)

@@ -22,8 +22,9 @@ writes a measured one beside the cache, `serving_profile.json`):
 from __future__ import annotations
 
 import json
-from pathlib import Path
+import math
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 from dflash_eval.errors import DflashEvalError
@@ -34,7 +35,7 @@ TAU_CONVENTION = "token-weighted tau (tokens / verification steps, the bonus tok
 
 
 def _positive(path: Path, field: str, value: Any) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0 or value != value:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0 or math.isnan(value):
         raise DflashEvalError(f"{path}: field {field!r} must be a positive number of milliseconds, got {value!r}")
     return float(value)
 
@@ -116,7 +117,7 @@ def speedup_section(methods: dict[str, dict], target: dict[str, Any] | None, tar
             continue
         tau = stats.get("tau_token_weighted")
         verify[name] = {"tokens": tokens, "t_verify_ms": t_verify}
-        if tau is not None and tau == tau:
+        if tau is not None and not math.isnan(tau):
             stats["expected_speedup"] = expected_speedup(float(tau), target["t_ar_ms"], t_draft_ms, t_verify)
     trees = [(s["expected_speedup"], s["budget"], name) for name, s in methods.items()
              if s["kind"] == "ddtree" and s["expected_speedup"] is not None]
@@ -147,20 +148,20 @@ def estimate(settings: dict[str, Any], hidden: str | Path, methods: dict[str, di
     """metrics.json's `speedup` section (and each method's expected_speedup) for one evaluation.
 
     T_draft comes from the user's profile when it gives one, else `time_drafter()` measures it
-    (unless speedup.measure is false)."""
-    options = settings.get("speedup") or {}
+    (it returns None where speedup.measure says not to)."""
     target, target_source = profiles_for(settings, hidden)
     timing, draft_ms = None, None
     if target is not None and target.get("t_draft_ms") is not None:
         draft_ms, draft_source = target["t_draft_ms"], target_source
-    elif target is not None and options.get("measure", True):
-        timing = time_drafter()
+    elif target is not None:
+        timing = time_drafter()  # None where speedup.measure says not to
     if timing is not None:
         draft_ms = timing["ms"]
         draft_source = (f"timed at evaluation on {timing['device']}, context {timing['context_tokens']}, "
-                        f"median of {options.get('repeats', 10)} ({timing['min_ms']:.3g}..{timing['max_ms']:.3g} ms)")
+                        f"median ({timing['min_ms']:.3g}..{timing['max_ms']:.3g} ms)")
     if draft_ms is None:
-        draft_source = "not timed (speedup.measure: false, no t_draft_ms in the profile)" if target else "not timed"
+        draft_source = ("not timed (speedup.measure false, or auto on a CPU; no t_draft_ms in the profile)"
+                        if target else "not timed")
     section = speedup_section(methods, target, target_source, draft_ms, draft_source)
     if timing is not None:
         section["draft_timing"] = timing
