@@ -18,12 +18,15 @@ import time
 from pathlib import Path
 
 import torch
-from extract_speed import build_target, target_config  # benchmarks/ (the script's own folder)
+from extract_speed import (  # benchmarks/ (the script's own folder)
+    build_target,
+    target_config,
+)
 from record import print_and_record
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))
-from dflash_eval.extract.profile import DEFAULT_VERIFY_TOKENS, measure_target  # noqa: E402
+from dflash_eval.extract.profile import DEFAULT_VERIFY_TOKENS, measure_target
 
 
 def main() -> int:
@@ -49,8 +52,8 @@ def main() -> int:
         runs.append(measure_target(model, args.context, args.repeats, DEFAULT_VERIFY_TOKENS))
         seconds.append(time.perf_counter() - began)
     name = runs[0]["device"]
-    lines = [f"## serving profile: {name}, torch {torch.__version__}, Qwen3.6-27B shape with {args.layers} of 64 "
-             f"layers (times x {scale:g}), bf16, batch 1, context {args.context}, {args.repeats} repeats",
+    lines = [(f"## serving profile: {name}, torch {torch.__version__}, Qwen3.6-27B shape with {args.layers} of 64 "
+             f"layers (times x {scale:g}), bf16, batch 1, context {args.context}, {args.repeats} repeats"),
              "", f"model built in {built:.0f} s; each profile took {seconds[0]:.1f} s and {seconds[1]:.1f} s", "",
              "| tokens verified | run 1 ms | min..max | run 2 ms | min..max | run 2 / run 1 |",
              "|---:|---:|---|---:|---|---:|"]
