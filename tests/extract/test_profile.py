@@ -1,6 +1,6 @@
 """The target's step profile, measured on a tiny hybrid target: the format evaluate reads."""
 
-from dflash_eval.evaluate.speedup import PROFILE_NAME, load_profile
+from dflash_eval.cache.serving_profile import PROFILE_NAME, load_profile
 from dflash_eval.extract.profile import measure_target, write_target_profile
 from tests.support.tiny import tiny_target
 

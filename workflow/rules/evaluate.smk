@@ -1,15 +1,23 @@
 # Stage 3: one drafter on one dataset, from the cached states of that drafter's layer set.
+from dflash_eval.cache.serving_profile import load_profile
+
+# A user's serving profile (speedup.profile) is checked now, so a bad field stops the run before any job; it is an
+# input of every evaluation (their expected speedup), so editing it reruns the evaluations and the report, nothing else.
+SPEEDUP_PROFILE = [config["speedup"]["profile"]] if config["speedup"]["profile"] else []
+for _profile in SPEEDUP_PROFILE:
+    load_profile(_profile)
 
 
 rule evaluate:
     input:
-        hidden=lambda w: f"{RESULTS}/hidden/{w.dataset}/{drafter_layerset(w.drafter)}",
-        completions=f"{RESULTS}/completions/{{dataset}}.jsonl",
+        hidden=lambda w: hidden_cache(w.drafter, w.dataset),
+        completions=COMPLETIONS,
         checkpoint=lambda w: checkpoint_inputs(w.drafter),
         target=target_inputs,
+        profile=SPEEDUP_PROFILE,
     output:
-        metrics=f"{RESULTS}/eval/{{drafter}}/{{dataset}}/metrics.json",
-        samples=f"{RESULTS}/eval/{{drafter}}/{{dataset}}/samples.csv",
+        metrics=METRICS,
+        samples=SAMPLES,
     params:
         settings=lambda w: settings_param(cfg.evaluate_settings(config, w.drafter, w.dataset)),
         checkpoint=lambda w: checkpoint_fingerprint(w.drafter),

@@ -7,7 +7,7 @@ rule fetch:
         prompts=lambda w: cfg.dataset_inputs(config, w.dataset),
         target=target_inputs,
     output:
-        f"{RESULTS}/completions/{{dataset}}.jsonl",
+        COMPLETIONS,
     params:
         settings=lambda w: settings_param(cfg.fetch_params(config, w.dataset)),
         target=target_fingerprint,
@@ -19,5 +19,5 @@ rule fetch:
     benchmark:
         f"{BENCH}/fetch/{{dataset}}.tsv"
     shell:
-        "dflash-eval --log {log} fetch --settings {params.settings:q} --runtime {FETCH_RUNTIME:q} --out {output}"
-        " 2>> {log}"
+        'dflash-eval --log {log} fetch --settings {params.settings:q} --runtime "$DFLASH_EVAL_FETCH_RUNTIME"'
+        " --out {output} 2>> {log}"

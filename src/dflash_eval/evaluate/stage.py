@@ -15,6 +15,7 @@ samples.csv: one row per sample x method with its steps, tokens, tau and the acc
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import logging
 from pathlib import Path
@@ -26,11 +27,14 @@ from tqdm import tqdm
 
 from dflash_eval.evaluate import acceptance
 from dflash_eval.evaluate.blocks import BlockDrafter
+from dflash_eval.cache import manifest as cache_manifest
+from dflash_eval.completions import read_completions
 from dflash_eval.config import evaluate_settings, settings_from_args
 from dflash_eval.evaluate.drafter import load_drafter
 from dflash_eval.errors import DflashEvalError
 from dflash_eval.evaluate.anchors import chain_method, evaluate_sample
-from dflash_eval.io_utils import atomic_write_json, atomic_write_text, sha256_file
+from dflash_eval.io_utils import atomic_write_json, atomic_write_text
+from dflash_eval.provenance.fingerprint import FingerprintCache
 from dflash_eval.evaluate.target_head import load_target_head
 from dflash_eval.evaluate.draft_timing import time_on_cache as time_drafter_on_cache
 from dflash_eval.evaluate.speedup import estimate as estimate_speedup
@@ -66,19 +70,6 @@ def stop_token_ids(settings: dict) -> list[int]:
     raise DflashEvalError(f"{target}: no eos_token_id in generation_config.json or config.json; set evaluation.stop_token_ids")
 
 
-def read_completions(path: str | Path) -> dict[str, dict]:
-    records = {}
-    with open(path, encoding="utf-8") as handle:
-        for number, line in enumerate(handle, 1):
-            if line.strip():
-                try:
-                    record = json.loads(line)
-                except json.JSONDecodeError as error:
-                    raise DflashEvalError(f"{path}:{number}: not valid JSON ({error})") from error
-                records[str(record["id"])] = record
-    return records
-
-
 def check_cache(cache, settings: dict) -> dict:
     """The cache must hold the drafter's layers, come from the same target, and the trained backend."""
     from dflash_eval.extract.target import target_config_hash
@@ -88,13 +79,13 @@ def check_cache(cache, settings: dict) -> dict:
     if missing:
         raise DflashEvalError(f"{cache.directory}: cache lacks layers {missing} that drafter {settings['drafter']} needs")
     expected_hash = target_config_hash(settings["target"]["path"])
-    cached_hash = cache.manifest["target"]["config_hash"]
+    cached_hash = cache_manifest.entry(cache.directory, cache.manifest, "target.config_hash")
     if cached_hash != expected_hash:
         raise DflashEvalError(
             f"{cache.directory}: built from a different target (config hash {cached_hash[:12]}) than "
             f"{settings['target']['path']} ({expected_hash[:12]}); re-run extraction"
         )
-    backend = cache.backend["name"]
+    backend = cache_manifest.entry(cache.directory, cache.manifest, "backend.name")
     mismatch = backend != checkpoint["trained_with"]
     if mismatch and not settings.get("allow_backend_mismatch"):
         raise DflashEvalError(
@@ -114,6 +105,7 @@ def run_evaluation(settings: dict, hidden: str, completions: str) -> tuple[dict,
     dtype = DTYPES[settings["dtype"]]
     cache = HiddenCache(hidden)
     cache_info = check_cache(cache, settings)
+    records = {record["id"]: record for record in read_completions(completions)}
     head = load_target_head(settings["target"]["path"])
     checkpoint = settings["checkpoint"]
     loaded = load_drafter(checkpoint["path"], checkpoint["layout"], checkpoint.get("config"),
@@ -122,7 +114,6 @@ def run_evaluation(settings: dict, hidden: str, completions: str) -> tuple[dict,
         raise DflashEvalError(f"drafter hidden_size {loaded.config.hidden_size} != target hidden size {head.embed.shape[1]}")
     runner = BlockDrafter(loaded.model, head.embed, head.lm_head, loaded.mask_token_id).to(device=device, dtype=dtype)
     stops = stop_token_ids(settings)
-    records = read_completions(completions)
     block = loaded.block_size
     block_sizes = requested_block_sizes(settings.get("block_sizes"), block)
     budgets = sorted(set(settings.get("ddtree_budgets") or []))
@@ -201,10 +192,14 @@ def method_metrics(method: str, per_sample: list[list[int]], block: int, setting
 
 
 def _checkpoint_hash(path: str) -> str:
+    """metrics.json's checkpoint sha256: the file's own, or for a directory the sha256 of its files' hex
+    digests concatenated in path order. Each file's digest goes through the FingerprintCache, where the
+    workflow put it when it fingerprinted a checkpoint it did not build for this rule's param: no re-read."""
     target = Path(path)
     files = sorted(p for p in target.rglob("*") if p.is_file()) if target.is_dir() else [target]
-    return sha256_file(files[0]) if len(files) == 1 else \
-        __import__("hashlib").sha256("".join(sha256_file(f) for f in files).encode()).hexdigest()
+    fingerprints = FingerprintCache()
+    digests = [fingerprints.file(file, "checkpoint.path") for file in files]
+    return digests[0] if len(digests) == 1 else hashlib.sha256("".join(digests).encode()).hexdigest()
 
 
 def run(args: argparse.Namespace) -> int:

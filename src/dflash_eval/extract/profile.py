@@ -4,7 +4,7 @@ Batch 1, a KV cache prefilled with `context_tokens` random tokens; each timed fo
 tokens to a copy of the prefilled cache, made untimed before each call. A DDTree of N nodes verifies N + 1 tokens
 under a tree mask; we time N + 1 tokens under the causal mask, the same matrix work (a tree
 mask's attention differs only in which scores it keeps). The result is written beside the cache
-as `serving_profile.json` (the format of evaluate/speedup.py) with each median's spread.
+as `serving_profile.json` (the format of cache/serving_profile.py) with each median's spread.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from typing import Any
 
 import torch
 
-from dflash_eval.evaluate.speedup import PROFILE_NAME
+from dflash_eval.cache.serving_profile import PROFILE_NAME
 from dflash_eval.io_utils import atomic_write_json
 
 log = logging.getLogger(__name__)
