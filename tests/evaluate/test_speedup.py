@@ -48,6 +48,7 @@ def test_user_profile_wins_and_its_draft_time_is_used(tmp_path):
         raise AssertionError("the drafter must not be timed when the profile gives t_draft_ms")
     section = speedup.estimate({"speedup": {"profile": str(user)}}, tmp_path, methods, never)
     assert section["target_source"] == f"user profile {user}" and section["t_ar_ms"] == 20.0
+    assert section["source"] == speedup.USER == "user profile"
     assert methods["chain-B16"]["expected_speedup"] == pytest.approx(5 * 20 / 30)
 
 
@@ -57,6 +58,7 @@ def test_measured_profile_and_timed_drafter(tmp_path):
     timing = {"ms": 6.0, "min_ms": 5.0, "max_ms": 7.0, "device": "cpu", "context_tokens": 100}
     section = speedup.estimate({"speedup": {}}, tmp_path, methods, lambda: timing)
     assert section["target_source"].startswith("measured at extraction on cpu") and section["t_draft_ms"] == 6.0
+    assert section["source"] == speedup.MEASURED == "measured by us"
     assert methods["chain-B16"]["expected_speedup"] == pytest.approx(5 * 20 / 30)
 
 
@@ -64,3 +66,17 @@ def test_no_profile_gives_no_estimate(tmp_path):
     methods = {"chain-B16": _method("chain", 16, 5.0)}
     section = speedup.estimate({"speedup": {}}, tmp_path, methods, lambda: None)
     assert section["available"] is False and methods["chain-B16"]["expected_speedup"] is None
+    assert section["source"] == "no profile"
+
+
+def test_user_profile_without_draft_time_and_an_untimed_drafter_are_labelled(tmp_path):
+    user = tmp_path / "mine.json"
+    user.write_text(json.dumps(PROFILE))
+    timing = {"ms": 6.0, "min_ms": 5.0, "max_ms": 7.0, "device": "cuda:0", "context_tokens": 100}
+    section = speedup.estimate({"speedup": {"profile": str(user)}}, tmp_path, {"chain-B16": _method("chain", 16, 5.0)},
+                               lambda: timing)
+    assert section["source"] == "user profile; drafter step measured by us"
+    (tmp_path / PROFILE_NAME).write_text(json.dumps(PROFILE))
+    methods = {"chain-B16": _method("chain", 16, 5.0)}
+    section = speedup.estimate({"speedup": {}}, tmp_path, methods, lambda: None)  # speedup.measure false
+    assert section["source"] == "no drafter step time" and methods["chain-B16"]["expected_speedup"] is None

@@ -25,6 +25,18 @@ from dflash_eval.cache.serving_profile import PROFILE_NAME, load_profile
 
 FORMULA = "tau_token_weighted x T_AR / (T_draft + T_verify(n))"
 TAU_CONVENTION = "token-weighted tau (tokens / verification steps, the bonus token included)"
+# the `source` of an estimate, short (summary.csv's speedup_source): who measured the target's and the drafter's step
+USER, MEASURED = "user profile", "measured by us"
+NO_PROFILE, NO_DRAFT_TIME = "no profile", "no drafter step time"
+
+
+def source_label(target: str | None, draft: str | None) -> str:
+    """USER or MEASURED for each step (None: not known): one label, the same wherever it is shown."""
+    if target is None:
+        return NO_PROFILE
+    if draft is None:
+        return NO_DRAFT_TIME
+    return target if target == draft else f"{target}; drafter step {draft}"
 
 
 def verify_ms(profile: dict[str, Any], tokens: int) -> float | None:
@@ -100,19 +112,21 @@ def estimate(settings: dict[str, Any], hidden: str | Path, methods: dict[str, di
     T_draft comes from the user's profile when it gives one, else `time_drafter()` measures it
     (it returns None where speedup.measure says not to)."""
     target, target_source = profiles_for(settings, hidden)
-    timing, draft_ms = None, None
+    target_kind = None if target is None else USER if (settings.get("speedup") or {}).get("profile") else MEASURED
+    timing, draft_ms, draft_kind = None, None, None
     if target is not None and target.get("t_draft_ms") is not None:
-        draft_ms, draft_source = target["t_draft_ms"], target_source
+        draft_ms, draft_source, draft_kind = target["t_draft_ms"], target_source, target_kind
     elif target is not None:
         timing = time_drafter()  # None where speedup.measure says not to
     if timing is not None:
-        draft_ms = timing["ms"]
+        draft_ms, draft_kind = timing["ms"], MEASURED
         draft_source = (f"timed at evaluation on {timing['device']}, context {timing['context_tokens']}, "
                         f"median ({timing['min_ms']:.3g}..{timing['max_ms']:.3g} ms)")
     if draft_ms is None:
         draft_source = ("not timed (speedup.measure false, or auto on a CPU; no t_draft_ms in the profile)"
                         if target else "not timed")
     section = speedup_section(methods, target, target_source, draft_ms, draft_source)
+    section["source"] = source_label(target_kind, draft_kind)
     if timing is not None:
         section["draft_timing"] = timing
     return section

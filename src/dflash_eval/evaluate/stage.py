@@ -7,7 +7,7 @@ metrics.json (the report reads it):
   tau_mean_of_samples, tau_token_weighted, ci95{...}, samples, steps, tokens, acceptance_by_position,
   histogram, expected_speedup}}, chain (= methods["chain-B<B>"], the drafter's own block), topk_accuracy{k,
   positions_seen, by_position[B-1][k]}, diagnostics{argmax_agreement, tokens_seen, samples_skipped[]},
-  speedup{estimate, available, formula, tau, target_source, draft_source, t_ar_ms, t_draft_ms, verify,
+  speedup{estimate, available, source, formula, tau, target_source, draft_source, t_ar_ms, t_draft_ms, verify,
   best_ddtree{method, budget, expected_speedup}} (evaluate/speedup.py; an estimate, labelled so)
 samples.csv: one row per sample x method with its steps, tokens, tau and the acceptance lengths in order.
 """
