@@ -14,3 +14,13 @@ def test_measured_profile_is_a_valid_profile(tmp_path):
     assert path == tmp_path / PROFILE_NAME and load_profile(path)["t_verify_ms"][1] > 0
     assert write_target_profile(tiny_target(), tmp_path / "off", {"measure": False}) is None
     assert write_target_profile(tiny_target(), tmp_path / "off", {"measure": "auto"}) is None  # a CPU target
+
+
+def test_a_failed_timing_only_warns_and_writes_nothing(tmp_path, monkeypatch, caplog):
+    from dflash_eval.extract import profile
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("out of memory")
+    monkeypatch.setattr(profile, "measure_target", broken)
+    assert write_target_profile(tiny_target(), tmp_path, {"measure": True}) is None
+    assert not (tmp_path / PROFILE_NAME).exists() and "timing the target failed (RuntimeError: out of memory)" in caplog.text
