@@ -12,13 +12,14 @@ import sys
 import time
 from pathlib import Path
 
-from tests.support import servers as hs
 import pytest
 import torch
 
 from dflash_eval import cli
 from dflash_eval.errors import DflashEvalError
-from dflash_eval.server.control import ServerController, ServerError, port_open, server_paused
+from dflash_eval.server.control import ServerController, ServerError, server_paused
+from dflash_eval.server.http import port_open
+from tests.support import servers as hs
 
 
 def transitions(log_dir: Path | str) -> list[str]:

@@ -1,0 +1,36 @@
+"""The host lock: an exclusive lock on a file in the server's log_dir, shared by every dflash-eval process
+of the host (and of other hosts that see the same log_dir with a working flock).
+
+filelock's FileLock does the locking: flock on Linux, the lock file left in place so that every waiter
+locks the same inode, one re-entrant instance per path within a process (a second flock on a new file
+descriptor of the same process would wait for itself), each thread holding it on its own, and a marker-file
+fallback on file systems without flock.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+from collections.abc import Iterator
+from pathlib import Path
+
+from filelock import FileLock, Timeout
+
+log = logging.getLogger(__name__)
+
+
+@contextlib.contextmanager
+def host_lock(path: Path) -> Iterator[None]:
+    """Hold the exclusive lock on `path` for the block; re-entrant within one thread."""
+    path = Path(path).resolve()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    lock = FileLock(path, is_singleton=True)
+    try:
+        lock.acquire(blocking=False)
+    except Timeout:
+        log.info("waiting for the lock %s", path)
+        lock.acquire()
+    try:
+        yield
+    finally:
+        lock.release()
