@@ -14,6 +14,7 @@ import argparse
 import contextlib
 import json
 import logging
+import textwrap
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -256,10 +257,31 @@ def server_paused(settings: dict[str, Any]) -> Iterator[ServerController]:
 # ----- CLI -----
 
 
+ACTIONS = {
+    "up": "make the server healthy: end an outage that no live job holds (bringing the server back the way it "
+          "went down), then launch it (managed), run start_command (external) or wait for it; while an "
+          "extraction holds it down, wait for that job (at most outage_wait_s)",
+    "down": "take the server down (stop it, or release its GPU memory) until `up` or `finish` brings it back",
+    "status": "print the state as JSON (base_url, kind, healthy, launched_pid, outage); exits 0 when the server "
+              "is healthy, 3 when it is not (as systemctl does)",
+    "stop-launched": "stop the managed server that dflash-eval launched, with its whole process group, unless "
+                     "keep_running; a server it did not launch is left alone",
+    "finish": "the end-of-run hook (the Snakefile's onsuccess/onerror): restore what a job that died left down, "
+              "then stop-launched",
+}
+EXIT_STATUS = ("exit status: 0 done (status: healthy); 2 the settings are wrong or the server did not reach the "
+               "state (the message says why); 3 from status: the server is not healthy")
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """`dflash-eval server {up,down,status,stop-launched,finish} --settings JSON | --config config.yaml`."""
-    parser.add_argument("action", choices=["up", "down", "status", "stop-launched", "finish"],
-                        help="finish: the end-of-run hook (restore what a dead job left down, stop what we launched)")
+    width = max(map(len, ACTIONS)) + 2
+    parser.formatter_class = argparse.RawDescriptionHelpFormatter
+    parser.description = "actions:\n" + "\n".join(
+        textwrap.fill(text, 100, initial_indent=f"  {name:<{width}}", subsequent_indent=" " * (width + 2))
+        for name, text in ACTIONS.items())
+    parser.epilog = textwrap.fill(EXIT_STATUS, 100)
+    parser.add_argument("action", choices=list(ACTIONS), help="what to do (see actions above)")
     src = parser.add_mutually_exclusive_group(required=True)
     src.add_argument("--settings", help="server settings as JSON (see docs/contracts.md)")
     src.add_argument("--config", help="config.yaml to read the server settings from")

@@ -2,9 +2,9 @@
 of the host (and of other hosts that see the same log_dir with a working flock).
 
 filelock's FileLock does the locking: flock on Linux, the lock file left in place so that every waiter
-locks the same inode, one re-entrant instance per path within a process (a second flock on a new file
-descriptor of the same process would wait for itself), each thread holding it on its own, and a marker-file
-fallback on file systems without flock.
+locks the same inode, re-entrant, each thread holding it on its own (thread_local). One FileLock per path
+per process, kept here: a second flock on a new file descriptor of the same process would wait for itself
+(filelock's own is_singleton did exactly that before 3.15.2, re-initialising the instance on each call).
 """
 
 from __future__ import annotations
@@ -18,13 +18,17 @@ from filelock import FileLock, Timeout
 
 log = logging.getLogger(__name__)
 
+_LOCKS: dict[Path, FileLock] = {}  # one per lock file in this process
+
 
 @contextlib.contextmanager
 def host_lock(path: Path) -> Iterator[None]:
     """Hold the exclusive lock on `path` for the block; re-entrant within one thread."""
     path = Path(path).resolve()
     path.parent.mkdir(parents=True, exist_ok=True)
-    lock = FileLock(path, is_singleton=True)
+    lock = _LOCKS.get(path)
+    if lock is None:
+        lock = _LOCKS.setdefault(path, FileLock(path, thread_local=True))
     try:
         lock.acquire(blocking=False)
     except Timeout:
