@@ -556,6 +556,18 @@ def test_what_a_killed_server_left_is_stopped_by_the_next_pause_and_up(tmp_path,
     assert ctl.launched_pid() not in (None, pid)
 
 
+def test_server_up_replaces_what_a_killed_server_left(tmp_path, controllers):
+    ctl, record = launched_in_shell(tmp_path, controllers)
+    pid, group = record["pid"], record["pgid"]
+    os.kill(pid, signal.SIGKILL)
+    wait_port_closed(ctl.base_url)
+    assert hs.group_members(group) != []
+    assert cli.main(["server", "up", "--settings", json.dumps(ctl.settings)]) == 0
+    assert hs.group_members(group) == [] and ctl.is_healthy() and ctl.launched_pid() not in (None, pid)
+    assert "its server process is gone" in next(e.get("reason", "") for e in entries(tmp_path / "logs")
+                                                if e["event"] == "stop_requested")
+
+
 def test_server_help_explains_every_action_and_the_exit_status(capsys):
     with pytest.raises(SystemExit) as done:
         cli.main(["server", "--help"])

@@ -4,7 +4,7 @@ of the host (and of other hosts that see the same log_dir with a working flock).
 filelock's FileLock does the locking: flock on Linux, the lock file left in place so that every waiter
 locks the same inode, re-entrant, each thread holding it on its own (thread_local). One FileLock per path
 per process, kept here: a second flock on a new file descriptor of the same process would wait for itself
-(filelock's own is_singleton did exactly that before 3.15.2, re-initialising the instance on each call).
+(filelock's is_singleton re-initialises its instance on every call before 3.15.2, which does just that).
 """
 
 from __future__ import annotations
@@ -17,6 +17,9 @@ from pathlib import Path
 from filelock import FileLock, Timeout
 
 log = logging.getLogger(__name__)
+# filelock waits by polling and logs two DEBUG lines at each poll (forty a second while an extraction waits for
+# another): `dflash-eval -v` would drown in them; "waiting for the lock" below says it once.
+logging.getLogger("filelock").setLevel(logging.INFO)
 
 _LOCKS: dict[Path, FileLock] = {}  # one per lock file in this process
 
