@@ -25,7 +25,7 @@ from dflash_eval.fetch import stage as fetch
 from dflash_eval.errors import DflashEvalError
 from dflash_eval.fetch.store import PartialStore, partial_path, read_records
 from dflash_eval.fetch.retry import FetchError, backoff_delay
-from dflash_eval.server.control import http_request
+from dflash_eval.server.http import http_request
 
 FAKE = Path(fake_server.__file__).resolve()
 

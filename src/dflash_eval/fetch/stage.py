@@ -27,7 +27,9 @@ from dflash_eval.errors import DflashEvalError, Terminated
 from dflash_eval.fetch.store import PartialStore
 from dflash_eval.fetch.prompts import Prompt, load_prompts, select_subset
 from dflash_eval.fetch.retry import FetchError, with_retries
-from dflash_eval.server.control import ServerController, http_request, sigterm_raises
+from dflash_eval.server.control import ServerController
+from dflash_eval.server.http import http_request
+from dflash_eval.server.signals import sigterm_raises
 
 log = logging.getLogger(__name__)
 
