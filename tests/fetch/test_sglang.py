@@ -31,7 +31,7 @@ def sglang_srt() -> Path | None:
     spec = importlib.util.find_spec("sglang")
     if spec is None or not spec.submodule_search_locations:
         return None
-    return Path(list(spec.submodule_search_locations)[0]) / "srt"
+    return Path(next(iter(spec.submodule_search_locations))) / "srt"
 
 
 def test_field_names_equal_sglang_0_5_23_source():

@@ -86,9 +86,11 @@ def write_metrics(root: Path) -> list[Path]:
     return paths
 
 
-# The server's own stats: gsm8k 4.2 per request against offline 4.0 (5% apart, beyond the 3% tolerance);
-# humaneval 4.0 against 4.0. Sample 3 of gsm8k disagrees with the server's prompt token count.
-ONLINE = {"gsm8k": 4.2, "humaneval": 4.0}
+# The server's own counters per request (verify_ct, completion tokens, correct drafts, histogram): gsm8k
+# (22 - 1) / 5 = 4.2 against offline [4, 4] -> 4.0 (5% apart, beyond the 3% tolerance); humaneval one step
+# of 4 tokens after the prefill token, as offline [4]. Sample 3 of gsm8k disagrees with the server's prompt
+# token count.
+ONLINE = {"gsm8k": (5, 22, 16, [0, 1, 0, 4]), "humaneval": (1, 5, 3, [0, 0, 0, 1])}
 TRANSITIONS = [  # one 60.5 s outage shared by two extractions, a pause while down (none), a pause never resumed
     {"event": "start_requested", "unix": 50.0}, {"event": "healthy", "unix": 90.0},
     {"event": "pause", "unix": 100.0, "was_up": True}, {"event": "stop_requested", "unix": 100.1},
@@ -110,7 +112,11 @@ def write_trust_inputs(root: Path) -> tuple[list[Path], list[Path], Path]:
         records = [{"id": str(i), "dataset": dataset, "completion_ids_source": "server" if i else "retokenized",
                     "token_check": {"prompt_tokens_match": not (dataset == "gsm8k" and i == 3),
                                     "completion_tokens_match": True},
-                    "spec": {"spec_accept_length": online, "spec_verify_ct": 2}} for i in range(10)]
+                    "usage": {"completion_tokens": online[1]},
+                    "server": {"speculative": {"speculative_num_draft_tokens": 4}},
+                    "spec": {"spec_accept_length": online[1] / online[0], "spec_verify_ct": online[0],
+                             "spec_num_correct_drafts": online[2], "spec_correct_drafts_histogram": online[3]}}
+                   for i in range(10)]
         path = root / "completions" / f"{dataset}.jsonl"
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text("".join(json.dumps(r) + "\n" for r in records))
@@ -320,13 +326,16 @@ def test_online_tau_is_compared_with_the_served_drafter_and_flagged(out):
     # offline: every step-1000 gsm8k sample accepts [4, 4] -> 4.0; online 4.2 -> 5% apart > 3%
     assert gsm8k["drafter"] == "step-1000" and gsm8k["samples_compared"] == 10
     assert gsm8k["online_tau_compared"] == pytest.approx(4.2) and gsm8k["offline_tau_compared"] == 4.0
-    assert gsm8k["online_tau_token_weighted"] == pytest.approx(4.2)
+    assert gsm8k["online_tau_token_weighted"] == pytest.approx(4.2) and gsm8k["method"] == "chain-B4"
+    assert gsm8k["online_tau_sglang_compared"] == pytest.approx(4.4) and gsm8k["offline_tau_sglang_compared"] == 4.5
+    assert gsm8k["equal_requests"] == 0 and humaneval["equal_requests"] == humaneval["exact_requests"] == 10
     assert gsm8k["relative_difference"] == pytest.approx(0.05) and gsm8k["beyond_tolerance"] is True
     assert humaneval["relative_difference"] == 0.0 and humaneval["beyond_tolerance"] is False
     markdown = (out / "summary.md").read_text()
     assert "**Online ≠ offline**: gsm8k" in markdown and "**Online ≠ offline**: humaneval" not in markdown
     row = next(line for line in _section(markdown, "### Online vs offline").splitlines() if line.startswith("| gsm8k"))
-    assert row == "| gsm8k | step-1000 | 10 | 4.20 | 4.00 | 5.0% | **⚠️ beyond 3.0%** |"
+    assert row == ("| gsm8k | step-1000 | chain-B4 | 10 | 4.200 | 4.000 | +0.2000 (+0.2000, +0.2000) | 4.400 / 4.500 "
+                   "| 0 of 10 (0 exactly); differ: 0, 1, 2 | **⚠️ beyond 3.0%** |")
 
 
 def test_server_outages_from_the_transitions_log(out):
@@ -358,7 +367,7 @@ def test_trust_json_is_the_panel_and_absent_inputs_say_not_recorded(out, tmp_pat
     assert not bare["fetch"]["gsm8k"]["recorded"] and not bare["caches"][0]["recorded"]
     markdown = (tmp_path / "summary.md").read_text()
     assert "Server transitions: not recorded." in markdown
-    assert "| gsm8k | step-1000 | – | not recorded (no spec_accept_length in the completions) |" in markdown
+    assert "| gsm8k | step-1000 | – | – | not recorded (no speculative counters in the completions) |" in markdown
 
 
 def test_training_runs_get_one_line_each():

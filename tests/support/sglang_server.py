@@ -139,7 +139,7 @@ class Handler(BaseHTTPRequestHandler):
         raw = self.rfile.read(int(self.headers.get("Content-Length") or 0))
         return json.loads(raw) if raw.strip() else {}
 
-    def do_GET(self) -> None:  # noqa: N802 (http.server's name)
+    def do_GET(self) -> None:  # http.server's name
         engine, path = self.engine, self.path.split("?", 1)[0]
         name = engine.args.served_model_name or engine.args.model_path
         if path in ("/health", "/health_generate"):
@@ -157,7 +157,7 @@ class Handler(BaseHTTPRequestHandler):
         else:
             self.send(404, {"detail": "Not Found"})
 
-    def do_POST(self) -> None:  # noqa: N802
+    def do_POST(self) -> None:
         path = self.path.split("?", 1)[0]
         try:
             body = self.read_body()
@@ -170,7 +170,7 @@ class Handler(BaseHTTPRequestHandler):
                 self.send(*self.openai(body, chat=path.endswith("chat/completions")))
             else:
                 self.send(404, {"detail": "Not Found"})
-        except Exception as error:  # noqa: BLE001: a test server answers every failure as SGLang's error object
+        except Exception as error:  # noqa: BLE001 (every failure answered as SGLang's error object)
             self.send(400, {"object": "error", "message": f"{type(error).__name__}: {error}", "type": "BadRequestError",
                             "param": None, "code": 400})
 

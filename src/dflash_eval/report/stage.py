@@ -24,7 +24,7 @@ import pandas as pd
 
 from dflash_eval.evaluate import acceptance
 from dflash_eval.report import plots
-from dflash_eval.report import trust
+from dflash_eval.report import online as online_check, trust
 from dflash_eval.config import report_settings, settings_from_args
 from dflash_eval.errors import DflashEvalError
 from dflash_eval.io_utils import atomic_write_json, atomic_write_text
@@ -311,12 +311,12 @@ def trust_panel(evaluations: list[Evaluation], settings: dict, hidden: Iterable[
     by_key = {e.key: e for e in evaluations}
     online = {}
     for dataset in settings["datasets"]:
-        steps = None
+        steps, own_block = None, None
         if served is not None:
             evaluation = by_key[(served, dataset)]
-            steps = per_sample_steps(evaluation).get(evaluation.metrics["chain"].get(
-                "method", f"chain-B{evaluation.metrics['block_size']}"))
-        entry = trust.online_vs_offline(fetched.get(dataset), steps, float(settings.get("online_tolerance", 0.05)))
+            steps, own_block = per_sample_steps(evaluation), evaluation.metrics["block_size"]
+        entry = trust.online_vs_offline(fetched.get(dataset), steps, float(settings.get("online_tolerance", 0.05)),
+                                        own_block)
         online[dataset] = {**entry, "drafter": served}
     panel = {
         "caches": caches,
@@ -558,9 +558,10 @@ def render_markdown(rows: list[dict], evaluations: list[Evaluation], settings: d
     lines += ["### Hidden-state caches", ""] + trust.cache_table(panel["caches"]) + [""]
     tolerance = float(settings.get("online_tolerance", 0.05))
     lines += ["### Online vs offline", "",
-              "Online tau: the server's own `spec_accept_length` (SGLang with speculative decoding), mean over "
-              "requests; offline tau: the served drafter's own-block chain on the same samples (z-lab mean). "
-              f"Flagged when they differ by more than {tolerance:.1%} (report.online_tolerance).", ""]
+              "The server's own speculative counters (SGLang's `sglext.spec_tokens_details`) per request, beside "
+              "the served drafter's offline steps at the served block size on the same samples. "
+              + online_check.DEFINITIONS
+              + f" Flagged when the two tau differ by more than {tolerance:.1%} (report.online_tolerance).", ""]
     lines += trust.online_table(panel["online"]) + [""]
     lines += ["### Server outages", ""] + trust.outage_lines(panel["server"]) + [""]
     return "\n".join(lines)
