@@ -200,15 +200,29 @@ def select(patterns: Any, names: list[str], what: str) -> list[str]:
 
 # -- layer sets -------------------------------------------------------------------------------
 
-def layerset_name(layer_ids: list[int]) -> str:
-    """Directory-safe, order-preserving name of a layer list: [1, 16, 31] -> L1-16-31."""
-    return "L" + "-".join(str(i) for i in layer_ids)
+PRE_NORM_SUFFIX = "-prenorm"  # a layer set whose last-layer id holds that layer's own output, not the final norm's
+
+
+def layerset_name(layer_ids: list[int], last_layer: str = "final_norm") -> str:
+    """Directory-safe, order-preserving name of a layer list: [1, 16, 31] -> L1-16-31, with the pre-norm last
+    layer L1-16-31-prenorm (the target's layer count is not known at workflow load: the demo builds it)."""
+    return "L" + "-".join(str(i) for i in layer_ids) + (PRE_NORM_SUFFIX if last_layer == "pre_norm" else "")
 
 
 def parse_layerset(name: str) -> list[int]:
     if not name.startswith("L"):
         raise DflashEvalError(f"layer set {name!r} must look like L1-16-31")
-    return [int(part) for part in name[1:].split("-")]
+    return [int(part) for part in name[1:].removesuffix(PRE_NORM_SUFFIX).split("-")]
+
+
+def layerset_last_layer(name: str) -> str:
+    """What a layer set's last-layer id holds: "pre_norm" for a name ending in -prenorm, else "final_norm"."""
+    return "pre_norm" if name.endswith(PRE_NORM_SUFFIX) else "final_norm"
+
+
+def drafter_last_layer(config: dict, drafter: str) -> str:
+    """drafters.<name>.last_layer: what the drafter was trained on for the target's last layer."""
+    return config["drafters"][drafter].get("last_layer") or "final_norm"
 
 
 def drafter_layer_ids(config: dict, drafter: str) -> list[int]:
@@ -283,11 +297,12 @@ def extract_runtime(config: dict) -> dict:
     return {"server": server_settings(config)}
 
 
-def extract_params(config: dict, dataset: str, layer_ids: list[int]) -> dict:
+def extract_params(config: dict, dataset: str, layer_ids: list[int], last_layer: str = "final_norm") -> dict:
     """What decides a hidden-state cache: the Snakemake params of its extract job."""
     return {
         "dataset": dataset,
         "layer_ids": list(layer_ids),
+        "last_layer": last_layer,
         "target": dict(config["target"]),
         **config["extraction"],
     }
@@ -302,6 +317,7 @@ def evaluate_settings(config: dict, drafter: str, dataset: str) -> dict:
     spec = config["drafters"][drafter]
     checkpoint = {key: spec[key] for key in ("path", "layout", "config", "trained_with", "allow_pickle", "step")}
     checkpoint["layer_ids"] = drafter_layer_ids(config, drafter)
+    checkpoint["last_layer"] = drafter_last_layer(config, drafter)
     return {
         "drafter": drafter,
         "dataset": dataset,

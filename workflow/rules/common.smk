@@ -103,5 +103,5 @@ def checkpoint_files(name: str) -> tuple[str, ...]:
 
 
 def drafter_layerset(name: str) -> str:
-    return cfg.layerset_name(cfg.drafter_layer_ids(config, name))
+    return cfg.layerset_name(cfg.drafter_layer_ids(config, name), cfg.drafter_last_layer(config, name))
 
