@@ -60,6 +60,15 @@ def target_inputs(wildcards=None) -> list[str]:
     return list(files) if built_here(files) else []
 
 
+def served_drafter_inputs(wildcards=None) -> list[str]:
+    """The served drafter's files when the demo builds them: the demo's server loads it, so fetch waits for it."""
+    name = (config.get("report") or {}).get("served_drafter")
+    path = str(config["drafters"][name]["path"]) if name in config.get("drafters", {}) else ""
+    if not path.startswith(DEMO_DIR + "/"):
+        return []
+    return [path] if path.endswith((".pt", ".safetensors")) else [f"{path}/model.safetensors"]
+
+
 def target_fingerprint(wildcards=None) -> str:
     return _target_fingerprint()
 
