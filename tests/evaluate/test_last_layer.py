@@ -19,7 +19,11 @@ from dflash_eval.evaluate.anchors import chain_method, evaluate_sample
 from dflash_eval.evaluate.blocks import BlockDrafter
 from dflash_eval.evaluate.stage import check_last_layer
 from dflash_eval.extract.capture import capture_layers
-from tests.support.reference import _draft_logprobs, assert_same_steps, online_acceptance
+from tests.support.reference import (
+    _draft_logprobs,
+    assert_same_steps,
+    online_acceptance,
+)
 from tests.support.tiny import MASK_ID, tiny_drafter, tiny_target
 
 EOS, MAX_NEW, BLOCK, TIE = 1, 40, 4, 1e-5
@@ -75,9 +79,10 @@ def test_offline_equals_online_for_a_drafter_that_taps_the_last_layer(trained):
         prompt, ids = sequence.tokens[: sequence.prompt_len].tolist(), sequence.tokens.tolist()
         online, online_ids = online_acceptance(drafter, target, prompt, MAX_NEW, [EOS], block_size=BLOCK)
         mine = offline_steps(target, runner, sequence, "final_norm")
-        size = lambda anchor, s=sequence: min(BLOCK, s.prompt_len + MAX_NEW - anchor)  # noqa: E731
-        compared += assert_same_steps(mine, online, online_ids, ids, sequence.prompt_len, target, TIE,
-                                      lambda anchor: _draft_logprobs(drafter, target, ids, anchor, size(anchor)))
+        def draft(anchor, ids=ids, end=sequence.prompt_len + MAX_NEW):
+            return _draft_logprobs(drafter, target, ids, anchor, min(BLOCK, end - anchor))
+
+        compared += assert_same_steps(mine, online, online_ids, ids, sequence.prompt_len, target, TIE, draft)
         differs_pre_norm += offline_steps(target, runner, sequence, "pre_norm") != online
     assert compared > 40, "too few steps compared for a meaningful test"
     assert differs_pre_norm > 0  # the layer's own output is not what the drafter was trained on
