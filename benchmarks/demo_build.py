@@ -46,7 +46,7 @@ def evaluate(out: Path, max_tokens: int, drafter_names: list[str]) -> tuple[dict
     from dflash_eval.evaluate.acceptance import sequence_limits, tau_stats
     from dflash_eval.evaluate.blocks import BlockDrafter
     from dflash_eval.evaluate.drafter import load_drafter
-    from dflash_eval.evaluate.anchors import chain_method, evaluate_sample
+    from dflash_eval.evaluate.anchors import evaluate_sample
     from dflash_eval.fetch.prompts import load_prompts
 
     tokenizer = AutoTokenizer.from_pretrained(out / "target")

@@ -69,7 +69,7 @@ def sequential(model, embed, lm_head, features, tokens, anchors: list[int]) -> f
                     past_key_values=cache, use_cache=True)[:, 1 - block:, :]
         _crop_to(cache, anchor)
         draft = model.compute_logits(out, lambda x: torch.nn.functional.linear(x, lm_head)).argmax(dim=-1)
-        matched = int((draft[0] == tokens[anchor + 1:anchor + block]).cumprod(0).sum())  # a host sync, as online
+        int((draft[0] == tokens[anchor + 1:anchor + block]).cumprod(0).sum())  # a host sync, as online
         previous = anchor
     sync(features.device)
     return time.perf_counter() - started

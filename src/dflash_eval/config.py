@@ -6,12 +6,18 @@ the workflow would pass. What decides a stage's output (`fetch_params`, `extract
 when (and only when) it changes; how fetch and extract run (`fetch_runtime`, `extract_runtime`:
 the server, concurrency, timeouts) reaches them as `--runtime` JSON and reruns nothing. The
 `*_settings` functions join the two for running a stage by hand from config.yaml.
+
+Every default lives in the schema, workflow/schemas/config.schema.yaml. A stage's settings dict, however
+it was made (built here from config.yaml, or written by hand in a test or a `--settings` JSON), goes
+through `stage_settings`, which fills it from the same schema sections and checks it the same way.
+This module imports no stage, so a stage's code fingerprint (provenance.code_version) holds only its own code.
 """
 
 from __future__ import annotations
 
 import copy
 import fnmatch
+import functools
 import json
 import re
 from pathlib import Path
@@ -26,7 +32,9 @@ PACKAGE_ROOT = Path(__file__).resolve().parents[2]
 SCHEMA_PATH = PACKAGE_ROOT / "workflow" / "schemas" / "config.schema.yaml"
 
 
+@functools.cache
 def _schema() -> dict:
+    """The parsed schema, once per process (callers never modify it)."""
     if not SCHEMA_PATH.exists():
         raise DflashEvalError(f"config schema {SCHEMA_PATH} not found; run from a checkout of dflash-eval")
     return yaml.safe_load(SCHEMA_PATH.read_text())
@@ -52,22 +60,31 @@ def _where(error: jsonschema.ValidationError) -> str:
     return ".".join(str(p) for p in error.absolute_path) or "(top level)"
 
 
+def _message(error: jsonschema.ValidationError) -> str:
+    """jsonschema's message, plus what would have been right."""
+    if error.validator == "enum":
+        what = error.absolute_path[-1] if error.absolute_path else "value"
+        return f"unknown {what} {error.instance!r}; one of {', '.join(str(v) for v in error.validator_value)}"
+    if error.validator == "additionalProperties":
+        return f"{error.message} (allowed keys: {', '.join(sorted(error.schema.get('properties', {})))})"
+    if error.schema.get("description"):
+        return f"{error.message} (expected: {error.schema['description']})"
+    return error.message
+
+
+def _schema_problems(instance: Any, schema: dict, skip_top: tuple[str, ...] = ()) -> list[str]:
+    """Every schema violation as `key: message`, in key order; `skip_top`: top-level validators already reported."""
+    errors = jsonschema.Draft202012Validator(schema).iter_errors(instance)
+    kept = [e for e in errors if e.absolute_path or e.validator not in skip_top]
+    return [f"{_where(e)}: {_message(e)}" for e in sorted(kept, key=lambda e: [str(p) for p in e.absolute_path])]
+
+
 def validate_config(config: dict, source: str = "config.yaml") -> dict:
     """Validate against the schema, fill defaults, then check what a schema cannot express."""
     schema = _schema()
-    validator = jsonschema.Draft202012Validator(schema)
-    errors = sorted(validator.iter_errors(config), key=lambda e: list(e.absolute_path))
-    if errors:
-        lines = []
-        for error in errors:
-            message = error.message
-            if error.validator == "additionalProperties":
-                allowed = ", ".join(sorted(error.schema.get("properties", {})))
-                message += f" (allowed keys: {allowed})"
-            elif error.schema.get("description"):
-                message += f" (expected: {error.schema['description']})"
-            lines.append(f"  {_where(error)}: {message}")
-        raise DflashEvalError(f"{source} is not valid:\n" + "\n".join(lines))
+    problems = _schema_problems(config, schema)
+    if problems:
+        raise DflashEvalError(f"{source} is not valid:\n" + "\n".join(f"  {line}" for line in problems))
     config = copy.deepcopy(config)
     _fill_defaults(config, schema)
     config["drafters"] = expand_step_directories(config["drafters"], source)
@@ -76,12 +93,9 @@ def validate_config(config: dict, source: str = "config.yaml") -> dict:
 
 
 def _check_semantics(config: dict, source: str) -> None:
-    from dflash_eval.server.control import resolve_settings  # the server's own rules, so they are stated once
-
-    try:
-        resolve_settings(config["server"])
-    except DflashEvalError as error:
-        raise DflashEvalError(f"{source}: {error}") from error
+    problems = _server_problems(config["server"])
+    if problems:
+        raise DflashEvalError(f"{source}: " + "; ".join(problems))
     if config["target"]["backend"] == "fla" and config["target"]["device"] == "cpu":
         raise DflashEvalError(
             f"{source}: target.backend fla cannot run on target.device cpu (Triton kernels need CUDA); "
@@ -92,21 +106,22 @@ def _check_semantics(config: dict, source: str) -> None:
     for key, names in (("only", config["drafters"]), ("only_datasets", config["datasets"])):
         select(config.get(key), list(names), f"{source}: {key}")
     for key in ("reference", "served_drafter"):
-        name = config.get("report", {}).get(key)
+        name = config["report"][key]
         if name is not None and name not in config["drafters"]:
             raise DflashEvalError(f"{source}: report.{key} {name!r} is not one of the drafters: {', '.join(config['drafters'])}")
 
 
+def preset_names() -> list[str]:
+    """The named prompt sets (fetch/presets.py loads them; a test keeps the two lists equal)."""
+    return list(_dataset_properties()["preset"]["enum"])
+
+
 def _check_dataset(name: str, spec: dict, source: str) -> None:
     """A dataset is a prompt file or a named preset (its local copy optional): exactly one, named."""
-    from dflash_eval.fetch.presets import PRESETS
-
     key = f"{source}: datasets.{name}"
     if ("prompts" in spec) == ("preset" in spec):
-        raise DflashEvalError(f"{key}: give either prompts (a JSONL prompt file) or preset (one of {', '.join(PRESETS)}), "
-                              "not both or neither")
-    if "preset" in spec and spec["preset"] not in PRESETS:
-        raise DflashEvalError(f"{key}.preset: unknown preset {spec['preset']!r}; one of {', '.join(PRESETS)}")
+        raise DflashEvalError(f"{key}: give either prompts (a JSONL prompt file) or preset (one of "
+                              f"{', '.join(preset_names())}), not both or neither")
     for extra in ("source", "cache_dir"):
         if spec.get(extra) is not None and "preset" not in spec:
             raise DflashEvalError(f"{key}.{extra} only goes with preset (the local copy of a named set); remove it")
@@ -245,7 +260,119 @@ def drafter_layer_ids(config: dict, drafter: str) -> list[int]:
     )
 
 
-# -- per-stage settings ---------------------------------------------------------------------
+# -- stage settings: built from config.yaml, or written by hand; filled and checked here -------
+
+NAME = {"type": "string", "minLength": 1}
+LAYER_IDS = {"type": "array", "items": {"type": "integer", "minimum": 0}, "minItems": 1}
+CHECKPOINT_KEYS = ("path", "layout", "config", "trained_with", "allow_pickle", "step")  # + layer_ids, last_layer: resolved
+STAGES = ("server", "fetch", "extract", "evaluate", "report")
+
+
+def _properties(section: str) -> dict:
+    return _schema()["properties"][section]["properties"]
+
+
+def _dataset_properties() -> dict:
+    return _schema()["properties"]["datasets"]["additionalProperties"]["properties"]
+
+
+def _object(properties: dict, required: tuple[str, ...] = ()) -> dict:
+    return {"type": "object", "additionalProperties": False, "properties": properties, "required": list(required)}
+
+
+@functools.cache
+def stage_schema(stage: str) -> dict:
+    """The schema of one stage's settings dict, made of config.schema.yaml's own key schemas and defaults.
+
+    Only the keys that name a run's inputs (dataset, drafter, tokenizer, the layer ids) and the server
+    (runtime, checked by the server stage itself) are the stage's own; every other key is the config's.
+    """
+    if stage not in STAGES:
+        raise DflashEvalError(f"unknown stage {stage!r}; one of {', '.join(STAGES)}")
+    top = _schema()["properties"]
+    fetch, evaluation = _properties("fetch"), _properties("evaluation")
+    drafter = top["drafters"]["additionalProperties"]["properties"]
+    target_path = _properties("target")["path"]
+    server = {"type": "object", "description": "server settings (see the server section)"}
+    if stage == "server":
+        return top["server"]
+    if stage == "fetch":
+        return _object({"dataset": NAME, "tokenizer": target_path, "server": server, **_dataset_properties(), **fetch},
+                       required=("dataset", "server", "tokenizer"))
+    if stage == "extract":
+        return _object({"dataset": NAME, "layer_ids": LAYER_IDS, "last_layer": drafter["last_layer"],
+                        "target": top["target"], **_properties("extraction"), "server": server},
+                       required=("layer_ids", "target"))
+    if stage == "evaluate":
+        checkpoint = _object({**{key: drafter[key] for key in CHECKPOINT_KEYS}, "layer_ids": LAYER_IDS,
+                              "last_layer": drafter["last_layer"]},
+                             required=("path", "layer_ids"))
+        return _object({"drafter": NAME, "dataset": NAME, "checkpoint": checkpoint,
+                        "target": _object({"path": target_path}, required=("path",)),
+                        "max_tokens": fetch["max_tokens"], **evaluation},
+                       required=("drafter", "dataset", "checkpoint", "target"))
+    names = {"type": "array", "items": NAME}
+    return _object({"drafters": {"type": "object"}, "drafter_order": names, "datasets": names, **_properties("report"),
+                    "transitions": {"type": "string"}, "bootstrap": evaluation["bootstrap"], "seed": evaluation["seed"]})
+
+
+def _without_nulls(instance: Any, schema: dict) -> Any:
+    """A null value means "the default" in settings written by hand: drop it, in objects the schema describes."""
+    if not isinstance(instance, dict) or "properties" not in schema:
+        return instance
+    return {key: _without_nulls(value, schema["properties"].get(key, {}))
+            for key, value in instance.items() if value is not None}
+
+
+def stage_settings(stage: str, settings: dict) -> dict:
+    """One stage's settings, filled with the schema's defaults and checked: unknown and missing keys, types, and
+    the rules between keys. The one way in for every settings dict, workflow-built or hand-written; idempotent.
+
+    Every key of the stage is in the result (an optional one without a default as None); a None given counts as
+    left out, so it gets the default.
+    """
+    schema = stage_schema(stage)
+    out = _without_nulls(copy.deepcopy(settings), schema)
+    missing = [key for key in schema["required"] if key not in out]
+    unknown = sorted(set(out) - set(schema["properties"]))
+    problems = []
+    if missing or unknown:
+        keys = ", ".join(([f"missing {missing}"] if missing else []) + ([f"unknown {unknown}"] if unknown else []))
+        if unknown:
+            keys += (f" (unknown {stage} settings are refused, so that a typo is loud; the known ones: "
+                     f"{', '.join(sorted(schema['properties']))})")
+        problems.append(keys)
+    _fill_defaults(out, schema)
+    problems += _schema_problems(out, schema, skip_top=("required", "additionalProperties"))
+    problems += {"server": _server_problems, "fetch": _fetch_problems}.get(stage, lambda _: [])(out)
+    if problems:
+        raise DflashEvalError(f"{stage} settings: " + "; ".join(problems))
+    for key in schema["properties"]:  # the stage reads every key: an optional one without a default is None
+        out.setdefault(key, None)
+    if stage == "server":
+        out["base_url"] = str(out["base_url"]).rstrip("/")
+    return out
+
+
+def _server_problems(server: dict) -> list[str]:
+    """What each server kind needs besides the schema (config.yaml's server section and the server stage alike)."""
+    kind, start, stop = server.get("kind"), server.get("start_command"), server.get("stop_command")
+    if kind == "managed" and not server.get("command"):
+        return ["server.command is required for kind: managed (the command that launches the server)"]
+    if kind == "external" and not (start and stop):
+        return ["server.start_command and server.stop_command are required for kind: external"]
+    if kind == "release" and bool(start) != bool(stop):
+        return ["kind: release takes server.start_command and server.stop_command together (the fallback when "
+                "releasing does not free the GPU), or neither"]
+    return []
+
+
+def _fetch_problems(settings: dict) -> list[str]:
+    if ("prompts" in settings) == ("preset" in settings):
+        return [f"give exactly one of prompts (a file) and preset (a named set), got prompts={settings.get('prompts')!r}, "
+                f"preset={settings.get('preset')!r}"]
+    return []
+
 
 def server_settings(config: dict) -> dict:
     return dict(config["server"])
@@ -259,7 +386,7 @@ def dataset_inputs(config: dict, dataset: str) -> list[str]:
     return [spec["source"]] if spec.get("source") else []
 
 
-FETCH_RUNTIME_KEYS = ("concurrency", "timeout_s", "retries")
+FETCH_RUNTIME_KEYS = ("concurrency", "timeout_s", "retries", "backoff_s")
 
 
 def fetch_runtime(config: dict) -> dict:
@@ -276,7 +403,7 @@ def fetch_params(config: dict, dataset: str) -> dict:
     spec = config["datasets"][dataset]
     # A prompt file's params carry no preset keys (source, cache_dir): only a preset's depend on them.
     where = ({"prompts": spec["prompts"]} if "prompts" in spec else
-             {"preset": spec["preset"], "source": spec.get("source"), "cache_dir": spec.get("cache_dir")})
+             {"preset": spec["preset"], "source": spec["source"], "cache_dir": spec["cache_dir"]})
     return {
         "dataset": dataset,
         **where,
@@ -315,7 +442,7 @@ def extract_settings(config: dict, dataset: str, layer_ids: list[int]) -> dict:
 
 def evaluate_settings(config: dict, drafter: str, dataset: str) -> dict:
     spec = config["drafters"][drafter]
-    checkpoint = {key: spec[key] for key in ("path", "layout", "config", "trained_with", "allow_pickle", "step")}
+    checkpoint = {key: spec[key] for key in CHECKPOINT_KEYS}
     checkpoint["layer_ids"] = drafter_layer_ids(config, drafter)
     checkpoint["last_layer"] = drafter_last_layer(config, drafter)
     return {
@@ -334,13 +461,16 @@ def report_settings(config: dict) -> dict:
                      for name, spec in config["drafters"].items()},
         "drafter_order": list(config["drafters"]),  # the settings JSON sorts keys; the report keeps config order
         "datasets": list(config["datasets"]),
-        "reference": config.get("report", {}).get("reference"),
-        "served_drafter": config.get("report", {}).get("served_drafter"),
-        "online_tolerance": config.get("report", {}).get("online_tolerance", 0.05),
-        "transitions": str(Path(config["server"].get("log_dir", "results/logs/server")) / "transitions.jsonl"),
+        **config["report"],
+        "transitions": str(Path(config["server"]["log_dir"]) / "transitions.jsonl"),
         "bootstrap": config["evaluation"]["bootstrap"],
         "seed": config["evaluation"]["seed"],
     }
+
+
+# the builder of each stage's settings from config.yaml, for settings_from_args
+_BUILDERS = {server_settings: "server", fetch_settings: "fetch", extract_settings: "extract",
+             evaluate_settings: "evaluate", report_settings: "report"}
 
 
 def settings_json(settings: dict) -> str:
@@ -363,22 +493,28 @@ def with_runtime(settings: dict, runtime: str | None) -> dict:
 
 
 def settings_from_args(args: Any, build: Any, *selectors: str) -> dict:
-    """Settings for a CLI stage: `--settings JSON` as the workflow passes it, or `--config` + selectors."""
+    """Settings for a CLI stage: `--settings JSON` as the workflow passes it, or `--config` + selectors (built by
+    `build`, one of the `*_settings` functions above); then `--runtime`, then stage_settings."""
+    stage = _BUILDERS.get(build)
+    if stage is None:
+        raise TypeError(f"settings_from_args: {build!r} is not one of the stage builders of dflash_eval.config")
     if getattr(args, "settings", None):
         text = args.settings
         if not text.lstrip().startswith("{") and Path(text).is_file():
             text = Path(text).read_text()
         try:
-            return json.loads(text)
+            settings = json.loads(text)
         except json.JSONDecodeError as error:
             raise DflashEvalError(f"--settings is not valid JSON ({error})") from error
-    if not getattr(args, "config", None):
+    elif not getattr(args, "config", None):
         raise DflashEvalError("give --settings JSON (as the workflow does) or --config config.yaml with the selectors")
-    config = load_config(args.config)
-    values = []
-    for selector in selectors:
-        value = getattr(args, selector, None)
-        if value is None:
-            raise DflashEvalError(f"--{selector} is required with --config")
-        values.append(value)
-    return build(config, *values)
+    else:
+        config = load_config(args.config)
+        values = []
+        for selector in selectors:
+            value = getattr(args, selector, None)
+            if value is None:
+                raise DflashEvalError(f"--{selector} is required with --config")
+            values.append(value)
+        settings = build(config, *values)
+    return stage_settings(stage, with_runtime(settings, getattr(args, "runtime", None)))

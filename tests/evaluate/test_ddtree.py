@@ -1,6 +1,5 @@
 """DDTree acceptance: hand-computed trees and the vectorised form against a literal heap build."""
 
-import math
 
 import pytest
 import torch

@@ -9,8 +9,8 @@ from tests.support import servers as hs
 import pytest
 
 from dflash_eval import cli
+from dflash_eval.config import stage_settings
 from dflash_eval.fetch import stage as fetch
-from dflash_eval.errors import DflashEvalError
 from dflash_eval.fetch.prompts import PromptFileError, load_prompts, select_subset
 from dflash_eval.server.control import ServerController
 
@@ -78,14 +78,6 @@ def test_subset_is_deterministic_and_in_file_order(tmp_path):
     assert a == select_subset(prompts, 5, seed=1)
     assert [int(p.id[1:]) for p in a] == sorted(int(p.id[1:]) for p in a)
     assert select_subset(prompts, None, 0) == prompts == select_subset(prompts, 50, 0)
-
-
-def test_fetch_settings_are_checked():
-    with pytest.raises(DflashEvalError, match=r"missing \['server'\], unknown \['typo'\]"):
-        fetch.resolve_settings({"dataset": "x", "prompts": "p", "tokenizer": "t", "typo": 1})
-    for where in ({}, {"prompts": "p.jsonl", "preset": "gsm8k"}):
-        with pytest.raises(DflashEvalError, match=r"give exactly one of prompts \(a file\) and preset"):
-            fetch.resolve_settings({"dataset": "x", "server": {}, "tokenizer": "t", **where})
 
 
 # ----- end to end against `transformers serve` -----
@@ -219,8 +211,8 @@ def test_spec_counters_are_recorded_where_sglang_puts_them(where):
         resp["sglext"] = {"spec_tokens_details": [{**COUNTERS, **extra}]}
     elif chat:
         choice["meta_info"] = {**COUNTERS, **extra, "id": "x"}
-    settings = fetch.resolve_settings({"dataset": "d", "prompts": "p", "server": {}, "tokenizer": "t",
-                                       "endpoint": "chat" if chat else "completions"})
+    settings = stage_settings("fetch", {"dataset": "d", "prompts": "p", "server": {}, "tokenizer": "t",
+                                        "endpoint": "chat" if chat else "completions"})
     spec = {"speculative_algorithm": "DFLASH", "speculative_num_draft_tokens": 8}
     info = fetch.ServerInfo("http://x", "m", "/models/m", "w1", sglang=True, speculative=spec)
     rendered = fetch.Rendered("a", "a", 1, [{"role": "user", "content": "x"}], "x", [1, 2])

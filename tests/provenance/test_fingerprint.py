@@ -1,4 +1,4 @@
-"""Content fingerprints, stage code fingerprints, step directories and `only` selections."""
+"""Content fingerprints and stage code fingerprints."""
 
 from __future__ import annotations
 
@@ -9,7 +9,6 @@ import pytest
 
 from dflash_eval.provenance import code_version
 from dflash_eval.provenance import fingerprint
-from dflash_eval.config import expand_step_directories, select
 from dflash_eval.errors import DflashEvalError
 
 
@@ -54,38 +53,3 @@ def test_normalized_source_ignores_blank_lines_and_comments_only():
     base = "x = 1\ny = 2  # inline\n"
     assert code_version._normalized(base) == code_version._normalized("# note\n\nx = 1   \n\ny = 2  # inline\n")
     assert code_version._normalized(base) != code_version._normalized("x = 1\ny = 3  # inline\n")
-
-
-def test_step_directory_expands_in_step_order(tmp_path):
-    run = tmp_path / "run"
-    run.mkdir()
-    (run / "config.json").write_text("{}")
-    for step in (20, 3, 100):
-        (run / f"step_{step}.pt").write_bytes(b"x")
-    (run / "notes.txt").write_text("ignored")
-    hf = run.parent / "hf-run"
-    (hf / "checkpoint-5").mkdir(parents=True)
-    (hf / "checkpoint-5" / "config.json").write_text("{}")
-    drafters = {"first": {"path": "elsewhere.pt"}, "v4": {"path": str(run), "config": None},
-                "hf": {"path": str(hf), "config": None}}
-    out = expand_step_directories(drafters, "config.yaml")
-    assert list(out) == ["first", "v4-step3", "v4-step20", "v4-step100", "hf-step5"]
-    assert out["v4-step20"]["step"] == 20 and out["v4-step20"]["run"] == "v4"
-    assert out["v4-step20"]["config"] == str(run / "config.json")
-    assert out["hf-step5"]["config"] is None and out["hf-step5"]["path"] == str(hf / "checkpoint-5")
-
-
-def test_bare_steps_without_a_config_are_an_error(tmp_path):
-    (tmp_path / "step_1.pt").write_bytes(b"x")
-    with pytest.raises(DflashEvalError, match="drafters.v4.config"):
-        expand_step_directories({"v4": {"path": str(tmp_path), "config": None}}, "config.yaml")
-
-
-def test_select_names_patterns_and_series():
-    names = ["a", "v4-step1", "v4-step2", "b"]
-    assert select(None, names, "only") == names
-    assert select("b,a", names, "only") == ["a", "b"]
-    assert select(["v4"], names, "only") == ["v4-step1", "v4-step2"]
-    assert select("v4-*2", names, "only") == ["v4-step2"]
-    with pytest.raises(DflashEvalError, match="'c' matches none of"):
-        select("c", names, "--config only")

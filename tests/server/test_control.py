@@ -461,15 +461,6 @@ def test_release_without_a_readable_gpu_says_it_could_not_check(tmp_path):
         proc.wait()
 
 
-def test_settings_are_checked():
-    with pytest.raises(DflashEvalError, match="server.command is required"):
-        ServerController({"kind": "managed"})
-    with pytest.raises(DflashEvalError, match="unknown server settings"):
-        ServerController({"kind": "release", "port": 1})
-    with pytest.raises(DflashEvalError, match="start_command and server.stop_command together"):
-        ServerController({"kind": "release", "stop_command": "systemctl stop sglang"})
-
-
 def test_cli(tmp_path, capsys, controllers):
     settings = hs.tiny_helper_settings(tmp_path / "logs")
     make(controllers, settings)

@@ -35,7 +35,7 @@ command, rest = args[0], args[1:]
 opts = {{rest[i]: rest[i + 1] for i in range(len(rest) - 1) if rest[i].startswith("--")}}
 stamp = json.dumps({{"command": command, "settings": opts.get("--settings")}}, sort_keys=True)
 outputs = {{"fetch": ["--out"], "extract": ["--out"], "evaluate": ["--metrics", "--samples"],
-           "report": ["--csv", "--md", "--plot", "--trust"]}}.get(command, [])
+           "report": ["--csv", "--md", "--trust"]}}.get(command, [])
 if outputs:
     with open("calls.log", "a") as log:
         log.write(f"{{command}} {{opts[outputs[0]]}}\n")
@@ -52,9 +52,11 @@ for key in outputs:
     else:
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(stamp)
-if command == "report":
-    for name in ("tau_vs_step.png", "acceptance_by_position.png", "acceptance_histogram.png"):
-        (Path(opts["--plot-dir"]) / name).write_text(stamp)
+if command == "report":  # every registered plot, as the stage writes them
+    from dflash_eval.report.plots import PLOTS
+    for plot in PLOTS.values():
+        Path(opts["--plot-dir"]).mkdir(parents=True, exist_ok=True)
+        (Path(opts["--plot-dir"]) / plot.file).write_text(stamp)
 '''
 
 
@@ -203,7 +205,8 @@ def planned_jobs(text: str) -> set[str]:
             rule = match.group(1)
         elif rule and line.strip().startswith("output:"):
             if rule != "all":
-                jobs.add(f"{rule} {line.split('output:', 1)[1].split(',')[0].strip()}")
+                first = line.split('output:', 1)[1].split(',')[0].strip()
+                jobs.add(f"{rule} {first.removesuffix(' (update)')}")   # the report's outputs are update()
             rule = None
     return jobs
 

@@ -12,21 +12,21 @@ import sys
 from pathlib import Path
 
 import pandas as pd
-import pytest
 import yaml
 
 from dflash_eval.report import plots
-from tests.report.test_stage import SETTINGS, metrics_dict, write_metrics, write_trust_inputs
+from tests.report.fixtures import SETTINGS, metrics_dict, write_metrics, write_trust_inputs
+from tests.support.workflow_harness import copy_workflow
 
 REPO = Path(__file__).resolve().parents[2]
-SNAKEFILE = f"""
+SNAKEFILE = """
 from dflash_eval.config import validate_config
 
 configfile: "config.yaml"
 config = validate_config(config, "config.yaml")
 
-include: "{REPO}/workflow/rules/common.smk"
-include: "{REPO}/workflow/rules/report.smk"
+include: "{repo}/workflow/rules/common.smk"
+include: "{repo}/workflow/rules/report.smk"
 
 
 rule all:
@@ -36,7 +36,7 @@ rule all:
 """
 
 
-def _config() -> dict:
+def report_config() -> dict:
     return {
         "target": {"path": "/models/target"},
         "server": {"kind": "managed", "base_url": "http://127.0.0.1:1", "command": "true"},
@@ -48,35 +48,57 @@ def _config() -> dict:
     }
 
 
-def _snakemake(root: Path, *args: str) -> subprocess.CompletedProcess:
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": f"{REPO / 'src'}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
+def report_snakemake(root: Path, *args: str, repo: Path = REPO) -> subprocess.CompletedProcess:
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": f"{repo / 'src'}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
     command = [sys.executable, "-m", "snakemake", "--snakefile", "Snakefile", "--cores", "1", *args]
     return subprocess.run(command, cwd=root, env=env, capture_output=True, text=True, timeout=300)
 
 
-def test_report_rule_runs_and_snakemake_report_builds_the_html(tmp_path):
-    results = tmp_path / "results"
+def report_project(root: Path, repo: Path = REPO) -> Path:
+    """Metrics, caches, completions and transitions as the upstream stages write them, and `repo`'s report rule."""
+    results = root / "results"
     write_metrics(results)
     for path in (results / "eval").rglob("metrics.json"):  # the rule names caches relative to the workdir
         text = path.read_text().replace(str(results / "hidden"), "results/hidden")
         path.write_text(text)
     write_trust_inputs(results)
-    (tmp_path / "Snakefile").write_text(SNAKEFILE)
-    (tmp_path / "config.yaml").write_text(yaml.safe_dump(_config()))
+    (root / "Snakefile").write_text(SNAKEFILE.format(repo=repo))
+    (root / "config.yaml").write_text(yaml.safe_dump(report_config()))
+    return results
 
-    run = _snakemake(tmp_path)
+
+def test_report_rule_runs_and_snakemake_report_builds_the_html(tmp_path):
+    results = report_project(tmp_path)
+    run = report_snakemake(tmp_path)
     assert run.returncode == 0, run.stderr[-3000:]
     table = pd.read_csv(results / "summary.csv")
     row = table[(table.drafter == "step-2000") & (table.dataset == "gsm8k") & (table.method == "chain-B4")].iloc[0]
     assert row.tau_mean_of_samples == metrics_dict("step-2000", "gsm8k")["chain"]["tau_mean_of_samples"]
-    for name in plots.NAMES.values():
+    for name in (plot.file for plot in plots.PLOTS.values()):
         assert (results / "plots" / name).stat().st_size > 10_000
     markdown = (results / "summary.md").read_text()
     assert "| `results/hidden/gsm8k/L1-3` |" in markdown and "60.5 s in all" in markdown   # caches, outages found
 
-    html = _snakemake(tmp_path, "--report", "results/report.html")
+    html = report_snakemake(tmp_path, "--report", "results/report.html")
     assert html.returncode == 0, html.stderr[-3000:]
     page = (results / "report.html").read_text(errors="replace")
     assert len(page) > 100_000 and "<html" in page.lower()
-    for name in ("summary.md", "summary.csv", "trust.json", *plots.NAMES.values()):
+    for name in ("summary.md", "summary.csv", "trust.json", *(plot.file for plot in plots.PLOTS.values())):
         assert name in page, name
+
+
+def test_a_new_plot_is_one_registry_entry_and_its_caption(tmp_path):
+    """An entry added to PLOTS and its caption file: the rule declares it, the stage draws it, the HTML shows it."""
+    repo = copy_workflow(tmp_path / "repo")
+    registry = repo / "src" / "dflash_eval" / "report" / "plots.py"
+    registry.write_text(registry.read_text() + '\nPLOTS["extra"] = Plot("extra.png", draw_tau, "extra.rst")\n')
+    (repo / "workflow" / "report" / "extra.rst").write_text("The extra plot's own caption.\n")
+    root = tmp_path / "project"
+    results = report_project(root, repo)
+    run = report_snakemake(root, repo=repo)
+    assert run.returncode == 0, run.stderr[-3000:]
+    assert (results / "plots" / "extra.png").read_bytes() == (results / "plots" / "tau.png").read_bytes()
+    html = report_snakemake(root, "--report", "results/report.html", repo=repo)
+    assert html.returncode == 0, html.stderr[-3000:]
+    page = (results / "report.html").read_text(errors="replace")
+    assert "extra.png" in page and "own caption" in page

@@ -10,7 +10,6 @@ for the hooks, against a real server process (tests/support/servers.py).
 
 from __future__ import annotations
 
-import json
 import sys
 from pathlib import Path
 

@@ -1,8 +1,12 @@
-# Helpers shared by the rules: settings as params, input files of targets and checkpoints.
+# Helpers shared by the rules: the path of every file that passes between stages, settings as params,
+# input files of targets and checkpoints.
 import functools
+import os
 from pathlib import Path
 
 from dflash_eval import config as cfg
+from dflash_eval.errors import DflashEvalError
+from dflash_eval.report.plots import PLOTS
 from dflash_eval.provenance.code_version import code_fingerprint
 from dflash_eval.provenance.fingerprint import FingerprintCache
 
@@ -10,6 +14,13 @@ RESULTS = "results"
 LOGS = f"{RESULTS}/logs"
 BENCH = f"{RESULTS}/benchmarks"
 DEMO_DIR = "resources/demo"
+DEMO = config["demo"]
+
+# What passes between the stages (docs/contracts.md), named once; every rule file uses these.
+COMPLETIONS = f"{RESULTS}/completions/{{dataset}}.jsonl"  # fetch -> extract, evaluate, report
+HIDDEN = f"{RESULTS}/hidden/{{dataset}}/{{layerset}}"  # extract -> evaluate, report
+METRICS = f"{RESULTS}/eval/{{drafter}}/{{dataset}}/metrics.json"  # evaluate -> report
+SAMPLES = f"{RESULTS}/eval/{{drafter}}/{{dataset}}/samples.csv"  # evaluate -> report
 
 
 def settings_param(settings: dict) -> str:
@@ -17,11 +28,12 @@ def settings_param(settings: dict) -> str:
     return cfg.settings_json(settings)
 
 
-# How fetch and extract run (server, concurrency, timeouts), as opposed to what they produce: passed
-# in the shell command from these globals, not as params, so Snakemake reruns nothing when they change
-# (the code trigger sees the command's template, not its values). See config.fetch_runtime.
-FETCH_RUNTIME = cfg.settings_json(cfg.fetch_runtime(config))
-EXTRACT_RUNTIME = cfg.settings_json(cfg.extract_runtime(config))
+# How fetch and extract run (server, concurrency, timeouts), as opposed to what they produce: not params,
+# so Snakemake reruns nothing when they change. Their shell commands read it from these environment variables
+# (`--runtime "$DFLASH_EVAL_FETCH_RUNTIME"`), set by every Snakemake process that parses this file, cluster jobs
+# included. See config.fetch_runtime.
+os.environ.update(DFLASH_EVAL_FETCH_RUNTIME=cfg.settings_json(cfg.fetch_runtime(config)),
+                  DFLASH_EVAL_EXTRACT_RUNTIME=cfg.settings_json(cfg.extract_runtime(config)))
 
 
 def model_dir_files(path: str, demo_files: list[str]) -> list[str]:
@@ -34,9 +46,10 @@ def model_dir_files(path: str, demo_files: list[str]) -> list[str]:
         names = sorted({p.name for p in root.glob("*.safetensors")} | {"config.json"})
         names += [n for n in ("model.safetensors.index.json", "generation_config.json") if (root / n).exists()]
         return [str(root / n) for n in dict.fromkeys(names)]
-    if path.startswith(DEMO_DIR):
+    if DEMO["enabled"] and path.startswith(DEMO_DIR):
         return [f"{path}/{name}" for name in demo_files]
-    raise ValueError(f"{path}: not a model directory with safetensors weights (check target.path / drafters.*.path)")
+    demo = "; the workflow builds the demo's models only with demo.enabled: true" if path.startswith(DEMO_DIR) else ""
+    raise ValueError(f"{path}: not a model directory with safetensors weights (check target.path / drafters.*.path{demo})")
 
 
 # Model files that a rule of this workflow builds (the demo) are inputs, so the DAG orders their
@@ -46,7 +59,7 @@ FINGERPRINTS = FingerprintCache()
 
 
 def built_here(files: list[str]) -> bool:
-    return all(f.startswith(DEMO_DIR + "/") for f in files)
+    return DEMO["enabled"] and all(f.startswith(f"{DEMO_DIR}/") for f in files)
 
 
 @functools.cache
@@ -63,10 +76,7 @@ def target_inputs(wildcards=None) -> list[str]:
 def served_drafter_inputs(wildcards=None) -> list[str]:
     """The served drafter's files when the demo builds them: the demo's server loads it, so fetch waits for it."""
     name = (config.get("report") or {}).get("served_drafter")
-    path = str(config["drafters"][name]["path"]) if name in config.get("drafters", {}) else ""
-    if not path.startswith(DEMO_DIR + "/"):
-        return []
-    return [path] if path.endswith((".pt", ".safetensors")) else [f"{path}/model.safetensors"]
+    return checkpoint_inputs(name) if name in config.get("drafters", {}) else []
 
 
 def target_fingerprint(wildcards=None) -> str:
@@ -83,7 +93,7 @@ def selected_evaluations() -> list[str]:
     """`--config only=... only_datasets=...`: just these evaluations, no report."""
     drafters = cfg.select(config.get("only"), list(config["drafters"]), "--config only")
     datasets = cfg.select(config.get("only_datasets"), list(config["datasets"]), "--config only_datasets")
-    return expand(f"{RESULTS}/eval/{{drafter}}/{{dataset}}/metrics.json", drafter=drafters, dataset=datasets)
+    return expand(METRICS, drafter=drafters, dataset=datasets)
 
 
 def checkpoint_inputs(name: str) -> list[str]:
@@ -114,3 +124,43 @@ def checkpoint_files(name: str) -> tuple[str, ...]:
 def drafter_layerset(name: str) -> str:
     return cfg.layerset_name(cfg.drafter_layer_ids(config, name), cfg.drafter_last_layer(config, name))
 
+
+def hidden_cache(drafter: str, dataset: str) -> str:
+    """The cache an evaluation reads: its dataset's states at the drafter's layer set."""
+    return HIDDEN.format(dataset=dataset, layerset=drafter_layerset(drafter))
+
+
+def report_caches(wildcards=None) -> list[str]:
+    """Every hidden-state cache an evaluation read: the trust panel lists their provenance."""
+    return sorted({hidden_cache(drafter, dataset) for drafter in config["drafters"] for dataset in config["datasets"]})
+
+
+def checked_report_settings(wildcards=None) -> str:
+    """The report's settings, asked once each evaluation it reads exists or can be made.
+
+    With an older report present, Snakemake plans the report even when an evaluation cannot be made
+    (a drafter path that holds no model: the evaluate rule's input error is not shown), and the job
+    then fails on its missing inputs with a misleading "filesystem latency" message. A param's error
+    stops the run while it is planned, before any job starts, naming the cause.
+    """
+    for drafter in config["drafters"]:
+        for dataset in config["datasets"]:
+            metrics = METRICS.format(drafter=drafter, dataset=dataset)
+            if Path(metrics).exists():
+                continue
+            try:  # what the evaluate rule's inputs need (see evaluate.smk)
+                checkpoint_inputs(drafter)
+                target_inputs()
+            except (ValueError, DflashEvalError) as error:
+                raise DflashEvalError(f"the report needs {metrics} (drafter {drafter!r} on dataset {dataset!r}), "
+                                      f"which does not exist and cannot be made: {error}") from None
+    return settings_param(cfg.report_settings(config))
+
+
+def report_output(path: str, caption: str, category: str):
+    return report(update(path), caption=f"../report/{caption}", category=category)
+
+
+def plot_dir(wildcards, output) -> str:
+    """The plots' folder, from their declared outputs: the stage writes every registered plot there."""
+    return str(Path(getattr(output, next(iter(PLOTS)))).parent)

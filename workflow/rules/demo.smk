@@ -1,15 +1,15 @@
 # The embedded demo: tokenizer, tiny hybrid target and DFlash drafters, built once, seeded.
-DEMO = config.get("demo", {})
-DEMO_STEPS = DEMO.get("drafter_steps", [100, 400, 1200])
+# Included only with demo.enabled (config.yaml); the settings are the validated config's (defaults in the schema).
+DEMO_STEPS = DEMO["drafter_steps"]
 DEMO_DRAFTERS = ["untrained"] + [f"step{s}" for s in DEMO_STEPS]
 
 
 rule demo_tokenizer:
     output:
-        f"{DEMO_DIR}/tokenizer/tokenizer.json",
+        tokenizer=f"{DEMO_DIR}/tokenizer/tokenizer.json",
     params:
-        seed=DEMO.get("seed", 0),
-        out=f"{DEMO_DIR}/tokenizer",
+        seed=DEMO["seed"],
+        out=lambda w, output: os.path.dirname(output.tokenizer),
     log:
         f"{LOGS}/demo/tokenizer.log",
     benchmark:
@@ -20,16 +20,16 @@ rule demo_tokenizer:
 
 rule demo_target:
     input:
-        rules.demo_tokenizer.output,
+        tokenizer=rules.demo_tokenizer.output.tokenizer,
     output:
-        f"{DEMO_DIR}/target/config.json",
-        f"{DEMO_DIR}/target/model.safetensors",
-        f"{DEMO_DIR}/target/generation_config.json",
+        config=f"{DEMO_DIR}/target/config.json",
+        weights=f"{DEMO_DIR}/target/model.safetensors",
+        generation=f"{DEMO_DIR}/target/generation_config.json",
     params:
-        seed=DEMO.get("seed", 0),
-        steps=DEMO.get("target_steps", 600),
-        tokenizer=f"{DEMO_DIR}/tokenizer",
-        out=f"{DEMO_DIR}/target",
+        seed=DEMO["seed"],
+        steps=DEMO["target_steps"],
+        tokenizer=lambda w, input: os.path.dirname(input.tokenizer),
+        out=lambda w, output: os.path.dirname(output.config),
     threads: 2
     log:
         f"{LOGS}/demo/target.log",
@@ -44,13 +44,13 @@ rule demo_drafters:
     input:
         rules.demo_target.output,
     output:
-        expand(f"{DEMO_DIR}/drafters/{{name}}/{{file}}", name=DEMO_DRAFTERS, file=["config.json", "model.safetensors"]),
-        expand(f"{DEMO_DIR}/drafters/checkpoints/step_{{step}}.pt", step=[0] + DEMO_STEPS),
+        models=expand(f"{DEMO_DIR}/drafters/{{name}}/{{file}}", name=DEMO_DRAFTERS, file=["config.json", "model.safetensors"]),
+        checkpoints=expand(f"{DEMO_DIR}/drafters/checkpoints/step_{{step}}.pt", step=[0] + DEMO_STEPS),
     params:
-        seed=DEMO.get("seed", 0),
+        seed=DEMO["seed"],
         steps=" ".join(str(s) for s in DEMO_STEPS),
-        target=f"{DEMO_DIR}/target",
-        out=f"{DEMO_DIR}/drafters",
+        target=lambda w, input: os.path.dirname(input[0]),
+        out=lambda w, output: os.path.dirname(os.path.dirname(output.checkpoints[0])),
     threads: 2
     log:
         f"{LOGS}/demo/drafters.log",

@@ -3,13 +3,13 @@
 
 rule evaluate:
     input:
-        hidden=lambda w: f"{RESULTS}/hidden/{w.dataset}/{drafter_layerset(w.drafter)}",
-        completions=f"{RESULTS}/completions/{{dataset}}.jsonl",
+        hidden=lambda w: hidden_cache(w.drafter, w.dataset),
+        completions=COMPLETIONS,
         checkpoint=lambda w: checkpoint_inputs(w.drafter),
         target=target_inputs,
     output:
-        metrics=f"{RESULTS}/eval/{{drafter}}/{{dataset}}/metrics.json",
-        samples=f"{RESULTS}/eval/{{drafter}}/{{dataset}}/samples.csv",
+        metrics=METRICS,
+        samples=SAMPLES,
     params:
         settings=lambda w: settings_param(cfg.evaluate_settings(config, w.drafter, w.dataset)),
         checkpoint=lambda w: checkpoint_fingerprint(w.drafter),

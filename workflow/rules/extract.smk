@@ -3,10 +3,10 @@
 
 rule extract:
     input:
-        completions=f"{RESULTS}/completions/{{dataset}}.jsonl",
+        completions=COMPLETIONS,
         target=target_inputs,
     output:
-        directory(f"{RESULTS}/hidden/{{dataset}}/{{layerset}}"),
+        directory(HIDDEN),
     params:
         settings=lambda w: settings_param(cfg.extract_params(config, w.dataset, cfg.parse_layerset(w.layerset),
                                                              cfg.layerset_last_layer(w.layerset))),
@@ -21,6 +21,6 @@ rule extract:
     benchmark:
         f"{BENCH}/extract/{{dataset}}/{{layerset}}.tsv"
     shell:
-        "dflash-eval --log {log} extract --settings {params.settings:q} --runtime {EXTRACT_RUNTIME:q}"
+        'dflash-eval --log {log} extract --settings {params.settings:q} --runtime "$DFLASH_EVAL_EXTRACT_RUNTIME"'
         " --completions {input.completions}"
         " --out {output} 2>> {log}"

@@ -8,7 +8,7 @@ rule fetch:
         target=target_inputs,
         served_drafter=served_drafter_inputs,
     output:
-        f"{RESULTS}/completions/{{dataset}}.jsonl",
+        COMPLETIONS,
     params:
         settings=lambda w: settings_param(cfg.fetch_params(config, w.dataset)),
         target=target_fingerprint,
@@ -20,5 +20,5 @@ rule fetch:
     benchmark:
         f"{BENCH}/fetch/{{dataset}}.tsv"
     shell:
-        "dflash-eval --log {log} fetch --settings {params.settings:q} --runtime {FETCH_RUNTIME:q} --out {output}"
-        " 2>> {log}"
+        'dflash-eval --log {log} fetch --settings {params.settings:q} --runtime "$DFLASH_EVAL_FETCH_RUNTIME"'
+        " --out {output} 2>> {log}"

@@ -1,34 +1,23 @@
 # Stage 4: summary tables, the trust panel and plots over every drafter x dataset.
 # Outputs marked report() go into `snakemake --report results/report.html`, captioned from workflow/report/.
-
-
-def report_caches(wildcards=None) -> list[str]:
-    """Every hidden-state cache an evaluation read: the trust panel lists their provenance."""
-    return sorted({f"{RESULTS}/hidden/{dataset}/{drafter_layerset(drafter)}"
-                   for drafter in config["drafters"] for dataset in config["datasets"]})
+# The plots are the registry dflash_eval.report.plots.PLOTS: a new plot is one entry there plus its caption here.
+# update(): Snakemake keeps the last report while the job runs and puts it back if the job fails.
 
 
 rule report:
     input:
-        metrics=expand(f"{RESULTS}/eval/{{drafter}}/{{dataset}}/metrics.json", drafter=list(config["drafters"]),
-                       dataset=list(config["datasets"])),
-        samples=expand(f"{RESULTS}/eval/{{drafter}}/{{dataset}}/samples.csv", drafter=list(config["drafters"]),
-                       dataset=list(config["datasets"])),
+        metrics=expand(METRICS, drafter=list(config["drafters"]), dataset=list(config["datasets"])),
+        samples=expand(SAMPLES, drafter=list(config["drafters"]), dataset=list(config["datasets"])),
         hidden=report_caches,
-        completions=expand(f"{RESULTS}/completions/{{dataset}}.jsonl", dataset=list(config["datasets"])),
+        completions=expand(COMPLETIONS, dataset=list(config["datasets"])),
     output:
-        csv=report(f"{RESULTS}/summary.csv", caption="../report/summary_csv.rst", category="Summary"),
-        md=report(f"{RESULTS}/summary.md", caption="../report/summary_md.rst", category="Summary"),
-        trust=report(f"{RESULTS}/trust.json", caption="../report/trust.rst", category="Summary"),
-        plot=report(f"{RESULTS}/plots/tau.png", caption="../report/tau.rst", category="Plots"),
-        step=report(f"{RESULTS}/plots/tau_vs_step.png", caption="../report/tau_vs_step.rst", category="Plots"),
-        position=report(f"{RESULTS}/plots/acceptance_by_position.png", caption="../report/acceptance_by_position.rst",
-                        category="Plots"),
-        histogram=report(f"{RESULTS}/plots/acceptance_histogram.png", caption="../report/acceptance_histogram.rst",
-                         category="Plots"),
+        csv=report_output(f"{RESULTS}/summary.csv", "summary_csv.rst", "Summary"),
+        md=report_output(f"{RESULTS}/summary.md", "summary_md.rst", "Summary"),
+        trust=report_output(f"{RESULTS}/trust.json", "trust.rst", "Summary"),
+        **{name: report_output(f"{RESULTS}/plots/{plot.file}", plot.caption, "Plots") for name, plot in PLOTS.items()},
     params:
-        settings=settings_param(cfg.report_settings(config)),
-        plot_dir=f"{RESULTS}/plots",
+        settings=checked_report_settings,
+        plot_dir=plot_dir,
         code=code_fingerprint("report"),
     log:
         f"{LOGS}/report.log",
@@ -37,4 +26,4 @@ rule report:
     shell:
         "dflash-eval --log {log} report --settings {params.settings:q} --metrics {input.metrics}"
         " --hidden {input.hidden} --completions {input.completions} --csv {output.csv} --md {output.md}"
-        " --trust {output.trust} --plot {output.plot} --plot-dir {params.plot_dir} 2>> {log}"
+        " --trust {output.trust} --plot-dir {params.plot_dir} 2>> {log}"

@@ -23,13 +23,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from dflash_eval.cache import manifest as cache_manifest
+from dflash_eval.cache.manifest import MANIFEST, CacheError
 from dflash_eval.io_utils import sha256_file
 
 log = logging.getLogger(__name__)
 
 JOURNAL = "journal.jsonl"
 PLAN = "plan.json"
-MANIFEST = "manifest.json"
 
 
 def partial_dir(out: Path) -> Path:
@@ -166,11 +167,12 @@ class ResumeState:
 
 def _entries_from_manifest(out: Path, key: str) -> list[dict[str, Any]] | None:
     """Journal-like entries of a published cache built with the same plan key, else None."""
-    manifest_path = out / MANIFEST
-    if not manifest_path.is_file():
+    try:
+        manifest = cache_manifest.read(out)
+    except CacheError as error:
+        log.warning("not resuming from %s, this run rebuilds it: %s", out, error)
         return None
-    manifest = json.loads(manifest_path.read_text())
-    if manifest.get("plan_key") != key:
+    if manifest is None or manifest.get("plan_key") != key:
         return None
     by_shard: dict[str, list[dict[str, Any]]] = {}
     for sample in manifest["samples"]:

@@ -3,7 +3,8 @@
 Layout (docs/contracts.md): `<out>/manifest.json` and `<out>/shard_NNNNN.safetensors`, each shard
 holding its samples concatenated along tokens as `layer.{id}` [T, H] (model dtype), `input_ids` [T]
 and, when stored, `argmax` [T]. A sample never spans shards. The writer fills `<out>.tmp-<pid>/`
-and renames it to `<out>` only when complete, so a reader never sees a partial cache.
+and renames it to `<out>` only when complete, so a reader never sees a partial cache. The manifest's
+format, its writing and its checks on reading are cache.manifest's.
 """
 
 from __future__ import annotations
@@ -23,19 +24,14 @@ from typing import Any
 import torch
 from safetensors import safe_open
 
-from dflash_eval.cache.resume import JOURNAL, MANIFEST, PLAN, ResumeState, append_journal, partial_dir
-from dflash_eval.errors import DflashEvalError
-from dflash_eval.io_utils import atomic_write_json, sha256_file
+from dflash_eval.cache import manifest as cache_manifest
+from dflash_eval.cache.manifest import CacheError
+from dflash_eval.cache.resume import JOURNAL, PLAN, ResumeState, append_journal, partial_dir
+from dflash_eval.io_utils import sha256_file
 
 log = logging.getLogger(__name__)
 
-FORMAT_VERSION = 1
-_HEADER_KEYS = ("target", "backend", "device", "completions")
 WRITER_THREADS = 2  # shards written at once; one thread could not keep up with an H200 (benchmarks/)
-
-
-class CacheError(DflashEvalError):
-    """A hidden cache that is missing, malformed, corrupt, or being written with bad data."""
 
 
 def shard_name(index: int) -> str:
@@ -387,21 +383,11 @@ class CacheWriter:
         self._pool.shutdown()
         self.tail_s = time.perf_counter() - started
         self._buffers, self._oversize = [], None
-        header = {**self.header, **updates}
-        missing = [key for key in _HEADER_KEYS if key not in header]
-        if missing:
-            raise CacheError(f"manifest header lacks {missing}")
-        manifest = {
-            "format_version": FORMAT_VERSION,
-            **header,
-            "layer_ids": self.layer_ids,
-            "store_argmax": self.store_argmax,
-            "samples": self.samples,
-            "shards": shards,
-        }
+        manifest = cache_manifest.build({**self.header, **updates}, self.layer_ids, self.store_argmax,
+                                        self.samples, shards)
         if self.resume:
             manifest.update(plan_key=self.resume.key, resumed_shards=self.adopted)
-        atomic_write_json(self.tmp / MANIFEST, manifest)
+        cache_manifest.write(self.tmp, manifest)
         self._publish()
         for name in (JOURNAL, PLAN):  # bookkeeping of the partial directory, not part of the cache
             (self.out / name).unlink(missing_ok=True)
@@ -444,43 +430,13 @@ class SampleStates:
     prompt_len: int
 
 
-def _require(condition: bool, directory: Path, what: str) -> None:
-    if not condition:
-        raise CacheError(f"{directory / MANIFEST}: {what}; re-run the extract stage to rebuild this cache")
-
-
 class HiddenCache:
-    """Read-only view of a hidden cache directory, validated on open."""
+    """Read-only view of a hidden cache directory, validated on open (cache.manifest.load)."""
 
     def __init__(self, directory: str | Path) -> None:
         self.directory = Path(directory)
-        manifest_path = self.directory / MANIFEST
-        if not manifest_path.is_file():
-            what = "directory" if not self.directory.is_dir() else "manifest"
-            raise CacheError(
-                f"hidden cache {what} not found: {manifest_path}; build it with the extract stage "
-                "(snakemake ... or `dflash-eval extract --completions ... --out DIR`)"
-            )
-        self.manifest: dict[str, Any] = json.loads(manifest_path.read_text())
-        self._validate()
+        self.manifest: dict[str, Any] = cache_manifest.load(self.directory)
         self._by_id = {entry["id"]: entry for entry in self.manifest["samples"]}
-
-    def _validate(self) -> None:
-        m, d = self.manifest, self.directory
-        _require(m.get("format_version") == FORMAT_VERSION, d,
-                 f"format_version {m.get('format_version')!r}, this reader understands {FORMAT_VERSION}")
-        for key in (*_HEADER_KEYS, "layer_ids", "store_argmax", "samples", "shards"):
-            _require(key in m, d, f"missing key {key!r}")
-        _require(all(isinstance(i, int) for i in m["layer_ids"]), d, "layer_ids must be integers")
-        shards = {s["file"]: s for s in m["shards"]}
-        for name in shards:
-            _require((d / name).is_file(), d, f"shard {name} is listed but missing")
-        ids = [s["id"] for s in m["samples"]]
-        _require(len(set(ids)) == len(ids), d, "sample ids repeat")
-        for s in m["samples"]:
-            shard = shards.get(s["shard"])
-            _require(shard is not None and 0 <= s["offset"] and s["offset"] + s["length"] <= shard["tokens"], d,
-                     f"sample {s['id']!r} points outside its shard {s['shard']}")
 
     @property
     def layer_ids(self) -> list[int]:

@@ -10,7 +10,6 @@ drafter something learnable to predict.
 from __future__ import annotations
 
 import argparse
-import hashlib
 import itertools
 import json
 import logging
@@ -34,6 +33,7 @@ from transformers import (
 
 from dflash_eval.demo.corpus import SourceFile, chat_examples, corpus_fingerprint, select_sources
 from dflash_eval.demo.tokenizer import BUILD_INFO, ENDOFTEXT, IM_END, build_tokenizer
+from dflash_eval.io_utils import sha256_file
 
 log = logging.getLogger(__name__)
 
@@ -196,10 +196,6 @@ def train(model: Qwen3_5ForCausalLM, data: torch.Tensor, s: TrainSettings, seed:
 # ---------------------------------------------------------------- saving
 
 
-def _sha256_file(path: Path) -> str:
-    return hashlib.sha256(path.read_bytes()).hexdigest()
-
-
 def save_target(model: Qwen3_5ForCausalLM, tokenizer: PreTrainedTokenizerBase, out_dir: Path, info: dict) -> None:
     """Weights (safetensors, float32), config, generation config and tokenizer in one directory."""
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -246,7 +242,7 @@ def build_target(
         "loss_first": losses[0] if losses else None,
         "loss_last_10": sum(losses[-10:]) / max(1, len(losses[-10:])),
         "seconds": {"data": round(t_data, 1), "train": round(t_train, 1)},
-        "tokenizer_json_sha256": _sha256_file(tokenizer_dir / "tokenizer.json"),
+        "tokenizer_json_sha256": sha256_file(tokenizer_dir / "tokenizer.json"),
         "corpus": corpus_fingerprint(files),
     }
     save_target(model, tokenizer, out_dir, info)
@@ -271,10 +267,10 @@ def build_tiny_target(
         with tempfile.TemporaryDirectory() as tmp:
             build_tokenizer(Path(tmp), seed=seed, vocab_size=512, corpus_bytes=300_000)
             tokenizer = AutoTokenizer.from_pretrained(tmp)
-            tokenizer_sha = _sha256_file(Path(tmp) / "tokenizer.json")
+            tokenizer_sha = sha256_file(Path(tmp) / "tokenizer.json")
     else:
         tokenizer = AutoTokenizer.from_pretrained(tokenizer_dir)
-        tokenizer_sha = _sha256_file(Path(tokenizer_dir) / "tokenizer.json")
+        tokenizer_sha = sha256_file(Path(tokenizer_dir) / "tokenizer.json")
     config = _config_for(
         tokenizer,
         hidden_size=hidden_size,

@@ -95,7 +95,12 @@ def tau_stats(per_sample_steps: Sequence[Sequence[int]]) -> dict[str, float | in
 
 def bootstrap_ci(per_sample_steps: Sequence[Sequence[int]], n_boot: int, seed: int,
                  level: float = 0.95) -> dict[str, list[float]]:
-    """Percentile bootstrap over samples for both tau conventions."""
+    """Percentile bootstrap over samples for both tau conventions.
+
+    Kept over scipy.stats.bootstrap's BCa and a delta-method ratio estimator for tokens / steps: on
+    DFlash-shaped samples neither covers the token-weighted tau better (within about one point at every
+    n, benchmarks/results/tau_ci_coverage.md), and keeping it keeps every recorded interval comparable.
+    """
     used = [steps for steps in per_sample_steps if steps]
     if not used or n_boot <= 0:
         return {"tau_mean_of_samples": [float("nan")] * 2, "tau_token_weighted": [float("nan")] * 2}

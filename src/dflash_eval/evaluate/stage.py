@@ -13,6 +13,7 @@ samples.csv: one row per sample x method with its steps, tokens, tau and the acc
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import logging
 from pathlib import Path
@@ -24,11 +25,14 @@ from tqdm import tqdm
 
 from dflash_eval.evaluate import acceptance
 from dflash_eval.evaluate.blocks import BlockDrafter
+from dflash_eval.cache import manifest as cache_manifest
+from dflash_eval.completions import read_completions
 from dflash_eval.config import evaluate_settings, settings_from_args
 from dflash_eval.evaluate.drafter import load_drafter
 from dflash_eval.errors import DflashEvalError
 from dflash_eval.evaluate.anchors import chain_method, evaluate_sample
-from dflash_eval.io_utils import atomic_write_json, atomic_write_text, sha256_file
+from dflash_eval.io_utils import atomic_write_json, atomic_write_text
+from dflash_eval.provenance.fingerprint import FingerprintCache
 from dflash_eval.evaluate.target_head import load_target_head
 
 log = logging.getLogger(__name__)
@@ -62,26 +66,13 @@ def stop_token_ids(settings: dict) -> list[int]:
     raise DflashEvalError(f"{target}: no eos_token_id in generation_config.json or config.json; set evaluation.stop_token_ids")
 
 
-def read_completions(path: str | Path) -> dict[str, dict]:
-    records = {}
-    with open(path, encoding="utf-8") as handle:
-        for number, line in enumerate(handle, 1):
-            if line.strip():
-                try:
-                    record = json.loads(line)
-                except json.JSONDecodeError as error:
-                    raise DflashEvalError(f"{path}:{number}: not valid JSON ({error})") from error
-                records[str(record["id"])] = record
-    return records
-
-
 def check_last_layer(cache, settings: dict) -> None:
     """A drafter that taps the target's last layer must get there what it was trained on (capture.LAST_LAYER).
 
     A cache without the record predates it: its hooks kept the layer's own output ("pre_norm").
     """
-    checkpoint, target = settings["checkpoint"], cache.manifest["target"]
-    final = int(target["num_hidden_layers"]) - 1
+    checkpoint, target = settings["checkpoint"], cache_manifest.entry(cache.directory, cache.manifest, "target")
+    final = int(cache_manifest.entry(cache.directory, cache.manifest, "target.num_hidden_layers")) - 1
     wanted, held = checkpoint.get("last_layer", "final_norm"), target.get("last_layer", "pre_norm")
     if final in checkpoint["layer_ids"] and wanted != held:
         raise DflashEvalError(
@@ -101,13 +92,13 @@ def check_cache(cache, settings: dict) -> dict:
         raise DflashEvalError(f"{cache.directory}: cache lacks layers {missing} that drafter {settings['drafter']} needs")
     check_last_layer(cache, settings)
     expected_hash = target_config_hash(settings["target"]["path"])
-    cached_hash = cache.manifest["target"]["config_hash"]
+    cached_hash = cache_manifest.entry(cache.directory, cache.manifest, "target.config_hash")
     if cached_hash != expected_hash:
         raise DflashEvalError(
             f"{cache.directory}: built from a different target (config hash {cached_hash[:12]}) than "
             f"{settings['target']['path']} ({expected_hash[:12]}); re-run extraction"
         )
-    backend = cache.backend["name"]
+    backend = cache_manifest.entry(cache.directory, cache.manifest, "backend.name")
     mismatch = backend != checkpoint["trained_with"]
     if mismatch and not settings.get("allow_backend_mismatch"):
         raise DflashEvalError(
@@ -127,6 +118,7 @@ def run_evaluation(settings: dict, hidden: str, completions: str) -> tuple[dict,
     dtype = DTYPES[settings["dtype"]]
     cache = HiddenCache(hidden)
     cache_info = check_cache(cache, settings)
+    records = {record["id"]: record for record in read_completions(completions)}
     head = load_target_head(settings["target"]["path"])
     checkpoint = settings["checkpoint"]
     loaded = load_drafter(checkpoint["path"], checkpoint["layout"], checkpoint.get("config"),
@@ -135,7 +127,6 @@ def run_evaluation(settings: dict, hidden: str, completions: str) -> tuple[dict,
         raise DflashEvalError(f"drafter hidden_size {loaded.config.hidden_size} != target hidden size {head.embed.shape[1]}")
     runner = BlockDrafter(loaded.model, head.embed, head.lm_head, loaded.mask_token_id).to(device=device, dtype=dtype)
     stops = stop_token_ids(settings)
-    records = read_completions(completions)
     block = loaded.block_size
     block_sizes = requested_block_sizes(settings.get("block_sizes"), block)
     budgets = sorted(set(settings.get("ddtree_budgets") or []))
@@ -211,10 +202,14 @@ def method_metrics(method: str, per_sample: list[list[int]], block: int, setting
 
 
 def _checkpoint_hash(path: str) -> str:
+    """metrics.json's checkpoint sha256: the file's own, or for a directory the sha256 of its files' hex
+    digests concatenated in path order. Each file's digest goes through the FingerprintCache, where the
+    workflow put it when it fingerprinted a checkpoint it did not build for this rule's param: no re-read."""
     target = Path(path)
     files = sorted(p for p in target.rglob("*") if p.is_file()) if target.is_dir() else [target]
-    return sha256_file(files[0]) if len(files) == 1 else \
-        __import__("hashlib").sha256("".join(sha256_file(f) for f in files).encode()).hexdigest()
+    fingerprints = FingerprintCache()
+    digests = [fingerprints.file(file, "checkpoint.path") for file in files]
+    return digests[0] if len(digests) == 1 else hashlib.sha256("".join(digests).encode()).hexdigest()
 
 
 def run(args: argparse.Namespace) -> int:

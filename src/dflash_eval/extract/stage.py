@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import argparse
 import gc
-import json
 import logging
 import time
 import traceback
@@ -25,15 +24,13 @@ from dflash_eval.extract.backends import BackendInfo, BackendRun, package_versio
 from dflash_eval.cache.store import CacheWriter
 from dflash_eval.cache.resume import ResumeState, plan_key, plan_shards, prepare_resume
 from dflash_eval.extract.capture import capture_layers, check_layer_ids
-from dflash_eval.config import RUNTIME_HELP, extract_settings, load_config, with_runtime
+from dflash_eval.completions import read_completions
+from dflash_eval.config import RUNTIME_HELP, extract_settings, settings_from_args, stage_settings
 from dflash_eval.errors import DflashEvalError
 from dflash_eval.io_utils import sha256_file
 from dflash_eval.extract.target import load_target, read_config_json, target_config_hash, text_config_dict
 
 log = logging.getLogger(__name__)
-
-_SETTING_KEYS = ("layer_ids", "target", "shard_tokens", "store_argmax", "strict_tokens")
-_TARGET_KEYS = ("path", "dtype", "device", "backend")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -54,45 +51,10 @@ def parse_layers(text: str) -> list[int]:
         raise DflashEvalError(f"--layers {text!r}: expected comma-separated integers such as 1,16,31") from None
 
 
-def resolve_settings(args: argparse.Namespace) -> dict[str, Any]:
-    """Settings from --settings JSON, or built from --config/--dataset/--layers; keys checked."""
-    if args.settings:
-        settings = json.loads(args.settings)
-    elif args.config and args.dataset and args.layers:
-        settings = extract_settings(load_config(args.config), args.dataset, parse_layers(args.layers))
-    else:
-        raise DflashEvalError("extract needs --settings JSON, or --config with --dataset and --layers")
-    settings = with_runtime(settings, args.runtime)
-    missing = [k for k in _SETTING_KEYS if k not in settings]
-    missing += [f"target.{k}" for k in _TARGET_KEYS if k not in settings.get("target", {})]
-    if missing:
-        raise DflashEvalError(f"extract settings lack {missing}")
-    return settings
-
-
-def read_completions(path: str | Path) -> list[dict[str, Any]]:
-    """Completion records with the fields extraction needs, ids unique."""
-    path = Path(path)
-    if not path.is_file():
-        raise DflashEvalError(f"completions file {path} not found; run the fetch stage first")
-    records = []
-    with path.open(encoding="utf-8") as handle:
-        for number, line in enumerate(handle, 1):
-            if not line.strip():
-                continue
-            record = json.loads(line)
-            for key in ("id", "prompt_token_ids", "completion_token_ids"):
-                if key not in record:
-                    raise DflashEvalError(f"{path}:{number}: record lacks {key!r}")
-            if not record["prompt_token_ids"]:
-                raise DflashEvalError(f"{path}:{number}: sample {record['id']!r} has no prompt tokens")
-            records.append(record)
-    ids = [str(r["id"]) for r in records]
-    if len(set(ids)) != len(ids):
-        raise DflashEvalError(f"{path}: sample ids repeat")
-    if not records:
-        raise DflashEvalError(f"{path} holds no completions")
-    return records
+def settings_from_cli(args: argparse.Namespace) -> dict[str, Any]:
+    """--settings JSON (and --runtime), or settings built from --config, --dataset and --layers."""
+    layers = None if args.layers is None else parse_layers(args.layers)
+    return settings_from_args(argparse.Namespace(**{**vars(args), "layers": layers}), extract_settings, "dataset", "layers")
 
 
 @dataclass
@@ -273,8 +235,9 @@ def _extract_on_device(settings: dict[str, Any], records: list[dict[str, Any]], 
 
 def extract(settings: dict[str, Any], completions: str | Path, out: str | Path) -> Path:
     """The stage without argparse: check inputs, pause the server, extract, publish the cache."""
+    settings = stage_settings("extract", settings)
     target = settings["target"]
-    records = read_completions(completions)
+    records = read_completions(completions, need_tokens=True)
     tokens = check_tokens(records, bool(settings["strict_tokens"]))
     text_config = text_config_dict(read_config_json(target["path"]))
     check_layer_ids(settings["layer_ids"], int(text_config["num_hidden_layers"]))
@@ -313,6 +276,5 @@ def extract(settings: dict[str, Any], completions: str | Path, out: str | Path) 
 
 
 def run(args: argparse.Namespace) -> int:
-    settings = resolve_settings(args)
-    extract(settings, args.completions, args.out)
+    extract(settings_from_cli(args), args.completions, args.out)
     return 0

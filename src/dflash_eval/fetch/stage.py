@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from dflash_eval.config import RUNTIME_HELP, fetch_settings, settings_from_args, with_runtime
+from dflash_eval.config import RUNTIME_HELP, fetch_settings, settings_from_args, stage_settings
 from dflash_eval.errors import DflashEvalError, Terminated
 from dflash_eval.fetch import sglang
 from dflash_eval.fetch.store import PartialStore
@@ -33,25 +33,6 @@ from dflash_eval.fetch.retry import FetchError, with_retries
 from dflash_eval.server.control import ServerController, http_request, sigterm_raises
 
 log = logging.getLogger(__name__)
-
-DEFAULTS: dict[str, Any] = {
-    "prompts": None,  # a prompt file, or
-    "preset": None,  # a named benchmark (presets.PRESETS), with optionally
-    "source": None,  # its local copy (file or directory) and
-    "cache_dir": None,  # the `datasets` cache to load it through
-    "max_samples": None,
-    "seed": 0,
-    "max_tokens": 2048,  # the schema's defaults (workflow/schemas/config.schema.yaml), for settings written by hand
-    "temperature": 0.0,
-    "concurrency": 16,
-    "timeout_s": 600.0,
-    "retries": 5,
-    "backoff_s": 1.0,  # first retry waits about this long (times a jitter in [0.5, 1]); each next one twice as long
-    "endpoint": "completions",
-    "chat_template_kwargs": {},
-}
-REQUIRED = ("dataset", "server", "tokenizer")
-ENDPOINTS = ("completions", "chat")
 
 __all__ = ["FetchError", "fetch"]
 
@@ -85,22 +66,6 @@ class ServerInfo:
             "weight_version": self.weight_version,
             "speculative": self.speculative,
         }
-
-
-def resolve_settings(settings: dict[str, Any]) -> dict[str, Any]:
-    """Fill defaults and reject unknown or missing keys, so that config drift is loud."""
-    missing = [k for k in REQUIRED if settings.get(k) is None]
-    unknown = set(settings) - set(DEFAULTS) - set(REQUIRED)
-    if missing or unknown:
-        raise DflashEvalError(f"fetch settings: missing {missing}, unknown {sorted(unknown)}")
-    out = {**DEFAULTS, **{k: v for k, v in settings.items() if v is not None}}
-    if (out["prompts"] is None) == (out["preset"] is None):
-        raise DflashEvalError(f"fetch settings: give exactly one of prompts (a file) and preset (a named set), got "
-                              f"prompts={out['prompts']!r}, preset={out['preset']!r}")
-    if out["endpoint"] not in ENDPOINTS:
-        raise DflashEvalError(f"fetch endpoint must be one of {ENDPOINTS}, got {out['endpoint']!r}")
-    out["chat_template_kwargs"] = dict(out["chat_template_kwargs"] or {})
-    return out
 
 
 def load_prompt_set(settings: dict[str, Any]) -> tuple[list[Prompt], str]:
@@ -458,7 +423,7 @@ def fetch(settings: dict[str, Any], out: Path) -> list[dict[str, Any]]:
     Resumable: finished records collect in `<out>.partial` (see fetch.store); a rerun sends only the
     requests whose answer is missing, and `out` appears only once every record is there.
     """
-    settings = resolve_settings(settings)
+    settings = stage_settings("fetch", settings)
     prompt_set, origin = load_prompt_set(settings)
     prompts = select_subset(prompt_set, settings["max_samples"], int(settings["seed"]))
     expected = [rid for p in prompts for rid in record_ids(p)]
@@ -513,5 +478,5 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     """CLI entry (the log file is the global `dflash-eval --log`)."""
-    fetch(with_runtime(settings_from_args(args, fetch_settings, "dataset"), args.runtime), args.out)
+    fetch(settings_from_args(args, fetch_settings, "dataset"), args.out)
     return 0

@@ -16,7 +16,6 @@ flock keeps two fetches of the same output from interleaving their appends.
 from __future__ import annotations
 
 import fcntl
-import json
 import logging
 import os
 import time
@@ -25,6 +24,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
+from dflash_eval.completions import parse_line, serialize
 from dflash_eval.errors import DflashEvalError
 from dflash_eval.io_utils import atomic_write_bytes
 
@@ -46,16 +46,8 @@ def read_records(path: Path, repair: bool = False) -> list[dict[str, Any]]:
         if repair:
             with open(path, "r+b") as fh:
                 fh.truncate(end)
-    records = []
-    for lineno, line in enumerate(data[:end].split(b"\n")[:-1], start=1):
-        try:
-            rec = json.loads(line)
-        except ValueError:
-            raise DflashEvalError(f"{path}:{lineno}: not a JSON record; the file is damaged: delete it to refetch") from None
-        if not isinstance(rec, dict) or "id" not in rec:
-            raise DflashEvalError(f"{path}:{lineno}: not a completions record (no id); delete the file to refetch")
-        records.append(rec)
-    return records
+    lines = data[:end].split(b"\n")[:-1]
+    return [parse_line(path, lineno, line) for lineno, line in enumerate(lines, start=1) if line.strip()]
 
 
 class PartialStore:
@@ -157,8 +149,3 @@ class PartialStore:
         atomic_write_bytes(self.out, b"".join(lines.get(str(r["id"])) or serialize(r) for r in records))
         self.path.unlink(missing_ok=True)
         lines.clear()
-
-
-def serialize(record: dict[str, Any]) -> bytes:
-    """One JSONL line of a record, as both the partial file and the output hold it."""
-    return (json.dumps(record, ensure_ascii=False) + "\n").encode()

@@ -1,41 +1,57 @@
-"""The report's PNG plots: tau by drafter and dataset, tau against training step, acceptance by
-position, and the acceptance-length histogram.
+"""The report's PNG plots, as a registry: PLOTS maps each plot's name to its file, drawing and caption.
+
+A new plot is one entry in PLOTS (a function that draws a Figure from PlotData) plus its caption,
+workflow/report/<caption>.rst: workflow/rules/report.smk declares every entry as an output of the
+report rule (captioned in `snakemake --report`), and the report stage draws every entry.
 
 Every plot is drawn on a pyplot-free Figure (no global state; PNG goes through Agg whatever the
-backend), 1200 x 600 px, axes labelled with units, and written to a temporary name then renamed.
-A plot with nothing to show (no training steps known) still renders, saying why, so that the
-workflow can declare every plot as an output.
+backend), 1200 x 600 px, axes labelled with units. A plot with nothing to show (no training steps
+known) still renders, saying why, so that the workflow can declare every plot as an output.
+This module imports no matplotlib or pandas at load: report.smk imports the registry.
 """
 
 from __future__ import annotations
 
-import os
-import tempfile
-from pathlib import Path
+import io
+from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
-import pandas as pd
-
-from dflash_eval.io_utils import _umask
+from dflash_eval.report.labels import drafter_label, fmt, missing
 
 TAU_LABEL = "acceptance length tau (tokens per verification step)"
 FIGSIZE, DPI = (12, 6), 100          # 1200 x 600 px
-DIGITS = 2                           # tau precision shown; the CI is wider than 0.01 in practice
 DEFAULT_RUN = "training run"         # label of the drafters that name no `run:`
-NAMES = {"tau": "tau.png", "step": "tau_vs_step.png", "position": "acceptance_by_position.png",
-         "histogram": "acceptance_histogram.png"}
 
 
-def missing(value: Any) -> bool:
-    return value is None or bool(pd.isna(value))
+@dataclass(frozen=True)
+class PlotData:
+    """Everything a plot may draw from, the same for every plot."""
+
+    rows: list[dict]                          # summary rows (summary.csv), config order
+    metrics: dict[tuple[str, str], dict]      # (drafter, dataset) -> its metrics.json
+    settings: dict                            # the report settings, drafters in config order
+    trust: dict                               # the trust panel (trust.json): online vs offline, outages, ...
+
+    def chain(self, drafter: str, dataset: str) -> dict:
+        """The own-block chain of one evaluation (acceptance by position, histogram); {} when absent."""
+        return (self.metrics.get((drafter, dataset)) or {}).get("chain") or {}
 
 
-def fmt(value: Any, digits: int = DIGITS) -> str:
-    return "n/a" if missing(value) else f"{value:.{digits}f}"
+@dataclass(frozen=True)
+class Plot:
+    """One registered plot: the PNG's name in the plot folder, how to draw it, its caption in workflow/report/."""
+
+    file: str
+    draw: Callable[[PlotData], Any]           # returns a matplotlib Figure
+    caption: str
 
 
-def drafter_label(drafter: str, settings: dict) -> str:
-    return f"{drafter} (reference)" if drafter == settings.get("reference") else drafter
+def png(plot: Plot, data: PlotData) -> bytes:
+    """The plot as PNG bytes (written by the stage once every output is rendered)."""
+    buffer = io.BytesIO()
+    plot.draw(data).savefig(buffer, format="png", dpi=DPI)
+    return buffer.getvalue()
 
 
 def _whole_number_ticks(axes: Any) -> None:
@@ -57,21 +73,6 @@ def _colors(count: int) -> list:
     if count <= 10:
         return [colormaps["tab10"](i) for i in range(count)]
     return [colormaps["viridis"](i / max(count - 1, 1)) for i in range(count)]
-
-
-def save_png(figure: Any, path: str | Path) -> None:
-    """Render to a temporary sibling and rename, so a crash never leaves a half-written PNG."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".png", dir=path.parent)
-    os.close(fd)
-    try:
-        figure.savefig(tmp, format="png", dpi=DPI)
-        os.chmod(tmp, 0o666 & ~_umask())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
 
 
 def _nothing_to_show(axes: Any, message: str) -> None:
@@ -101,9 +102,10 @@ def _error_bars(rows: list[dict]) -> list[list[float]]:
     return [below, above]
 
 
-def plot_tau(rows: list[dict], settings: dict, path: str | Path) -> None:
+def draw_tau(data: PlotData) -> Any:
     """Grouped bars: datasets along x, one bar per drafter (own chain), 95% CI as error bars."""
-    chain = chain_rows(rows)
+    settings = data.settings
+    chain = chain_rows(data.rows)
     drafters, datasets = list(settings["drafters"]), list(settings["datasets"])
     figure = _figure()
     axes = figure.subplots()
@@ -131,7 +133,7 @@ def plot_tau(rows: list[dict], settings: dict, path: str | Path) -> None:
     axes.grid(axis="y", alpha=0.3)
     axes.set_axisbelow(True)
     _legend(axes, "drafter")
-    save_png(figure, path)
+    return figure
 
 
 def training_runs(rows: list[dict], settings: dict) -> dict[str, list[dict]]:
@@ -145,12 +147,12 @@ def training_runs(rows: list[dict], settings: dict) -> dict[str, list[dict]]:
     return runs
 
 
-def plot_tau_vs_step(rows: list[dict], settings: dict, path: str | Path) -> None:
+def draw_tau_vs_step(data: PlotData) -> Any:
     """tau against training step, one line per training run and dataset, the 95% CI as a band."""
     figure = _figure()
     axes = figure.subplots()
-    runs = training_runs(rows, settings)
-    lines = [(run, dataset) for run in runs for dataset in settings["datasets"]]
+    runs = training_runs(data.rows, data.settings)
+    lines = [(run, dataset) for run in runs for dataset in data.settings["datasets"]]
     several_runs = len(runs) > 1
     drawn = 0
     for (run, dataset), color in zip(lines, _colors(len(lines))):
@@ -172,7 +174,7 @@ def plot_tau_vs_step(rows: list[dict], settings: dict, path: str | Path) -> None
         axes.grid(alpha=0.3)
         _legend(axes, "training run / dataset" if several_runs else "dataset")
     axes.set_title("DFlash drafters: tau (z-lab mean, own block size) against training step, 95% CI band")
-    save_png(figure, path)
+    return figure
 
 
 def _dataset_axes(figure: Any, datasets: list[str]) -> list[Any]:
@@ -180,13 +182,14 @@ def _dataset_axes(figure: Any, datasets: list[str]) -> list[Any]:
     return list(axes)
 
 
-def plot_acceptance_by_position(chains: dict[tuple[str, str], dict], settings: dict, path: str | Path) -> None:
+def draw_acceptance_by_position(data: PlotData) -> Any:
     """Per dataset: share of verification steps that accept draft token k, one line per drafter."""
+    settings = data.settings
     datasets, drafters = list(settings["datasets"]), list(settings["drafters"])
     figure = _figure()
     for axes, dataset in zip(_dataset_axes(figure, datasets), datasets):
         for drafter, color in zip(drafters, _colors(len(drafters))):
-            shares = (chains.get((drafter, dataset)) or {}).get("acceptance_by_position") or []
+            shares = data.chain(drafter, dataset).get("acceptance_by_position") or []
             if not shares:
                 continue
             percent = [float("nan") if missing(s) else 100 * float(s) for s in shares]
@@ -200,18 +203,19 @@ def plot_acceptance_by_position(chains: dict[tuple[str, str], dict], settings: d
     figure.axes[0].set_ylabel("verification steps accepting draft token k (%)")
     figure.suptitle("Acceptance by draft position (own block size, greedy verification)")
     _legend(figure.axes[-1], "drafter")
-    save_png(figure, path)
+    return figure
 
 
-def plot_acceptance_histogram(chains: dict[tuple[str, str], dict], settings: dict, path: str | Path) -> None:
+def draw_acceptance_histogram(data: PlotData) -> Any:
     """Per dataset: share of verification steps producing each length 1..B, grouped bars per drafter."""
+    settings = data.settings
     datasets, drafters = list(settings["datasets"]), list(settings["drafters"])
     figure = _figure()
     width = 0.8 / len(drafters)
     for axes, dataset in zip(_dataset_axes(figure, datasets), datasets):
         lengths: set[int] = set()
         for index, (drafter, color) in enumerate(zip(drafters, _colors(len(drafters)))):
-            counts = {int(k): int(v) for k, v in ((chains.get((drafter, dataset)) or {}).get("histogram") or {}).items()}
+            counts = {int(k): int(v) for k, v in (data.chain(drafter, dataset).get("histogram") or {}).items()}
             total = sum(counts.values())
             if not total:
                 continue
@@ -230,16 +234,14 @@ def plot_acceptance_histogram(chains: dict[tuple[str, str], dict], settings: dic
     figure.axes[0].set_ylabel("share of verification steps (%)")
     figure.suptitle("Acceptance-length histogram (own block size)")
     _legend(figure.axes[-1], "drafter")
-    save_png(figure, path)
+    return figure
 
 
-def write_all(rows: list[dict], chains: dict[tuple[str, str], dict], settings: dict, tau_path: str | Path,
-              plot_dir: str | Path) -> list[Path]:
-    """Every plot; tau.png where asked, the others in plot_dir under their fixed NAMES."""
-    plot_dir = Path(plot_dir)
-    paths = [Path(tau_path)] + [plot_dir / NAMES[key] for key in ("step", "position", "histogram")]
-    plot_tau(rows, settings, paths[0])
-    plot_tau_vs_step(rows, settings, paths[1])
-    plot_acceptance_by_position(chains, settings, paths[2])
-    plot_acceptance_histogram(chains, settings, paths[3])
-    return paths
+# name (the report rule's output name) -> plot, in the order of the HTML report's Plots
+PLOTS: dict[str, Plot] = {
+    "tau": Plot("tau.png", draw_tau, "tau.rst"),
+    "tau_vs_step": Plot("tau_vs_step.png", draw_tau_vs_step, "tau_vs_step.rst"),
+    "acceptance_by_position": Plot("acceptance_by_position.png", draw_acceptance_by_position,
+                                   "acceptance_by_position.rst"),
+    "acceptance_histogram": Plot("acceptance_histogram.png", draw_acceptance_histogram, "acceptance_histogram.rst"),
+}

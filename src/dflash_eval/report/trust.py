@@ -6,44 +6,39 @@ directory), fetch records (completions JSONL: token checks, id sources, the serv
 stats), and the server hook's transitions log (outages around extraction). Only JSON is read here
 (no torch): the report stays fast.
 
-Online tau is SGLang's `spec_accept_length` (completion tokens / verification steps, bonus token
-included) per request, compared with the served drafter's own-block chain tau on the same samples.
+Online vs offline is report/online.py: the server's own counters per request beside the served
+drafter's offline steps at the served block size, the conventions lined up.
+
+Data only, as dicts (trust.json holds them); report/markdown.py renders them.
 """
 
 from __future__ import annotations
 
 import json
 import logging
+import os
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Iterable
 
+from dflash_eval import completions
+from dflash_eval.cache import manifest as cache_manifest
 from dflash_eval.errors import DflashEvalError
 from dflash_eval.io_utils import sha256_file
 from dflash_eval.report import online as online_check
+from dflash_eval.report.summary import Evaluation, per_sample_steps
 
 log = logging.getLogger(__name__)
 
 NOT_RECORDED = "not recorded"
-MANIFEST = "manifest.json"
 
 
 # -- caches ---------------------------------------------------------------------------------------
 
-def read_json(path: Path) -> dict | None:
-    """A JSON file, None when absent; a corrupt one is an error that names it."""
-    if not path.is_file():
-        return None
-    try:
-        return json.loads(path.read_text(encoding="utf-8"))
-    except json.JSONDecodeError as error:
-        raise DflashEvalError(f"{path}: not valid JSON ({error}); re-run the stage that writes it") from error
-
-
 def cache_entry(directory: str | Path, completions_sha256: str | None) -> dict:
     """One cache's provenance from its manifest; `completions_match` compares the file it was built from."""
     directory = Path(directory)
-    manifest = read_json(directory / MANIFEST)
+    manifest = cache_manifest.read(directory)
     if manifest is None:
         return {"dir": str(directory), "recorded": False}
     target, backend = manifest.get("target") or {}, manifest.get("backend") or {}
@@ -85,32 +80,25 @@ class FetchRecords:
 
 
 def read_completions(path: str | Path) -> FetchRecords:
-    """Scan one completions JSONL (contract in docs/contracts.md); bad lines are errors naming the line."""
+    """Scan one completions JSONL through dflash_eval.completions (bad lines are errors naming the line)."""
     path = Path(path)
     out = FetchRecords(path=path, sha256=sha256_file(path))
-    with path.open(encoding="utf-8") as handle:
-        for number, line in enumerate(handle, 1):
-            if not line.strip():
-                continue
-            try:
-                record = json.loads(line)
-                sample_id = str(record["id"])
-            except (json.JSONDecodeError, KeyError, TypeError) as error:
-                raise DflashEvalError(f"{path}:{number}: not a completion record ({error!r}); re-run fetch") from error
-            out.records += 1
-            check = record.get("token_check")
-            if check is None:
-                out.unchecked.append(sample_id)
-            else:
-                if check.get("prompt_tokens_match") is False:
-                    out.prompt_mismatch.append(sample_id)
-                if check.get("completion_tokens_match") is False:
-                    out.completion_mismatch.append(sample_id)
-            source = str(record.get("completion_ids_source") or NOT_RECORDED)
-            out.sources[source] = out.sources.get(source, 0) + 1
-            counters = online_check.request_counters(record)
-            if counters is not None:
-                out.spec[sample_id] = counters
+    for _, record in completions.iter_records(path):
+        sample_id = record["id"]
+        out.records += 1
+        check = record.get("token_check")
+        if check is None:
+            out.unchecked.append(sample_id)
+        else:
+            if check.get("prompt_tokens_match") is False:
+                out.prompt_mismatch.append(sample_id)
+            if check.get("completion_tokens_match") is False:
+                out.completion_mismatch.append(sample_id)
+        source = str(record.get("completion_ids_source") or NOT_RECORDED)
+        out.sources[source] = out.sources.get(source, 0) + 1
+        counters = online_check.request_counters(record)
+        if counters is not None:
+            out.spec[sample_id] = counters
     return out
 
 
@@ -153,7 +141,7 @@ def server_outages(path: str | Path | None) -> dict:
                 continue
             try:
                 event = json.loads(line)
-                name, when = event["event"], float(event["unix"])
+                name, _unix = event["event"], float(event["unix"])   # checked here: _outage measures from it
             except (json.JSONDecodeError, KeyError, TypeError, ValueError) as error:
                 raise DflashEvalError(f"{path}:{number}: not a server transition ({error!r})") from error
             if name == "pause" and event.get("was_up"):
@@ -180,102 +168,51 @@ def _outage(pause: dict, resume: dict | None, extractions: int) -> dict:
             "seconds": seconds, "restored": restored, "by_pid": pause.get("by_pid"), "extractions": extractions}
 
 
-# -- warnings and markdown ------------------------------------------------------------------------
+# -- the panel ------------------------------------------------------------------------------------
 
-def warnings(trust: dict) -> list[str]:
-    """The trust findings that make a number suspect, one markdown line each."""
-    found = []
-    for dataset, fetch in trust["fetch"].items():
-        bad = sorted(set(fetch.get("prompt_token_mismatches", [])) | set(fetch.get("completion_token_mismatches", [])))
-        if bad:
-            found.append(f"**Token mismatch at fetch**: {dataset}: {len(bad)} of {fetch['records']} records' token "
-                         f"ids disagree with the server's own counts (e.g. {', '.join(bad[:3])}); their tau "
-                         "is measured on tokens the server may not have produced.")
-    for cache in trust["caches"]:
-        if cache.get("completions_match") is False:
-            found.append(f"**Stale cache**: {cache['dir']} was extracted from another completions file "
-                         f"(sha256 {str(cache['completions_sha256'])[:12]}) than the one fetched now; re-run extraction.")
-    for dataset, online in trust["online"].items():
-        if online.get("beyond_tolerance"):
-            found.append(f"**Online ≠ offline**: {dataset}: the server measured tau "
-                         f"{online['online_tau_compared']:.2f}, offline gives {online['offline_tau_compared']:.2f} for "
-                         f"{online['drafter']} on the same {online['samples_compared']} samples "
-                         f"({online['relative_difference']:.1%} apart, tolerance {online['tolerance']:.1%}).")
-    server = trust["server"]
-    if server.get("recorded") and server["unrestored"]:
-        found.append(f"**Server not restored**: {server['unrestored']} pause(s) in {server['path']} have no "
-                     "successful resume; check that the server is up.")
-    return found
-
-
-def _short(digest: Any, digits: int = 12) -> str:
-    return str(digest)[:digits] if digest else NOT_RECORDED
-
-
-def _row(cells: Iterable[Any]) -> str:
-    return "| " + " | ".join(str(c).replace("|", "\\|").replace("\n", " ") for c in cells) + " |"
-
-
-def _versions(versions: dict | None) -> str:
-    return ", ".join(f"{k} {v}" for k, v in sorted(versions.items())) if versions else NOT_RECORDED
-
-
-def cache_table(caches: list[dict]) -> list[str]:
-    """One row per cache: what produced the hidden states the drafters were scored on."""
-    header = ["cache", "target", "layers", "kernel backend", "versions", "dtype", "device", "shards (sha256)",
-              "built from completions"]
-    lines = [_row(header), _row(["---"] * len(header))]
-    for cache in caches:
-        if not cache["recorded"]:
-            lines.append(_row([f"`{cache['dir']}`"] + [NOT_RECORDED] * (len(header) - 1)))
-            continue
-        target = f"{cache['target']} ({cache['model_type']}, {cache['num_hidden_layers']} layers, config " \
-                 f"{_short(cache['target_config_hash'])})"
-        device = cache["device"] or NOT_RECORDED
-        if cache.get("device_name") and cache["device_name"] != device:
-            device += f" ({cache['device_name']})"
-        shards = "<br>".join(f"{s['file']} {_short(s['sha256'])}" for s in cache["shards"]) or NOT_RECORDED
-        built = {None: f"{_short(cache['completions_sha256'])} (current file {NOT_RECORDED})",
-                 True: f"{_short(cache['completions_sha256'])} (= current file)",
-                 False: f"**{_short(cache['completions_sha256'])} ⚠️ NOT the current file**"}[cache["completions_match"]]
-        lines.append(_row([f"`{cache['dir']}`", target, ", ".join(map(str, cache["layer_ids"] or [])) or NOT_RECORDED,
-                           f"{cache['backend'] or NOT_RECORDED}", _versions(cache["versions"]),
-                           cache["dtype"] or NOT_RECORDED, device, shards, built]))
-    return lines
+def panel(evaluations: list[Evaluation], settings: dict, hidden: Iterable[str | Path],
+          completions: Iterable[str | Path], transitions: str | Path | None) -> dict:
+    """Everything the "can I trust this" panel shows (trust.json holds it, with the warnings added)."""
+    fetched = {}
+    for path in map(Path, completions):
+        if path.is_file():
+            fetched[path.name.removesuffix(".jsonl")] = read_completions(path)
+        else:
+            log.warning("%s not found: its fetch checks are reported as not recorded", path)
+    cache_dataset = {os.path.abspath(e.metrics["cache"]["dir"]): e.key[1] for e in evaluations}
+    directories: dict[str, str] = {}   # absolute path -> as first named (relative paths stay relative)
+    for directory in [str(h) for h in hidden] + [str(e.metrics["cache"]["dir"]) for e in evaluations]:
+        directories.setdefault(os.path.abspath(directory), os.path.normpath(directory))
+    caches = []
+    for key, directory in directories.items():
+        dataset = cache_dataset.get(key, Path(directory).parent.name)
+        caches.append(cache_entry(directory, fetched[dataset].sha256 if dataset in fetched else None))
+    served = settings.get("served_drafter")
+    by_key = {e.key: e for e in evaluations}
+    online = {}
+    for dataset in settings["datasets"]:
+        steps, own_block = None, None
+        if served is not None:
+            evaluation = by_key[(served, dataset)]
+            steps, own_block = per_sample_steps(evaluation), evaluation.metrics["block_size"]
+        entry = online_vs_offline(fetched.get(dataset), steps, float(settings.get("online_tolerance", 0.05)),
+                                  own_block)
+        online[dataset] = {**entry, "drafter": served}
+    return {
+        "caches": caches,
+        "fetch": {dataset: fetch_entry(fetched.get(dataset)) for dataset in settings["datasets"]},
+        "evaluations": [evaluation_entry(e) for e in evaluations],
+        "online": online,
+        "server": server_outages(transitions),
+    }
 
 
-def fetch_cells(fetch: dict) -> list[str]:
-    """Token mismatches and id sources of one dataset's fetch, for the per-evaluation table."""
-    if not fetch.get("recorded"):
-        return [NOT_RECORDED, NOT_RECORDED]
-    prompt, completion = len(fetch["prompt_token_mismatches"]), len(fetch["completion_token_mismatches"])
-    text = f"prompt {prompt}, completion {completion} of {fetch['records']}"
-    if prompt or completion:
-        text = f"**{text} ⚠️**"
-    if fetch["token_check_absent"]:
-        text += f"; {len(fetch['token_check_absent'])} unchecked"
-    sources = ", ".join(f"{name} {count}" for name, count in fetch["completion_ids_source"].items())
-    return [text, sources]
-
-
-def online_table(online: dict[str, dict]) -> list[str]:
-    """Per dataset: the server's own speculative tau beside the offline tau of the drafter it served."""
-    return online_check.table(online)
-
-
-def outage_lines(server: dict) -> list[str]:
-    """Each pause of the server around extraction and how long it lasted."""
-    if not server.get("recorded"):
-        where = f" ({server['path']} absent)" if server.get("path") else ""
-        return [f"Server transitions: {NOT_RECORDED}{where}."]
-    if not server["outages"]:
-        return [f"No server outage in `{server['path']}` (the server was never paused while up)."]
-    longest = "n/a" if server["longest_s"] is None else f"{server['longest_s']:.1f} s"
-    lines = [f"{server['count']} outage(s) in `{server['path']}`, {server['total_s']:.1f} s in all, longest {longest}.",
-             "", _row(["paused at", "back at", "outage", "restored", "extractions"]),
-             _row(["---", "---", "---:", "---", "---:"])]
-    for outage in server["outages"]:
-        seconds = "**never ended ⚠️**" if outage["seconds"] is None else f"{outage['seconds']:.1f} s"
-        lines.append(_row([outage["start"], outage["end"] or "–", seconds,
-                           "yes" if outage["restored"] else "**no ⚠️**", outage.get("extractions", 0)]))
-    return lines
+def evaluation_entry(evaluation: Evaluation) -> dict:
+    """What one evaluation says about itself: backend, argmax agreement with the completions, skips."""
+    metrics = evaluation.metrics
+    cache, diagnostics = metrics["cache"], metrics["diagnostics"]
+    return {"drafter": metrics["drafter"], "dataset": metrics["dataset"], "cache_dir": cache["dir"],
+            "backend": cache["backend"], "trained_with": cache.get("trained_with"),
+            "backend_mismatch_allowed": bool(cache["backend_mismatch_allowed"]),
+            "argmax_agreement": diagnostics.get("argmax_agreement"), "tokens_seen": diagnostics.get("tokens_seen"),
+            "samples": int(metrics["chain"]["samples"]), "samples_skipped": list(diagnostics.get("samples_skipped") or [])}

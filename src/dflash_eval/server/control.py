@@ -34,6 +34,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
+from dflash_eval.config import server_settings, settings_from_args, stage_settings
 from dflash_eval.server import gpu_memory
 from dflash_eval.server import outage
 from dflash_eval.errors import DflashEvalError, Terminated
@@ -42,24 +43,6 @@ from dflash_eval.server.outage import Outage, process_start_ticks
 
 log = logging.getLogger(__name__)
 
-KINDS = ("managed", "external", "release")
-DEFAULTS: dict[str, Any] = {
-    "kind": "managed",
-    "base_url": "http://127.0.0.1:8731",
-    "model": None,
-    "command": None,
-    "start_command": None,
-    "stop_command": None,
-    "health_path": "/health",
-    "health_timeout_s": 600.0,
-    "outage_wait_s": 43200.0,
-    "stop_grace_s": 30.0,
-    "log_dir": "results/logs/server",
-    "keep_running": False,
-    "memory_probe": None,
-    "release_min_drop_gib": 1.0,
-    "release_check_s": 10.0,
-}
 POLL_S = 0.25
 WAIT_LOG_S = 60.0  # how often a job waiting for another job's outage says so
 LOG_TAIL_CHARS = 3000
@@ -67,25 +50,6 @@ LOG_TAIL_CHARS = 3000
 
 class ServerError(DflashEvalError):
     """The server could not be brought to the requested state; the message says what to look at."""
-
-
-def resolve_settings(settings: dict[str, Any]) -> dict[str, Any]:
-    """Fill defaults and reject what cannot work, before anything is started or stopped."""
-    unknown = set(settings) - set(DEFAULTS)
-    if unknown:
-        raise DflashEvalError(f"unknown server settings: {sorted(unknown)} (known: {sorted(DEFAULTS)})")
-    out = {**DEFAULTS, **{k: v for k, v in settings.items() if v is not None}}
-    if out["kind"] not in KINDS:
-        raise DflashEvalError(f"server.kind must be one of {KINDS}, got {out['kind']!r}")
-    if out["kind"] == "managed" and not out["command"]:
-        raise DflashEvalError("server.command is required for kind: managed (the command that launches the server)")
-    if out["kind"] == "external" and not (out["start_command"] and out["stop_command"]):
-        raise DflashEvalError("server.start_command and server.stop_command are required for kind: external")
-    if out["kind"] == "release" and bool(out["start_command"]) != bool(out["stop_command"]):
-        raise DflashEvalError("kind: release takes server.start_command and server.stop_command together (the "
-                              "fallback when releasing does not free the GPU), or neither")
-    out["base_url"] = str(out["base_url"]).rstrip("/")
-    return out
 
 
 def http_request(url: str, method: str = "GET", timeout: float = 5.0) -> tuple[int, bytes]:
@@ -128,7 +92,7 @@ class ServerController:
     """Bring one server up or down, whatever its kind; every method is safe to repeat."""
 
     def __init__(self, settings: dict[str, Any]) -> None:
-        self.settings = resolve_settings(settings)
+        self.settings = stage_settings("server", settings)
         self.kind: str = self.settings["kind"]
         self.base_url: str = self.settings["base_url"]
         self.log_dir = Path(self.settings["log_dir"])
@@ -641,8 +605,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     """Run one action; `status` prints JSON and exits 0 when healthy, 3 when not (as systemctl does)."""
-    from dflash_eval.config import server_settings, settings_from_args
-
     ctl = ServerController(settings_from_args(args, server_settings))
     actions = {"up": ctl.ensure_up, "down": ctl.take_down, "stop-launched": ctl.stop_if_launched, "finish": ctl.finish}
     if args.action in actions:

@@ -10,12 +10,10 @@ drafter, what that does to tau. The reference for the error figures is the secon
 from __future__ import annotations
 
 import argparse
-import json
 import logging
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 import torch
@@ -187,13 +185,14 @@ def run(args: argparse.Namespace) -> int:
     from dflash_eval.evaluate.blocks import BlockDrafter
     from dflash_eval.evaluate.drafter import load_drafter
     from dflash_eval.evaluate.stage import stop_token_ids
-    from dflash_eval.extract.stage import parse_layers, read_completions
+    from dflash_eval.completions import read_completions
+    from dflash_eval.extract.stage import parse_layers
     from dflash_eval.extract.target import load_target
 
     backends = tuple(args.backends.split(","))
     for name in backends:
         select_backend(name, args.device)  # a backend that cannot run here fails before the model loads
-    records = read_completions(args.completions)
+    records = read_completions(args.completions, need_tokens=True)
     if args.max_samples:
         records = records[: args.max_samples]
     layer_ids = parse_layers(args.layers)

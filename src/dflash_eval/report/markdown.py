@@ -1,0 +1,358 @@
+"""summary.md, for people: warnings first, tau with its confidence interval and the best per column in
+bold, the verdicts against the reference, then the Diagnostics ("can I trust these numbers?").
+
+Every markdown line of the report is made here, from the rows (report/summary.py) and the trust
+panel's data (report/trust.py); a suspect number (kernel backend mismatch, low argmax agreement,
+skipped samples, a stale cache) is made impossible to miss.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
+
+from dflash_eval.report import online as online_check
+from dflash_eval.report.labels import DIGITS, drafter_label, fmt, missing
+from dflash_eval.report.summary import Evaluation
+from dflash_eval.report.trust import NOT_RECORDED
+
+LOW_AGREEMENT = 0.95                 # below this the cached target is likely not the one that served
+MAX_LISTED_SKIPS = 5
+
+
+def _cell(text: Any) -> str:
+    return str(text).replace("|", "\\|").replace("\n", " ")
+
+
+def table_row(cells: Iterable[Any]) -> str:
+    return "| " + " | ".join(_cell(c) for c in cells) + " |"
+
+
+def headline(row: dict) -> bool:
+    """The main table's methods: each drafter's own chain and every DDTree budget (shorter chains go below)."""
+    return row["primary"] or not row["method"].startswith("chain-")
+
+
+def _columns(rows: list[dict], settings: dict, keep: Any = headline) -> list[tuple[str, str]]:
+    """(dataset, method) pairs: datasets in config order, methods in order of first appearance."""
+    columns: list[tuple[str, str]] = []
+    for dataset in settings["datasets"]:
+        for row in rows:
+            if row["dataset"] == dataset and keep(row) and (dataset, row["method"]) not in columns:
+                columns.append((dataset, row["method"]))
+    return columns
+
+
+def _best(rows: list[dict], column: tuple[str, str], value: str) -> float | None:
+    """Best value at the shown precision, so that equal-looking numbers are bold together."""
+    shown = [round(r[value], DIGITS) for r in rows if (r["dataset"], r["method"]) == column and not missing(r[value])]
+    return max(shown) if shown else None
+
+
+def _tau_cell(row: dict | None, value: str, low: str, high: str, best: float | None) -> str:
+    if row is None:
+        return "–"
+    text = fmt(row[value])
+    if best is not None and not missing(row[value]) and round(row[value], DIGITS) == best:
+        text = f"**{text}**"
+    if not missing(row[low]):
+        text += f" <sub>[{fmt(row[low])}, {fmt(row[high])}]</sub>"
+    return text + (" ⚠️" if row["backend_mismatch_allowed"] else "")
+
+
+def _steps_by_drafter(rows: list[dict]) -> dict[str, Any]:
+    return {r["drafter"]: r["training_step"] for r in rows if not missing(r["training_step"])}
+
+
+def tau_table(rows: list[dict], settings: dict, value: str, low: str, high: str, keep: Any = headline) -> list[str]:
+    """Drafters as rows, dataset x method as columns, tau with its CI, best per column in bold."""
+    columns = _columns(rows, settings, keep)
+    steps = _steps_by_drafter(rows)
+    by_key = {(r["drafter"], r["dataset"], r["method"]): r for r in rows}
+    best = {column: _best(rows, column, value) for column in columns}
+    lead = ["drafter", "training step"] if steps else ["drafter"]
+    lines = [table_row(lead + [f"{d}<br>{m}" for d, m in columns]),
+             table_row(["---"] * len(lead) + ["---:"] * len(columns))]
+    for drafter in settings["drafters"]:
+        cells = [drafter_label(drafter, settings)] + ([steps.get(drafter, "")] if steps else [])
+        cells += [_tau_cell(by_key.get((drafter, *column)), value, low, high, best[column]) for column in columns]
+        lines.append(table_row(cells))
+    return lines
+
+
+def reference_table(rows: list[dict], settings: dict) -> list[str]:
+    """tau (z-lab mean) of each drafter as a percentage of the reference drafter's (main-table methods)."""
+    columns = _columns(rows, settings)
+    by_key = {(r["drafter"], r["dataset"], r["method"]): r for r in rows}
+    lines = [table_row(["drafter"] + [f"{d}<br>{m}" for d, m in columns]), table_row(["---"] + ["---:"] * len(columns))]
+    for drafter in settings["drafters"]:
+        cells = [drafter_label(drafter, settings)]
+        for column in columns:
+            row = by_key.get((drafter, *column))
+            ratio = None if row is None else row["tau_vs_reference"]
+            cells.append("–" if missing(ratio) else f"{100 * ratio:.1f}%")
+        lines.append(table_row(cells))
+    return lines
+
+
+def verdict_table(rows: list[dict], settings: dict) -> list[str]:
+    """One line per drafter x dataset x method compared with the reference."""
+    lines = [table_row(["drafter", "dataset", "method", "difference", "95% CI", "verdict"]),
+             table_row(["---", "---", "---", "---:", "---", "---"])]
+    for row in rows:
+        if not row["verdict"]:
+            continue
+        verdict = f"**{row['verdict']}**" if row["verdict"] in ("better", "worse") else row["verdict"]
+        lines.append(table_row([row["drafter"], row["dataset"], row["method"], f"{row['diff_vs_reference']:+.{DIGITS}f}",
+                                f"[{fmt(row['diff_ci_low'])}, {fmt(row['diff_ci_high'])}]", verdict]))
+    return lines
+
+
+def evaluation_warnings(evaluations: list[Evaluation]) -> list[str]:
+    """Everything that makes a number suspect, one markdown line each."""
+    found = []
+    for evaluation in evaluations:
+        metrics, (drafter, dataset) = evaluation.metrics, evaluation.key
+        cache, diagnostics = metrics["cache"], metrics["diagnostics"]
+        if cache["backend_mismatch_allowed"]:
+            found.append(f"**Backend mismatch**: {drafter} on {dataset} was evaluated on hidden states from the "
+                         f"`{cache['backend']}` kernels but trained with `{cache.get('trained_with', '?')}` ones "
+                         "(allowed by evaluation.allow_backend_mismatch); its tau is not the deployed one.")
+        agreement = diagnostics.get("argmax_agreement")
+        if agreement is not None and agreement < LOW_AGREEMENT:
+            found.append(f"**Low argmax agreement**: {drafter} on {dataset}: {agreement:.1%} of completion tokens "
+                         "are the cached target's own greedy choice; the cache may not come from the served model.")
+        if diagnostics.get("samples_skipped"):
+            found.append(f"**Skipped samples**: {drafter} on {dataset}: {len(diagnostics['samples_skipped'])} "
+                         "sample(s) not evaluated (see Diagnostics).")
+        if int(metrics["chain"]["samples"]) == 0:
+            found.append(f"**No samples**: {drafter} on {dataset} evaluated no sample; its tau is undefined.")
+    return found
+
+
+def plain(markdown: str) -> str:
+    """A markdown line for the log."""
+    return markdown.replace("**", "").replace("`", "")
+
+
+def _skipped_summary(skipped: list[dict]) -> str:
+    if not skipped:
+        return "0"
+    listed = ", ".join(f"{s.get('id')} ({s.get('why', '?')})" for s in skipped[:MAX_LISTED_SKIPS])
+    more = f", … {len(skipped) - MAX_LISTED_SKIPS} more" if len(skipped) > MAX_LISTED_SKIPS else ""
+    return f"**{len(skipped)}**: {listed}{more}"
+
+
+def _checkpoint_summary(checkpoint: dict) -> str:
+    name = Path(str(checkpoint.get("path", "?"))).name
+    digest = checkpoint.get("sha256")
+    return f"{name} (sha256 {digest[:12]})" if digest else name
+
+
+def diagnostics_table(evaluations: list[Evaluation], fetch: dict[str, dict]) -> list[str]:
+    """Per evaluation: kernel backend, mismatch (loud), fetch token checks, argmax agreement, skips, checkpoint."""
+    header = ["drafter", "dataset", "cache backend", "trained with", "backend mismatch", "token mismatches at fetch",
+              "completion ids from", "argmax agreement", "samples", "skipped", "layer ids", "checkpoint"]
+    lines = [table_row(header), table_row(["---"] * len(header))]
+    for evaluation in evaluations:
+        metrics = evaluation.metrics
+        cache, diagnostics = metrics["cache"], metrics["diagnostics"]
+        agreement = diagnostics.get("argmax_agreement")
+        agreement_text = "n/a (no argmax stored)" if agreement is None else f"{agreement:.2%}"
+        if agreement is not None and agreement < LOW_AGREEMENT:
+            agreement_text = f"**{agreement_text} ⚠️ LOW**"
+        mismatch = "**⚠️ YES (allowed)**" if cache["backend_mismatch_allowed"] else "no"
+        lines.append(table_row([
+            metrics["drafter"], metrics["dataset"], cache["backend"], cache.get("trained_with", "?"), mismatch,
+            *fetch_cells(fetch.get(metrics["dataset"]) or {}),
+            agreement_text, metrics["chain"]["samples"], _skipped_summary(diagnostics.get("samples_skipped") or []),
+            ", ".join(str(i) for i in metrics["layer_ids"]), _checkpoint_summary(metrics.get("checkpoint") or {}),
+        ]))
+    return lines
+
+
+# -- the trust panel ------------------------------------------------------------------------------
+
+def trust_warnings(trust: dict) -> list[str]:
+    """The trust findings that make a number suspect, one markdown line each."""
+    found = []
+    for dataset, fetch in trust["fetch"].items():
+        bad = sorted(set(fetch.get("prompt_token_mismatches", [])) | set(fetch.get("completion_token_mismatches", [])))
+        if bad:
+            found.append(f"**Token mismatch at fetch**: {dataset}: {len(bad)} of {fetch['records']} records' token "
+                         f"ids disagree with the server's own counts (e.g. {', '.join(bad[:3])}); their tau "
+                         "is measured on tokens the server may not have produced.")
+    for cache in trust["caches"]:
+        if cache.get("completions_match") is False:
+            found.append(f"**Stale cache**: {cache['dir']} was extracted from another completions file "
+                         f"(sha256 {str(cache['completions_sha256'])[:12]}) than the one fetched now; re-run extraction.")
+    for dataset, online in trust["online"].items():
+        if online.get("beyond_tolerance"):
+            found.append(f"**Online ≠ offline**: {dataset}: the server measured tau "
+                         f"{online['online_tau_compared']:.2f}, offline gives {online['offline_tau_compared']:.2f} for "
+                         f"{online['drafter']} on the same {online['samples_compared']} samples "
+                         f"({online['relative_difference']:.1%} apart, tolerance {online['tolerance']:.1%}).")
+    server = trust["server"]
+    if server.get("recorded") and server["unrestored"]:
+        found.append(f"**Server not restored**: {server['unrestored']} pause(s) in {server['path']} have no "
+                     "successful resume; check that the server is up.")
+    return found
+
+
+def _short(digest: Any, digits: int = 12) -> str:
+    return str(digest)[:digits] if digest else NOT_RECORDED
+
+
+def _versions(versions: dict | None) -> str:
+    return ", ".join(f"{k} {v}" for k, v in sorted(versions.items())) if versions else NOT_RECORDED
+
+
+def cache_table(caches: list[dict]) -> list[str]:
+    """One row per cache: what produced the hidden states the drafters were scored on."""
+    header = ["cache", "target", "layers", "kernel backend", "versions", "dtype", "device", "shards (sha256)",
+              "built from completions"]
+    lines = [table_row(header), table_row(["---"] * len(header))]
+    for cache in caches:
+        if not cache["recorded"]:
+            lines.append(table_row([f"`{cache['dir']}`"] + [NOT_RECORDED] * (len(header) - 1)))
+            continue
+        target = f"{cache['target']} ({cache['model_type']}, {cache['num_hidden_layers']} layers, config " \
+                 f"{_short(cache['target_config_hash'])})"
+        device = cache["device"] or NOT_RECORDED
+        if cache.get("device_name") and cache["device_name"] != device:
+            device += f" ({cache['device_name']})"
+        shards = "<br>".join(f"{s['file']} {_short(s['sha256'])}" for s in cache["shards"]) or NOT_RECORDED
+        built = {None: f"{_short(cache['completions_sha256'])} (current file {NOT_RECORDED})",
+                 True: f"{_short(cache['completions_sha256'])} (= current file)",
+                 False: f"**{_short(cache['completions_sha256'])} ⚠️ NOT the current file**"}[cache["completions_match"]]
+        lines.append(table_row([f"`{cache['dir']}`", target, ", ".join(map(str, cache["layer_ids"] or [])) or NOT_RECORDED,
+                                f"{cache['backend'] or NOT_RECORDED}", _versions(cache["versions"]),
+                                cache["dtype"] or NOT_RECORDED, device, shards, built]))
+    return lines
+
+
+def fetch_cells(fetch: dict) -> list[str]:
+    """Token mismatches and id sources of one dataset's fetch, for the per-evaluation table."""
+    if not fetch.get("recorded"):
+        return [NOT_RECORDED, NOT_RECORDED]
+    prompt, completion = len(fetch["prompt_token_mismatches"]), len(fetch["completion_token_mismatches"])
+    text = f"prompt {prompt}, completion {completion} of {fetch['records']}"
+    if prompt or completion:
+        text = f"**{text} ⚠️**"
+    if fetch["token_check_absent"]:
+        text += f"; {len(fetch['token_check_absent'])} unchecked"
+    sources = ", ".join(f"{name} {count}" for name, count in fetch["completion_ids_source"].items())
+    return [text, sources]
+
+
+ONLINE_DEFINITIONS = (
+    f"tau: {online_check.TAU_OURS}, mean over requests (z-lab). SGLang's accept length: {online_check.TAU_SGLANG}; "
+    "it exceeds tau by 1/steps per request. Equal per request: the server's verification steps and completion "
+    "tokens equal ours, and its accepted drafts (spec_num_correct_drafts, histogram) equal ours except for what a "
+    "last step accepted past the stop token or max_tokens, which SGLang counts and the output does not hold "
+    "(exactly: no such difference).")
+
+
+def online_table(online: dict[str, dict]) -> list[str]:
+    """Per dataset: the server's tau beside ours on the same requests, both conventions (report/online.py)."""
+    lines = [table_row(["dataset", "served drafter", "method", "requests", "online tau", "offline tau",
+                        "online − offline (95% CI)", "SGLang accept length online / offline", "equal per request",
+                        "flag"]),
+             table_row(["---", "---", "---", "---:", "---:", "---:", "---:", "---:", "---:", "---"])]
+    for dataset, e in online.items():
+        drafter = e.get("drafter") or "not set (report.served_drafter)"
+        if not e.get("recorded"):
+            lines.append(table_row([dataset, drafter, "–", "–", NOT_RECORDED + " (no speculative counters in the "
+                                    "completions)", "–", "–", "–", "–", "–"]))
+        elif not e.get("compared"):
+            lines.append(table_row([dataset, drafter, e.get("method") or "–", e["samples_with_stats"],
+                                    f"{e['online_tau_mean_of_samples']:.3f}", "–", "–",
+                                    f"{e['online_tau_sglang_mean_of_samples']:.3f} / –", "–",
+                                    f"not compared: {e.get('why', '')}"]))
+        else:
+            diff = e["paired_difference"]
+            flag = f"**⚠️ beyond {e['tolerance']:.1%}**" if e["beyond_tolerance"] else f"within {e['tolerance']:.1%}"
+            equal = f"{e['equal_requests']} of {e['samples_compared']} ({e['exact_requests']} exactly)"
+            if e["unequal_ids"]:
+                equal += f"; differ: {', '.join(e['unequal_ids'][:3])}"
+            lines.append(table_row([dataset, drafter, e["method"], e["samples_compared"],
+                                    f"{e['online_tau_compared']:.3f}", f"{e['offline_tau_compared']:.3f}",
+                                    f"{diff['difference']:+.4f} ({diff['ci95'][0]:+.4f}, {diff['ci95'][1]:+.4f})",
+                                    f"{e['online_tau_sglang_compared']:.3f} / {e['offline_tau_sglang_compared']:.3f}",
+                                    equal, flag]))
+    return lines
+
+
+def outage_lines(server: dict) -> list[str]:
+    """Each pause of the server around extraction and how long it lasted."""
+    if not server.get("recorded"):
+        where = f" ({server['path']} absent)" if server.get("path") else ""
+        return [f"Server transitions: {NOT_RECORDED}{where}."]
+    if not server["outages"]:
+        return [f"No server outage in `{server['path']}` (the server was never paused while up)."]
+    longest = "n/a" if server["longest_s"] is None else f"{server['longest_s']:.1f} s"
+    lines = [f"{server['count']} outage(s) in `{server['path']}`, {server['total_s']:.1f} s in all, longest {longest}.",
+             "", table_row(["paused at", "back at", "outage", "restored", "extractions"]),
+             table_row(["---", "---", "---:", "---", "---:"])]
+    for outage in server["outages"]:
+        seconds = "**never ended ⚠️**" if outage["seconds"] is None else f"{outage['seconds']:.1f} s"
+        lines.append(table_row([outage["start"], outage["end"] or "–", seconds,
+                                "yes" if outage["restored"] else "**no ⚠️**", outage.get("extractions", 0)]))
+    return lines
+
+
+# -- the page -------------------------------------------------------------------------------------
+
+INTRO = (
+    "tau (acceptance length) = accepted draft tokens + 1 (the bonus token) per verification step, with greedy "
+    "verification against the target's own greedy completions. **z-lab mean**: mean over samples of each "
+    "sample's mean tau. **Token-weighted**: total tokens / total verification steps (the SGLang convention). "
+    "<sub>[a, b]</sub>: 95% bootstrap confidence interval over samples. **Bold**: best in its column "
+    f"(at the {DIGITS} decimals shown). `chain-B<n>`: chain drafting with block size n (the drafter's own B "
+    "here); `ddtree-<N>`: DDTree with N nodes besides the root. ⚠️: see Warnings."
+)
+
+
+def render(rows: list[dict], evaluations: list[Evaluation], settings: dict, panel: dict) -> str:
+    """The whole summary.md: warnings first (loud), the main table, verdicts, then diagnostics and trust."""
+    lines = ["# DFlash drafter evaluation", "", INTRO, ""]
+    found = evaluation_warnings(evaluations) + panel["warnings"]
+    if found:
+        lines += ["## ⚠️ Warnings", ""] + [f"- {w}" for w in found] + [""]
+    lines += ["## tau, z-lab mean (mean of per-sample means)", ""]
+    lines += tau_table(rows, settings, "tau_mean_of_samples", "ci_low", "ci_high") + [""]
+    if settings.get("reference") is not None:
+        lines += [f"## Verdicts against the reference ({settings['reference']})", "",
+                  "Paired difference in tau (z-lab mean) on the same samples, with its 95% paired bootstrap "
+                  "interval: **better** or **worse** when the whole interval is above or below zero.", ""]
+        lines += verdict_table(rows, settings) + [""]
+        lines += [f"## tau relative to the reference ({settings['reference']}), z-lab mean", ""]
+        lines += reference_table(rows, settings) + [""]
+    lines += ["## tau, token-weighted (tokens / steps)", ""]
+    lines += tau_table(rows, settings, "tau_token_weighted", "ci_low_tw", "ci_high_tw") + [""]
+    shorter = [r for r in rows if not headline(r)]
+    if shorter:
+        lines += ["## Chain drafting with shorter blocks, z-lab mean", "",
+                  "The same drafter run with blocks of n < B tokens (each its own pass; full-attention drafter "
+                  "layers see the whole block, so a shorter block drafts differently).", ""]
+        lines += tau_table(rows, settings, "tau_mean_of_samples", "ci_low", "ci_high",
+                           keep=lambda r: not headline(r)) + [""]
+    lines += ["## Diagnostics: can I trust these numbers?", "",
+              "### Per evaluation", "",
+              "Argmax agreement: share of completion tokens that equal the cached target's own greedy "
+              "prediction; well below 100% means the cached target is not the model that served the "
+              "completions. A backend mismatch means the hidden states came from other kernels than the "
+              "drafter was trained with. Token mismatches at fetch: records whose token ids disagree with the "
+              "server's own prompt / completion token counts.", ""]
+    lines += diagnostics_table(evaluations, panel["fetch"]) + [""]
+    lines += ["### Hidden-state caches", ""] + cache_table(panel["caches"]) + [""]
+    tolerance = float(settings.get("online_tolerance", 0.05))
+    lines += ["### Online vs offline", "",
+              "The server's own speculative counters (SGLang's `sglext.spec_tokens_details`) per request, beside "
+              "the served drafter's offline steps at the served block size on the same samples. "
+              + ONLINE_DEFINITIONS
+              + f" Flagged when the two tau differ by more than {tolerance:.1%} (report.online_tolerance).", ""]
+    lines += online_table(panel["online"]) + [""]
+    lines += ["### Server outages", ""] + outage_lines(panel["server"]) + [""]
+    return "\n".join(lines)

@@ -1,0 +1,250 @@
+"""Every drafter x dataset metrics.json, checked, into the report's rows: one per drafter x dataset x method.
+
+The rows are what summary.csv holds (tidy, so that it can be filtered or plotted without knowing
+this module) and what the markdown tables and plots are drawn from: tau in both conventions with
+their intervals, the training step, the paired difference to the reference drafter and its verdict.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+from collections.abc import Iterable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+
+from dflash_eval.errors import DflashEvalError
+from dflash_eval.evaluate import acceptance
+
+log = logging.getLogger(__name__)
+
+COLUMNS = [
+    "drafter", "dataset", "method", "primary", "block_size", "budget", "tau_mean_of_samples", "tau_token_weighted",
+    "ci_low", "ci_high", "ci_low_tw", "ci_high_tw", "samples", "steps", "tokens", "training_step",
+    "layer_ids", "backend", "backend_mismatch_allowed", "argmax_agreement", "tau_vs_reference",
+    "diff_vs_reference", "diff_ci_low", "diff_ci_high", "verdict",
+]
+
+
+@dataclass(frozen=True)
+class Evaluation:
+    """One metrics.json and the file it came from (named in every error about it)."""
+
+    path: Path
+    metrics: dict
+
+    @property
+    def key(self) -> tuple[str, str]:
+        return self.metrics["drafter"], self.metrics["dataset"]
+
+
+# -- reading and checking ------------------------------------------------------------------------
+
+REQUIRED = ("drafter", "dataset", "block_size", "layer_ids", "checkpoint", "cache.backend",
+            "cache.backend_mismatch_allowed", "chain.tau_mean_of_samples", "chain.tau_token_weighted",
+            "chain.samples", "chain.steps", "chain.tokens", "chain.ci95", "diagnostics")
+
+
+def ordered_settings(settings: dict) -> dict:
+    """Drafters in config order: the settings JSON sorts keys, `drafter_order` keeps the user's order."""
+    drafters = settings.get("drafters") or {}
+    listed = [n for n in settings.get("drafter_order") or [] if n in drafters]
+    return {**settings, "drafters": {name: drafters[name] for name in listed + [n for n in drafters if n not in listed]}}
+
+
+def check_settings(settings: dict) -> None:
+    """The settings must name something to report, and a reference that is one of the drafters."""
+    if not settings.get("drafters") or not settings.get("datasets"):
+        raise DflashEvalError("report settings name no drafters or no datasets: nothing to report")
+    reference = settings.get("reference")
+    if reference is not None and reference not in settings["drafters"]:
+        raise DflashEvalError(f"report reference {reference!r} is not one of the drafters: {', '.join(settings['drafters'])}")
+    served = settings.get("served_drafter")
+    if served is not None and served not in settings["drafters"]:
+        raise DflashEvalError(f"report served_drafter {served!r} is not one of the drafters: {', '.join(settings['drafters'])}")
+
+
+def _lookup(data: dict, dotted: str) -> Any:
+    for part in dotted.split("."):
+        if not isinstance(data, dict) or part not in data:
+            raise KeyError(dotted)
+        data = data[part]
+    return data
+
+
+def read_metrics(path: str | Path) -> Evaluation:
+    """Load one metrics.json, failing with its name when it is absent, not JSON or lacks a field."""
+    path = Path(path)
+    if not path.is_file():
+        raise DflashEvalError(f"metrics file {path} not found; run the evaluate stage for it first")
+    try:
+        metrics = json.loads(path.read_text(encoding="utf-8"))
+    except json.JSONDecodeError as error:
+        raise DflashEvalError(f"{path}: not valid JSON ({error})") from error
+    for field in REQUIRED:
+        try:
+            _lookup(metrics, field)
+        except KeyError:
+            raise DflashEvalError(f"{path}: no {field!r}; is it a metrics.json written by `dflash-eval evaluate`?") from None
+    return Evaluation(path=path, metrics=metrics)
+
+
+def collect(settings: dict, paths: Iterable[str | Path]) -> list[Evaluation]:
+    """Exactly one evaluation per configured drafter x dataset, in config order."""
+    paths = list(paths)
+    absent = [str(p) for p in paths if not Path(p).is_file()]
+    if absent:
+        raise DflashEvalError(f"metrics file(s) not found: {', '.join(absent)}; run the evaluate stage for them first")
+    found: dict[tuple[str, str], Evaluation] = {}
+    for path in paths:
+        evaluation = read_metrics(path)
+        if evaluation.key in found:
+            raise DflashEvalError(f"{found[evaluation.key].path} and {path} both hold drafter "
+                                  f"{evaluation.key[0]!r} on dataset {evaluation.key[1]!r}; pass one")
+        found[evaluation.key] = evaluation
+    ordered = [_expected(found, drafter, dataset) for drafter in settings["drafters"] for dataset in settings["datasets"]]
+    for key in sorted(set(found) - {e.key for e in ordered}):
+        log.warning("%s: drafter %r on dataset %r is not in the config; left out of the report", found[key].path, *key)
+    for evaluation in ordered:
+        _check_layers(evaluation, settings["drafters"][evaluation.key[0]])
+    return ordered
+
+
+def _expected(found: dict[tuple[str, str], Evaluation], drafter: str, dataset: str) -> Evaluation:
+    if (drafter, dataset) not in found:
+        raise DflashEvalError(
+            f"no metrics for drafter {drafter!r} on dataset {dataset!r} among the --metrics files "
+            f"(expected e.g. results/eval/{drafter}/{dataset}/metrics.json); run the evaluate stage for it"
+        )
+    return found[(drafter, dataset)]
+
+
+def _check_layers(evaluation: Evaluation, spec: dict) -> None:
+    """A metrics file from another layer list is stale: reporting it would mislabel the number."""
+    expected = spec.get("layer_ids")
+    actual = list(evaluation.metrics["layer_ids"])
+    if expected is not None and list(expected) != actual:
+        raise DflashEvalError(f"{evaluation.path}: evaluated with layer ids {actual} but the config says "
+                              f"{list(expected)} for drafter {evaluation.key[0]!r}; re-run its evaluation")
+
+
+# -- the tidy table ------------------------------------------------------------------------------
+
+def training_step(metrics: dict, spec: dict) -> int | None:
+    """The checkpoint's own global_step is the truth; the config's step is the fallback."""
+    checkpoint = metrics.get("checkpoint") or {}
+    for step in (checkpoint.get("global_step"), spec.get("step"), checkpoint.get("step")):
+        if step is not None:
+            return int(step)
+    return None
+
+
+def _pair(values: Any) -> tuple[float, float]:
+    if not isinstance(values, (list, tuple)) or len(values) != 2:
+        return math.nan, math.nan
+    return tuple(math.nan if v is None else float(v) for v in values)  # type: ignore[return-value]
+
+
+def method_rows(evaluation: Evaluation, spec: dict) -> list[dict]:
+    """One row per method of one evaluation: each chain block size and each DDTree budget."""
+    metrics = evaluation.metrics
+    cache = metrics["cache"]
+    methods = metrics.get("methods") or {f"chain-B{metrics['block_size']}": metrics["chain"]}
+    agreement = metrics["diagnostics"].get("argmax_agreement")
+    rows = []
+    for method, stats in sorted(methods.items(), key=lambda item: method_order(item[0])):
+        ci, ci_tw = _pair(stats["ci95"].get("tau_mean_of_samples")), _pair(stats["ci95"].get("tau_token_weighted"))
+        rows.append({
+            "drafter": metrics["drafter"], "dataset": metrics["dataset"], "method": method,
+            "primary": method == f"chain-B{metrics['block_size']}",
+            "block_size": int(stats.get("block_size", metrics["block_size"])), "budget": stats.get("budget"),
+            "tau_mean_of_samples": _float(stats["tau_mean_of_samples"]),
+            "tau_token_weighted": _float(stats["tau_token_weighted"]),
+            "ci_low": ci[0], "ci_high": ci[1], "ci_low_tw": ci_tw[0], "ci_high_tw": ci_tw[1],
+            "samples": int(stats["samples"]), "steps": int(stats["steps"]), "tokens": int(stats["tokens"]),
+            "training_step": training_step(metrics, spec),
+            "layer_ids": " ".join(str(i) for i in metrics["layer_ids"]),
+            "backend": cache["backend"], "backend_mismatch_allowed": bool(cache["backend_mismatch_allowed"]),
+            "argmax_agreement": _float(agreement), "tau_vs_reference": math.nan,
+            "diff_vs_reference": math.nan, "diff_ci_low": math.nan, "diff_ci_high": math.nan, "verdict": "",
+        })
+    return rows
+
+
+def method_order(method: str) -> tuple[int, int, str]:
+    """Chains by block size, then DDTree by budget: metrics.json sorts keys as text (ddtree-16 < ddtree-8)."""
+    kind, _, size = method.partition("-")
+    number = size.lstrip("B")
+    return (0 if kind == "chain" else 1, int(number) if number.isdigit() else 0, method)
+
+
+def _float(value: Any) -> float:
+    return math.nan if value is None else float(value)
+
+
+def per_sample_steps(evaluation: Evaluation) -> dict[str, dict[str, list[int]]]:
+    """method -> sample id -> acceptance lengths, from the samples.csv written beside metrics.json."""
+    path = evaluation.path.with_name("samples.csv")
+    if not path.is_file():
+        raise DflashEvalError(f"{path} not found; the paired comparison needs the evaluate stage's per-sample rows")
+    frame = pd.read_csv(path, dtype={"id": str, "acceptance_lengths": str}, keep_default_na=False)
+    if "method" not in frame:
+        frame["method"] = f"chain-B{evaluation.metrics['block_size']}"
+    out: dict[str, dict[str, list[int]]] = {}
+    for row in frame.itertuples(index=False):
+        out.setdefault(row.method, {})[row.id] = [int(x) for x in str(row.acceptance_lengths).split()]
+    return out
+
+
+def add_verdicts(rows: list[dict], evaluations: list[Evaluation], settings: dict) -> None:
+    """Paired difference to the reference drafter (same samples, same method) and its verdict."""
+    reference = settings.get("reference")
+    if reference is None:
+        return
+    steps = {e.key: per_sample_steps(e) for e in evaluations}
+    for row in rows:
+        if row["drafter"] == reference:
+            continue
+        mine = steps.get((row["drafter"], row["dataset"]), {})
+        theirs = steps.get((reference, row["dataset"]), {})
+        method = row["method"] if row["method"] in theirs else None
+        if row["primary"]:  # own-block chains compare across block sizes, as in tau_vs_reference
+            method = next((r["method"] for r in rows if r["drafter"] == reference and r["dataset"] == row["dataset"]
+                           and r["primary"]), None)
+        if method is None or row["method"] not in mine:
+            continue
+        paired = acceptance.paired_difference(mine[row["method"]], theirs[method], settings.get("bootstrap", 1000),
+                                              settings.get("seed", 0))["tau_mean_of_samples"]
+        row.update(diff_vs_reference=paired["difference"], diff_ci_low=paired["ci95"][0],
+                   diff_ci_high=paired["ci95"][1], verdict=acceptance.verdict(paired["ci95"]))
+
+
+def summary_rows(evaluations: list[Evaluation], settings: dict) -> list[dict]:
+    """All rows in config order, with tau relative to the reference drafter when there is one."""
+    rows = [row for e in evaluations for row in method_rows(e, settings["drafters"][e.key[0]])]
+    add_verdicts(rows, evaluations, settings)
+    reference = settings.get("reference")
+    if reference is not None:
+        baseline = {(r["dataset"], _comparable(r)): r["tau_mean_of_samples"]
+                    for r in rows if r["drafter"] == reference}
+        for row in rows:
+            base = baseline.get((row["dataset"], _comparable(row)), math.nan)
+            row["tau_vs_reference"] = row["tau_mean_of_samples"] / base if base and not math.isnan(base) else math.nan
+    return rows
+
+
+def summary_frame(rows: list[dict]) -> pd.DataFrame:
+    """The CSV's table; the nullable integer step keeps "1000" from becoming "1000.0"."""
+    frame = pd.DataFrame(rows, columns=COLUMNS)
+    frame["training_step"] = frame["training_step"].astype("Int64")
+    frame["budget"] = frame["budget"].astype("Int64")
+    return frame
+
+
+def _comparable(row: dict) -> str:
+    """Own-block chains compare across block sizes (the drafter's block is part of what is compared)."""
+    return "chain" if row["primary"] else row["method"]

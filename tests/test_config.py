@@ -1,0 +1,263 @@
+"""config.py: config.yaml validation, step directories and selections, layer sets, and the one function that
+fills and checks every stage's settings from the schema's defaults (workflow-built or written by hand)."""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import json
+from pathlib import Path
+
+import pytest
+import yaml
+
+from dflash_eval import config as cfg
+from dflash_eval.config import expand_step_directories, select
+from dflash_eval.errors import DflashEvalError
+from dflash_eval.provenance import code_version
+from dflash_eval.server.control import ServerController
+
+REPO = Path(__file__).resolve().parents[1]
+# The schema read here on its own, as the reference the filled settings are held against.
+SCHEMA = yaml.safe_load((REPO / "workflow" / "schemas" / "config.schema.yaml").read_text())
+SECTION_DEFAULTS = {section: {key: sub["default"] for key, sub in SCHEMA["properties"][section]["properties"].items()
+                              if "default" in sub}
+                    for section in ("server", "fetch", "target", "extraction", "evaluation", "report", "demo")}
+DATASET_DEFAULTS = {key: sub["default"] for key, sub in
+                    SCHEMA["properties"]["datasets"]["additionalProperties"]["properties"].items() if "default" in sub}
+
+
+def base_config(tmp_path, datasets):
+    return {"target": {"path": "t", "device": "cpu", "backend": "torch"},
+            "server": {"kind": "release", "base_url": "http://127.0.0.1:1"}, "fetch": {}, "extraction": {},
+            "evaluation": {}, "drafters": {"d": {"path": str(tmp_path / "d"), "layer_ids": [1]}}, "datasets": datasets}
+
+
+def repo_config() -> dict:
+    return cfg.load_config(REPO / "config.yaml")
+
+
+# ----- config.yaml -----
+
+
+@pytest.mark.parametrize(("entry", "message"), [
+    ({"preset": "gsm8k", "prompts": "p.jsonl"}, r"datasets.x: give either prompts .* or preset"),
+    ({"max_samples": 3}, r"datasets.x: give either prompts"),
+    ({"preset": "gsm8"}, r"datasets.x.preset: unknown preset 'gsm8'; one of gsm8k, math500, humaneval, mbpp, mt-bench"),
+    ({"prompts": "p.jsonl", "source": "x"}, r"datasets.x.source only goes with preset"),
+    ({"preset": "gsm8k", "sorce": "x"}, r"datasets.x: Additional properties are not allowed \('sorce'"),
+])
+def test_bad_dataset_entries_are_named(tmp_path, entry, message):
+    with pytest.raises(DflashEvalError, match=message):
+        cfg.validate_config(base_config(tmp_path, {"x": entry}))
+
+
+def test_every_error_is_listed_with_its_key_and_what_is_allowed(tmp_path):
+    config = base_config(tmp_path, {"x": {"prompts": "p.jsonl"}})
+    config["server"]["kind"] = "docker"
+    config["fetch"]["concurency"] = 2
+    with pytest.raises(DflashEvalError) as error:
+        cfg.validate_config(config, "my.yaml")
+    message = str(error.value)
+    assert message.startswith("my.yaml is not valid:\n")
+    assert "fetch: Additional properties are not allowed ('concurency' was unexpected) (allowed keys: backoff_s," in message
+    assert "server.kind: unknown kind 'docker'; one of managed, external, release" in message
+
+
+def test_server_rules_of_config_yaml_are_the_server_stages(tmp_path):
+    config = base_config(tmp_path, {"x": {"prompts": "p.jsonl"}})
+    config["server"] = {"kind": "managed", "base_url": "http://127.0.0.1:1"}
+    with pytest.raises(DflashEvalError, match=r"^config.yaml: server.command is required for kind: managed"):
+        cfg.validate_config(config)
+
+
+def test_sections_left_out_get_their_defaults(tmp_path):
+    config = cfg.validate_config(base_config(tmp_path, {"x": {"prompts": "p.jsonl"}}))
+    assert config["demo"] == SECTION_DEFAULTS["demo"] and config["demo"]["enabled"] is False
+    assert config["report"] == SECTION_DEFAULTS["report"]
+    assert config["fetch"] == SECTION_DEFAULTS["fetch"]
+    assert config["datasets"]["x"] == {"prompts": "p.jsonl", **DATASET_DEFAULTS}
+
+
+def test_the_demo_of_config_yaml_is_enabled_with_the_schemas_target_steps():
+    """The demo has always trained its target 300 steps (config.yaml's value; tests/workflow/test_snakefile.py: the
+    rule's command); the schema's default is the same, so a config without the key trains it as long."""
+    demo = repo_config()["demo"]
+    assert demo["enabled"] is True and demo["target_steps"] == 300 == SECTION_DEFAULTS["demo"]["target_steps"]
+
+
+def test_load_config_names_a_missing_file_and_bad_yaml(tmp_path):
+    with pytest.raises(DflashEvalError, match=r"config file .*absent.yaml not found"):
+        cfg.load_config(tmp_path / "absent.yaml")
+    (tmp_path / "bad.yaml").write_text("target: [unclosed\n")
+    with pytest.raises(DflashEvalError, match=r"bad.yaml: not valid YAML"):
+        cfg.load_config(tmp_path / "bad.yaml")
+
+
+def test_preset_names_of_the_schema_are_the_presets_fetch_loads():
+    from dflash_eval.fetch.presets import PRESETS
+
+    assert cfg.preset_names() == list(PRESETS)
+
+
+# ----- step directories, selections, layer sets -----
+
+
+def test_step_directory_expands_in_step_order(tmp_path):
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "config.json").write_text("{}")
+    for step in (20, 3, 100):
+        (run / f"step_{step}.pt").write_bytes(b"x")
+    (run / "notes.txt").write_text("ignored")
+    hf = run.parent / "hf-run"
+    (hf / "checkpoint-5").mkdir(parents=True)
+    (hf / "checkpoint-5" / "config.json").write_text("{}")
+    drafters = {"first": {"path": "elsewhere.pt"}, "v4": {"path": str(run), "config": None},
+                "hf": {"path": str(hf), "config": None}}
+    out = expand_step_directories(drafters, "config.yaml")
+    assert list(out) == ["first", "v4-step3", "v4-step20", "v4-step100", "hf-step5"]
+    assert out["v4-step20"]["step"] == 20 and out["v4-step20"]["run"] == "v4"
+    assert out["v4-step20"]["config"] == str(run / "config.json")
+    assert out["hf-step5"]["config"] is None and out["hf-step5"]["path"] == str(hf / "checkpoint-5")
+
+
+def test_bare_steps_without_a_config_are_an_error(tmp_path):
+    (tmp_path / "step_1.pt").write_bytes(b"x")
+    with pytest.raises(DflashEvalError, match="drafters.v4.config"):
+        expand_step_directories({"v4": {"path": str(tmp_path), "config": None}}, "config.yaml")
+
+
+def test_select_names_patterns_and_series():
+    names = ["a", "v4-step1", "v4-step2", "b"]
+    assert select(None, names, "only") == names
+    assert select("b,a", names, "only") == ["a", "b"]
+    assert select(["v4"], names, "only") == ["v4-step1", "v4-step2"]
+    assert select("v4-*2", names, "only") == ["v4-step2"]
+    with pytest.raises(DflashEvalError, match="'c' matches none of"):
+        select("c", names, "--config only")
+
+
+def test_layerset_names_round_trip_in_order():
+    assert cfg.layerset_name([31, 1, 16]) == "L31-1-16"
+    assert cfg.parse_layerset("L31-1-16") == [31, 1, 16]
+    with pytest.raises(DflashEvalError, match="must look like L1-16-31"):
+        cfg.parse_layerset("1-16")
+
+
+# ----- stage settings: one function, the schema's defaults -----
+
+
+def test_fetch_settings_are_checked():
+    with pytest.raises(DflashEvalError, match=r"missing \['server'\], unknown \['typo'\]"):
+        cfg.stage_settings("fetch", {"dataset": "x", "prompts": "p", "tokenizer": "t", "typo": 1})
+    for where in ({}, {"prompts": "p.jsonl", "preset": "gsm8k"}):
+        with pytest.raises(DflashEvalError, match=r"give exactly one of prompts \(a file\) and preset"):
+            cfg.stage_settings("fetch", {"dataset": "x", "server": {}, "tokenizer": "t", **where})
+
+
+def test_settings_are_checked():
+    with pytest.raises(DflashEvalError, match="server.command is required"):
+        ServerController({"kind": "managed"})
+    with pytest.raises(DflashEvalError, match="unknown server settings"):
+        ServerController({"kind": "release", "port": 1})
+    with pytest.raises(DflashEvalError, match="start_command and server.stop_command together"):
+        ServerController({"kind": "release", "stop_command": "systemctl stop sglang"})
+
+
+def test_hand_written_fetch_settings_get_the_schemas_defaults():
+    settings = cfg.stage_settings("fetch", {"dataset": "x", "prompts": "p.jsonl", "tokenizer": "t", "server": {}})
+    assert {key: settings[key] for key in SECTION_DEFAULTS["fetch"]} == SECTION_DEFAULTS["fetch"]
+    assert {key: settings[key] for key in DATASET_DEFAULTS} == DATASET_DEFAULTS
+    assert settings["preset"] is None and settings["prompts"] == "p.jsonl"  # every key there, unset ones None
+    assert SECTION_DEFAULTS["fetch"]["max_tokens"] == 2048 and settings["backoff_s"] == 1.0
+
+
+def test_hand_written_server_settings_get_the_schemas_defaults():
+    settings = cfg.stage_settings("server", {"kind": "managed", "base_url": "http://127.0.0.1:5/", "command": "c"})
+    defaulted = set(SECTION_DEFAULTS["server"]) - {"command"}
+    assert {key: settings[key] for key in defaulted} == {key: SECTION_DEFAULTS["server"][key] for key in defaulted}
+    assert settings["base_url"] == "http://127.0.0.1:5" and settings["command"] == "c"
+    assert ServerController({"kind": "managed", "base_url": "http://127.0.0.1:5/", "command": "c"}).settings == settings
+
+
+def test_hand_written_extract_evaluate_and_report_settings_get_the_schemas_defaults():
+    extract = cfg.stage_settings("extract", {"layer_ids": [1, 5], "target": {"path": "t"}, "server": None})
+    assert extract["target"] == {"path": "t", **SECTION_DEFAULTS["target"]}
+    assert {key: extract[key] for key in SECTION_DEFAULTS["extraction"]} == SECTION_DEFAULTS["extraction"]
+    assert extract["server"] is None and extract["dataset"] is None and extract["last_layer"] == "final_norm"
+    evaluate = cfg.stage_settings("evaluate", {"drafter": "d", "dataset": "x", "target": {"path": "t"},
+                                               "checkpoint": {"path": "d.pt", "layer_ids": [1]}})
+    assert {key: evaluate[key] for key in SECTION_DEFAULTS["evaluation"]} == SECTION_DEFAULTS["evaluation"]
+    assert evaluate["checkpoint"] == {"path": "d.pt", "layer_ids": [1], "layout": "auto", "config": None,
+                                      "trained_with": "fla", "allow_pickle": False, "step": None,
+                                      "last_layer": "final_norm"}
+    assert evaluate["max_tokens"] == SECTION_DEFAULTS["fetch"]["max_tokens"]
+    report = cfg.stage_settings("report", {"drafters": {"d": {}}, "datasets": ["x"]})
+    assert {key: report[key] for key in SECTION_DEFAULTS["report"]} == SECTION_DEFAULTS["report"]
+    assert (report["bootstrap"], report["seed"]) == (SECTION_DEFAULTS["evaluation"]["bootstrap"], 0)
+    assert report["transitions"] is None
+
+
+@pytest.mark.parametrize(("stage", "settings"), [
+    ("server", {"kind": "managed", "base_url": "http://h", "command": "c"}),
+    ("fetch", {"dataset": "x", "prompts": "p", "tokenizer": "t", "server": {}}),
+    ("extract", {"layer_ids": [1], "target": {"path": "t"}}),
+    ("evaluate", {"drafter": "d", "dataset": "x", "target": {"path": "t"}, "checkpoint": {"path": "p", "layer_ids": [1]}}),
+    ("report", {"drafters": {}, "datasets": []}),
+])
+def test_an_unknown_key_is_an_error_naming_it(stage, settings):
+    with pytest.raises(DflashEvalError, match=rf"^{stage} settings: unknown \['max_token'\] \(unknown {stage} settings"):
+        cfg.stage_settings(stage, {**settings, "max_token": 1})
+
+
+def test_nested_unknown_keys_wrong_types_and_unknown_stages_are_named():
+    with pytest.raises(DflashEvalError, match=r"target: Additional properties are not allowed \('colour' was unexpected\)"):
+        cfg.stage_settings("extract", {"layer_ids": [1], "target": {"path": "t", "colour": "red"}})
+    with pytest.raises(DflashEvalError, match=r"concurrency: 'four' is not of type 'integer'"):
+        cfg.stage_settings("fetch", {"dataset": "x", "prompts": "p", "tokenizer": "t", "server": {}, "concurrency": "four"})
+    with pytest.raises(DflashEvalError, match=r"endpoint: unknown endpoint 'responses'; one of completions, chat"):
+        cfg.stage_settings("fetch", {"dataset": "x", "prompts": "p", "tokenizer": "t", "server": {}, "endpoint": "responses"})
+    with pytest.raises(DflashEvalError, match="missing \\['layer_ids'\\]"):
+        cfg.stage_settings("extract", {"target": {"path": "t"}})
+    with pytest.raises(DflashEvalError, match="unknown stage 'plot'"):
+        cfg.stage_settings("plot", {})
+
+
+def test_a_null_counts_as_left_out():
+    settings = cfg.stage_settings("fetch", {"dataset": "x", "prompts": "p", "tokenizer": "t", "server": {},
+                                            "concurrency": None, "chat_template_kwargs": None})
+    assert settings["concurrency"] == SECTION_DEFAULTS["fetch"]["concurrency"] and settings["chat_template_kwargs"] == {}
+    with pytest.raises(DflashEvalError, match=r"missing \['server'\]"):
+        cfg.stage_settings("fetch", {"dataset": "x", "prompts": "p", "tokenizer": "t", "server": None})
+
+
+def test_workflow_built_settings_pass_unchanged_and_filling_is_idempotent():
+    config = repo_config()
+    drafter, dataset = next(iter(config["drafters"])), next(iter(config["datasets"]))
+    built = {"server": cfg.server_settings(config), "fetch": cfg.fetch_settings(config, dataset),
+             "extract": cfg.extract_settings(config, dataset, [1, 5]),
+             "evaluate": cfg.evaluate_settings(config, drafter, dataset), "report": cfg.report_settings(config)}
+    for stage, settings in built.items():
+        filled = cfg.stage_settings(stage, copy.deepcopy(settings))
+        assert {key: value for key, value in filled.items() if key in settings} == settings, stage
+        assert all(filled[key] is None for key in set(filled) - set(settings)), stage
+        assert cfg.stage_settings(stage, filled) == filled, stage
+
+
+def test_cli_settings_go_through_the_same_function():
+    server = {"kind": "managed", "base_url": "http://127.0.0.1:5", "command": "c"}
+    args = argparse.Namespace(settings=json.dumps(server), config=None)
+    assert cfg.settings_from_args(args, cfg.server_settings) == cfg.stage_settings("server", server)
+    fetch = {"dataset": "x", "prompts": "p", "tokenizer": "t"}
+    args = argparse.Namespace(settings=json.dumps(fetch), config=None, runtime=json.dumps({"server": server}))
+    assert cfg.settings_from_args(args, cfg.fetch_settings, "dataset")["server"] == server  # runtime merged first
+    with pytest.raises(TypeError, match="not one of the stage builders"):
+        cfg.settings_from_args(args, dict)
+
+
+def test_config_imports_no_stage_so_stage_fingerprints_hold_their_own_code():
+    config_path = REPO / "src" / "dflash_eval" / "config.py"
+    assert code_version._imports(config_path, config_path.read_text()) == {"errors"}
+    evaluate, report = code_version.stage_modules("evaluate"), code_version.stage_modules("report")
+    assert not [m for m in evaluate + report if m.startswith(("fetch.", "server."))]

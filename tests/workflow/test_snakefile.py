@@ -1,0 +1,46 @@
+"""The Snakefile on the repository's own config.yaml (dry runs): the demo's settings reach its rules, demo.enabled
+decides whether the demo's rules exist, and the wildcards match only the names config.yaml gives."""
+
+from __future__ import annotations
+
+import re
+import shutil
+
+import pytest
+import yaml
+
+from tests.support.workflow_harness import REPO, check, snakemake
+
+
+@pytest.fixture
+def project(tmp_path):
+    shutil.copy(REPO / "config.yaml", tmp_path / "config.yaml")
+    shutil.copytree(REPO / "resources" / "prompts", tmp_path / "resources" / "prompts")
+    return tmp_path
+
+
+def _set_demo(root, **values) -> None:
+    config = yaml.safe_load((root / "config.yaml").read_text())
+    config["demo"].update(values)
+    (root / "config.yaml").write_text(yaml.safe_dump(config, sort_keys=False))
+
+
+def test_the_demo_target_trains_the_steps_of_config_yaml(project):
+    text = check(snakemake(REPO, project, "-n", "-p", "resources/demo/target/config.json"))
+    assert "demo-target --tokenizer resources/demo/tokenizer --out resources/demo/target --seed 0 --steps 300 " in text
+    _set_demo(project, target_steps=7)
+    assert "--seed 0 --steps 7 " in check(snakemake(REPO, project, "-n", "-p", "resources/demo/target/config.json"))
+
+
+def test_without_demo_enabled_the_demo_is_not_built_and_its_paths_say_so(project):
+    _set_demo(project, enabled=False)
+    run = snakemake(REPO, project, "-n")
+    text = run.stdout + run.stderr
+    assert run.returncode != 0
+    assert re.search(r"resources/demo/\S+: not a model directory .*demo's models only with demo\.enabled: true", text)
+
+
+def test_wildcards_match_only_configured_names(project):
+    run = snakemake(REPO, project, "-n", "results/eval/demo-step60/other/metrics.json")
+    assert run.returncode != 0 and "MissingRuleException" in run.stdout + run.stderr
+    check(snakemake(REPO, project, "-n", "results/eval/demo-step60/demo-code/metrics.json"))
