@@ -70,6 +70,22 @@ def stop_token_ids(settings: dict) -> list[int]:
     raise DflashEvalError(f"{target}: no eos_token_id in generation_config.json or config.json; set evaluation.stop_token_ids")
 
 
+def check_last_layer(cache, settings: dict) -> None:
+    """A drafter that taps the target's last layer must get there what it was trained on (capture.LAST_LAYER).
+
+    A cache without the record predates it: its hooks kept the layer's own output ("pre_norm").
+    """
+    checkpoint, target = settings["checkpoint"], cache_manifest.entry(cache.directory, cache.manifest, "target")
+    final = int(cache_manifest.entry(cache.directory, cache.manifest, "target.num_hidden_layers")) - 1
+    wanted, held = checkpoint.get("last_layer", "final_norm"), target.get("last_layer", "pre_norm")
+    if final in checkpoint["layer_ids"] and wanted != held:
+        raise DflashEvalError(
+            f"{cache.directory}: drafter {settings['drafter']} taps the target's last layer ({final}) and was trained "
+            f"on its {wanted} output, but this cache holds the {held} output there. Set drafters."
+            f"{settings['drafter']}.last_layer to what the drafter was trained on (final_norm: what dflash_generate "
+            f"feeds; pre_norm: the layer's own output) and re-run extraction for its layer set")
+
+
 def check_cache(cache, settings: dict) -> dict:
     """The cache must hold the drafter's layers, come from the same target, and the trained backend."""
     from dflash_eval.extract.target import target_config_hash
@@ -78,6 +94,7 @@ def check_cache(cache, settings: dict) -> dict:
     missing = [i for i in checkpoint["layer_ids"] if i not in cache.layer_ids]
     if missing:
         raise DflashEvalError(f"{cache.directory}: cache lacks layers {missing} that drafter {settings['drafter']} needs")
+    check_last_layer(cache, settings)
     expected_hash = target_config_hash(settings["target"]["path"])
     cached_hash = cache_manifest.entry(cache.directory, cache.manifest, "target.config_hash")
     if cached_hash != expected_hash:

@@ -161,7 +161,8 @@ def _run_records(model: torch.nn.Module, records: list[dict[str, Any]], settings
             ids = record["prompt_token_ids"] + record["completion_token_ids"]
             prompt_len = len(record["prompt_token_ids"])
             tokens = _upload(ids, device)
-            captured = capture_layers(model, layer_ids, tokens, want_argmax=store_argmax)
+            captured = capture_layers(model, layer_ids, tokens, want_argmax=store_argmax,
+                                      last_layer=settings.get("last_layer", "final_norm"))
             backend.verify()
             writer.add(str(record["id"]), tokens, captured.states, captured.argmax, prompt_len)
             if store_argmax:
@@ -254,6 +255,7 @@ def extract(settings: dict[str, Any], completions: str | Path, out: str | Path) 
             "num_hidden_layers": int(text_config["num_hidden_layers"]),
             "hidden_size": int(text_config["hidden_size"]),
             "dtype": target["dtype"],
+            "last_layer": settings.get("last_layer", "final_norm"),  # capture.LAST_LAYER: what the last layer's id holds
         },
         "device": str(torch.device(target["device"])),
         "completions": {"path": str(completions), "sha256": sha256_file(completions)},
