@@ -12,7 +12,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from dflash_eval.server.control import http_request
+from dflash_eval.server.http import http_request
 
 VERSION = "0.5.23"  # the SGLang release these field names were read from
 
