@@ -51,7 +51,7 @@ from tests.support import servers as hs  # noqa: E402  (the tests' tokenizer bui
 
 from dflash_eval.fetch import stage as fetch  # noqa: E402
 from dflash_eval.fetch.prompts import load_prompts  # noqa: E402
-from dflash_eval.server.control import http_request  # noqa: E402
+from dflash_eval.server.http import http_request  # noqa: E402
 
 
 async def bare_loop(url: str, model: str, prompts: list[str] | list[list[int]], concurrency: int, max_tokens: int) -> int:

@@ -185,12 +185,13 @@ def test_hand_written_extract_evaluate_and_report_settings_get_the_schemas_defau
     extract = cfg.stage_settings("extract", {"layer_ids": [1, 5], "target": {"path": "t"}, "server": None})
     assert extract["target"] == {"path": "t", **SECTION_DEFAULTS["target"]}
     assert {key: extract[key] for key in SECTION_DEFAULTS["extraction"]} == SECTION_DEFAULTS["extraction"]
-    assert extract["server"] is None and extract["dataset"] is None
+    assert extract["server"] is None and extract["dataset"] is None and extract["last_layer"] == "final_norm"
     evaluate = cfg.stage_settings("evaluate", {"drafter": "d", "dataset": "x", "target": {"path": "t"},
                                                "checkpoint": {"path": "d.pt", "layer_ids": [1]}})
     assert {key: evaluate[key] for key in SECTION_DEFAULTS["evaluation"]} == SECTION_DEFAULTS["evaluation"]
     assert evaluate["checkpoint"] == {"path": "d.pt", "layer_ids": [1], "layout": "auto", "config": None,
-                                      "trained_with": "fla", "allow_pickle": False, "step": None}
+                                      "trained_with": "fla", "allow_pickle": False, "step": None,
+                                      "last_layer": "final_norm"}
     assert evaluate["max_tokens"] == SECTION_DEFAULTS["fetch"]["max_tokens"]
     report = cfg.stage_settings("report", {"drafters": {"d": {}}, "datasets": ["x"]})
     assert {key: report[key] for key in SECTION_DEFAULTS["report"]} == SECTION_DEFAULTS["report"]

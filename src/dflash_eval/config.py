@@ -230,15 +230,29 @@ def select(patterns: Any, names: list[str], what: str) -> list[str]:
 
 # -- layer sets -------------------------------------------------------------------------------
 
-def layerset_name(layer_ids: list[int]) -> str:
-    """Directory-safe, order-preserving name of a layer list: [1, 16, 31] -> L1-16-31."""
-    return "L" + "-".join(str(i) for i in layer_ids)
+PRE_NORM_SUFFIX = "-prenorm"  # a layer set whose last-layer id holds that layer's own output, not the final norm's
+
+
+def layerset_name(layer_ids: list[int], last_layer: str = "final_norm") -> str:
+    """Directory-safe, order-preserving name of a layer list: [1, 16, 31] -> L1-16-31, with the pre-norm last
+    layer L1-16-31-prenorm (the target's layer count is not known at workflow load: the demo builds it)."""
+    return "L" + "-".join(str(i) for i in layer_ids) + (PRE_NORM_SUFFIX if last_layer == "pre_norm" else "")
 
 
 def parse_layerset(name: str) -> list[int]:
     if not name.startswith("L"):
         raise DflashEvalError(f"layer set {name!r} must look like L1-16-31")
-    return [int(part) for part in name[1:].split("-")]
+    return [int(part) for part in name[1:].removesuffix(PRE_NORM_SUFFIX).split("-")]
+
+
+def layerset_last_layer(name: str) -> str:
+    """What a layer set's last-layer id holds: "pre_norm" for a name ending in -prenorm, else "final_norm"."""
+    return "pre_norm" if name.endswith(PRE_NORM_SUFFIX) else "final_norm"
+
+
+def drafter_last_layer(config: dict, drafter: str) -> str:
+    """drafters.<name>.last_layer: what the drafter was trained on for the target's last layer."""
+    return config["drafters"][drafter].get("last_layer") or "final_norm"
 
 
 def drafter_layer_ids(config: dict, drafter: str) -> list[int]:
@@ -265,7 +279,7 @@ def drafter_layer_ids(config: dict, drafter: str) -> list[int]:
 
 NAME = {"type": "string", "minLength": 1}
 LAYER_IDS = {"type": "array", "items": {"type": "integer", "minimum": 0}, "minItems": 1}
-CHECKPOINT_KEYS = ("path", "layout", "config", "trained_with", "allow_pickle", "step")  # + layer_ids, resolved
+CHECKPOINT_KEYS = ("path", "layout", "config", "trained_with", "allow_pickle", "step")  # + layer_ids, last_layer: resolved
 STAGES = ("server", "fetch", "extract", "evaluate", "report")
 
 
@@ -301,14 +315,16 @@ def stage_schema(stage: str) -> dict:
         return _object({"dataset": NAME, "tokenizer": target_path, "server": server, **_dataset_properties(), **fetch},
                        required=("dataset", "server", "tokenizer"))
     if stage == "extract":
-        return _object({"dataset": NAME, "layer_ids": LAYER_IDS, "target": top["target"], **_properties("extraction"),
-                        "server": server}, required=("layer_ids", "target"))
+        return _object({"dataset": NAME, "layer_ids": LAYER_IDS, "last_layer": drafter["last_layer"],
+                        "target": top["target"], **_properties("extraction"), "server": server,
+                        "speedup": top["speedup"]}, required=("layer_ids", "target"))
     if stage == "evaluate":
         # layer_ids as config.yaml's drafters have it: null (or left out) means the checkpoint's own list
-        checkpoint = _object({key: drafter[key] for key in (*CHECKPOINT_KEYS, "layer_ids")}, required=("path",))
+        checkpoint = _object({key: drafter[key] for key in (*CHECKPOINT_KEYS, "layer_ids", "last_layer")},
+                             required=("path",))
         return _object({"drafter": NAME, "dataset": NAME, "checkpoint": checkpoint,
                         "target": _object({"path": target_path}, required=("path",)),
-                        "max_tokens": fetch["max_tokens"], **evaluation},
+                        "max_tokens": fetch["max_tokens"], "speedup": top["speedup"], **evaluation},
                        required=("drafter", "dataset", "checkpoint", "target"))
     names = {"type": "array", "items": NAME}
     return _object({"drafters": {"type": "object"}, "drafter_order": names, "datasets": names, **_properties("report"),
@@ -420,14 +436,15 @@ def fetch_settings(config: dict, dataset: str) -> dict:
 
 def extract_runtime(config: dict) -> dict:
     """How extraction runs around the server (see fetch_runtime): passed beside the params."""
-    return {"server": server_settings(config)}
+    return {"server": server_settings(config), "speedup": dict(config["speedup"])}  # timing writes no cache byte
 
 
-def extract_params(config: dict, dataset: str, layer_ids: list[int]) -> dict:
+def extract_params(config: dict, dataset: str, layer_ids: list[int], last_layer: str = "final_norm") -> dict:
     """What decides a hidden-state cache: the Snakemake params of its extract job."""
     return {
         "dataset": dataset,
         "layer_ids": list(layer_ids),
+        "last_layer": last_layer,
         "target": dict(config["target"]),
         **config["extraction"],
     }
@@ -442,12 +459,14 @@ def evaluate_settings(config: dict, drafter: str, dataset: str) -> dict:
     spec = config["drafters"][drafter]
     checkpoint = {key: spec[key] for key in CHECKPOINT_KEYS}
     checkpoint["layer_ids"] = drafter_layer_ids(config, drafter)
+    checkpoint["last_layer"] = drafter_last_layer(config, drafter)
     return {
         "drafter": drafter,
         "dataset": dataset,
         "checkpoint": checkpoint,
         "target": {"path": config["target"]["path"]},
         "max_tokens": config["fetch"]["max_tokens"],
+        "speedup": dict(config["speedup"]),
         **config["evaluation"],
     }
 

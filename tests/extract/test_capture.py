@@ -38,12 +38,15 @@ def test_capture_equals_hidden_states_below_the_last_layer(model, reference):
         assert torch.equal(captured.states[i], reference.hidden_states[i + 1][0])
 
 
-def test_last_layer_is_the_pre_norm_residual_not_the_final_norm_output(model, reference):
+def test_last_layer_is_the_final_norm_output_by_default_and_the_residual_when_pre_norm(model, reference):
+    """The default is what dflash_generate feeds (hidden_states[num_layers], the final-norm output)."""
     last = model.config.num_hidden_layers - 1
-    state = capture_layers(model, [last], TOKENS).states[last]
-    assert not torch.allclose(state, reference.hidden_states[-1][0])
-    with torch.no_grad():
-        assert torch.equal(model.model.norm(state), reference.hidden_states[-1][0])
+    assert torch.equal(capture_layers(model, [last], TOKENS).states[last], reference.hidden_states[-1][0])
+    for want_argmax in (True, False):
+        state = capture_layers(model, [last], TOKENS, want_argmax=want_argmax, last_layer="pre_norm").states[last]
+        assert not torch.allclose(state, reference.hidden_states[-1][0])
+        with torch.no_grad():
+            assert torch.equal(model.model.norm(state), reference.hidden_states[-1][0])
 
 
 def test_argmax_is_the_targets_greedy_token(model, reference):

@@ -98,16 +98,19 @@ def test_argmax_agreement_is_complete_for_the_targets_own_greedy_output(target_d
     assert HiddenCache(tmp_path / "cache").manifest["argmax_agreement"] == {"matches": 6, "tokens": 6}
 
 
-def test_last_captured_layer_is_pre_norm(target_dir, completions, tmp_path):
-    """Layer 3 is the last: the cache must hold norm's input, i.e. norm(cached) == final hidden state."""
+@pytest.mark.parametrize("last_layer", ["final_norm", "pre_norm"])
+def test_last_captured_layer_is_the_drafters_convention_and_recorded(target_dir, completions, tmp_path, last_layer):
+    """Layer 3 is the last: the cache holds the final-norm output (what dflash_generate feeds, the default)
+    or, pre_norm, the norm's input; the manifest says which."""
     out = tmp_path / "cache"
-    extract_stage.extract(_settings(target_dir, layer_ids=[3]), completions, out)
+    extract_stage.extract({**_settings(target_dir, layer_ids=[3]), "last_layer": last_layer}, completions, out)
     reference = tiny_target()
     ids = torch.tensor(RECORDS[0]["prompt_token_ids"] + RECORDS[0]["completion_token_ids"])
     with torch.no_grad(), use_backend("torch", "cpu"):
         expected = reference(ids[None], output_hidden_states=True, use_cache=False).hidden_states[-1][0]
         cached = HiddenCache(out).load_sample("a").features
-        assert torch.equal(reference.model.norm(cached), expected)
+        assert torch.equal(reference.model.norm(cached) if last_layer == "pre_norm" else cached, expected)
+    assert HiddenCache(out).manifest["target"]["last_layer"] == last_layer
 
 
 def test_bf16_and_no_argmax(target_dir, completions, tmp_path):

@@ -122,6 +122,48 @@ def test_a_damaged_kept_shard_is_computed_again_and_other_inputs_reuse_nothing(
     assert counter.calls == len(LENGTHS)
 
 
+def test_a_kept_cache_under_the_other_last_layer_convention_is_recomputed(target_dir, tmp_path, monkeypatch):
+    completions = _write(tmp_path / "c.jsonl", _records(LENGTHS))
+    out, taps_last = tmp_path / "hidden", [0, 3]  # the tiny target has 4 layers: 3 is the last
+    extract_stage.extract(_settings(target_dir, layer_ids=taps_last, last_layer="final_norm"), completions, out)
+    final_norm = _states(out)
+    shutil.rmtree(out)  # same completions, the other convention: the last layer's states are other values
+    counter = Counting(monkeypatch)
+    extract_stage.extract(_settings(target_dir, layer_ids=taps_last, last_layer="pre_norm"), completions, out)
+    assert counter.calls == len(LENGTHS) and HiddenCache(out).manifest["reused_samples"] == 0
+    pre_norm = _states(out)
+    hidden = HiddenCache(out).manifest["target"]["hidden_size"]  # features: [T, layer 0 | layer 3]
+    for key in final_norm:
+        first, last = final_norm[key].features.split(hidden, dim=-1), pre_norm[key].features.split(hidden, dim=-1)
+        assert torch.equal(first[0], last[0]) and not torch.equal(first[1], last[1])
+
+
+def test_a_rerun_that_loads_no_target_keeps_the_kept_serving_profile(target_dir, tmp_path, monkeypatch, caplog):
+    from dflash_eval.cache.serving_profile import PROFILE_NAME, load_profile
+    from dflash_eval.extract import profile
+
+    measured = {"t_ar_ms": 1.5, "t_verify_ms": {"1": 1.5, "8": 2.0}, "device": "cpu", "context_tokens": 16}
+    monkeypatch.setattr(profile, "measure_target", lambda *a, **k: measured)  # the timing itself: extract/profile
+    completions = _write(tmp_path / "c.jsonl", _records(LENGTHS))
+    out, timed = tmp_path / "hidden", {"measure": True, "context_tokens": 16, "repeats": 1}
+    extract_stage.extract(_settings(target_dir, speedup=timed), completions, out)
+    written = (out / PROFILE_NAME).read_bytes()
+    assert (kept_dir(out) / PROFILE_NAME).samefile(out / PROFILE_NAME)
+
+    shutil.rmtree(out)  # every sample in the kept cache: no target loads, so nothing is timed
+    monkeypatch.setattr(extract_stage, "load_target", lambda *a, **k: pytest.fail("model loaded"))
+    monkeypatch.setattr(profile, "measure_target", lambda *a, **k: pytest.fail("target timed"))
+    extract_stage.extract(_settings(target_dir, speedup=timed, shard_tokens=13), completions, out)
+    assert (out / PROFILE_NAME).read_bytes() == written and load_profile(out / PROFILE_NAME)["t_ar_ms"] == 1.5
+
+    (kept_dir(out) / PROFILE_NAME).unlink()  # a kept cache without a profile: one line says so
+    shutil.rmtree(out)
+    with caplog.at_level("INFO"):
+        extract_stage.extract(_settings(target_dir, speedup=timed), completions, out)
+    assert not (out / PROFILE_NAME).exists()
+    assert caplog.text.count("no serving profile measured this run") == 1
+
+
 def test_bad_hand_written_settings_are_named_not_raised(target_dir, tmp_path):
     completions = _write(tmp_path / "c.jsonl", _records(LENGTHS[:2]))
     log = tmp_path / "extract.log"

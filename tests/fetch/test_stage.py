@@ -189,22 +189,38 @@ def test_eos_as_the_last_allowed_token_is_reported_as_length(tmp_path, tiny_serv
     assert record["token_check"]["completion_tokens_match"] is False
 
 
-@pytest.mark.parametrize("where", ["choice", "response", None])
-def test_spec_stats_are_recorded_when_the_server_reports_them(where):
-    """SGLang's `meta_info.spec_accept_length` / `spec_verify_ct` (on the choice or the response) go to `spec`;
-    a server that reports none gives `spec: null`, never zeros."""
-    choice = {"text": "ab", "finish_reason": "length", "token_ids": [5, 6], "prompt_token_ids": [1, 2]}
+COUNTERS = {"spec_accept_length": 3.25, "spec_verify_ct": 4, "spec_num_correct_drafts": 8,
+            "spec_num_proposed_drafts": 28, "spec_correct_drafts_histogram": [0, 1, 2, 1], "spec_accept_rate": 8 / 28}
+
+
+@pytest.mark.parametrize("where", ["sglext", "sglext-list", "chat-meta_info", None])
+def test_spec_counters_are_recorded_where_sglang_puts_them(where):
+    """SGLang 0.5.23 answers the counters at the response level, `sglext.spec_tokens_details` (a list for n > 1),
+    and a chat choice's `meta_info` holds the same keys; they go to `spec`; a server that reports none gives
+    `spec: null`, never zeros. Chat ids come as `response_token_ids`."""
+    chat = where == "chat-meta_info"
+    choice = {"finish_reason": "length", "prompt_token_ids": [1, 2]}
+    if chat:
+        choice.update(message={"role": "assistant", "content": "ab"}, response_token_ids=[5, 6])
+    else:
+        choice.update(text="ab", token_ids=[5, 6])
     resp = {"choices": [choice], "usage": {"prompt_tokens": 2, "completion_tokens": 2}}
-    meta = {"spec_accept_length": 3.25, "spec_verify_ct": 7, "e2e_latency": 0.1}
-    if where == "choice":
-        choice["meta_info"] = meta
-    elif where == "response":
-        resp["meta_info"] = meta
-    settings = stage_settings("fetch", {"dataset": "d", "prompts": "p", "server": {}, "tokenizer": "t"})
-    info = fetch.ServerInfo("http://x", "m", "/models/m", "w1", sglang=True)
+    extra = {"spec_cap_length": 0.0, "e2e_latency": 0.1}
+    if where == "sglext":
+        resp["sglext"] = {"spec_tokens_details": {**COUNTERS, **extra}}
+    elif where == "sglext-list":
+        resp["sglext"] = {"spec_tokens_details": [{**COUNTERS, **extra}]}
+    elif chat:
+        choice["meta_info"] = {**COUNTERS, **extra, "id": "x"}
+    settings = stage_settings("fetch", {"dataset": "d", "prompts": "p", "server": {}, "tokenizer": "t",
+                                        "endpoint": "chat" if chat else "completions"})
+    spec = {"speculative_algorithm": "DFLASH", "speculative_num_draft_tokens": 8}
+    info = fetch.ServerInfo("http://x", "m", "/models/m", "w1", sglang=True, speculative=spec)
     rendered = fetch.Rendered("a", "a", 1, [{"role": "user", "content": "x"}], "x", [1, 2])
     rec = fetch.build_record(resp, rendered, settings, info, tokenizer=None)
-    assert rec["spec"] == ({"spec_accept_length": 3.25, "spec_verify_ct": 7} if where else None)
-    assert rec["server"] == {"base_url": "http://x", "model": "m", "model_path": "/models/m", "weight_version": "w1"}
+    assert rec["spec"] == (COUNTERS if where else None)
+    assert rec["completion_token_ids"] == [5, 6] and rec["text"] == "ab"
+    assert rec["server"] == {"base_url": "http://x", "model": "m", "model_path": "/models/m", "weight_version": "w1",
+                             "speculative": spec}
     assert rec["completion_ids_source"] == "server" and rec["token_check"] == {
         "prompt_tokens_match": True, "completion_tokens_match": True}

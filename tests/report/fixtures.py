@@ -86,9 +86,11 @@ def write_metrics(root: Path) -> list[Path]:
     return paths
 
 
-# The server's own stats: gsm8k 4.2 per request against offline 4.0 (5% apart, beyond the 3% tolerance);
-# humaneval 4.0 against 4.0. Sample 3 of gsm8k disagrees with the server's prompt token count.
-ONLINE = {"gsm8k": 4.2, "humaneval": 4.0}
+# The server's own counters per request (verify_ct, completion tokens, correct drafts, histogram): gsm8k
+# (22 - 1) / 5 = 4.2 against offline [4, 4] -> 4.0 (5% apart, beyond the 3% tolerance); humaneval one step
+# of 4 tokens after the prefill token, as offline [4]. Sample 3 of gsm8k disagrees with the server's prompt
+# token count.
+ONLINE = {"gsm8k": (5, 22, 16, [0, 1, 0, 4]), "humaneval": (1, 5, 3, [0, 0, 0, 1])}
 
 
 TRANSITIONS = [  # one 60.5 s outage shared by two extractions, a pause while down (none), a pause never resumed
@@ -112,7 +114,11 @@ def write_trust_inputs(root: Path) -> tuple[list[Path], list[Path], Path]:
         records = [{"id": str(i), "dataset": dataset, "completion_ids_source": "server" if i else "retokenized",
                     "token_check": {"prompt_tokens_match": not (dataset == "gsm8k" and i == 3),
                                     "completion_tokens_match": True},
-                    "spec": {"spec_accept_length": online, "spec_verify_ct": 2}} for i in range(10)]
+                    "usage": {"completion_tokens": online[1]},
+                    "server": {"speculative": {"speculative_num_draft_tokens": 4}},
+                    "spec": {"spec_accept_length": online[1] / online[0], "spec_verify_ct": online[0],
+                             "spec_num_correct_drafts": online[2], "spec_correct_drafts_histogram": online[3]}}
+                   for i in range(10)]
         path = root / "completions" / f"{dataset}.jsonl"
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text("".join(json.dumps(r) + "\n" for r in records))

@@ -39,13 +39,16 @@ def test_online_tau_is_compared_with_the_served_drafter_and_flagged(out):
     # offline: every step-1000 gsm8k sample accepts [4, 4] -> 4.0; online 4.2 -> 5% apart > 3%
     assert gsm8k["drafter"] == "step-1000" and gsm8k["samples_compared"] == 10
     assert gsm8k["online_tau_compared"] == pytest.approx(4.2) and gsm8k["offline_tau_compared"] == 4.0
-    assert gsm8k["online_tau_token_weighted"] == pytest.approx(4.2)
+    assert gsm8k["online_tau_token_weighted"] == pytest.approx(4.2) and gsm8k["method"] == "chain-B4"
+    assert gsm8k["online_tau_sglang_compared"] == pytest.approx(4.4) and gsm8k["offline_tau_sglang_compared"] == 4.5
+    assert gsm8k["equal_requests"] == 0 and humaneval["equal_requests"] == humaneval["exact_requests"] == 10
     assert gsm8k["relative_difference"] == pytest.approx(0.05) and gsm8k["beyond_tolerance"] is True
     assert humaneval["relative_difference"] == 0.0 and humaneval["beyond_tolerance"] is False
     markdown = (out / "summary.md").read_text()
     assert "**Online ≠ offline**: gsm8k" in markdown and "**Online ≠ offline**: humaneval" not in markdown
     row = next(line for line in section(markdown, "### Online vs offline").splitlines() if line.startswith("| gsm8k"))
-    assert row == "| gsm8k | step-1000 | 10 | 4.20 | 4.00 | 5.0% | **⚠️ beyond 3.0%** |"
+    assert row == ("| gsm8k | step-1000 | chain-B4 | 10 | 4.200 | 4.000 | +0.2000 (+0.2000, +0.2000) | 4.400 / 4.500 "
+                   "| 0 of 10 (0 exactly); differ: 0, 1, 2 | **⚠️ beyond 3.0%** |")
 
 
 def test_server_outages_from_the_transitions_log(out):
@@ -77,4 +80,4 @@ def test_trust_json_is_the_panel_and_absent_inputs_say_not_recorded(out, tmp_pat
     assert not bare["fetch"]["gsm8k"]["recorded"] and not bare["caches"][0]["recorded"]
     markdown = (tmp_path / "summary.md").read_text()
     assert "Server transitions: not recorded." in markdown
-    assert "| gsm8k | step-1000 | – | not recorded (no spec_accept_length in the completions) |" in markdown
+    assert "| gsm8k | step-1000 | – | – | not recorded (no speculative counters in the completions) |" in markdown

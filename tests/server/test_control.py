@@ -12,13 +12,14 @@ import sys
 import time
 from pathlib import Path
 
-from tests.support import servers as hs
 import pytest
 import torch
 
 from dflash_eval import cli
 from dflash_eval.errors import DflashEvalError
-from dflash_eval.server.control import ServerController, ServerError, port_open, server_paused
+from dflash_eval.server.control import ServerController, ServerError, server_paused
+from dflash_eval.server.http import port_open
+from tests.support import servers as hs
 
 
 def transitions(log_dir: Path | str) -> list[str]:
@@ -472,6 +473,101 @@ def test_cli(tmp_path, capsys, controllers):
     assert json.loads(capsys.readouterr().out)["launched_pid"] is not None
     assert cli.main(["server", "stop-launched", "--settings", as_json]) == 0
     assert cli.main(["server", "status", "--settings", as_json]) == 3
+
+
+# ----- server.pid: the server's pid, and its whole process group stopped -----
+
+
+def cmdline(pid: int) -> list[str]:
+    return Path(f"/proc/{pid}/cmdline").read_text().split("\0")
+
+
+def wait_port_closed(base_url: str, seconds: float = 30.0) -> None:
+    deadline = time.monotonic() + seconds
+    while port_open(base_url):
+        assert time.monotonic() < deadline, f"{base_url} still open after {seconds} s"
+        time.sleep(0.05)
+
+
+def launched_in_shell(tmp_path: Path, controllers: list) -> tuple[ServerController, dict]:
+    """A managed server whose command runs under /bin/sh (no exec) and that starts a child process; returns
+    the controller and what server.pid records once it is healthy."""
+    settings = hs.in_shell(hs.tiny_helper_settings(tmp_path / "logs", "--child"), tmp_path)
+    ctl = make(controllers, settings)
+    ctl.ensure_up()
+    return ctl, json.loads((tmp_path / "logs" / "server.pid").read_text())
+
+
+def test_server_pid_is_the_server_and_killing_it_leaves_nothing_after_finish(tmp_path, controllers):
+    """server.pid names the process that serves the port, not the shell its command runs in; killing that
+    pid stops the server, and the end-of-run hook stops what it left in its process group."""
+    ctl, record = launched_in_shell(tmp_path, controllers)
+    pid, group = record["pid"], record["pgid"]
+    assert ctl.launched_pid() == pid != group  # the shell leads the group; the pid on record is the server's
+    assert str(hs.HELPER_SCRIPT) in cmdline(pid) and "--port" in cmdline(pid)
+    assert cmdline(group)[0] == "/bin/sh"
+    assert len(hs.group_members(group)) == 3  # the shell, the server and its child
+    os.kill(pid, signal.SIGKILL)  # what a user does with server.pid, in its harshest form
+    wait_port_closed(ctl.base_url)
+    left = hs.group_members(group)
+    assert len(left) == 1 and str(hs.HELPER_SCRIPT) not in cmdline(left[0])  # the child outlived the server
+    assert cli.main(["server", "finish", "--settings", json.dumps(ctl.settings)]) == 0
+    assert hs.group_members(group) == []
+    assert not (tmp_path / "logs" / "server.pid").exists()
+
+
+def test_a_server_whose_shell_was_killed_is_still_stopped_and_restored(tmp_path, controllers):
+    """The orphan that a killed shell used to leave (healthy, unowned, refused: "not launched by dflash-eval")
+    is still dflash-eval's: a pause stops its whole group and brings it back, and finish stops the new one."""
+    ctl, record = launched_in_shell(tmp_path, controllers)
+    group = record["pgid"]
+    os.kill(group, signal.SIGKILL)  # the shell: the pid that server.pid used to hold
+    assert ctl.is_healthy() and record["pid"] in hs.group_members(group)
+    with server_paused(ctl.settings):
+        assert not ctl.is_healthy() and hs.group_members(group) == []
+    assert ctl.is_healthy()
+    new_group = json.loads((tmp_path / "logs" / "server.pid").read_text())["pgid"]
+    assert new_group != group and len(hs.group_members(new_group)) == 3
+    ServerController(ctl.settings).finish()
+    assert hs.group_members(new_group) == [] and not port_open(ctl.base_url)
+
+
+def test_what_a_killed_server_left_is_stopped_by_the_next_pause_and_up(tmp_path, controllers):
+    """Killed by hand, the server is down: the next extraction leaves it down but stops what remains of its
+    group (it would hold the GPU), and the next `up` launches a new server."""
+    ctl, record = launched_in_shell(tmp_path, controllers)
+    pid, group = record["pid"], record["pgid"]
+    os.kill(pid, signal.SIGTERM)
+    wait_port_closed(ctl.base_url)
+    assert hs.group_members(group) != []
+    with server_paused(ctl.settings):
+        assert hs.group_members(group) == []
+    assert not ctl.is_healthy()  # it was down before the extraction: it stays down
+    ctl.ensure_up()
+    assert ctl.launched_pid() not in (None, pid)
+
+
+def test_server_up_replaces_what_a_killed_server_left(tmp_path, controllers):
+    ctl, record = launched_in_shell(tmp_path, controllers)
+    pid, group = record["pid"], record["pgid"]
+    os.kill(pid, signal.SIGKILL)
+    wait_port_closed(ctl.base_url)
+    assert hs.group_members(group) != []
+    assert cli.main(["server", "up", "--settings", json.dumps(ctl.settings)]) == 0
+    assert hs.group_members(group) == [] and ctl.is_healthy() and ctl.launched_pid() not in (None, pid)
+    assert "its server process is gone" in next(e.get("reason", "") for e in entries(tmp_path / "logs")
+                                                if e["event"] == "stop_requested")
+
+
+def test_server_help_explains_every_action_and_the_exit_status(capsys):
+    with pytest.raises(SystemExit) as done:
+        cli.main(["server", "--help"])
+    assert done.value.code == 0
+    text = " ".join(capsys.readouterr().out.split())
+    for explained in ["up make the server healthy", "down take the server down", "status print the state as JSON",
+                      "stop-launched stop the managed server that dflash-eval launched", "finish the end-of-run hook",
+                      "exits 0 when the server is healthy, 3 when it is not", "3 from status: the server is not healthy"]:
+        assert explained in text, (explained, text)
 
 
 # ----- real `transformers serve` -----

@@ -11,8 +11,9 @@ microseconds and a client benchmark measures the client. Endpoints: GET /health,
 The completion of a prompt is a pure function of the prompt's token ids (a hash picks its length
 and its printable characters), so a rerun, a retry or a second client gets the same answer. Its
 length decides "stop" (the stop token counted in usage, never in the text, as real servers do) or
-"length". With --sglang it takes token-id prompts, returns `token_ids`, `prompt_token_ids`,
-`matched_stop` and `meta_info` with speculative stats, like SGLang. --delay-s S answers every request S
+"length". With --sglang it takes token-id prompts and, as SGLang 0.5.23 does, returns `token_ids` (chat:
+`response_token_ids`) and `prompt_token_ids` when asked `return_token_ids`, `matched_stop`, and made-up
+speculative counters in `sglext.spec_tokens_details` when asked `return_spec_tokens_details`. --delay-s S answers every request S
 seconds late (so that requests are in flight when a test kills the process), and --log-arrivals logs each
 request when it arrives as well as when it is answered.
 
@@ -47,6 +48,19 @@ def complete(prompt_ids: list[int], max_tokens: int) -> tuple[str, int, str]:
     if natural < max_tokens:
         return text, text_len + 1, "stop"
     return text, text_len, "length"
+
+
+def fake_spec_counters(completion_tokens: int, block_size: int = 8) -> dict[str, Any]:
+    """Consistent made-up counters: steps of 2 tokens (the last 2 or 3) after the prefill token."""
+    verify = max(1, (completion_tokens - 1) // 2)
+    steps = [2] * (verify - 1) + [completion_tokens - 1 - 2 * (verify - 1)]
+    histogram = [0] * block_size
+    for step in steps:
+        histogram[step - 1] += 1
+    return {"spec_accept_length": completion_tokens / verify, "spec_verify_ct": verify,
+            "spec_num_correct_drafts": sum(steps) - verify, "spec_num_proposed_drafts": verify * (block_size - 1),
+            "spec_correct_drafts_histogram": histogram[: max(i for i, n in enumerate(histogram) if n) + 1],
+            "spec_accept_rate": (sum(steps) - verify) / (verify * (block_size - 1))}
 
 
 class Fake:
@@ -99,15 +113,19 @@ class Fake:
             choice["message"] = {"role": "assistant", "content": text}
         else:
             choice["text"] = text
-        if self.args.sglang:
-            choice["token_ids"] = self.encode(text)
-            choice["prompt_token_ids"] = prompt_ids
+        response: dict[str, Any] = {}
+        if self.args.sglang:  # SGLang 0.5.23's names: the ids include the stop token, as its output_ids do
+            ids = self.encode(text) + ([self.eos] if finish == "stop" else [])
+            if req.get("return_token_ids"):
+                choice["response_token_ids" if chat else "token_ids"] = ids
+                choice["prompt_token_ids"] = prompt_ids
             choice["matched_stop"] = self.eos if finish == "stop" else None
-            choice["meta_info"] = {"spec_accept_length": 2.5, "spec_verify_ct": max(1, completion_tokens // 2)}
+            if req.get("return_spec_tokens_details"):
+                response["sglext"] = {"spec_tokens_details": fake_spec_counters(completion_tokens)}
         usage = {"prompt_tokens": len(prompt_ids), "completion_tokens": completion_tokens,
                  "total_tokens": len(prompt_ids) + completion_tokens}
         return 200, {"id": f"cmpl-{n}", "object": "chat.completion" if chat else "text_completion",
-                     "created": 0, "model": self.args.model, "choices": [choice], "usage": usage}
+                     "created": 0, "model": self.args.model, "choices": [choice], "usage": usage, **response}
 
     def prompt_ids(self, path: str, req: dict[str, Any]) -> list[int]:
         """The prompt as token ids: rendered from chat messages (ChatML), given as ids, or encoded from text."""

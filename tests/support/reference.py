@@ -69,8 +69,9 @@ def online_acceptance(drafter, target, prompt_ids: list[int], max_new_tokens: in
     reference._cuda_time = time.perf_counter  # the reference synchronises CUDA for its timers
     try:
         with exact_target_rollback(target) if exact_rollback else nullcontext():
-            stats = reference.dflash_generate(drafter, target, torch.tensor([prompt_ids]), max_new_tokens,
-                                              stop_ids, temperature=0.0, block_size=block_size, return_stats=True)
+            stats = reference.dflash_generate(drafter, target, torch.tensor([prompt_ids], device=target.device),
+                                              max_new_tokens, stop_ids, temperature=0.0, block_size=block_size,
+                                              return_stats=True)
     finally:
         reference._cuda_time = original
     return list(stats.acceptance_lengths), stats.output_ids[0].tolist()

@@ -6,7 +6,7 @@ same ids back (unless a special token was generated), which the fetch tests rely
 retokenized completion with `generate`.
 
 Script: `python tests/support/servers.py --port P [--ignore-sigterm] [--unhealthy] [--state FILE]
-[--memory-file FILE]` serves GET /health (200, or 503 with --unhealthy, or 503 while "released") and
+[--memory-file FILE] [--child]` serves GET /health (200, or 503 with --unhealthy, or 503 while "released") and
 POST /release_memory_occupation and /resume_memory_occupation. --state: the process appends
 `started` once it listens, and each POST's action, so a test sees from the server's side how often it
 was started and what it was asked. --memory-file: the "GPU memory in use" in MiB that a
@@ -20,6 +20,7 @@ import json
 import signal
 import socket
 import string
+import subprocess
 import sys
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -123,6 +124,18 @@ def tiny_helper_settings(log_dir: Path, *flags: str, **overrides: object) -> dic
         "log_dir": str(log_dir),
         **overrides,
     }
+
+
+def in_shell(settings: dict, directory: Path) -> dict:
+    """The same managed server with its command written as most are, without `exec`: /bin/sh then stays
+    the server's parent and leads its process group, and the pid on record must still be the server's."""
+    return {**settings, "command": f"cd {directory} && " + settings["command"].removeprefix("exec ")}
+
+
+def start_child() -> None:
+    """A child process in the server's process group that outlives the server (SGLang's scheduler and
+    detokenizer processes run beside it the same way): what killing the server alone leaves behind."""
+    subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
 
 
 def group_members(pgid: int) -> list[int]:
@@ -262,6 +275,9 @@ if __name__ == "__main__":
     ap.add_argument("--unhealthy", action="store_true")
     ap.add_argument("--state", type=Path)
     ap.add_argument("--memory-file", type=Path)
+    ap.add_argument("--child", action="store_true", help="start a child process that outlives the server")
     a = ap.parse_args()
+    if a.child:
+        start_child()
     serve(a.port, a.ignore_sigterm, a.unhealthy, a.state, a.memory_file)
     sys.exit(0)

@@ -112,6 +112,30 @@ def test_added_drafter_runs_only_its_evaluations_and_the_report(case):
     assert plan(workflow, root) == {job("evaluate", "c", "d1"), job("evaluate", "c", "d2"), job("report")}
 
 
+def test_editing_the_user_serving_profile_reruns_the_evaluations_and_the_report_only(case):
+    """speedup.profile is an input of every evaluation (its expected speedup): an edit reruns them and the report,
+    never fetch or extraction; a touch with the same bytes reruns nothing; a bad field stops the run at load."""
+    workflow, root = case
+    profile = root / "profile.json"
+    profile.write_text(json.dumps({"t_ar_ms": 20, "t_verify_ms": {"1": 20, "16": 24}}))
+    config = load_config(root)
+    config["speedup"] = {"profile": "profile.json"}
+    save_config(root, config)
+    assert plan(workflow, root) == ALL_EVALS | {job("report")}  # naming a profile is an evaluation setting
+    check(snakemake(workflow, root))
+    assert plan(workflow, root) == set()
+    later = (root / "results" / "summary.csv").stat().st_mtime + 3600
+    os.utime(profile, (later, later))
+    assert plan(workflow, root) == set()
+    profile.write_text(json.dumps({"t_ar_ms": 25, "t_verify_ms": {"1": 25, "16": 30}}))
+    os.utime(profile, (later, later))
+    assert plan(workflow, root) == ALL_EVALS | {job("report")}
+    profile.write_text(json.dumps({"t_ar_ms": 0, "t_verify_ms": {"1": 25}}))
+    run = snakemake(workflow, root, "--dry-run")
+    assert run.returncode != 0
+    assert "profile.json: field 't_ar_ms' must be a positive number" in run.stdout + run.stderr
+
+
 def _edit(path: Path, text: str) -> None:
     path.write_text(path.read_text() + text)
 

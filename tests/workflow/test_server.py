@@ -13,10 +13,10 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from tests.support import servers as hs
 import pytest
 import yaml
 
+from tests.support import servers as hs
 from tests.support.workflow_harness import check, copy_workflow, snakemake, tiny_project
 
 # Each test is one or two real snakemake runs: 84 s and 64 s on the loaded 2-core dev machine

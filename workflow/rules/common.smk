@@ -81,6 +81,12 @@ def target_inputs(wildcards=None) -> list[str]:
     return list(files) if built_here(files) else []
 
 
+def served_drafter_inputs(wildcards=None) -> list[str]:
+    """The served drafter's files when the demo builds them: the demo's server loads it, so fetch waits for it."""
+    name = (config.get("report") or {}).get("served_drafter")
+    return checkpoint_inputs(name) if name in config.get("drafters", {}) else []
+
+
 def target_fingerprint(wildcards=None) -> str:
     return _target_fingerprint()
 
@@ -124,7 +130,7 @@ def checkpoint_files(name: str) -> tuple[str, ...]:
 
 
 def drafter_layerset(name: str) -> str:
-    return cfg.layerset_name(cfg.drafter_layer_ids(config, name))
+    return cfg.layerset_name(cfg.drafter_layer_ids(config, name), cfg.drafter_last_layer(config, name))
 
 
 def hidden_cache(drafter: str, dataset: str) -> str:

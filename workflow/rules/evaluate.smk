@@ -1,4 +1,11 @@
 # Stage 3: one drafter on one dataset, from the cached states of that drafter's layer set.
+from dflash_eval.cache.serving_profile import load_profile
+
+# A user's serving profile (speedup.profile) is checked now, so a bad field stops the run before any job; it is an
+# input of every evaluation (their expected speedup), so editing it reruns the evaluations and the report, nothing else.
+SPEEDUP_PROFILE = [config["speedup"]["profile"]] if config["speedup"]["profile"] else []
+for _profile in SPEEDUP_PROFILE:
+    load_profile(_profile)
 
 
 rule evaluate:
@@ -7,6 +14,7 @@ rule evaluate:
         completions=COMPLETIONS,
         checkpoint=lambda w: checkpoint_inputs(w.drafter),
         target=target_inputs,
+        profile=SPEEDUP_PROFILE,
     output:
         metrics=METRICS,
         samples=SAMPLES,

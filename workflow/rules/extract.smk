@@ -8,7 +8,8 @@ rule extract:
     output:
         directory(HIDDEN),
     params:
-        settings=lambda w: settings_param(cfg.extract_params(config, w.dataset, cfg.parse_layerset(w.layerset))),
+        settings=lambda w: settings_param(cfg.extract_params(config, w.dataset, cfg.parse_layerset(w.layerset),
+                                                             cfg.layerset_last_layer(w.layerset))),
         target=target_fingerprint,
         code=code_fingerprint("extract"),
     resources:

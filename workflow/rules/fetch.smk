@@ -6,6 +6,7 @@ rule fetch:
     input:
         prompts=lambda w: cfg.dataset_inputs(config, w.dataset),
         target=target_inputs,
+        served_drafter=served_drafter_inputs,
     output:
         COMPLETIONS,
     params:

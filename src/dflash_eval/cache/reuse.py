@@ -27,6 +27,7 @@ from safetensors import SafetensorError, safe_open
 
 from dflash_eval.cache import manifest as cache_manifest
 from dflash_eval.cache.manifest import MANIFEST, CacheError
+from dflash_eval.cache.serving_profile import PROFILE_NAME
 from dflash_eval.io_utils import sha256_file
 
 log = logging.getLogger(__name__)
@@ -52,7 +53,8 @@ def state_code_hash() -> str:
 
 
 def keep_published(out: Path) -> None:
-    """Hard-link the published cache's shards and manifest into `<out>.kept/`, replacing the previous ones.
+    """Hard-link the published cache's shards, manifest and serving profile into `<out>.kept/`, replacing the
+    previous ones.
 
     Where the file system has no hard links the cache is not kept (a copy would double its disk).
     """
@@ -62,7 +64,7 @@ def keep_published(out: Path) -> None:
     tmp.mkdir(parents=True)
     try:
         for file in out.iterdir():
-            if file.name == MANIFEST or file.suffix == ".safetensors":
+            if file.name in (MANIFEST, PROFILE_NAME) or file.suffix == ".safetensors":
                 os.link(file, tmp / file.name)
     except OSError as error:
         shutil.rmtree(tmp, ignore_errors=True)
@@ -129,6 +131,18 @@ class KeptStates:
         if not ok:
             log.warning("%s: damaged (size or sha256 differs from its manifest); its samples are computed again", path)
         return ok
+
+    def carry_profile(self, out: Path) -> bool:
+        """Link the kept cache's serving profile into `out` (same state key: same target, device and kernels);
+        False when it has none. For a rerun that loads no target, which therefore times nothing."""
+        source = self.directory / PROFILE_NAME
+        if self.manifest is None or not source.is_file():
+            return False
+        try:
+            os.link(source, out / PROFILE_NAME)
+        except OSError:
+            shutil.copy2(source, out / PROFILE_NAME)
+        return True
 
     def __contains__(self, sample_id: str) -> bool:
         return sample_id in self.usable

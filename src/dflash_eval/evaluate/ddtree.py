@@ -6,19 +6,26 @@ its path; pop the best node, push its next sibling (same parent, next rank) and 
 (rank 0 at depth d + 1). The target verifies the tree; the accepted length is the deepest root path
 whose tokens match the target's greedy continuation, plus the bonus token.
 
-A heap per anchor is slow in Python, so we use what best-first order implies. Scores only fall along
-child and sibling edges, so the node popped k-th has exactly k nodes of higher score in the whole
-(unbounded) tree, and the first N pops are the N best nodes (ranks >= N can never be among them:
-a rank-r node needs its r better siblings popped first). Hence the truth path's node at depth d is
-in the DDTree-N tree iff fewer than N nodes score strictly better than it. All nodes that could be
-among the best N_max at depth d are children of the best N_max at depth d - 1, so a per-depth top-N
-beam over [anchors, N x N] candidates enumerates every node we need to count. Exact except where two
-scores tie bit for bit, where the heap's tie-break is arbitrary anyway.
+Scoring needs only the truth path. Scores only fall along child and sibling edges, so the first N
+pops are the N best nodes, and the truth node at depth d is in the DDTree-N tree iff its token is
+among the position's top N and fewer than N nodes score strictly better than it (an exact tie goes
+to the truth: with bf16 logits equal log-probs are common, and this rule does not depend on how a
+top-k orders equal values). So we need, per anchor, the N_max best node scores of the whole tree,
+and only those above the lowest truth score still undecided:
+- at depth k only the N best nodes matter, and they are children of the depth-(k-1) best ones;
+  pairs (parent rank i, token rank j) with (i + 1)(j + 1) > N cannot be among them (that many
+  nodes score at least as well), so ~N ln N candidates per depth instead of N x N;
+- once N nodes are known, a truth score below the N-th best is out for every budget, and a node
+  scoring at or below every truth score still undecided (and its subtree) can never be counted:
+  it is dropped, and an anchor with nothing left is finished (most lose the truth within a few
+  depths).
+Node scores are sums in float32 taken in path order, so the truth's score equals its node's bit
+for bit (a cumsum may round differently: on CPU it accumulates in float64).
 """
 
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
 import torch
 
@@ -28,31 +35,62 @@ def truth_path_ranks(logprobs: torch.Tensor, truth: torch.Tensor, width: int) ->
 
     logprobs [m, P, V], truth [m, P] (-1 where there is no true token). Returns the top values
     [m, P, width], a bool [m, P] saying the truth node exists down to each depth, and the truth
-    path's cumulative score [m, P].
+    path's score [m, P], summed in path order as the tree sums it.
     """
     values, indices = torch.topk(logprobs, width, dim=-1)
     match = indices == truth[..., None]
     in_top = match.any(dim=-1) & (truth >= 0)
     exists = in_top.to(torch.int64).cumprod(dim=-1).bool()
-    truth_score = torch.where(match, values, torch.zeros_like(values)).sum(dim=-1).cumsum(dim=-1)
+    step = torch.where(match, values, torch.zeros_like(values)).sum(dim=-1)  # one term or none: exact
+    scores, total = [], torch.zeros_like(step[:, 0])
+    for depth in range(step.shape[1]):
+        total = total + step[:, depth]
+        scores.append(total)
+    truth_score = torch.stack(scores, dim=1) if scores else step
     return values, exists, truth_score
 
 
-def better_node_counts(values: torch.Tensor, truth_score: torch.Tensor, budget: int) -> torch.Tensor:
-    """For each depth, how many tree nodes (among those that matter) score above the truth node.
+def _candidate_pairs(budget: int, parents: int, width: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    """(parent rank i < parents, token rank j < width) pairs with (i + 1)(j + 1) <= budget."""
+    ranks = torch.arange(parents, device=device)
+    counts = torch.clamp(budget // (ranks + 1), max=width)
+    starts = torch.cumsum(counts, 0) - counts
+    parent = torch.repeat_interleave(ranks, counts)
+    token = torch.arange(parent.shape[0], device=device) - torch.repeat_interleave(starts, counts)
+    return parent, token
+
+
+def better_node_counts(values: torch.Tensor, truth_score: torch.Tensor, exists: torch.Tensor, budget: int) -> torch.Tensor:
+    """For each depth, how many tree nodes score strictly above the truth node: [m, P].
 
     values [m, P, W] are the per-position top-W log-probs (W = min(budget, vocabulary)). Counts are
-    exact below `budget`; a count of `budget` or more only says "not in any tree of that budget".
+    exact below `budget` where the truth node exists; `budget` means "not in any tree of that budget".
     """
-    m, positions, _ = values.shape
-    beam = torch.zeros(m, 1, dtype=values.dtype, device=values.device)
-    beams = []
+    m, positions = values.shape[:2]
+    device, neg_inf = values.device, torch.tensor(float("-inf"), device=values.device)
+    best = torch.full((m, budget), float("-inf"), dtype=values.dtype, device=device)  # best nodes found, sorted
+    active = torch.arange(m, device=device)
+    beam, floor = values[:, 0], None
     for depth in range(positions):
-        candidates = (beam[:, :, None] + values[:, depth, None, :]).reshape(m, -1)
-        beam = torch.topk(candidates, min(budget, candidates.shape[1]), dim=-1).values
-        beams.append(beam)
-    every = torch.cat(beams, dim=1)  # [m, P * W], the best W nodes of each depth
-    return (every[:, None, :] > truth_score[:, :, None]).sum(dim=-1)
+        if depth > 0:
+            tokens = values[active, depth]
+            useful = int((tokens + beam[:, :1] > floor[:, None]).sum(dim=1).max())  # ranks worth a child
+            parent, token = _candidate_pairs(budget, beam.shape[1], max(useful, 1), device)
+            candidates = beam[:, parent] + tokens[:, token]
+            beam = torch.topk(candidates, min(budget, candidates.shape[1]), dim=-1).values
+        merged = torch.topk(torch.cat([best[active], beam], dim=1), budget, dim=-1).values
+        best[active] = merged
+        # truth depths still undecided: the node exists and scores at least the budget-th best known
+        scores = truth_score[active]
+        open_ = exists[active] & (scores >= merged[:, budget - 1:budget])
+        floor = torch.where(open_, scores, torch.full_like(scores, float("inf"))).min(dim=1).values
+        beam = torch.where(beam > floor[:, None], beam, neg_inf)
+        keep = beam[:, 0] > neg_inf
+        if depth + 1 == positions or not bool(keep.any()):
+            break
+        active, beam, floor = active[keep], beam[keep], floor[keep]
+        beam = beam[:, :int((beam > neg_inf).sum(dim=1).max())]
+    return (best[:, None, :] > truth_score[:, :, None]).sum(dim=-1)
 
 
 def tree_accepted(logits: torch.Tensor, truth: torch.Tensor, budgets: Sequence[int]) -> torch.Tensor:
@@ -61,10 +99,14 @@ def tree_accepted(logits: torch.Tensor, truth: torch.Tensor, budgets: Sequence[i
     logits [m, P, V] are the drafter's block logits for positions 1..P; truth [m, P] the true next
     tokens (-1 past the end of the sequence).
     """
+    budgets = [int(b) for b in budgets]
+    m, positions, vocab = logits.shape
+    if positions == 0 or m == 0:
+        return torch.zeros(len(budgets), m, dtype=torch.int64, device=logits.device)
     logprobs = torch.log_softmax(logits.float(), dim=-1)
-    width = min(max(budgets), logprobs.shape[-1])
+    width = min(max(budgets), vocab)
     values, exists, truth_score = truth_path_ranks(logprobs, truth, width)
-    better = better_node_counts(values, truth_score, max(budgets))
+    better = better_node_counts(values, truth_score, exists, max(budgets))
     out = []
     for budget in budgets:
         inside = exists & (better < budget)

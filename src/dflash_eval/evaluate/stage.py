@@ -6,8 +6,10 @@ metrics.json (the report reads it):
   bytes, mtime_ns}]},
   stop_token_ids, methods{"chain-B<b>" | "ddtree-<N>": {method, kind, block_size, budget,
   tau_mean_of_samples, tau_token_weighted, ci95{...}, samples, steps, tokens, acceptance_by_position,
-  histogram}}, chain (= methods["chain-B<B>"], the drafter's own block), topk_accuracy{k,
-  positions_seen, by_position[B-1][k]}, diagnostics{argmax_agreement, tokens_seen, samples_skipped[]}
+  histogram, expected_speedup}}, chain (= methods["chain-B<B>"], the drafter's own block), topk_accuracy{k,
+  positions_seen, by_position[B-1][k]}, diagnostics{argmax_agreement, tokens_seen, samples_skipped[]},
+  speedup{estimate, available, source, formula, tau, target_source, draft_source, t_ar_ms, t_draft_ms, verify,
+  best_ddtree{method, budget, expected_speedup}} (evaluate/speedup.py; an estimate, labelled so)
 samples.csv: one row per sample x method with its steps, tokens, tau and the acceptance lengths in order.
 """
 
@@ -29,13 +31,15 @@ from dflash_eval.evaluate.blocks import BlockDrafter
 from dflash_eval.cache import manifest as cache_manifest
 from dflash_eval.completions import read_completions
 from dflash_eval.config import evaluate_settings, settings_from_args
-from dflash_eval.evaluate.checkpoint import check_against_target
+from dflash_eval.evaluate.checkpoint import agreed_layer_ids, check_against_target, checkpoint_facts
 from dflash_eval.evaluate.drafter import load_drafter
 from dflash_eval.errors import DflashEvalError
 from dflash_eval.evaluate.anchors import chain_method, evaluate_sample
 from dflash_eval.io_utils import atomic_write_json, atomic_write_text
 from dflash_eval.provenance.fingerprint import FingerprintCache
 from dflash_eval.evaluate.target_head import load_target_head
+from dflash_eval.evaluate.draft_timing import time_on_cache as time_drafter_on_cache
+from dflash_eval.evaluate.speedup import estimate as estimate_speedup
 
 log = logging.getLogger(__name__)
 
@@ -68,14 +72,35 @@ def stop_token_ids(settings: dict) -> list[int]:
     raise DflashEvalError(f"{target}: no eos_token_id in generation_config.json or config.json; set evaluation.stop_token_ids")
 
 
+def check_last_layer(cache, settings: dict) -> None:
+    """A drafter that taps the target's last layer must get there what it was trained on (capture.LAST_LAYER).
+
+    A cache without the record predates it: its hooks kept the layer's own output ("pre_norm").
+    """
+    checkpoint, target = settings["checkpoint"], cache_manifest.entry(cache.directory, cache.manifest, "target")
+    final = int(cache_manifest.entry(cache.directory, cache.manifest, "target.num_hidden_layers")) - 1
+    wanted, held = checkpoint.get("last_layer", "final_norm"), target.get("last_layer", "pre_norm")
+    if final in checkpoint["layer_ids"] and wanted != held:
+        raise DflashEvalError(
+            f"{cache.directory}: drafter {settings['drafter']} taps the target's last layer ({final}) and was trained "
+            f"on its {wanted} output, but this cache holds the {held} output there. Set drafters."
+            f"{settings['drafter']}.last_layer to what the drafter was trained on (final_norm: what dflash_generate "
+            f"feeds; pre_norm: the layer's own output) and re-run extraction for its layer set")
+
+
 def check_cache(cache, settings: dict) -> dict:
     """The cache must hold the drafter's layers, come from the same target, and the trained backend."""
     from dflash_eval.extract.target import target_config_hash
 
     checkpoint = settings["checkpoint"]
-    missing = [i for i in checkpoint.get("layer_ids") or [] if i not in cache.layer_ids]  # None: the checkpoint's own
+    if checkpoint.get("layer_ids") is None:  # the checkpoint's own list (headers and config.json only, no weights)
+        facts = checkpoint_facts(checkpoint["path"], checkpoint["layout"], checkpoint.get("config"))
+        checkpoint = {**checkpoint, "layer_ids": agreed_layer_ids(facts, None)}
+        settings = {**settings, "checkpoint": checkpoint}
+    missing = [i for i in checkpoint["layer_ids"] if i not in cache.layer_ids]
     if missing:
         raise DflashEvalError(f"{cache.directory}: cache lacks layers {missing} that drafter {settings['drafter']} needs")
+    check_last_layer(cache, settings)
     expected_hash = target_config_hash(settings["target"]["path"])
     cached_hash = cache_manifest.entry(cache.directory, cache.manifest, "target.config_hash")
     if cached_hash != expected_hash:
@@ -149,6 +174,8 @@ def run_evaluation(settings: dict, hidden: str, completions: str) -> tuple[dict,
     methods = {method: method_metrics(method, list(by_sample.values()), block, settings)
                for method, by_sample in per_method.items()}
     primary = chain_method(block)
+    speedup = estimate_speedup(settings, hidden, methods, lambda: time_drafter_on_cache(
+        runner, cache, loaded.layer_ids, device, dtype, settings.get("speedup") or {}))
     metrics = {
         "drafter": settings["drafter"], "dataset": settings["dataset"],
         "checkpoint": {"path": loaded.path, "layout": loaded.layout, "sha256": _checkpoint_hash(loaded.path),
@@ -162,6 +189,7 @@ def run_evaluation(settings: dict, hidden: str, completions: str) -> tuple[dict,
                                           for hits, s in zip(topk_hits.tolist(), topk_seen.tolist())]},
         "diagnostics": {"argmax_agreement": agree / seen if seen else None, "tokens_seen": seen,
                         "samples_skipped": skipped},
+        "speedup": speedup,
     }
     return metrics, pd.DataFrame(rows)
 

@@ -1,7 +1,10 @@
 """Decoder-layer outputs by forward hooks, and the target's own greedy token per position.
 
 Layer id i is the output of decoder layer i: the residual stream before any norm. Hooks give it
-directly; `output_hidden_states` would not (its last entry is the final-norm output).
+directly; `output_hidden_states` would not (its last entry is the final-norm output). The last layer is
+the exception a drafter decides (LAST_LAYER): the reference loop (`dflash_generate`) feeds it
+`hidden_states[num_layers]`, the final-norm output, so that is what a drafter trained with it expects
+there ("final_norm", the default); "pre_norm" keeps the layer's own output.
 """
 
 from __future__ import annotations
@@ -14,6 +17,9 @@ import torch
 
 from dflash_eval.errors import DflashEvalError
 from dflash_eval.extract.layers import check_layer_ids
+
+
+LAST_LAYER = ("final_norm", "pre_norm")
 
 
 class _StopForward(Exception):
@@ -59,6 +65,7 @@ def capture_layers(
     *,
     want_argmax: bool = True,
     stop_after_last: bool | None = None,
+    last_layer: str = "final_norm",
 ) -> Capture:
     """Run one sequence ([T] or [1, T]) and keep the requested layer outputs as [T, H] tensors.
 
@@ -83,7 +90,12 @@ def capture_layers(
                 raise _StopForward
         return hook
 
-    handles = [decoder.layers[i].register_forward_hook(keep(i)) for i in ids]
+    if last_layer not in LAST_LAYER:
+        raise DflashEvalError(f"last_layer must be one of {LAST_LAYER}, got {last_layer!r}")
+    final = len(decoder.layers) - 1
+    # The final norm runs after the last layer, so stopping after that layer would skip it: hook the norm instead.
+    handles = [(decoder.norm if i == final and last_layer == "final_norm" else decoder.layers[i])
+               .register_forward_hook(keep(i)) for i in ids]
     argmax = None
     try:
         with torch.inference_mode():

@@ -29,6 +29,7 @@ from dflash_eval.completions import read_completions
 from dflash_eval.config import RUNTIME_HELP, extract_settings, settings_from_args, stage_settings
 from dflash_eval.errors import DflashEvalError
 from dflash_eval.io_utils import sha256_file
+from dflash_eval.extract.profile import wanted as profile_wanted, write_target_profile
 from dflash_eval.provenance.fingerprint import FingerprintCache
 from dflash_eval.extract.target import load_target, read_config_json, target_config_hash, text_config_dict
 
@@ -168,7 +169,8 @@ def _run_records(model: torch.nn.Module | None, records: list[dict[str, Any]], s
                 tokens, states, argmax = reuse.states(sample_id, layer_ids, store_argmax, device)
             else:
                 tokens = _upload(ids, device)
-                captured = capture_layers(model, layer_ids, tokens, want_argmax=store_argmax)
+                captured = capture_layers(model, layer_ids, tokens, want_argmax=store_argmax,
+                                          last_layer=settings.get("last_layer", "final_norm"))
                 backend.verify()
                 states, argmax = captured.states, captured.argmax
             writer.add(sample_id, tokens, states, argmax, prompt_len)
@@ -192,7 +194,8 @@ def _planned(records: list[dict[str, Any]], plan: list[list[int]], resume: Resum
 
 
 def _state_key(settings: dict[str, Any], header: dict[str, Any]) -> str:
-    """Everything that decides a sample's states besides its own token ids (cache.reuse)."""
+    """Everything that decides a sample's states besides its own token ids (cache.reuse); header["target"]
+    holds last_layer, so a kept cache under the other last-layer convention is not reused."""
     target = settings["target"]
     weights = sorted(str(p) for p in Path(target["path"]).glob("*.safetensors"))
     return plan_key({"target": header["target"], "weights": FingerprintCache().files(weights, "target.path"),
@@ -231,9 +234,14 @@ def _publish_reused(settings: dict[str, Any], records: list[dict[str, Any]], hea
         agreement = _run_records(None, records, on_cpu, None, writer, resume, reuse)
         log.info("all %d samples still to do were reused from %s; no forward needed", len(reuse.usable),
                  reuse.directory)
-        return writer.finish(backend={**planned.to_manifest(), "note": f"no forward ran: states reused from "
+        path = writer.finish(backend={**planned.to_manifest(), "note": f"no forward ran: states reused from "
                                       f"{reuse.directory}"}, argmax_agreement=agreement,
                              reused_samples=len(reuse.usable))
+    # the target is never loaded only to time it: the kept cache's profile (same state key) stands in
+    if profile_wanted(settings.get("speedup") or {}, torch.device(settings["target"]["device"])) \
+            and not reuse.carry_profile(path):
+        log.info("no serving profile measured this run: no target was loaded and %s has none", reuse.directory)
+    return path
 
 
 def _extract_on_device(settings: dict[str, Any], records: list[dict[str, Any]], header: dict[str, Any],
@@ -249,6 +257,7 @@ def _extract_on_device(settings: dict[str, Any], records: list[dict[str, Any]], 
         info = backend.verify()
         path = writer.finish(backend=info.to_manifest(), argmax_agreement=agreement,
                              reused_samples=len(reuse.usable) if reuse else 0)
+        write_target_profile(model, path, settings.get("speedup") or {})  # under the same kernels
     kept = {s["id"] for index in resume.kept for s in resume.kept[index]["samples"]} | set(reuse.usable if reuse else ())
     tokens = sum(s["length"] for s in writer.samples if s["id"] not in kept)
     seconds = time.perf_counter() - started
@@ -280,6 +289,7 @@ def extract(settings: dict[str, Any], completions: str | Path, out: str | Path) 
             "num_hidden_layers": int(text_config["num_hidden_layers"]),
             "hidden_size": int(text_config["hidden_size"]),
             "dtype": target["dtype"],
+            "last_layer": settings.get("last_layer", "final_norm"),  # capture.LAST_LAYER: what the last layer's id holds
         },
         "device": str(torch.device(target["device"])),
         "completions": {"path": str(completions), "sha256": sha256_file(completions)},

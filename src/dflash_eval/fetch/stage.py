@@ -2,8 +2,10 @@
 
 Every later number is measured against these tokens, so each record says where its ids came from
 (`completion_ids_source`) and whether they agree with the server's own token counts (`token_check`).
-A server that returns ids (SGLang with `return_token_ids`) is trusted as is; otherwise (transformers
-serve) the text is re-encoded and the stop token appended, and the counts tell whether that held.
+A server that returns ids (SGLang with `return_token_ids`, fetch.sglang) is trusted as is; otherwise
+(transformers serve) the text is re-encoded and the stop token appended, and the counts tell whether
+that held. From a speculating SGLang each record also keeps the request's speculative counters, and
+the server's speculative settings (`/get_server_info`) go into every record's `server`.
 """
 
 from __future__ import annotations
@@ -24,14 +26,15 @@ from typing import Any
 
 from dflash_eval.config import RUNTIME_HELP, fetch_settings, settings_from_args, stage_settings
 from dflash_eval.errors import DflashEvalError, Terminated
+from dflash_eval.fetch import sglang
 from dflash_eval.fetch.store import PartialStore, pick_kept
 from dflash_eval.fetch.prompts import Prompt, load_prompts, select_subset
 from dflash_eval.fetch.retry import FetchError, with_retries
-from dflash_eval.server.control import ServerController, http_request, sigterm_raises
+from dflash_eval.server.control import ServerController
+from dflash_eval.server.http import http_request
+from dflash_eval.server.signals import sigterm_raises
 
 log = logging.getLogger(__name__)
-
-SPEC_KEYS = ("spec_accept_length", "spec_verify_ct")
 
 __all__ = ["FetchError", "fetch"]
 
@@ -54,7 +57,8 @@ class ServerInfo:
     model: str
     model_path: str | None
     weight_version: str | None
-    sglang: bool  # answers /get_model_info: accepts and returns token ids, reports meta_info
+    sglang: bool  # answers /get_model_info: accepts and returns token ids, reports speculative counters
+    speculative: dict[str, Any] | None = None  # SGLang's speculative settings (fetch.sglang.server_spec_settings)
 
     def as_record(self) -> dict[str, Any]:
         return {
@@ -62,6 +66,7 @@ class ServerInfo:
             "model": self.model,
             "model_path": self.model_path,
             "weight_version": self.weight_version,
+            "speculative": self.speculative,
         }
 
 
@@ -105,6 +110,7 @@ def server_identity(base_url: str, model: str | None, target: str) -> ServerInfo
         info.model_path = meta.get("model_path", model)
         info.weight_version = meta.get("weight_version")
         info.sglang = True
+        info.speculative = sglang.server_spec_settings(base_url)
     names = {model, info.model_path or model}
     if not any(_same_model(name, target) for name in names):
         raise FetchError(
@@ -161,17 +167,15 @@ async def request_one(client: Any, settings: dict[str, Any], info: ServerInfo, r
     """
     common = {"model": info.model, "max_tokens": settings["max_tokens"], "temperature": settings["temperature"]}
     extra: dict[str, Any] = {}
+    if info.sglang:
+        extra.update(sglang.request_flags(settings["endpoint"]))
     if settings["endpoint"] == "completions":
-        if info.sglang:
-            extra["return_token_ids"] = True
         # SGLang takes the ids themselves; transformers serve only takes text (and tokenizes it itself).
         prompt: Any = r.ids if info.sglang else r.text
         raw = await client.completions.with_raw_response.create(prompt=prompt, extra_body=extra or None, **common)
     else:
         if settings["chat_template_kwargs"]:
             extra["chat_template_kwargs"] = settings["chat_template_kwargs"]
-        if info.sglang:
-            extra.update(return_token_ids=True, return_prompt_token_ids=True, return_meta_info=True)
         raw = await client.chat.completions.with_raw_response.create(messages=r.messages, extra_body=extra or None, **common)
     try:
         body = json.loads(raw.content)
@@ -184,8 +188,9 @@ async def request_one(client: Any, settings: dict[str, Any], info: ServerInfo, r
 
 def completion_ids(choice: dict[str, Any], text: str, finish_reason: str | None, tokenizer: Any) -> tuple[list[int], str]:
     """The completion's token ids, stop token included when finish_reason is "stop", and their source."""
-    if choice.get("token_ids") is not None:
-        ids = [int(t) for t in choice["token_ids"]]
+    server_ids = sglang.completion_token_ids(choice)
+    if server_ids is not None:
+        ids = server_ids
         matched = choice.get("matched_stop")
         if finish_reason == "stop" and isinstance(matched, int) and (not ids or ids[-1] != matched):
             ids.append(matched)
@@ -234,8 +239,7 @@ def build_record(
     else:
         prompt_ids = r.ids
         prompt_match = len(r.ids) == usage["prompt_tokens"] if "prompt_tokens" in usage else None
-    meta = choice.get("meta_info") or resp.get("meta_info") or {}
-    spec = {k: meta.get(k) for k in SPEC_KEYS} if any(k in meta for k in SPEC_KEYS) else None
+    spec = sglang.spec_counters(resp, choice)
     return {
         "id": r.id,
         "prompt_id": r.prompt_id,
@@ -266,6 +270,7 @@ def reusable(rec: dict[str, Any] | None, messages: list[dict[str, Any]], request
         and rec.get("request") == request
         and (rec.get("server") or {}).get("model_path") == info.model_path
         and (rec.get("server") or {}).get("weight_version") == info.weight_version
+        and (rec.get("server") or {}).get("speculative") == info.speculative
     )
 
 

@@ -12,6 +12,8 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
+from dflash_eval.evaluate import speedup
+from dflash_eval.report import online as online_check
 from dflash_eval.report.labels import DIGITS, drafter_label, fmt, missing
 from dflash_eval.report.summary import Evaluation
 from dflash_eval.report.trust import NOT_RECORDED
@@ -64,8 +66,9 @@ def _steps_by_drafter(rows: list[dict]) -> dict[str, Any]:
     return {r["drafter"]: r["training_step"] for r in rows if not missing(r["training_step"])}
 
 
-def tau_table(rows: list[dict], settings: dict, value: str, low: str, high: str, keep: Any = headline) -> list[str]:
-    """Drafters as rows, dataset x method as columns, tau with its CI, best per column in bold."""
+def _method_grid(rows: list[dict], settings: dict, value: str, cell: Any, keep: Any = headline) -> list[str]:
+    """Drafters as rows (with the training step when known), dataset x method as columns; `cell(row, best)`
+    shows one row's `value`, `best` being its column's best at the shown precision."""
     columns = _columns(rows, settings, keep)
     steps = _steps_by_drafter(rows)
     by_key = {(r["drafter"], r["dataset"], r["method"]): r for r in rows}
@@ -75,9 +78,14 @@ def tau_table(rows: list[dict], settings: dict, value: str, low: str, high: str,
              table_row(["---"] * len(lead) + ["---:"] * len(columns))]
     for drafter in settings["drafters"]:
         cells = [drafter_label(drafter, settings)] + ([steps.get(drafter, "")] if steps else [])
-        cells += [_tau_cell(by_key.get((drafter, *column)), value, low, high, best[column]) for column in columns]
+        cells += [cell(by_key.get((drafter, *column)), best[column]) for column in columns]
         lines.append(table_row(cells))
     return lines
+
+
+def tau_table(rows: list[dict], settings: dict, value: str, low: str, high: str, keep: Any = headline) -> list[str]:
+    """Drafters as rows, dataset x method as columns, tau with its CI, best per column in bold."""
+    return _method_grid(rows, settings, value, lambda row, best: _tau_cell(row, value, low, high, best), keep)
 
 
 def reference_table(rows: list[dict], settings: dict) -> list[str]:
@@ -171,6 +179,94 @@ def diagnostics_table(evaluations: list[Evaluation], fetch: dict[str, dict]) -> 
     return lines
 
 
+# -- expected speedup (an estimate) ---------------------------------------------------------------
+
+SPEEDUP_INTRO = (
+    f"Expected speedup (estimate) = {speedup.FORMULA}, with n = b tokens verified for `chain-B<b>` and N + 1 for "
+    "`ddtree-<N>`, T_AR the target's one-token decode step, T_draft the drafter's block forward with the LM head "
+    "(batch 1). tau here is the token-weighted one (tokens / steps, the bonus token included). It is a model of one "
+    "serving step from a cost profile, not a measured throughput. Source: **user profile** (`speedup.profile`, "
+    "measured on your deployment: the one to decide with) or **measured by us** (the target timed at extraction "
+    "through HF transformers, the drafter step at evaluation: eager, batch 1, launch-bound on a GPU, so not a tuned "
+    "server's; README, \"Expected speedup\"). **Bold**: best in its column."
+)
+
+
+_UNESTIMATED = (speedup.NO_PROFILE, speedup.NO_DRAFT_TIME)  # an evaluation's source when it has no estimate at all
+
+
+def _speedup_text(value: Any) -> str:
+    return f"{value:.{DIGITS}f}×"
+
+
+def _speedup_cell(row: dict | None, best: float | None) -> str:
+    """The estimate; where there is none, why: the evaluation's source ("no profile") or n/a (outside the profile)."""
+    if row is None:
+        return "–"
+    value = row["expected_speedup"]
+    if missing(value):
+        return row["speedup_source"] if row["speedup_source"] in _UNESTIMATED else "n/a"
+    text = _speedup_text(value)
+    return f"**{text}**" if best is not None and round(value, DIGITS) == best else text
+
+
+def best_budget_table(rows: list[dict], settings: dict) -> list[str]:
+    """Per drafter x dataset: the DDTree budget with the highest expected speedup, beside the own chain's."""
+    header = ["drafter", "dataset", "best DDTree budget", "expected speedup (estimate)", "tau (token-weighted)",
+              "own chain expected speedup (estimate)", "source"]
+    lines = [table_row(header), table_row(["---", "---", "---:", "---:", "---:", "---:", "---"])]
+    for drafter in settings["drafters"]:
+        for dataset in settings["datasets"]:
+            mine = [r for r in rows if r["drafter"] == drafter and r["dataset"] == dataset]
+            if not mine:
+                continue
+            chain = next((r for r in mine if r["primary"]), None)
+            budget = mine[0]["best_ddtree_budget"]
+            tree = None if missing(budget) else next((r for r in mine if r["method"] == f"ddtree-{budget}"), None)
+            own = "–" if chain is None else _speedup_cell(chain, None)
+            if tree is None:
+                lines.append(table_row([drafter_label(drafter, settings), dataset, "–", "–", "–", own,
+                                        mine[0]["speedup_source"]]))
+                continue
+            lines.append(table_row([drafter_label(drafter, settings), dataset, f"**{int(budget)}**",
+                                    _speedup_text(tree["expected_speedup"]), fmt(tree["tau_token_weighted"]), own,
+                                    tree["speedup_source"]]))
+    return lines
+
+
+def speedup_sources(evaluations: list[Evaluation]) -> list[str]:
+    """What each estimate was made from (the profiles' files and the drafter timings), identical ones together."""
+    grouped: dict[tuple[str, str], list[str]] = {}
+    for evaluation in evaluations:
+        section = evaluation.metrics.get("speedup") or {}
+        if not section.get("available"):
+            continue
+        key = (str(section.get("target_source")), str(section.get("draft_source")))
+        grouped.setdefault(key, []).append("{} on {}".format(*evaluation.key))
+    return [f"- target step: {target}; drafter step: {draft} ({', '.join(names)})"
+            for (target, draft), names in grouped.items()]
+
+
+def speedup_lines(rows: list[dict], evaluations: list[Evaluation], settings: dict) -> list[str]:
+    """The section: the estimate per method and the best DDTree budget, or why there is none."""
+    lines = ["## Expected speedup (an estimate)", ""]
+    if all(missing(r["expected_speedup"]) for r in rows):
+        reasons = sorted({r["speedup_source"] for r in rows})
+        return lines + [
+            f"No expected speedup ({', '.join(reasons)}): it needs a serving profile. Name one measured on your "
+            "deployment as `speedup.profile` in config.yaml, or extract on a CUDA device (`speedup.measure: auto`, "
+            "the default, times the target there and the drafter step at evaluation; on a CPU nothing is timed: a "
+            "CPU step says nothing about serving). summary.csv leaves `expected_speedup` empty.", ""]
+    lines += [SPEEDUP_INTRO, ""]
+    lines += _method_grid(rows, settings, "expected_speedup", _speedup_cell) + [""]
+    lines += ["### Best DDTree budget by expected speedup", "",
+              "tau keeps rising with the budget while a tree of N nodes costs the target N + 1 tokens to verify: the "
+              "fastest budget is where the two balance (under this profile).", ""]
+    lines += best_budget_table(rows, settings) + [""]
+    lines += ["Made from:", ""] + speedup_sources(evaluations) + [""]
+    return lines
+
+
 # -- the trust panel ------------------------------------------------------------------------------
 
 def trust_warnings(trust: dict) -> list[str]:
@@ -245,24 +341,41 @@ def fetch_cells(fetch: dict) -> list[str]:
     return [text, sources]
 
 
+ONLINE_DEFINITIONS = (
+    f"tau: {online_check.TAU_OURS}, mean over requests (z-lab). SGLang's accept length: {online_check.TAU_SGLANG}; "
+    "it exceeds tau by 1/steps per request. Equal per request: the server's verification steps and completion "
+    "tokens equal ours, and its accepted drafts (spec_num_correct_drafts, histogram) equal ours except for what a "
+    "last step accepted past the stop token or max_tokens, which SGLang counts and the output does not hold "
+    "(exactly: no such difference).")
+
+
 def online_table(online: dict[str, dict]) -> list[str]:
-    """Per dataset: the server's own speculative tau beside the offline tau of the drafter it served."""
-    lines = [table_row(["dataset", "served drafter", "samples", "online tau", "offline tau", "difference", "flag"]),
-             table_row(["---", "---", "---:", "---:", "---:", "---:", "---"])]
-    for dataset, entry in online.items():
-        if not entry.get("recorded"):
-            lines.append(table_row([dataset, entry.get("drafter") or "–", "–", NOT_RECORDED + " (no spec_accept_length "
-                                    "in the completions)", "–", "–", "–"]))
-        elif not entry.get("compared"):
-            lines.append(table_row([dataset, entry.get("drafter") or "not set (report.served_drafter)",
-                                    entry["samples_with_stats"], f"{entry['online_tau_mean_of_samples']:.2f}", "–", "–",
-                                    "not compared"]))
+    """Per dataset: the server's tau beside ours on the same requests, both conventions (report/online.py)."""
+    lines = [table_row(["dataset", "served drafter", "method", "requests", "online tau", "offline tau",
+                        "online − offline (95% CI)", "SGLang accept length online / offline", "equal per request",
+                        "flag"]),
+             table_row(["---", "---", "---", "---:", "---:", "---:", "---:", "---:", "---:", "---"])]
+    for dataset, e in online.items():
+        drafter = e.get("drafter") or "not set (report.served_drafter)"
+        if not e.get("recorded"):
+            lines.append(table_row([dataset, drafter, "–", "–", NOT_RECORDED + " (no speculative counters in the "
+                                    "completions)", "–", "–", "–", "–", "–"]))
+        elif not e.get("compared"):
+            lines.append(table_row([dataset, drafter, e.get("method") or "–", e["samples_with_stats"],
+                                    f"{e['online_tau_mean_of_samples']:.3f}", "–", "–",
+                                    f"{e['online_tau_sglang_mean_of_samples']:.3f} / –", "–",
+                                    f"not compared: {e.get('why', '')}"]))
         else:
-            flag = f"**⚠️ beyond {entry['tolerance']:.1%}**" if entry["beyond_tolerance"] \
-                else f"within {entry['tolerance']:.1%}"
-            lines.append(table_row([dataset, entry["drafter"], entry["samples_compared"],
-                                    f"{entry['online_tau_compared']:.2f}", f"{entry['offline_tau_compared']:.2f}",
-                                    f"{entry['relative_difference']:.1%}", flag]))
+            diff = e["paired_difference"]
+            flag = f"**⚠️ beyond {e['tolerance']:.1%}**" if e["beyond_tolerance"] else f"within {e['tolerance']:.1%}"
+            equal = f"{e['equal_requests']} of {e['samples_compared']} ({e['exact_requests']} exactly)"
+            if e["unequal_ids"]:
+                equal += f"; differ: {', '.join(e['unequal_ids'][:3])}"
+            lines.append(table_row([dataset, drafter, e["method"], e["samples_compared"],
+                                    f"{e['online_tau_compared']:.3f}", f"{e['offline_tau_compared']:.3f}",
+                                    f"{diff['difference']:+.4f} ({diff['ci95'][0]:+.4f}, {diff['ci95'][1]:+.4f})",
+                                    f"{e['online_tau_sglang_compared']:.3f} / {e['offline_tau_sglang_compared']:.3f}",
+                                    equal, flag]))
     return lines
 
 
@@ -313,6 +426,7 @@ def render(rows: list[dict], evaluations: list[Evaluation], settings: dict, pane
         lines += reference_table(rows, settings) + [""]
     lines += ["## tau, token-weighted (tokens / steps)", ""]
     lines += tau_table(rows, settings, "tau_token_weighted", "ci_low_tw", "ci_high_tw") + [""]
+    lines += speedup_lines(rows, evaluations, settings)
     shorter = [r for r in rows if not headline(r)]
     if shorter:
         lines += ["## Chain drafting with shorter blocks, z-lab mean", "",
@@ -331,9 +445,10 @@ def render(rows: list[dict], evaluations: list[Evaluation], settings: dict, pane
     lines += ["### Hidden-state caches", ""] + cache_table(panel["caches"]) + [""]
     tolerance = float(settings.get("online_tolerance", 0.05))
     lines += ["### Online vs offline", "",
-              "Online tau: the server's own `spec_accept_length` (SGLang with speculative decoding), mean over "
-              "requests; offline tau: the served drafter's own-block chain on the same samples (z-lab mean). "
-              f"Flagged when they differ by more than {tolerance:.1%} (report.online_tolerance).", ""]
+              "The server's own speculative counters (SGLang's `sglext.spec_tokens_details`) per request, beside "
+              "the served drafter's offline steps at the served block size on the same samples. "
+              + ONLINE_DEFINITIONS
+              + f" Flagged when the two tau differ by more than {tolerance:.1%} (report.online_tolerance).", ""]
     lines += online_table(panel["online"]) + [""]
     lines += ["### Server outages", ""] + outage_lines(panel["server"]) + [""]
     return "\n".join(lines)

@@ -237,6 +237,88 @@ def draw_acceptance_histogram(data: PlotData) -> Any:
     return figure
 
 
+SPEEDUP_LABEL = "expected speedup (estimate,\nx plain decoding)"
+BUDGET_LABEL = "DDTree budget N (tree nodes besides the root)"
+NO_PROFILE_TEXT = ("No expected speedup: it needs a serving profile (speedup.profile, measured on your deployment; "
+                   "or extraction on CUDA, speedup.measure)")
+
+
+def ddtree_rows(rows: list[dict], drafter: str, dataset: str) -> list[dict]:
+    """One evaluation's DDTree rows, by budget."""
+    trees = [r for r in rows if r["drafter"] == drafter and r["dataset"] == dataset and r["method"].startswith("ddtree-")]
+    return sorted(trees, key=lambda r: int(r["budget"]))
+
+
+def _budget_axis(axes: Any, budgets: list[int]) -> None:
+    """Budgets double (8, 16, ..., 1024): a log-2 axis with a tick at each one evaluated."""
+    from matplotlib.ticker import NullLocator
+
+    axes.set_xscale("log", base=2)
+    axes.set_xticks(budgets, [str(b) for b in budgets])
+    axes.xaxis.set_minor_locator(NullLocator())
+    axes.grid(alpha=0.3)
+
+
+def _budget_curve(axes: Any, trees: list[dict], value: str, chain: dict | None, color: Any, label: str) -> bool:
+    """One drafter's line against the budget, its best budget starred, its own chain dashed; False if nothing."""
+    points = [(int(r["budget"]), r[value]) for r in trees if not missing(r[value])]
+    if not points:
+        return False
+    axes.plot(*zip(*points), marker="o", color=color, label=label)
+    best = trees[0]["best_ddtree_budget"]
+    if not missing(best) and int(best) in dict(points):
+        axes.plot([int(best)], [dict(points)[int(best)]], marker="*", markersize=18, color=color,
+                  markeredgecolor="black", linestyle="none")
+    if chain is not None and not missing(chain[value]):
+        axes.axhline(chain[value], color=color, linestyle="--", alpha=0.6)
+    return True
+
+
+def draw_speedup(data: PlotData) -> Any:
+    """Per dataset: tau (token-weighted) and the expected speedup against the DDTree budget, one line per
+    drafter, the best budget by expected speedup starred, each drafter's own chain dashed. Without any
+    estimate (no serving profile) only tau is drawn, and the title says what the speedup needs."""
+    settings = data.settings
+    datasets, drafters = list(settings["datasets"]), list(settings["drafters"])
+    figure = _figure()
+    trees = [r for r in data.rows if r["method"].startswith("ddtree-")]
+    title = "DDTree: tau and expected speedup (an estimate) against the budget"
+    if not trees:
+        _nothing_to_show(figure.subplots(), "No DDTree budget evaluated: set evaluation.ddtree_budgets in config.yaml")
+        figure.suptitle(title)
+        return figure
+    sources = sorted({r["speedup_source"] for r in trees if not missing(r["expected_speedup"])})
+    grid = figure.subplots(2 if sources else 1, len(datasets), squeeze=False)
+    for column, dataset in enumerate(datasets):
+        budgets: set[int] = set()
+        estimated = False
+        for drafter, color in zip(drafters, _colors(len(drafters))):
+            mine = ddtree_rows(trees, drafter, dataset)
+            if not mine:
+                continue
+            budgets |= {int(r["budget"]) for r in mine}
+            chain = next((r for r in data.rows if r["drafter"] == drafter and r["dataset"] == dataset and r["primary"]),
+                         None)
+            label = drafter_label(drafter, settings)
+            _budget_curve(grid[0][column], mine, "tau_token_weighted", chain, color, label)
+            if sources:
+                estimated |= _budget_curve(grid[1][column], mine, "expected_speedup", chain, color, label)
+        grid[0][column].set_title(dataset)
+        for axes in grid[:, column]:
+            _budget_axis(axes, sorted(budgets))
+        grid[-1][column].set_xlabel(BUDGET_LABEL)
+        if sources and not estimated:
+            _nothing_to_show(grid[1][column], f"no expected speedup on {dataset}:\nno serving profile")
+    grid[0][0].set_ylabel("tau, token-weighted\n(tokens per step)")
+    if sources:
+        grid[1][0].set_ylabel(SPEEDUP_LABEL)
+        figure.suptitle(f"{title}\n★ best budget by expected speedup, dashed: own chain; source: {', '.join(sources)}")
+    else:
+        figure.suptitle(f"DDTree: tau against the budget (dashed: own chain)\n{NO_PROFILE_TEXT}")
+    _legend(grid[0][-1], "drafter")
+    return figure
+
+
 # name (the report rule's output name) -> plot, in the order of the HTML report's Plots
 PLOTS: dict[str, Plot] = {
     "tau": Plot("tau.png", draw_tau, "tau.rst"),
@@ -244,4 +326,5 @@ PLOTS: dict[str, Plot] = {
     "acceptance_by_position": Plot("acceptance_by_position.png", draw_acceptance_by_position,
                                    "acceptance_by_position.rst"),
     "acceptance_histogram": Plot("acceptance_histogram.png", draw_acceptance_histogram, "acceptance_histogram.rst"),
+    "speedup": Plot("speedup.png", draw_speedup, "speedup.rst"),
 }

@@ -2,7 +2,9 @@
 
 The rows are what summary.csv holds (tidy, so that it can be filtered or plotted without knowing
 this module) and what the markdown tables and plots are drawn from: tau in both conventions with
-their intervals, the training step, the paired difference to the reference drafter and its verdict.
+their intervals, the training step, the paired difference to the reference drafter and its verdict,
+and the expected speedup (an estimate, evaluate/speedup.py) with its source and the evaluation's best
+DDTree budget by it; empty, with source "no profile", where no serving profile was there to use.
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ from typing import Any
 import pandas as pd
 
 from dflash_eval.errors import DflashEvalError
-from dflash_eval.evaluate import acceptance
+from dflash_eval.evaluate import acceptance, speedup
 
 log = logging.getLogger(__name__)
 
@@ -27,6 +29,8 @@ COLUMNS = [
     "ci_low", "ci_high", "ci_low_tw", "ci_high_tw", "samples", "steps", "tokens", "training_step",
     "layer_ids", "backend", "backend_mismatch_allowed", "argmax_agreement", "tau_vs_reference",
     "diff_vs_reference", "diff_ci_low", "diff_ci_high", "verdict",
+    # appended after the columns above (a reader of the earlier file keeps its columns and values)
+    "expected_speedup", "speedup_source", "best_ddtree_budget",
 ]
 
 
@@ -149,10 +153,26 @@ def _pair(values: Any) -> tuple[float, float]:
     return tuple(math.nan if v is None else float(v) for v in values)  # type: ignore[return-value]
 
 
+def speedup_source(metrics: dict) -> str:
+    """Who measured the profile behind an evaluation's expected speedup; "no profile" when it had none
+    (also a metrics.json from before the estimate existed)."""
+    section = metrics.get("speedup") or {}
+    if not section.get("available"):
+        return section.get("source") or speedup.NO_PROFILE
+    return section.get("source") or "not recorded"
+
+
+def best_ddtree_budget(metrics: dict) -> int | None:
+    """The DDTree budget with the highest expected speedup (evaluate/speedup.py chose it), None without one."""
+    best = (metrics.get("speedup") or {}).get("best_ddtree") or {}
+    return None if best.get("budget") is None else int(best["budget"])
+
+
 def method_rows(evaluation: Evaluation, spec: dict) -> list[dict]:
     """One row per method of one evaluation: each chain block size and each DDTree budget."""
     metrics = evaluation.metrics
     cache = metrics["cache"]
+    source, best = speedup_source(metrics), best_ddtree_budget(metrics)
     methods = metrics.get("methods") or {f"chain-B{metrics['block_size']}": metrics["chain"]}
     agreement = metrics["diagnostics"].get("argmax_agreement")
     rows = []
@@ -171,6 +191,8 @@ def method_rows(evaluation: Evaluation, spec: dict) -> list[dict]:
             "backend": cache["backend"], "backend_mismatch_allowed": bool(cache["backend_mismatch_allowed"]),
             "argmax_agreement": _float(agreement), "tau_vs_reference": math.nan,
             "diff_vs_reference": math.nan, "diff_ci_low": math.nan, "diff_ci_high": math.nan, "verdict": "",
+            "expected_speedup": _float(stats.get("expected_speedup")), "speedup_source": source,
+            "best_ddtree_budget": best,
         })
     return rows
 
@@ -242,6 +264,7 @@ def summary_frame(rows: list[dict]) -> pd.DataFrame:
     frame = pd.DataFrame(rows, columns=COLUMNS)
     frame["training_step"] = frame["training_step"].astype("Int64")
     frame["budget"] = frame["budget"].astype("Int64")
+    frame["best_ddtree_budget"] = frame["best_ddtree_budget"].astype("Int64")
     return frame
 
 

@@ -6,8 +6,8 @@ directory), fetch records (completions JSONL: token checks, id sources, the serv
 stats), and the server hook's transitions log (outages around extraction). Only JSON is read here
 (no torch): the report stays fast.
 
-Online tau is SGLang's `spec_accept_length` (completion tokens / verification steps, bonus token
-included) per request, compared with the served drafter's own-block chain tau on the same samples.
+Online vs offline is report/online.py: the server's own counters per request beside the served
+drafter's offline steps at the served block size, the conventions lined up.
 
 Data only, as dicts (trust.json holds them); report/markdown.py renders them.
 """
@@ -16,16 +16,16 @@ from __future__ import annotations
 
 import json
 import logging
-import math
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Iterable
 
 from dflash_eval import completions
 from dflash_eval.cache import manifest as cache_manifest
 from dflash_eval.errors import DflashEvalError
 from dflash_eval.io_utils import sha256_file
+from dflash_eval.report import online as online_check
 from dflash_eval.report.summary import Evaluation, per_sample_steps
 
 log = logging.getLogger(__name__)
@@ -76,7 +76,7 @@ class FetchRecords:
     unchecked: list[str] = field(default_factory=list)
     sources: dict[str, int] = field(default_factory=dict)
     records: int = 0
-    spec: dict[str, dict] = field(default_factory=dict)        # id -> {accept_length, verify_ct}
+    spec: dict[str, dict] = field(default_factory=dict)        # id -> online.request_counters(record)
 
 
 def read_completions(path: str | Path) -> FetchRecords:
@@ -96,10 +96,9 @@ def read_completions(path: str | Path) -> FetchRecords:
                 out.completion_mismatch.append(sample_id)
         source = str(record.get("completion_ids_source") or NOT_RECORDED)
         out.sources[source] = out.sources.get(source, 0) + 1
-        spec = record.get("spec") or {}
-        if spec.get("spec_verify_ct") and spec.get("spec_accept_length") is not None:
-            out.spec[sample_id] = {"accept_length": float(spec["spec_accept_length"]),
-                                   "verify_ct": int(spec["spec_verify_ct"])}
+        counters = online_check.request_counters(record)
+        if counters is not None:
+            out.spec[sample_id] = counters
     return out
 
 
@@ -116,46 +115,10 @@ def fetch_entry(records: FetchRecords | None) -> dict:
 
 # -- online vs offline ----------------------------------------------------------------------------
 
-def online_vs_offline(records: FetchRecords | None, offline_steps: dict[str, list[int]] | None,
-                      tolerance: float) -> dict:
-    """The server's own tau beside the offline one on the same samples; flagged beyond `tolerance`.
-
-    Both conventions: z-lab (mean of per-request means) and token-weighted (tokens / steps). The
-    flag uses the relative difference of the z-lab means.
-    """
-    if records is None or not records.spec:
-        return {"recorded": False}
-    spec = records.spec
-    result: dict[str, Any] = {
-        "recorded": True, "samples_with_stats": len(spec),
-        "online_tau_mean_of_samples": _mean([s["accept_length"] for s in spec.values()]),
-        "online_tau_token_weighted": _weighted(spec.values()),
-        "tolerance": tolerance,
-    }
-    if offline_steps is None:
-        return {**result, "compared": False}
-    ids = sorted(i for i in spec if offline_steps.get(i))
-    if not ids:
-        return {**result, "compared": False}
-    online = [spec[i]["accept_length"] for i in ids]
-    offline = [sum(offline_steps[i]) / len(offline_steps[i]) for i in ids]
-    online_mean, offline_mean = _mean(online), _mean(offline)
-    relative = abs(online_mean - offline_mean) / offline_mean if offline_mean else math.nan
-    return {**result, "compared": True, "samples_compared": len(ids),
-            "online_tau_compared": online_mean, "offline_tau_compared": offline_mean,
-            "offline_tau_token_weighted": sum(sum(offline_steps[i]) for i in ids)
-            / sum(len(offline_steps[i]) for i in ids),
-            "relative_difference": relative, "beyond_tolerance": bool(relative > tolerance)}
-
-
-def _mean(values: list[float]) -> float:
-    return sum(values) / len(values) if values else math.nan
-
-
-def _weighted(spec: Iterable[dict]) -> float:
-    spec = list(spec)
-    steps = sum(s["verify_ct"] for s in spec)
-    return sum(s["accept_length"] * s["verify_ct"] for s in spec) / steps if steps else math.nan
+def online_vs_offline(records: FetchRecords | None, offline_steps: dict[str, dict[str, list[int]]] | None,
+                      tolerance: float, own_block: int | None = None) -> dict:
+    """The server's own counters beside the offline steps on the same samples (report.online.compare)."""
+    return online_check.compare(records.spec if records is not None else {}, offline_steps, own_block, tolerance)
 
 
 # -- server outages -------------------------------------------------------------------------------
@@ -228,12 +191,12 @@ def panel(evaluations: list[Evaluation], settings: dict, hidden: Iterable[str | 
     by_key = {e.key: e for e in evaluations}
     online = {}
     for dataset in settings["datasets"]:
-        steps = None
+        steps, own_block = None, None
         if served is not None:
             evaluation = by_key[(served, dataset)]
-            steps = per_sample_steps(evaluation).get(evaluation.metrics["chain"].get(
-                "method", f"chain-B{evaluation.metrics['block_size']}"))
-        entry = online_vs_offline(fetched.get(dataset), steps, float(settings.get("online_tolerance", 0.05)))
+            steps, own_block = per_sample_steps(evaluation), evaluation.metrics["block_size"]
+        entry = online_vs_offline(fetched.get(dataset), steps, float(settings.get("online_tolerance", 0.05)),
+                                  own_block)
         online[dataset] = {**entry, "drafter": served}
     return {
         "caches": caches,

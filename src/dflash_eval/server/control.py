@@ -1,127 +1,64 @@
-"""Control of the inference server that fetch reads from and extract must pause.
+"""The outage protocol around the inference server that fetch reads from and extract must pause.
 
-Three kinds share one interface (see DESIGN.md, "Server control"):
-- ``managed``: we launch ``command`` ourselves, in its own process group, and own the process;
-- ``external``: someone else owns it; we run ``start_command`` / ``stop_command``;
-- ``release``: SGLang with ``--enable-memory-saver``; we ask it to release / resume its GPU memory,
-  check that the GPU memory really dropped, and fall back to ``stop_command`` / ``start_command``
-  when it did not.
-
-Extraction jobs share one outage (see outage.py): the first takes the server down, later ones join,
-extractions run one at a time, and the last one out brings the server back, once. Every transition
-is logged as a JSON line with a timestamp to ``log_dir/transitions.jsonl``, so that a run that left
-the server down can be diagnosed afterwards, and the report can show how long the server was away.
+How each kind of server goes down and comes back (managed, external, release) is kinds.py's. Here:
+extraction jobs share one outage (see outage.py): the first takes the server down, later ones join,
+extractions run one at a time, and the last one out brings the server back, once; fetch waits while an
+outage is held; the end of a run restores what a dead job left down and stops what the run launched.
+Every transition is logged with its time to ``log_dir/transitions.jsonl`` (transitions.py), so that a run
+that left the server down can be diagnosed afterwards, and the report can show how long it was away.
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
-import fcntl
 import json
 import logging
-import os
-import signal
-import socket
-import subprocess
-import threading
+import textwrap
 import time
-import urllib.error
-import urllib.parse
-import urllib.request
 from collections.abc import Iterator
-from datetime import datetime
 from pathlib import Path
 from typing import Any
 
 from dflash_eval.config import server_settings, settings_from_args, stage_settings
-from dflash_eval.server import gpu_memory
 from dflash_eval.server import outage
-from dflash_eval.errors import DflashEvalError, Terminated
-from dflash_eval.io_utils import atomic_write_text
-from dflash_eval.server.outage import Outage, process_start_ticks
+from dflash_eval.server.kinds import POLL_S, ServerError, server_kind
+from dflash_eval.server.lock import host_lock
+from dflash_eval.server.outage import Outage
+from dflash_eval.server.signals import sigterm_raises
+from dflash_eval.server.transitions import Transitions
 
 log = logging.getLogger(__name__)
 
-POLL_S = 0.25
 WAIT_LOG_S = 60.0  # how often a job waiting for another job's outage says so
-LOG_TAIL_CHARS = 3000
 
 
-class ServerError(DflashEvalError):
-    """The server could not be brought to the requested state; the message says what to look at."""
-
-
-def http_request(url: str, method: str = "GET", timeout: float = 5.0) -> tuple[int, bytes]:
-    """One HTTP request; returns (status, body), status 0 when nothing answered.
-
-    A POST sends an empty JSON object: SGLang's release/resume endpoints parse the body as a request
-    object and answer 422 to an empty one.
-    """
-    data, headers = (b"{}", {"Content-Type": "application/json"}) if method == "POST" else (None, {})
-    req = urllib.request.Request(url, method=method, data=data, headers=headers)
-    try:
-        with urllib.request.urlopen(req, timeout=timeout) as resp:
-            return resp.status, resp.read()
-    except urllib.error.HTTPError as exc:
-        return exc.code, exc.read()
-    except (urllib.error.URLError, OSError):
-        return 0, b""
-
-
-def port_open(base_url: str) -> bool:
-    """Whether something accepts TCP connections at the URL's host and port."""
-    parts = urllib.parse.urlsplit(base_url)
-    port = parts.port or (443 if parts.scheme == "https" else 80)
-    try:
-        with socket.create_connection((parts.hostname or "127.0.0.1", port), timeout=1.0):
-            return True
-    except OSError:
-        return False
-
-
-def _log_tail(path: Path) -> str:
-    try:
-        text = path.read_text(errors="replace")
-    except OSError:
-        return "(no log)"
-    return text[-LOG_TAIL_CHARS:]
 
 
 class ServerController:
-    """Bring one server up or down, whatever its kind; every method is safe to repeat."""
+    """The server of one settings dict, taken down and brought back through the host-wide outage record;
+    every method is safe to repeat."""
 
     def __init__(self, settings: dict[str, Any]) -> None:
         self.settings = stage_settings("server", settings)
         self.kind: str = self.settings["kind"]
         self.base_url: str = self.settings["base_url"]
         self.log_dir = Path(self.settings["log_dir"])
-        self.pid_file = self.log_dir / "server.pid"
-        self.server_log = self.log_dir / "server.log"
         self.lock_file = self.log_dir / "server.lock"  # held for each transition (short)
         self.gpu_lock_file = self.log_dir / "extract.lock"  # held for each extraction (long)
         self.outage_file = self.log_dir / "outage.json"
-        self._proc: subprocess.Popen[bytes] | None = None
+        self.transitions = Transitions(self.log_dir, self.kind, self.base_url)
+        self.server = server_kind(self.settings, self.transitions)
 
     # ----- state -----
 
     def is_healthy(self) -> bool:
         """True when the health endpoint answers 200."""
-        status, _ = http_request(self.base_url + self.settings["health_path"], timeout=5.0)
-        return status == 200
+        return self.server.is_up()
 
     def launched_pid(self) -> int | None:
         """The pid of the managed server this workflow launched, if it still runs."""
-        try:
-            info = json.loads(self.pid_file.read_text())
-        except (OSError, ValueError):
-            return None
-        if self._proc is not None:
-            self._proc.poll()  # reap our own child if it exited, so it is not mistaken for a live one
-        pid = int(info.get("pid", 0))
-        if info.get("base_url") != self.base_url or pid <= 0 or process_start_ticks(pid) != info.get("start_ticks"):
-            return None
-        return pid
+        return self.server.launched_pid()
 
     def current_outage(self) -> Outage | None:
         """The outage dflash-eval holds now (dead holders pruned), or None."""
@@ -129,20 +66,7 @@ class ServerController:
 
     def record(self, event: str, **extra: Any) -> None:
         """Append one transition to transitions.jsonl and to the Python log."""
-        now = datetime.now().astimezone()
-        entry = {
-            "time": now.isoformat(timespec="milliseconds"),
-            "unix": round(now.timestamp(), 3),
-            "event": event,
-            "kind": self.kind,
-            "base_url": self.base_url,
-            "by_pid": os.getpid(),
-            **extra,
-        }
-        self.log_dir.mkdir(parents=True, exist_ok=True)
-        with open(self.log_dir / "transitions.jsonl", "a") as fh:
-            fh.write(json.dumps(entry) + "\n")
-        log.info("server %s: %s %s", self.base_url, event, json.dumps(extra) if extra else "")
+        self.transitions.record(event, **extra)
 
     # ----- outages (all under the host lock) -----
 
@@ -184,9 +108,15 @@ class ServerController:
         current = Outage(was_up=was_up, holders=[holder] if holder else [])
         outage.save(self.outage_file, current)
         if not was_up:
+            self.server.stop_leftovers()  # a down server stays down, but what is left of it must not hold the GPU
             return
+
+        def note(how: str) -> None:  # how the server is about to go down, recorded before it does
+            current.how = how
+            outage.save(self.outage_file, current)
+
         try:
-            self._stop(current)
+            self.server.stop(note)
         except BaseException:
             if current.how is None:  # failed before anything was stopped: there is no outage to remember
                 outage.clear(self.outage_file)
@@ -197,17 +127,12 @@ class ServerController:
         """Bring the server back if it was up before the outage, then forget the outage."""
         if current.was_up:
             try:
-                self._bring_up(current.how)
+                self.server.start(current.how)
             except ServerError as error:  # the outage stays recorded, so every later run retries the restore
                 raise ServerError(f"{error}; the outage stays recorded in {self.outage_file} and every later run "
                                   "retries this restore: bring the server back by hand, then delete that file") from error
         outage.clear(self.outage_file)
         self.record("resume", restored=current.was_up)
-
-    def _note(self, current: Outage, how: str) -> None:
-        """Record how the server is about to be taken down, before doing it."""
-        current.how = how
-        outage.save(self.outage_file, current)
 
     # ----- up -----
 
@@ -227,7 +152,7 @@ class ServerController:
                 if current is None or not current.holders:
                     if current is not None:
                         self._end_outage(current)
-                    self._bring_up(None)
+                    self.server.start(None)
                     return
             waited = time.monotonic() - started
             if waited > float(self.settings["outage_wait_s"]):
@@ -241,170 +166,11 @@ class ServerController:
                 announced = time.monotonic()
             time.sleep(4 * POLL_S)
 
-    def _bring_up(self, how: str | None) -> None:
-        """Resume, start or launch the server and wait for health; `how` is how we took it down, if we did."""
-        if how == "released":
-            self.record("start_requested", action="resume_memory_occupation")
-            self._post("/resume_memory_occupation")
-            self.wait_healthy()
-            return
-        if self.is_healthy():
-            return
-        if self.settings["start_command"]:  # external, or release with its stop/start fallback
-            self.record("start_requested")
-            self._run_hook(self.settings["start_command"])
-        elif self.kind == "managed":
-            self.record("start_requested")
-            pid = self.launched_pid()
-            if pid is not None and how is not None:  # our own stop was interrupted: finish it first
-                self._stop_group(pid)
-            if self.launched_pid() is None:
-                self._launch()
-            # else: our server is still starting (launched by an earlier call or process); just wait.
-        self.wait_healthy()
-
-    def wait_healthy(self) -> None:
-        """Poll the health endpoint until it answers, bounded by health_timeout_s."""
-        start = time.monotonic()
-        deadline = start + float(self.settings["health_timeout_s"])
-        while time.monotonic() < deadline:
-            if self.is_healthy():
-                self.record("healthy", waited_s=round(time.monotonic() - start, 2))
-                return
-            if self.kind == "managed" and (self._exited() or self.launched_pid() is None):
-                raise ServerError(
-                    f"the managed server exited before it became healthy; {self.server_log} ends with:\n"
-                    + _log_tail(self.server_log)
-                )
-            time.sleep(POLL_S)
-        where = (f"{self.server_log} ends with:\n{_log_tail(self.server_log)}"
-                 if self.kind == "managed" or self.settings["start_command"]
-                 else "a release-kind server without start_command is started by you, not by dflash-eval")
-        raise ServerError(
-            f"server at {self.base_url} not healthy ({self.settings['health_path']}) after "
-            f"server.health_timeout_s={self.settings['health_timeout_s']} s; {where}"
-        )
-
-    def _exited(self) -> bool:
-        """Whether the server this controller launched has exited (False if it launched none)."""
-        return self._proc is not None and self._proc.poll() is not None
-
-    def _launch(self) -> None:
-        if port_open(self.base_url):
-            raise ServerError(
-                f"port of {self.base_url} is in use by something that is not a healthy server "
-                f"({self.settings['health_path']} does not answer 200) and that dflash-eval did not launch; "
-                "stop it or choose another port"
-            )
-        self.log_dir.mkdir(parents=True, exist_ok=True)
-        command = self.settings["command"]
-        with open(self.server_log, "ab") as out:
-            out.write(f"\n===== {time.strftime('%Y-%m-%d %H:%M:%S')} launching: {command}\n".encode())
-            out.flush()
-            self._proc = subprocess.Popen(
-                command,
-                shell=True,
-                stdin=subprocess.DEVNULL,
-                stdout=out,
-                stderr=subprocess.STDOUT,
-                start_new_session=True,  # own process group: we can signal the server and all its children
-            )
-        pid = self._proc.pid
-        info = {"pid": pid, "start_ticks": process_start_ticks(pid), "command": command, "base_url": self.base_url}
-        atomic_write_text(self.pid_file, json.dumps(info))
-        self.record("launched", pid=pid, command=command)
-
-    # ----- down -----
-
-    def _stop(self, current: Outage) -> None:
-        """Stop the server (or release its memory) and wait until it is down; notes how in `current`."""
-        if self.kind == "release":
-            self._release(current)
-        elif self.kind == "external":
-            self._note(current, "stopped")
-            self._stop_by_command()
-        else:
-            self._stop_launched(current)
-
-    def _stop_launched(self, current: Outage) -> None:
-        pid = self.launched_pid()
-        if pid is None:
-            raise ServerError(
-                f"the managed server at {self.base_url} is up but was not launched by dflash-eval "
-                f"(no live pid in {self.pid_file}); stop it yourself or use kind: external"
-            )
-        self._note(current, "stopped")
-        self._stop_pid(pid)
-
-    def _stop_pid(self, pid: int, **details: Any) -> None:
-        """Stop the launched server's process group, recorded before and after."""
-        self.record("stop_requested", pid=pid, **details)
-        self._stop_group(pid)
-        self.record("down", pid=pid)
-
-    def _release(self, current: Outage) -> None:
-        """POST /release_memory_occupation; if the GPU memory did not drop, stop the server instead."""
-        before = self._read_gpu_memory()  # a broken probe fails here, before anything changed
-        self._note(current, "released")
-        self.record("stop_requested", action="release_memory_occupation")
-        self._post("/release_memory_occupation")
-        if self._memory_dropped(before):
-            self.record("down", action="release_memory_occupation")
-            return
-        if not self.settings["stop_command"]:
-            raise ServerError(
-                f"POST {self.base_url}/release_memory_occupation answered 200 but the GPU memory in use did not drop "
-                f"by server.release_min_drop_gib={self.settings['release_min_drop_gib']} GiB (see memory_check in "
-                f"{self.log_dir / 'transitions.jsonl'}): start SGLang with --enable-memory-saver, or set "
-                "server.stop_command and server.start_command as a fallback (release_min_drop_gib: 0 skips the check)"
-            )
-        self._note(current, "stopped")
-        self._stop_by_command(reason="release did not free the GPU memory")
-
-    def _read_gpu_memory(self) -> gpu_memory.Reading:
-        probe = self.settings["memory_probe"]
-        reading = gpu_memory.used_mib(probe)
-        if probe and reading.mib is None:
-            raise ServerError(f"server.memory_probe: {reading.source}; it must print the used GPU memory in MiB "
-                              "(one number per GPU), or set it to null to use nvidia-smi")
-        return reading
-
-    def _memory_dropped(self, before: gpu_memory.Reading) -> bool:
-        """Whether the GPU memory in use fell by release_min_drop_gib within release_check_s; True when it
-        cannot be read (logged as unchecked), since then only the extraction itself can tell."""
-        needed = float(self.settings["release_min_drop_gib"]) * 1024
-        if needed <= 0 or before.mib is None:
-            reason = "server.release_min_drop_gib is 0" if needed <= 0 else before.source
-            self.record("memory_check", checked=False, reason=f"GPU memory could not be checked: {reason}")
-            return True
-        deadline = time.monotonic() + float(self.settings["release_check_s"])
-        while True:
-            after = self._read_gpu_memory()
-            dropped = after.mib is not None and before.mib - after.mib >= needed
-            if dropped or time.monotonic() >= deadline:
-                self.record("memory_check", checked=True, freed=dropped, before_mib=before.mib, after_mib=after.mib,
-                            needed_mib=needed, source=before.source)
-                return dropped
-            time.sleep(2 * POLL_S)
-
-    def _stop_by_command(self, **extra: Any) -> None:
-        self.record("stop_requested", **extra)
-        self._run_hook(self.settings["stop_command"])
-        self._wait_unhealthy(float(self.settings["stop_grace_s"]) + 30.0)
-        self.record("down")
+    # ----- end of run -----
 
     def stop_if_launched(self) -> bool:
         """Stop the managed server that dflash-eval launched, unless keep_running; True if one was stopped."""
-        if self.kind != "managed":
-            return False
-        pid = self.launched_pid()
-        if pid is None:
-            return False
-        if self.settings["keep_running"]:
-            log.info("server %s (pid %d) left running: keep_running is set", self.base_url, pid)
-            return False
-        self._stop_pid(pid, reason="stop-launched")
-        return True
+        return self.server.stop_launched()
 
     def finish(self) -> None:
         """End of a run (Snakemake's onsuccess/onerror): restore what a job that died left down, then stop
@@ -415,154 +181,15 @@ class ServerController:
                 log.info("server %s is still held down by %s: they will restore it", self.base_url, current.holders)
                 return
             if current is not None:
-                if self.kind == "managed" and not self.settings["keep_running"]:
+                if self.server.stopped_at_end_of_run:
                     outage.clear(self.outage_file)  # the run ends and would stop it again at once
                     self.record("resume", restored=False, reason="end of run: a launched server is not kept")
                 else:
                     self._end_outage(current)
         self.stop_if_launched()
 
-    def _stop_group(self, pid: int) -> None:
-        """SIGTERM the server's process group, SIGKILL it after stop_grace_s, then wait for the port to close."""
-        grace = float(self.settings["stop_grace_s"])
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(pid, signal.SIGTERM)
-        if not self._wait_exit(pid, grace):
-            log.warning("server pid %d ignored SIGTERM for %.0f s: sending SIGKILL", pid, grace)
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(pid, signal.SIGKILL)
-            self._wait_exit(pid, 10.0)
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(pid, signal.SIGKILL)  # children that outlived the leader
-        self.pid_file.unlink(missing_ok=True)
-        deadline = time.monotonic() + 10.0
-        while port_open(self.base_url) and time.monotonic() < deadline:
-            time.sleep(POLL_S)
-
-    def _wait_exit(self, pid: int, timeout: float) -> bool:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if self._proc is not None and self._proc.pid == pid:
-                if self._proc.poll() is not None:  # reaps our own child, so it leaves no zombie
-                    return True
-            elif process_start_ticks(pid) is None:
-                return True
-            time.sleep(POLL_S / 2)
-        return False
-
-    def _wait_unhealthy(self, timeout: float) -> None:
-        deadline = time.monotonic() + timeout
-        while self.is_healthy():
-            if time.monotonic() > deadline:
-                raise ServerError(f"server at {self.base_url} still healthy {timeout:.0f} s after "
-                                  f"server.stop_command `{self.settings['stop_command']}`; see {self.server_log}")
-            time.sleep(POLL_S)
-
-    # ----- helpers -----
-
-    def _run_hook(self, command: str) -> None:
-        self.log_dir.mkdir(parents=True, exist_ok=True)
-        with open(self.server_log, "ab") as out:
-            out.write(f"\n===== {time.strftime('%Y-%m-%d %H:%M:%S')} running: {command}\n".encode())
-            out.flush()
-            rc = subprocess.run(command, shell=True, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT).returncode
-        if rc != 0:
-            raise ServerError(f"`{command}` exited with {rc}; {self.server_log} ends with:\n{_log_tail(self.server_log)}")
-
-    def _post(self, path: str) -> None:
-        status, body = http_request(self.base_url + path, method="POST", timeout=300.0)
-        if status != 200:
-            raise ServerError(f"POST {self.base_url}{path} answered {status or 'nothing'}: {body[:500]!r}"
-                              + (" (SGLang needs --enable-memory-saver for this, and releases only while no "
-                                 "request is running)" if "memory" in path else ""))
-
 
 # ----- pausing around extraction -----
-
-
-_HELD_LOCKS: dict[str, int] = {}  # lock path -> nesting depth in this process
-
-
-@contextlib.contextmanager
-def host_lock(path: Path) -> Iterator[None]:
-    """Hold an exclusive flock on `path` (shared by every dflash-eval process of this host).
-
-    Re-entrant within one process (a second flock on a new file descriptor of the same process
-    would deadlock).
-    """
-    key = str(Path(path).resolve())
-    if _HELD_LOCKS.get(key):
-        _HELD_LOCKS[key] += 1
-        try:
-            yield
-        finally:
-            _HELD_LOCKS[key] -= 1
-        return
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with open(path, "a") as fh:
-        try:
-            fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            log.info("waiting for the lock %s", path)
-            fcntl.flock(fh, fcntl.LOCK_EX)
-        _HELD_LOCKS[key] = 1
-        try:
-            yield
-        finally:
-            del _HELD_LOCKS[key]
-            fcntl.flock(fh, fcntl.LOCK_UN)
-
-
-class SigtermGuard:
-    """What SIGTERM does now: raise Terminated; or, during a server transition, wait until the transition is
-    complete (a half-stopped server is harder to restore); or, once cleaning up, only log."""
-
-    def __init__(self) -> None:
-        self.mode = "raise"
-        self.pending = False
-
-    def handle(self, signum: int, frame: Any) -> None:
-        if self.mode == "raise":
-            self.mode = "cleanup"
-            raise Terminated("SIGTERM")
-        if self.mode == "defer":
-            self.pending = True
-            log.warning("SIGTERM received during a server transition: acting on it once the transition is complete")
-        else:
-            log.warning("SIGTERM received again while cleaning up: finishing the cleanup first")
-
-    @contextlib.contextmanager
-    def deferred(self) -> Iterator[None]:
-        """A SIGTERM inside the block is raised at its end."""
-        self.mode = "defer"
-        try:
-            yield
-        finally:
-            if self.mode == "defer":
-                self.mode = "raise"
-        if self.pending:
-            self.pending = False
-            self.mode = "cleanup"
-            raise Terminated("SIGTERM (received during a server transition)")
-
-    def cleanup(self) -> None:
-        """From now on SIGTERM only logs: the restore must finish."""
-        self.mode = "cleanup"
-
-
-@contextlib.contextmanager
-def sigterm_raises() -> Iterator[SigtermGuard]:
-    """Turn SIGTERM into a Terminated exception for the block (see SigtermGuard); restores the old handler."""
-    guard = SigtermGuard()
-    if threading.current_thread() is not threading.main_thread():
-        log.warning("not in the main thread: SIGTERM will not restore the server")
-        yield guard
-        return
-    previous = signal.signal(signal.SIGTERM, guard.handle)
-    try:
-        yield guard
-    finally:
-        signal.signal(signal.SIGTERM, previous)
 
 
 @contextlib.contextmanager
@@ -594,10 +221,31 @@ def server_paused(settings: dict[str, Any]) -> Iterator[ServerController]:
 # ----- CLI -----
 
 
+ACTIONS = {
+    "up": "make the server healthy: end an outage that no live job holds (bringing the server back the way it "
+          "went down), then launch it (managed), run start_command (external) or wait for it; while an "
+          "extraction holds it down, wait for that job (at most outage_wait_s)",
+    "down": "take the server down (stop it, or release its GPU memory) until `up` or `finish` brings it back",
+    "status": "print the state as JSON (base_url, kind, healthy, launched_pid, outage); exits 0 when the server "
+              "is healthy, 3 when it is not (as systemctl does)",
+    "stop-launched": "stop the managed server that dflash-eval launched, with its whole process group, unless "
+                     "keep_running; a server it did not launch is left alone",
+    "finish": "the end-of-run hook (the Snakefile's onsuccess/onerror): restore what a job that died left down, "
+              "then stop-launched",
+}
+EXIT_STATUS = ("exit status: 0 done (status: healthy); 2 the settings are wrong or the server did not reach the "
+               "state (the message says why); 3 from status: the server is not healthy")
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """`dflash-eval server {up,down,status,stop-launched,finish} --settings JSON | --config config.yaml`."""
-    parser.add_argument("action", choices=["up", "down", "status", "stop-launched", "finish"],
-                        help="finish: the end-of-run hook (restore what a dead job left down, stop what we launched)")
+    width = max(map(len, ACTIONS)) + 2
+    parser.formatter_class = argparse.RawDescriptionHelpFormatter
+    parser.description = "actions:\n" + "\n".join(
+        textwrap.fill(text, 100, initial_indent=f"  {name:<{width}}", subsequent_indent=" " * (width + 2))
+        for name, text in ACTIONS.items())
+    parser.epilog = textwrap.fill(EXIT_STATUS, 100)
+    parser.add_argument("action", choices=list(ACTIONS), help="what to do (see actions above)")
     src = parser.add_mutually_exclusive_group(required=True)
     src.add_argument("--settings", help="server settings as JSON (see docs/contracts.md)")
     src.add_argument("--config", help="config.yaml to read the server settings from")

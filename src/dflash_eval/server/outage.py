@@ -20,23 +20,9 @@ from pathlib import Path
 
 from dflash_eval.errors import DflashEvalError
 from dflash_eval.io_utils import atomic_write_text
+from dflash_eval.server.processes import process_start_ticks
 
 HOWS = (None, "stopped", "released")
-
-
-def process_start_ticks(pid: int) -> int | None:
-    """The process's start time (clock ticks since boot), or None if it is gone or a zombie.
-
-    Stored next to a pid so that a reused pid is never taken for the process we meant.
-    """
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return None
-    fields = stat[stat.rindex(")") + 2 :].split()  # the command name may contain spaces
-    if fields[0] in ("Z", "X"):
-        return None
-    return int(fields[19])
 
 
 def this_process() -> dict:

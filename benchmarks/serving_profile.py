@@ -1,0 +1,70 @@
+"""The target's serving-step profile (T_AR, T_verify(n)) on a Qwen3.6-27B-shaped target, measured twice.
+
+Random weights, bf16, HF transformers with fla's kernels (batch 1, a KV cache prefilled with
+`--context` tokens), exactly as extraction measures it (extract/profile.py). `--layers` builds
+fewer of the 64 layers (keeping the 3 linear : 1 full pattern) and scales the times by 64/layers:
+the layers dominate, the embedding and LM head are then counted 64/layers times too many (state
+it beside any number). Two runs back to back give the repeatability. This is a model of a server,
+not a measurement of one: SGLang runs the same step under CUDA graphs with its own kernels.
+
+    python benchmarks/serving_profile.py --device cuda --context 2048
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+
+import torch
+from extract_speed import (  # benchmarks/ (the script's own folder)
+    build_target,
+    target_config,
+)
+from record import print_and_record
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "src"))
+from dflash_eval.extract.profile import DEFAULT_VERIFY_TOKENS, measure_target
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--device", default="cuda")
+    parser.add_argument("--layers", type=int, default=64)
+    parser.add_argument("--hidden", type=int, default=5120)
+    parser.add_argument("--vocab", type=int, default=248320)
+    parser.add_argument("--context", type=int, default=2048)
+    parser.add_argument("--repeats", type=int, default=10)
+    parser.add_argument("--record", type=Path, default=ROOT / "benchmarks/results/serving_profile.md")
+    args = parser.parse_args()
+    device = torch.device(args.device)
+    if device.type == "cuda":
+        import fla  # noqa: F401  transformers binds Gated DeltaNet to fla's kernels when it imports
+    started = time.perf_counter()
+    model = build_target(target_config(args.layers, args.hidden, args.vocab), device)
+    built = time.perf_counter() - started
+    scale = 64 / args.layers
+    runs, seconds = [], []
+    for _ in range(2):
+        began = time.perf_counter()
+        runs.append(measure_target(model, args.context, args.repeats, DEFAULT_VERIFY_TOKENS))
+        seconds.append(time.perf_counter() - began)
+    name = runs[0]["device"]
+    lines = [(f"## serving profile: {name}, torch {torch.__version__}, Qwen3.6-27B shape with {args.layers} of 64 "
+             f"layers (times x {scale:g}), bf16, batch 1, context {args.context}, {args.repeats} repeats"),
+             "", f"model built in {built:.0f} s; each profile took {seconds[0]:.1f} s and {seconds[1]:.1f} s", "",
+             "| tokens verified | run 1 ms | min..max | run 2 ms | min..max | run 2 / run 1 |",
+             "|---:|---:|---|---:|---|---:|"]
+    for n in runs[0]["t_verify_ms"]:
+        a, b = runs[0]["t_verify_ms"][n] * scale, runs[1]["t_verify_ms"][n] * scale
+        sa = "..".join(f"{scale * x:.2f}" for x in runs[0]["spread"]["t_verify_ms"][n])
+        sb = "..".join(f"{scale * x:.2f}" for x in runs[1]["spread"]["t_verify_ms"][n])
+        lines.append(f"| {n} | {a:.2f} | {sa} | {b:.2f} | {sb} | {b / a:.3f} |")
+    print_and_record(lines, args.record)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

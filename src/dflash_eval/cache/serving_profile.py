@@ -1,0 +1,66 @@
+"""serving_profile.json: one serving step's cost, the one place that checks and reads the file.
+
+Extraction writes a measured one beside the cache (extract/profile.py); a user names their own,
+measured on their deployment, as `speedup.profile` in config.yaml (it wins); evaluation reads
+either (evaluate/speedup.py). Only JSON here, no torch, so that the workflow can check a user's
+file at load. Fields:
+    t_ar_ms       the target's decode step of one token, ms (required, > 0)
+    t_verify_ms   {"<n tokens>": ms, ...} the target verifying n tokens (required; n >= 1; linear
+                  in between the listed n, no estimate outside them)
+    t_draft_ms    the drafter's block forward with its LM head, ms (optional: timed at evaluation)
+    context_tokens, source, device, spread   (optional, informational)
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+from typing import Any
+
+from dflash_eval.errors import DflashEvalError
+
+PROFILE_NAME = "serving_profile.json"  # beside the hidden-state cache
+
+
+def _positive(path: Path, field: str, value: Any) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0 or math.isnan(value):
+        raise DflashEvalError(f"{path}: field {field!r} must be a positive number of milliseconds, got {value!r}")
+    return float(value)
+
+
+def check_profile(data: Any, path: str | Path) -> dict[str, Any]:
+    """A profile with its fields checked and t_verify_ms keyed by int; errors name the file and field."""
+    path = Path(path)
+    if not isinstance(data, dict):
+        raise DflashEvalError(f"{path}: a serving profile is a JSON object with t_ar_ms and t_verify_ms")
+    for required in ("t_ar_ms", "t_verify_ms"):
+        if required not in data:
+            raise DflashEvalError(f"{path}: field {required!r} is missing (see {__name__}'s docstring for the format)")
+    table = data["t_verify_ms"]
+    if not isinstance(table, dict) or not table:
+        raise DflashEvalError(f"{path}: field 't_verify_ms' must be an object {{\"<tokens>\": ms}} with at least one entry")
+    verify = {}
+    for key, value in table.items():
+        try:
+            tokens = int(key)
+        except (TypeError, ValueError):
+            tokens = 0
+        if tokens < 1 or str(tokens) != str(key).strip():
+            raise DflashEvalError(f"{path}: field 't_verify_ms' key {key!r} must be a token count >= 1")
+        verify[tokens] = _positive(path, f"t_verify_ms.{key}", value)
+    profile = {**data, "t_ar_ms": _positive(path, "t_ar_ms", data["t_ar_ms"]), "t_verify_ms": dict(sorted(verify.items()))}
+    if data.get("t_draft_ms") is not None:
+        profile["t_draft_ms"] = _positive(path, "t_draft_ms", data["t_draft_ms"])
+    return profile
+
+
+def load_profile(path: str | Path) -> dict[str, Any]:
+    path = Path(path)
+    if not path.is_file():
+        raise DflashEvalError(f"{path}: serving profile not found (speedup.profile in config.yaml)")
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except json.JSONDecodeError as error:
+        raise DflashEvalError(f"{path}: not valid JSON ({error})") from error
+    return check_profile(data, path)

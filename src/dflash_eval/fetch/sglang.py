@@ -1,0 +1,77 @@
+"""SGLang's side of the fetch protocol, as SGLang 0.5.23 speaks it (docs/sglang_protocol.md gives the source lines).
+
+Three things differ from a plain OpenAI server: the request flags that make SGLang return token ids
+and speculative counters, where those come back (the chat endpoint names the completion's ids
+`response_token_ids`, the completions endpoint `token_ids`; the counters sit in the response's
+`sglext.spec_tokens_details`), and `/get_server_info`, whose resolved server args say whether and how
+the server speculates. Kept apart from fetch.stage so that one file holds every SGLang field name.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from dflash_eval.server.http import http_request
+
+VERSION = "0.5.23"  # the SGLang release these field names were read from
+
+# The per-request counters we record: SpecTokensDetails (protocol.py:456-467) less the capped/ragged extras.
+SPEC_COUNTERS = ("spec_verify_ct", "spec_num_correct_drafts", "spec_num_proposed_drafts",
+                 "spec_correct_drafts_histogram", "spec_accept_length", "spec_accept_rate")
+# The server args that say how the server speculates (arg_groups/fields/spec.py).
+SPEC_SETTINGS = ("speculative_algorithm", "speculative_draft_model_path", "speculative_num_draft_tokens",
+                 "speculative_num_steps", "speculative_eagle_topk")
+
+
+def request_flags(endpoint: str) -> dict[str, Any]:
+    """The extra body fields that make SGLang return the prompt's and the completion's ids and the counters."""
+    flags: dict[str, Any] = {"return_token_ids": True, "return_spec_tokens_details": True}
+    if endpoint == "chat":
+        flags["return_prompt_token_ids"] = True  # also implied by return_token_ids on chat (serving_chat.py:1411)
+    return flags
+
+
+def completion_token_ids(choice: dict[str, Any]) -> list[int] | None:
+    """The completion's ids as the server returned them: `token_ids` (completions) or `response_token_ids` (chat)."""
+    for key in ("token_ids", "response_token_ids"):
+        if choice.get(key) is not None:
+            return [int(t) for t in choice[key]]
+    return None
+
+
+def spec_counters(response: dict[str, Any], choice: dict[str, Any]) -> dict[str, Any] | None:
+    """The request's speculative counters, None when the server sent none (it does not speculate, or is not SGLang).
+
+    SGLang puts them at the response level, `sglext.spec_tokens_details` (a list when n > 1); the same keys
+    also appear in a chat choice's `meta_info` (with return_meta_info) and in `/generate`'s `meta_info`.
+    """
+    details = (response.get("sglext") or {}).get("spec_tokens_details")
+    if isinstance(details, list):
+        details = details[choice.get("index", 0)] if details else None
+    if not details:
+        details = choice.get("meta_info") or response.get("meta_info") or {}
+    if not details or not details.get("spec_verify_ct"):
+        return None
+    out = {key: details.get(key) for key in SPEC_COUNTERS}
+    out["spec_correct_drafts_histogram"] = [int(n) for n in out["spec_correct_drafts_histogram"] or []]
+    return out
+
+
+def server_spec_settings(base_url: str) -> dict[str, Any] | None:
+    """How the server speculates, from `/get_server_info`; None when it does not answer (not SGLang).
+
+    `speculative_algorithm` is None for a server that does not speculate; `version` is SGLang's own.
+    """
+    status, body = http_request(base_url + "/get_server_info", timeout=30.0)
+    if status != 200:
+        return None
+    try:
+        info = json.loads(body)
+    except ValueError:
+        return None
+    if not isinstance(info, dict):
+        return None
+    out = {key: info.get(key) for key in SPEC_SETTINGS}
+    out["version"] = info.get("version")
+    return out

@@ -1,0 +1,148 @@
+"""Online vs offline, like for like: the server's own speculative counters beside our offline steps, per request.
+
+The two sides count the same things only once their conventions are lined up (docs/sglang_protocol.md):
+
+- steps: SGLang's `spec_verify_ct` is the number of verification steps, as `len(steps)` offline;
+- accepted drafts: `spec_num_correct_drafts` and its histogram count the draft tokens each step accepted,
+  bonus excluded, as `step - 1` offline; SGLang counts a last step before cutting the output at the stop token
+  or max_tokens, so online may exceed offline by up to B - 1, from the last step only;
+- tau: ours (and `dflash_generate`'s `acceptance_lengths`) counts the tokens verification steps produced,
+  `(completion_tokens - 1) / steps`; SGLang's `spec_accept_length` = `completion_tokens / steps` also counts
+  the first completion token, which prefill produced: 1/steps more per request.
+
+The offline steps must be the served drafter's at the served block size (`speculative_num_draft_tokens`):
+with another block the server measured chain-B<b>, not the drafter's own chain-B<B>.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from typing import Any
+
+from dflash_eval.evaluate.acceptance import paired_difference
+
+TAU_OURS = "tokens produced by verification steps / steps (the first completion token, from prefill, not counted)"
+TAU_SGLANG = "completion tokens / steps = SGLang's spec_accept_length (the prefill token counted)"
+
+
+def request_counters(record: dict[str, Any]) -> dict[str, Any] | None:
+    """The counters a completions record holds for one request, None without them (no speculation recorded)."""
+    spec = record.get("spec") or {}
+    if not spec.get("spec_verify_ct"):
+        return None
+    completion = (record.get("usage") or {}).get("completion_tokens")
+    if completion is None:
+        completion = len(record.get("completion_token_ids") or [])
+    speculative = (record.get("server") or {}).get("speculative") or {}
+    correct = spec.get("spec_num_correct_drafts")
+    return {"verify_ct": int(spec["spec_verify_ct"]), "completion_tokens": int(completion),
+            "correct_drafts": None if correct is None else int(correct),
+            "histogram": [int(n) for n in spec.get("spec_correct_drafts_histogram") or []],
+            "accept_length": spec.get("spec_accept_length"),
+            "block_size": speculative.get("speculative_num_draft_tokens"),
+            "draft_model": speculative.get("speculative_draft_model_path")}
+
+
+def drafts_histogram(steps: Sequence[int]) -> list[int]:
+    """Steps by accepted draft tokens (step - 1), as SGLang's spec_correct_drafts_histogram."""
+    if not steps:
+        return []
+    out = [0] * max(steps)
+    for step in steps:
+        out[step - 1] += 1
+    return out
+
+
+def last_step_only(online: list[int], offline: list[int]) -> bool:
+    """Whether the online histogram is the offline one with at most one step moved to a higher bin."""
+    width = max(len(online), len(offline))
+    a, b = online + [0] * (width - len(online)), offline + [0] * (width - len(offline))
+    delta = [x - y for x, y in zip(a, b)]
+    if not any(delta):
+        return True
+    moved_from = [i for i, d in enumerate(delta) if d == -1]
+    moved_to = [i for i, d in enumerate(delta) if d == 1]
+    return (sum(d != 0 for d in delta) == 2 and len(moved_from) == len(moved_to) == 1
+            and moved_to[0] > moved_from[0])
+
+
+def compare_request(online: dict[str, Any], steps: Sequence[int], block_size: int) -> dict[str, Any]:
+    """One request's like-for-like comparison; `equal` when every counter matches as the conventions say."""
+    produced = sum(steps)
+    offline_correct = produced - len(steps)
+    histogram = drafts_histogram(steps)
+    same_steps = online["verify_ct"] == len(steps)
+    same_tokens = online["completion_tokens"] == produced + 1
+    surplus = None if online["correct_drafts"] is None else online["correct_drafts"] - offline_correct
+    drafts_ok = surplus is None or 0 <= surplus <= block_size - 1
+    histogram_ok = not online["histogram"] or last_step_only(online["histogram"], histogram)
+    return {
+        "online_steps": online["verify_ct"], "offline_steps": len(steps),
+        "online_correct_drafts": online["correct_drafts"], "offline_correct_drafts": offline_correct,
+        "online_histogram": online["histogram"], "offline_histogram": histogram,
+        "online_tau": (online["completion_tokens"] - 1) / online["verify_ct"], "offline_tau": produced / len(steps),
+        "online_tau_sglang": online["completion_tokens"] / online["verify_ct"],
+        "offline_tau_sglang": (produced + 1) / len(steps),
+        "equal": same_steps and same_tokens and drafts_ok and histogram_ok,
+        "exact": same_steps and same_tokens and surplus in (0, None) and online["histogram"] in ([], histogram),
+    }
+
+
+def _pseudo_steps(total: int, count: int) -> list[int]:
+    """A list of `count` steps summing to `total`: both tau conventions read only a sample's sum and length."""
+    return [total // count + (1 if i < total % count else 0) for i in range(count)]
+
+
+def compare(online: dict[str, dict[str, Any]], offline_by_method: dict[str, dict[str, list[int]]] | None,
+            own_block: int | None, tolerance: float, bootstrap: int = 1000, seed: int = 0) -> dict[str, Any]:
+    """Per request and pooled, online (the server's counters) against offline (our steps) on the same samples.
+
+    `offline_by_method`: the served drafter's per-sample steps by method ("chain-B<b>"); the served block
+    size comes from the records (`speculative_num_draft_tokens`), else the drafter's own `own_block`.
+    Flagged when the pooled tau (ours, z-lab mean) differs by more than `tolerance` (relative).
+    """
+    result: dict[str, Any] = {"recorded": bool(online), "samples_with_stats": len(online), "tolerance": tolerance,
+                              "tau_definition": TAU_OURS, "tau_sglang_definition": TAU_SGLANG}
+    if not online:
+        return result
+    taus = [(c["completion_tokens"] - 1) / c["verify_ct"] for c in online.values()]
+    result["online_tau_mean_of_samples"] = sum(taus) / len(taus)
+    result["online_tau_sglang_mean_of_samples"] = sum(c["completion_tokens"] / c["verify_ct"]
+                                                      for c in online.values()) / len(online)
+    blocks = {c["block_size"] for c in online.values() if c["block_size"] is not None}
+    served_block = next(iter(blocks)) if len(blocks) == 1 else own_block
+    result["served_block_size"] = served_block
+    method = f"chain-B{served_block}" if served_block is not None else None
+    result["method"] = method
+    steps = (offline_by_method or {}).get(method) if method else None
+    if len(blocks) > 1:
+        return {**result, "compared": False, "why": f"the records were served with block sizes {sorted(blocks)}"}
+    if steps is None:
+        why = "no offline steps of the served drafter" if offline_by_method is None else \
+            f"the served drafter was not evaluated at {method} (evaluation.block_sizes)"
+        return {**result, "compared": False, "why": why}
+    ids = sorted(i for i in online if steps.get(i))
+    if not ids:
+        return {**result, "compared": False, "why": "no sample has both online counters and offline steps"}
+    per_request = {i: compare_request(online[i], steps[i], int(served_block)) for i in ids}
+    online_tau = [per_request[i]["online_tau"] for i in ids]
+    offline_tau = [per_request[i]["offline_tau"] for i in ids]
+    online_steps = {i: _pseudo_steps(online[i]["completion_tokens"] - 1, online[i]["verify_ct"]) for i in ids}
+    paired = paired_difference(online_steps, {i: steps[i] for i in ids}, bootstrap, seed)
+    online_mean, offline_mean = sum(online_tau) / len(ids), sum(offline_tau) / len(ids)
+    relative = abs(online_mean - offline_mean) / offline_mean if offline_mean else math.nan
+    return {**result, "compared": True, "samples_compared": len(ids),
+            "online_tau_compared": online_mean, "offline_tau_compared": offline_mean,
+            "online_tau_sglang_compared": sum(per_request[i]["online_tau_sglang"] for i in ids) / len(ids),
+            "offline_tau_sglang_compared": sum(per_request[i]["offline_tau_sglang"] for i in ids) / len(ids),
+            "online_tau_token_weighted": sum(online[i]["completion_tokens"] - 1 for i in ids)
+            / sum(online[i]["verify_ct"] for i in ids),
+            "offline_tau_token_weighted": sum(sum(steps[i]) for i in ids) / sum(len(steps[i]) for i in ids),
+            "paired_difference": paired["tau_mean_of_samples"],
+            "paired_difference_token_weighted": paired["tau_token_weighted"],
+            "equal_requests": sum(r["equal"] for r in per_request.values()),
+            "exact_requests": sum(r["exact"] for r in per_request.values()),
+            "unequal_ids": [i for i in ids if not per_request[i]["equal"]],
+            "per_request": per_request,
+            "relative_difference": relative, "beyond_tolerance": bool(relative > tolerance)}

@@ -1,0 +1,420 @@
+"""The three kinds of server (`server.kind`, see DESIGN.md "Server control") and how each goes down and
+comes back:
+
+- Managed: dflash-eval launches `command` in a process group of its own and owns every process in it;
+- External: someone else owns the server; dflash-eval runs `stop_command` / `start_command`;
+- Release: SGLang with `--enable-memory-saver` keeps running and gives its GPU memory back, checked by
+  reading the GPU memory; when it does not drop, the optional stop/start commands take over (as External's).
+
+`stop(note)` takes the server down and calls `note(how)` ("stopped" or "released") before it acts, so that
+the outage record says how to bring it back even when the stop is cut short; `start(how)` brings it back the
+way it went down and waits for health. `server_kind` is the one place that picks the class. The outage
+protocol around them (who takes the server down, who restores it) is control.py's.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import os
+import signal
+import subprocess
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, replace
+from pathlib import Path
+from typing import Any, ClassVar
+
+from dflash_eval.errors import DflashEvalError
+from dflash_eval.io_utils import atomic_write_text
+from dflash_eval.server import gpu_memory
+from dflash_eval.server.http import http_request, port_open, url_port
+from dflash_eval.server.processes import (
+    group_alive,
+    group_members,
+    listener,
+    process_start_ticks,
+)
+from dflash_eval.server.transitions import Transitions
+
+log = logging.getLogger(__name__)
+
+POLL_S = 0.25
+LOG_TAIL_CHARS = 3000
+KILL_WAIT_S = 10.0  # how long processes get to vanish after SIGKILL (a GPU's teardown takes a moment)
+
+
+class ServerError(DflashEvalError):
+    """The server could not be brought to the requested state; the message says what to look at."""
+
+
+def log_tail(path: Path) -> str:
+    """The end of a log file, for an error message."""
+    try:
+        text = path.read_text(errors="replace")
+    except OSError:
+        return "(no log)"
+    return text[-LOG_TAIL_CHARS:]
+
+
+class Server:
+    """What every kind shares: health, the wait for it, the hook commands and the server log."""
+
+    kind: ClassVar[str]
+
+    def __init__(self, settings: dict[str, Any], transitions: Transitions) -> None:
+        self.settings = settings
+        self.base_url: str = settings["base_url"]
+        self.log_dir = Path(settings["log_dir"])
+        self.server_log = self.log_dir / "server.log"
+        self.transitions = transitions
+
+    def is_up(self) -> bool:
+        """True when the health endpoint answers 200."""
+        status, _ = http_request(self.base_url + self.settings["health_path"], timeout=5.0)
+        return status == 200
+
+    def stop(self, note: Callable[[str], None]) -> None:
+        """Take the up server down (or free its GPU memory) and wait until it is; `note(how)` first."""
+        raise NotImplementedError
+
+    def start(self, how: str | None) -> None:
+        """Bring the server up and wait for health; `how` is how dflash-eval took it down, if it did."""
+        raise NotImplementedError
+
+    def launched_pid(self) -> int | None:
+        """The pid of the server dflash-eval launched, if one runs (only a managed server is launched)."""
+        return None
+
+    def stop_launched(self) -> bool:
+        """Stop the server dflash-eval launched, unless keep_running; True if one was stopped."""
+        return False
+
+    def stop_leftovers(self) -> None:
+        """Stop what is left of a launched server whose own process is gone (nothing for other kinds)."""
+
+    @property
+    def stopped_at_end_of_run(self) -> bool:
+        """Whether the end of a run stops this server (so restoring it first would be wasted)."""
+        return False
+
+    def wait_healthy(self) -> None:
+        """Poll the health endpoint until it answers, bounded by health_timeout_s."""
+        start = time.monotonic()
+        deadline = start + float(self.settings["health_timeout_s"])
+        while time.monotonic() < deadline:
+            if self.is_up():
+                self.transitions.record("healthy", waited_s=round(time.monotonic() - start, 2))
+                return
+            self._check_still_starting()
+            time.sleep(POLL_S)
+        raise ServerError(
+            f"server at {self.base_url} not healthy ({self.settings['health_path']}) after "
+            f"server.health_timeout_s={self.settings['health_timeout_s']} s; {self._where_to_look()}"
+        )
+
+    def _check_still_starting(self) -> None:
+        """Raise ServerError when the server can no longer come up by waiting."""
+
+    def _where_to_look(self) -> str:
+        return f"{self.server_log} ends with:\n{log_tail(self.server_log)}"
+
+    def _run_hook(self, command: str) -> None:
+        """Run a stop/start command through the shell, its output appended to the server log."""
+        self.log_dir.mkdir(parents=True, exist_ok=True)
+        with open(self.server_log, "ab") as out:
+            out.write(f"\n===== {time.strftime('%Y-%m-%d %H:%M:%S')} running: {command}\n".encode())
+            out.flush()
+            rc = subprocess.run(command, shell=True, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
+                                check=False).returncode
+        if rc != 0:
+            raise ServerError(f"`{command}` exited with {rc}; {self.server_log} ends with:\n{log_tail(self.server_log)}")
+
+
+@dataclass(frozen=True)
+class Launch:
+    """What `<log_dir>/server.pid` records of a managed launch."""
+
+    pid: int  # the server: the process listening on the port (until it first is healthy, the shell running `command`)
+    start_ticks: int | None  # of pid
+    pgid: int  # the process group `command` runs in: the shell, the server and all that it starts
+    group_start_ticks: int | None  # of the group's leader (the shell), when it was launched
+    command: str
+    base_url: str
+
+
+class Managed(Server):
+    """dflash-eval launches `command` (through /bin/sh) in a new process group and owns that group: it is
+    launched when healthy is needed, and stopped by SIGTERM to the whole group, SIGKILL after stop_grace_s."""
+
+    kind = "managed"
+
+    def __init__(self, settings: dict[str, Any], transitions: Transitions) -> None:
+        super().__init__(settings, transitions)
+        self.pid_file = self.log_dir / "server.pid"
+        self._proc: subprocess.Popen[bytes] | None = None
+
+    def launched(self) -> Launch | None:
+        """The launch on record while any process of its group still runs, else None.
+
+        A group id is not reused while the group has members, and a live leader must be the one launched,
+        so a group found here is ours (unless its id was reused after it emptied and the new leader died).
+        """
+        try:
+            info = json.loads(self.pid_file.read_text())
+            pid = int(info["pid"])
+            launch = Launch(pid=pid, start_ticks=info.get("start_ticks"), pgid=int(info.get("pgid", pid)),
+                            group_start_ticks=info.get("group_start_ticks", info.get("start_ticks")),
+                            command=str(info.get("command")), base_url=str(info.get("base_url")))
+        except (OSError, ValueError, KeyError, TypeError):
+            return None
+        if self._proc is not None:
+            self._proc.poll()  # reap our own child if it exited, so it is not mistaken for a live one
+        if launch.base_url != self.base_url or not group_alive(launch.pgid):
+            return None
+        leader = process_start_ticks(launch.pgid)
+        if leader is not None and leader != launch.group_start_ticks:
+            return None
+        return launch
+
+    def launched_pid(self) -> int | None:
+        launch = self.launched()
+        return launch.pid if launch is not None and self._server_runs(launch) else None
+
+    @staticmethod
+    def _server_runs(launch: Launch) -> bool:
+        return process_start_ticks(launch.pid) == launch.start_ticks
+
+    def stop(self, note: Callable[[str], None]) -> None:
+        launch = self.launched()
+        if launch is None:
+            raise ServerError(
+                f"the managed server at {self.base_url} is up but was not launched by dflash-eval "
+                f"(no live process group in {self.pid_file}); stop it yourself or use kind: external"
+            )
+        note("stopped")
+        self._stop_group(launch)
+
+    def start(self, how: str | None) -> None:
+        if self.is_up():
+            return
+        self.transitions.record("start_requested")
+        launch = self.launched()
+        if launch is not None and (how is not None or not self._server_runs(launch)):
+            self._stop_group(launch, reason="an interrupted stop" if how is not None else "its server process is gone")
+            launch = None
+        if launch is None:
+            self._launch()
+        # else: our server is still starting (launched by an earlier call or process); just wait.
+        self.wait_healthy()
+        self._record_server_pid()
+
+    def stop_launched(self) -> bool:
+        launch = self.launched()
+        if launch is None:
+            return False
+        if self.settings["keep_running"]:
+            log.info("server %s (pid %d) left running: keep_running is set", self.base_url, launch.pid)
+            return False
+        self._stop_group(launch, reason="stop-launched")
+        return True
+
+    def stop_leftovers(self) -> None:
+        """A server killed by hand can leave processes of its group behind (workers holding the GPU)."""
+        launch = self.launched()
+        if launch is not None and not self._server_runs(launch):
+            self._stop_group(launch, reason="its server process is gone")
+
+    @property
+    def stopped_at_end_of_run(self) -> bool:
+        return not self.settings["keep_running"]
+
+    def _check_still_starting(self) -> None:
+        if (self._proc is not None and self._proc.poll() is not None) or self.launched() is None:
+            raise ServerError(f"the managed server exited before it became healthy; {self.server_log} ends with:\n"
+                              + log_tail(self.server_log))
+
+    def _launch(self) -> None:
+        if port_open(self.base_url):
+            raise ServerError(
+                f"port of {self.base_url} is in use by something that is not a healthy server "
+                f"({self.settings['health_path']} does not answer 200) and that dflash-eval did not launch; "
+                "stop it or choose another port"
+            )
+        self.log_dir.mkdir(parents=True, exist_ok=True)
+        command = self.settings["command"]
+        with open(self.server_log, "ab") as out:
+            out.write(f"\n===== {time.strftime('%Y-%m-%d %H:%M:%S')} launching: {command}\n".encode())
+            out.flush()
+            self._proc = subprocess.Popen(
+                command,
+                shell=True,
+                stdin=subprocess.DEVNULL,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,  # own process group: we can signal the server and all its children
+            )
+        pid = self._proc.pid
+        ticks = process_start_ticks(pid)
+        self._write(Launch(pid=pid, start_ticks=ticks, pgid=pid, group_start_ticks=ticks, command=command,
+                           base_url=self.base_url))
+        self.transitions.record("launched", pid=pid, command=command)
+
+    def _record_server_pid(self) -> None:
+        """Once healthy, put the process that serves the port on record instead of the shell around it
+        (the pid a user kills; the group stays what dflash-eval stops)."""
+        launch = self.launched()
+        if launch is None:
+            return
+        server = listener(url_port(self.base_url), group_members(launch.pgid))
+        if server is not None and server != launch.pid:
+            self._write(replace(launch, pid=server, start_ticks=process_start_ticks(server)))
+
+    def _write(self, launch: Launch) -> None:
+        atomic_write_text(self.pid_file, json.dumps(asdict(launch)))
+
+    def _stop_group(self, launch: Launch, **details: Any) -> None:
+        """SIGTERM every process of the launch's group, SIGKILL them after stop_grace_s, then wait for the port
+        to close; recorded before and after."""
+        self.transitions.record("stop_requested", pid=launch.pid, **details)
+        grace = float(self.settings["stop_grace_s"])
+        _signal_group(launch.pgid, signal.SIGTERM)
+        if not self._wait_group_gone(launch.pgid, grace):
+            log.warning("server %s (process group %d) ignored SIGTERM for %.0f s: sending SIGKILL",
+                        self.base_url, launch.pgid, grace)
+            _signal_group(launch.pgid, signal.SIGKILL)
+            if not self._wait_group_gone(launch.pgid, KILL_WAIT_S):
+                log.warning("processes %s of server %s outlived SIGKILL by %.0f s", group_members(launch.pgid),
+                            self.base_url, KILL_WAIT_S)
+        self.pid_file.unlink(missing_ok=True)
+        deadline = time.monotonic() + 10.0
+        while port_open(self.base_url) and time.monotonic() < deadline:
+            time.sleep(POLL_S)
+        self.transitions.record("down", pid=launch.pid)
+
+    def _wait_group_gone(self, pgid: int, timeout: float) -> bool:
+        deadline = time.monotonic() + timeout
+        while True:
+            if self._proc is not None:
+                self._proc.poll()  # reaps our own child, so it leaves no zombie
+            if not group_alive(pgid):
+                return True
+            if time.monotonic() >= deadline:
+                return False
+            time.sleep(POLL_S / 2)
+
+
+def _signal_group(pgid: int, signum: int) -> None:
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(pgid, signum)
+
+
+class External(Server):
+    """Someone else owns the server (systemd, docker, another host): its commands stop and start it."""
+
+    kind = "external"
+
+    def stop(self, note: Callable[[str], None]) -> None:
+        note("stopped")
+        self._stop_by_command()
+
+    def start(self, how: str | None) -> None:
+        if self.is_up():
+            return
+        self.transitions.record("start_requested")
+        self._run_hook(self.settings["start_command"])
+        self.wait_healthy()
+
+    def _stop_by_command(self, **details: Any) -> None:
+        self.transitions.record("stop_requested", **details)
+        self._run_hook(self.settings["stop_command"])
+        timeout = float(self.settings["stop_grace_s"]) + 30.0
+        deadline = time.monotonic() + timeout
+        while self.is_up():
+            if time.monotonic() > deadline:
+                raise ServerError(f"server at {self.base_url} still healthy {timeout:.0f} s after "
+                                  f"server.stop_command `{self.settings['stop_command']}`; see {self.server_log}")
+            time.sleep(POLL_S)
+        self.transitions.record("down")
+
+
+class Release(External):
+    """SGLang keeps running and releases its GPU memory (POST /release_memory_occupation), checked by the GPU
+    memory in use; stop_command/start_command, when set, take over where the memory does not drop."""
+
+    kind = "release"
+
+    def stop(self, note: Callable[[str], None]) -> None:
+        before = self._read_gpu_memory()  # a broken probe fails here, before anything changed
+        note("released")
+        self.transitions.record("stop_requested", action="release_memory_occupation")
+        self._post("/release_memory_occupation")
+        if self._memory_dropped(before):
+            self.transitions.record("down", action="release_memory_occupation")
+            return
+        if not self.settings["stop_command"]:
+            raise ServerError(
+                f"POST {self.base_url}/release_memory_occupation answered 200 but the GPU memory in use did not drop "
+                f"by server.release_min_drop_gib={self.settings['release_min_drop_gib']} GiB (see memory_check in "
+                f"{self.transitions.path}): start SGLang with --enable-memory-saver, or set "
+                "server.stop_command and server.start_command as a fallback (release_min_drop_gib: 0 skips the check)"
+            )
+        note("stopped")
+        self._stop_by_command(reason="release did not free the GPU memory")
+
+    def start(self, how: str | None) -> None:
+        if how == "released":
+            self.transitions.record("start_requested", action="resume_memory_occupation")
+            self._post("/resume_memory_occupation")
+            self.wait_healthy()
+        elif self.settings["start_command"]:
+            super().start(how)
+        elif not self.is_up():
+            self.wait_healthy()
+
+    def _where_to_look(self) -> str:
+        if self.settings["start_command"]:
+            return super()._where_to_look()
+        return "a release-kind server without start_command is started by you, not by dflash-eval"
+
+    def _read_gpu_memory(self) -> gpu_memory.Reading:
+        probe = self.settings["memory_probe"]
+        reading = gpu_memory.used_mib(probe)
+        if probe and reading.mib is None:
+            raise ServerError(f"server.memory_probe: {reading.source}; it must print the used GPU memory in MiB "
+                              "(one number per GPU), or set it to null to read it from the NVIDIA driver")
+        return reading
+
+    def _memory_dropped(self, before: gpu_memory.Reading) -> bool:
+        """Whether the GPU memory in use fell by release_min_drop_gib within release_check_s; True when it
+        cannot be read (logged as unchecked), since then only the extraction itself can tell."""
+        needed = float(self.settings["release_min_drop_gib"]) * 1024
+        if needed <= 0 or before.mib is None:
+            reason = "server.release_min_drop_gib is 0" if needed <= 0 else before.source
+            self.transitions.record("memory_check", checked=False, reason=f"GPU memory could not be checked: {reason}")
+            return True
+        deadline = time.monotonic() + float(self.settings["release_check_s"])
+        while True:
+            after = self._read_gpu_memory()
+            dropped = after.mib is not None and before.mib - after.mib >= needed
+            if dropped or time.monotonic() >= deadline:
+                self.transitions.record("memory_check", checked=True, freed=dropped, before_mib=before.mib,
+                                        after_mib=after.mib, needed_mib=needed, source=before.source)
+                return dropped
+            time.sleep(2 * POLL_S)
+
+    def _post(self, path: str) -> None:
+        status, body = http_request(self.base_url + path, method="POST", timeout=300.0)
+        if status != 200:
+            raise ServerError(f"POST {self.base_url}{path} answered {status or 'nothing'}: {body[:500]!r}"
+                              " (SGLang needs --enable-memory-saver for this, and releases only while no "
+                              "request is running)")
+
+
+KIND_CLASSES: dict[str, type[Server]] = {cls.kind: cls for cls in (Managed, External, Release)}
+
+
+def server_kind(settings: dict[str, Any], transitions: Transitions) -> Server:
+    """The Server of `settings["kind"]` (settings already resolved by config.stage_settings)."""
+    return KIND_CLASSES[settings["kind"]](settings, transitions)

@@ -1,0 +1,165 @@
+"""Fetch against SGLang 0.5.23's protocol: field names checked against SGLang's source, and the stage end to end
+against tests/support/sglang_server.py speculating for real with a tiny DFlash drafter."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from dflash_eval.fetch import sglang
+from dflash_eval.fetch import stage as fetch
+from dflash_eval.server.control import ServerController
+from tests.support import servers as hs
+from tests.support.sglang_protocol import PROTOCOL_FIELDS, wheel_fields
+from tests.support.sglang_server import spec_counters
+
+REPO = Path(__file__).resolve().parents[2]
+BLOCK = 4
+
+
+def sglang_srt() -> Path | None:
+    """An SGLang 0.5.23 source tree: $DFLASH_EVAL_SGLANG_SRC, else an installed wheel (`pip install --no-deps
+    sglang==0.5.23`; its modules are not imported, they need SGLang's own dependencies)."""
+    if os.environ.get("DFLASH_EVAL_SGLANG_SRC"):
+        return Path(os.environ["DFLASH_EVAL_SGLANG_SRC"])
+    spec = importlib.util.find_spec("sglang")
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    return Path(next(iter(spec.submodule_search_locations))) / "srt"
+
+
+def test_field_names_equal_sglang_0_5_23_source():
+    """The snapshot our test server and these tests use is what SGLang 0.5.23's source defines."""
+    srt = sglang_srt()
+    if srt is None or not (srt / "entrypoints/openai/protocol.py").is_file():
+        pytest.skip("SGLang's source is not installed: pip install --no-deps sglang==0.5.23 (or set DFLASH_EVAL_SGLANG_SRC)")
+    version_file = srt.parent / "_version.py"  # written by the wheel's build
+    version = version_file.read_text() if version_file.is_file() else ""
+    if "'0.5.23'" not in version and '"0.5.23"' not in version:
+        pytest.skip(f"installed SGLang is not 0.5.23: {version.strip()}")
+    assert wheel_fields(srt) == PROTOCOL_FIELDS
+
+
+def test_fetch_asks_and_reads_only_fields_sglang_defines():
+    for endpoint, model in (("completions", "CompletionRequest"), ("chat", "ChatCompletionRequest")):
+        assert set(sglang.request_flags(endpoint)) <= set(PROTOCOL_FIELDS[model]), endpoint
+        assert {"return_token_ids", "return_spec_tokens_details"} <= set(sglang.request_flags(endpoint))
+    assert "token_ids" in PROTOCOL_FIELDS["CompletionResponseChoice"]
+    assert "response_token_ids" in PROTOCOL_FIELDS["ChatCompletionResponseChoice"]
+    assert "token_ids" not in PROTOCOL_FIELDS["ChatCompletionResponseChoice"]  # what fetch used to read on chat
+    assert "spec_tokens_details" in PROTOCOL_FIELDS["SglExt"] and "sglext" in PROTOCOL_FIELDS["CompletionResponse"]
+    assert set(sglang.SPEC_COUNTERS) <= set(PROTOCOL_FIELDS["SpecTokensDetails"])
+
+
+def test_counters_are_sglangs_definitions_by_hand():
+    """Steps 3, 1, 4 (tokens per verification) after the prefill token: 9 completion tokens."""
+    assert spec_counters([3, 1, 4], 9, block_size=4) == {
+        "spec_accept_rate": 5 / 9, "spec_accept_length": 3.0, "spec_num_correct_drafts": 5,
+        "spec_num_proposed_drafts": 9, "spec_verify_ct": 3, "spec_correct_drafts_histogram": [1, 0, 1, 1]}
+    assert spec_counters([], 1, block_size=4) is None  # stopped at the prefill token: SGLang reports none
+
+
+# ----- end to end -----
+
+
+def tiny_drafter_dir(target_dir: Path, out: Path) -> Path:
+    """A DFlash drafter for servers.build_tiny_target's target (2 layers, hidden 64), saved as an HF directory."""
+    from dflash.model import DFlashDraftModel
+    from transformers import AutoConfig
+
+    from tests.support.tiny import tiny_drafter_config
+
+    target_config = AutoConfig.from_pretrained(target_dir)
+    config = tiny_drafter_config([0], block_size=BLOCK, num_target_layers=2)
+    config.vocab_size = target_config.vocab_size
+    config.dflash_config["mask_token_id"] = target_config.pad_token_id
+    torch.manual_seed(3)
+    model = DFlashDraftModel(config).eval()
+    with torch.no_grad():
+        for param in model.parameters():
+            if param.dim() > 1:
+                param.normal_(0, 0.2)
+    model.save_pretrained(out)
+    return out
+
+
+@pytest.fixture(scope="module")
+def served(tmp_path_factory):
+    """The SGLang-protocol server of the tiny target, speculating with a tiny drafter; yields its settings."""
+    base = tmp_path_factory.mktemp("sglang")
+    target = hs.build_tiny_target(base / "target")
+    drafter = tiny_drafter_dir(target, base / "drafter")
+    port = hs.free_port()
+    command = (f"cd {REPO} && OMP_NUM_THREADS=1 exec {sys.executable} -m tests.support.sglang_server "
+               f"--model-path {target} --port {port} --speculative-algorithm DFLASH "
+               f"--speculative-draft-model-path {drafter} --speculative-num-draft-tokens {BLOCK}")
+    settings = {"kind": "managed", "base_url": f"http://127.0.0.1:{port}", "model": None, "command": command,
+                "health_timeout_s": 120.0, "stop_grace_s": 5.0, "log_dir": str(base / "logs")}
+    controller = ServerController(settings)
+    controller.ensure_up()
+    try:
+        yield {"settings": settings, "target": target, "drafter": drafter, "base": base}
+    finally:
+        controller.stop_if_launched()
+
+
+@pytest.mark.parametrize("endpoint", ["completions", "chat"])
+def test_fetch_records_the_servers_ids_and_counters_on_both_endpoints(served, endpoint, tmp_path):
+    from transformers import AutoModelForCausalLM
+
+    from dflash_eval.evaluate.drafter import load_drafter
+    from tests.support.reference import online_acceptance
+
+    prompts = hs.write_prompts(tmp_path / "p.jsonl", 3)
+    out = tmp_path / "c.jsonl"
+    records = fetch.fetch({"dataset": "t", "prompts": str(prompts), "server": served["settings"],
+                           "tokenizer": str(served["target"]), "max_tokens": 12, "endpoint": endpoint,
+                           "concurrency": 2}, out)
+    target = AutoModelForCausalLM.from_pretrained(served["target"], dtype=torch.float32).eval()
+    drafter = load_drafter(served["drafter"]).model
+    eos = target.generation_config.eos_token_id
+    for record in records:
+        assert record["completion_ids_source"] == "server", record["id"]
+        assert record["token_check"] == {"prompt_tokens_match": True, "completion_tokens_match": True}
+        assert record["server"]["speculative"] == {
+            "speculative_algorithm": "DFLASH", "speculative_draft_model_path": str(served["drafter"]),
+            "speculative_num_draft_tokens": BLOCK, "speculative_num_steps": None, "speculative_eagle_topk": None,
+            "version": "0.5.23"}
+        steps, output = online_acceptance(drafter, target, record["prompt_token_ids"], 12, [eos], block_size=BLOCK)
+        assert record["completion_token_ids"] == output[len(record["prompt_token_ids"]):]
+        assert record["spec"] == {k: v for k, v in spec_counters(steps, len(output) - len(record["prompt_token_ids"]),
+                                                                  BLOCK).items()}
+        assert record["spec"]["spec_verify_ct"] == len(steps)
+        assert record["spec"]["spec_accept_length"] * len(steps) == pytest.approx(len(record["completion_token_ids"]))
+
+
+def test_the_server_refuses_fields_sglang_does_not_define(served):
+    import urllib.error
+    import urllib.request
+
+    body = json.dumps({"prompt": [1, 2, 3], "max_tokens": 2, "return_tokens_ids": True}).encode()
+    request = urllib.request.Request(served["settings"]["base_url"] + "/v1/completions", data=body,
+                                     headers={"Content-Type": "application/json"})
+    with pytest.raises(urllib.error.HTTPError) as error:
+        urllib.request.urlopen(request, timeout=30)
+    assert "return_tokens_ids" in error.value.read().decode()
+
+
+def test_native_generate_answers_output_ids_and_meta_info(served):
+    import urllib.request
+
+    body = json.dumps({"input_ids": [5, 6, 7, 8], "sampling_params": {"max_new_tokens": 6, "temperature": 0}}).encode()
+    request = urllib.request.Request(served["settings"]["base_url"] + "/generate", data=body,
+                                     headers={"Content-Type": "application/json"})
+    answer = json.loads(urllib.request.urlopen(request, timeout=60).read())
+    assert set(answer) == {"text", "output_ids", "meta_info"}
+    meta = answer["meta_info"]
+    assert meta["completion_tokens"] == len(answer["output_ids"]) and meta["finish_reason"]["type"] in ("stop", "length")
+    if "spec_verify_ct" in meta:
+        assert meta["spec_accept_length"] == pytest.approx(meta["completion_tokens"] / meta["spec_verify_ct"])

@@ -1,0 +1,71 @@
+"""Online vs offline, like for like: hand-computed cases of report.online."""
+
+from __future__ import annotations
+
+import pytest
+
+from dflash_eval.report import online
+
+
+def record(verify_ct: int, completion_tokens: int, correct: int, histogram: list[int], block: int = 4) -> dict:
+    return {"usage": {"completion_tokens": completion_tokens},
+            "server": {"speculative": {"speculative_num_draft_tokens": block}},
+            "spec": {"spec_verify_ct": verify_ct, "spec_accept_length": completion_tokens / verify_ct,
+                     "spec_num_correct_drafts": correct, "spec_correct_drafts_histogram": histogram}}
+
+
+def test_a_request_equal_to_the_offline_steps_in_both_conventions():
+    # steps 3, 1, 4 after the prefill token: 1 + 8 = 9 completion tokens; drafts accepted 2, 0, 3 = 5
+    counters = online.request_counters(record(3, 9, 5, [1, 0, 1, 1]))
+    result = online.compare_request(counters, [3, 1, 4], block_size=4)
+    assert result["exact"] and result["equal"]
+    assert result["online_tau"] == result["offline_tau"] == 8 / 3            # ours: 8 tokens over 3 steps
+    assert result["online_tau_sglang"] == result["offline_tau_sglang"] == 3.0  # SGLang's: 9 / 3
+    assert result["online_tau_sglang"] - result["online_tau"] == pytest.approx(1 / 3)  # exactly 1/steps
+
+
+def test_a_last_step_cut_at_max_tokens_is_equal_but_not_exact():
+    # offline the last step produced 1 token (max_tokens reached); SGLang's verify accepted 2 drafts there
+    counters = online.request_counters(record(3, 9, 7, [0, 0, 1, 2]))
+    result = online.compare_request(counters, [3, 4, 1], block_size=4)
+    assert result["equal"] and not result["exact"]
+    assert (result["online_correct_drafts"], result["offline_correct_drafts"]) == (7, 5)
+    assert result["offline_histogram"] == [1, 0, 1, 1]
+
+
+@pytest.mark.parametrize(("counters", "why"), [
+    ((4, 9, 5, [2, 0, 1, 1]), "another step count"),
+    ((3, 10, 6, [1, 0, 0, 2]), "another completion length"),
+    ((3, 9, 4, [1, 1, 1]), "fewer accepted drafts than offline"),
+    ((3, 9, 9, [1, 0, 1, 1]), "more surplus than one last step can hold"),
+    ((3, 9, 6, [1, 1, 0, 1]), "a histogram with a step moved downwards"),
+])
+def test_requests_that_differ_are_not_equal(counters, why):
+    result = online.compare_request(online.request_counters(record(*counters)), [3, 1, 4], block_size=4)
+    assert not result["equal"], why
+
+
+def test_pooled_comparison_paired_ci_and_flag():
+    # a: equal ([3, 1, 4]); b: online 2 steps for 1 + 6 tokens (tau 3.0) against offline [2, 2, 2] (tau 2.0)
+    records = {"a": online.request_counters(record(3, 9, 5, [1, 0, 1, 1])),
+               "b": online.request_counters(record(2, 7, 4, [0, 0, 2]))}
+    steps = {"chain-B4": {"a": [3, 1, 4], "b": [2, 2, 2]}, "chain-B2": {"a": [1], "b": [1]}}
+    result = online.compare(records, steps, own_block=8, tolerance=0.05, bootstrap=200, seed=0)
+    assert result["method"] == "chain-B4"  # the served block size from the records, not the drafter's own 8
+    assert result["online_tau_compared"] == pytest.approx((8 / 3 + 3.0) / 2)
+    assert result["offline_tau_compared"] == pytest.approx((8 / 3 + 2.0) / 2)
+    assert result["paired_difference"]["difference"] == pytest.approx(0.5)
+    low, high = result["paired_difference"]["ci95"]
+    assert 0.0 <= low <= 0.5 <= high <= 1.0  # resampling {0, 1} differences
+    assert result["online_tau_token_weighted"] == pytest.approx(14 / 5)
+    assert result["offline_tau_token_weighted"] == pytest.approx(14 / 6)
+    assert result["equal_requests"] == 1 and result["unequal_ids"] == ["b"]
+    assert result["relative_difference"] == pytest.approx(0.5 / ((8 / 3 + 2.0) / 2)) and result["beyond_tolerance"]
+
+
+def test_not_compared_says_why():
+    records = {"a": online.request_counters(record(3, 9, 5, [1, 0, 1, 1], block=3))}
+    result = online.compare(records, {"chain-B4": {"a": [3, 1, 4]}}, own_block=4, tolerance=0.05)
+    assert not result["compared"] and "chain-B3" in result["why"]
+    assert online.compare({}, None, 4, 0.05) == {**online.compare({}, None, 4, 0.05), "recorded": False}
+    assert online.request_counters({"spec": None}) is None
