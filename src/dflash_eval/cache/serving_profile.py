@@ -13,12 +13,12 @@ file at load. Fields:
 
 from __future__ import annotations
 
-import json
 import math
 from pathlib import Path
 from typing import Any
 
 from dflash_eval.errors import DflashEvalError
+from dflash_eval.io_utils import read_json_object
 
 PROFILE_NAME = "serving_profile.json"  # beside the hidden-state cache
 
@@ -59,8 +59,4 @@ def load_profile(path: str | Path) -> dict[str, Any]:
     path = Path(path)
     if not path.is_file():
         raise DflashEvalError(f"{path}: serving profile not found (speedup.profile in config.yaml)")
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except json.JSONDecodeError as error:
-        raise DflashEvalError(f"{path}: not valid JSON ({error})") from error
-    return check_profile(data, path)
+    return check_profile(read_json_object(path), path)

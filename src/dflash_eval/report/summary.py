@@ -9,7 +9,6 @@ DDTree budget by it; empty, with source "no profile", where no serving profile w
 
 from __future__ import annotations
 
-import json
 import logging
 import math
 from collections.abc import Iterable
@@ -20,6 +19,7 @@ from typing import Any
 import pandas as pd
 
 from dflash_eval.errors import DflashEvalError
+from dflash_eval.io_utils import read_json_object
 from dflash_eval.evaluate import acceptance, speedup
 
 log = logging.getLogger(__name__)
@@ -85,10 +85,7 @@ def read_metrics(path: str | Path) -> Evaluation:
     path = Path(path)
     if not path.is_file():
         raise DflashEvalError(f"metrics file {path} not found; run the evaluate stage for it first")
-    try:
-        metrics = json.loads(path.read_text(encoding="utf-8"))
-    except json.JSONDecodeError as error:
-        raise DflashEvalError(f"{path}: not valid JSON ({error})") from error
+    metrics = read_json_object(path)
     for field in REQUIRED:
         try:
             _lookup(metrics, field)
