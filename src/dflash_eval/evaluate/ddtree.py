@@ -34,7 +34,13 @@ def truth_path_ranks(logprobs: torch.Tensor, truth: torch.Tensor, width: int) ->
     match = indices == truth[..., None]
     in_top = match.any(dim=-1) & (truth >= 0)
     exists = in_top.to(torch.int64).cumprod(dim=-1).bool()
-    truth_score = torch.where(match, values, torch.zeros_like(values)).sum(dim=-1).cumsum(dim=-1)
+    picked = torch.where(match, values, torch.zeros_like(values)).sum(dim=-1)
+    # Added one depth at a time, as better_node_counts adds the beam: the truth node's own score there
+    # is then the same float, never "better" than itself (cumsum rounds differently: in double on CPU).
+    running, truth_score = torch.zeros_like(picked[:, 0]), torch.empty_like(picked)
+    for depth in range(picked.shape[1]):
+        running = running + picked[:, depth]
+        truth_score[:, depth] = running
     return values, exists, truth_score
 
 
