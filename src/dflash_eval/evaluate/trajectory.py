@@ -217,7 +217,6 @@ class TrajectoryEvaluator:
             part = slice(lo, lo + self.rows_per_forward)
             self._forward(slot[part], anchor[part], size[part], full[part])
 
-    @torch.inference_mode()
     def _forward(self, slot: np.ndarray, anchor: np.ndarray, size: np.ndarray, full: np.ndarray) -> None:
         drafter, device = self.drafter, self.device
         batch = pack(slot, anchor, size, self.tokens, drafter.mask_token_id, device)
@@ -295,6 +294,7 @@ class TrajectoryEvaluator:
         return matched.index_copy(0, alive, whole)
 
     # -- the loop ------------------------------------------------------------------------------
+    @torch.inference_mode()
     def run(self, samples: Sequence[SampleSpec]) -> Iterator[tuple[str, TrajectoryResult]]:
         """Yields (key, result) as samples finish, in no fixed order."""
         if not samples:
