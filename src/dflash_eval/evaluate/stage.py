@@ -30,6 +30,7 @@ from dflash_eval.evaluate import acceptance
 from dflash_eval.evaluate.blocks import BlockDrafter
 from dflash_eval.config import evaluate_settings, settings_from_args
 from dflash_eval.evaluate.drafter import load_drafter
+from dflash_eval.evaluate.gpu import claim_device
 from dflash_eval.errors import DflashEvalError
 from dflash_eval.evaluate.anchors import chain_method
 from dflash_eval.evaluate.trajectory import LoadedSample, SampleSpec, TrajectoryEvaluator
@@ -111,7 +112,7 @@ def check_cache(cache, settings: dict) -> dict:
 def run_evaluation(settings: dict, hidden: str, completions: str) -> tuple[dict, list[dict]]:
     from dflash_eval.cache.store import HiddenCache
 
-    device = torch.device(settings["device"])
+    device = claim_device(settings["device"])  # cuda: a GPU no other evaluation holds
     dtype = DTYPES[settings["dtype"]]
     cache = HiddenCache(hidden)
     cache_info = check_cache(cache, settings)
