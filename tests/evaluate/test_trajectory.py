@@ -88,6 +88,19 @@ def test_same_steps_as_the_all_anchor_evaluator(dflash2, window, pool, rows, spl
     assert evaluator.counts.blocks < evaluator.counts.all_anchor_blocks
 
 
+@pytest.mark.parametrize("dflash2", [False, True], ids=["dflash", "dflash2"])
+def test_chain_b_alone_with_the_head_split(dflash2):
+    """Without trees or top-k, blocks of full size read the LM head only up to their first mismatch too."""
+    runner = _runner(dflash2)
+    sequences = _sequences(runner)
+    evaluator = TrajectoryEvaluator(runner, STOPS, head_split=2)
+    results = dict(evaluator.run(_specs(sequences)))
+    for key, features, tokens, limits in sequences:
+        expected = evaluate_sample(runner, features, tokens, limits, STOPS).steps
+        assert results[key].steps == expected, key
+    assert evaluator.counts.head_positions_skipped > 0
+
+
 def _visits(steps, limits):
     """(anchor, block length) of every step of one trajectory."""
     anchor, out = limits.prompt_len, []

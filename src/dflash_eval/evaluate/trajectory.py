@@ -222,10 +222,13 @@ class TrajectoryEvaluator:
         batch = pack(slot, anchor, size, self.tokens, drafter.mask_token_id, device)
         hidden = packed_hidden(drafter, self.pool, batch, self.cos, self.sin)
         row_start = np.concatenate([[0], np.cumsum(size)[:-1]])
-        matched_rows, outputs = [], []
+        # One table of outcomes per forward, read back once: matched, tree depths, top-k hits per position.
+        wide_rows = full & bool(self.budgets or self.topk)  # full blocks serve trees and top-k when there are any
+        budgets, ks, width = len(self.budgets), len(self.topk), self.block - 1
+        order, tables = [], []
         for block in np.unique(size).tolist():
             for wide in (True, False):
-                rows = np.nonzero((size == block) & (full == wide))[0]
+                rows = np.nonzero((size == block) & (wide_rows == wide))[0]
                 if len(rows) == 0:
                     continue
                 index = torch.from_numpy(row_start[rows][:, None] + np.arange(block)[None]).to(device)
@@ -233,24 +236,33 @@ class TrajectoryEvaluator:
                 positions = anchor[rows][:, None] + 1 + np.arange(block - 1)[None]
                 truth = torch.from_numpy(self.tokens[slot[rows][:, None], positions]).to(device)
                 first = torch.from_numpy(self.tokens[slot[rows], anchor[rows]]).to(device)
+                table = torch.zeros(len(rows), 1 + budgets + width * ks, dtype=torch.int64, device=device)
                 if wide:
-                    outputs.append((rows, block) + self._full(states, truth, first))
+                    matched, depths, hit = self._full(states, truth, first)
+                    if depths is not None:
+                        table[:, 1:1 + budgets] = depths.T
+                    if hit is not None:  # positions past a shortened block stay misses
+                        padded = torch.zeros(len(rows), width, ks, dtype=torch.int64, device=device)
+                        padded[:, :block - 1] = hit
+                        table[:, 1 + budgets:] = padded.reshape(len(rows), -1)
                 else:
-                    matched_rows.append((rows, self._chain(states, truth, first)))
+                    matched = self._chain(states, truth, first)
+                table[:, 0] = matched
+                order.append(rows)
+                tables.append(table)
+        rows = np.concatenate(order)
+        table = torch.cat(tables).cpu().numpy()
+        s, a = slot[rows], anchor[rows]
+        self.matched[s, a, size[rows]] = table[:, 0]
+        wide = wide_rows[rows]
+        if budgets:
+            self.tree[s[wide], a[wide], :budgets] = table[wide, 1:1 + budgets]
+        if ks:
+            self.topk_hit[s[wide], a[wide], :, :ks] = table[wide, 1 + budgets:].reshape(-1, width, ks).astype(bool)
         self.counts.forwards += 1
         self.counts.blocks += len(slot)
         for block in size.tolist():
             self.counts.by_size[block] = self.counts.by_size.get(block, 0) + 1
-        for rows, matched in matched_rows:
-            self.matched[slot[rows], anchor[rows], size[rows]] = matched.cpu().numpy()
-        for rows, block, matched, depths, hit in outputs:
-            s, a = slot[rows], anchor[rows]
-            self.matched[s, a, size[rows]] = matched.cpu().numpy()
-            if depths is not None:
-                self.tree[s, a, :len(self.budgets)] = depths.cpu().numpy().T
-            if hit is not None:  # positions past a shortened block count as misses
-                self.topk_hit[s, a] = False
-                self.topk_hit[s, a, :block - 1, :len(self.topk)] = hit.cpu().numpy()
 
     def _full(self, states: torch.Tensor, truth: torch.Tensor, first: torch.Tensor):
         """Blocks of full size: the chain match, DDTree depths and top-k hits from all positions' logits."""
