@@ -14,7 +14,8 @@ from tests.support.tiny import MASK_ID, tiny_drafter, tiny_target
 @pytest.mark.parametrize("dflash2", [False, True], ids=["dflash", "dflash2"])
 @pytest.mark.parametrize("window", [None, 3])
 @pytest.mark.parametrize("score_budget", [packed.SCORE_BUDGET, 1], ids=["one-pass", "slot-by-slot"])
-def test_packed_blocks_equal_per_sample_blocks(dflash2, window, score_budget, monkeypatch):
+@pytest.mark.parametrize("groups", ["slot", "row"])
+def test_packed_blocks_equal_per_sample_blocks(dflash2, window, score_budget, groups, monkeypatch):
     monkeypatch.setattr(packed, "SCORE_BUDGET", score_budget)
     target = tiny_target()
     drafter = tiny_drafter([0, 2], window=window, block_size=6, dflash2=dflash2)
@@ -34,7 +35,7 @@ def test_packed_blocks_equal_per_sample_blocks(dflash2, window, score_budget, mo
     anchor = np.array([3, 9, 15, 4, 25, 2, 8, 10, 14])
     size = np.array([6, 2, 5, 3, 6, 6, 4, 6, 2])
     with torch.no_grad():
-        batch = pack(slot, anchor, size, tokens, MASK_ID, torch.device("cpu"))
+        batch = pack(slot, anchor, size, tokens, MASK_ID, torch.device("cpu"), groups)
         assert not isinstance(batch.slots, slice)
         hidden = packed_hidden(runner, pool, batch, cos, sin)
         start = np.concatenate([[0], np.cumsum(size)[:-1]])

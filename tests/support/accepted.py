@@ -30,10 +30,13 @@ def acceptance_rate(tau: float, block: int) -> float:
 
 
 def accepted_tokens(runner: BlockDrafter, features: list[torch.Tensor], prompt_lens: list[int], tau: float,
-                    seed: int = 0, vocab: tuple[int, int] = (8, 250), rows: int = 64) -> list[torch.Tensor]:
+                    seed: int = 0, vocab: tuple[int, int] = (8, 250), rows: int = 64,
+                    alternative: float = 0.0) -> list[torch.Tensor]:
     """One token sequence [T_i] per sample (features [T_i, n_layers * H]) with chain-B tau about `tau`.
 
-    Free tokens (prompt, rejections) are drawn from `vocab` [low, high); keep stop tokens outside it.
+    Free tokens (prompt, rejections) are drawn from `vocab` [low, high); keep stop tokens outside it. With
+    probability `alternative` a rejection writes the drafter's best other token there instead (a tree
+    that holds it accepts more than the chain).
     """
     with torch.inference_mode():  # the returned tensors are made outside it: callers may edit them
         rng = np.random.default_rng(seed)
@@ -58,22 +61,27 @@ def accepted_tokens(runner: BlockDrafter, features: list[torch.Tensor], prompt_l
                 batch = pack(slot, anchor[slot], size, tokens, runner.mask_token_id, device)
                 hidden = packed_hidden(runner, pool, batch, cos, sin)
                 start = np.concatenate([[0], np.cumsum(size)[:-1]])
-                drafts: dict[int, list[int]] = {}
+                drafts: dict[int, tuple[list[int], list[int]]] = {}
                 for width in np.unique(size).tolist():
                     members = np.nonzero(size == width)[0]
                     index = torch.from_numpy(start[members][:, None] + np.arange(width)[None]).to(device)
                     states = hidden[index]
                     first = torch.from_numpy(tokens[slot[members], anchor[slot[members]]]).to(device)
-                    found = runner.draft_tokens(states, runner.logits(states), first).tolist()
-                    drafts.update(zip(slot[members].tolist(), found))
+                    logits = runner.logits(states)
+                    found = runner.draft_tokens(states, logits, first)
+                    top = torch.topk(logits, 2, dim=-1).indices
+                    other = torch.where(top[..., 0] == found, top[..., 1], top[..., 0])
+                    drafts.update(zip(slot[members].tolist(), zip(found.tolist(), other.tolist())))
                 for s in slot.tolist():
-                    draft = drafts[s]
+                    draft, others = drafts[s]
                     kept = 0
                     while kept < len(draft) and rng.random() < q:
                         kept += 1
                     a = int(anchor[s])
                     tokens[s, a + 1:a + 1 + kept] = draft[:kept]
-                    if a + 1 + kept < lengths[s]:
+                    if a + 1 + kept < lengths[s] and kept < len(draft) and rng.random() < alternative:
+                        tokens[s, a + 1 + kept] = others[kept]
+                    elif a + 1 + kept < lengths[s]:
                         other = int(rng.integers(*vocab))
                         while kept < len(draft) and other == draft[kept]:
                             other = int(rng.integers(*vocab))

@@ -69,13 +69,17 @@ class PackedBlocks:
     query_row: torch.Tensor      # [S, Q] block (row) id (-1 for padding: padding sees only padding)
     row_index: torch.Tensor      # [m, Bmax] flat token of each block position (N: past the block's end)
     row_flat: torch.Tensor       # [N] where each flat token sits in the [m * Bmax] row layout
-    slots: slice | torch.Tensor  # the pool slots of the S batch slots
+    slots: slice | torch.Tensor  # the pool slot of each of the S query groups
     ctx_len: int                 # context keys any query may see (max anchor)
 
 
 def pack(slot: np.ndarray, anchor: np.ndarray, size: np.ndarray, tokens: np.ndarray, mask_token_id: int,
-         device: torch.device) -> PackedBlocks:
-    """Index tensors for blocks (slot, anchor, size), rows sorted by slot; tokens [slots, width] the token ids."""
+         device: torch.device, groups: str = "slot") -> PackedBlocks:
+    """Index tensors for blocks (slot, anchor, size), rows sorted by slot; tokens [slots, width] the token ids.
+
+    groups "slot": the queries of all blocks of a sample attend together, to one view of its context;
+    "row": each block on its own, to its own gathered copy of its sample's context (padded per block).
+    """
     m = len(slot)
     row_start = np.concatenate([[0], np.cumsum(size)[:-1]])
     n = int(size.sum())
@@ -83,7 +87,12 @@ def pack(slot: np.ndarray, anchor: np.ndarray, size: np.ndarray, tokens: np.ndar
     offset = np.arange(n) - row_start[token_row]
     positions = anchor[token_row] + offset
     token_ids = np.where(offset == 0, tokens[slot, anchor][token_row], mask_token_id)
-    batch_slots, slot_of_row = np.unique(slot, return_inverse=True)
+    if groups == "slot":
+        batch_slots, slot_of_row = np.unique(slot, return_inverse=True)
+    elif groups == "row":
+        batch_slots, slot_of_row = slot, np.arange(m)
+    else:
+        raise ValueError(f"attention groups {groups!r}: 'slot' or 'row'")
     slot_tokens = np.bincount(slot_of_row, weights=size, minlength=len(batch_slots)).astype(np.int64)
     queries = int(slot_tokens.max())
     slot_first = np.concatenate([[0], np.cumsum(slot_tokens)[:-1]])
@@ -102,7 +111,7 @@ def pack(slot: np.ndarray, anchor: np.ndarray, size: np.ndarray, tokens: np.ndar
     row_index = np.full(m * widest, n, dtype=np.int64)
     row_index[row_flat] = np.arange(n)
     lo, hi = int(batch_slots[0]), int(batch_slots[-1]) + 1
-    contiguous = hi - lo == len(batch_slots)
+    contiguous = hi - lo == len(batch_slots) and groups == "slot"
 
     def put(array: np.ndarray, *shape: int) -> torch.Tensor:
         return torch.from_numpy(array).to(device, non_blocking=True).view(*shape) if shape else \
@@ -157,14 +166,20 @@ def _attention(drafter: BlockDrafter, attn: nn.Module, hidden: torch.Tensor, key
     k = attn.k_norm(attn.k_proj(hidden).view(n, -1, head_dim))
     v = attn.v_proj(hidden).view(n, -1, head_dim)
     q, k = _rope(q, cos[:, None], sin[:, None]), _rope(k, cos[:, None], sin[:, None])
+    return attn.o_proj(_attend(q * attn.scaling, k, v, keys, values, batch, visible, groups))
+
+
+def _attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, keys: torch.Tensor, values: torch.Tensor,
+            batch: PackedBlocks, visible: torch.Tensor, groups: int) -> torch.Tensor:
+    """Scaled q [N, heads, D], block k, v [N, Hkv, D] against their slots' context: [N, heads * D]."""
     slots, queries = batch.query_index.shape
-    n_kv = k.shape[1]
+    n_kv, head_dim = k.shape[1], k.shape[2]
     # As in blocks.py: the scale on q, one copy of the scores masked in place, softmax in fp32 inside.
-    q = _padded(q * attn.scaling, batch.query_index).view(slots, queries, n_kv, groups, head_dim).permute(0, 2, 3, 1, 4)
+    q = _padded(q, batch.query_index).view(slots, queries, n_kv, groups, head_dim).permute(0, 2, 3, 1, 4)
     k = _padded(k, batch.query_index).permute(0, 2, 1, 3)
     v = _padded(v, batch.query_index).permute(0, 2, 1, 3)
     ctx = batch.ctx_len
-    per_slot = attn.q_proj.out_features // head_dim * queries * (ctx + queries)
+    per_slot = q.shape[1] * q.shape[2] * queries * (ctx + queries)
     step = max(1, SCORE_BUDGET // max(per_slot, 1))
     outs = []
     for lo in range(0, slots, step):
@@ -176,8 +191,7 @@ def _attention(drafter: BlockDrafter, attn: nn.Module, hidden: torch.Tensor, key
         outs.append(torch.einsum("skgqt,sktd->skgqd", weights[..., :ctx], values[part, :, :ctx])
                     + torch.einsum("skgqp,skpd->skgqd", weights[..., ctx:], v[part]))
     out = torch.cat(outs) if len(outs) > 1 else outs[0]
-    out = out.permute(0, 3, 1, 2, 4).reshape(slots * queries, -1)[batch.padded_index]
-    return attn.o_proj(out)
+    return out.permute(0, 3, 1, 2, 4).reshape(slots * queries, -1)[batch.padded_index]
 
 
 def _around_conv(conv: nn.Module | None, hidden: torch.Tensor, inner, batch: PackedBlocks) -> torch.Tensor:

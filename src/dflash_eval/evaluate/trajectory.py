@@ -88,7 +88,8 @@ class TrajectoryEvaluator:
 
     def __init__(self, drafter: BlockDrafter, stop_ids: set[int], block_sizes: Sequence[int] = (),
                  budgets: Sequence[int] = (), topk: Sequence[int] = (), rows_per_forward: int = 128,
-                 pool_slots: int | None = None, head_split: int | None = 4, pool_bytes: int | None = None) -> None:
+                 pool_slots: int | None = None, head_split: int | None = 4, pool_bytes: int | None = None,
+                 attention_groups: str = "slot") -> None:
         self.drafter = drafter
         self.stop_ids = set(stop_ids)
         self.block = drafter.block_size
@@ -106,6 +107,7 @@ class TrajectoryEvaluator:
         self.pool_slots = pool_slots
         self.pool_bytes = pool_bytes
         self.head_split = head_split
+        self.attention_groups = attention_groups
         self.sizes = sizes
         self.counts = Counts()
         self.device = drafter.embed.device
@@ -219,15 +221,24 @@ class TrajectoryEvaluator:
 
     def _forward(self, slot: np.ndarray, anchor: np.ndarray, size: np.ndarray, full: np.ndarray) -> None:
         drafter, device = self.drafter, self.device
-        batch = pack(slot, anchor, size, self.tokens, drafter.mask_token_id, device)
+        batch = pack(slot, anchor, size, self.tokens, drafter.mask_token_id, device, self.attention_groups)
         hidden = packed_hidden(drafter, self.pool, batch, self.cos, self.sin)
         row_start = np.concatenate([[0], np.cumsum(size)[:-1]])
         # One table of outcomes per forward, read back once: matched, tree depths, top-k hits per position.
         wide_rows = full & bool(self.budgets or self.topk)  # full blocks serve trees and top-k when there are any
         budgets, ks, width = len(self.budgets), len(self.topk), self.block - 1
         order, tables = [], []
+        flat = getattr(drafter.drafter, "candidate_selector", None) is None  # argmax drafts: per position
+        if flat and not wide_rows.all():
+            rows = np.nonzero(~wide_rows)[0]
+            table = torch.zeros(len(rows), 1 + budgets + width * ks, dtype=torch.int64, device=device)
+            table[:, 0] = self._chain_flat(hidden, slot[rows], anchor[rows], size[rows], row_start[rows])
+            order.append(rows)
+            tables.append(table)
         for block in np.unique(size).tolist():
             for wide in (True, False):
+                if flat and not wide:
+                    continue
                 rows = np.nonzero((size == block) & (wide_rows == wide))[0]
                 if len(rows) == 0:
                     continue
@@ -277,6 +288,38 @@ class TrajectoryEvaluator:
             rank = (logits > score).sum(dim=-1)
             hit = (rank[..., None] < torch.tensor(self.topk, device=rank.device)) & (truth >= 0)[..., None]
         return matched, depths, hit
+
+    def _chain_flat(self, hidden: torch.Tensor, slot: np.ndarray, anchor: np.ndarray, size: np.ndarray,
+                    row_start: np.ndarray) -> torch.Tensor:
+        """Matched draft length of chain-only blocks of any sizes at once, for argmax drafts: the LM head runs on
+        the draft positions themselves (no padding), the first `head_split` of every block, then the rest only
+        for the blocks that matched all of those."""
+        device, rows = self.device, len(slot)
+        positions = size - 1
+        row = np.repeat(np.arange(rows), positions)
+        offset = np.arange(len(row)) - np.repeat(np.cumsum(positions) - positions, positions)
+        flat = row_start[row] + 1 + offset
+        truth = self.tokens[slot[row], anchor[row] + 1 + offset]
+        hits = torch.zeros(rows, int(positions.max()), dtype=torch.int64, device=device)
+
+        def score(where: np.ndarray) -> None:
+            index = torch.from_numpy(np.stack([flat[where], row[where], offset[where], truth[where]])).to(device)
+            draft = self.drafter.head_logits(hidden[index[0]]).argmax(dim=-1)
+            hits[index[1], index[2]] = (draft == index[3]).to(torch.int64)
+
+        split = self.head_split or int(positions.max())
+        first = offset < split
+        score(np.nonzero(first)[0])
+        matched = hits.cumprod(dim=1).sum(dim=1)
+        longer = torch.from_numpy(positions > split).to(device)
+        alive = torch.nonzero((matched == split) & longer)[:, 0].cpu().numpy()
+        rest = np.nonzero(~first & np.isin(row, alive))[0]
+        self.counts.head_positions += int(first.sum()) + len(rest)
+        self.counts.head_positions_skipped += int((~first).sum()) - len(rest)
+        if len(rest) == 0:
+            return matched
+        score(rest)
+        return hits.cumprod(dim=1).sum(dim=1)
 
     def _chain(self, states: torch.Tensor, truth: torch.Tensor, first: torch.Tensor) -> torch.Tensor:
         """Matched draft length of chain-only blocks; positions after the first mismatch are not read."""
