@@ -26,7 +26,8 @@ from torch.nn import functional as F
 
 from dflash_eval.evaluate.blocks import BlockDrafter, _rope
 
-SCORE_BUDGET = 1 << 27  # attention score elements per sub-batch of slots (256 MiB in bf16): bounds memory
+SCORE_BUDGET = 1 << 27  # attention score elements per part of the groups (256 MiB in bf16): bounds memory
+PARTS = 4  # the attention's groups run in up to this many parts, each trimmed to its own context and queries
 
 
 class ContextPool:
@@ -71,6 +72,8 @@ class PackedBlocks:
     row_flat: torch.Tensor       # [N] where each flat token sits in the [m * Bmax] row layout
     slots: slice | torch.Tensor  # the pool slot of each of the S query groups
     ctx_len: int                 # context keys any query may see (max anchor)
+    group_ctx: np.ndarray        # [S] context keys the queries of each group may see (host)
+    group_queries: np.ndarray    # [S] real queries of each group (host)
 
 
 def pack(slot: np.ndarray, anchor: np.ndarray, size: np.ndarray, tokens: np.ndarray, mask_token_id: int,
@@ -121,6 +124,8 @@ def pack(slot: np.ndarray, anchor: np.ndarray, size: np.ndarray, tokens: np.ndar
         padded_index=put(padded), query_anchor=put(query_anchor, -1, queries), query_pos=put(query_pos, -1, queries),
         query_row=put(query_row, -1, queries), row_index=put(row_index, m, widest), row_flat=put(row_flat),
         slots=slice(lo, hi) if contiguous else put(batch_slots.astype(np.int64)), ctx_len=int(anchor.max()),
+        group_ctx=np.maximum.reduceat(anchor, np.r_[0, np.flatnonzero(np.diff(slot_of_row)) + 1]),
+        group_queries=slot_tokens,
     )
 
 
@@ -179,19 +184,35 @@ def _attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, keys: torch.Tenso
     k = _padded(k, batch.query_index).permute(0, 2, 1, 3)
     v = _padded(v, batch.query_index).permute(0, 2, 1, 3)
     ctx = batch.ctx_len
-    per_slot = q.shape[1] * q.shape[2] * queries * (ctx + queries)
-    step = max(1, SCORE_BUDGET // max(per_slot, 1))
-    outs = []
-    for lo in range(0, slots, step):
-        part = slice(lo, lo + step)
-        scores = torch.cat([torch.einsum("skgqd,sktd->skgqt", q[part], keys[part, :, :ctx]),
-                            torch.einsum("skgqd,skpd->skgqp", q[part], k[part])], dim=-1)
-        scores.masked_fill_(~visible[part, None, None], float("-inf"))
+    out = q.new_zeros(q.shape) if slots > 1 else None
+    for part in _parts(batch, q.shape[1] * q.shape[2]):
+        # Each part of consecutive groups (the pool holds samples longest first, so neighbours are alike)
+        # sees only the context and queries its own groups need, not the batch's longest.
+        see, width = int(batch.group_ctx[part].max()), int(batch.group_queries[part].max())
+        mask = visible[part, :width]
+        mask = torch.cat([mask[..., :see], mask[..., ctx:ctx + width]], dim=-1) if see < ctx or width < queries \
+            else mask
+        part_q = q[part, :, :, :width]
+        scores = torch.cat([torch.einsum("skgqd,sktd->skgqt", part_q, keys[part, :, :see]),
+                            torch.einsum("skgqd,skpd->skgqp", part_q, k[part, :, :width])], dim=-1)
+        scores.masked_fill_(~mask[:, None, None], float("-inf"))
         weights = torch.softmax(scores, dim=-1)
-        outs.append(torch.einsum("skgqt,sktd->skgqd", weights[..., :ctx], values[part, :, :ctx])
-                    + torch.einsum("skgqp,skpd->skgqd", weights[..., ctx:], v[part]))
-    out = torch.cat(outs) if len(outs) > 1 else outs[0]
+        done = (torch.einsum("skgqt,sktd->skgqd", weights[..., :see], values[part, :, :see])
+                + torch.einsum("skgqp,skpd->skgqd", weights[..., see:], v[part, :, :width]))
+        if out is None:
+            out = done if width == queries else torch.nn.functional.pad(done, (0, 0, 0, queries - width))
+        else:
+            out[part, :, :, :width] = done
     return out.permute(0, 3, 1, 2, 4).reshape(slots * queries, -1)[batch.padded_index]
+
+
+def _parts(batch: PackedBlocks, heads: int) -> list[slice]:
+    """Consecutive groups, up to PARTS of them, each part's scores within SCORE_BUDGET elements."""
+    slots = len(batch.group_ctx)
+    size = max(1, -(-slots // PARTS))
+    per_group = heads * int(batch.group_queries.max()) * (batch.ctx_len + int(batch.group_queries.max()))
+    size = max(1, min(size, SCORE_BUDGET // max(per_group, 1)))
+    return [slice(lo, min(lo + size, slots)) for lo in range(0, slots, size)]
 
 
 def _around_conv(conv: nn.Module | None, hidden: torch.Tensor, inner, batch: PackedBlocks) -> torch.Tensor:

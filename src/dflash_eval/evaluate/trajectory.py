@@ -84,7 +84,11 @@ def all_anchor_blocks(limits: SequenceLimits, block_sizes: Sequence[int], block:
 
 
 class TrajectoryEvaluator:
-    """Evaluates chain methods of `block_sizes` (plus the drafter's own B), DDTree `budgets` and top-k."""
+    """Evaluates chain methods of `block_sizes` (plus the drafter's own B), DDTree `budgets` and top-k.
+
+    A forward holds at most `rows_per_forward` blocks; the pool at most `rows_per_forward` samples (fewer
+    when their contexts would take more than `pool_bytes`: default half the free GPU memory, 2 GiB on CPU).
+    """
 
     def __init__(self, drafter: BlockDrafter, stop_ids: set[int], block_sizes: Sequence[int] = (),
                  budgets: Sequence[int] = (), topk: Sequence[int] = (), rows_per_forward: int = 128,
