@@ -184,3 +184,17 @@ def test_samples_without_a_step_finish_without_entering_the_pool():
     results = dict(TrajectoryEvaluator(runner, {1}, (2,), BUDGETS, TOPK).run(specs))
     assert all(steps == [] for steps in results["stopped"].steps.values())
     assert results["stopped"].topk_seen.sum() == 0
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dflash2", [False, True], ids=["dflash", "dflash2"])
+def test_same_steps_as_the_all_anchor_evaluator_on_cuda(dflash2):
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA GPU")
+    runner = _runner(dflash2).to("cuda")
+    sequences = [(key, f.cuda(), t.cuda(), lim) for key, f, t, lim in _sequences(_runner(dflash2))]
+    reference = _reference(runner, sequences)
+    results = dict(TrajectoryEvaluator(runner, STOPS, range(2, BLOCK + 1), BUDGETS, TOPK, pool_slots=3,
+                                       rows_per_forward=5).run(_specs(sequences)))
+    for key, expected in reference.items():
+        assert results[key].steps == expected.steps, key
