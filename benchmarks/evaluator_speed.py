@@ -1,13 +1,33 @@
-"""All-anchor evaluator vs a sequential reference-style loop, on a Qwen3.6-27B-DFlash-shaped drafter.
+"""Time to result of the trajectory evaluator, the all-anchor evaluator and the reference loop, side by side.
 
-Random weights (5 layers, hidden 5120, 32 heads / 8 KV heads, head dim 128, intermediate 17408,
-block 16, vocab 248320, 4 sliding-window + 1 full-attention layer) and random cached states for
-2048-token sequences. The sequential loop runs `dflash.DFlashDraftModel` one anchor at a time with
-its KV cache, as `dflash_generate` does. FLOPs per anchor: the drafter layers' matmuls over B
-tokens plus the LM head over B - 1 positions (attention scores not counted). Prints a table and
-appends it to benchmarks/results/evaluator_speed.md.
+Drafters of a given shape with random weights (27b: Qwen3.6-27B-DFlash, 5 layers, hidden 5120, 32/8
+heads of 128, intermediate 17408, block 16, vocab 248320, 4 sliding-window layers of 2048 + 1 full;
+mid and demo: smaller shapes for CPUs), random cached features, and token sequences built so that
+the drafter's own drafts are accepted at a chosen rate (tests/support/accepted.py: at the anchor the
+chain reaches, keep the draft's first a tokens, a = leading successes of a per-position acceptance q
+solved for the tau asked, then a token that differs from the draft: half the time the drafter's
+second choice there, so that DDTree accepts more than the chain). The drafter's full-attention layer
+runs causally here (the same FLOPs), so that a block of b drafts the first b - 1 tokens of a block of
+B and every chain size has a realistic acceptance, not tau 1.
 
-    python benchmarks/evaluator_speed.py --device cuda --seq-len 2048 --samples 2
+Rows, per tau and method set ("chain-B": the drafter's own chain alone; "default": chain 2..B,
+DDTree 8/16/32/64 and top-k 1/4/16, the stage's defaults):
+- all-anchor: anchors.evaluate_sample per sample (the evaluator before the trajectory one);
+- trajectory: trajectory.TrajectoryEvaluator over all samples (the stage's evaluator);
+- reference loop (chain-B only): `dflash_generate`'s draft phase, batch 1, its KV cache, the host
+  reading the acceptance each step, following its own chain; as published (the LM head on the
+  strided slice) and with a contiguous head (the best version of it); warm. Its time to result is
+  its measured cost per step times the steps of the answer (the evaluator's chain-B steps): on a
+  random drafter two logits often nearly tie, and the loop's own bf16 rounding then rejects drafts
+  that the evaluators (and the data's construction) accept.
+Time to result = completion tokens evaluated per second. Needed work = the FLOPs of the distinct
+blocks the answer needs (each visited anchor's block: the layers' matrix products over its tokens,
+the LM head over its draft positions; attention scores not counted), the same for every row; % of
+peak = needed work / (seconds x the bf16 matrix peak). Blocks per token: drafter blocks computed per
+completion token. Prints a table and appends it to benchmarks/results/evaluator_speed.md.
+
+    python3 benchmarks/evaluator_speed.py --device cuda --shape 27b
+    python benchmarks/evaluator_speed.py --device cpu --shape demo --taus 3 6 --samples 16 --seq-len 256 --prompt-len 64
 """
 
 from __future__ import annotations
@@ -23,26 +43,50 @@ from record import print_and_record  # benchmarks/record.py (the script's own fo
 from transformers import Qwen3Config
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))  # the repository root: tests.support is importable
+from tests.support.accepted import accepted_tokens  # noqa: E402
+
+from dflash_eval.evaluate.acceptance import SequenceLimits  # noqa: E402
+from dflash_eval.evaluate.anchors import chain_method, evaluate_sample  # noqa: E402
+from dflash_eval.evaluate.blocks import BlockDrafter  # noqa: E402
+from dflash_eval.evaluate.trajectory import LoadedSample, SampleSpec, TrajectoryEvaluator  # noqa: E402
+
 PEAK_TFLOPS = 790.0  # bf16 dense matrix rate measured on one H200
+SHAPES = {
+    "27b": dict(layers=5, hidden=5120, heads=32, kv_heads=8, head_dim=128, intermediate=17408, block=16,
+                vocab=248320, window=2048, num_target_layers=64),
+    "mid": dict(layers=3, hidden=1024, heads=16, kv_heads=4, head_dim=64, intermediate=3072, block=16,
+                vocab=32000, window=512, num_target_layers=28),
+    "demo": dict(layers=2, hidden=128, heads=4, kv_heads=2, head_dim=32, intermediate=256, block=8,
+                 vocab=4096, window=64, num_target_layers=8),
+}
+DEFAULT_METHODS = {"budgets": [8, 16, 32, 64], "topk": [1, 4, 16]}
 
 
 def drafter_config(layers: int, hidden: int, heads: int, kv_heads: int, head_dim: int, intermediate: int,
-                   block: int, vocab: int, window: int, num_target_layers: int = 64) -> Qwen3Config:
+                   block: int, vocab: int, window: int, num_target_layers: int) -> Qwen3Config:
     ids = [round(1 + i * (num_target_layers - 4) / (layers - 1)) for i in range(layers)]
-    return Qwen3Config(
+    config = Qwen3Config(
         vocab_size=vocab, hidden_size=hidden, intermediate_size=intermediate, num_hidden_layers=layers,
         num_attention_heads=heads, num_key_value_heads=kv_heads, head_dim=head_dim, max_position_embeddings=40960,
         layer_types=["sliding_attention"] * (layers - 1) + ["full_attention"], use_sliding_window=True,
         sliding_window=window, max_window_layers=0, block_size=block, num_target_layers=num_target_layers,
         dflash_config={"mask_token_id": vocab - 250, "target_layer_ids": ids}, rope_theta=10_000_000.0,
     )
+    config.is_causal = True  # see the docstring: realistic acceptance for every chain block size
+    return config
 
 
-def flops_per_anchor(config: Qwen3Config) -> float:
-    h, q, kv, i = config.hidden_size, config.num_attention_heads * config.head_dim, \
-        config.num_key_value_heads * config.head_dim, config.intermediate_size
-    layer = h * q + 2 * h * kv + q * h + 3 * h * i
-    return 2.0 * (layer * config.num_hidden_layers * config.block_size + h * config.vocab_size * (config.block_size - 1))
+def layer_flops_per_token(config: Qwen3Config) -> float:
+    h, q = config.hidden_size, config.num_attention_heads * config.head_dim
+    kv, i = config.num_key_value_heads * config.head_dim, config.intermediate_size
+    return 2.0 * (h * q + 2 * h * kv + q * h + 3 * h * i) * config.num_hidden_layers
+
+
+def needed_flops(config: Qwen3Config, by_size: dict[int, int]) -> float:
+    """FLOPs of the distinct blocks the answer needs, from their counts by block length."""
+    head = 2.0 * config.hidden_size * config.vocab_size
+    return sum(count * (layer_flops_per_token(config) * size + head * (size - 1)) for size, count in by_size.items())
 
 
 def sync(device: torch.device) -> None:
@@ -50,113 +94,238 @@ def sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
+def build_samples(runner: BlockDrafter, count: int, seq_len: int, prompt_len: int, tau: float, seed: int):
+    generator = torch.Generator(device=runner.embed.device).manual_seed(seed)
+    width = runner.drafter.fc.in_features
+    features = [torch.randn(seq_len, width, device=runner.embed.device, generator=generator).to(runner.embed.dtype)
+                for _ in range(count)]
+    low, high = 8, runner.embed.shape[0] - 300  # free tokens away from the mask token
+    tokens = accepted_tokens(runner, features, [prompt_len] * count, tau, seed=seed, vocab=(low, high),
+                             alternative=0.5)
+    limits = SequenceLimits(prompt_len, seq_len, seq_len)
+    return [(f, t, limits) for f, t in zip(features, tokens)]
+
+
+def all_anchor(runner, samples, methods: dict, chunk: int) -> tuple[float, int, dict]:
+    sync(runner.embed.device)
+    started = time.perf_counter()
+    steps = {}
+    for index, (features, tokens, limits) in enumerate(samples):
+        steps[str(index)] = evaluate_sample(runner, features, tokens, limits, set(), chunk=chunk, **methods).steps
+    sync(runner.embed.device)
+    return time.perf_counter() - started, completion_tokens(samples), steps
+
+
+def trajectory(runner, samples, methods: dict, rows: int, split: int | None, groups: str = "slot"):
+    specs = [SampleSpec(str(i), len(t), lambda f=f, t=t, lim=lim: LoadedSample(f, t, lim))
+             for i, (f, t, lim) in enumerate(samples)]
+    evaluator = TrajectoryEvaluator(runner, set(), rows_per_forward=rows, head_split=split, attention_groups=groups,
+                                    **methods)
+    sync(runner.embed.device)
+    started = time.perf_counter()
+    results = dict(evaluator.run(specs))
+    sync(runner.embed.device)
+    seconds = time.perf_counter() - started
+    return seconds, completion_tokens(samples), evaluator.counts, \
+        {key: result.steps for key, result in results.items()}
+
+
 @torch.inference_mode()
-def sequential(model, embed, lm_head, features, tokens, anchors: list[int]) -> float:
-    """Seconds for the reference-style loop over `anchors` (first call excluded: it prefills)."""
+def reference_loop(model, embed, lm_head: torch.nn.Linear, features, tokens, limits, contiguous: bool) -> list[int]:
+    """`dflash_generate`'s draft phase at temperature 0, the target's verification replaced by the true tokens."""
     from dflash.model import _crop_to, _make_cache
 
+    block, device = model.block_size, features.device
     cache = _make_cache(model.config)
-    block = model.block_size
-    previous, started = 0, None
-    for index, anchor in enumerate(anchors):
-        if index == 1:
-            sync(features.device)
-            started = time.perf_counter()
-        ids = torch.full((1, block), model.mask_token_id, device=features.device)
-        ids[0, 0] = tokens[anchor]
-        out = model(target_hidden=features[None, previous:anchor], noise_embedding=torch.nn.functional.embedding(ids, embed),
-                    position_ids=torch.arange(previous, anchor + block, device=features.device)[None],
-                    past_key_values=cache, use_cache=True)[:, 1 - block:, :]
-        _crop_to(cache, anchor)
-        draft = model.compute_logits(out, lambda x: torch.nn.functional.linear(x, lm_head)).argmax(dim=-1)
-        int((draft[0] == tokens[anchor + 1:anchor + block]).cumprod(0).sum())  # a host sync, as online
-        previous = anchor
-    sync(features.device)
-    return time.perf_counter() - started
+    positions = torch.arange(limits.max_length + 1, device=device)[None]
+    target_hidden = features[None, :limits.prompt_len]
+    start, steps = limits.prompt_len, []
+    while start + 1 < limits.max_length:
+        verify = min(block, limits.max_length - start)
+        ids = torch.full((1, verify), model.mask_token_id, device=device)
+        ids[0, 0] = tokens[start]
+        hidden = model(target_hidden=target_hidden, noise_embedding=torch.nn.functional.embedding(ids, embed),
+                       position_ids=positions[:, start - target_hidden.shape[1]:start + verify],
+                       past_key_values=cache, use_cache=True)[:, 1 - verify:, :]
+        _crop_to(cache, start)
+        logits = model.compute_logits(hidden.contiguous() if contiguous else hidden, lm_head)
+        truth = tokens[start + 1:start + verify]
+        accepted = int((logits[0].argmax(dim=-1)[:len(truth)] == truth).cumprod(dim=0).sum().item())
+        produced = min(accepted + 1, limits.max_length - start - 1)
+        target_hidden = features[None, start:start + produced]
+        start += produced
+        steps.append(produced)
+    return steps
 
 
-@torch.inference_mode()
-def all_anchor(runner, features, tokens, prompt_len: int, methods: dict, chunk: int) -> tuple[float, int]:
-    from dflash_eval.evaluate.acceptance import sequence_limits
-    from dflash_eval.evaluate.anchors import evaluate_sample
-
-    limits = sequence_limits(prompt_len, len(tokens), None, False)
-    sync(features.device)
+def sequential(model, embed, lm_head, samples, contiguous: bool) -> tuple[float, int, dict, float]:
+    reference_loop(model, embed, lm_head, *samples[0], contiguous)  # warm
+    device = embed.device
+    sync(device)
     started = time.perf_counter()
-    evaluate_sample(runner, features, tokens, limits, set(), chunk=chunk, **methods)
-    sync(features.device)
-    return time.perf_counter() - started, limits.total_len - 1 - prompt_len
+    steps = {str(i): reference_loop(model, embed, lm_head, *s, contiguous) for i, s in enumerate(samples)}
+    sync(device)
+    seconds = time.perf_counter() - started
+    count = sum(len(v) for v in steps.values())
+    return seconds, completion_tokens(samples), steps, 1000 * seconds / count
+
+
+def attention_share(runner, samples, methods: dict, rows: int, split: int | None) -> str:
+    """Where a trajectory evaluation's time goes: the cross-sample attention (padding to slots, scores against
+    each slot's context, softmax, products; not the q/k/v/o projections) against the rest, from the
+    profiler's device (or CPU) time."""
+    from torch.profiler import ProfilerActivity, profile, record_function
+
+    from dflash_eval.evaluate import packed
+
+    inner = packed._attend
+
+    def labelled(*args, **kwargs):
+        with record_function("packed attention"):
+            return inner(*args, **kwargs)
+    cuda = runner.embed.device.type == "cuda"
+    packed._attend = labelled
+    try:
+        with profile(activities=[ProfilerActivity.CUDA] if cuda else [ProfilerActivity.CPU]) as prof:
+            trajectory(runner, samples, methods, rows, split)
+    finally:
+        packed._attend = inner
+    events = prof.key_averages()
+    attr = "device_time_total" if cuda else "cpu_time_total"
+    label = next((getattr(e, attr) for e in events if e.key == "packed attention"), 0.0)
+    total = sum(getattr(e, "self_device_time_total" if cuda else "self_cpu_time_total") for e in events)
+    top = sorted(events, key=lambda e: -getattr(e, "self_device_time_total" if cuda else "self_cpu_time_total"))[:6]
+    names = ", ".join(f"{e.key[:40]} {100 * getattr(e, 'self_device_time_total' if cuda else 'self_cpu_time_total') / total:.0f}%"
+                      for e in top)
+    return f"packed attention {100 * label / total:.0f}% of {'GPU' if cuda else 'CPU'} time; top: {names}"
+
+
+def agreement(a: dict, b: dict) -> float:
+    """Share of the (sample, method) trajectories in b that a took step for step."""
+    pairs = [(k, m) for k in b for m in b[k]]
+    return sum(a[k][m] == b[k][m] for k, m in pairs) / len(pairs)
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--device", default="cuda")
     parser.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float32"])
+    parser.add_argument("--shape", default="27b", choices=sorted(SHAPES))
+    parser.add_argument("--taus", type=float, nargs="+", default=[3.0, 6.0, 10.0])
     parser.add_argument("--seq-len", type=int, default=2048)
     parser.add_argument("--prompt-len", type=int, default=256)
-    parser.add_argument("--samples", type=int, default=2)
-    parser.add_argument("--chunks", type=int, nargs="+", default=[64, 128, 256])
-    parser.add_argument("--sequential-anchors", type=int, default=96)
-    parser.add_argument("--small", action="store_true", help="a tiny shape, to check the script on a CPU")
+    parser.add_argument("--samples", type=int, default=64, help="samples for the trajectory evaluator, chain-B")
+    parser.add_argument("--default-samples", type=int, default=16, help="... and for the default method set")
+    parser.add_argument("--all-anchor-samples", type=int, default=4, help="subset for the all-anchor evaluator, chain-B")
+    parser.add_argument("--all-anchor-default-samples", type=int, default=1)
+    parser.add_argument("--sequential-samples", type=int, default=1)
+    parser.add_argument("--rows", type=int, nargs="+", default=[128], help="trajectory rows per forward (anchor_chunk)")
+    parser.add_argument("--chunk", type=int, default=256, help="all-anchor anchors per forward")
+    parser.add_argument("--head-split", type=int, default=4)
+    parser.add_argument("--levers", action="store_true", help="also the trajectory evaluator without the head split")
+    parser.add_argument("--threads", type=int, default=None)
+    parser.add_argument("--profile", action="store_true", help="the attention's share of a trajectory evaluation")
+    parser.add_argument("--sets", nargs="+", default=["chain-B", "default"], choices=["chain-B", "default"])
+    parser.add_argument("--note", default="", help="a line for the record (e.g. the machine's load)")
     parser.add_argument("--record", type=Path, default=ROOT / "benchmarks/results/evaluator_speed.md")
     args = parser.parse_args()
+    if args.threads:
+        torch.set_num_threads(args.threads)
     from dflash import DFlashDraftModel
 
-    from dflash_eval.evaluate.blocks import BlockDrafter
-
     device, dtype = torch.device(args.device), getattr(torch, args.dtype)
-    shape = dict(layers=5, hidden=5120, heads=32, kv_heads=8, head_dim=128, intermediate=17408, block=16,
-                 vocab=248320, window=2048)
-    if args.small:
-        shape.update(hidden=256, heads=4, kv_heads=2, head_dim=64, intermediate=512, vocab=4096)
-    config = drafter_config(**shape)
+    config = drafter_config(**SHAPES[args.shape])
     torch.manual_seed(0)
     with torch.device(device):
         model = DFlashDraftModel(config).to(dtype).eval()
         embed = (torch.randn(config.vocab_size, config.hidden_size) * 0.02).to(dtype)
-        lm_head = (torch.randn(config.vocab_size, config.hidden_size) * 0.02).to(dtype)
-    runner = BlockDrafter(model, embed, lm_head, config.dflash_config["mask_token_id"]).to(device)
-    width = config.hidden_size * len(config.dflash_config["target_layer_ids"])
-    samples = [(torch.randn(args.seq_len, width, device=device, dtype=dtype),
-                torch.randint(0, config.vocab_size - 300, (args.seq_len,), device=device)) for _ in range(args.samples)]
-    flops = flops_per_anchor(config)
-    rows = []
-
-    def record(name: str, anchors: int, seconds: float) -> None:
-        rate = anchors / seconds
-        rows.append((name, anchors, seconds, rate, rate * flops / 1e12))
-        print(f"{name}: {rate:,.1f} anchors/s", flush=True)
-
-    features, tokens = samples[0]
-    mid = args.seq_len // 2
-    anchors = list(range(mid, mid + args.sequential_anchors + 1))
-    sequential(model, embed, lm_head, features, tokens, anchors[:8])  # warm-up
-    record("sequential (reference-style loop, KV cache)", len(anchors) - 1,
-           sequential(model, embed, lm_head, features, tokens, anchors))
-    variants = {
-        "chain B only": {},
-        "chain B + DDTree 8/16/32/64 + top-k": {"budgets": [8, 16, 32, 64], "topk": [1, 4, 16]},
-        "chain 2..B + DDTree + top-k": {"block_sizes": range(2, config.block_size + 1), "budgets": [8, 16, 32, 64],
-                                        "topk": [1, 4, 16]},
-    }
-    for name, methods in variants.items():
-        for chunk in (args.chunks if name == "chain B only" else [max(args.chunks)]):
-            all_anchor(runner, *samples[0], args.prompt_len, methods, chunk)  # warm-up
-            total_s, total_anchors = 0.0, 0
-            for features, tokens in samples:
-                seconds, count = all_anchor(runner, features, tokens, args.prompt_len, methods, chunk)
-                total_s, total_anchors = total_s + seconds, total_anchors + count
-            record(f"all-anchor, {name}, chunk {chunk}", total_anchors, total_s)
-    base = rows[0][3]
-    gpu = torch.cuda.get_device_name(device) if device.type == "cuda" else platform.processor() or platform.machine()
-    lines = [f"## evaluator speed: {gpu}, {args.dtype}, seq {args.seq_len}, prompt {args.prompt_len}, "
-             f"shape {'small' if args.small else 'Qwen3.6-27B-DFlash'}, torch {torch.__version__}", "",
-             f"FLOPs per anchor (drafter layers over B + LM head over B-1): {flops / 1e9:.1f} G; peak {PEAK_TFLOPS} TFLOP/s", "",
-             "| method | anchors | seconds | anchors/s | x sequential | TFLOP/s | % of peak |", "|---|---:|---:|---:|---:|---:|---:|"]
-    lines += [f"| {n} | {a} | {s:.2f} | {r:,.1f} | {r / base:.1f} | {t:.1f} | {100 * t / PEAK_TFLOPS:.1f}% |"
-              for n, a, s, r, t in rows]
+        lm_head = torch.nn.Linear(config.hidden_size, config.vocab_size, bias=False).to(dtype)
+        lm_head.weight.data.normal_(0, 0.02)
+    runner = BlockDrafter(model, embed, lm_head.weight.detach(), config.dflash_config["mask_token_id"]).to(device)
+    block = config.block_size
+    default = {"block_sizes": list(range(2, block + 1)), **DEFAULT_METHODS}
+    machine = torch.cuda.get_device_name(device) if device.type == "cuda" else \
+        f"{platform.processor() or platform.machine()}, {torch.get_num_threads()} threads"
+    peak = PEAK_TFLOPS if device.type == "cuda" and args.dtype == "bfloat16" else None
+    lines = [f"## evaluator speed: {machine}, {args.dtype}, shape {args.shape}, seq {args.seq_len}, "
+             f"prompt {args.prompt_len}, torch {torch.__version__}", ""]
+    if args.note:
+        lines += [args.note, ""]
+    lines += ["| tau | methods | evaluator | samples | tokens | seconds | tokens/s | x all-anchor | x reference loop "
+              "| blocks/token | needed TFLOP/s | % of peak |", "|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    checks = []
+    for tau in args.taus:
+        if tau > block:
+            continue
+        built = time.perf_counter()
+        samples = build_samples(runner, max(args.samples, args.default_samples), args.seq_len, args.prompt_len, tau,
+                                seed=int(tau * 10))
+        print(f"tau {tau}: samples built in {time.perf_counter() - built:.1f} s", flush=True)
+        for name, methods, n_traj, n_all in (("chain-B", {}, args.samples, args.all_anchor_samples),
+                                             ("default", default, args.default_samples, args.all_anchor_default_samples)):
+            if name not in args.sets:
+                continue
+            rows = []  # label, samples, tokens, seconds, blocks per token
+            variants = [(per_forward, args.head_split, "slot") for per_forward in args.rows]
+            if args.levers:
+                variants += [(args.rows[0], None, "slot"), (args.rows[0], args.head_split, "row")]
+            for per_forward, split, groups in variants:
+                trajectory(runner, samples[:2], methods, per_forward, split, groups)  # warm
+                seconds, tokens, counts, traj_steps = trajectory(runner, samples[:n_traj], methods, per_forward, split,
+                                                                 groups)
+                label = f"trajectory, {per_forward} rows/forward" + ("" if split else ", whole LM head") \
+                    + (", attention per block" if groups == "row" else "")
+                rows.append([label, n_traj, tokens, seconds, counts.blocks / tokens])
+            flops_per_token = needed_flops(config, counts.by_size) / tokens
+            if args.profile:
+                checks.append(f"tau {tau:g}, {name}, profile of the trajectory evaluator: "
+                              + attention_share(runner, samples[:n_traj], methods, args.rows[0], args.head_split))
+                print(checks[-1], flush=True)
+            if n_all > 1:
+                all_anchor(runner, samples[:1], methods, args.chunk)  # warm
+            seconds, tokens, all_steps = all_anchor(runner, samples[:n_all], methods, args.chunk)
+            rows.insert(0, ["all-anchor", n_all, tokens, seconds, counts.all_anchor_blocks / completion_tokens(samples[:n_traj])])
+            checks.append(f"tau {tau:g}, {name}: chain-B tau {chain_tau(traj_steps, block):.2f}; the trajectory "
+                          f"evaluator's steps = the all-anchor evaluator's on {agreement(traj_steps, all_steps):.0%} of "
+                          f"the (sample, method) trajectories both ran")
+            print(checks[-1], flush=True)
+            reference = None
+            if name == "chain-B" and args.sequential_samples:
+                needed = sum(len(traj_steps[str(i)][chain_method(block)]) for i in range(args.sequential_samples))
+                for contiguous in (False, True):
+                    seconds, tokens, seq_steps, step_ms = sequential(model, embed, lm_head,
+                                                                     samples[:args.sequential_samples], contiguous)
+                    # Its time to result at the steps the answer takes: a random drafter's logits nearly tie, so
+                    # the loop's own bf16 rounding can reject a draft the evaluators accept, and take more steps.
+                    label = "reference loop" + (", contiguous LM head" if contiguous else ", as published")
+                    rows.append([label, args.sequential_samples, tokens, step_ms * needed / 1000, needed / tokens])
+                    reference = max(reference or 0.0, tokens / (step_ms * needed / 1000))
+                    own = {k: {chain_method(block): v} for k, v in seq_steps.items()}
+                    checks.append(f"tau {tau:g}: {label}: {step_ms:.2f} ms per step over {seconds:.2f} s, "
+                                  f"{sum(map(len, seq_steps.values()))} steps of its own (the evaluator's: {needed}); "
+                                  f"its steps = the trajectory evaluator's on {agreement(traj_steps, own):.0%} of samples")
+                    print(checks[-1], flush=True)
+            base = rows[0][2] / rows[0][3]
+            for label, n, tokens, seconds, per_token in rows:
+                rate = tokens / seconds
+                tflops = rate * flops_per_token / 1e12
+                cells = [f"{tau:g}", name, label, str(n), str(tokens), f"{seconds:.2f}", f"{rate:,.0f}",
+                         f"{rate / base:.2f}", f"{rate / reference:.2f}" if reference else "-", f"{per_token:.3f}",
+                         f"{tflops:.2f}", f"{100 * tflops / peak:.1f}%" if peak else "-"]
+                lines.append("| " + " | ".join(cells) + " |")
+            print("\n".join(lines[-len(rows):]), flush=True)
+    lines += [""] + [f"- {check}" for check in checks]
     print_and_record(lines, args.record)
     return 0
+
+
+def completion_tokens(samples) -> int:
+    return sum(limits.total_len - limits.prompt_len for _, _, limits in samples)
+
+
+def chain_tau(steps: dict, block: int) -> float:
+    flat = [s for v in steps.values() for s in v[chain_method(block)]]
+    return sum(flat) / len(flat)
 
 
 if __name__ == "__main__":

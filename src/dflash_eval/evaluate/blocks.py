@@ -184,8 +184,10 @@ class BlockDrafter(nn.Module):
         """Draft logits for the mask positions (block positions 1..B-1), as the reference computes them."""
         # A contiguous 2-D input makes the LM head one GEMM; on the strided slice cuBLAS chose a
         # batched kernel that was 7x slower on an H200 (benchmarks/results/evaluator_speed.md).
-        draft = hidden[:, 1:].contiguous()
+        return self.head_logits(hidden[:, 1:].contiguous())
 
+    def head_logits(self, draft: torch.Tensor) -> torch.Tensor:
+        """Logits [..., V] of final drafter states [..., H] (contiguous), through the model's compute_logits."""
         def head(x: torch.Tensor) -> torch.Tensor:  # mirrors the reference's `output_head(hidden)`
             return F.linear(x.reshape(-1, x.shape[-1]), self.lm_head).view(*x.shape[:-1], -1)
         return self.drafter.compute_logits(draft, head)

@@ -1,0 +1,46 @@
+"""The packed multi-sample forward equals the per-sample block forward (blocks.py), block by block."""
+
+import numpy as np
+import pytest
+import torch
+
+from dflash_eval.evaluate import packed
+from dflash_eval.evaluate.blocks import BlockDrafter
+from dflash_eval.evaluate.packed import ContextPool, pack, packed_hidden
+
+from tests.support.tiny import MASK_ID, tiny_drafter, tiny_target
+
+
+@pytest.mark.parametrize("dflash2", [False, True], ids=["dflash", "dflash2"])
+@pytest.mark.parametrize("window", [None, 3])
+@pytest.mark.parametrize("score_budget", [packed.SCORE_BUDGET, 1], ids=["one-pass", "slot-by-slot"])
+@pytest.mark.parametrize("groups", ["slot", "row"])
+def test_packed_blocks_equal_per_sample_blocks(dflash2, window, score_budget, groups, monkeypatch):
+    monkeypatch.setattr(packed, "SCORE_BUDGET", score_budget)
+    target = tiny_target()
+    drafter = tiny_drafter([0, 2], window=window, block_size=6, dflash2=dflash2)
+    runner = BlockDrafter(drafter, target.model.embed_tokens.weight.detach(), target.lm_head.weight.detach(), MASK_ID)
+    generator = torch.Generator().manual_seed(0)
+    lengths = [20, 31, 26, 17]
+    features = [torch.randn(n, 128, generator=generator) for n in lengths]
+    tokens = np.full((len(lengths), 40), -1, dtype=np.int64)
+    for slot, n in enumerate(lengths):
+        tokens[slot, :n] = torch.randint(2, 290, (n,), generator=generator).numpy()
+    pool = ContextPool(runner, len(lengths), max(lengths), torch.device("cpu"), torch.float32)
+    for slot, f in enumerate(features):
+        pool.write(slot, runner, f)
+    cos, sin = runner.rotary(40, pool.keys[0])
+    # slots 0, 1 and 3 (not 2: the pool is gathered, not sliced), several blocks each, of sizes 2..6
+    slot = np.array([0, 0, 0, 1, 1, 3, 3, 3, 3])
+    anchor = np.array([3, 9, 15, 4, 25, 2, 8, 10, 14])
+    size = np.array([6, 2, 5, 3, 6, 6, 4, 6, 2])
+    with torch.no_grad():
+        batch = pack(slot, anchor, size, tokens, MASK_ID, torch.device("cpu"), groups)
+        assert not isinstance(batch.slots, slice)
+        hidden = packed_hidden(runner, pool, batch, cos, sin)
+        start = np.concatenate([[0], np.cumsum(size)[:-1]])
+        for row in range(len(slot)):
+            s, a, b = int(slot[row]), int(anchor[row]), int(size[row])
+            context = runner.context(features[s])
+            alone = runner.block_hidden(context, torch.from_numpy(tokens[s, :lengths[s]]), torch.tensor([a]), b)[0]
+            torch.testing.assert_close(hidden[start[row]:start[row] + b], alone, atol=2e-5, rtol=1e-5)
