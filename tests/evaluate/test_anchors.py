@@ -7,18 +7,17 @@ of full-attention layers only. DDTree: a literal heap-built tree verified with t
 trivial. The demo-scale version (served completions) lives in test_demo_offline_online.py.
 """
 
-import random
 
 import pytest
 import torch
 
 from dflash_eval.evaluate.acceptance import sequence_limits
 from dflash_eval.evaluate.blocks import BlockDrafter
-from dflash_eval.demo.drafters import TrainingSequence, block_loss
+from dflash_eval.demo.drafters import TrainingSequence
 from dflash_eval.evaluate.anchors import chain_method, evaluate_sample, tree_method
 
 from tests.support.reference import _draft_logprobs, assert_same_steps, ddtree_online, exact_target_rollback, online_acceptance
-from tests.support.tiny import MASK_ID, tiny_drafter, tiny_target
+from tests.support.tiny import MASK_ID, tiny_drafter, tiny_target, train_briefly
 
 EOS = 1
 MAX_NEW = 40
@@ -59,15 +58,7 @@ def _size(block, sequence, anchor):
 def _trained(target, sequences, window, dflash2=False):
     drafter = tiny_drafter(LAYERS, block_size=BLOCK, window=window, dflash2=dflash2)
     runner = BlockDrafter(drafter, target.model.embed_tokens.weight.detach(), target.lm_head.weight.detach(), MASK_ID)
-    optimizer = torch.optim.AdamW(drafter.parameters(), lr=3e-3)
-    rng = random.Random(0)
-    drafter.train()
-    for _ in range(120):
-        loss = block_loss(runner, sequences[rng.randrange(len(sequences))], 16, rng, decay=4.0)
-        optimizer.zero_grad()
-        loss.backward()
-        optimizer.step()
-    drafter.eval()
+    train_briefly(drafter, runner, sequences)
     return drafter, runner
 
 

@@ -5,14 +5,13 @@ output there, not the layer's own output that a hook on the layer sees. A drafte
 loop therefore expects the final-norm output at its last-layer id (capture.LAST_LAYER "final_norm", the default).
 """
 
-import random
 from types import SimpleNamespace
 
 import pytest
 import torch
 
 from dflash_eval import config as cfg
-from dflash_eval.demo.drafters import TrainingSequence, block_loss
+from dflash_eval.demo.drafters import TrainingSequence
 from dflash_eval.errors import DflashEvalError
 from dflash_eval.evaluate.acceptance import sequence_limits
 from dflash_eval.evaluate.anchors import chain_method, evaluate_sample
@@ -24,7 +23,7 @@ from tests.support.reference import (
     assert_same_steps,
     online_acceptance,
 )
-from tests.support.tiny import MASK_ID, tiny_drafter, tiny_target
+from tests.support.tiny import MASK_ID, tiny_drafter, tiny_target, train_briefly
 
 EOS, MAX_NEW, BLOCK, TIE = 1, 40, 4, 1e-5
 LAYERS = [0, 3]  # 3: the last of the tiny target's 4 layers
@@ -48,14 +47,7 @@ def trained():
             sequences.append(TrainingSequence(ids, torch.cat([hidden[i + 1][0] for i in LAYERS], dim=-1), len(prompt)))
     drafter = tiny_drafter(LAYERS, block_size=BLOCK, window=5)
     runner = BlockDrafter(drafter, target.model.embed_tokens.weight.detach(), target.lm_head.weight.detach(), MASK_ID)
-    optimizer, rng = torch.optim.AdamW(drafter.parameters(), lr=3e-3), random.Random(0)
-    drafter.train()
-    for _ in range(120):
-        loss = block_loss(runner, sequences[rng.randrange(len(sequences))], 16, rng, decay=4.0)
-        optimizer.zero_grad()
-        loss.backward()
-        optimizer.step()
-    drafter.eval()
+    train_briefly(drafter, runner, sequences)
     return target, drafter, runner, sequences
 
 

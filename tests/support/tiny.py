@@ -58,3 +58,19 @@ def tiny_drafter(layer_ids: list[int], seed: int = 1, dflash2: bool = False, **k
             if param.dim() > 1:  # (DFlash2's convolution kernels and codebooks start uninitialised)
                 param.normal_(0, 0.05 if "codebook" in name or "conv" in name else 0.2)
     return model
+
+
+def train_briefly(drafter, runner, sequences, steps: int = 120) -> None:
+    """A few optimizer steps of the demo's block loss, so acceptance is far from both 1 and B (seeded)."""
+    import random
+
+    from dflash_eval.demo.drafters import block_loss
+
+    optimizer, rng = torch.optim.AdamW(drafter.parameters(), lr=3e-3), random.Random(0)
+    drafter.train()
+    for _ in range(steps):
+        loss = block_loss(runner, sequences[rng.randrange(len(sequences))], 16, rng, decay=4.0)
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+    drafter.eval()
