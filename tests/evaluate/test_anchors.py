@@ -4,7 +4,7 @@ Chain: `dflash.model.dflash_generate` at temperature 0, for the drafter's block 
 smaller one (`block_size=b`), for a drafter mixing sliding-window and full-attention layers and one
 of full-attention layers only. DDTree: a literal heap-built tree verified with the live target
 (tests/support/reference.py). The drafters are trained for a few steps so that acceptance is far from
-trivial. The demo-scale version (served completions) lives in test_demo_offline_online.py.
+trivial. The demo-scale version (served completions) lives in tests/demo/test_offline_online.py.
 """
 
 
