@@ -26,7 +26,10 @@ from record import print_and_record
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))
-from dflash_eval.extract.profile import DEFAULT_VERIFY_TOKENS, measure_target
+from dflash_eval.extract.profile import DEFAULT_VERIFY_TOKENS, measure_target  # noqa: E402
+from dflash_eval.evaluate.blocks import BlockDrafter  # noqa: E402
+from dflash_eval.evaluate.draft_timing import drafter_step_ms  # noqa: E402
+from evaluator_speed import SHAPES, drafter_config  # noqa: E402
 
 
 def main() -> int:
@@ -37,6 +40,9 @@ def main() -> int:
     parser.add_argument("--vocab", type=int, default=248320)
     parser.add_argument("--context", type=int, default=2048)
     parser.add_argument("--repeats", type=int, default=10)
+    parser.add_argument("--drafter-shape", default="27b", choices=[*sorted(SHAPES), "none"],
+                        help="also time T_draft: one block forward + LM head of a drafter of this shape (random "
+                             "weights, the target's embedding and LM head), as evaluation times it")
     parser.add_argument("--record", type=Path, default=ROOT / "benchmarks/results/serving_profile.md")
     args = parser.parse_args()
     device = torch.device(args.device)
@@ -62,8 +68,33 @@ def main() -> int:
         sa = "..".join(f"{scale * x:.2f}" for x in runs[0]["spread"]["t_verify_ms"][n])
         sb = "..".join(f"{scale * x:.2f}" for x in runs[1]["spread"]["t_verify_ms"][n])
         lines.append(f"| {n} | {a:.2f} | {sa} | {b:.2f} | {sb} | {b / a:.3f} |")
+    if args.drafter_shape != "none":
+        lines += ["", *drafter_lines(model, args, device)]
     print_and_record(lines, args.record)
     return 0
+
+
+def drafter_lines(target, args: argparse.Namespace, device: torch.device) -> list[str]:
+    """T_draft twice, as evaluate/draft_timing.py times it at evaluation (batch 1, context projected once)."""
+    from dflash.model import DFlashDraftModel
+
+    shape = SHAPES[args.drafter_shape]
+    config = drafter_config(**{**shape, "hidden": args.hidden, "vocab": args.vocab})
+    dtype = next(target.parameters()).dtype
+    torch.manual_seed(0)
+    with torch.device(device):
+        drafter = DFlashDraftModel(config).to(dtype).eval()
+        features = torch.randn(args.context + 1, shape["layers"] * args.hidden, dtype=dtype)
+        tokens = torch.randint(0, args.vocab, (args.context + 1,))
+    embed, head = target.get_input_embeddings().weight.detach(), target.get_output_embeddings().weight.detach()
+    runner = BlockDrafter(drafter, embed, head, config.dflash_config["mask_token_id"]).to(device)
+    runs = [drafter_step_ms(runner, features, tokens, args.context, args.repeats) for _ in range(2)]
+    spread = [f"{run['min_ms']:.2f}..{run['max_ms']:.2f}" for run in runs]
+    return [f"T_draft: drafter shape {args.drafter_shape} ({shape['layers']} layers, block {shape['block']}), "
+            f"context {runs[0]['context_tokens']}, LM head over vocab {args.vocab}", "",
+            "| | run 1 ms | min..max | run 2 ms | min..max | run 2 / run 1 |", "|---|---:|---|---:|---|---:|",
+            f"| T_draft | {runs[0]['ms']:.2f} | {spread[0]} | {runs[1]['ms']:.2f} | {spread[1]} | "
+            f"{runs[1]['ms'] / runs[0]['ms']:.3f} |"]
 
 
 if __name__ == "__main__":
