@@ -61,6 +61,7 @@ def workdir(tmp_path_factory):
     settings["fetch"].update(max_tokens=12, concurrency=2)
     settings["datasets"] = {"tiny": {"prompts": str(root / "prompts.jsonl")}}
     settings["evaluation"]["bootstrap"] = 50
+    settings["report"]["served_drafter"] = None  # transformers serve does not speculate (a third-party server)
     settings["drafters"] = {
         "hf": {"path": str(root / "drafters" / "hf"), "trained_with": "torch"},
         "pt": {"path": str(root / "drafters" / "d.pt"), "config": str(root / "drafters" / "hf" / "config.json"),
