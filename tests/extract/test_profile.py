@@ -22,5 +22,5 @@ def test_a_failed_timing_only_warns_and_writes_nothing(tmp_path, monkeypatch, ca
     def broken(*args, **kwargs):
         raise RuntimeError("out of memory")
     monkeypatch.setattr(profile, "measure_target", broken)
-    assert write_target_profile(tiny_target(), tmp_path, {"measure": True}) is None
+    assert write_target_profile(tiny_target(), tmp_path, {"measure": True, "context_tokens": 16, "repeats": 1}) is None
     assert not (tmp_path / PROFILE_NAME).exists() and "timing the target failed (RuntimeError: out of memory)" in caplog.text

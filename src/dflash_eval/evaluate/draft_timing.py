@@ -38,4 +38,4 @@ def time_on_cache(runner: BlockDrafter, cache, layer_ids: list[int], device: tor
     longest = max(cache.samples, key=lambda sample: int(sample["length"]))
     states = cache.load_sample(str(longest["id"]), layer_ids)
     return drafter_step_ms(runner, states.features.to(device=device, dtype=dtype), states.input_ids.to(device),
-                           int(options.get("context_tokens", 2048)), int(options.get("repeats", 10)))
+                           int(options["context_tokens"]), int(options["repeats"]))

@@ -104,7 +104,7 @@ def write_target_profile(model: torch.nn.Module, out: str | Path, options: dict[
         return None
     path = Path(out) / PROFILE_NAME
     try:
-        profile = measure_target(model, int(options.get("context_tokens", 2048)), int(options.get("repeats", 10)))
+        profile = measure_target(model, int(options["context_tokens"]), int(options["repeats"]))
     except Exception as error:  # noqa: BLE001  the cache is what took hours: a profile is never worth losing it
         log.warning("no serving profile: timing the target failed (%s: %s)", type(error).__name__, error)
         return None

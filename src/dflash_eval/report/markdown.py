@@ -443,7 +443,7 @@ def render(rows: list[dict], evaluations: list[Evaluation], settings: dict, pane
               "server's own prompt / completion token counts.", ""]
     lines += diagnostics_table(evaluations, panel["fetch"]) + [""]
     lines += ["### Hidden-state caches", ""] + cache_table(panel["caches"]) + [""]
-    tolerance = float(settings.get("online_tolerance", 0.05))
+    tolerance = float(settings["online_tolerance"])
     lines += ["### Online vs offline", "",
               "The server's own speculative counters (SGLang's `sglext.spec_tokens_details`) per request, beside "
               "the served drafter's offline steps at the served block size on the same samples. "

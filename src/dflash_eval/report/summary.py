@@ -236,8 +236,8 @@ def add_verdicts(rows: list[dict], evaluations: list[Evaluation], settings: dict
                            and r["primary"]), None)
         if method is None or row["method"] not in mine:
             continue
-        paired = acceptance.paired_difference(mine[row["method"]], theirs[method], settings.get("bootstrap", 1000),
-                                              settings.get("seed", 0))["tau_mean_of_samples"]
+        paired = acceptance.paired_difference(mine[row["method"]], theirs[method], settings["bootstrap"],
+                                              settings["seed"])["tau_mean_of_samples"]
         row.update(diff_vs_reference=paired["difference"], diff_ci_low=paired["ci95"][0],
                    diff_ci_high=paired["ci95"][1], verdict=acceptance.verdict(paired["ci95"]))
 

@@ -195,7 +195,7 @@ def panel(evaluations: list[Evaluation], settings: dict, hidden: Iterable[str | 
         if served is not None:
             evaluation = by_key[(served, dataset)]
             steps, own_block = per_sample_steps(evaluation), evaluation.metrics["block_size"]
-        entry = online_vs_offline(fetched.get(dataset), steps, float(settings.get("online_tolerance", 0.05)),
+        entry = online_vs_offline(fetched.get(dataset), steps, float(settings["online_tolerance"]),
                                   own_block)
         online[dataset] = {**entry, "drafter": served}
     return {
