@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import gc
 import importlib
 import logging
 import signal
@@ -48,10 +49,30 @@ def _setup_logging(path: str | None, verbose: bool) -> None:
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
 
 
-def main(argv: list[str] | None = None) -> int:
+def _parser_without_collections(command: str | None) -> argparse.ArgumentParser:
+    """The parser, importing the command's stage (torch, transformers, dflash) with the cyclic collector off.
+
+    Those imports create millions of long-lived objects, and the collector's full passes over them
+    find nothing to free: 0.6 s of the 3.4 s import on the 2-core CI VM. Freezing what the imports
+    made keeps later collections from walking it again.
+    """
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        return build_parser(only=command)
+    finally:
+        gc.freeze()
+        if enabled:
+            gc.enable()
+
+
+def main(argv: list[str] | None = None, frozen_imports: bool = False) -> int:
+    """Run one command; `frozen_imports` (the console script) imports its stage as `_parser_without_collections`
+    does, which a long-lived caller (a test session) should not: what is frozen is never collected."""
     argv = sys.argv[1:] if argv is None else argv
     command = next((a for a in argv if a in COMMANDS), None)
-    args = build_parser(only=command).parse_args(argv)
+    parser = _parser_without_collections(command) if frozen_imports else build_parser(only=command)
+    args = parser.parse_args(argv)
     _setup_logging(args.log, args.verbose)
     module, _, run_name, _ = COMMANDS[args.command]
     try:
@@ -65,5 +86,17 @@ def main(argv: list[str] | None = None) -> int:
         return 128 + signal.SIGTERM
 
 
+def entry() -> None:
+    """The console script: `main`, then an exit that skips the collector's last pass over every object.
+
+    Python's shutdown collects all objects still alive; with torch and transformers loaded that pass
+    takes ~0.8 s and frees nothing the process' exit would not. Freezing them first skips it; exit
+    handlers (log files, progress bars) still run.
+    """
+    code = main(frozen_imports=True)
+    gc.freeze()
+    sys.exit(code)
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    entry()

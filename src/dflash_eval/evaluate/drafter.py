@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from dflash.model import DFlash2DraftModel, DFlashDraftModel
 from safetensors import SafetensorError
 from safetensors.torch import load_file
 from transformers import Qwen3Config
@@ -165,8 +166,6 @@ def load_drafter(
     vocab_size: int | None = None,
 ) -> LoadedDrafter:
     """Load a drafter strictly; `layer_ids` (from config.yaml) must agree with the checkpoint's own."""
-    from dflash.model import DFlash2DraftModel, DFlashDraftModel
-
     facts = checkpoint_facts(path, layout, config)  # layout, config.json and headers, as the workflow read them
     path, layout, config_dict = facts.path, facts.layout, dict(facts.config)
     model_class = DFlash2DraftModel if "DFlash2DraftModel" in config_dict.get("architectures", []) else DFlashDraftModel
