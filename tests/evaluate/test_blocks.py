@@ -64,3 +64,27 @@ def test_dflash2_draft_is_the_candidate_selectors_path_not_the_argmax():
             reference = drafter.propose(draft_hidden, tokens[s:s + 1], target.lm_head, 0.0)[0][0]
             assert torch.equal(ours[row], reference), (s, ours[row], reference)
     assert not torch.equal(ours, logits.argmax(dim=-1)), "the selector never changed the draft: test too weak"
+
+
+@pytest.mark.parametrize("settings", [{}, {"output_multiplier": 0.5}, {"final_logit_softcapping": 3.0},
+                                      {"output_multiplier": 2.5, "final_logit_softcapping": 30.0}],
+                         ids=["plain", "multiplier", "softcap", "both"])
+@pytest.mark.parametrize("where", ["dflash_config", "config"])
+def test_head_logits_equal_compute_logits_bit_for_bit(settings, where):
+    """The head mirrors the model's compute_logits (read from either place dflash reads it), exactly."""
+    target = tiny_target()
+    drafter = tiny_drafter([0, 2])
+    for name, value in settings.items():
+        if where == "dflash_config":
+            drafter.config.dflash_config[name] = value
+        else:
+            setattr(drafter.config, name, value)
+    runner = BlockDrafter(drafter, target.model.embed_tokens.weight.detach(), target.lm_head.weight.detach(), MASK_ID)
+    states = torch.randn(5, 3, drafter.config.hidden_size, generator=torch.Generator().manual_seed(1)) * 4
+    with torch.no_grad():
+        reference = drafter.compute_logits(states, target.lm_head)
+        ours = runner.head_logits(states.contiguous())
+    assert torch.equal(ours, reference)
+    if settings:
+        plain = torch.nn.functional.linear(states, target.lm_head.weight)
+        assert not torch.equal(ours, plain), "the setting must change the logits for the test to mean anything"

@@ -73,7 +73,14 @@ class BlockDrafter(nn.Module):
         self.mask_token_id = int(mask_token_id)
         self.block_size = int(drafter.block_size)
         dflash_config = getattr(self.config, "dflash_config", {}) or {}
-        self.embed_scale = float(dflash_config.get("input_embedding_scale", getattr(self.config, "input_embedding_scale", 1.0)))
+
+        def setting(name: str, default: float | None) -> float | None:  # where dflash.model reads its settings
+            value = dflash_config.get(name, getattr(self.config, name, default))
+            return None if value is None else float(value)
+        self.embed_scale = setting("input_embedding_scale", 1.0)
+        self.output_multiplier = setting("output_multiplier", 1.0)
+        softcap = setting("final_logit_softcapping", None)
+        self.softcap = softcap if softcap is not None and softcap > 0 else None
         first = drafter.layers[0].self_attn
         self.head_dim = first.head_dim
         self.kv_groups = first.num_key_value_groups
@@ -187,7 +194,15 @@ class BlockDrafter(nn.Module):
         return self.head_logits(hidden[:, 1:].contiguous())
 
     def head_logits(self, draft: torch.Tensor) -> torch.Tensor:
-        """Logits [..., V] of final drafter states [..., H] (contiguous), through the model's compute_logits."""
-        def head(x: torch.Tensor) -> torch.Tensor:  # mirrors the reference's `output_head(hidden)`
-            return F.linear(x.reshape(-1, x.shape[-1]), self.lm_head).view(*x.shape[:-1], -1)
-        return self.drafter.compute_logits(draft, head)
+        """Logits [..., V] of final drafter states [..., H] (contiguous), as the model's compute_logits makes them.
+
+        The multiplier is skipped when it is 1 (x * 1.0 is x, bit for bit): on the CPU that pass over
+        every logit was a twentieth of the demo's evaluation. tests/evaluate/test_blocks.py compares
+        this with compute_logits for a multiplier and a softcap.
+        """
+        logits = F.linear(draft.reshape(-1, draft.shape[-1]), self.lm_head).view(*draft.shape[:-1], -1)
+        if self.output_multiplier != 1.0:
+            logits = logits * self.output_multiplier
+        if self.softcap is not None:
+            logits = torch.tanh(logits / self.softcap) * self.softcap
+        return logits
