@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import shutil
 
 import pytest
 
@@ -47,6 +48,33 @@ def test_stage_modules_follow_imports_transitively():
     assert "fetch.stage" not in evaluate and "report.stage" not in evaluate
     assert "evaluate.anchors" not in code_version.stage_modules("report")
     assert "server.control" in code_version.stage_modules("extract")
+
+
+@pytest.mark.parametrize("stage", ["fetch", "extract"])
+def test_server_code_is_how_a_stage_runs_not_what_it_writes(stage, tmp_path, monkeypatch):
+    """An edit of a server module leaves the fingerprint alone; an edit of the stage's own code does not."""
+    modules = code_version.stage_modules(stage)
+    assert any(name.startswith("server.") for name in modules)  # imported, so the exclusion is what keeps it out
+    assert not any(name.startswith("server.") for name in code_version.fingerprinted_modules(stage))
+    copy = tmp_path / "dflash_eval"
+    shutil.copytree(code_version.PACKAGE_DIR, copy)
+    monkeypatch.setattr(code_version, "PACKAGE_DIR", copy)
+
+    def fingerprint() -> str:
+        code_version.stage_modules.cache_clear()
+        code_version.code_fingerprint.cache_clear()
+        return code_version.code_fingerprint(stage)
+    try:
+        before = fingerprint()
+        (copy / "server" / "kinds.py").write_text((copy / "server" / "kinds.py").read_text() + "\nEDITED = 1\n")
+        assert fingerprint() == before
+        stage_file = copy / stage / "stage.py"
+        stage_file.write_text(stage_file.read_text() + "\nEDITED = 1\n")
+        assert fingerprint() != before
+    finally:
+        monkeypatch.undo()
+        code_version.stage_modules.cache_clear()
+        code_version.code_fingerprint.cache_clear()
 
 
 def test_normalized_source_ignores_blank_lines_and_comments_only():

@@ -90,11 +90,22 @@ def stage_modules(stage: str) -> tuple[str, ...]:
     return tuple(sorted(seen))
 
 
+# Packages that decide how a stage runs, not what it writes: the server's lifecycle around fetch and
+# extraction. Like the server settings (docs/reruns.md), an edit of them reruns nothing; an edit that
+# reran extraction would cost a cache copy and every evaluation after it.
+RUNTIME_PACKAGES = ("server",)
+
+
+def fingerprinted_modules(stage: str) -> tuple[str, ...]:
+    """The stage's modules whose code decides its outputs: `stage_modules` without RUNTIME_PACKAGES."""
+    return tuple(name for name in stage_modules(stage) if name.split(".")[0] not in RUNTIME_PACKAGES)
+
+
 @functools.lru_cache(maxsize=None)
 def code_fingerprint(stage: str) -> str:
-    """sha256 over the normalized sources of the stage's modules."""
+    """sha256 over the normalized sources of the stage's fingerprinted modules."""
     digest = hashlib.sha256()
-    for name in stage_modules(stage):
+    for name in fingerprinted_modules(stage):
         path = _module_path(name)
         digest.update(f"{name}\n{_normalized(path.read_text())}\n".encode())
     return "sha256:" + digest.hexdigest()
