@@ -53,7 +53,7 @@ def _parser_without_collections(command: str | None) -> argparse.ArgumentParser:
     """The parser, importing the command's stage (torch, transformers, dflash) with the cyclic collector off.
 
     Those imports create millions of long-lived objects, and the collector's full passes over them
-    find nothing to free: 0.6 s of the 3.4 s import on the 2-core CI VM. Freezing what the imports
+    find nothing to free: 0.6 s of the 3.4 s import on a 2-core VM like CI's. Freezing what the imports
     made keeps later collections from walking it again.
     """
     enabled = gc.isenabled()
