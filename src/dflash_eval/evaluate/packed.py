@@ -25,6 +25,7 @@ from torch import nn
 from torch.nn import functional as F
 
 from dflash_eval.evaluate.blocks import BlockDrafter, _rope
+from dflash_eval.evaluate.transfer import to_device
 
 SCORE_BUDGET = 1 << 27  # attention score elements per part of the groups (256 MiB in bf16): bounds memory
 PARTS = 4  # the attention's groups run in up to this many parts, each trimmed to its own context and queries
@@ -64,6 +65,7 @@ class PackedBlocks:
     token_ids: torch.Tensor      # [N] block tokens, flat
     positions: torch.Tensor      # [N] absolute positions
     query_index: torch.Tensor    # [S, Q] flat token of each slot's query q (N: padding)
+    query_gather: torch.Tensor   # [S * Q] the same with padding at token 0 (always hidden, never read)
     padded_index: torch.Tensor   # [N] where each flat token sits in the [S * Q] padded layout
     query_anchor: torch.Tensor   # [S, Q] anchor of the query's block (0 for padding: no context)
     query_pos: torch.Tensor      # [S, Q] absolute position (0 for padding)
@@ -115,15 +117,16 @@ def pack(slot: np.ndarray, anchor: np.ndarray, size: np.ndarray, tokens: np.ndar
     row_index[row_flat] = np.arange(n)
     lo, hi = int(batch_slots[0]), int(batch_slots[-1]) + 1
     contiguous = hi - lo == len(batch_slots) and groups == "slot"
-
-    def put(array: np.ndarray, *shape: int) -> torch.Tensor:
-        return torch.from_numpy(array).to(device, non_blocking=True).view(*shape) if shape else \
-            torch.from_numpy(array).to(device, non_blocking=True)
+    names = ["token_ids", "positions", "query_index", "query_gather", "padded_index", "query_anchor", "query_pos",
+             "query_row", "row_index", "row_flat"]
+    arrays = [token_ids, positions, query_index.reshape(-1, queries), np.where(query_index == n, 0, query_index),
+              padded, query_anchor.reshape(-1, queries), query_pos.reshape(-1, queries),
+              query_row.reshape(-1, queries), row_index.reshape(m, widest), row_flat]
+    if not contiguous:
+        arrays.append(batch_slots)
+    moved = to_device(arrays, device)
     return PackedBlocks(
-        token_ids=put(token_ids), positions=put(positions), query_index=put(query_index, -1, queries),
-        padded_index=put(padded), query_anchor=put(query_anchor, -1, queries), query_pos=put(query_pos, -1, queries),
-        query_row=put(query_row, -1, queries), row_index=put(row_index, m, widest), row_flat=put(row_flat),
-        slots=slice(lo, hi) if contiguous else put(batch_slots.astype(np.int64)), ctx_len=int(anchor.max()),
+        **dict(zip(names, moved)), slots=slice(lo, hi) if contiguous else moved[-1], ctx_len=int(anchor.max()),
         group_ctx=np.maximum.reduceat(anchor, np.r_[0, np.flatnonzero(np.diff(slot_of_row)) + 1]),
         group_queries=slot_tokens,
     )
@@ -157,62 +160,107 @@ def _visible(attn: nn.Module, batch: PackedBlocks) -> torch.Tensor:
     return torch.cat([context, own], dim=-1)
 
 
-def _padded(x: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
-    """x[index] with index == len(x) meaning a zero row."""
-    return torch.cat([x, x.new_zeros(1, *x.shape[1:])])[index]
+@dataclass
+class Part:
+    """Consecutive query groups that attend in one pass, trimmed to the context and queries they need."""
+
+    groups: slice
+    see: int    # context keys
+    width: int  # queries (and block keys) per group
+
+
+def _parts(batch: PackedBlocks, heads: int) -> list[Part]:
+    """Up to PARTS parts of consecutive groups, each part's scores within SCORE_BUDGET elements.
+
+    More parts trim more padding (each part sees only its own groups' longest context and queries), but each
+    costs a dozen more kernel launches per layer, and on a GPU a round is bound by its launches: so a split is
+    taken only where it removes at least a quarter of the score elements.
+    """
+    slots = len(batch.group_ctx)
+    queries = int(batch.group_queries.max())
+    per_group = heads * queries * (batch.ctx_len + queries)
+    smallest = max(1, SCORE_BUDGET // max(per_group, 1))  # groups per part that memory allows
+
+    def split(count: int) -> list[Part]:
+        size = max(1, min(-(-slots // count), smallest))
+        return [Part(slice(lo, min(lo + size, slots)), int(batch.group_ctx[lo:lo + size].max()),
+                     int(batch.group_queries[lo:lo + size].max())) for lo in range(0, slots, size)]
+
+    def elements(parts: list[Part]) -> int:
+        return sum((part.groups.stop - part.groups.start) * part.width * (part.see + part.width) for part in parts)
+    best = split(1)
+    count = 2
+    while count <= PARTS and count <= slots:
+        candidate = split(count)
+        if elements(candidate) <= 0.75 * elements(best):
+            best = candidate
+        count *= 2
+    return best
+
+
+def _hidden_masks(visible: torch.Tensor, batch: PackedBlocks, parts: list[Part]) -> list[torch.Tensor]:
+    """Per part, the keys each query must not see, [p, 1, Q_part, see + Q_part] (shared by every layer of a kind)."""
+    ctx, queries = batch.ctx_len, batch.query_index.shape[1]
+    masks = []
+    for part in parts:
+        mask = visible[part.groups, :part.width]
+        if part.see < ctx or part.width < queries:
+            mask = torch.cat([mask[..., :part.see], mask[..., ctx:ctx + part.width]], dim=-1)
+        masks.append((~mask)[:, None])
+    return masks
 
 
 def _attention(drafter: BlockDrafter, attn: nn.Module, hidden: torch.Tensor, keys: torch.Tensor,
-               values: torch.Tensor, batch: PackedBlocks, visible: torch.Tensor, cos: torch.Tensor,
-               sin: torch.Tensor) -> torch.Tensor:
+               values: torch.Tensor, batch: PackedBlocks, parts: list[Part], masks: list[torch.Tensor],
+               cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
     n = hidden.shape[0]
     head_dim, groups = drafter.head_dim, drafter.kv_groups
     q = attn.q_norm(attn.q_proj(hidden).view(n, -1, head_dim))
     k = attn.k_norm(attn.k_proj(hidden).view(n, -1, head_dim))
     v = attn.v_proj(hidden).view(n, -1, head_dim)
-    q, k = _rope(q, cos[:, None], sin[:, None]), _rope(k, cos[:, None], sin[:, None])
-    return attn.o_proj(_attend(q * attn.scaling, k, v, keys, values, batch, visible, groups))
+    heads = q.shape[1]
+    roped = _rope(torch.cat([q, k], dim=1), cos[:, None], sin[:, None])
+    q, k = roped[:, :heads] * attn.scaling, roped[:, heads:]
+    return attn.o_proj(_attend(q, k, v, keys, values, batch, parts, masks, groups))
 
 
 def _attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, keys: torch.Tensor, values: torch.Tensor,
-            batch: PackedBlocks, visible: torch.Tensor, groups: int) -> torch.Tensor:
-    """Scaled q [N, heads, D], block k, v [N, Hkv, D] against their slots' context: [N, heads * D]."""
+            batch: PackedBlocks, parts: list[Part], masks: list[torch.Tensor], groups: int) -> torch.Tensor:
+    """Scaled q [N, heads, D], block k, v [N, Hkv, D] against their slots' context: [N, heads * D].
+
+    As in blocks.py: the scale on q, one copy of the scores masked in place, softmax in fp32 inside. A group's
+    query heads that share a key head are rows of one product ([p, Hkv, groups * Q, D] against [p, Hkv, D, T]).
+    Padding queries and keys are copies of token 0: a padding key is hidden from every real query (its weight is
+    exactly 0), and a padding query's output is never read.
+    """
     slots, queries = batch.query_index.shape
-    n_kv, head_dim = k.shape[1], k.shape[2]
-    # As in blocks.py: the scale on q, one copy of the scores masked in place, softmax in fp32 inside.
-    q = _padded(q, batch.query_index).view(slots, queries, n_kv, groups, head_dim).permute(0, 2, 3, 1, 4)
-    k = _padded(k, batch.query_index).permute(0, 2, 1, 3)
-    v = _padded(v, batch.query_index).permute(0, 2, 1, 3)
-    ctx = batch.ctx_len
-    out = q.new_zeros(q.shape) if slots > 1 else None
-    for part in _parts(batch, q.shape[1] * q.shape[2]):
-        # Each part of consecutive groups (the pool holds samples longest first, so neighbours are alike)
-        # sees only the context and queries its own groups need, not the batch's longest.
-        see, width = int(batch.group_ctx[part].max()), int(batch.group_queries[part].max())
-        mask = visible[part, :width]
-        mask = torch.cat([mask[..., :see], mask[..., ctx:ctx + width]], dim=-1) if see < ctx or width < queries \
-            else mask
-        part_q = q[part, :, :, :width]
-        scores = torch.cat([torch.einsum("skgqd,sktd->skgqt", part_q, keys[part, :, :see]),
-                            torch.einsum("skgqd,skpd->skgqp", part_q, k[part, :, :width])], dim=-1)
-        scores.masked_fill_(~mask[:, None, None], float("-inf"))
+    heads, n_kv, head_dim = q.shape[1], k.shape[1], k.shape[2]
+    qkv = torch.cat([q, k, v], dim=1)[batch.query_gather].view(slots, queries, heads + 2 * n_kv, head_dim)
+    q = qkv[:, :, :heads].view(slots, queries, n_kv, groups, head_dim).permute(0, 2, 3, 1, 4)  # [S, Hkv, g, Q, D]
+    k = qkv[:, :, heads:heads + n_kv].transpose(1, 2)  # [S, Hkv, Q, D]
+    v = qkv[:, :, heads + n_kv:].transpose(1, 2)
+    out = None
+    for part, hidden in zip(parts, masks):
+        lo, hi, see, width = part.groups.start, part.groups.stop, part.see, part.width
+        part_q = q[lo:hi, :, :, :width].reshape(hi - lo, n_kv, groups * width, head_dim)
+        scores = torch.cat([part_q @ keys[lo:hi, :, :see].transpose(-1, -2),
+                            part_q @ k[lo:hi, :, :width].transpose(-1, -2)], dim=-1)
+        scores.view(hi - lo, n_kv, groups, width, -1).masked_fill_(hidden[:, None], float("-inf"))
         weights = torch.softmax(scores, dim=-1)
-        done = (torch.einsum("skgqt,sktd->skgqd", weights[..., :see], values[part, :, :see])
-                + torch.einsum("skgqp,skpd->skgqd", weights[..., see:], v[part, :, :width]))
-        if out is None:
+        done = weights[..., :see] @ values[lo:hi, :, :see] + weights[..., see:] @ v[lo:hi, :, :width]
+        done = done.view(hi - lo, n_kv, groups, width, head_dim)
+        if len(parts) == 1:
             out = done if width == queries else torch.nn.functional.pad(done, (0, 0, 0, queries - width))
         else:
-            out[part, :, :, :width] = done
+            if out is None:
+                out = q.new_zeros(slots, n_kv, groups, queries, head_dim)
+            out[lo:hi, :, :, :width] = done
     return out.permute(0, 3, 1, 2, 4).reshape(slots * queries, -1)[batch.padded_index]
 
 
-def _parts(batch: PackedBlocks, heads: int) -> list[slice]:
-    """Consecutive groups, up to PARTS of them, each part's scores within SCORE_BUDGET elements."""
-    slots = len(batch.group_ctx)
-    size = max(1, -(-slots // PARTS))
-    per_group = heads * int(batch.group_queries.max()) * (batch.ctx_len + int(batch.group_queries.max()))
-    size = max(1, min(size, SCORE_BUDGET // max(per_group, 1)))
-    return [slice(lo, min(lo + size, slots)) for lo in range(0, slots, size)]
+def _padded(x: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
+    """x[index] with index == len(x) meaning a zero row."""
+    return torch.cat([x, x.new_zeros(1, *x.shape[1:])])[index]
 
 
 def _around_conv(conv: nn.Module | None, hidden: torch.Tensor, inner, batch: PackedBlocks) -> torch.Tensor:
@@ -231,16 +279,17 @@ def packed_hidden(drafter: BlockDrafter, pool: ContextPool, batch: PackedBlocks,
     """Final (normed) drafter hidden states [N, H] of the packed blocks; cos/sin [max position, D] tables."""
     hidden = F.embedding(batch.token_ids, drafter.embed) * drafter.embed_scale
     cos, sin = cos[batch.positions], sin[batch.positions]
-    masks: dict[tuple[bool, int | None], torch.Tensor] = {}
+    parts = _parts(batch, drafter.drafter.layers[0].self_attn.q_proj.out_features // drafter.head_dim)
+    masks: dict[tuple[bool, int | None], list[torch.Tensor]] = {}  # per kind of layer, per part
     for layer, keys, values in zip(drafter.drafter.layers, pool.keys, pool.values):
         attn = layer.self_attn
         kind = (bool(attn.is_causal), attn.sliding_window)
         if kind not in masks:
-            masks[kind] = _visible(attn, batch)
+            masks[kind] = _hidden_masks(_visible(attn, batch), batch, parts)
         keys, values = keys[batch.slots], values[batch.slots]
         hidden = hidden + _around_conv(
             getattr(layer, "attention_conv", None), layer.input_layernorm(hidden),
-            lambda x: _attention(drafter, attn, x, keys, values, batch, masks[kind], cos, sin), batch)
+            lambda x: _attention(drafter, attn, x, keys, values, batch, parts, masks[kind], cos, sin), batch)
         hidden = hidden + _around_conv(getattr(layer, "mlp_conv", None), layer.post_attention_layernorm(hidden),
                                        layer.mlp, batch)
     return drafter.drafter.norm(hidden)

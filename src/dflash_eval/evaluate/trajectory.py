@@ -33,6 +33,7 @@ from dflash_eval.evaluate.anchors import chain_method, tree_method
 from dflash_eval.evaluate.blocks import BlockDrafter
 from dflash_eval.evaluate.ddtree import tree_accepted
 from dflash_eval.evaluate.packed import ContextPool, pack, packed_hidden
+from dflash_eval.evaluate.transfer import to_device
 
 UNKNOWN = -1
 
@@ -246,11 +247,11 @@ class TrajectoryEvaluator:
                 rows = np.nonzero((size == block) & (wide_rows == wide))[0]
                 if len(rows) == 0:
                     continue
-                index = torch.from_numpy(row_start[rows][:, None] + np.arange(block)[None]).to(device)
-                states = hidden[index]  # [m, block, H]
                 positions = anchor[rows][:, None] + 1 + np.arange(block - 1)[None]
-                truth = torch.from_numpy(self.tokens[slot[rows][:, None], positions]).to(device)
-                first = torch.from_numpy(self.tokens[slot[rows], anchor[rows]]).to(device)
+                index, truth, first = to_device([row_start[rows][:, None] + np.arange(block)[None],
+                                                 self.tokens[slot[rows][:, None], positions],
+                                                 self.tokens[slot[rows], anchor[rows]]], device)
+                states = hidden[index]  # [m, block, H]
                 table = torch.zeros(len(rows), 1 + budgets + width * ks, dtype=torch.int64, device=device)
                 if wide:
                     matched, depths, hit = self._full(states, truth, first)
@@ -297,29 +298,31 @@ class TrajectoryEvaluator:
                     row_start: np.ndarray) -> torch.Tensor:
         """Matched draft length of chain-only blocks of any sizes at once, for argmax drafts: the LM head runs on
         the draft positions themselves (no padding), the first `head_split` of every block, then the rest only
-        for the blocks that matched all of those."""
-        device, rows = self.device, len(slot)
+        for the blocks that matched all of those (chosen on the device: one wait for the GPU, for their count)."""
+        rows = len(slot)
         positions = size - 1
         row = np.repeat(np.arange(rows), positions)
         offset = np.arange(len(row)) - np.repeat(np.cumsum(positions) - positions, positions)
-        flat = row_start[row] + 1 + offset
-        truth = self.tokens[slot[row], anchor[row] + 1 + offset]
-        hits = torch.zeros(rows, int(positions.max()), dtype=torch.int64, device=device)
-
-        def score(where: np.ndarray) -> None:
-            index = torch.from_numpy(np.stack([flat[where], row[where], offset[where], truth[where]])).to(device)
-            draft = self.drafter.head_logits(hidden[index[0]]).argmax(dim=-1)
-            hits[index[1], index[2]] = (draft == index[3]).to(torch.int64)
-
         split = self.head_split or int(positions.max())
         first = offset < split
-        score(np.nonzero(first)[0])
+        order = np.concatenate([np.nonzero(first)[0], np.nonzero(~first)[0]])  # the first stage's positions first
+        leading = int(first.sum())
+        flat, row, offset, truth = to_device([row_start[row[order]] + 1 + offset[order], row[order], offset[order],
+                                              self.tokens[slot[row[order]], anchor[row[order]] + 1 + offset[order]]],
+                                             self.device)
+        hits = torch.zeros(rows, int(positions.max()), dtype=torch.int64, device=self.device)
+
+        def score(where: slice | torch.Tensor) -> None:
+            draft = self.drafter.head_logits(hidden[flat[where]]).argmax(dim=-1)
+            hits[row[where], offset[where]] = (draft == truth[where]).to(torch.int64)
+
+        score(slice(0, leading))
         matched = hits.cumprod(dim=1).sum(dim=1)
-        longer = torch.from_numpy(positions > split).to(device)
-        alive = torch.nonzero((matched == split) & longer)[:, 0].cpu().numpy()
-        rest = np.nonzero(~first & np.isin(row, alive))[0]
-        self.counts.head_positions += int(first.sum()) + len(rest)
-        self.counts.head_positions_skipped += int((~first).sum()) - len(rest)
+        # A block with no position past the split has none here, whatever it matched.
+        rest = torch.nonzero(matched[row[leading:]] == split)[:, 0] + leading
+        later = len(order) - leading
+        self.counts.head_positions += leading + len(rest)
+        self.counts.head_positions_skipped += later - len(rest)
         if len(rest) == 0:
             return matched
         score(rest)
