@@ -44,3 +44,24 @@ def test_packed_blocks_equal_per_sample_blocks(dflash2, window, score_budget, gr
             context = runner.context(features[s])
             alone = runner.block_hidden(context, torch.from_numpy(tokens[s, :lengths[s]]), torch.tensor([a]), b)[0]
             torch.testing.assert_close(hidden[start[row]:start[row] + b], alone, atol=2e-5, rtol=1e-5)
+
+
+def _groups(ctx: list[int], queries: list[int]):
+    from types import SimpleNamespace
+    return SimpleNamespace(group_ctx=np.array(ctx), group_queries=np.array(queries), ctx_len=max(ctx))
+
+
+def test_the_attention_runs_in_one_pass_unless_a_split_removes_a_quarter_of_the_scores(monkeypatch):
+    monkeypatch.setattr(packed, "SCORE_BUDGET", 1 << 40)
+    alike = packed._parts(_groups([1000, 990, 980, 1000, 995, 1000, 985, 1000], [16] * 8), heads=4)
+    assert [(p.groups, p.see, p.width) for p in alike] == [(slice(0, 8), 1000, 16)]
+    # longest first, as the pool holds them: the short half needs a tenth of the context and a quarter of the
+    # queries, so two parts halve the scores; four would remove nothing more and cost launches
+    apart = packed._parts(_groups([1000] * 4 + [100] * 4, [16] * 4 + [4] * 4), heads=4)
+    assert [(p.groups, p.see, p.width) for p in apart] == [(slice(0, 4), 1000, 16), (slice(4, 8), 100, 4)]
+
+
+def test_the_score_budget_bounds_every_part(monkeypatch):
+    monkeypatch.setattr(packed, "SCORE_BUDGET", 3 * 4 * 16 * (1000 + 16))  # three groups' scores
+    parts = packed._parts(_groups([1000] * 8, [16] * 8), heads=4)
+    assert [p.groups for p in parts] == [slice(0, 3), slice(3, 6), slice(6, 8)]

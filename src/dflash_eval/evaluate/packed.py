@@ -29,6 +29,7 @@ from dflash_eval.evaluate.transfer import to_device
 
 SCORE_BUDGET = 1 << 27  # attention score elements per part of the groups (256 MiB in bf16): bounds memory
 PARTS = 4  # the attention's groups run in up to this many parts, each trimmed to its own context and queries
+SPLIT_GAIN = 0.75  # a split is taken where it leaves at most this share of the score elements
 
 
 class ContextPool:
@@ -192,7 +193,7 @@ def _parts(batch: PackedBlocks, heads: int) -> list[Part]:
     count = 2
     while count <= PARTS and count <= slots:
         candidate = split(count)
-        if elements(candidate) <= 0.75 * elements(best):
+        if elements(candidate) <= SPLIT_GAIN * elements(best):
             best = candidate
         count *= 2
     return best
