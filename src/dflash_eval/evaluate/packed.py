@@ -199,20 +199,23 @@ def _parts(batch: PackedBlocks, heads: int) -> list[Part]:
     return best
 
 
-def _hidden_masks(visible: torch.Tensor, batch: PackedBlocks, parts: list[Part]) -> list[torch.Tensor]:
-    """Per part, the keys each query must not see, [p, 1, Q_part, see + Q_part] (shared by every layer of a kind)."""
+def _score_bias(visible: torch.Tensor, batch: PackedBlocks, parts: list[Part], dtype: torch.dtype) -> list[torch.Tensor]:
+    """Per part, 0 where a query sees a key and -inf where not, [p, 1, Q_part, see + Q_part] (shared by every layer
+    of a kind). Added to the (finite) scores it gives what filling them with -inf gives, bit for bit, and on the
+    2-core VM an add ran 23-29x faster than a masked fill (benchmarks/results/score_ops.md)."""
     ctx, queries = batch.ctx_len, batch.query_index.shape[1]
-    masks = []
+    biases = []
     for part in parts:
         mask = visible[part.groups, :part.width]
         if part.see < ctx or part.width < queries:
             mask = torch.cat([mask[..., :part.see], mask[..., ctx:ctx + part.width]], dim=-1)
-        masks.append((~mask)[:, None])
-    return masks
+        bias = torch.zeros(mask.shape, dtype=dtype, device=mask.device).masked_fill_(~mask, float("-inf"))
+        biases.append(bias[:, None])
+    return biases
 
 
 def _attention(drafter: BlockDrafter, attn: nn.Module, hidden: torch.Tensor, keys: torch.Tensor,
-               values: torch.Tensor, batch: PackedBlocks, parts: list[Part], masks: list[torch.Tensor],
+               values: torch.Tensor, batch: PackedBlocks, parts: list[Part], biases: list[torch.Tensor],
                cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
     n = hidden.shape[0]
     head_dim, groups = drafter.head_dim, drafter.kv_groups
@@ -222,15 +225,16 @@ def _attention(drafter: BlockDrafter, attn: nn.Module, hidden: torch.Tensor, key
     heads = q.shape[1]
     roped = _rope(torch.cat([q, k], dim=1), cos[:, None], sin[:, None])
     q, k = roped[:, :heads] * attn.scaling, roped[:, heads:]
-    return attn.o_proj(_attend(q, k, v, keys, values, batch, parts, masks, groups))
+    return attn.o_proj(_attend(q, k, v, keys, values, batch, parts, biases, groups))
 
 
 def _attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, keys: torch.Tensor, values: torch.Tensor,
-            batch: PackedBlocks, parts: list[Part], masks: list[torch.Tensor], groups: int) -> torch.Tensor:
+            batch: PackedBlocks, parts: list[Part], biases: list[torch.Tensor], groups: int) -> torch.Tensor:
     """Scaled q [N, heads, D], block k, v [N, Hkv, D] against their slots' context: [N, heads * D].
 
-    As in blocks.py: the scale on q, one copy of the scores masked in place, softmax in fp32 inside. A group's
-    query heads that share a key head are rows of one product ([p, Hkv, groups * Q, D] against [p, Hkv, D, T]).
+    As in blocks.py: the scale on q, one copy of the scores masked in place (here by adding the bias), softmax in
+    fp32 inside. A group's query heads that share a key head are rows of one product ([p, Hkv, groups * Q, D]
+    against [p, Hkv, D, T]).
     Padding queries and keys are copies of token 0: a padding key is hidden from every real query (its weight is
     exactly 0), and a padding query's output is never read.
     """
@@ -241,12 +245,12 @@ def _attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, keys: torch.Tenso
     k = qkv[:, :, heads:heads + n_kv].transpose(1, 2)  # [S, Hkv, Q, D]
     v = qkv[:, :, heads + n_kv:].transpose(1, 2)
     out = None
-    for part, hidden in zip(parts, masks):
+    for part, bias in zip(parts, biases):
         lo, hi, see, width = part.groups.start, part.groups.stop, part.see, part.width
         part_q = q[lo:hi, :, :, :width].reshape(hi - lo, n_kv, groups * width, head_dim)
         scores = torch.cat([part_q @ keys[lo:hi, :, :see].transpose(-1, -2),
                             part_q @ k[lo:hi, :, :width].transpose(-1, -2)], dim=-1)
-        scores.view(hi - lo, n_kv, groups, width, -1).masked_fill_(hidden[:, None], float("-inf"))
+        scores.view(hi - lo, n_kv, groups, width, -1).add_(bias[:, None])
         weights = torch.softmax(scores, dim=-1)
         done = weights[..., :see] @ values[lo:hi, :, :see] + weights[..., see:] @ v[lo:hi, :, :width]
         done = done.view(hi - lo, n_kv, groups, width, head_dim)
@@ -281,16 +285,16 @@ def packed_hidden(drafter: BlockDrafter, pool: ContextPool, batch: PackedBlocks,
     hidden = F.embedding(batch.token_ids, drafter.embed) * drafter.embed_scale
     cos, sin = cos[batch.positions], sin[batch.positions]
     parts = _parts(batch, drafter.drafter.layers[0].self_attn.q_proj.out_features // drafter.head_dim)
-    masks: dict[tuple[bool, int | None], list[torch.Tensor]] = {}  # per kind of layer, per part
+    biases: dict[tuple[bool, int | None], list[torch.Tensor]] = {}  # per kind of layer, per part
     for layer, keys, values in zip(drafter.drafter.layers, pool.keys, pool.values):
         attn = layer.self_attn
         kind = (bool(attn.is_causal), attn.sliding_window)
-        if kind not in masks:
-            masks[kind] = _hidden_masks(_visible(attn, batch), batch, parts)
-        keys, values = keys[batch.slots], values[batch.slots]
+        if kind not in biases:
+            biases[kind] = _score_bias(_visible(attn, batch), batch, parts, hidden.dtype)
+        keys, values = keys[batch.slots, :, :batch.ctx_len], values[batch.slots, :, :batch.ctx_len]  # what any query sees
         hidden = hidden + _around_conv(
             getattr(layer, "attention_conv", None), layer.input_layernorm(hidden),
-            lambda x: _attention(drafter, attn, x, keys, values, batch, parts, masks[kind], cos, sin), batch)
+            lambda x: _attention(drafter, attn, x, keys, values, batch, parts, biases[kind], cos, sin), batch)
         hidden = hidden + _around_conv(getattr(layer, "mlp_conv", None), layer.post_attention_layernorm(hidden),
                                        layer.mlp, batch)
     return drafter.drafter.norm(hidden)
