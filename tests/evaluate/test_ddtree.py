@@ -198,3 +198,12 @@ def test_previous_cumsum_truth_score_was_off_by_one_node():
                 depth += 1
             assert new[row, anchor].item() == depth
     assert found > 0
+
+
+@pytest.mark.parametrize("budget, parents, width", [(8, 8, 8), (64, 13, 5), (1, 1, 1), (100, 40, 64), (16, 3, 16)])
+def test_candidate_pairs_are_every_pair_within_the_budget(budget, parents, width):
+    from dflash_eval.evaluate.ddtree import _candidate_pairs
+
+    parent, token = _candidate_pairs(budget, parents, width, torch.device("cpu"))
+    expected = [(i, j) for i in range(parents) for j in range(width) if (i + 1) * (j + 1) <= budget]
+    assert list(zip(parent.tolist(), token.tolist())) == expected

@@ -25,8 +25,10 @@ for bit (a cumsum may round differently: on CPU it accumulates in float64).
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Sequence
 
+import numpy as np
 import torch
 
 
@@ -50,14 +52,16 @@ def truth_path_ranks(logprobs: torch.Tensor, truth: torch.Tensor, width: int) ->
     return values, exists, truth_score
 
 
+@functools.lru_cache(maxsize=4096)
 def _candidate_pairs(budget: int, parents: int, width: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
-    """(parent rank i < parents, token rank j < width) pairs with (i + 1)(j + 1) <= budget."""
-    ranks = torch.arange(parents, device=device)
-    counts = torch.clamp(budget // (ranks + 1), max=width)
-    starts = torch.cumsum(counts, 0) - counts
-    parent = torch.repeat_interleave(ranks, counts)
-    token = torch.arange(parent.shape[0], device=device) - torch.repeat_interleave(starts, counts)
-    return parent, token
+    """(parent rank i < parents, token rank j < width) pairs with (i + 1)(j + 1) <= budget.
+
+    Made on the host and kept: they depend on three integers only, and building them on a GPU took a dozen launches
+    and two waits per depth."""
+    counts = np.minimum(budget // np.arange(1, parents + 1), width)
+    parent = np.repeat(np.arange(parents), counts)
+    token = np.arange(len(parent)) - np.repeat(np.cumsum(counts) - counts, counts)
+    return torch.from_numpy(parent).to(device), torch.from_numpy(token).to(device)
 
 
 def better_node_counts(values: torch.Tensor, truth_score: torch.Tensor, exists: torch.Tensor, budget: int) -> torch.Tensor:
@@ -65,16 +69,18 @@ def better_node_counts(values: torch.Tensor, truth_score: torch.Tensor, exists: 
 
     values [m, P, W] are the per-position top-W log-probs (W = min(budget, vocabulary)). Counts are
     exact below `budget` where the truth node exists; `budget` means "not in any tree of that budget".
+    The host reads two numbers per depth, in one wait: the widest beam left (0: every anchor is finished) and how
+    many of the next position's ranks can still give a useful child. A beam row is sorted, so a finished anchor's
+    row is all -inf and adds nothing to either.
     """
     m, positions = values.shape[:2]
     device, neg_inf = values.device, torch.tensor(float("-inf"), device=values.device)
     best = torch.full((m, budget), float("-inf"), dtype=values.dtype, device=device)  # best nodes found, sorted
     active = torch.arange(m, device=device)
-    beam, floor = values[:, 0], None
+    beam, floor, useful = values[:, 0], None, 0
     for depth in range(positions):
         if depth > 0:
             tokens = values[active, depth]
-            useful = int((tokens + beam[:, :1] > floor[:, None]).sum(dim=1).max())  # ranks worth a child
             parent, token = _candidate_pairs(budget, beam.shape[1], max(useful, 1), device)
             candidates = beam[:, parent] + tokens[:, token]
             beam = torch.topk(candidates, min(budget, candidates.shape[1]), dim=-1).values
@@ -85,11 +91,15 @@ def better_node_counts(values: torch.Tensor, truth_score: torch.Tensor, exists: 
         open_ = exists[active] & (scores >= merged[:, budget - 1:budget])
         floor = torch.where(open_, scores, torch.full_like(scores, float("inf"))).min(dim=1).values
         beam = torch.where(beam > floor[:, None], beam, neg_inf)
-        keep = beam[:, 0] > neg_inf
-        if depth + 1 == positions or not bool(keep.any()):
+        if depth + 1 == positions:
             break
-        active, beam, floor = active[keep], beam[keep], floor[keep]
-        beam = beam[:, :int((beam > neg_inf).sum(dim=1).max())]
+        width = (beam > neg_inf).sum(dim=1).max()
+        ranks = (values[active, depth + 1] + beam[:, :1] > floor[:, None]).sum(dim=1).max()  # ranks worth a child
+        width, useful = torch.stack([width, ranks]).tolist()
+        if width == 0:
+            break
+        keep = torch.nonzero(beam[:, 0] > neg_inf)[:, 0]
+        active, beam, floor = active[keep], beam[keep, :width], floor[keep]
     return (best[:, None, :] > truth_score[:, :, None]).sum(dim=-1)
 
 
