@@ -309,9 +309,9 @@ class TrajectoryEvaluator:
         first = offset < split
         order = np.concatenate([np.nonzero(first)[0], np.nonzero(~first)[0]])  # the first stage's positions first
         leading = int(first.sum())
-        flat, row, offset, truth = to_device([row_start[row[order]] + 1 + offset[order], row[order], offset[order],
-                                              self.tokens[slot[row[order]], anchor[row[order]] + 1 + offset[order]]],
-                                             self.device)
+        row, offset = row[order], offset[order]
+        flat, row, offset, truth = to_device([row_start[row] + 1 + offset, row, offset,
+                                              self.tokens[slot[row], anchor[row] + 1 + offset]], self.device)
         hits = torch.zeros(rows, int(positions.max()), dtype=torch.int64, device=self.device)
 
         def score(where: slice | torch.Tensor) -> None:
