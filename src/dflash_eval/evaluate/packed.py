@@ -65,8 +65,7 @@ class PackedBlocks:
 
     token_ids: torch.Tensor      # [N] block tokens, flat
     positions: torch.Tensor      # [N] absolute positions
-    query_index: torch.Tensor    # [S, Q] flat token of each slot's query q (N: padding)
-    query_gather: torch.Tensor   # [S * Q] the same with padding at token 0 (always hidden, never read)
+    query_gather: torch.Tensor   # [S, Q] flat token of each slot's query q (padding: token 0, hidden, never read)
     padded_index: torch.Tensor   # [N] where each flat token sits in the [S * Q] padded layout
     query_anchor: torch.Tensor   # [S, Q] anchor of the query's block (0 for padding: no context)
     query_pos: torch.Tensor      # [S, Q] absolute position (0 for padding)
@@ -104,8 +103,8 @@ def pack(slot: np.ndarray, anchor: np.ndarray, size: np.ndarray, tokens: np.ndar
     slot_first = np.concatenate([[0], np.cumsum(slot_tokens)[:-1]])
     token_slot = slot_of_row[token_row]
     padded = token_slot * queries + (np.arange(n) - slot_first[token_slot])
-    query_index = np.full(len(batch_slots) * queries, n, dtype=np.int64)
-    query_index[padded] = np.arange(n)
+    query_gather = np.zeros(len(batch_slots) * queries, dtype=np.int64)  # padding reads token 0
+    query_gather[padded] = np.arange(n)
     query_anchor = np.zeros(len(batch_slots) * queries, dtype=np.int64)
     query_anchor[padded] = anchor[token_row]
     query_pos = np.zeros(len(batch_slots) * queries, dtype=np.int64)
@@ -118,11 +117,10 @@ def pack(slot: np.ndarray, anchor: np.ndarray, size: np.ndarray, tokens: np.ndar
     row_index[row_flat] = np.arange(n)
     lo, hi = int(batch_slots[0]), int(batch_slots[-1]) + 1
     contiguous = hi - lo == len(batch_slots) and groups == "slot"
-    names = ["token_ids", "positions", "query_index", "query_gather", "padded_index", "query_anchor", "query_pos",
-             "query_row", "row_index", "row_flat"]
-    arrays = [token_ids, positions, query_index.reshape(-1, queries), np.where(query_index == n, 0, query_index),
-              padded, query_anchor.reshape(-1, queries), query_pos.reshape(-1, queries),
-              query_row.reshape(-1, queries), row_index.reshape(m, widest), row_flat]
+    names = ["token_ids", "positions", "query_gather", "padded_index", "query_anchor", "query_pos", "query_row",
+             "row_index", "row_flat"]
+    arrays = [token_ids, positions, query_gather.reshape(-1, queries), padded, query_anchor.reshape(-1, queries),
+              query_pos.reshape(-1, queries), query_row.reshape(-1, queries), row_index.reshape(m, widest), row_flat]
     if not contiguous:
         arrays.append(batch_slots)
     moved = to_device(arrays, device)
@@ -203,7 +201,7 @@ def _score_bias(visible: torch.Tensor, batch: PackedBlocks, parts: list[Part], d
     """Per part, 0 where a query sees a key and -inf where not, [p, 1, Q_part, see + Q_part] (shared by every layer
     of a kind). Added to the (finite) scores it gives what filling them with -inf gives, bit for bit, and on the
     2-core VM an add ran 23-29x faster than a masked fill (benchmarks/results/score_ops.md)."""
-    ctx, queries = batch.ctx_len, batch.query_index.shape[1]
+    ctx, queries = batch.ctx_len, batch.query_gather.shape[1]
     biases = []
     for part in parts:
         mask = visible[part.groups, :part.width]
@@ -238,9 +236,9 @@ def _attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, keys: torch.Tenso
     Padding queries and keys are copies of token 0: a padding key is hidden from every real query (its weight is
     exactly 0), and a padding query's output is never read.
     """
-    slots, queries = batch.query_index.shape
+    slots, queries = batch.query_gather.shape
     heads, n_kv, head_dim = q.shape[1], k.shape[1], k.shape[2]
-    qkv = torch.cat([q, k, v], dim=1)[batch.query_gather].view(slots, queries, heads + 2 * n_kv, head_dim)
+    qkv = torch.cat([q, k, v], dim=1)[batch.query_gather]  # [S, Q, heads + 2 Hkv, D]
     q = qkv[:, :, :heads].view(slots, queries, n_kv, groups, head_dim).permute(0, 2, 3, 1, 4)  # [S, Hkv, g, Q, D]
     k = qkv[:, :, heads:heads + n_kv].transpose(1, 2)  # [S, Hkv, Q, D]
     v = qkv[:, :, heads + n_kv:].transpose(1, 2)
