@@ -43,6 +43,19 @@ def _around_conv(conv: nn.Module | None, hidden: torch.Tensor, inner) -> torch.T
     return conv.finish(inner(prepared), kernel)
 
 
+def visibility_rule(attn: nn.Module, diff: torch.Tensor) -> torch.Tensor | None:
+    """Causal and sliding-window visibility on (query - key) positions; None when everything is visible."""
+    visible = None
+    if attn.is_causal:
+        visible = diff >= 0
+    if attn.sliding_window is not None:
+        window = diff < attn.sliding_window
+        if not attn.is_causal:
+            window &= -diff < attn.sliding_window
+        visible = window if visible is None else visible & window
+    return visible
+
+
 @dataclass
 class LayerContext:
     """Keys [Hkv, T, D] (normed, rotated) and values [Hkv, T, D] of the projected context."""
@@ -113,14 +126,8 @@ class BlockDrafter(nn.Module):
         key = torch.cat([torch.arange(ctx_len, device=device).expand(len(anchors), -1), query], dim=1)
         visible = torch.ones(len(anchors), block, ctx_len + block, dtype=torch.bool, device=device)
         visible[:, :, :ctx_len] = (key[:, None, :ctx_len] < anchors[:, None, None])
-        diff = query[:, :, None] - key[:, None, :]  # query - key
-        if attn.is_causal:
-            visible &= diff >= 0
-        if attn.sliding_window is not None:
-            visible &= diff < attn.sliding_window
-            if not attn.is_causal:
-                visible &= -diff < attn.sliding_window
-        return visible
+        rule = visibility_rule(attn, query[:, :, None] - key[:, None, :])
+        return visible if rule is None else visible & rule
 
     def _attention(self, attn: nn.Module, hidden: torch.Tensor, ctx: LayerContext, ctx_len: int,
                    visible: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:

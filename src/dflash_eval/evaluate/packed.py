@@ -24,7 +24,7 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-from dflash_eval.evaluate.blocks import BlockDrafter, _rope
+from dflash_eval.evaluate.blocks import BlockDrafter, _rope, visibility_rule
 from dflash_eval.evaluate.transfer import to_device
 
 SCORE_BUDGET = 1 << 27  # attention score elements per part of the groups (256 MiB in bf16): bounds memory
@@ -131,29 +131,16 @@ def pack(slot: np.ndarray, anchor: np.ndarray, size: np.ndarray, tokens: np.ndar
     )
 
 
-def _rule(attn: nn.Module, diff: torch.Tensor) -> torch.Tensor | None:
-    """Causal and sliding-window visibility on (query - key) positions; None when everything is visible."""
-    visible = None
-    if attn.is_causal:
-        visible = diff >= 0
-    if attn.sliding_window is not None:
-        window = diff < attn.sliding_window
-        if not attn.is_causal:
-            window &= -diff < attn.sliding_window
-        visible = window if visible is None else visible & window
-    return visible
-
-
 def _visible(attn: nn.Module, batch: PackedBlocks) -> torch.Tensor:
     """Boolean [S, Q, ctx_len + Q]: context keys first, then the slot's own block keys."""
     device = batch.query_pos.device
     key = torch.arange(batch.ctx_len, device=device)
     context = key[None, None] < batch.query_anchor[..., None]
-    rule = _rule(attn, batch.query_pos[..., None] - key[None, None])
+    rule = visibility_rule(attn, batch.query_pos[..., None] - key[None, None])
     if rule is not None:
         context &= rule
     own = batch.query_row[:, :, None] == batch.query_row[:, None, :]
-    rule = _rule(attn, batch.query_pos[:, :, None] - batch.query_pos[:, None, :])
+    rule = visibility_rule(attn, batch.query_pos[:, :, None] - batch.query_pos[:, None, :])
     if rule is not None:
         own &= rule
     return torch.cat([context, own], dim=-1)
