@@ -17,6 +17,8 @@ import argparse
 from collections import defaultdict
 from pathlib import Path
 
+import time
+
 import evaluator_speed as bench  # benchmarks/ (the script's own folder)
 import torch
 from record import print_and_record
@@ -24,6 +26,7 @@ from torch.autograd import DeviceType
 from torch.profiler import ProfilerActivity, profile
 
 from dflash_eval.evaluate.blocks import BlockDrafter
+from dflash_eval.evaluate.trajectory import LoadedSample, SampleSpec, TrajectoryEvaluator
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -41,6 +44,96 @@ def kernel_kind(name: str) -> str:
     return "other"
 
 
+BUCKETS = [(0, 0), (1, 64), (65, 192), (193, 512), (513, 1 << 30)]  # blocks computed in a round
+
+
+def rounds_by_size(runner, samples, methods: dict, rows: int, config) -> list[tuple[str, int, float, float]]:
+    """Each round's wall (a round ends in a read of the GPU's results, so its wall is its own), bucketed by the
+    blocks it computed: (bucket, rounds, seconds, needed FLOPs). Shows whether many small, launch-bound rounds
+    or the few large ones hold the time."""
+    evaluator = TrajectoryEvaluator(runner, set(), rows_per_forward=rows, head_split=4, **methods)
+    inner = evaluator._round
+    totals = {bucket: [0, 0.0, 0.0] for bucket in BUCKETS}
+
+    def timed() -> None:
+        blocks, sizes = evaluator.counts.blocks, dict(evaluator.counts.by_size)
+        started = time.perf_counter()
+        inner()
+        seconds = time.perf_counter() - started
+        done = evaluator.counts.blocks - blocks
+        grown = {size: count - sizes.get(size, 0) for size, count in evaluator.counts.by_size.items()}
+        bucket = next(b for b in BUCKETS if b[0] <= done <= b[1])
+        totals[bucket][0] += 1
+        totals[bucket][1] += seconds
+        totals[bucket][2] += bench.needed_flops(config, grown)
+    evaluator._round = timed
+    specs = [SampleSpec(str(i), len(t), lambda f=f, t=t, lim=lim: LoadedSample(f, t, lim))
+             for i, (f, t, lim) in enumerate(samples)]
+    bench.sync(runner.embed.device)
+    for _ in evaluator.run(specs):
+        pass
+    return [(f"{lo}" if lo == hi else f"{lo}+" if hi >= 1 << 30 else f"{lo}-{hi}", *totals[(lo, hi)])
+            for lo, hi in BUCKETS]
+
+
+def phases(runner, samples, methods: dict, rows: int) -> dict[str, float]:
+    """Seconds in each part of a forward, each synchronised on both sides (so launch-bound parts lose their overlap
+    with the host and read high): the drafter's layers, the full blocks' scoring (head, chain, DDTree, top-k), the
+    chain-only blocks' head; the rest of the wall is the host's own bookkeeping."""
+    from dflash_eval.evaluate import trajectory as module
+
+    evaluator = TrajectoryEvaluator(runner, set(), rows_per_forward=rows, head_split=4, **methods)
+    spent: dict[str, float] = defaultdict(float)
+    device = runner.embed.device
+
+    def timed(label: str, inner):
+        def wrapper(*args, **kwargs):
+            bench.sync(device)
+            started = time.perf_counter()
+            out = inner(*args, **kwargs)
+            bench.sync(device)
+            spent[label] += time.perf_counter() - started
+            return out
+        return wrapper
+    hidden, tree = module.packed_hidden, module.tree_accepted
+    module.packed_hidden = timed("layers", hidden)
+    module.tree_accepted = timed("  of which DDTree", tree)
+    evaluator._full = timed("full blocks' scoring", evaluator._full)
+    evaluator._chain_flat = timed("chain-only head", evaluator._chain_flat)
+    specs = [SampleSpec(str(i), len(t), lambda f=f, t=t, lim=lim: LoadedSample(f, t, lim))
+             for i, (f, t, lim) in enumerate(samples)]
+    try:
+        bench.sync(device)
+        started = time.perf_counter()
+        for _ in evaluator.run(specs):
+            pass
+        bench.sync(device)
+    finally:
+        module.packed_hidden, module.tree_accepted = hidden, tree
+    spent["wall"] = time.perf_counter() - started
+    order = ["layers", "full blocks' scoring", "  of which DDTree", "chain-only head", "wall"]
+    return {label: spent[label] for label in order}
+
+
+def kernel_profile(runner, samples, methods: dict, rows: int, cuda: bool):
+    """GPU kernel seconds by kind, kernel launches, host-to-device copies, seconds the host blocked, rounds."""
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
+    with profile(activities=activities) as prof:
+        _, _, counts, _ = bench.trajectory(runner, samples, methods, rows, 4)
+    by_kind: dict[str, float] = defaultdict(float)
+    launches = copies = blocked = 0.0
+    for event in prof.key_averages():
+        if event.device_type == DeviceType.CUDA and event.self_device_time_total > 0:
+            by_kind[kernel_kind(event.key)] += event.self_device_time_total / 1e6
+        elif event.key in ("cudaLaunchKernel", "cudaLaunchKernelExC"):
+            launches += event.count
+        elif event.key == "cudaMemcpyAsync":
+            copies += event.count
+        if event.key in ("cudaStreamSynchronize", "cudaDeviceSynchronize", "cudaMemcpyAsync"):
+            blocked += event.self_cpu_time_total / 1e6
+    return by_kind, launches, copies, blocked, counts.rounds
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--device", default="cuda")
@@ -51,6 +144,7 @@ def main() -> None:
     parser.add_argument("--seq-len", type=int, default=2048)
     parser.add_argument("--rows", type=int, default=512)
     parser.add_argument("--sets", nargs="+", default=["chain-B"], choices=["chain-B", "default"])
+    parser.add_argument("--no-kernels", action="store_true", help="skip the profiled run (the by-round table stays)")
     parser.add_argument("--record", type=Path, default=ROOT / "benchmarks/results/round_profile.md")
     args = parser.parse_args()
     from dflash import DFlashDraftModel
@@ -73,6 +167,7 @@ def main() -> None:
              "| methods | samples | wall s | rounds | ms/round | % of peak | profiled samples | kernel s | "
              "matmul | softmax | reduce/topk | copy | other | kernels/round | H2D copies/round | host blocked s |",
              "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    by_round: list[str] = []
     for name in args.sets:
         methods = {} if name == "chain-B" else default
         bench.trajectory(runner, samples[:4], methods, args.rows, 4)  # warm
@@ -80,29 +175,33 @@ def main() -> None:
         peak = 100 * bench.needed_flops(config, counts.by_size) / seconds / (bench.PEAK_TFLOPS * 1e12) if cuda else None
         print(f"{name}: {seconds:.2f} s, {counts.rounds} rounds", flush=True)
         profiled = args.profiled_samples or (len(samples) if name == "chain-B" else len(samples) // 2)
-        activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
-        with profile(activities=activities) as prof:
-            _, _, profiled_counts, _ = bench.trajectory(runner, samples[:profiled], methods, args.rows, 4)
-        by_kind: dict[str, float] = defaultdict(float)
-        launches = copies = blocked = 0.0
-        for event in prof.key_averages():
-            if event.device_type == DeviceType.CUDA and event.self_device_time_total > 0:
-                by_kind[kernel_kind(event.key)] += event.self_device_time_total / 1e6
-            elif event.key in ("cudaLaunchKernel", "cudaLaunchKernelExC"):
-                launches += event.count
-            elif event.key == "cudaMemcpyAsync":
-                copies += event.count
-            if event.key in ("cudaStreamSynchronize", "cudaDeviceSynchronize", "cudaMemcpyAsync"):
-                blocked += event.self_cpu_time_total / 1e6
-        rounds = profiled_counts.rounds
         kinds = ["matmul", "softmax", "reduce/topk", "copy", "other"]
-        lines.append("| " + " | ".join([
-            name, str(len(samples)), f"{seconds:.2f}", str(counts.rounds), f"{1000 * seconds / counts.rounds:.1f}",
-            f"{peak:.1f}%" if peak is not None else "-", str(profiled), f"{sum(by_kind.values()):.2f}",
-            *[f"{by_kind[k]:.2f}" for k in kinds], f"{launches / rounds:.0f}", f"{copies / rounds:.1f}",
-            f"{blocked:.2f}"]) + " |")
+        cells = [name, str(len(samples)), f"{seconds:.2f}", str(counts.rounds), f"{1000 * seconds / counts.rounds:.1f}",
+                 f"{peak:.1f}%" if peak is not None else "-"]
+        if args.no_kernels:
+            cells += ["-"] * 10
+        else:
+            by_kind, launches, copies, blocked, rounds = kernel_profile(runner, samples[:profiled], methods, args.rows,
+                                                                        cuda)
+            cells += [str(profiled), f"{sum(by_kind.values()):.2f}", *[f"{by_kind[k]:.2f}" for k in kinds],
+                      f"{launches / rounds:.0f}", f"{copies / rounds:.1f}", f"{blocked:.2f}"]
+        lines.append("| " + " | ".join(cells) + " |")
         print(lines[-1], flush=True)
-    lines += ["", "Kernel seconds are the profiled run's (its samples); the wall and % of peak are the unprofiled run's."]
+        if name != "chain-B":
+            buckets = rounds_by_size(runner, samples, methods, args.rows, config)
+            wall = sum(seconds for _, _, seconds, _ in buckets)
+            by_round.append(f"{name}, all {len(samples)} samples, rounds by blocks computed (each round's own wall; "
+                            f"sum {wall:.2f} s):")
+            for bucket, count, seconds, flops in buckets:
+                share = f"{100 * flops / seconds / (bench.PEAK_TFLOPS * 1e12):.1f}% of peak" if cuda and seconds else "-"
+                by_round.append(f"  {bucket:>8} blocks: {count:5d} rounds, {seconds:7.2f} s "
+                                f"({100 * seconds / max(wall, 1e-9):4.1f}%), {1000 * seconds / max(count, 1):6.2f} ms/round, {share}")
+            spent = phases(runner, samples[:profiled], methods, args.rows)
+            by_round.append(f"{name}, {profiled} samples, synchronised parts: "
+                            + ", ".join(f"{label.strip()} {seconds:.2f} s" for label, seconds in spent.items()))
+            print("\n".join(by_round), flush=True)
+    lines += ["", "Kernel seconds are the profiled run's (its samples); the wall and % of peak are the unprofiled run's.",
+              *by_round]
     print_and_record(lines, args.record)
 
 
