@@ -44,13 +44,13 @@ def kernel_kind(name: str) -> str:
     return "other"
 
 
-BUCKETS = [(0, 0), (1, 64), (65, 192), (193, 512), (513, 1 << 30)]  # blocks computed in a round
+BUCKETS = [(0, 0), (1, 32), (33, 128), (129, 256), (257, 512), (513, 768), (769, 1 << 30)]  # blocks a round computes
 
 
-def rounds_by_size(runner, samples, methods: dict, rows: int, config) -> list[tuple[str, int, float, float]]:
-    """Each round's wall (a round ends in a read of the GPU's results, so its wall is its own), bucketed by the
-    blocks it computed: (bucket, rounds, seconds, needed FLOPs). Shows whether many small, launch-bound rounds
-    or the few large ones hold the time."""
+def rounds_by_size(runner, samples, methods: dict, rows: int, config):
+    """The evaluation's wall and counts, and each round's wall (a round ends in a read of the GPU's results, so its
+    wall is its own) bucketed by the blocks it computed: (bucket, rounds, seconds, needed FLOPs). Shows whether
+    many small, launch-bound rounds or the few large ones hold the time."""
     evaluator = TrajectoryEvaluator(runner, set(), rows_per_forward=rows, head_split=4, **methods)
     inner = evaluator._round
     totals = {bucket: [0, 0.0, 0.0] for bucket in BUCKETS}
@@ -70,10 +70,13 @@ def rounds_by_size(runner, samples, methods: dict, rows: int, config) -> list[tu
     specs = [SampleSpec(str(i), len(t), lambda f=f, t=t, lim=lim: LoadedSample(f, t, lim))
              for i, (f, t, lim) in enumerate(samples)]
     bench.sync(runner.embed.device)
+    started = time.perf_counter()
     for _ in evaluator.run(specs):
         pass
-    return [(f"{lo}" if lo == hi else f"{lo}+" if hi >= 1 << 30 else f"{lo}-{hi}", *totals[(lo, hi)])
-            for lo, hi in BUCKETS]
+    bench.sync(runner.embed.device)
+    wall = time.perf_counter() - started
+    return wall, evaluator.counts, [(f"{lo}" if lo == hi else f"{lo}+" if hi >= 1 << 30 else f"{lo}-{hi}",
+                                     *totals[(lo, hi)]) for lo, hi in BUCKETS]
 
 
 def phases(runner, samples, methods: dict, rows: int) -> dict[str, float]:
@@ -171,7 +174,15 @@ def main() -> None:
     for name in args.sets:
         methods = {} if name == "chain-B" else default
         bench.trajectory(runner, samples[:4], methods, args.rows, 4)  # warm
-        seconds, _, counts, _ = bench.trajectory(runner, samples, methods, args.rows, 4)
+        if name == "chain-B":
+            seconds, _, counts, _ = bench.trajectory(runner, samples, methods, args.rows, 4)
+        else:  # each round timed on its own: the wall of the whole and its share by the size of a round
+            seconds, counts, buckets = rounds_by_size(runner, samples, methods, args.rows, config)
+            by_round.append(f"{name}, all {len(samples)} samples, rounds by the blocks they compute:")
+            for bucket, count, spent, flops in buckets:
+                share = f"{100 * flops / spent / (bench.PEAK_TFLOPS * 1e12):.1f}% of peak" if cuda and spent else "-"
+                by_round.append(f"  {bucket:>8} blocks: {count:5d} rounds, {spent:7.2f} s ({100 * spent / seconds:4.1f}%),"
+                                f" {1000 * spent / max(count, 1):6.2f} ms/round, {share}")
         peak = 100 * bench.needed_flops(config, counts.by_size) / seconds / (bench.PEAK_TFLOPS * 1e12) if cuda else None
         print(f"{name}: {seconds:.2f} s, {counts.rounds} rounds", flush=True)
         profiled = args.profiled_samples or (len(samples) if name == "chain-B" else len(samples) // 2)
@@ -188,18 +199,10 @@ def main() -> None:
         lines.append("| " + " | ".join(cells) + " |")
         print(lines[-1], flush=True)
         if name != "chain-B":
-            buckets = rounds_by_size(runner, samples, methods, args.rows, config)
-            wall = sum(seconds for _, _, seconds, _ in buckets)
-            by_round.append(f"{name}, all {len(samples)} samples, rounds by blocks computed (each round's own wall; "
-                            f"sum {wall:.2f} s):")
-            for bucket, count, seconds, flops in buckets:
-                share = f"{100 * flops / seconds / (bench.PEAK_TFLOPS * 1e12):.1f}% of peak" if cuda and seconds else "-"
-                by_round.append(f"  {bucket:>8} blocks: {count:5d} rounds, {seconds:7.2f} s "
-                                f"({100 * seconds / max(wall, 1e-9):4.1f}%), {1000 * seconds / max(count, 1):6.2f} ms/round, {share}")
             spent = phases(runner, samples[:profiled], methods, args.rows)
             by_round.append(f"{name}, {profiled} samples, synchronised parts: "
-                            + ", ".join(f"{label.strip()} {seconds:.2f} s" for label, seconds in spent.items()))
-            print("\n".join(by_round), flush=True)
+                            + ", ".join(f"{label.strip()} {part:.2f} s" for label, part in spent.items()))
+        print("\n".join(by_round), flush=True)
     lines += ["", "Kernel seconds are the profiled run's (its samples); the wall and % of peak are the unprofiled run's.",
               *by_round]
     print_and_record(lines, args.record)
