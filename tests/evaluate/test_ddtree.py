@@ -207,3 +207,25 @@ def test_candidate_pairs_are_every_pair_within_the_budget(budget, parents, width
     parent, token = _candidate_pairs(budget, parents, width, torch.device("cpu"))
     expected = [(i, j) for i in range(parents) for j in range(width) if (i + 1) * (j + 1) <= budget]
     assert list(zip(parent.tolist(), token.tolist())) == expected
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_top_log_probs_are_a_top_k_of_the_log_probs_bit_for_bit(dtype):
+    """The top-k runs on the logits and gathers the log-probs: the same sorted bits as a top-k of the log-probs,
+    ties included (coarse logits give many), and the truth found in it wherever the logits rank it inside."""
+    from dflash_eval.evaluate.ddtree import truth_path_ranks
+
+    generator = torch.Generator().manual_seed(3)
+    logits = (torch.randn(6, 5, 300, generator=generator) * 4).round().to(dtype)  # integers: ties everywhere
+    logits[0, :, 7] = 30.0  # one clear winner in a row
+    truth = torch.randint(0, 300, (6, 5), generator=generator)
+    truth[1, 2] = -1
+    width = 16
+    values, exists, _ = truth_path_ranks(logits, truth, width)
+    expected = torch.topk(torch.log_softmax(logits.float(), dim=-1), width, dim=-1).values
+    assert values.dtype == torch.float32
+    assert torch.equal(values, expected)
+    kth = torch.topk(logits.float(), width, dim=-1).values[..., -1]
+    clearly_inside = (logits.float().gather(-1, truth.clamp(min=0)[..., None])[..., 0] > kth) & (truth >= 0)
+    strictly = clearly_inside.to(torch.int64).cumprod(dim=-1).bool()
+    assert not (strictly & ~exists).any()  # a truth ranked strictly inside is always found
