@@ -58,6 +58,7 @@ from tests.support.accepted import accepted_tokens  # noqa: E402
 from dflash_eval.evaluate.acceptance import SequenceLimits  # noqa: E402
 from dflash_eval.evaluate.anchors import chain_method, evaluate_sample  # noqa: E402
 from dflash_eval.evaluate.blocks import BlockDrafter  # noqa: E402
+from dflash_eval.evaluate.packed import fused_attention_for  # noqa: E402
 from dflash_eval.evaluate.trajectory import LoadedSample, SampleSpec, TrajectoryEvaluator  # noqa: E402
 
 PEAK_TFLOPS = 790.0  # bf16 dense matrix rate measured on one H200
@@ -125,11 +126,12 @@ def all_anchor(runner, samples, methods: dict, chunk: int) -> tuple[float, int, 
     return time.perf_counter() - started, completion_tokens(samples), steps
 
 
-def trajectory(runner, samples, methods: dict, rows: int, split: int | None, groups: str = "slot"):
+def trajectory(runner, samples, methods: dict, rows: int, split: int | None, groups: str = "slot",
+               fused: bool | None = None):
     specs = [SampleSpec(str(i), len(t), lambda f=f, t=t, lim=lim: LoadedSample(f, t, lim))
              for i, (f, t, lim) in enumerate(samples)]
     evaluator = TrajectoryEvaluator(runner, set(), rows_per_forward=rows, head_split=split, attention_groups=groups,
-                                    **methods)
+                                    fused_attention=fused, **methods)
     sync(runner.embed.device)
     started = time.perf_counter()
     results = dict(evaluator.run(specs))
@@ -235,6 +237,8 @@ def main() -> int:
     parser.add_argument("--threads", type=int, default=None)
     parser.add_argument("--head-spread", type=float, default=1.5,
                         help="sigma of the log of the LM head's row norms (0: equal norms; see the docstring)")
+    parser.add_argument("--compare-attention", action="store_true",
+                        help="also the trajectory evaluator with the other attention (fused / explicit products)")
     parser.add_argument("--profile", action="store_true", help="the attention's share of a trajectory evaluation")
     parser.add_argument("--sets", nargs="+", default=["chain-B", "default"], choices=["chain-B", "default"])
     parser.add_argument("--note", default="", help="a line for the record (e.g. the machine's load)")
@@ -279,15 +283,18 @@ def main() -> int:
             if name not in args.sets:
                 continue
             rows = []  # label, samples, tokens, seconds, blocks per token, needed FLOPs per token
-            variants = [(per_forward, args.head_split, "slot") for per_forward in args.rows]
+            variants = [(per_forward, args.head_split, "slot", None) for per_forward in args.rows]
             if args.levers:
-                variants += [(args.rows[0], None, "slot"), (args.rows[0], args.head_split, "row")]
-            for per_forward, split, groups in variants:
-                trajectory(runner, samples[:2], methods, per_forward, split, groups)  # warm
+                variants += [(args.rows[0], None, "slot", None), (args.rows[0], args.head_split, "row", None)]
+            if args.compare_attention:  # the other attention than the device's own
+                variants.append((args.rows[0], args.head_split, "slot", not fused_attention_for(device)))
+            for per_forward, split, groups, fused in variants:
+                trajectory(runner, samples[:2], methods, per_forward, split, groups, fused)  # warm
                 seconds, tokens, counts, traj_steps = trajectory(runner, samples[:n_traj], methods, per_forward, split,
-                                                                 groups)
+                                                                 groups, fused)
                 label = f"trajectory, {per_forward} rows/forward" + ("" if split else ", whole LM head") \
-                    + (", attention per block" if groups == "row" else "")
+                    + (", attention per block" if groups == "row" else "") \
+                    + ("" if fused is None else ", fused attention" if fused else ", attention as products")
                 if not rows:
                     answer = traj_steps  # the first variant's steps: what the other evaluators are compared with
                 # In bf16 two variants may take different steps (rounding): each counts the work of its own answer.

@@ -15,7 +15,8 @@ from tests.support.tiny import MASK_ID, tiny_drafter, tiny_target
 @pytest.mark.parametrize("window", [None, 3])
 @pytest.mark.parametrize("score_budget", [packed.SCORE_BUDGET, 1], ids=["one-pass", "slot-by-slot"])
 @pytest.mark.parametrize("groups", ["slot", "row"])
-def test_packed_blocks_equal_per_sample_blocks(dflash2, window, score_budget, groups, monkeypatch):
+@pytest.mark.parametrize("fused", [False, True], ids=["products", "fused"])
+def test_packed_blocks_equal_per_sample_blocks(dflash2, window, score_budget, groups, fused, monkeypatch):
     monkeypatch.setattr(packed, "SCORE_BUDGET", score_budget)
     target = tiny_target()
     drafter = tiny_drafter([0, 2], window=window, block_size=6, dflash2=dflash2)
@@ -37,7 +38,7 @@ def test_packed_blocks_equal_per_sample_blocks(dflash2, window, score_budget, gr
     with torch.no_grad():
         batch = pack(slot, anchor, size, tokens, MASK_ID, torch.device("cpu"), groups)
         assert not isinstance(batch.slots, slice)
-        hidden = packed_hidden(runner, pool, batch, cos, sin)
+        hidden = packed_hidden(runner, pool, batch, cos, sin, fused=fused)
         start = np.concatenate([[0], np.cumsum(size)[:-1]])
         for row in range(len(slot)):
             s, a, b = int(slot[row]), int(anchor[row]), int(size[row])

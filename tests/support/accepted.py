@@ -15,7 +15,7 @@ import numpy as np
 import torch
 
 from dflash_eval.evaluate.blocks import BlockDrafter
-from dflash_eval.evaluate.packed import ContextPool, pack, packed_hidden
+from dflash_eval.evaluate.packed import ContextPool, fused_attention_for, pack, packed_hidden
 
 
 def acceptance_rate(tau: float, block: int) -> float:
@@ -59,7 +59,7 @@ def accepted_tokens(runner: BlockDrafter, features: list[torch.Tensor], prompt_l
                 slot = going[lo:lo + rows]
                 size = np.minimum(block, lengths[slot] - anchor[slot])
                 batch = pack(slot, anchor[slot], size, tokens, runner.mask_token_id, device)
-                hidden = packed_hidden(runner, pool, batch, cos, sin)
+                hidden = packed_hidden(runner, pool, batch, cos, sin, fused_attention_for(device))
                 start = np.concatenate([[0], np.cumsum(size)[:-1]])
                 drafts: dict[int, tuple[list[int], list[int]]] = {}
                 for width in np.unique(size).tolist():

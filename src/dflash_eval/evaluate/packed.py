@@ -23,6 +23,7 @@ import numpy as np
 import torch
 from torch import nn
 from torch.nn import functional as F
+from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from dflash_eval.evaluate.blocks import BlockDrafter, _rope, visibility_rule
 from dflash_eval.evaluate.transfer import to_device
@@ -30,6 +31,9 @@ from dflash_eval.evaluate.transfer import to_device
 SCORE_BUDGET = 1 << 27  # attention score elements per part of the groups (256 MiB in bf16): bounds memory
 PARTS = 4  # the attention's groups run in up to this many parts, each trimmed to its own context and queries
 SPLIT_GAIN = 0.75  # a split is taken where it leaves at most this share of the score elements
+# Kernels that take an additive mask without storing the scores (CUDA: memory-efficient; CPU: flash); never the
+# math backend, which would store them.
+FUSED_BACKENDS = [SDPBackend.EFFICIENT_ATTENTION, SDPBackend.FLASH_ATTENTION]
 
 
 class ContextPool:
@@ -156,7 +160,8 @@ class Part:
 
 
 def _parts(batch: PackedBlocks, heads: int) -> list[Part]:
-    """Up to PARTS parts of consecutive groups, each part's scores within SCORE_BUDGET elements.
+    """Up to PARTS parts of consecutive groups, each part's stored scores (`heads` rows per query: the fused
+    attention stores only its mask, one row per query head of a key head) within SCORE_BUDGET elements.
 
     More parts trim more padding (each part sees only its own groups' longest context and queries), but each
     costs a dozen more kernel launches per layer, and on a GPU a round is bound by its launches: so a split is
@@ -184,10 +189,18 @@ def _parts(batch: PackedBlocks, heads: int) -> list[Part]:
     return best
 
 
-def _score_bias(visible: torch.Tensor, batch: PackedBlocks, parts: list[Part], dtype: torch.dtype) -> list[torch.Tensor]:
+def fused_attention_for(device: torch.device) -> bool:
+    """The fused attention (F.scaled_dot_product_attention's memory-efficient kernel, scores never stored) runs on
+    CUDA; on a CPU the explicit products run (they are faster there, and give the all-anchor evaluator's bits)."""
+    return device.type == "cuda"
+
+
+def _score_bias(visible: torch.Tensor, batch: PackedBlocks, parts: list[Part], dtype: torch.dtype,
+                groups: int | None = None) -> list[torch.Tensor]:
     """Per part, 0 where a query sees a key and -inf where not, [p, 1, Q_part, see + Q_part] (shared by every layer
     of a kind). Added to the (finite) scores it gives what filling them with -inf gives, bit for bit, and on the
-    2-core VM an add ran 23-29x faster than a masked fill (benchmarks/results/score_ops.md)."""
+    2-core VM an add ran 23-29x faster than a masked fill (benchmarks/results/score_ops.md). For the fused attention
+    (`groups`: query heads per key head) each query's row is repeated for its group's heads: [p, 1, g * Q_part, K]."""
     ctx, queries = batch.ctx_len, batch.query_gather.shape[1]
     biases = []
     for part in parts:
@@ -195,13 +208,15 @@ def _score_bias(visible: torch.Tensor, batch: PackedBlocks, parts: list[Part], d
         if part.see < ctx or part.width < queries:
             mask = torch.cat([mask[..., :part.see], mask[..., ctx:ctx + part.width]], dim=-1)
         bias = torch.zeros(mask.shape, dtype=dtype, device=mask.device).masked_fill_(~mask, float("-inf"))
+        if groups is not None:
+            bias = bias[:, None].expand(-1, groups, -1, -1).reshape(bias.shape[0], -1, bias.shape[-1])
         biases.append(bias[:, None])
     return biases
 
 
 def _attention(drafter: BlockDrafter, attn: nn.Module, hidden: torch.Tensor, keys: torch.Tensor,
                values: torch.Tensor, batch: PackedBlocks, parts: list[Part], biases: list[torch.Tensor],
-               cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+               cos: torch.Tensor, sin: torch.Tensor, fused: bool) -> torch.Tensor:
     n = hidden.shape[0]
     head_dim, groups = drafter.head_dim, drafter.kv_groups
     q = attn.q_norm(attn.q_proj(hidden).view(n, -1, head_dim))
@@ -210,11 +225,12 @@ def _attention(drafter: BlockDrafter, attn: nn.Module, hidden: torch.Tensor, key
     heads = q.shape[1]
     roped = _rope(torch.cat([q, k], dim=1), cos[:, None], sin[:, None])
     q, k = roped[:, :heads] * attn.scaling, roped[:, heads:]
-    return attn.o_proj(_attend(q, k, v, keys, values, batch, parts, biases, groups))
+    return attn.o_proj(_attend(q, k, v, keys, values, batch, parts, biases, groups, fused))
 
 
 def _attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, keys: torch.Tensor, values: torch.Tensor,
-            batch: PackedBlocks, parts: list[Part], biases: list[torch.Tensor], groups: int) -> torch.Tensor:
+            batch: PackedBlocks, parts: list[Part], biases: list[torch.Tensor], groups: int,
+            fused: bool = False) -> torch.Tensor:
     """Scaled q [N, heads, D], block k, v [N, Hkv, D] against their slots' context: [N, heads * D].
 
     As in blocks.py: the scale on q, one copy of the scores masked in place (here by adding the bias), softmax in
@@ -233,11 +249,17 @@ def _attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, keys: torch.Tenso
     for part, bias in zip(parts, biases):
         lo, hi, see, width = part.groups.start, part.groups.stop, part.see, part.width
         part_q = q[lo:hi, :, :, :width].reshape(hi - lo, n_kv, groups * width, head_dim)
-        scores = torch.cat([part_q @ keys[lo:hi, :, :see].transpose(-1, -2),
-                            part_q @ k[lo:hi, :, :width].transpose(-1, -2)], dim=-1)
-        scores.view(hi - lo, n_kv, groups, width, -1).add_(bias[:, None])
-        weights = torch.softmax(scores, dim=-1)
-        done = weights[..., :see] @ values[lo:hi, :, :see] + weights[..., see:] @ v[lo:hi, :, :width]
+        if fused:
+            with sdpa_kernel(FUSED_BACKENDS):
+                done = F.scaled_dot_product_attention(
+                    part_q, torch.cat([keys[lo:hi, :, :see], k[lo:hi, :, :width]], dim=2),
+                    torch.cat([values[lo:hi, :, :see], v[lo:hi, :, :width]], dim=2), attn_mask=bias, scale=1.0)
+        else:
+            scores = torch.cat([part_q @ keys[lo:hi, :, :see].transpose(-1, -2),
+                                part_q @ k[lo:hi, :, :width].transpose(-1, -2)], dim=-1)
+            scores.view(hi - lo, n_kv, groups, width, -1).add_(bias[:, None])
+            weights = torch.softmax(scores, dim=-1)
+            done = weights[..., :see] @ values[lo:hi, :, :see] + weights[..., see:] @ v[lo:hi, :, :width]
         done = done.view(hi - lo, n_kv, groups, width, head_dim)
         if len(parts) == 1:
             out = done if width == queries else torch.nn.functional.pad(done, (0, 0, 0, queries - width))
@@ -265,21 +287,24 @@ def _around_conv(conv: nn.Module | None, hidden: torch.Tensor, inner, batch: Pac
 
 
 def packed_hidden(drafter: BlockDrafter, pool: ContextPool, batch: PackedBlocks, cos: torch.Tensor,
-                  sin: torch.Tensor) -> torch.Tensor:
-    """Final (normed) drafter hidden states [N, H] of the packed blocks; cos/sin [max position, D] tables."""
+                  sin: torch.Tensor, fused: bool = False) -> torch.Tensor:
+    """Final (normed) drafter hidden states [N, H] of the packed blocks; cos/sin [max position, D] tables;
+    `fused`: the fused attention kernel (see fused_attention_for)."""
     hidden = F.embedding(batch.token_ids, drafter.embed) * drafter.embed_scale
     cos, sin = cos[batch.positions], sin[batch.positions]
-    parts = _parts(batch, drafter.drafter.layers[0].self_attn.q_proj.out_features // drafter.head_dim)
+    heads = drafter.drafter.layers[0].self_attn.q_proj.out_features // drafter.head_dim
+    parts = _parts(batch, drafter.kv_groups if fused else heads)
     biases: dict[tuple[bool, int | None], list[torch.Tensor]] = {}  # per kind of layer, per part
     for layer, keys, values in zip(drafter.drafter.layers, pool.keys, pool.values):
         attn = layer.self_attn
         kind = (bool(attn.is_causal), attn.sliding_window)
         if kind not in biases:
-            biases[kind] = _score_bias(_visible(attn, batch), batch, parts, hidden.dtype)
+            biases[kind] = _score_bias(_visible(attn, batch), batch, parts, hidden.dtype,
+                                       drafter.kv_groups if fused else None)
         keys, values = keys[batch.slots, :, :batch.ctx_len], values[batch.slots, :, :batch.ctx_len]  # what any query sees
         hidden = hidden + _around_conv(
             getattr(layer, "attention_conv", None), layer.input_layernorm(hidden),
-            lambda x: _attention(drafter, attn, x, keys, values, batch, parts, biases[kind], cos, sin), batch)
+            lambda x: _attention(drafter, attn, x, keys, values, batch, parts, biases[kind], cos, sin, fused), batch)
         hidden = hidden + _around_conv(getattr(layer, "mlp_conv", None), layer.post_attention_layernorm(hidden),
                                        layer.mlp, batch)
     return drafter.drafter.norm(hidden)

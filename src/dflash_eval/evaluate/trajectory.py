@@ -32,7 +32,7 @@ from dflash_eval.evaluate.acceptance import SequenceLimits
 from dflash_eval.evaluate.anchors import chain_method, tree_method
 from dflash_eval.evaluate.blocks import BlockDrafter
 from dflash_eval.evaluate.ddtree import tree_accepted
-from dflash_eval.evaluate.packed import ContextPool, pack, packed_hidden
+from dflash_eval.evaluate.packed import ContextPool, fused_attention_for, pack, packed_hidden
 from dflash_eval.evaluate.transfer import to_device
 
 UNKNOWN = -1
@@ -89,12 +89,13 @@ class TrajectoryEvaluator:
 
     A forward holds at most `rows_per_forward` blocks; the pool at most `rows_per_forward` samples (fewer
     when their contexts would take more than `pool_bytes`: default half the free GPU memory, 2 GiB on CPU).
+    `fused_attention`: None picks by device (packed.fused_attention_for).
     """
 
     def __init__(self, drafter: BlockDrafter, stop_ids: set[int], block_sizes: Sequence[int] = (),
                  budgets: Sequence[int] = (), topk: Sequence[int] = (), rows_per_forward: int = 128,
                  pool_slots: int | None = None, head_split: int | None = 4, pool_bytes: int | None = None,
-                 attention_groups: str = "slot") -> None:
+                 attention_groups: str = "slot", fused_attention: bool | None = None) -> None:
         self.drafter = drafter
         self.stop_ids = set(stop_ids)
         self.block = drafter.block_size
@@ -117,6 +118,7 @@ class TrajectoryEvaluator:
         self.counts = Counts()
         self.device = drafter.embed.device
         self.dtype = drafter.embed.dtype
+        self.fused = fused_attention_for(self.device) if fused_attention is None else fused_attention
 
     # -- the pool ------------------------------------------------------------------------------
     def _slots(self, samples: Sequence[SampleSpec], capacity: int) -> int:
@@ -227,7 +229,7 @@ class TrajectoryEvaluator:
     def _forward(self, slot: np.ndarray, anchor: np.ndarray, size: np.ndarray, full: np.ndarray) -> None:
         drafter, device = self.drafter, self.device
         batch = pack(slot, anchor, size, self.tokens, drafter.mask_token_id, device, self.attention_groups)
-        hidden = packed_hidden(drafter, self.pool, batch, self.cos, self.sin)
+        hidden = packed_hidden(drafter, self.pool, batch, self.cos, self.sin, self.fused)
         row_start = np.concatenate([[0], np.cumsum(size)[:-1]])
         # One table of outcomes per forward, read back once: matched, tree depths, top-k hits per position.
         wide_rows = full & bool(self.budgets or self.topk)  # full blocks serve trees and top-k when there are any
