@@ -45,6 +45,7 @@ import argparse
 import platform
 import sys
 import time
+from contextlib import contextmanager
 from pathlib import Path
 
 import torch
@@ -58,6 +59,7 @@ from tests.support.accepted import accepted_tokens  # noqa: E402
 from dflash_eval.evaluate.acceptance import SequenceLimits  # noqa: E402
 from dflash_eval.evaluate.anchors import chain_method, evaluate_sample  # noqa: E402
 from dflash_eval.evaluate.blocks import BlockDrafter  # noqa: E402
+from dflash_eval.evaluate import packed  # noqa: E402
 from dflash_eval.evaluate.packed import fused_attention_for  # noqa: E402
 from dflash_eval.evaluate.trajectory import LoadedSample, SampleSpec, TrajectoryEvaluator  # noqa: E402
 
@@ -128,6 +130,10 @@ def all_anchor(runner, samples, methods: dict, chunk: int) -> tuple[float, int, 
 
 def trajectory(runner, samples, methods: dict, rows: int, split: int | None, groups: str = "slot",
                fused: bool | None = None):
+    """fused: None the device's choice, False the explicit products alone, True the fused kernel alone."""
+    if fused:
+        with patched(packed, "FUSED_MIN_QUERIES", 0):
+            return trajectory(runner, samples, methods, rows, split, groups, None)
     specs = [SampleSpec(str(i), len(t), lambda f=f, t=t, lim=lim: LoadedSample(f, t, lim))
              for i, (f, t, lim) in enumerate(samples)]
     evaluator = TrajectoryEvaluator(runner, set(), rows_per_forward=rows, head_split=split, attention_groups=groups,
@@ -139,6 +145,16 @@ def trajectory(runner, samples, methods: dict, rows: int, split: int | None, gro
     seconds = time.perf_counter() - started
     return seconds, completion_tokens(samples), evaluator.counts, \
         {key: result.steps for key, result in results.items()}
+
+
+@contextmanager
+def patched(module, name: str, value):
+    saved = getattr(module, name)
+    setattr(module, name, value)
+    try:
+        yield
+    finally:
+        setattr(module, name, saved)
 
 
 @torch.inference_mode()
@@ -187,7 +203,6 @@ def attention_share(runner, samples, methods: dict, rows: int, split: int | None
     profiler's device (or CPU) time."""
     from torch.profiler import ProfilerActivity, profile, record_function
 
-    from dflash_eval.evaluate import packed
 
     inner = packed._attend
 
@@ -286,15 +301,17 @@ def main() -> int:
             variants = [(per_forward, args.head_split, "slot", None) for per_forward in args.rows]
             if args.levers:
                 variants += [(args.rows[0], None, "slot", None), (args.rows[0], args.head_split, "row", None)]
-            if args.compare_attention:  # the other attention than the device's own
-                variants.append((args.rows[0], args.head_split, "slot", not fused_attention_for(device)))
+            if args.compare_attention:  # each attention alone (the device's choice mixes them by queries per group)
+                variants += [(args.rows[0], args.head_split, "slot", False)]
+                if fused_attention_for(device):
+                    variants += [(args.rows[0], args.head_split, "slot", True)]
             for per_forward, split, groups, fused in variants:
                 trajectory(runner, samples[:2], methods, per_forward, split, groups, fused)  # warm
                 seconds, tokens, counts, traj_steps = trajectory(runner, samples[:n_traj], methods, per_forward, split,
                                                                  groups, fused)
                 label = f"trajectory, {per_forward} rows/forward" + ("" if split else ", whole LM head") \
                     + (", attention per block" if groups == "row" else "") \
-                    + ("" if fused is None else ", fused attention" if fused else ", attention as products")
+                    + ("" if fused is None else ", fused attention alone" if fused else ", attention as products alone")
                 if not rows:
                     answer = traj_steps  # the first variant's steps: what the other evaluators are compared with
                 # In bf16 two variants may take different steps (rounding): each counts the work of its own answer.

@@ -34,6 +34,10 @@ SPLIT_GAIN = 0.75  # a split is taken where it leaves at most this share of the 
 # Kernels that take an additive mask without storing the scores (CUDA: memory-efficient; CPU: flash); never the
 # math backend, which would store them.
 FUSED_BACKENDS = [SDPBackend.EFFICIENT_ATTENTION, SDPBackend.FLASH_ATTENTION]
+# The fused kernel runs where a group holds at least this many queries. On the H200 (27B shape) it lost with one
+# 16-token block per sample (chain-B: 17.7 against 14.7 ms a round) and won with the default set's ~200 queries
+# per sample (42.3% of the roofline against 38.9%): benchmarks/results/evaluator_speed.md.
+FUSED_MIN_QUERIES = 64
 
 
 class ContextPool:
@@ -190,8 +194,9 @@ def _parts(batch: PackedBlocks, heads: int) -> list[Part]:
 
 
 def fused_attention_for(device: torch.device) -> bool:
-    """The fused attention (F.scaled_dot_product_attention's memory-efficient kernel, scores never stored) runs on
-    CUDA; on a CPU the explicit products run (they are faster there, and give the all-anchor evaluator's bits)."""
+    """The fused attention (F.scaled_dot_product_attention's memory-efficient kernel, scores never stored) may run
+    on CUDA (where a forward's groups hold FUSED_MIN_QUERIES queries); on a CPU the explicit products always run
+    (they give the all-anchor evaluator's bits, which the CPU evaluation promises)."""
     return device.type == "cuda"
 
 
@@ -289,7 +294,9 @@ def _around_conv(conv: nn.Module | None, hidden: torch.Tensor, inner, batch: Pac
 def packed_hidden(drafter: BlockDrafter, pool: ContextPool, batch: PackedBlocks, cos: torch.Tensor,
                   sin: torch.Tensor, fused: bool = False) -> torch.Tensor:
     """Final (normed) drafter hidden states [N, H] of the packed blocks; cos/sin [max position, D] tables;
-    `fused`: the fused attention kernel (see fused_attention_for)."""
+    `fused`: the fused attention kernel may run (see fused_attention_for); it does where a group holds at least
+    FUSED_MIN_QUERIES queries."""
+    fused = fused and int(batch.group_queries.max()) >= FUSED_MIN_QUERIES
     hidden = F.embedding(batch.token_ids, drafter.embed) * drafter.embed_scale
     cos, sin = cos[batch.positions], sin[batch.positions]
     heads = drafter.drafter.layers[0].self_attn.q_proj.out_features // drafter.head_dim
