@@ -43,7 +43,7 @@ def truth_path_ranks(logits: torch.Tensor, truth: torch.Tensor, width: int) -> t
     are its logits less one constant, so the top `width` logits are top `width` log-probs and the sorted values
     are the same bits as a top-k of the log-probs. On bf16 logits the top-k reads half the bytes, and a
     log-softmax that reads bf16 and writes float32 gives the bits of one over a float32 copy, without the copy
-    (benchmarks/results/ddtree_speed.md).
+    (benchmarks/results/ddtree_parts.md).
     """
     _, indices = torch.topk(logits, width, dim=-1)
     values = torch.log_softmax(logits, dim=-1, dtype=torch.float32).gather(-1, indices)
