@@ -203,7 +203,6 @@ def attention_share(runner, samples, methods: dict, rows: int, split: int | None
     profiler's device (or CPU) time."""
     from torch.profiler import ProfilerActivity, profile, record_function
 
-
     inner = packed._attend
 
     def labelled(*args, **kwargs):
@@ -253,7 +252,7 @@ def main() -> int:
     parser.add_argument("--head-spread", type=float, default=1.5,
                         help="sigma of the log of the LM head's row norms (0: equal norms; see the docstring)")
     parser.add_argument("--compare-attention", action="store_true",
-                        help="also the trajectory evaluator with the other attention (fused / explicit products)")
+                        help="also the trajectory evaluator with each attention alone (the products; on CUDA the fused kernel)")
     parser.add_argument("--profile", action="store_true", help="the attention's share of a trajectory evaluation")
     parser.add_argument("--sets", nargs="+", default=["chain-B", "default"], choices=["chain-B", "default"])
     parser.add_argument("--note", default="", help="a line for the record (e.g. the machine's load)")

@@ -67,3 +67,34 @@ def test_the_score_budget_bounds_every_part(monkeypatch):
     monkeypatch.setattr(packed, "SCORE_BUDGET", 3 * 4 * 16 * (1000 + 16))  # three groups' scores
     parts = packed._parts(_groups([1000] * 8, [16] * 8), heads=4)
     assert [p.groups for p in parts] == [slice(0, 3), slice(3, 6), slice(6, 8)]
+
+
+@pytest.mark.parametrize("threshold, runs", [(0, True), (7, True), (8, False)])
+def test_the_fused_kernel_runs_only_where_a_group_holds_enough_queries(threshold, runs, monkeypatch):
+    """The widest group here holds 7 queries (two blocks of one sample): fused at a threshold of 7, not of 8;
+    never where the caller does not allow it; and a CPU never allows it."""
+    monkeypatch.setattr(packed, "FUSED_MIN_QUERIES", threshold)
+    target = tiny_target()
+    drafter = tiny_drafter([0, 2], block_size=6)
+    runner = BlockDrafter(drafter, target.model.embed_tokens.weight.detach(), target.lm_head.weight.detach(), MASK_ID)
+    features = torch.randn(2, 20, 128, generator=torch.Generator().manual_seed(1))
+    tokens = np.full((2, 30), 5, dtype=np.int64)
+    pool = ContextPool(runner, 2, 20, torch.device("cpu"), torch.float32)
+    for slot in range(2):
+        pool.write(slot, runner, features[slot])
+    cos, sin = runner.rotary(30, pool.keys[0])
+    calls = []
+    inner = packed.F.scaled_dot_product_attention
+
+    def counted(*args, **kwargs):
+        calls.append(1)
+        return inner(*args, **kwargs)
+    monkeypatch.setattr(packed.F, "scaled_dot_product_attention", counted)
+    batch = pack(np.array([0, 0, 1]), np.array([4, 9, 6]), np.array([3, 4, 2]), tokens, MASK_ID, torch.device("cpu"))
+    with torch.no_grad():
+        packed_hidden(runner, pool, batch, cos, sin, fused=False)
+        assert not calls
+        packed_hidden(runner, pool, batch, cos, sin, fused=True)
+    assert bool(calls) == runs
+    assert packed.fused_attention_for(torch.device("cpu")) is False
+    assert packed.fused_attention_for(torch.device("cuda")) is True
