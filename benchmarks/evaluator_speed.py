@@ -45,7 +45,7 @@ import argparse
 import platform
 import sys
 import time
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from pathlib import Path
 
 import torch
@@ -128,21 +128,24 @@ def all_anchor(runner, samples, methods: dict, chunk: int) -> tuple[float, int, 
     return time.perf_counter() - started, completion_tokens(samples), steps
 
 
-def trajectory(runner, samples, methods: dict, rows: int, split: int | None, groups: str = "slot",
-               fused: bool | None = None):
-    """fused: None the device's choice, False the explicit products alone, True the fused kernel alone."""
-    if fused:
-        with patched(packed, "FUSED_MIN_QUERIES", 0):
-            return trajectory(runner, samples, methods, rows, split, groups, None)
+def run_timed(evaluator: TrajectoryEvaluator, samples) -> tuple[float, dict]:
+    """Seconds of a whole evaluation of `samples` (features, tokens, limits), synchronised, and its results."""
     specs = [SampleSpec(str(i), len(t), lambda f=f, t=t, lim=lim: LoadedSample(f, t, lim))
              for i, (f, t, lim) in enumerate(samples)]
-    evaluator = TrajectoryEvaluator(runner, set(), rows_per_forward=rows, head_split=split, attention_groups=groups,
-                                    fused_attention=fused, **methods)
-    sync(runner.embed.device)
+    sync(evaluator.device)
     started = time.perf_counter()
     results = dict(evaluator.run(specs))
-    sync(runner.embed.device)
-    seconds = time.perf_counter() - started
+    sync(evaluator.device)
+    return time.perf_counter() - started, results
+
+
+def trajectory(runner, samples, methods: dict, rows: int, split: int | None, groups: str = "slot",
+               fused: bool | None = None):
+    """fused: None the device's choice, False the explicit products alone, True the fused kernel in every forward."""
+    with patched(packed, "FUSED_MIN_QUERIES", 0) if fused else nullcontext():
+        evaluator = TrajectoryEvaluator(runner, set(), rows_per_forward=rows, head_split=split,
+                                        attention_groups=groups, fused_attention=fused, **methods)
+        seconds, results = run_timed(evaluator, samples)
     return seconds, completion_tokens(samples), evaluator.counts, \
         {key: result.steps for key, result in results.items()}
 

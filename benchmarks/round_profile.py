@@ -3,9 +3,12 @@
 On the H200 a chain-B round was bound by what the host issues (the GPU ran kernels for ~65% of the wall), so
 this prints what decides that: the wall of an unprofiled run, then from a profiled run the GPU's kernel time by
 kind (matrix products, softmax, reductions, copies, the rest), the kernels launched and host-to-device copies
-per round, and the host's time blocked in synchronisation. The drafter and samples are evaluator_speed.py's
-(random 27B-shaped drafter, tokens built for a chosen tau). Prints a table and appends it to
-benchmarks/results/round_profile.md.
+per round, and the host's time blocked in synchronisation. For the default method set it also times every round
+on its own, bucketed by the blocks it computes (whether many small launch-bound rounds or the few large ones hold
+the time), and the parts of a forward, each synchronised (layers, full blocks' scoring and its DDTree, the
+chain-only head). The drafter and samples are evaluator_speed.py's (random 27B-shaped drafter, tokens built for
+a chosen tau). Prints a table and appends it to benchmarks/results/round_profile.md (`--no-kernels` skips the
+profiled run).
 
     python3 benchmarks/round_profile.py --shape 27b --tau 6 --samples 64 --sets chain-B default
     python benchmarks/round_profile.py --device cpu --shape demo --samples 8 --seq-len 512
@@ -26,7 +29,7 @@ from torch.autograd import DeviceType
 from torch.profiler import ProfilerActivity, profile
 
 from dflash_eval.evaluate.blocks import BlockDrafter
-from dflash_eval.evaluate.trajectory import LoadedSample, SampleSpec, TrajectoryEvaluator
+from dflash_eval.evaluate.trajectory import TrajectoryEvaluator
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -67,14 +70,7 @@ def rounds_by_size(runner, samples, methods: dict, rows: int, config):
         totals[bucket][1] += seconds
         totals[bucket][2] += bench.needed_flops(config, grown)
     evaluator._round = timed
-    specs = [SampleSpec(str(i), len(t), lambda f=f, t=t, lim=lim: LoadedSample(f, t, lim))
-             for i, (f, t, lim) in enumerate(samples)]
-    bench.sync(runner.embed.device)
-    started = time.perf_counter()
-    for _ in evaluator.run(specs):
-        pass
-    bench.sync(runner.embed.device)
-    wall = time.perf_counter() - started
+    wall, _ = bench.run_timed(evaluator, samples)
     return wall, evaluator.counts, [(f"{lo}" if lo == hi else f"{lo}+" if hi >= 1 << 30 else f"{lo}-{hi}",
                                      *totals[(lo, hi)]) for lo, hi in BUCKETS]
 
@@ -103,17 +99,10 @@ def phases(runner, samples, methods: dict, rows: int) -> dict[str, float]:
     module.tree_accepted = timed("  of which DDTree", tree)
     evaluator._full = timed("full blocks' scoring", evaluator._full)
     evaluator._chain_flat = timed("chain-only head", evaluator._chain_flat)
-    specs = [SampleSpec(str(i), len(t), lambda f=f, t=t, lim=lim: LoadedSample(f, t, lim))
-             for i, (f, t, lim) in enumerate(samples)]
     try:
-        bench.sync(device)
-        started = time.perf_counter()
-        for _ in evaluator.run(specs):
-            pass
-        bench.sync(device)
+        spent["wall"], _ = bench.run_timed(evaluator, samples)
     finally:
         module.packed_hidden, module.tree_accepted = hidden, tree
-    spent["wall"] = time.perf_counter() - started
     order = ["layers", "full blocks' scoring", "  of which DDTree", "chain-only head", "wall"]
     return {label: spent[label] for label in order}
 
