@@ -22,6 +22,8 @@ Rows, per tau and method set ("chain-B": the drafter's own chain alone; "default
 DDTree 8/16/32/64 and top-k 1/4/16, the stage's defaults):
 - all-anchor: anchors.evaluate_sample per sample (the evaluator before the trajectory one);
 - trajectory: trajectory.TrajectoryEvaluator over all samples (the stage's evaluator);
+- with --compare-attention, the same with each attention forced: the explicit products alone, and on CUDA
+  the fused kernel in every forward (the device's choice mixes them by queries per sample: packed.py);
 - reference loop (chain-B only): `dflash_generate`'s draft phase, batch 1, its KV cache, the host
   reading the acceptance each step, following its own chain; as published (the LM head on the
   strided slice) and with a contiguous head (the best version of it); warm. Its time to result is
