@@ -27,6 +27,7 @@ import jsonschema
 import yaml
 
 from dflash_eval.errors import DflashEvalError
+from dflash_eval.yaml_files import read_yaml
 
 PACKAGE_ROOT = Path(__file__).resolve().parents[2]
 SCHEMA_PATH = PACKAGE_ROOT / "workflow" / "schemas" / "config.schema.yaml"
@@ -147,11 +148,7 @@ def load_config(path: str | Path) -> dict:
     path = Path(path)
     if not path.exists():
         raise DflashEvalError(f"config file {path} not found")
-    try:
-        raw = yaml.safe_load(path.read_text()) or {}
-    except yaml.YAMLError as error:
-        raise DflashEvalError(f"{path}: not valid YAML ({error})") from error
-    return validate_config(raw, str(path))
+    return validate_config(read_yaml(path) or {}, str(path))
 
 
 # -- checkpoint directories and selections ------------------------------------------------------

@@ -46,6 +46,22 @@ def target_config_hash(path: str | Path) -> str:
     return hashlib.sha256(canonical.encode()).hexdigest()
 
 
+def _check_is_a_target(root: Path, config: dict[str, Any]) -> None:
+    """A drafter checkpoint given as the target would otherwise pass every file check and fail only at fetch,
+    as a server that does not start: refuse it here, naming what the directory holds."""
+    architectures = config.get("architectures") or []
+    if "dflash_config" in config or any("DFlash" in str(name) for name in architectures):
+        raise DflashEvalError(
+            f"{root} holds a DFlash drafter ({', '.join(map(str, architectures)) or 'dflash_config in config.json'}), "
+            "not a target model: point target.path at the target's Hugging Face directory and list the drafter "
+            "under drafters:")
+    if architectures and not any(str(name).endswith(("ForCausalLM", "ForConditionalGeneration"))
+                                 for name in architectures):
+        raise DflashEvalError(
+            f"{root}/config.json: architectures {architectures} name no causal language model (*ForCausalLM or "
+            "*ForConditionalGeneration): target.path must be the target model's directory")
+
+
 def check_target_dir(path: str | Path) -> dict[str, Any]:
     """The target's text config, once its directory, config.json and every safetensors file are whole
     (headers read, sizes checked; no weight is read)."""
@@ -53,7 +69,9 @@ def check_target_dir(path: str | Path) -> dict[str, Any]:
     if not root.is_dir():
         raise DflashEvalError(f"{root} {'is not a directory' if root.exists() else 'does not exist'}: "
                               "target.path must be a Hugging Face model directory")
-    text = text_config_dict(read_config_json(root))
+    config = read_config_json(root)
+    _check_is_a_target(root, config)
+    text = text_config_dict(config)
     index = root / "model.safetensors.index.json"
     if index.is_file():
         try:

@@ -164,7 +164,7 @@ def load_preset(name: str, source: str | Path | None = None, cache_dir: str | No
     if not rows:
         raise DflashEvalError(f"preset {name}: {origin} has no rows")
     prompts: list[Prompt] = []
-    first: dict[str, str] = {}
+    first: dict[Any, str] = {}
     for i, row in enumerate(rows):
         where = f"preset {name}, {origin} row {i}"
         missing = [c for c in p.columns if c not in row]

@@ -101,12 +101,28 @@ def prompt_from_record(rec: Any, where: str) -> Prompt:
     return Prompt(id=rec["id"], messages=rec["messages"])
 
 
-def note_unique_id(first: dict[str, str], prompt: Prompt, where: str) -> None:
-    """Record where `prompt`'s id was seen; a second prompt with that id (the two would share one record)
-    is an error naming both places."""
+def record_ids(prompt: Prompt) -> list[str]:
+    """The ids of a prompt's records: its own id, or one per turn for a multi-turn prompt."""
+    if not prompt.turns:
+        return [prompt.id]
+    return [f"{prompt.id}#{k}" for k in range(1, len(prompt.turns) + 1)]
+
+
+def note_unique_id(first: dict[Any, str], prompt: Prompt, where: str) -> None:
+    """Record where `prompt`'s id and its records' ids were seen; a second prompt with that id, or whose
+    records' ids are taken (a prompt "q1#2" beside a multi-turn "q1"), would share a record: an error
+    naming both places, found when the prompts are loaded (the workflow loads them before any job)."""
     if prompt.id in first:
         raise PromptFileError(f"{where}: duplicate id {prompt.id!r} (first at {first[prompt.id]})")
+    rids = record_ids(prompt)
+    for rid in rids:
+        if ("record", rid) in first:
+            raise PromptFileError(
+                f"{where}: prompt {prompt.id!r} has record id {rid!r}, which the prompt at {first['record', rid]} "
+                "already has (a multi-turn prompt's records are '<id>#<turn>'); rename one of the two ids")
     first[prompt.id] = where
+    for rid in rids:
+        first["record", rid] = where
 
 
 def json_lines(path: Path, lines: Iterable[str], error: type[DflashEvalError] = PromptFileError,
@@ -141,7 +157,7 @@ def load_prompts(path: str | Path) -> list[Prompt]:
     """All prompts of a JSONL file, in file order; blank lines are allowed, duplicate ids are not."""
     path = Path(path)
     prompts: list[Prompt] = []
-    first: dict[str, str] = {}
+    first: dict[Any, str] = {}
     for lineno, rec in json_lines(path, utf8_lines(path)):
         prompts.append(prompt_from_record(rec, f"{path}:{lineno}"))
         note_unique_id(first, prompts[-1], f"{path}:{lineno}")

@@ -25,10 +25,10 @@ from pathlib import Path
 from typing import Any
 
 from dflash_eval.config import RUNTIME_HELP, fetch_settings, settings_from_args, stage_settings
-from dflash_eval.errors import DflashEvalError, Terminated
+from dflash_eval.errors import Terminated
 from dflash_eval.fetch import sglang
 from dflash_eval.fetch.store import PartialStore, pick_kept
-from dflash_eval.fetch.prompts import Prompt, load_prompts, select_subset
+from dflash_eval.fetch.prompts import Prompt, load_prompts, record_ids, select_subset
 from dflash_eval.fetch.retry import FetchError, with_retries
 from dflash_eval.server.control import ServerController
 from dflash_eval.server.http import http_request
@@ -139,13 +139,6 @@ def render_all(
     # No special tokens added: the template already wrote every one the model should see.
     ids = tokenizer(texts, add_special_tokens=False)["input_ids"]
     return [(text, list(row)) for text, row in zip(texts, ids)]
-
-
-def record_ids(prompt: Prompt) -> list[str]:
-    """The ids of a prompt's records: its own id, or one per turn for a multi-turn prompt."""
-    if not prompt.turns:
-        return [prompt.id]
-    return [f"{prompt.id}#{k}" for k in range(1, len(prompt.turns) + 1)]
 
 
 def turn_messages(prompt: Prompt, turn: int, answers: list[str]) -> list[dict[str, Any]]:
@@ -430,9 +423,6 @@ def fetch(settings: dict[str, Any], out: Path) -> list[dict[str, Any]]:
     prompt_set, origin = load_prompt_set(settings)
     prompts = select_subset(prompt_set, settings["max_samples"], int(settings["seed"]))
     expected = [rid for p in prompts for rid in record_ids(p)]
-    dup = sorted(rid for rid, n in Counter(expected).items() if n > 1)
-    if dup:
-        raise DflashEvalError(f"{origin}: record ids {dup[:5]} collide (a multi-turn prompt's turns are '<id>#<turn>')")
     from transformers import AutoTokenizer  # slow to import: only once the prompts are known good
 
     tokenizer = AutoTokenizer.from_pretrained(settings["tokenizer"])

@@ -23,6 +23,7 @@ from dflash_eval.evaluate.checkpoint import check_checkpoint, checkpoint_facts
 from dflash_eval.extract.layers import check_layer_ids
 from dflash_eval.extract.target_config import check_target_dir, cuda_build_problem
 from dflash_eval.fetch.prompts import load_prompts
+from dflash_eval.yaml_files import read_yaml
 
 
 _MAX_LISTED = 20  # a step directory of 100 checkpoints with one wrong setting is one problem 100 times
@@ -55,17 +56,13 @@ class ConfigSource(str):
 
 def config_source(configfiles: Iterable[Any], cli_files: Iterable[Any], overrides: Any) -> ConfigSource:
     """The sources of the config Snakemake built, lowest precedence first: the Snakefile's `configfile:`,
-    then each --configfile, then --config (the Snakefile passes workflow.configfiles and its settings)."""
-    import yaml
-
+    then each --configfile, then --config (the Snakefile passes workflow.configfiles and its settings).
+    Each file is read again strictly: a key repeated in one mapping is an error naming the file and lines."""
     cli = [Path(f) for f in cli_files]
     directive = [Path(f) for f in configfiles if Path(f).resolve() not in {c.resolve() for c in cli}]
     layers: list[tuple[str, Any]] = []
     for file in [*directive, *cli]:
-        try:
-            data = yaml.safe_load(file.read_text()) or {}
-        except (OSError, yaml.YAMLError):
-            data = {}  # Snakemake itself read it; only the blame is lost
+        data = read_yaml(file) or {}  # Snakemake read it last-wins: a repeated key is refused here
         relative = os.path.relpath(file)
         layers.append((str(file.absolute()) if relative.startswith("..") else relative, data))
     if overrides:

@@ -1,0 +1,91 @@
+"""Config and input faults found when the workflow loads, through the real snakemake on the tiny project.
+
+Each test makes one fault in a project whose results all exist, runs snakemake, and checks the message
+(file, line or key, and the fix), that no job ran and that every result is still there, byte for byte.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+
+from tests.support.workflow_harness import check, copy_workflow, snakemake, tiny_project
+
+
+def _snapshot(root: Path) -> dict[str, bytes]:
+    return {str(p.relative_to(root)): p.read_bytes()
+            for p in sorted((root / "results").rglob("*")) if p.is_file() and "logs" not in p.parts}
+
+
+@pytest.fixture(scope="module")
+def finished(tmp_path_factory):
+    root = tmp_path_factory.mktemp("load_faults")
+    workflow = copy_workflow(root / "workflow")
+    project = root / "base"
+    tiny_project(project, big_checkpoint=False)
+    check(snakemake(workflow, project))
+    return workflow, project
+
+
+@pytest.fixture
+def case(finished, tmp_path):
+    workflow, project = finished
+    shutil.copytree(project, tmp_path / "case")
+    (tmp_path / "case" / "calls.log").unlink()
+    return workflow, tmp_path / "case"
+
+
+def _refused(workflow: Path, root: Path, *args: str) -> str:
+    before = _snapshot(root)
+    run = snakemake(workflow, root, *args)
+    text = run.stdout + run.stderr
+    assert run.returncode != 0 and "Nothing to be done" not in text, text
+    assert _snapshot(root) == before, "nothing was removed or rewritten"
+    assert not (root / "calls.log").exists(), "no job ran"
+    return text
+
+
+def test_a_copied_drafter_block_is_refused_naming_the_file_and_both_lines(case):
+    """YAML keeps the last of two equal keys: the copy would silently replace drafter a's result."""
+    workflow, root = case
+    text = (root / "config.yaml").read_text()
+    lines = text.splitlines()
+    start = lines.index("  a:")
+    block = [lines[start]] + [line for line in lines[start + 1:start + 8] if line.startswith("    ")]
+    (root / "config.yaml").write_text(text + "\n".join(block).replace("  a:", "drafters:\n  a:", 1) + "\n")
+    # a second top-level `drafters:` repeats that key too; the first repeat found is named
+    out = _refused(workflow, root)
+    first = lines.index("drafters:") + 1
+    second = len(lines) + 1
+    assert f"config.yaml:{second}: key 'drafters' appears twice in one mapping (first at line {first})" in out
+    assert "Rename one" in out
+
+
+def test_a_repeated_key_inside_a_configfile_names_that_file(case):
+    workflow, root = case
+    (root / "extra.yaml").write_text("evaluation:\n  bootstrap: 20\n  seed: 1\n  bootstrap: 30\n")
+    out = _refused(workflow, root, "--configfile", str(root / "extra.yaml"))
+    assert "extra.yaml:4: key 'bootstrap' appears twice in one mapping (first at line 2)" in out
+
+
+def test_a_drafter_directory_given_as_the_target_is_refused_at_load(case):
+    workflow, root = case
+    target = root / "target" / "config.json"
+    target.write_text(json.dumps({"architectures": ["DFlashDraftModel"], "num_hidden_layers": 4,
+                                  "dflash_config": {"target_layer_ids": [1, 2]}}))
+    out = _refused(workflow, root)
+    assert "target.path: target holds a DFlash drafter (DFlashDraftModel), not a target model" in out
+
+
+def test_a_prompt_id_that_is_a_turn_id_of_a_multi_turn_prompt_is_refused_at_load(case):
+    workflow, root = case
+    prompts = root / "prompts" / "d1.jsonl"
+    prompts.write_text(prompts.read_text()
+                       + json.dumps({"id": "q", "turns": ["one", "two"]}) + "\n"
+                       + json.dumps({"id": "q#2", "messages": [{"role": "user", "content": "x"}]}) + "\n")
+    out = _refused(workflow, root)
+    assert ("datasets.d1.prompts: prompts/d1.jsonl:3: prompt 'q#2' has record id 'q#2', which the prompt at "
+            "prompts/d1.jsonl:2 already has") in out
