@@ -54,3 +54,29 @@ def test_a_byte_that_is_not_utf8_names_file_line_and_column(tmp_path):
 def test_an_unreadable_path_is_named(tmp_path):
     with pytest.raises(PromptFileError, match=r"nowhere.jsonl: cannot be read \(No such file or directory\)"):
         load_prompts(tmp_path / "nowhere.jsonl")
+
+
+@pytest.mark.parametrize(("encode", "named"), [
+    (lambda text: __import__("gzip").compress(text.encode()), "is gzip-compressed: decompress it first"),
+    (lambda text: text.encode("utf-16"), "is UTF-16 (little-endian) text: save it as UTF-8"),
+    (lambda text: text.encode("utf-16-be"), "holds NUL bytes: UTF-16 or UTF-32 text without a byte-order mark"),
+    (lambda text: text.encode("utf-32"), "is UTF-32 (little-endian) text"),
+    (lambda text: __import__("bz2").compress(text.encode()), "is bzip2-compressed"),
+    (lambda text: __import__("lzma").compress(text.encode()), "is xz-compressed"),
+])
+def test_a_compressed_or_utf16_file_is_named_as_what_it_is(tmp_path, encode, named):
+    """Before, the first odd byte was explained as 'not UTF-8 (iconv -f latin1)', which sends the user astray."""
+    path = tmp_path / "prompts.jsonl"
+    data = encode(json.dumps(GOOD) + "\n")
+    path.write_bytes(data)
+    with pytest.raises(PromptFileError) as error:
+        load_prompts(path)
+    assert str(error.value) == f"{path}: {named}" or str(error.value).startswith(f"{path}: {named}")
+    assert "latin1" not in str(error.value)
+    assert path.read_bytes() == data
+
+
+def test_a_utf8_file_that_starts_with_a_brace_is_read(tmp_path):
+    path = tmp_path / "prompts.jsonl"
+    path.write_text(json.dumps(GOOD) + "\n")
+    assert [p.id for p in load_prompts(path)] == ["ok"]

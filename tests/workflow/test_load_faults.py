@@ -89,3 +89,16 @@ def test_a_prompt_id_that_is_a_turn_id_of_a_multi_turn_prompt_is_refused_at_load
     out = _refused(workflow, root)
     assert ("datasets.d1.prompts: prompts/d1.jsonl:3: prompt 'q#2' has record id 'q#2', which the prompt at "
             "prompts/d1.jsonl:2 already has") in out
+
+
+def test_block_sizes_beyond_a_drafters_own_and_max_tokens_past_the_positions_warn_at_load(finished, tmp_path):
+    """Both ran silently before (a skipped chain named only in the evaluation job's log)."""
+    workflow, project = finished
+    root = tmp_path / "case"
+    shutil.copytree(project, root)
+    (root / "target" / "config.json").write_text('{"num_hidden_layers": 4, "max_position_embeddings": 8}')
+    (root / "extra.yaml").write_text("evaluation:\n  block_sizes: [2, 6]\n")
+    run = snakemake(workflow, root, "-n", "--configfile", str(root / "extra.yaml"))
+    text = run.stdout + run.stderr
+    assert "evaluation.block_sizes [6] exceed drafters.a's block size 4: its evaluation skips them" in text
+    assert "fetch.max_tokens 8 reaches the target's max_position_embeddings 8 (target/config.json)" in text

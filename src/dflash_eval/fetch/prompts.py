@@ -138,10 +138,38 @@ def json_lines(path: Path, lines: Iterable[str], error: type[DflashEvalError] = 
         yield lineno, value
 
 
+_ENCODINGS = (  # what a prompt file may start with that is not UTF-8 text, longest signature first
+    (b"\xff\xfe\x00\x00", "is UTF-32 (little-endian) text: save it as UTF-8 (iconv -f utf-32 -t utf-8)"),
+    (b"\x00\x00\xfe\xff", "is UTF-32 (big-endian) text: save it as UTF-8 (iconv -f utf-32 -t utf-8)"),
+    (b"\xff\xfe", "is UTF-16 (little-endian) text: save it as UTF-8 (iconv -f utf-16 -t utf-8)"),
+    (b"\xfe\xff", "is UTF-16 (big-endian) text: save it as UTF-8 (iconv -f utf-16 -t utf-8)"),
+    (b"\x1f\x8b", "is gzip-compressed: decompress it first (gunzip -k FILE) and name the .jsonl"),
+    (b"(\xb5/\xfd", "is zstd-compressed: decompress it first (zstd -d FILE) and name the .jsonl"),
+    (b"BZh", "is bzip2-compressed: decompress it first (bunzip2 -k FILE) and name the .jsonl"),
+    (b"\xfd7zXZ", "is xz-compressed: decompress it first (unxz -k FILE) and name the .jsonl"),
+)
+
+
+def _not_plain_utf8(head: bytes) -> str | None:
+    """What a file's first bytes show it to be when it is not UTF-8 text (a UTF-8 BOM is fine), or None."""
+    for signature, kind in _ENCODINGS:
+        if head.startswith(signature):
+            return kind
+    if b"\x00" in head:
+        return ("holds NUL bytes: UTF-16 or UTF-32 text without a byte-order mark, or not text at all; "
+                "save it as UTF-8 (iconv -f utf-16le -t utf-8)")
+    return None
+
+
 def utf8_lines(path: Path, error: type[DflashEvalError] = PromptFileError) -> Iterator[str]:
-    """The lines of a text file; a byte that is not UTF-8 is `error` naming path:line and column."""
+    """The lines of a text file; a byte that is not UTF-8 is `error` naming path:line and column, and a file
+    that is compressed or in another Unicode encoding is named as what it is."""
     try:
         with open(path, "rb") as handle:
+            kind = _not_plain_utf8(handle.read(6))
+            if kind:
+                raise error(f"{path}: {kind}")
+            handle.seek(0)
             for lineno, raw in enumerate(handle, start=1):
                 try:
                     line = raw.decode("utf-8")

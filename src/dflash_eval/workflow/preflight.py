@@ -131,10 +131,42 @@ def check_inputs(config: dict[str, Any], source: str, built: Callable[[str], boo
                 f"  {key}.trained_with{blame(key + '.trained_with')}: {spec['trained_with']}, but target.backend is {target['backend']}: the evaluation "
                 "would refuse this drafter's cache after its extraction. Extract with the backend it was trained with "
                 "(target.backend), or set evaluation.allow_backend_mismatch: true to evaluate anyway (flagged)")
+    for warning in _load_warnings(config, text):
+        sys.stderr.write(f"WARNING: {source}: {warning}\n")
     if problems:
         shown = problems[:_MAX_LISTED] + ([f"  ... and {len(problems) - _MAX_LISTED} more"]
                                           if len(problems) > _MAX_LISTED else [])
         raise DflashEvalError(f"{source}: {len(problems)} problem(s), found before any job ran:\n" + "\n".join(shown))
+
+
+def _load_warnings(config: dict[str, Any], target_text: dict[str, Any] | None) -> list[str]:
+    """Settings that run but do less than they say: named at every start (also in `snakemake -n`), not
+    only in a job's log."""
+    warnings = []
+    requested = config["evaluation"]["block_sizes"]
+    if isinstance(requested, list):
+        for name, spec in config["drafters"].items():
+            block = _block_size(spec)
+            too_big = sorted(b for b in set(requested) if block is not None and b > block)
+            if too_big:
+                warnings.append(f"evaluation.block_sizes {too_big} exceed drafters.{name}'s block size {block}: "
+                                "its evaluation skips them (a chain's blocks cannot be longer than the drafter's)")
+    limit = (target_text or {}).get("max_position_embeddings")
+    if isinstance(limit, int) and config["fetch"]["max_tokens"] >= limit:
+        warnings.append(f"fetch.max_tokens {config['fetch']['max_tokens']} reaches the target's max_position_embeddings "
+                        f"{limit} ({config['target']['path']}/config.json): prompt and completion beyond {limit} "
+                        "positions are past what the target was built for; lower fetch.max_tokens")
+    return warnings
+
+
+def _block_size(spec: dict[str, Any]) -> int | None:
+    """The drafter's block size from its config.json, where it can be read now (else None: no warning)."""
+    try:
+        facts = checkpoint_facts(spec["path"], spec["layout"], spec.get("config"))
+    except (DflashEvalError, OSError):
+        return None
+    block = facts.config.get("block_size")
+    return int(block) if isinstance(block, int) else None
 
 
 def _check_drafter(spec: dict[str, Any], target_text: dict[str, Any] | None) -> None:
