@@ -19,7 +19,7 @@ from dflash_eval.server.control import ServerController
 
 REPO = Path(__file__).resolve().parents[1]
 # The schema read here on its own, as the reference the filled settings are held against.
-SCHEMA = yaml.safe_load((REPO / "workflow" / "schemas" / "config.schema.yaml").read_text())
+SCHEMA = yaml.safe_load((REPO / "src" / "dflash_eval" / "config.schema.yaml").read_text())
 SECTION_DEFAULTS = {section: {key: sub["default"] for key, sub in SCHEMA["properties"][section]["properties"].items()
                               if "default" in sub}
                     for section in ("server", "fetch", "target", "extraction", "evaluation", "report", "demo")}

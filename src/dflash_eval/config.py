@@ -7,7 +7,7 @@ when (and only when) it changes; how fetch and extract run (`fetch_runtime`, `ex
 the server, concurrency, timeouts) reaches them as `--runtime` JSON and reruns nothing. The
 `*_settings` functions join the two for running a stage by hand from config.yaml.
 
-Every default lives in the schema, workflow/schemas/config.schema.yaml. A stage's settings dict, however
+Every default lives in the schema, src/dflash_eval/config.schema.yaml (shipped with the package). A stage's settings dict, however
 it was made (built here from config.yaml, or written by hand in a test or a `--settings` JSON), goes
 through `stage_settings`, which fills it from the same schema sections and checks it the same way.
 This module imports no stage, so a stage's code fingerprint (provenance.code_version) holds only its own code.
@@ -29,8 +29,7 @@ import yaml
 from dflash_eval.errors import DflashEvalError
 from dflash_eval.yaml_files import read_yaml
 
-PACKAGE_ROOT = Path(__file__).resolve().parents[2]
-SCHEMA_PATH = PACKAGE_ROOT / "workflow" / "schemas" / "config.schema.yaml"
+SCHEMA_PATH = Path(__file__).with_name("config.schema.yaml")  # package data: found in a wheel install too
 
 
 @functools.cache
