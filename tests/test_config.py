@@ -90,7 +90,7 @@ def test_load_config_names_a_missing_file_and_bad_yaml(tmp_path):
     with pytest.raises(DflashEvalError, match=r"config file .*absent.yaml not found"):
         cfg.load_config(tmp_path / "absent.yaml")
     (tmp_path / "bad.yaml").write_text("target: [unclosed\n")
-    with pytest.raises(DflashEvalError, match=r"bad.yaml: not valid YAML"):
+    with pytest.raises(DflashEvalError, match=r"bad.yaml:2:1: not valid YAML"):
         cfg.load_config(tmp_path / "bad.yaml")
 
 
@@ -258,6 +258,6 @@ def test_cli_settings_go_through_the_same_function():
 
 def test_config_imports_no_stage_so_stage_fingerprints_hold_their_own_code():
     config_path = REPO / "src" / "dflash_eval" / "config.py"
-    assert code_version._imports(config_path, config_path.read_text()) == {"errors"}
+    assert code_version._imports(config_path, config_path.read_text()) == {"errors", "yaml_files"}
     evaluate, report = code_version.stage_modules("evaluate"), code_version.stage_modules("report")
     assert not [m for m in evaluate + report if m.startswith(("fetch.", "server."))]
