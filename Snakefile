@@ -3,7 +3,7 @@ import re
 
 from snakemake.utils import min_version
 
-from dflash_eval.config import validate_config
+from dflash_eval.config import PRE_NORM_SUFFIX, validate_config
 from dflash_eval.workflow.preflight import built_by, check_inputs, config_source, warn_changed_caches
 
 min_version("9.0")
@@ -23,7 +23,7 @@ report: "workflow/report/workflow.rst"
 wildcard_constraints:
     drafter="|".join(re.escape(name) for name in config["drafters"]),
     dataset="|".join(re.escape(name) for name in config["datasets"]),
-    layerset=r"L\d+(?:-\d+)*",
+    layerset=r"L\d+(?:-\d+)*" + f"(?:{re.escape(PRE_NORM_SUFFIX)})?",
 
 
 include: "workflow/rules/common.smk"
