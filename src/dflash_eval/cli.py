@@ -19,6 +19,8 @@ COMMANDS: dict[str, tuple[str, str, str, str]] = {
                     "build and briefly train the demo's tiny hybrid target"),
     "demo-drafters": ("dflash_eval.demo.drafters", "add_arguments", "run",
                       "train the demo's DFlash drafters and save checkpoints"),
+    "demo-server": ("dflash_eval.demo.server", "add_arguments", "run",
+                    "serve the demo target over SGLang 0.5.23's HTTP protocol, speculating with a DFlash drafter"),
     "server": ("dflash_eval.server.control", "add_arguments", "run", "start, stop or query the inference server"),
     "fetch": ("dflash_eval.fetch.stage", "add_arguments", "run", "fetch greedy completions from the server"),
     "extract": ("dflash_eval.extract.stage", "add_arguments", "run", "extract the target's hidden states"),

@@ -16,7 +16,8 @@ from dflash_eval.evaluate.blocks import BlockDrafter
 from dflash_eval.demo.drafters import TrainingSequence
 from dflash_eval.evaluate.anchors import chain_method, evaluate_sample, tree_method
 
-from tests.support.reference import _draft_logprobs, assert_same_steps, ddtree_online, exact_target_rollback, online_acceptance
+from dflash_eval.demo.reference import exact_target_rollback, online_acceptance
+from tests.support.reference import _draft_logprobs, assert_same_steps, ddtree_online
 from tests.support.tiny import MASK_ID, tiny_drafter, tiny_target, train_briefly
 
 EOS = 1
