@@ -8,7 +8,7 @@ import torch
 
 from dflash_eval.extract import stage as extract_stage
 from dflash_eval.cache.store import CacheWriter, HiddenCache
-from dflash_eval.cache.resume import JOURNAL, _greedy, partial_dir, plan_shards, read_journal
+from dflash_eval.cache.resume import JOURNAL, greedy_shards, partial_dir, plan_shards, read_journal
 
 from tests.support.tiny import tiny_target
 
@@ -88,7 +88,7 @@ def test_the_writer_packs_shards_exactly_as_planned(tmp_path):
         assert all(len(shard) == 1 or sum(lengths[i] for i in shard) <= 10 for shard in plan), (lengths, plan)
         assert _pack(tmp_path, f"planned{trial}", lengths, plan) == plan, lengths
         # Left to itself, the writer fills shards greedily: the rule the plan uses before its tail.
-        assert _pack(tmp_path, f"greedy{trial}", lengths) == _greedy(lengths, 10), lengths
+        assert _pack(tmp_path, f"greedy{trial}", lengths) == greedy_shards(lengths, 10), lengths
 
 
 def test_the_plan_ends_in_shards_of_halving_size():

@@ -17,7 +17,7 @@ from dflash_eval.evaluate.anchors import chain_method, evaluate_sample
 from dflash_eval.evaluate.blocks import BlockDrafter
 from dflash_eval.evaluate.trajectory import LoadedSample, SampleSpec, TrajectoryEvaluator
 
-from tests.support.accepted import accepted_tokens
+from dflash_eval.bench.accepted import accepted_tokens
 from tests.support.tiny import MASK_ID, tiny_drafter, tiny_target
 
 LAYERS = [0, 2]

@@ -9,7 +9,7 @@ import sys
 import types
 from pathlib import Path
 
-from tests.support import servers as hs
+from dflash_eval.bench import fixtures
 import pytest
 
 from dflash_eval import config as cfg
@@ -149,7 +149,7 @@ def test_fetch_of_a_preset_with_a_subset(tmp_path):
     from tests.fetch import test_stage_faults as ff
 
     tok = tmp_path / "tok"
-    hs.build_tokenizer(tok)
+    fixtures.build_tokenizer(tok)
     rows = [{"prompt": [f"Question {i}: first?", "and then?"], "prompt_id": 81 + i, "category": "c", "reference": []}
             for i in range(5)]
     source = write_jsonl(tmp_path / "mt.jsonl", rows)

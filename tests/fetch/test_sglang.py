@@ -17,6 +17,7 @@ from dflash_eval.demo.sglang_protocol import PROTOCOL_FIELDS, wheel_fields
 from dflash_eval.fetch import sglang
 from dflash_eval.fetch import stage as fetch
 from dflash_eval.server.control import ServerController
+from dflash_eval.bench import fixtures
 from tests.support import servers as hs
 
 BLOCK = 4
@@ -94,7 +95,7 @@ def served(tmp_path_factory):
     base = tmp_path_factory.mktemp("sglang")
     target = hs.build_tiny_target(base / "target")
     drafter = tiny_drafter_dir(target, base / "drafter")
-    port = hs.free_port()
+    port = fixtures.free_port()
     command = (f"OMP_NUM_THREADS=1 exec {sys.executable} -m dflash_eval.cli demo-server "
                f"--model-path {target} --port {port} --speculative-algorithm DFLASH "
                f"--speculative-draft-model-path {drafter} --speculative-num-draft-tokens {BLOCK}")
@@ -115,7 +116,7 @@ def test_fetch_records_the_servers_ids_and_counters_on_both_endpoints(served, en
     from dflash_eval.evaluate.drafter import load_drafter
     from dflash_eval.demo.reference import online_acceptance
 
-    prompts = hs.write_prompts(tmp_path / "p.jsonl", 3)
+    prompts = fixtures.write_prompts(tmp_path / "p.jsonl", 3)
     out = tmp_path / "c.jsonl"
     records = fetch.fetch({"dataset": "t", "prompts": str(prompts), "server": served["settings"],
                            "tokenizer": str(served["target"]), "max_tokens": 12, "endpoint": endpoint,

@@ -9,7 +9,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from dflash_eval.report.plots import PLOTS
-from tests.support import workflow_harness as harness
+from dflash_eval.bench import workflow as harness
 from tests.workflow.test_report_html import report_project, report_snakemake
 
 REPORT_FILES = ("summary.csv", "summary.md", "trust.json", *(f"plots/{plot.file}" for plot in PLOTS.values()))

@@ -16,7 +16,7 @@ import yaml
 
 from dflash_eval.report import plots
 from tests.report.fixtures import SETTINGS, metrics_dict, write_metrics, write_trust_inputs
-from tests.support.workflow_harness import copy_workflow
+from dflash_eval.bench.workflow import copy_workflow
 
 REPO = Path(__file__).resolve().parents[2]
 SNAKEFILE = """
