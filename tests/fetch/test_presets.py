@@ -146,7 +146,7 @@ def test_config_entry_validates_and_reaches_the_fetch_settings(tmp_path):
 @pytest.mark.slow  # a server process and the fetch stage: ~40 s on the loaded 2-CPU machine
 def test_fetch_of_a_preset_with_a_subset(tmp_path):
     """The preset goes through fetch like a prompt file: seeded subset, multi-turn records, fake server."""
-    from tests.fetch import test_stage_faults as ff
+    from tests.support import fake_fetch as ff
 
     tok = tmp_path / "tok"
     fixtures.build_tokenizer(tok)

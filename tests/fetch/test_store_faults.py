@@ -10,7 +10,7 @@ import pytest
 
 from dflash_eval.fetch import stage as fetch
 from dflash_eval.fetch.store import PartialStore, partial_path, pick_kept
-from tests.fetch.test_stage_faults import fake, served, settings
+from tests.support.fake_fetch import fake, served, settings
 from dflash_eval.bench import fixtures
 
 

@@ -3,7 +3,7 @@
 Each test makes the faults, runs snakemake, and checks the message and that every result that existed
 before still exists, byte for byte. The load-time battery runs with the recording dflash-eval
 (tests/support/workflow_harness.py); the fetch test runs the real `dflash-eval fetch` against a real HTTP
-server process (tests/support/fake_openai_server.py), as Snakemake calls it.
+server process (dflash_eval/bench/fake_openai_server.py), as Snakemake calls it.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ import pytest
 from safetensors.torch import save_file
 
 from dflash_eval.extract.target_config import torch_cuda_version
-from tests.fetch.test_stage_faults import fake_process
+from tests.support.fake_fetch import fake_process
 from dflash_eval.bench import fixtures
 from dflash_eval.bench.workflow import (add_hf_drafter, check, copy_workflow, load_config, save_config, snakemake,
                                             tiny_project, write_bytes)

@@ -10,7 +10,7 @@ from pathlib import Path
 
 from dflash_eval.report.plots import PLOTS
 from dflash_eval.bench import workflow as harness
-from tests.workflow.test_report_html import report_project, report_snakemake
+from tests.support.report_project import report_project, report_snakemake
 
 REPORT_FILES = ("summary.csv", "summary.md", "trust.json", *(f"plots/{plot.file}" for plot in PLOTS.values()))
 
