@@ -59,7 +59,8 @@ sys.path.insert(0, str(ROOT))  # the repository root: tests.support is importabl
 from tests.support.accepted import accepted_tokens  # noqa: E402
 
 from dflash_eval.evaluate.acceptance import SequenceLimits  # noqa: E402
-from dflash_eval.evaluate.anchors import chain_method, evaluate_sample  # noqa: E402
+from dflash_eval.evaluate.all_anchor import evaluate_sample  # noqa: E402
+from dflash_eval.methods import chain_method  # noqa: E402
 from dflash_eval.evaluate.blocks import BlockDrafter  # noqa: E402
 from dflash_eval.evaluate import packed  # noqa: E402
 from dflash_eval.evaluate.packed import fused_attention_for  # noqa: E402

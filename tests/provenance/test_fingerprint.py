@@ -43,10 +43,10 @@ def test_missing_file_names_the_config_key(tmp_path):
 
 def test_stage_modules_follow_imports_transitively():
     evaluate = code_version.stage_modules("evaluate")
-    assert {"evaluate.stage", "evaluate.anchors", "evaluate.ddtree", "evaluate.acceptance", "evaluate.drafter",
+    assert {"evaluate.stage", "evaluate.all_anchor", "evaluate.ddtree", "evaluate.acceptance", "evaluate.drafter",
             "io_utils"} <= set(evaluate)
     assert "fetch.stage" not in evaluate and "report.stage" not in evaluate
-    assert "evaluate.anchors" not in code_version.stage_modules("report")
+    assert "evaluate.all_anchor" not in code_version.stage_modules("report")
     assert "server.control" in code_version.stage_modules("extract")
 
 

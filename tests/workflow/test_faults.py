@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 from safetensors.torch import save_file
 
-from dflash_eval.extract.target_config import torch_cuda_version
+from dflash_eval.target_identity import torch_cuda_version
 from tests.fetch.test_stage_faults import fake_process
 from tests.support import servers as hs
 from tests.support.workflow_harness import (add_hf_drafter, check, copy_workflow, load_config, save_config, snakemake,
