@@ -58,7 +58,8 @@ ROOT = Path(__file__).resolve().parents[1]
 from dflash_eval.bench.accepted import accepted_tokens
 
 from dflash_eval.evaluate.acceptance import SequenceLimits
-from dflash_eval.evaluate.anchors import chain_method, evaluate_sample
+from dflash_eval.evaluate.all_anchor import evaluate_sample
+from dflash_eval.methods import chain_method
 from dflash_eval.evaluate.blocks import BlockDrafter
 from dflash_eval.evaluate import packed
 from dflash_eval.evaluate.packed import fused_attention_for

@@ -40,8 +40,8 @@ from record import print_and_record  # benchmarks/record.py (the script's own fo
 
 from dflash_eval.completions import read_completions, serialize
 from dflash_eval.config import stage_settings
-from dflash_eval.evaluate.acceptance import paired_difference
-from dflash_eval.evaluate.anchors import chain_method
+from dflash_eval.stats import paired_difference
+from dflash_eval.methods import chain_method
 from dflash_eval.evaluate.drafter import load_drafter
 from dflash_eval.evaluate.stage import run_evaluation, stop_token_ids
 from dflash_eval.extract.backends import package_versions, use_backend

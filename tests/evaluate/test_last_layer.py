@@ -14,7 +14,8 @@ from dflash_eval import config as cfg
 from dflash_eval.demo.drafters import TrainingSequence
 from dflash_eval.errors import DflashEvalError
 from dflash_eval.evaluate.acceptance import sequence_limits
-from dflash_eval.evaluate.anchors import chain_method, evaluate_sample
+from dflash_eval.evaluate.all_anchor import evaluate_sample
+from dflash_eval.methods import chain_method
 from dflash_eval.evaluate.blocks import BlockDrafter
 from dflash_eval.evaluate.stage import check_last_layer
 from dflash_eval.extract.capture import capture_layers

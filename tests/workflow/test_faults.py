@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 from safetensors.torch import save_file
 
-from dflash_eval.extract.target_config import torch_cuda_version
+from dflash_eval.target_identity import torch_cuda_version
 from tests.support.fake_fetch import fake_process
 from dflash_eval.bench import fixtures
 from dflash_eval.bench.workflow import (add_hf_drafter, check, copy_workflow, load_config, save_config, snakemake,

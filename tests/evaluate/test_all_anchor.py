@@ -14,7 +14,8 @@ import torch
 from dflash_eval.evaluate.acceptance import sequence_limits
 from dflash_eval.evaluate.blocks import BlockDrafter
 from dflash_eval.demo.drafters import TrainingSequence
-from dflash_eval.evaluate.anchors import chain_method, evaluate_sample, tree_method
+from dflash_eval.evaluate.all_anchor import evaluate_sample
+from dflash_eval.methods import chain_method, tree_method
 
 from dflash_eval.demo.reference import exact_target_rollback, online_acceptance
 from tests.support.reference import _draft_logprobs, assert_same_steps, ddtree_online
