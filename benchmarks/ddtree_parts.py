@@ -20,7 +20,7 @@ import torch
 from ddtree_speed import synthetic, timed  # benchmarks/ (the script's own folder)
 from record import print_and_record
 
-from dflash_eval.evaluate.ddtree import _candidate_pairs, better_node_counts, tree_accepted, truth_path_ranks
+from dflash_eval.evaluate.ddtree import candidate_pairs, better_node_counts, tree_accepted, truth_path_ranks
 
 ROOT = Path(__file__).resolve().parents[1]
 BUDGETS = [8, 16, 32, 64]
@@ -47,7 +47,7 @@ def counts_without_host_reads(values: torch.Tensor, truth_score: torch.Tensor, e
     beam = values[:, 0]
     for depth in range(positions):
         if depth > 0:
-            parent, token = _candidate_pairs(budget, beam.shape[1], width, values.device)
+            parent, token = candidate_pairs(budget, beam.shape[1], width, values.device)
             candidates = beam[:, parent] + values[:, depth][:, token]
             beam = torch.topk(candidates, min(budget, candidates.shape[1]), dim=-1).values
         best = torch.topk(torch.cat([best, beam], dim=1), budget, dim=-1).values

@@ -43,10 +43,11 @@ def build(out: Path, target_steps: int, drafter_steps: list[int], threads: int) 
 def evaluate(out: Path, max_tokens: int, drafter_names: list[str]) -> tuple[dict[str, float], float]:
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from dflash_eval.evaluate.acceptance import sequence_limits, tau_stats
+    from dflash_eval.evaluate.acceptance import sequence_limits
+    from dflash_eval.stats import tau_stats
     from dflash_eval.evaluate.blocks import BlockDrafter
     from dflash_eval.evaluate.drafter import load_drafter
-    from dflash_eval.evaluate.anchors import evaluate_sample
+    from dflash_eval.evaluate.all_anchor import evaluate_sample
     from dflash_eval.fetch.prompts import load_prompts
 
     tokenizer = AutoTokenizer.from_pretrained(out / "target")

@@ -17,7 +17,6 @@ import json
 import os
 import re
 import resource
-import sys
 import tempfile
 import time
 from pathlib import Path
@@ -25,10 +24,9 @@ from pathlib import Path
 from record import print_and_record  # benchmarks/record.py (the script's own folder)
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))  # the repository root: tests.support is importable
-from tests.support.workflow_harness import check, copy_workflow, load_config, save_config, snakemake, tiny_project, write_bytes  # noqa: E402
+from dflash_eval.bench.workflow import check, copy_workflow, load_config, save_config, snakemake, tiny_project, write_bytes
 
-from dflash_eval.provenance.fingerprint import DEFAULT_CACHE  # noqa: E402
+from dflash_eval.provenance.fingerprint import DEFAULT_CACHE
 
 
 def build(root: Path, checkpoints: int, datasets: int, checkpoint_mb: float) -> None:

@@ -9,7 +9,7 @@ heads of 256, linear heads 16 key / 48 value of 128, intermediate 17408, vocab 2
   idles while the next forward's first kernels are queued. "ours" uploads through pinned memory
   and does not wait; the "forward + hooks + argmax only" ablation uploads like the plain forward;
 - plain capture: `output_hidden_states=True`, five layers copied to the host with `.cpu()`;
-- extract (ours): the extract stage's own path (`cache.resume.prepare_resume`, `extract.stage._run_records`):
+- extract (ours): the extract stage's own path (`cache.resume.prepare_resume`, `extract.stage.run_records`):
   hooks, argmax, pinned shard buffers filled on a side stream, two writer threads that check the
   NaN flags, hash (sha256) and write safetensors on local disk and journal each shard (what makes
   a killed run resumable), shards planned with a halving tail; everything included
@@ -56,10 +56,10 @@ from record import print_and_record  # benchmarks/record.py (the script's own fo
 
 from dflash_eval.extract.backends import use_backend
 from dflash_eval.cache.store import CacheWriter
-from dflash_eval.cache.resume import _greedy, plan_shards, prepare_resume
+from dflash_eval.cache.resume import greedy_shards, plan_shards, prepare_resume
 from dflash_eval.extract.capture import capture_layers
 from dflash_eval.tools.compare_backends import compare_backends, format_table
-from dflash_eval.extract.stage import _run_records
+from dflash_eval.extract.stage import run_records
 
 ROOT = Path(__file__).resolve().parents[1]
 LAYERS = [1, 16, 31, 46, 61]
@@ -189,7 +189,7 @@ def our_extract(model, sequences, device, backend, store_argmax: bool, workdir: 
     resume = prepare_resume(out, "benchmark", shards, [r["id"] for r in records]) if journal else None
     with writer_class(out, layer_ids=LAYERS, shard_tokens=shard_tokens, store_argmax=store_argmax,
                       header=header, resume=resume) as writer:
-        _run_records(model, records, settings, backend, writer, resume)
+        run_records(model, records, settings, backend, writer, resume)
         writer.finish(backend={})
     if stats is not None:
         stats.update(wait=writer.writer_wait_s, tail=writer.tail_s)
@@ -294,7 +294,7 @@ def main() -> None:
                     "ablation: plain forward beside a thread hashing 1 MB chunks": lambda: busy_forward(
                         model, subset, device),
                     "ablation: ours, greedy shards (no halving tail)": ours(
-                        "ablation: ours, greedy shards (no halving tail)", plan=_greedy),
+                        "ablation: ours, greedy shards (no halving tail)", plan=greedy_shards),
                     "ablation: ours, a synchronize per shard": ours(
                         "ablation: ours, a synchronize per shard", writer_class=SyncPerShardWriter),
                     "ablation: ours, no journal (not resumable)": ours(

@@ -1,6 +1,6 @@
 """Client overhead of the fetch stage: our fetch vs a bare asyncio + openai loop, side by side, same requests.
 
-Both talk to one local fake OpenAI server process (tests/support/fake_openai_server.py: raw asyncio HTTP, answers
+Both talk to one local fake OpenAI server process (dflash_eval/bench/fake_openai_server.py: raw asyncio HTTP, answers
 at once), so what differs is the client: our stage adds prompt rendering and tokenization, retries,
 record building with retokenization, batched fsynced appends to the partial file, the progress bar and
 the final write. One warm-up run of each first (imports, tokenizer, connections), then rounds that
@@ -45,13 +45,12 @@ from pathlib import Path
 from record import print_and_record  # benchmarks/record.py (the script's own folder)
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))  # the repository root: tests.support is importable
 
-from tests.support import servers as hs  # noqa: E402  (the tests' tokenizer builder and free-port helper)
+from dflash_eval.bench import fake_openai_server, fixtures
 
-from dflash_eval.fetch import stage as fetch  # noqa: E402
-from dflash_eval.fetch.prompts import load_prompts  # noqa: E402
-from dflash_eval.server.http import http_request  # noqa: E402
+from dflash_eval.fetch import stage as fetch
+from dflash_eval.fetch.prompts import load_prompts
+from dflash_eval.server.http import http_request
 
 
 async def bare_loop(url: str, model: str, prompts: list[str] | list[list[int]], concurrency: int, max_tokens: int) -> int:
@@ -105,11 +104,11 @@ def main() -> int:
 
     work = Path(tempfile.mkdtemp(prefix="fetch-speed-"))
     tok_dir = work / "tok"
-    tok = hs.build_tokenizer(tok_dir)
-    prompts_file = hs.write_prompts(work / "prompts.jsonl", args.requests)
-    port = hs.free_port()
+    tok = fixtures.build_tokenizer(tok_dir)
+    prompts_file = fixtures.write_prompts(work / "prompts.jsonl", args.requests)
+    port = fixtures.free_port()
     url = f"http://127.0.0.1:{port}"
-    server = subprocess.Popen([sys.executable, str(ROOT / "tests/support/fake_openai_server.py"), "--port", str(port),
+    server = subprocess.Popen([sys.executable, fake_openai_server.__file__, "--port", str(port),
                                "--tokenizer", str(tok_dir), "--model", str(tok_dir), *(["--sglang"] if args.sglang else [])],
                               stdout=subprocess.DEVNULL)
     settings = {"dataset": "bench", "prompts": str(prompts_file), "tokenizer": str(tok_dir),

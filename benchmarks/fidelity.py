@@ -7,7 +7,7 @@ extract.backends for both sides):
   completions, and the evaluate stage (`evaluate.stage.run_evaluation`) scores the drafter's own-block
   chain on them: what the workflow computes;
 - live: `dflash.model.dflash_generate` (temperature 0) with the same target and drafter loaded in that
-  dtype, with exact cache rollback (tests/support/reference.py: transformers' crop does not rewind the
+  dtype, with exact cache rollback (dflash_eval/demo/reference.py: transformers' crop does not rewind the
   Gated DeltaNet states), from each served prompt, as many tokens as the served request asked for.
 
 Per dtype it gives the share of samples whose acceptance lengths are equal step for step, how many
@@ -40,8 +40,8 @@ from record import print_and_record  # benchmarks/record.py (the script's own fo
 
 from dflash_eval.completions import read_completions, serialize
 from dflash_eval.config import stage_settings
-from dflash_eval.evaluate.acceptance import paired_difference
-from dflash_eval.evaluate.anchors import chain_method
+from dflash_eval.stats import paired_difference
+from dflash_eval.methods import chain_method
 from dflash_eval.evaluate.drafter import load_drafter
 from dflash_eval.evaluate.stage import run_evaluation, stop_token_ids
 from dflash_eval.extract.backends import package_versions, use_backend
@@ -50,8 +50,7 @@ from dflash_eval.extract.target import load_target, parse_dtype
 from dflash_eval.io_utils import atomic_write_json
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))  # the repository root: tests.support is importable
-from tests.support.reference import first_difference, online_acceptance  # noqa: E402
+from dflash_eval.demo.reference import first_difference, online_acceptance
 
 RECORD = ROOT / "benchmarks" / "results" / "fidelity.md"
 DTYPES = ("float32", "bfloat16")

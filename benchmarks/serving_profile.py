@@ -13,7 +13,6 @@ not a measurement of one: SGLang runs the same step under CUDA graphs with its o
 from __future__ import annotations
 
 import argparse
-import sys
 import time
 from pathlib import Path
 
@@ -25,11 +24,10 @@ from extract_speed import (  # benchmarks/ (the script's own folder)
 from record import print_and_record
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "src"))
-from dflash_eval.extract.profile import DEFAULT_VERIFY_TOKENS, measure_target  # noqa: E402
-from dflash_eval.evaluate.blocks import BlockDrafter  # noqa: E402
-from dflash_eval.evaluate.draft_timing import drafter_step_ms  # noqa: E402
-from evaluator_speed import SHAPES, drafter_config  # noqa: E402
+from dflash_eval.extract.profile import DEFAULT_VERIFY_TOKENS, measure_target
+from dflash_eval.evaluate.blocks import BlockDrafter
+from dflash_eval.evaluate.draft_timing import drafter_step_ms
+from evaluator_speed import SHAPES, drafter_config
 
 
 def main() -> int:

@@ -24,7 +24,7 @@ import scipy
 from record import print_and_record  # benchmarks/record.py (the script's own folder)
 from scipy import stats
 
-from dflash_eval.evaluate.acceptance import bootstrap_ci
+from dflash_eval.stats import bootstrap_ci
 
 ROOT = Path(__file__).resolve().parents[1]
 BLOCK = 16

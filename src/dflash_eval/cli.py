@@ -9,24 +9,8 @@ import logging
 import signal
 import sys
 
+from dflash_eval.commands import COMMANDS
 from dflash_eval.errors import DflashEvalError, Terminated
-
-# subcommand -> (module, add_arguments, run, help)
-COMMANDS: dict[str, tuple[str, str, str, str]] = {
-    "demo-tokenizer": ("dflash_eval.demo.tokenizer", "add_tokenizer_arguments", "run_tokenizer",
-                       "train the demo's byte-level BPE tokenizer"),
-    "demo-target": ("dflash_eval.demo.target", "add_target_arguments", "run_target",
-                    "build and briefly train the demo's tiny hybrid target"),
-    "demo-drafters": ("dflash_eval.demo.drafters", "add_arguments", "run",
-                      "train the demo's DFlash drafters and save checkpoints"),
-    "server": ("dflash_eval.server.control", "add_arguments", "run", "start, stop or query the inference server"),
-    "fetch": ("dflash_eval.fetch.stage", "add_arguments", "run", "fetch greedy completions from the server"),
-    "extract": ("dflash_eval.extract.stage", "add_arguments", "run", "extract the target's hidden states"),
-    "compare-backends": ("dflash_eval.tools.compare_backends", "add_arguments", "run",
-                         "per-layer differences between the fla and torch kernels, and their effect on tau"),
-    "evaluate": ("dflash_eval.evaluate.stage", "add_arguments", "run", "evaluate one drafter on one dataset"),
-    "report": ("dflash_eval.report.stage", "add_arguments", "run", "summary tables and plots"),
-}
 
 
 def build_parser(only: str | None = None) -> argparse.ArgumentParser:

@@ -8,11 +8,11 @@ import torch
 
 from dflash_eval.extract import stage as extract_stage
 from dflash_eval.cache.store import CacheWriter, HiddenCache
-from dflash_eval.cache.resume import JOURNAL, _greedy, partial_dir, plan_shards, read_journal
+from dflash_eval.cache.resume import JOURNAL, greedy_shards, partial_dir, plan_shards, read_journal
 
+from tests.support.extract_runs import Counting, extract_settings
 from tests.support.tiny import tiny_target
 
-LAYERS = [0, 2]
 LENGTHS = [7, 5, 9, 4, 12, 3, 6, 8, 2, 5]  # with shard_tokens 10: one sample longer than a shard
 
 
@@ -36,31 +36,8 @@ def completions(tmp_path):
     return path
 
 
-def _settings(target_dir, **overrides):
-    settings = {"dataset": "toy", "layer_ids": LAYERS, "shard_tokens": 10, "store_argmax": True,
-                "strict_tokens": False, "server": None,
-                "target": {"path": str(target_dir), "dtype": "float32", "device": "cpu", "backend": "torch"}}
-    settings.update(overrides)
-    return settings
-
-
 def _shards(out):
     return {s["file"]: s["sha256"] for s in json.loads((out / "manifest.json").read_text())["shards"]}
-
-
-class Counting:
-    """Counts (and optionally stops) the forwards the extract stage runs."""
-
-    def __init__(self, monkeypatch, stop_at: int | None = None):
-        self.calls = 0
-        original = extract_stage.capture_layers
-
-        def capture(*args, **kwargs):
-            if stop_at is not None and self.calls == stop_at:
-                raise KeyboardInterrupt  # what Ctrl-C or a scheduler's kill looks like from inside
-            self.calls += 1
-            return original(*args, **kwargs)
-        monkeypatch.setattr(extract_stage, "capture_layers", capture)
 
 
 def _pack(tmp_path, name, lengths, plan=None):
@@ -88,7 +65,7 @@ def test_the_writer_packs_shards_exactly_as_planned(tmp_path):
         assert all(len(shard) == 1 or sum(lengths[i] for i in shard) <= 10 for shard in plan), (lengths, plan)
         assert _pack(tmp_path, f"planned{trial}", lengths, plan) == plan, lengths
         # Left to itself, the writer fills shards greedily: the rule the plan uses before its tail.
-        assert _pack(tmp_path, f"greedy{trial}", lengths) == _greedy(lengths, 10), lengths
+        assert _pack(tmp_path, f"greedy{trial}", lengths) == greedy_shards(lengths, 10), lengths
 
 
 def test_the_plan_ends_in_shards_of_halving_size():
@@ -103,12 +80,12 @@ def test_the_plan_ends_in_shards_of_halving_size():
 def _clean_and_killed(target_dir, completions, tmp_path, monkeypatch):
     """An uninterrupted cache, and the cache dir of a run killed at its 7th forward (shard [5, 6] open)."""
     clean = tmp_path / "clean"
-    extract_stage.extract(_settings(target_dir), completions, clean)
+    extract_stage.extract(extract_settings(target_dir), completions, clean)
     out = tmp_path / "hidden"
     with monkeypatch.context() as patch:
         Counting(patch, stop_at=6)
         with pytest.raises(KeyboardInterrupt):
-            extract_stage.extract(_settings(target_dir), completions, out)
+            extract_stage.extract(extract_settings(target_dir), completions, out)
     return clean, out
 
 
@@ -122,7 +99,7 @@ def test_a_killed_run_resumes_with_only_the_missing_shards(target_dir, completio
 
     counter = Counting(monkeypatch)
     with caplog.at_level("INFO"):
-        extract_stage.extract(_settings(target_dir), completions, out)
+        extract_stage.extract(extract_settings(target_dir), completions, out)
     assert "5 of 9 shards already complete and verified; redoing 4" in caplog.text
     assert counter.calls == len(LENGTHS) - 5  # samples 5.. ran again, 5 because its shard was open
     assert not partial_dir(out).exists()
@@ -147,7 +124,7 @@ def test_a_journaled_shard_whose_bytes_never_reached_the_disk_is_redone(target_d
     (work / "shard_00003.safetensors").unlink()
     counter = Counting(monkeypatch)
     with caplog.at_level("INFO"):
-        extract_stage.extract(_settings(target_dir), completions, out)
+        extract_stage.extract(extract_settings(target_dir), completions, out)
     assert "shard_00002.safetensors (sha256 differs)" in caplog.text
     assert "shard_00003.safetensors (missing)" in caplog.text
     assert counter.calls == len(LENGTHS) - 3  # shards 0, 1 and 4 (one sample each) kept
@@ -158,7 +135,7 @@ def test_a_journaled_shard_whose_bytes_never_reached_the_disk_is_redone(target_d
 def test_a_corrupt_shard_of_a_published_cache_is_found_and_redone(target_dir, completions, tmp_path,
                                                                   monkeypatch, caplog):
     out = tmp_path / "hidden"
-    extract_stage.extract(_settings(target_dir), completions, out)
+    extract_stage.extract(extract_settings(target_dir), completions, out)
     expected = _shards(out)
     victim = out / "shard_00004.safetensors"
     victim.write_bytes(victim.read_bytes()[:-7])  # truncated
@@ -168,7 +145,7 @@ def test_a_corrupt_shard_of_a_published_cache_is_found_and_redone(target_dir, co
     other.write_bytes(bytes(data))
     counter = Counting(monkeypatch)
     with caplog.at_level("INFO"):
-        extract_stage.extract(_settings(target_dir), completions, out)
+        extract_stage.extract(extract_settings(target_dir), completions, out)
     assert "shard_00004.safetensors (" in caplog.text and "expected" in caplog.text
     assert "shard_00001.safetensors (sha256 differs)" in caplog.text
     plan = plan_shards(LENGTHS, 10)
@@ -179,10 +156,10 @@ def test_a_corrupt_shard_of_a_published_cache_is_found_and_redone(target_dir, co
 
 def test_a_complete_cache_is_republished_without_loading_the_model(target_dir, completions, tmp_path, monkeypatch):
     out = tmp_path / "hidden"
-    extract_stage.extract(_settings(target_dir), completions, out)
+    extract_stage.extract(extract_settings(target_dir), completions, out)
     expected = _shards(out)
     monkeypatch.setattr(extract_stage, "load_target", lambda *a, **k: pytest.fail("model loaded"))
-    extract_stage.extract(_settings(target_dir), completions, out)
+    extract_stage.extract(extract_settings(target_dir), completions, out)
     assert _shards(out) == expected
     assert HiddenCache(out).manifest["resumed_shards"] == len(expected)
 
@@ -193,13 +170,13 @@ def test_other_inputs_start_afresh_and_a_torn_journal_line_is_dropped(target_dir
     with monkeypatch.context() as patch:
         Counting(patch, stop_at=6)
         with pytest.raises(KeyboardInterrupt):
-            extract_stage.extract(_settings(target_dir), completions, out)
+            extract_stage.extract(extract_settings(target_dir), completions, out)
     with open(partial_dir(out) / JOURNAL, "a") as handle:
         handle.write('{"file": "shard_00003.safe')  # killed mid-append
     assert len(read_journal(partial_dir(out) / JOURNAL)) == 5
     assert "torn journal line dropped" in caplog.text
 
     counter = Counting(monkeypatch)
-    extract_stage.extract(_settings(target_dir, layer_ids=[1, 3]), completions, out)  # another layer set
+    extract_stage.extract(extract_settings(target_dir, layer_ids=[1, 3]), completions, out)  # another layer set
     assert counter.calls == len(LENGTHS)
     assert HiddenCache(out).layer_ids == [1, 3]

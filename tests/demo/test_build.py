@@ -14,10 +14,10 @@ from dflash_eval.demo import corpus
 from dflash_eval.demo.target import (
     FULL,
     LINEAR,
-    build_tiny_target,
     make_target_config,
     qwen36_layer_types,
 )
+from tests.support.tiny import build_demo_target
 from dflash_eval.demo.tokenizer import (
     BUILD_INFO,
     ENDOFTEXT,
@@ -42,7 +42,7 @@ def small_tokenizer_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="module")
 def tiny_target_dir(tmp_path_factory: pytest.TempPathFactory, small_tokenizer_dir: Path) -> Path:
-    return build_tiny_target(tmp_path_factory.mktemp("tiny"), tokenizer_dir=small_tokenizer_dir)
+    return build_demo_target(tmp_path_factory.mktemp("tiny"), tokenizer_dir=small_tokenizer_dir)
 
 
 # ---------------------------------------------------------------- corpus

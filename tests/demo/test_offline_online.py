@@ -18,7 +18,7 @@ import pandas as pd
 import pytest
 import torch
 
-from tests.support.reference import first_difference, online_acceptance, top2_gap
+from dflash_eval.demo.reference import first_difference, online_acceptance, top2_gap
 
 REPO = Path(__file__).resolve().parents[2]
 DRAFTER = "demo-step900-pt"

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from dflash_eval.evaluate.ddtree import tree_accepted
-from tests.support.ddtree_beam import beam_tree_accepted
+from dflash_eval.bench.ddtree_beam import beam_tree_accepted
 from tests.support.reference import heap_tree
 
 
@@ -202,9 +202,9 @@ def test_previous_cumsum_truth_score_was_off_by_one_node():
 
 @pytest.mark.parametrize("budget, parents, width", [(8, 8, 8), (64, 13, 5), (1, 1, 1), (100, 40, 64), (16, 3, 16)])
 def test_candidate_pairs_are_every_pair_within_the_budget(budget, parents, width):
-    from dflash_eval.evaluate.ddtree import _candidate_pairs
+    from dflash_eval.evaluate.ddtree import candidate_pairs
 
-    parent, token = _candidate_pairs(budget, parents, width, torch.device("cpu"))
+    parent, token = candidate_pairs(budget, parents, width, torch.device("cpu"))
     expected = [(i, j) for i in range(parents) for j in range(width) if (i + 1) * (j + 1) <= budget]
     assert list(zip(parent.tolist(), token.tolist())) == expected
 

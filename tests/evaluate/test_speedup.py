@@ -6,6 +6,7 @@ import pytest
 
 from dflash_eval.cache.serving_profile import PROFILE_NAME, check_profile
 from dflash_eval.evaluate import speedup
+from dflash_eval.speedup import labels, model
 
 
 def _method(kind, size, tau):
@@ -20,7 +21,7 @@ def test_hand_computed_speedups_and_best_budget():
     methods = {"chain-B16": _method("chain", 16, 5.0), "ddtree-16": _method("ddtree", 16, 6.0),
                "ddtree-32": _method("ddtree", 32, 7.0), "ddtree-64": _method("ddtree", 64, 8.0),
                "ddtree-128": _method("ddtree", 128, 9.0)}
-    section = speedup.speedup_section(methods, check_profile(PROFILE, "p.json"), "user", 6.0, "user")
+    section = model.speedup_section(methods, check_profile(PROFILE, "p.json"), "user", 6.0, "user")
     assert methods["chain-B16"]["expected_speedup"] == pytest.approx(5 * 20 / (6 + 24))       # 3.333
     assert methods["ddtree-16"]["expected_speedup"] == pytest.approx(6 * 20 / (6 + 24.5))     # 3.934
     assert methods["ddtree-32"]["expected_speedup"] == pytest.approx(7 * 20 / (6 + 26))       # 4.375
@@ -32,9 +33,9 @@ def test_hand_computed_speedups_and_best_budget():
 
 def test_verify_time_is_linear_between_listed_sizes():
     profile = check_profile({"t_ar_ms": 1, "t_verify_ms": {"8": 10, "16": 14}}, "p.json")
-    assert speedup.verify_ms(profile, 12) == pytest.approx(12.0)
-    assert speedup.verify_ms(profile, 16) == 14.0
-    assert speedup.verify_ms(profile, 4) is None and speedup.verify_ms(profile, 17) is None
+    assert model.verify_ms(profile, 12) == pytest.approx(12.0)
+    assert model.verify_ms(profile, 16) == 14.0
+    assert model.verify_ms(profile, 4) is None and model.verify_ms(profile, 17) is None
 
 
 def test_user_profile_wins_and_its_draft_time_is_used(tmp_path):
@@ -48,7 +49,7 @@ def test_user_profile_wins_and_its_draft_time_is_used(tmp_path):
         raise AssertionError("the drafter must not be timed when the profile gives t_draft_ms")
     section = speedup.estimate({"speedup": {"profile": str(user)}}, tmp_path, methods, never)
     assert section["target_source"] == f"user profile {user}" and section["t_ar_ms"] == 20.0
-    assert section["source"] == speedup.USER == "user profile"
+    assert section["source"] == labels.USER == "user profile"
     assert methods["chain-B16"]["expected_speedup"] == pytest.approx(5 * 20 / 30)
 
 
@@ -58,7 +59,7 @@ def test_measured_profile_and_timed_drafter(tmp_path):
     timing = {"ms": 6.0, "min_ms": 5.0, "max_ms": 7.0, "device": "cpu", "context_tokens": 100}
     section = speedup.estimate({"speedup": {}}, tmp_path, methods, lambda: timing)
     assert section["target_source"].startswith("measured at extraction on cpu") and section["t_draft_ms"] == 6.0
-    assert section["source"] == speedup.MEASURED == "measured by us"
+    assert section["source"] == labels.MEASURED == "measured by us"
     assert methods["chain-B16"]["expected_speedup"] == pytest.approx(5 * 20 / 30)
 
 

@@ -107,7 +107,7 @@ def test_unknown_names_and_a_cuda_device_without_cuda_are_named(project, tmp_pat
     assert "--drafter 'nope': " in log.read_text() and "has no such entry under drafters; one of: d" in log.read_text()
     assert cli.main([*base, "--drafter", "d", "--dataset", "gsm8k"]) == 2
     assert "--dataset 'gsm8k': " in log.read_text()
-    from dflash_eval.extract.target_config import torch_cuda_version
+    from dflash_eval.target_identity import torch_cuda_version
 
     if torch_cuda_version() is None:  # this machine's torch is a CPU build
         code, text, _ = _evaluate(root, {**settings, "device": "cuda:0"}, tmp_path)

@@ -1,7 +1,7 @@
 """The trajectory evaluator takes the same steps as the all-anchor evaluator, for every method and sample.
 
-The all-anchor evaluator (anchors.py) drafts at every anchor and is tested against the live reference
-loop (test_anchors.py); here the trajectory evaluator must reproduce its steps exactly, on tiny
+The all-anchor evaluator (all_anchor.py) drafts at every anchor and is tested against the live reference
+loop (test_all_anchor.py); here the trajectory evaluator must reproduce its steps exactly, on tiny
 drafters of both classes and both layer mixes, with every chain block size, DDTree budgets, stop
 tokens and token budgets, in pools and forwards far smaller than the data (admission, chunking), and
 must compute each distinct (sample, anchor, block length) once. Top-k counts are checked against a
@@ -13,11 +13,12 @@ import pytest
 import torch
 
 from dflash_eval.evaluate.acceptance import sequence_limits
-from dflash_eval.evaluate.anchors import chain_method, evaluate_sample
+from dflash_eval.evaluate.all_anchor import evaluate_sample
+from dflash_eval.methods import chain_method
 from dflash_eval.evaluate.blocks import BlockDrafter
 from dflash_eval.evaluate.trajectory import LoadedSample, SampleSpec, TrajectoryEvaluator
 
-from tests.support.accepted import accepted_tokens
+from dflash_eval.bench.accepted import accepted_tokens
 from tests.support.tiny import MASK_ID, tiny_drafter, tiny_target
 
 LAYERS = [0, 2]

@@ -19,7 +19,7 @@ from dflash_eval import cli
 from dflash_eval.cache.reuse import kept_dir
 from dflash_eval.cache.store import HiddenCache
 from dflash_eval.extract import stage as extract_stage
-from tests.cache.test_resume import Counting, _settings
+from tests.support.extract_runs import Counting, extract_settings
 from tests.support.tiny import tiny_target
 
 LENGTHS = [7, 5, 9, 4, 12, 3, 6, 8, 2, 5]
@@ -69,7 +69,7 @@ def test_a_rerun_after_snakemake_removed_the_cache_computes_only_new_or_changed_
     records = _records(LENGTHS)
     completions = _write(tmp_path / "c.jsonl", records)
     out = tmp_path / "hidden"
-    extract_stage.extract(_settings(target_dir), completions, out)
+    extract_stage.extract(extract_settings(target_dir), completions, out)
     assert kept_dir(out).is_dir() and all(
         (kept_dir(out) / f.name).samefile(f) for f in out.iterdir()), "kept as hard links of the published cache"
 
@@ -81,12 +81,12 @@ def test_a_rerun_after_snakemake_removed_the_cache_computes_only_new_or_changed_
     shutil.rmtree(out)  # what Snakemake does before it reruns the job
     counter = Counting(monkeypatch)
     with caplog.at_level("INFO"):
-        extract_stage.extract(_settings(target_dir, shard_tokens=7), completions, out)
+        extract_stage.extract(extract_settings(target_dir, shard_tokens=7), completions, out)
     assert counter.calls == 2
     assert "9 of the 11 samples still to do have unchanged token ids" in caplog.text
     assert HiddenCache(out).manifest["reused_samples"] == 9
     fresh = tmp_path / "fresh"
-    extract_stage.extract(_settings(target_dir, shard_tokens=7), _write(tmp_path / "f.jsonl", changed), fresh)
+    extract_stage.extract(extract_settings(target_dir, shard_tokens=7), _write(tmp_path / "f.jsonl", changed), fresh)
     _same_states(_states(out), _states(fresh))
 
     # nothing changed but the layout: no model, no server pause
@@ -94,7 +94,7 @@ def test_a_rerun_after_snakemake_removed_the_cache_computes_only_new_or_changed_
     monkeypatch.setattr(extract_stage, "load_target", lambda *a, **k: pytest.fail("model loaded"))
     caplog.clear()
     with caplog.at_level("INFO"):
-        extract_stage.extract(_settings(target_dir, shard_tokens=13), completions, out)
+        extract_stage.extract(extract_settings(target_dir, shard_tokens=13), completions, out)
     assert "no forward needed" in caplog.text and "no inference server is paused" not in caplog.text
     _same_states(_states(out), _states(fresh))
 
@@ -103,7 +103,7 @@ def test_a_damaged_kept_shard_is_computed_again_and_other_inputs_reuse_nothing(
         target_dir, tmp_path, monkeypatch, caplog):
     completions = _write(tmp_path / "c.jsonl", _records(LENGTHS))
     out = tmp_path / "hidden"
-    extract_stage.extract(_settings(target_dir), completions, out)
+    extract_stage.extract(extract_settings(target_dir), completions, out)
     clean = _states(out)
     kept_shard = kept_dir(out) / "shard_00004.safetensors"  # sample s4 alone (longer than a shard)
     data = bytearray(kept_shard.read_bytes())
@@ -112,24 +112,24 @@ def test_a_damaged_kept_shard_is_computed_again_and_other_inputs_reuse_nothing(
     kept_shard.write_bytes(bytes(data))
     counter = Counting(monkeypatch)
     with caplog.at_level("INFO"):
-        extract_stage.extract(_settings(target_dir), completions, out)
+        extract_stage.extract(extract_settings(target_dir), completions, out)
     assert counter.calls == 1 and "shard_00004.safetensors: damaged" in caplog.text
     _same_states(_states(out), clean)
 
     shutil.rmtree(out)  # other settings (no argmax stored) make another state key: nothing is reused
     counter = Counting(monkeypatch)
-    extract_stage.extract(_settings(target_dir, store_argmax=False), completions, out)
+    extract_stage.extract(extract_settings(target_dir, store_argmax=False), completions, out)
     assert counter.calls == len(LENGTHS)
 
 
 def test_a_kept_cache_under_the_other_last_layer_convention_is_recomputed(target_dir, tmp_path, monkeypatch):
     completions = _write(tmp_path / "c.jsonl", _records(LENGTHS))
     out, taps_last = tmp_path / "hidden", [0, 3]  # the tiny target has 4 layers: 3 is the last
-    extract_stage.extract(_settings(target_dir, layer_ids=taps_last, last_layer="final_norm"), completions, out)
+    extract_stage.extract(extract_settings(target_dir, layer_ids=taps_last, last_layer="final_norm"), completions, out)
     final_norm = _states(out)
     shutil.rmtree(out)  # same completions, the other convention: the last layer's states are other values
     counter = Counting(monkeypatch)
-    extract_stage.extract(_settings(target_dir, layer_ids=taps_last, last_layer="pre_norm"), completions, out)
+    extract_stage.extract(extract_settings(target_dir, layer_ids=taps_last, last_layer="pre_norm"), completions, out)
     assert counter.calls == len(LENGTHS) and HiddenCache(out).manifest["reused_samples"] == 0
     pre_norm = _states(out)
     hidden = HiddenCache(out).manifest["target"]["hidden_size"]  # features: [T, layer 0 | layer 3]
@@ -146,20 +146,20 @@ def test_a_rerun_that_loads_no_target_keeps_the_kept_serving_profile(target_dir,
     monkeypatch.setattr(profile, "measure_target", lambda *a, **k: measured)  # the timing itself: extract/profile
     completions = _write(tmp_path / "c.jsonl", _records(LENGTHS))
     out, timed = tmp_path / "hidden", {"measure": True, "context_tokens": 16, "repeats": 1}
-    extract_stage.extract(_settings(target_dir, speedup=timed), completions, out)
+    extract_stage.extract(extract_settings(target_dir, speedup=timed), completions, out)
     written = (out / PROFILE_NAME).read_bytes()
     assert (kept_dir(out) / PROFILE_NAME).samefile(out / PROFILE_NAME)
 
     shutil.rmtree(out)  # every sample in the kept cache: no target loads, so nothing is timed
     monkeypatch.setattr(extract_stage, "load_target", lambda *a, **k: pytest.fail("model loaded"))
     monkeypatch.setattr(profile, "measure_target", lambda *a, **k: pytest.fail("target timed"))
-    extract_stage.extract(_settings(target_dir, speedup=timed, shard_tokens=13), completions, out)
+    extract_stage.extract(extract_settings(target_dir, speedup=timed, shard_tokens=13), completions, out)
     assert (out / PROFILE_NAME).read_bytes() == written and load_profile(out / PROFILE_NAME)["t_ar_ms"] == 1.5
 
     (kept_dir(out) / PROFILE_NAME).unlink()  # a kept cache without a profile: one line says so
     shutil.rmtree(out)
     with caplog.at_level("INFO"):
-        extract_stage.extract(_settings(target_dir, speedup=timed), completions, out)
+        extract_stage.extract(extract_settings(target_dir, speedup=timed), completions, out)
     assert not (out / PROFILE_NAME).exists()
     assert caplog.text.count("no serving profile measured this run") == 1
 
@@ -167,7 +167,7 @@ def test_a_rerun_that_loads_no_target_keeps_the_kept_serving_profile(target_dir,
 def test_bad_hand_written_settings_are_named_not_raised(target_dir, tmp_path):
     completions = _write(tmp_path / "c.jsonl", _records(LENGTHS[:2]))
     log = tmp_path / "extract.log"
-    settings = {**_settings(target_dir), "layer_ids": None}
+    settings = {**extract_settings(target_dir), "layer_ids": None}
     argv = ["--log", str(log), "extract", "--settings", json.dumps(settings), "--completions", str(completions),
             "--out", str(tmp_path / "out")]
     assert cli.main(argv) == 2

@@ -9,7 +9,7 @@ import sys
 import types
 from pathlib import Path
 
-from tests.support import servers as hs
+from dflash_eval.bench import fixtures
 import pytest
 
 from dflash_eval import config as cfg
@@ -146,10 +146,10 @@ def test_config_entry_validates_and_reaches_the_fetch_settings(tmp_path):
 @pytest.mark.slow  # a server process and the fetch stage: ~40 s on the loaded 2-CPU machine
 def test_fetch_of_a_preset_with_a_subset(tmp_path):
     """The preset goes through fetch like a prompt file: seeded subset, multi-turn records, fake server."""
-    from tests.fetch import test_stage_faults as ff
+    from tests.support import fake_fetch as ff
 
     tok = tmp_path / "tok"
-    hs.build_tokenizer(tok)
+    fixtures.build_tokenizer(tok)
     rows = [{"prompt": [f"Question {i}: first?", "and then?"], "prompt_id": 81 + i, "category": "c", "reference": []}
             for i in range(5)]
     source = write_jsonl(tmp_path / "mt.jsonl", rows)

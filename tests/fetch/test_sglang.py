@@ -1,5 +1,5 @@
 """Fetch against SGLang 0.5.23's protocol: field names checked against SGLang's source, and the stage end to end
-against tests/support/sglang_server.py speculating for real with a tiny DFlash drafter."""
+against the demo server (dflash_eval.demo.server) speculating for real with a tiny DFlash drafter."""
 
 from __future__ import annotations
 
@@ -12,14 +12,14 @@ from pathlib import Path
 import pytest
 import torch
 
+from dflash_eval.demo.server import spec_counters
+from dflash_eval.demo.sglang_protocol import PROTOCOL_FIELDS, wheel_fields
 from dflash_eval.fetch import sglang
 from dflash_eval.fetch import stage as fetch
 from dflash_eval.server.control import ServerController
+from dflash_eval.bench import fixtures
 from tests.support import servers as hs
-from tests.support.sglang_protocol import PROTOCOL_FIELDS, wheel_fields
-from tests.support.sglang_server import spec_counters
 
-REPO = Path(__file__).resolve().parents[2]
 BLOCK = 4
 
 
@@ -35,7 +35,7 @@ def sglang_srt() -> Path | None:
 
 
 def test_field_names_equal_sglang_0_5_23_source():
-    """The snapshot our test server and these tests use is what SGLang 0.5.23's source defines."""
+    """The snapshot the demo server and these tests use is what SGLang 0.5.23's source defines."""
     srt = sglang_srt()
     if srt is None or not (srt / "entrypoints/openai/protocol.py").is_file():
         pytest.skip("SGLang's source is not installed: pip install --no-deps sglang==0.5.23 (or set DFLASH_EVAL_SGLANG_SRC)")
@@ -95,8 +95,8 @@ def served(tmp_path_factory):
     base = tmp_path_factory.mktemp("sglang")
     target = hs.build_tiny_target(base / "target")
     drafter = tiny_drafter_dir(target, base / "drafter")
-    port = hs.free_port()
-    command = (f"cd {REPO} && OMP_NUM_THREADS=1 exec {sys.executable} -m tests.support.sglang_server "
+    port = fixtures.free_port()
+    command = (f"OMP_NUM_THREADS=1 exec {sys.executable} -m dflash_eval.cli demo-server "
                f"--model-path {target} --port {port} --speculative-algorithm DFLASH "
                f"--speculative-draft-model-path {drafter} --speculative-num-draft-tokens {BLOCK}")
     settings = {"kind": "managed", "base_url": f"http://127.0.0.1:{port}", "model": None, "command": command,
@@ -114,9 +114,9 @@ def test_fetch_records_the_servers_ids_and_counters_on_both_endpoints(served, en
     from transformers import AutoModelForCausalLM
 
     from dflash_eval.evaluate.drafter import load_drafter
-    from tests.support.reference import online_acceptance
+    from dflash_eval.demo.reference import online_acceptance
 
-    prompts = hs.write_prompts(tmp_path / "p.jsonl", 3)
+    prompts = fixtures.write_prompts(tmp_path / "p.jsonl", 3)
     out = tmp_path / "c.jsonl"
     records = fetch.fetch({"dataset": "t", "prompts": str(prompts), "server": served["settings"],
                            "tokenizer": str(served["target"]), "max_tokens": 12, "endpoint": endpoint,

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from dflash_eval.bench import fixtures
 from tests.support import servers as hs
 import pytest
 
@@ -73,7 +74,7 @@ def test_fetch_cli_takes_the_server_from_runtime_and_names_bad_runtime_json(tmp_
 
 
 def test_subset_is_deterministic_and_in_file_order(tmp_path):
-    prompts = load_prompts(hs.write_prompts(tmp_path / "p.jsonl", 20))
+    prompts = load_prompts(fixtures.write_prompts(tmp_path / "p.jsonl", 20))
     a = select_subset(prompts, 5, seed=1)
     assert a == select_subset(prompts, 5, seed=1)
     assert [int(p.id[1:]) for p in a] == sorted(int(p.id[1:]) for p in a)
@@ -111,7 +112,7 @@ def greedy(reference, prompt_ids: list[int]) -> list[int]:
 
 def fetch_settings(tmp_path: Path, server: dict, n: int, endpoint: str = "completions") -> dict:
     return {
-        "dataset": "tiny", "prompts": str(hs.write_prompts(tmp_path / "prompts.jsonl", n)), "max_samples": None,
+        "dataset": "tiny", "prompts": str(fixtures.write_prompts(tmp_path / "prompts.jsonl", n)), "max_samples": None,
         "seed": 0, "server": server, "tokenizer": str(hs.shared_model_dir()), "max_tokens": MAX_TOKENS,
         "temperature": 0.0, "concurrency": 2, "timeout_s": 120.0, "retries": 2, "endpoint": endpoint,
         "chat_template_kwargs": {},
@@ -173,7 +174,7 @@ def test_eos_as_the_last_allowed_token_is_reported_as_length(tmp_path, tiny_serv
     """transformers serve 5.24 says "length" whenever max_tokens tokens came out, even if the last was eos;
     its text drops the eos, so the retokenized ids are one short and the token check flags the record."""
     tok, _ = reference
-    for prompt in load_prompts(hs.write_prompts(tmp_path / "all.jsonl", 4)):
+    for prompt in load_prompts(fixtures.write_prompts(tmp_path / "all.jsonl", 4)):
         text = tok.apply_chat_template(prompt.messages, add_generation_prompt=True, tokenize=False)
         expected = greedy(reference, tok(text, add_special_tokens=False)["input_ids"])
         if expected[-1] == tok.eos_token_id:

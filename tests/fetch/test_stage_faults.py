@@ -1,11 +1,10 @@
 """Fetch against real server processes that fail: killed mid-run, intermittent 500s and stalls, validation
-errors, a wrong model; resume after a torn write; multi-turn prompts. The server is tests/support/fake_openai_server.py,
+errors, a wrong model; resume after a torn write; multi-turn prompts. The server is dflash_eval/bench/fake_openai_server.py,
 a real HTTP process whose completions are a pure function of the prompt ids, so every run can be checked
 against a clean run and against the server's own function."""
 
 from __future__ import annotations
 
-import contextlib
 import gc
 import json
 import logging
@@ -13,74 +12,25 @@ import os
 import re
 import signal
 import subprocess
-import sys
 import threading
 import time
-from pathlib import Path
 
-from tests.support import fake_openai_server as fake_server
-from tests.support import servers as hs
 import pytest
 
+from dflash_eval.bench import fake_openai_server as fake_server
+from dflash_eval.bench import fixtures
 from dflash_eval.fetch import stage as fetch
 from dflash_eval.errors import DflashEvalError
 from dflash_eval.fetch.store import PartialStore, partial_path, read_records
 from dflash_eval.fetch.retry import FetchError, backoff_delay
-from dflash_eval.server.http import http_request
-
-FAKE = Path(fake_server.__file__).resolve()
+from tests.support.fake_fetch import fake, fake_process, served, settings
 
 
 @pytest.fixture(scope="module")
 def tokenizer_dir(tmp_path_factory):
     out = tmp_path_factory.mktemp("tok")
-    hs.build_tokenizer(out)
+    fixtures.build_tokenizer(out)
     return out
-
-
-@contextlib.contextmanager
-def fake_process(tokenizer_dir: Path, log: Path | None = None, *flags: str, model: str | None = None,
-                 port: int | None = None):
-    """Run the fake server (on `port`, else a free one); yields (process, base URL); kills it at the end."""
-    port = port or hs.free_port()
-    cmd = [sys.executable, str(FAKE), "--port", str(port), "--tokenizer", str(tokenizer_dir),
-           "--model", model or str(tokenizer_dir), *flags]
-    if log is not None:
-        cmd += ["--request-log", str(log)]
-    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL)
-    url = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + 30
-        while http_request(url + "/health", timeout=1.0)[0] != 200:
-            assert proc.poll() is None and time.monotonic() < deadline, "fake server did not start"
-            time.sleep(0.05)
-        yield proc, url
-    finally:
-        proc.kill()
-        proc.wait()
-
-
-@contextlib.contextmanager
-def fake(tokenizer_dir: Path, log: Path | None = None, *flags: str, model: str | None = None):
-    """Run the fake server; yields its base URL; kills it at the end (if it did not die by itself)."""
-    with fake_process(tokenizer_dir, log, *flags, model=model) as (_, url):
-        yield url
-
-
-def settings(tmp_path: Path, url: str, tokenizer_dir: Path, prompts: Path, **over) -> dict:
-    server = {"kind": "external", "base_url": url, "start_command": "false", "stop_command": "true",
-              "log_dir": str(tmp_path / "server-logs")}
-    return {"dataset": "t", "prompts": str(prompts), "server": server, "tokenizer": str(tokenizer_dir),
-            "max_tokens": 16, "concurrency": 4, "timeout_s": 10.0, "retries": 3, "backoff_s": 0.05, **over}
-
-
-def served(log: Path, status=200) -> list[int]:
-    """The prompt numbers (`Question i`) of the requests the fake server logged with `status` (200: answered;
-    "arrived" with --log-arrivals: received)."""
-    if not log.exists():
-        return []
-    rows = [json.loads(line) for line in log.read_text().split("\n")[:-1]]  # a line being written is not done
-    return [int(re.search(r"Question (\d+):", r["prompt"]).group(1)) for r in rows if r["status"] == status]
 
 
 def strip_url(records: list[dict]) -> list[dict]:
@@ -91,10 +41,10 @@ def test_server_killed_mid_run_then_rerun_completes_the_rest(tmp_path, tokenizer
     """SIGKILL the server process from outside while 4 requests are in flight (it answers each 0.3 s late),
     then rerun against a server restarted on the same port: the rerun sends exactly the prompts that have
     no record (those in flight included), and the output equals a clean run's, without duplicates."""
-    prompts = hs.write_prompts(tmp_path / "p.jsonl", 24)
+    prompts = fixtures.write_prompts(tmp_path / "p.jsonl", 24)
     out = tmp_path / "out" / "t.jsonl"
     first_log = tmp_path / "first.jsonl"
-    port = hs.free_port()
+    port = fixtures.free_port()
     with fake_process(tokenizer_dir, first_log, "--delay-s", "0.3", "--log-arrivals", port=port) as (proc, url):
         def kill_mid_run() -> None:
             """SIGKILL once 8 requests were answered and others are waiting for their answers."""
@@ -140,7 +90,7 @@ def test_server_killed_mid_run_then_rerun_completes_the_rest(tmp_path, tokenizer
 def test_sigterm_to_the_fetch_command_keeps_what_it_finished_and_says_so(tmp_path, tokenizer_dir):
     """What scancel or a Snakemake cancel sends: the command flushes its finished records, exits 143 at once
     with one line (no traceback), and a rerun sends only the prompts without a record."""
-    prompts = hs.write_prompts(tmp_path / "p.jsonl", 16)
+    prompts = fixtures.write_prompts(tmp_path / "p.jsonl", 16)
     out = tmp_path / "out" / "t.jsonl"
     log = tmp_path / "requests.jsonl"
     with fake_process(tokenizer_dir, log, "--delay-s", "0.3") as (_, url):
@@ -168,7 +118,7 @@ def test_sigterm_to_the_fetch_command_keeps_what_it_finished_and_says_so(tmp_pat
 
 
 def test_intermittent_500_and_timeouts_are_retried_and_counted(tmp_path, tokenizer_dir, caplog):
-    prompts = hs.write_prompts(tmp_path / "p.jsonl", 24)
+    prompts = fixtures.write_prompts(tmp_path / "p.jsonl", 24)
     log = tmp_path / "requests.jsonl"
     caplog.set_level(logging.INFO)
     with fake(tokenizer_dir, log, "--fail-every", "4", "--stall-every", "7", "--stall-s", "5") as url:
@@ -191,7 +141,7 @@ def test_intermittent_500_and_timeouts_are_retried_and_counted(tmp_path, tokeniz
 
 
 def test_validation_error_is_not_retried_and_names_the_servers_message(tmp_path, tokenizer_dir):
-    prompts = hs.write_prompts(tmp_path / "p.jsonl", 10)
+    prompts = fixtures.write_prompts(tmp_path / "p.jsonl", 10)
     log = tmp_path / "requests.jsonl"
     with fake(tokenizer_dir, log, "--reject-max-tokens-over", "8") as url:
         with pytest.raises(FetchError, match=r"rejected the request \(HTTP 400\): max_tokens must be at most 8"):
@@ -212,7 +162,7 @@ def test_malformed_prompt_file_fetches_nothing(tmp_path, tokenizer_dir):
 
 
 def test_torn_last_line_is_dropped_and_refetched(tmp_path, tokenizer_dir, caplog):
-    prompts = hs.write_prompts(tmp_path / "p.jsonl", 6)
+    prompts = fixtures.write_prompts(tmp_path / "p.jsonl", 6)
     out = tmp_path / "o.jsonl"
     log = tmp_path / "requests.jsonl"
     with fake(tokenizer_dir, log) as url:
@@ -228,7 +178,7 @@ def test_torn_last_line_is_dropped_and_refetched(tmp_path, tokenizer_dir, caplog
 
 
 def test_changed_settings_refetch_instead_of_reusing(tmp_path, tokenizer_dir):
-    prompts = hs.write_prompts(tmp_path / "p.jsonl", 3)
+    prompts = fixtures.write_prompts(tmp_path / "p.jsonl", 3)
     out = tmp_path / "o.jsonl"
     log = tmp_path / "requests.jsonl"
     with fake(tokenizer_dir, log) as url:
@@ -241,7 +191,7 @@ def test_changed_settings_refetch_instead_of_reusing(tmp_path, tokenizer_dir):
 
 
 def test_a_server_of_another_model_is_an_error(tmp_path, tokenizer_dir):
-    prompts = hs.write_prompts(tmp_path / "p.jsonl", 2)
+    prompts = fixtures.write_prompts(tmp_path / "p.jsonl", 2)
     with fake(tokenizer_dir, None, model="/models/Other-Model") as url:
         with pytest.raises(FetchError, match=r"serves \['/models/Other-Model'\], not the configured target"):
             fetch.fetch(settings(tmp_path, url, tokenizer_dir, prompts), tmp_path / "o.jsonl")
@@ -293,7 +243,7 @@ def test_requests_run_with_the_heap_frozen_and_repeated_runs_leave_it_as_found(t
     """The collector skips what was alive before the requests (full collections walked torch's ~290k objects,
     ~170 ms each, as long as the requests ran); afterwards the freeze is undone, run after run, and a heap
     frozen by the caller stays frozen."""
-    prompts = hs.write_prompts(tmp_path / "p.jsonl", 4)
+    prompts = fixtures.write_prompts(tmp_path / "p.jsonl", 4)
     request_one = fetch.request_one
     frozen_during: list[int] = []
 

@@ -10,19 +10,19 @@ import pytest
 
 from dflash_eval.fetch import stage as fetch
 from dflash_eval.fetch.store import PartialStore, partial_path, pick_kept
-from tests.fetch.test_stage_faults import fake, served, settings
-from tests.support import servers as hs
+from tests.support.fake_fetch import fake, served, settings
+from dflash_eval.bench import fixtures
 
 
 @pytest.fixture(scope="module")
 def tokenizer_dir(tmp_path_factory):
     out = tmp_path_factory.mktemp("tok")
-    hs.build_tokenizer(out)
+    fixtures.build_tokenizer(out)
     return out
 
 
 def test_a_rerun_after_the_output_was_removed_sends_only_new_or_changed_requests(tmp_path, tokenizer_dir):
-    prompts = hs.write_prompts(tmp_path / "p.jsonl", 4)
+    prompts = fixtures.write_prompts(tmp_path / "p.jsonl", 4)
     out = tmp_path / "o.jsonl"
     log = tmp_path / "requests.jsonl"
     with fake(tokenizer_dir, log) as url:
@@ -45,7 +45,7 @@ def test_a_rerun_after_the_output_was_removed_sends_only_new_or_changed_requests
 
 def test_a_run_by_hand_beside_a_finished_output_leaves_that_output_whole(tmp_path, tokenizer_dir):
     """The partial file is a link of the output: appending to it would change the output, so it is copied first."""
-    prompts = hs.write_prompts(tmp_path / "p.jsonl", 2)
+    prompts = fixtures.write_prompts(tmp_path / "p.jsonl", 2)
     out = tmp_path / "o.jsonl"
     with fake(tokenizer_dir, None) as url:
         fetch.fetch(settings(tmp_path, url, tokenizer_dir, prompts), out)

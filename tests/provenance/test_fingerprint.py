@@ -43,11 +43,22 @@ def test_missing_file_names_the_config_key(tmp_path):
 
 def test_stage_modules_follow_imports_transitively():
     evaluate = code_version.stage_modules("evaluate")
-    assert {"evaluate.stage", "evaluate.anchors", "evaluate.ddtree", "evaluate.acceptance", "evaluate.drafter",
+    assert {"evaluate.stage", "evaluate.trajectory", "evaluate.ddtree", "evaluate.acceptance", "evaluate.drafter",
             "io_utils"} <= set(evaluate)
     assert "fetch.stage" not in evaluate and "report.stage" not in evaluate
-    assert "evaluate.anchors" not in code_version.stage_modules("report")
+    assert "evaluate.trajectory" not in code_version.stage_modules("report")
+    assert "evaluate.all_anchor" not in evaluate  # the tests' reference evaluator: the stage runs the trajectory one
     assert "server.control" in code_version.stage_modules("extract")
+
+
+def test_stage_fingerprints_cover_the_shared_ground_they_run():
+    """Code moved out of a stage into shared ground stays in the fingerprints of the stages that run it."""
+    evaluate, report, extract = (set(code_version.stage_modules(s)) for s in ("evaluate", "report", "extract"))
+    assert {"methods", "stats", "speedup.model", "speedup.timing", "speedup.labels", "target_identity",
+            "cache.serving_profile"} <= evaluate
+    assert {"methods", "stats", "speedup.labels"} <= report and not {"speedup.model", "evaluate.stage"} & report
+    assert {"speedup.timing", "target_identity"} <= extract and "methods" not in extract
+    assert "cli" not in set().union(*(code_version.stage_modules(s) for s in code_version.STAGE_MODULES))
 
 
 @pytest.mark.parametrize("stage", ["fetch", "extract"])

@@ -19,6 +19,7 @@ from dflash_eval import cli
 from dflash_eval.errors import DflashEvalError
 from dflash_eval.server.control import ServerController, ServerError, server_paused
 from dflash_eval.server.http import port_open
+from dflash_eval.bench import fixtures
 from tests.support import servers as hs
 
 
@@ -264,7 +265,7 @@ def test_fetch_wait_for_another_jobs_outage_is_bounded(tmp_path, controllers):
 
 
 def test_health_wait_is_bounded(tmp_path):
-    settings = {"kind": "external", "base_url": f"http://127.0.0.1:{hs.free_port()}", "log_dir": str(tmp_path / "logs"),
+    settings = {"kind": "external", "base_url": f"http://127.0.0.1:{fixtures.free_port()}", "log_dir": str(tmp_path / "logs"),
                 "start_command": "echo 'starting nothing'", "stop_command": "true", "health_timeout_s": 1.0}
     start = time.monotonic()
     with pytest.raises(ServerError, match=r"(?s)not healthy .* after server.health_timeout_s=1.0 s.*starting nothing"):
@@ -357,7 +358,7 @@ def test_a_corrupt_outage_record_names_the_file_and_the_fix(tmp_path):
 
 
 def test_external_kind_runs_the_commands_in_order(tmp_path):
-    port = hs.free_port()
+    port = fixtures.free_port()
     settings = {"kind": "external", "base_url": f"http://127.0.0.1:{port}", "health_timeout_s": 30.0,
                 "log_dir": str(tmp_path / "logs"), **background_commands(tmp_path, port)}
     ctl = ServerController(settings)
@@ -394,7 +395,7 @@ def test_release_kind_calls_both_endpoints_in_order(tmp_path):
 def test_release_that_frees_nothing_falls_back_to_stop_and_start(tmp_path):
     """A server started without --enable-memory-saver answers the release but keeps its memory: the
     configured stop/start takes over, and it comes back by start_command, not by resume."""
-    port = hs.free_port()
+    port = fixtures.free_port()
     state = tmp_path / "state.txt"
     settings = release_settings(f"http://127.0.0.1:{port}", tmp_path / "logs", memory_probe=f"echo {hs.BUSY_MIB}",
                                 **background_commands(tmp_path, port, "--state", str(state)))

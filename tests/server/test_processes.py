@@ -11,6 +11,7 @@ import time
 from pathlib import Path
 
 from dflash_eval.server import processes
+from dflash_eval.bench import fixtures
 from tests.support import servers as hs
 
 LISTENER = (
@@ -30,14 +31,14 @@ def listening_child(port: int, family: str = "4") -> subprocess.Popen:
 
 
 def test_listener_is_the_process_holding_the_listening_socket():
-    port = hs.free_port()
+    port = fixtures.free_port()
     bystander = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
     assert processes.listener(port, [os.getpid(), bystander.pid]) is None  # nothing listens yet
     child = listening_child(port)
     try:
         assert processes.listener(port, [os.getpid(), bystander.pid, child.pid]) == child.pid
         assert processes.listener(port, [bystander.pid]) is None  # only among the candidates
-        assert processes.listener(hs.free_port(), [child.pid]) is None  # only on that port
+        assert processes.listener(fixtures.free_port(), [child.pid]) is None  # only on that port
     finally:
         for proc in (child, bystander):
             proc.kill()
@@ -45,7 +46,7 @@ def test_listener_is_the_process_holding_the_listening_socket():
 
 
 def test_listener_on_ipv6():
-    port = hs.free_port()
+    port = fixtures.free_port()
     try:
         child = listening_child(port, "6")
     except AssertionError:

@@ -1,9 +1,6 @@
-"""Test helpers for the server and fetch tests: a tiny real target model, a free port, and (run as a
+"""Test helpers for the server and fetch tests: a tiny real target model (with the character-level
+tokenizer of dflash_eval.bench.fixtures), and (run as a
 script) a tiny real HTTP server that starts in a fraction of a second.
-
-The tokenizer is character level on purpose: decoding and re-encoding a completion then gives the
-same ids back (unless a special token was generated), which the fetch tests rely on to compare the
-retokenized completion with `generate`.
 
 Script: `python tests/support/servers.py --port P [--ignore-sigterm] [--unhealthy] [--state FILE]
 [--memory-file FILE] [--child]` serves GET /health (200, or 503 with --unhealthy, or 503 while "released") and
@@ -18,51 +15,16 @@ from __future__ import annotations
 import argparse
 import json
 import signal
-import socket
-import string
 import subprocess
 import sys
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
-CHAT_TEMPLATE = (
-    "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
-    "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
-)
-SPECIAL_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
-EOS = "<|im_end|>"
+from dflash_eval.bench.fixtures import EOS, SPECIAL_TOKENS, build_tokenizer, free_port
+
 # How far the eos row of the LM head is scaled up: large enough that some greedy completions stop
 # on eos within a few tokens, small enough that others run to max_tokens (both paths get tested).
 EOS_LOGIT_SCALE = 3.0
-
-
-def free_port() -> int:
-    """A TCP port on the loopback that nothing listens on right now."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
-def build_tokenizer(out_dir: Path):
-    """Write a character-level PreTrainedTokenizerFast with a ChatML template to `out_dir`."""
-    from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
-    from transformers import PreTrainedTokenizerFast
-
-    chars = list(dict.fromkeys(string.printable))
-    vocab = {tok: i for i, tok in enumerate(SPECIAL_TOKENS + ["<unk>"] + chars)}
-    core = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<unk>"))
-    core.pre_tokenizer = pre_tokenizers.Split(Regex(r"[\s\S]"), behavior="isolated")
-    core.decoder = decoders.Fuse()
-    tok = PreTrainedTokenizerFast(
-        tokenizer_object=core,
-        eos_token=EOS,
-        pad_token="<|endoftext|>",
-        unk_token="<unk>",
-        additional_special_tokens=["<|im_start|>"],
-    )
-    tok.chat_template = CHAT_TEMPLATE
-    tok.save_pretrained(out_dir)
-    return tok
 
 
 def build_tiny_target(out_dir: Path, seed: int = 0) -> Path:
@@ -202,15 +164,6 @@ def shared_transformers_server(base: Path) -> dict:
 def shared_model_dir() -> Path:
     """The tiny target of `shared_transformers_server` (call that first)."""
     return _SHARED["model_dir"]  # type: ignore[return-value]
-
-
-def write_prompts(path: Path, n: int) -> Path:
-    """Write `n` short chat prompts as JSONL."""
-    with open(path, "w") as fh:
-        for i in range(n):
-            rec = {"id": f"p{i}", "messages": [{"role": "user", "content": f"Question {i}: what is {i} + {i}?"}]}
-            fh.write(json.dumps(rec) + "\n")
-    return path
 
 
 def _append(path: Path | None, line: str) -> None:

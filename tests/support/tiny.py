@@ -1,10 +1,19 @@
-"""Tiny random models for fast tests: a hybrid Qwen3.5 target and a reference DFlash drafter."""
+"""Tiny random models for fast tests: a hybrid Qwen3.5 target, a demo-shaped one saved as the demo saves its
+target, and a reference DFlash drafter."""
 
 from __future__ import annotations
 
+import tempfile
+from pathlib import Path
+
 import torch
-from transformers import Qwen3Config
+from transformers import AutoTokenizer, Qwen3Config
 from transformers.models.qwen3_5 import Qwen3_5ForCausalLM, Qwen3_5TextConfig
+
+from dflash_eval.demo import target
+from dflash_eval.demo.corpus import select_sources
+from dflash_eval.demo.tokenizer import build_tokenizer
+from dflash_eval.io_utils import sha256_file
 
 VOCAB = 300
 MASK_ID = 299
@@ -74,3 +83,42 @@ def train_briefly(drafter, runner, sequences, steps: int = 120) -> None:
         loss.backward()
         optimizer.step()
     drafter.eval()
+
+
+def build_demo_target(
+    out_dir: Path,
+    tokenizer_dir: Path | None = None,
+    seed: int = 0,
+    steps: int = 0,
+    hidden_size: int = 64,
+) -> Path:
+    """A seconds-fast demo-shaped target for tests: random init (or `steps` short steps).
+
+    Without `tokenizer_dir`, a small tokenizer (vocab 512, 300 KB of stdlib) is built inside
+    `out_dir` first. Returns `out_dir`.
+    """
+    out_dir = Path(out_dir)
+    if tokenizer_dir is None:
+        with tempfile.TemporaryDirectory() as tmp:
+            build_tokenizer(Path(tmp), seed=seed, vocab_size=512, corpus_bytes=300_000)
+            tokenizer = AutoTokenizer.from_pretrained(tmp)
+            tokenizer_sha = sha256_file(Path(tmp) / "tokenizer.json")
+    else:
+        tokenizer = AutoTokenizer.from_pretrained(tokenizer_dir)
+        tokenizer_sha = sha256_file(Path(tokenizer_dir) / "tokenizer.json")
+    config = target.config_for(
+        tokenizer,
+        hidden_size=hidden_size,
+        intermediate_size=2 * hidden_size,
+        head_dim=16,
+        linear_head_dim=16,
+        max_position_embeddings=4096,
+    )
+    model = target.new_model(config, seed)
+    if steps:
+        s = target.TrainSettings(steps=steps, batch_size=2, seq_len=64, warmup=1, corpus_bytes=300_000)
+        files = select_sources(seed=seed, max_bytes=s.corpus_bytes)
+        target.train(model, target.packed_windows(tokenizer, files, seed, steps * 2, s.seq_len), s, seed)
+    info = {"kind": "dflash-eval tiny test target", "seed": seed, "steps": steps, "tokenizer_json_sha256": tokenizer_sha}
+    target.save_target(model, tokenizer, out_dir, info)
+    return out_dir

@@ -14,7 +14,7 @@ import pytest
 import yaml
 
 from tests.support.servers import check_down_around_extraction, group_members
-from tests.support.tiny import tiny_drafter_config
+from tests.support.tiny import build_demo_target, tiny_drafter_config
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -34,10 +34,8 @@ def workdir(tmp_path_factory):
     import torch
     from dflash import DFlashDraftModel
 
-    from dflash_eval.demo.target import build_tiny_target
-
     root = tmp_path_factory.mktemp("workflow")
-    target_dir = build_tiny_target(root / "target", steps=0)
+    target_dir = build_demo_target(root / "target", steps=0)
     target_config = json.loads((target_dir / "config.json").read_text())
     tokenizer = json.loads((target_dir / "tokenizer.json").read_text())
     mask_id = next(t["id"] for t in tokenizer["added_tokens"] if t["content"] == "<|mask|>")

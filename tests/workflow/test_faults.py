@@ -3,7 +3,7 @@
 Each test makes the faults, runs snakemake, and checks the message and that every result that existed
 before still exists, byte for byte. The load-time battery runs with the recording dflash-eval
 (tests/support/workflow_harness.py); the fetch test runs the real `dflash-eval fetch` against a real HTTP
-server process (tests/support/fake_openai_server.py), as Snakemake calls it.
+server process (dflash_eval/bench/fake_openai_server.py), as Snakemake calls it.
 """
 
 from __future__ import annotations
@@ -17,10 +17,10 @@ from pathlib import Path
 import pytest
 from safetensors.torch import save_file
 
-from dflash_eval.extract.target_config import torch_cuda_version
-from tests.fetch.test_stage_faults import fake_process
-from tests.support import servers as hs
-from tests.support.workflow_harness import (add_hf_drafter, check, copy_workflow, load_config, save_config, snakemake,
+from dflash_eval.target_identity import torch_cuda_version
+from tests.support.fake_fetch import fake_process
+from dflash_eval.bench import fixtures
+from dflash_eval.bench.workflow import (add_hf_drafter, check, copy_workflow, load_config, save_config, snakemake,
                                             tiny_project, write_bytes)
 
 REAL_CLI = "#!{python}\nimport sys\nfrom dflash_eval.cli import main\nsys.exit(main())\n"
@@ -159,9 +159,9 @@ def test_a_prompt_file_edit_loses_no_completions_and_sends_only_the_new_prompt(t
     (workflow / "bin" / "dflash-eval").write_text(REAL_CLI.format(python=sys.executable))
     root = tmp_path / "project"
     config = tiny_project(root, drafters=1, datasets=1)
-    hs.build_tokenizer(root / "target")  # the target directory is also the tokenizer fetch renders with
+    fixtures.build_tokenizer(root / "target")  # the target directory is also the tokenizer fetch renders with
     write_bytes(root / "target" / "model.safetensors", 64, seed=1)
-    prompts = hs.write_prompts(root / "prompts" / "d1.jsonl", 3)
+    prompts = fixtures.write_prompts(root / "prompts" / "d1.jsonl", 3)
     log = tmp_path / "requests.jsonl"
     completions = root / "results" / "completions" / "d1.jsonl"
     with fake_process(root / "target", log) as (_, url):

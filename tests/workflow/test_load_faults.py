@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.support.workflow_harness import check, copy_workflow, snakemake, tiny_project
+from dflash_eval.bench.workflow import check, copy_workflow, snakemake, tiny_project
 
 
 def _snapshot(root: Path) -> dict[str, bytes]:

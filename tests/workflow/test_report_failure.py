@@ -9,8 +9,8 @@ from __future__ import annotations
 from pathlib import Path
 
 from dflash_eval.report.plots import PLOTS
-from tests.support import workflow_harness as harness
-from tests.workflow.test_report_html import report_project, report_snakemake
+from dflash_eval.bench import workflow as harness
+from tests.support.report_project import report_project, report_snakemake
 
 REPORT_FILES = ("summary.csv", "summary.md", "trust.json", *(f"plots/{plot.file}" for plot in PLOTS.values()))
 

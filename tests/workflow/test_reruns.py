@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.support.workflow_harness import (add_hf_drafter, check, copy_workflow, job, load_config, plan, save_config, snakemake,
+from dflash_eval.bench.workflow import (add_hf_drafter, check, copy_workflow, job, load_config, plan, save_config, snakemake,
                               tiny_project, write_bytes)
 
 ALL_EVALS = {job("evaluate", d, s) for d in "ab" for s in ("d1", "d2")}
@@ -150,7 +150,7 @@ def _private_copies(base, tmp_path: Path) -> tuple[Path, Path]:
 
 def test_stage_code_change_reruns_that_stage_and_what_follows(base, tmp_path):
     code, root = _private_copies(base, tmp_path)
-    evaluator = code / "src" / "dflash_eval" / "evaluate" / "anchors.py"  # imported by the evaluate stage
+    evaluator = code / "src" / "dflash_eval" / "evaluate" / "trajectory.py"  # imported by the evaluate stage
     original = evaluator.read_text()
     _edit(evaluator, "\n# a comment and blank lines do not count\n\n")
     assert plan(code, root) == set()

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.support.workflow_harness import check, copy_workflow, plan, snakemake, tiny_project
+from dflash_eval.bench.workflow import check, copy_workflow, plan, snakemake, tiny_project
 
 pytestmark = pytest.mark.slurm
 

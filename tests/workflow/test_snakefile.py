@@ -9,7 +9,7 @@ import shutil
 import pytest
 import yaml
 
-from tests.support.workflow_harness import REPO, check, snakemake
+from dflash_eval.bench.workflow import REPO, check, snakemake
 
 
 @pytest.fixture

@@ -52,10 +52,10 @@ def plan_shards(lengths: Sequence[int], shard_tokens: int) -> list[list[int]]:
     while start > 0 and tail_tokens + lengths[start - 1] <= shard_tokens:
         start -= 1
         tail_tokens += lengths[start]
-    return _greedy(lengths[:start], shard_tokens) + _halving_tail(lengths, start)
+    return greedy_shards(lengths[:start], shard_tokens) + _halving_tail(lengths, start)
 
 
-def _greedy(lengths: Sequence[int], shard_tokens: int) -> list[list[int]]:
+def greedy_shards(lengths: Sequence[int], shard_tokens: int) -> list[list[int]]:
     """Fill each shard up to `shard_tokens`; a sample longer than that gets a shard of its own."""
     shards: list[list[int]] = []
     current: list[int] = []

@@ -15,7 +15,6 @@ import json
 import logging
 import math
 import shutil
-import tempfile
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -32,7 +31,7 @@ from transformers import (
 )
 
 from dflash_eval.demo.corpus import SourceFile, chat_examples, corpus_fingerprint, select_sources
-from dflash_eval.demo.tokenizer import BUILD_INFO, ENDOFTEXT, IM_END, build_tokenizer
+from dflash_eval.demo.tokenizer import BUILD_INFO, ENDOFTEXT, IM_END
 from dflash_eval.io_utils import sha256_file
 
 log = logging.getLogger(__name__)
@@ -92,7 +91,7 @@ def make_target_config(
     )
 
 
-def _config_for(tokenizer: PreTrainedTokenizerBase, **overrides: int) -> Qwen3_5TextConfig:
+def config_for(tokenizer: PreTrainedTokenizerBase, **overrides: int) -> Qwen3_5TextConfig:
     ids = {
         "eos_token_id": tokenizer.convert_tokens_to_ids(IM_END),
         "bos_token_id": tokenizer.convert_tokens_to_ids(ENDOFTEXT),
@@ -205,7 +204,7 @@ def save_target(model: Qwen3_5ForCausalLM, tokenizer: PreTrainedTokenizerBase, o
     (out_dir / BUILD_INFO).write_text(json.dumps(info, indent=2) + "\n")
 
 
-def _new_model(config: Qwen3_5TextConfig, seed: int) -> Qwen3_5ForCausalLM:
+def new_model(config: Qwen3_5TextConfig, seed: int) -> Qwen3_5ForCausalLM:
     torch.manual_seed(seed)
     return Qwen3_5ForCausalLM(config).float()
 
@@ -230,7 +229,7 @@ def build_target(
     # At most one window per sampled row; fewer is fine (rows then repeat).
     data = packed_windows(tokenizer, files, seed, min(s.steps * s.batch_size, 4096), s.seq_len)
     t_data = time.perf_counter() - t0
-    model = _new_model(_config_for(tokenizer), seed)
+    model = new_model(config_for(tokenizer), seed)
     losses = train(model, data, s, seed)
     t_train = time.perf_counter() - t0 - t_data
     info = {
@@ -248,45 +247,6 @@ def build_target(
     save_target(model, tokenizer, out_dir, info)
     log.info("demo target saved to %s: %s", out_dir, info)
     return info
-
-
-def build_tiny_target(
-    out_dir: Path,
-    tokenizer_dir: Path | None = None,
-    seed: int = 0,
-    steps: int = 0,
-    hidden_size: int = 64,
-) -> Path:
-    """A seconds-fast demo-shaped target for tests: random init (or `steps` short steps).
-
-    Without `tokenizer_dir`, a small tokenizer (vocab 512, 300 KB of stdlib) is built inside
-    `out_dir` first. Returns `out_dir`.
-    """
-    out_dir = Path(out_dir)
-    if tokenizer_dir is None:
-        with tempfile.TemporaryDirectory() as tmp:
-            build_tokenizer(Path(tmp), seed=seed, vocab_size=512, corpus_bytes=300_000)
-            tokenizer = AutoTokenizer.from_pretrained(tmp)
-            tokenizer_sha = sha256_file(Path(tmp) / "tokenizer.json")
-    else:
-        tokenizer = AutoTokenizer.from_pretrained(tokenizer_dir)
-        tokenizer_sha = sha256_file(Path(tokenizer_dir) / "tokenizer.json")
-    config = _config_for(
-        tokenizer,
-        hidden_size=hidden_size,
-        intermediate_size=2 * hidden_size,
-        head_dim=16,
-        linear_head_dim=16,
-        max_position_embeddings=4096,
-    )
-    model = _new_model(config, seed)
-    if steps:
-        s = TrainSettings(steps=steps, batch_size=2, seq_len=64, warmup=1, corpus_bytes=300_000)
-        files = select_sources(seed=seed, max_bytes=s.corpus_bytes)
-        train(model, packed_windows(tokenizer, files, seed, steps * 2, s.seq_len), s, seed)
-    info = {"kind": "dflash-eval tiny test target", "seed": seed, "steps": steps, "tokenizer_json_sha256": tokenizer_sha}
-    save_target(model, tokenizer, out_dir, info)
-    return out_dir
 
 
 # ---------------------------------------------------------------- CLI (wired as `demo-target`)

@@ -60,7 +60,7 @@ def truth_path_ranks(logits: torch.Tensor, truth: torch.Tensor, width: int) -> t
 
 
 @functools.lru_cache(maxsize=4096)
-def _candidate_pairs(budget: int, parents: int, width: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+def candidate_pairs(budget: int, parents: int, width: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
     """(parent rank i < parents, token rank j < width) pairs with (i + 1)(j + 1) <= budget.
 
     Made on the host and kept: they depend on three integers only, and building them on a GPU took a dozen launches
@@ -88,7 +88,7 @@ def better_node_counts(values: torch.Tensor, truth_score: torch.Tensor, exists: 
     for depth in range(positions):
         if depth > 0:
             tokens = values[active, depth]
-            parent, token = _candidate_pairs(budget, beam.shape[1], max(useful, 1), device)
+            parent, token = candidate_pairs(budget, beam.shape[1], max(useful, 1), device)
             candidates = beam[:, parent] + tokens[:, token]
             beam = torch.topk(candidates, min(budget, candidates.shape[1]), dim=-1).values
         merged = torch.topk(torch.cat([best[active], beam], dim=1), budget, dim=-1).values

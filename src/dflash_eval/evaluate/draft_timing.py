@@ -12,7 +12,7 @@ from typing import Any
 import torch
 
 from dflash_eval.evaluate.blocks import BlockDrafter
-from dflash_eval.extract.profile import timed_ms, wanted
+from dflash_eval.speedup.timing import timed_ms, wanted
 
 
 @torch.inference_mode()

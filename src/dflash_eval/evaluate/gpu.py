@@ -89,9 +89,3 @@ def claim_device(requested: str, gpus: Sequence[str] | None = None, directory: P
             log.info("all GPUs for %r are held by other evaluations (locks in %s); waiting", requested, directory)
             waited = True
         time.sleep(poll_s)
-
-
-def release_all() -> None:
-    """Drop every GPU this process claimed (the end of the process does the same)."""
-    while _held:
-        _held.pop().close()

@@ -30,6 +30,7 @@ import numpy as np
 import torch
 from tqdm import tqdm
 
+from dflash_eval import stats
 from dflash_eval.evaluate import acceptance
 from dflash_eval.evaluate.blocks import BlockDrafter
 from dflash_eval.cache import manifest as cache_manifest
@@ -39,8 +40,8 @@ from dflash_eval.evaluate.checkpoint import agreed_layer_ids, check_against_targ
 from dflash_eval.evaluate.drafter import load_drafter
 from dflash_eval.evaluate.gpu import claim_device
 from dflash_eval.errors import DflashEvalError
-from dflash_eval.evaluate.anchors import chain_method
 from dflash_eval.io_utils import atomic_write_json, atomic_write_text
+from dflash_eval.methods import chain_method, parse as parse_method
 from dflash_eval.provenance.fingerprint import FingerprintCache
 from dflash_eval.evaluate.trajectory import LoadedSample, SampleSpec, TrajectoryEvaluator
 from dflash_eval.evaluate.target_head import load_target_head
@@ -96,7 +97,7 @@ def check_last_layer(cache, settings: dict) -> None:
 
 def check_cache(cache, settings: dict) -> dict:
     """The cache must hold the drafter's layers, come from the same target, and the trained backend."""
-    from dflash_eval.extract.target import target_config_hash
+    from dflash_eval.target_identity import target_config_hash
 
     checkpoint = settings["checkpoint"]
     if checkpoint.get("layer_ids") is None:  # the checkpoint's own list (headers and config.json only, no weights)
@@ -130,7 +131,7 @@ def check_cache(cache, settings: dict) -> dict:
 def run_evaluation(settings: dict, hidden: str, completions: str) -> tuple[dict, list[dict]]:
     from dflash_eval.cache.store import HiddenCache
 
-    from dflash_eval.extract.target import parse_device
+    from dflash_eval.target_identity import parse_device
 
     parse_device(settings["device"], "evaluation.device")  # named errors: a CPU-only torch, no such GPU
     device = claim_device(settings["device"])  # cuda: a GPU no other evaluation holds
@@ -230,13 +231,13 @@ def requested_block_sizes(requested: list[int] | str | None, block: int) -> list
 
 def method_metrics(method: str, per_sample: list[list[int]], block: int, settings: dict) -> dict:
     """tau (both conventions), bootstrap CI, counts, acceptance by position and histogram of one method."""
-    kind, size = method.split("-", 1)
-    depth = int(size.lstrip("B")) if kind == "chain" else block
-    return {"method": method, "kind": kind, "block_size": depth,
-            "budget": int(size) if kind == "ddtree" else None, **acceptance.tau_stats(per_sample),
-            "ci95": acceptance.bootstrap_ci(per_sample, settings["bootstrap"], settings["seed"]),
-            "acceptance_by_position": acceptance.acceptance_by_position(per_sample, depth),
-            "histogram": acceptance.histogram(per_sample, depth)}
+    parsed = parse_method(method)
+    depth = parsed.block_size(block)
+    return {"method": method, "kind": parsed.kind.name, "block_size": depth,
+            "budget": parsed.budget, **stats.tau_stats(per_sample),
+            "ci95": stats.bootstrap_ci(per_sample, settings["bootstrap"], settings["seed"]),
+            "acceptance_by_position": stats.acceptance_by_position(per_sample, depth),
+            "histogram": stats.histogram(per_sample, depth)}
 
 
 SAMPLES_COLUMNS = ("id", "method", "prompt_tokens", "completion_tokens", "steps", "tokens", "tau",
@@ -267,10 +268,10 @@ def _checkpoint_hash(path: str) -> str:
 def run(args: argparse.Namespace) -> int:
     settings = settings_from_args(args, evaluate_settings, "drafter", "dataset")
     metrics, rows = run_evaluation(settings, args.hidden, args.completions)
-    for method, stats in metrics["methods"].items():
+    for method, numbers in metrics["methods"].items():
         log.info("%s on %s, %s: tau %.3f (z-lab mean), %.3f (token-weighted), %d samples, %d steps",
-                 metrics["drafter"], metrics["dataset"], method, stats["tau_mean_of_samples"],
-                 stats["tau_token_weighted"], stats["samples"], stats["steps"])
+                 metrics["drafter"], metrics["dataset"], method, numbers["tau_mean_of_samples"],
+                 numbers["tau_token_weighted"], numbers["samples"], numbers["steps"])
     atomic_write_text(args.samples, samples_csv(rows))
     atomic_write_json(args.metrics, metrics)
     return 0

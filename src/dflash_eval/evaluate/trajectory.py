@@ -2,7 +2,7 @@
 
 Each method's online loop (`dflash_generate` at temperature 0, or DDTree) drafts one block per
 verification step, at the anchor its previous step reached: about one anchor in tau. So instead of
-drafting at every anchor (anchors.py, kept as the reference), we follow every (sample, method)
+drafting at every anchor (all_anchor.py, kept as the reference), we follow every (sample, method)
 trajectory in rounds. Each round, every trajectory still running asks for the drafter's block at its
 current anchor; requests that name the same (sample, anchor, block length) are computed once, in
 this round or any earlier one (a small per-sample table remembers each block's outcome); the blocks
@@ -29,11 +29,11 @@ import numpy as np
 import torch
 
 from dflash_eval.evaluate.acceptance import SequenceLimits
-from dflash_eval.evaluate.anchors import chain_method, tree_method
 from dflash_eval.evaluate.blocks import BlockDrafter
 from dflash_eval.evaluate.ddtree import tree_accepted
 from dflash_eval.evaluate.packed import ContextPool, fused_attention_for, pack, packed_hidden
 from dflash_eval.evaluate.transfer import to_device
+from dflash_eval.methods import chain_method, tree_method
 
 UNKNOWN = -1
 
@@ -74,7 +74,7 @@ class Counts:
     rounds: int = 0
     head_positions: int = 0
     head_positions_skipped: int = 0
-    all_anchor_blocks: int = 0  # what anchors.py computes for the same samples and methods
+    all_anchor_blocks: int = 0  # what all_anchor.py computes for the same samples and methods
     by_size: dict[int, int] = field(default_factory=dict)
 
 

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import copy
 import logging
-import statistics
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -21,42 +20,13 @@ import torch
 
 from dflash_eval.cache.serving_profile import PROFILE_NAME
 from dflash_eval.io_utils import atomic_write_json
+from dflash_eval.speedup.timing import timed_ms, wanted
 
 log = logging.getLogger(__name__)
 
 # chain blocks 1..16 and DDTree budgets 2^k (N + 1 tokens), 2^k itself for the interpolation
 DEFAULT_VERIFY_TOKENS = [1, 2, 4, 8, 16, 17, 33, 65, 129, 257, 513, 1025]  # linear in between
 SECONDS_PER_SIZE = 1.0  # after 3 repeats a size stops once it has taken this long
-
-
-def wanted(options: dict[str, Any], device: torch.device) -> bool:
-    """speedup.measure: true, false, or auto (CUDA only: a CPU step says nothing about serving)."""
-    measure = options.get("measure", "auto")
-    return measure is True or (measure == "auto" and device.type == "cuda")
-
-
-def timed_ms(function: Callable[[], Any], device: torch.device, repeats: int,
-             setup: Callable[[], Any] | None = None, budget_s: float | None = None) -> dict[str, float]:
-    """Median and spread (min, max) in ms of `repeats` calls after one warm-up, synchronised;
-    `setup` runs untimed before each call; past `budget_s` seconds it stops after 3 repeats."""
-    def sync() -> None:
-        if device.type == "cuda":
-            torch.cuda.synchronize(device)
-
-    times: list[float] = []
-    began = time.perf_counter()
-    for _ in range(repeats + 1):
-        if budget_s is not None and len(times) > 3 and time.perf_counter() - began > budget_s:
-            break
-        if setup:
-            setup()
-        sync()
-        start = time.perf_counter()
-        function()
-        sync()
-        times.append(1e3 * (time.perf_counter() - start))
-    times = times[1:]  # the first call warms up
-    return {"ms": statistics.median(times), "min_ms": min(times), "max_ms": max(times)}
 
 
 @torch.inference_mode()

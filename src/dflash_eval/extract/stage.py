@@ -144,7 +144,7 @@ def _length(record: dict[str, Any]) -> int:
     return len(record["prompt_token_ids"]) + len(record["completion_token_ids"])
 
 
-def _run_records(model: torch.nn.Module | None, records: list[dict[str, Any]], settings: dict[str, Any],
+def run_records(model: torch.nn.Module | None, records: list[dict[str, Any]], settings: dict[str, Any],
                  backend: BackendRun | None, writer: CacheWriter, resume: ResumeState | None = None,
                  reuse: KeptStates | None = None) -> dict[str, int] | None:
     """One verified forward per record, captured layers to the writer; returns the argmax agreement.
@@ -231,7 +231,7 @@ def _publish_reused(settings: dict[str, Any], records: list[dict[str, Any]], hea
     """Every sample still to do is in the kept cache: copy them on the CPU, without the model or a server pause."""
     on_cpu = {**settings, "target": {**settings["target"], "device": "cpu"}}
     with _writer(on_cpu, header, out, resume) as writer:
-        agreement = _run_records(None, records, on_cpu, None, writer, resume, reuse)
+        agreement = run_records(None, records, on_cpu, None, writer, resume, reuse)
         log.info("all %d samples still to do were reused from %s; no forward needed", len(reuse.usable),
                  reuse.directory)
         path = writer.finish(backend={**planned.to_manifest(), "note": f"no forward ran: states reused from "
@@ -253,7 +253,7 @@ def _extract_on_device(settings: dict[str, Any], records: list[dict[str, Any]], 
     started = time.perf_counter()
     with (use_backend(target["backend"], target["device"], model) as backend,
           _writer(settings, header, out, resume) as writer):
-        agreement = _run_records(model, records, settings, backend, writer, resume, reuse)
+        agreement = run_records(model, records, settings, backend, writer, resume, reuse)
         info = backend.verify()
         path = writer.finish(backend=info.to_manifest(), argmax_agreement=agreement,
                              reused_samples=len(reuse.usable) if reuse else 0)

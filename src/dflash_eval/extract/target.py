@@ -16,7 +16,7 @@ from typing import Any
 import torch
 
 from dflash_eval.errors import DflashEvalError
-from dflash_eval.extract.target_config import cuda_build_problem, read_config_json, target_config_hash, text_config_dict
+from dflash_eval.target_identity import parse_device, read_config_json, target_config_hash, text_config_dict
 
 __all__ = ["load_target", "parse_device", "parse_dtype", "read_config_json", "target_config_hash", "text_config_dict"]
 
@@ -37,25 +37,6 @@ def parse_dtype(dtype: str | torch.dtype) -> torch.dtype:
         return DTYPES[dtype]
     except KeyError:
         raise DflashEvalError(f"unknown dtype {dtype!r}; choose one of {sorted(DTYPES)}") from None
-
-
-def parse_device(device: str | torch.device, key: str = "device") -> torch.device:
-    """One device, 'cpu' or 'cuda[:N]', checked to exist; `key` names the setting in the errors."""
-    device = torch.device(device)
-    if device.type == "cuda":
-        problem = cuda_build_problem(str(device), key)
-        if problem:
-            raise DflashEvalError(problem)
-        if not torch.cuda.is_available():
-            raise DflashEvalError(f"{key} {device} requested but torch sees no CUDA device; "
-                                  "use 'cpu' or a GPU machine")
-        index = 0 if device.index is None else device.index
-        if index >= torch.cuda.device_count():
-            raise DflashEvalError(f"{key} {device} requested but only {torch.cuda.device_count()} CUDA devices exist")
-        return torch.device("cuda", index)
-    if device.type != "cpu":
-        raise DflashEvalError(f"{key} {device}: only 'cpu' and 'cuda[:N]' are supported")
-    return device
 
 
 def _check_loading(path: str | Path, info: dict[str, Any]) -> None:

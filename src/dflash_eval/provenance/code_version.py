@@ -1,7 +1,7 @@
 """A fingerprint of the Python code each stage runs, so a code change reruns that stage.
 
 Snakemake's `code` rerun trigger only sees a rule's own shell command. Every rule runs the same
-`dflash-eval` command, so an edit of `evaluate/anchors.py` would go unnoticed. Each rule therefore carries
+`dflash-eval` command, so an edit of `evaluate/all_anchor.py` would go unnoticed. Each rule therefore carries
 this fingerprint as a param: the stage's module and every `dflash_eval` module it imports,
 transitively, compared by source without blank lines and whole-line comments.
 Third-party packages (torch, transformers, dflash) are not covered: see README, "Reruns".
@@ -14,12 +14,12 @@ import functools
 import hashlib
 from pathlib import Path
 
-from dflash_eval.cli import COMMANDS
+from dflash_eval.commands import COMMANDS
 
 PACKAGE = "dflash_eval"
 PACKAGE_DIR = Path(__file__).resolve().parents[1]
 
-# stage -> the module that `dflash-eval <stage>` runs (cli imports no stage module at load)
+# stage -> the module that `dflash-eval <stage>` runs (commands.py names the modules, importing none)
 STAGE_MODULES = {stage: module[len(PACKAGE) + 1:] for stage, (module, *_rest) in COMMANDS.items()}
 
 

@@ -12,7 +12,8 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
-from dflash_eval.evaluate import speedup
+from dflash_eval.methods import in_main_table, legend, tree_method, verified_legend
+from dflash_eval.speedup import labels as speedup
 from dflash_eval.report import online as online_check
 from dflash_eval.report.labels import DIGITS, drafter_label, fmt, missing
 from dflash_eval.report.summary import Evaluation
@@ -32,7 +33,7 @@ def table_row(cells: Iterable[Any]) -> str:
 
 def headline(row: dict) -> bool:
     """The main table's methods: each drafter's own chain and every DDTree budget (shorter chains go below)."""
-    return row["primary"] or not row["method"].startswith("chain-")
+    return in_main_table(row["method"], row["primary"])
 
 
 def _columns(rows: list[dict], settings: dict, keep: Any = headline) -> list[tuple[str, str]]:
@@ -182,8 +183,7 @@ def diagnostics_table(evaluations: list[Evaluation], fetch: dict[str, dict]) -> 
 # -- expected speedup (an estimate) ---------------------------------------------------------------
 
 SPEEDUP_INTRO = (
-    f"Expected speedup (estimate) = {speedup.FORMULA}, with n = b tokens verified for `chain-B<b>` and N + 1 for "
-    "`ddtree-<N>`, T_AR the target's one-token decode step, T_draft the drafter's block forward with the LM head "
+    f"Expected speedup (estimate) = {speedup.FORMULA}, with n = {verified_legend()}, T_AR the target's one-token decode step, T_draft the drafter's block forward with the LM head "
     "(batch 1). tau here is the token-weighted one (tokens / steps, the bonus token included). It is a model of one "
     "serving step from a cost profile, not a measured throughput. Source: **user profile** (`speedup.profile`, "
     "measured on your deployment: the one to decide with) or **measured by us** (the target timed at extraction "
@@ -222,7 +222,7 @@ def best_budget_table(rows: list[dict], settings: dict) -> list[str]:
                 continue
             chain = next((r for r in mine if r["primary"]), None)
             budget = mine[0]["best_ddtree_budget"]
-            tree = None if missing(budget) else next((r for r in mine if r["method"] == f"ddtree-{budget}"), None)
+            tree = None if missing(budget) else next((r for r in mine if r["method"] == tree_method(int(budget))), None)
             own = "–" if chain is None else _speedup_cell(chain, None)
             if tree is None:
                 lines.append(table_row([drafter_label(drafter, settings), dataset, "–", "–", "–", own,
@@ -404,8 +404,7 @@ INTRO = (
     "verification against the target's own greedy completions. **z-lab mean**: mean over samples of each "
     "sample's mean tau. **Token-weighted**: total tokens / total verification steps (the SGLang convention). "
     "<sub>[a, b]</sub>: 95% bootstrap confidence interval over samples. **Bold**: best in its column "
-    f"(at the {DIGITS} decimals shown). `chain-B<n>`: chain drafting with block size n (the drafter's own B "
-    "here); `ddtree-<N>`: DDTree with N nodes besides the root. ⚠️: see Warnings."
+    f"(at the {DIGITS} decimals shown). {legend()}. ⚠️: see Warnings."
 )
 
 

@@ -20,7 +20,8 @@ import math
 from collections.abc import Sequence
 from typing import Any
 
-from dflash_eval.evaluate.acceptance import paired_difference
+from dflash_eval.methods import chain_method
+from dflash_eval.stats import paired_difference
 
 TAU_OURS = "tokens produced by verification steps / steps (the first completion token, from prefill, not counted)"
 TAU_SGLANG = "completion tokens / steps = SGLang's spec_accept_length (the prefill token counted)"
@@ -113,7 +114,7 @@ def compare(online: dict[str, dict[str, Any]], offline_by_method: dict[str, dict
     blocks = {c["block_size"] for c in online.values() if c["block_size"] is not None}
     served_block = next(iter(blocks)) if len(blocks) == 1 else own_block
     result["served_block_size"] = served_block
-    method = f"chain-B{served_block}" if served_block is not None else None
+    method = chain_method(served_block) if served_block is not None else None
     result["method"] = method
     steps = (offline_by_method or {}).get(method) if method else None
     if len(blocks) > 1:

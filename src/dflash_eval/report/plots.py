@@ -17,6 +17,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from dflash_eval.methods import TREE, is_kind
 from dflash_eval.report.labels import drafter_label, fmt, missing
 
 TAU_LABEL = "acceptance length tau (tokens per verification step)"
@@ -245,7 +246,7 @@ NO_PROFILE_TEXT = ("No expected speedup: it needs a serving profile (speedup.pro
 
 def ddtree_rows(rows: list[dict], drafter: str, dataset: str) -> list[dict]:
     """One evaluation's DDTree rows, by budget."""
-    trees = [r for r in rows if r["drafter"] == drafter and r["dataset"] == dataset and r["method"].startswith("ddtree-")]
+    trees = [r for r in rows if r["drafter"] == drafter and r["dataset"] == dataset and is_kind(r["method"], TREE.name)]
     return sorted(trees, key=lambda r: int(r["budget"]))
 
 
@@ -281,7 +282,7 @@ def draw_speedup(data: PlotData) -> Any:
     settings = data.settings
     datasets, drafters = list(settings["datasets"]), list(settings["drafters"])
     figure = _figure()
-    trees = [r for r in data.rows if r["method"].startswith("ddtree-")]
+    trees = [r for r in data.rows if is_kind(r["method"], TREE.name)]
     title = "DDTree: tau and expected speedup (an estimate) against the budget"
     if not trees:
         _nothing_to_show(figure.subplots(), "No DDTree budget evaluated: set evaluation.ddtree_budgets in config.yaml")

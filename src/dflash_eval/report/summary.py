@@ -3,7 +3,7 @@
 The rows are what summary.csv holds (tidy, so that it can be filtered or plotted without knowing
 this module) and what the markdown tables and plots are drawn from: tau in both conventions with
 their intervals, the training step, the paired difference to the reference drafter and its verdict,
-and the expected speedup (an estimate, evaluate/speedup.py) with its source and the evaluation's best
+and the expected speedup (an estimate, speedup/model.py) with its source and the evaluation's best
 DDTree budget by it; empty, with source "no profile", where no serving profile was there to use.
 """
 
@@ -20,7 +20,9 @@ import pandas as pd
 
 from dflash_eval.errors import DflashEvalError
 from dflash_eval.io_utils import read_json_object
-from dflash_eval.evaluate import acceptance, speedup
+from dflash_eval import stats
+from dflash_eval.methods import chain_method, sort_key
+from dflash_eval.speedup import labels as speedup
 
 log = logging.getLogger(__name__)
 
@@ -160,7 +162,7 @@ def speedup_source(metrics: dict) -> str:
 
 
 def best_ddtree_budget(metrics: dict) -> int | None:
-    """The DDTree budget with the highest expected speedup (evaluate/speedup.py chose it), None without one."""
+    """The DDTree budget with the highest expected speedup (speedup/model.py chose it), None without one."""
     best = (metrics.get("speedup") or {}).get("best_ddtree") or {}
     return None if best.get("budget") is None else int(best["budget"])
 
@@ -170,35 +172,39 @@ def method_rows(evaluation: Evaluation, spec: dict) -> list[dict]:
     metrics = evaluation.metrics
     cache = metrics["cache"]
     source, best = speedup_source(metrics), best_ddtree_budget(metrics)
-    methods = metrics.get("methods") or {f"chain-B{metrics['block_size']}": metrics["chain"]}
+    own_chain = chain_method(metrics["block_size"])
+    methods = metrics.get("methods") or {own_chain: metrics["chain"]}
     agreement = metrics["diagnostics"].get("argmax_agreement")
     rows = []
-    for method, stats in sorted(methods.items(), key=lambda item: method_order(item[0])):
-        ci, ci_tw = _pair(stats["ci95"].get("tau_mean_of_samples")), _pair(stats["ci95"].get("tau_token_weighted"))
+    for method in sorted(methods, key=lambda name: method_order(name, evaluation.path)):
+        numbers = methods[method]
+        ci, ci_tw = _pair(numbers["ci95"].get("tau_mean_of_samples")), _pair(numbers["ci95"].get("tau_token_weighted"))
         rows.append({
             "drafter": metrics["drafter"], "dataset": metrics["dataset"], "method": method,
-            "primary": method == f"chain-B{metrics['block_size']}",
-            "block_size": int(stats.get("block_size", metrics["block_size"])), "budget": stats.get("budget"),
-            "tau_mean_of_samples": _float(stats["tau_mean_of_samples"]),
-            "tau_token_weighted": _float(stats["tau_token_weighted"]),
+            "primary": method == own_chain,
+            "block_size": int(numbers.get("block_size", metrics["block_size"])), "budget": numbers.get("budget"),
+            "tau_mean_of_samples": _float(numbers["tau_mean_of_samples"]),
+            "tau_token_weighted": _float(numbers["tau_token_weighted"]),
             "ci_low": ci[0], "ci_high": ci[1], "ci_low_tw": ci_tw[0], "ci_high_tw": ci_tw[1],
-            "samples": int(stats["samples"]), "steps": int(stats["steps"]), "tokens": int(stats["tokens"]),
+            "samples": int(numbers["samples"]), "steps": int(numbers["steps"]), "tokens": int(numbers["tokens"]),
             "training_step": training_step(metrics, spec),
             "layer_ids": " ".join(str(i) for i in metrics["layer_ids"]),
             "backend": cache["backend"], "backend_mismatch_allowed": bool(cache["backend_mismatch_allowed"]),
             "argmax_agreement": _float(agreement), "tau_vs_reference": math.nan,
             "diff_vs_reference": math.nan, "diff_ci_low": math.nan, "diff_ci_high": math.nan, "verdict": "",
-            "expected_speedup": _float(stats.get("expected_speedup")), "speedup_source": source,
+            "expected_speedup": _float(numbers.get("expected_speedup")), "speedup_source": source,
             "best_ddtree_budget": best,
         })
     return rows
 
 
-def method_order(method: str) -> tuple[int, int, str]:
-    """Chains by block size, then DDTree by budget: metrics.json sorts keys as text (ddtree-16 < ddtree-8)."""
-    kind, _, size = method.partition("-")
-    number = size.lstrip("B")
-    return (0 if kind == "chain" else 1, int(number) if number.isdigit() else 0, method)
+def method_order(method: str, path: Path) -> tuple[int, int]:
+    """methods.py's order (chains by block size, then DDTree by budget): metrics.json sorts keys as text
+    (ddtree-16 < ddtree-8). A method this version does not know is an error naming the file."""
+    try:
+        return sort_key(method)
+    except DflashEvalError as error:
+        raise DflashEvalError(f"{path}: {error}") from None
 
 
 def _float(value: Any) -> float:
@@ -212,7 +218,7 @@ def per_sample_steps(evaluation: Evaluation) -> dict[str, dict[str, list[int]]]:
         raise DflashEvalError(f"{path} not found; the paired comparison needs the evaluate stage's per-sample rows")
     frame = pd.read_csv(path, dtype={"id": str, "acceptance_lengths": str}, keep_default_na=False)
     if "method" not in frame:
-        frame["method"] = f"chain-B{evaluation.metrics['block_size']}"
+        frame["method"] = chain_method(evaluation.metrics["block_size"])
     out: dict[str, dict[str, list[int]]] = {}
     for row in frame.itertuples(index=False):
         out.setdefault(row.method, {})[row.id] = [int(x) for x in str(row.acceptance_lengths).split()]
@@ -236,10 +242,10 @@ def add_verdicts(rows: list[dict], evaluations: list[Evaluation], settings: dict
                            and r["primary"]), None)
         if method is None or row["method"] not in mine:
             continue
-        paired = acceptance.paired_difference(mine[row["method"]], theirs[method], settings["bootstrap"],
+        paired = stats.paired_difference(mine[row["method"]], theirs[method], settings["bootstrap"],
                                               settings["seed"])["tau_mean_of_samples"]
         row.update(diff_vs_reference=paired["difference"], diff_ci_low=paired["ci95"][0],
-                   diff_ci_high=paired["ci95"][1], verdict=acceptance.verdict(paired["ci95"]))
+                   diff_ci_high=paired["ci95"][1], verdict=stats.verdict(paired["ci95"]))
 
 
 def summary_rows(evaluations: list[Evaluation], settings: dict) -> list[dict]:

@@ -130,7 +130,8 @@ def _drafter_taus(check: DrafterCheck, tokens: Sequence[torch.Tensor],
                   states: dict[str, list[dict[int, torch.Tensor]]], backends: Sequence[str],
                   device: torch.device) -> dict[str, Any]:
     from dflash_eval.evaluate.acceptance import sequence_limits
-    from dflash_eval.evaluate.anchors import chain_method, evaluate_sample
+    from dflash_eval.evaluate.all_anchor import evaluate_sample
+    from dflash_eval.methods import chain_method
 
     runner = check.runner
     block = runner.block_size

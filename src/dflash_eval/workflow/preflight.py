@@ -21,7 +21,7 @@ from dflash_eval.cache.verify import changed_since_extraction, repair_command
 from dflash_eval.errors import DflashEvalError
 from dflash_eval.evaluate.checkpoint import check_checkpoint, checkpoint_facts
 from dflash_eval.extract.layers import check_layer_ids
-from dflash_eval.extract.target_config import check_target_dir, cuda_build_problem
+from dflash_eval.target_identity import check_target_dir, cuda_build_problem
 from dflash_eval.fetch.prompts import load_prompts
 from dflash_eval.yaml_files import read_yaml
 

@@ -1,6 +1,6 @@
 """A small real server that speaks SGLang 0.5.23's HTTP protocol, and speculates for real with a DFlash drafter.
 
-Run from the repository root: `python -m tests.support.sglang_server --model-path DIR --port P
+Run: `dflash-eval demo-server --model-path DIR --port P
 [--speculative-algorithm DFLASH --speculative-draft-model-path DIR [--speculative-num-draft-tokens B]]
 [--served-model-name NAME]` (SGLang's own launch flags for these settings).
 
@@ -34,7 +34,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
-from tests.support.sglang_protocol import unknown_fields
+from dflash_eval.demo.sglang_protocol import unknown_fields
 
 SGLANG_VERSION = "0.5.23"
 
@@ -85,7 +85,7 @@ class Engine:
         """Greedy completion ids (the stop token included, as SGLang's output_ids) and the counters."""
         import torch
 
-        from tests.support.reference import online_acceptance
+        from dflash_eval.demo.reference import online_acceptance
 
         with self.lock, torch.no_grad():
             if self.drafter is not None:
@@ -247,8 +247,8 @@ class Handler(BaseHTTPRequestHandler):
         return 200, response
 
 
-def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """Flags of `dflash-eval demo-server` (SGLang's own launch flags)."""
     parser.add_argument("--model-path", required=True)
     parser.add_argument("--tokenizer-path")
     parser.add_argument("--served-model-name")
@@ -258,7 +258,10 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--speculative-draft-model-path")
     parser.add_argument("--speculative-num-draft-tokens", type=int)
     parser.add_argument("--threads", type=int, default=1, help="torch threads")
-    args = parser.parse_args(argv)
+
+
+def run(args: argparse.Namespace) -> None:
+    """Serve until interrupted (SIGTERM ends the process; Ctrl-C exits 0)."""
     Handler.engine = Engine(args)
     server = ThreadingHTTPServer((args.host, args.port), Handler)
     print(f"sglang-protocol test server on {args.host}:{args.port}", flush=True)
@@ -266,6 +269,12 @@ def main(argv: list[str] | None = None) -> None:
         server.serve_forever()
     except KeyboardInterrupt:
         sys.exit(0)
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    add_arguments(parser)
+    run(parser.parse_args(argv))
 
 
 if __name__ == "__main__":

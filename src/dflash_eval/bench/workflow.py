@@ -21,7 +21,7 @@ from pathlib import Path
 
 import yaml
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]  # the checkout: src/dflash_eval/bench/workflow.py
 
 RECORDER = r'''#!{python}
 """Stand-in for dflash-eval in workflow tests: writes the declared outputs and logs the call."""

@@ -1,7 +1,8 @@
-"""The target's config.json, weight files and the device it runs on, read without importing torch.
+"""The target's identity and the device it runs on: config.json, its hash, weight files, CUDA build checks.
 
-The workflow reads these for the target when it loads (before any job runs), the extract and
-evaluate stages when they start; both go through here.
+Shared ground below the stages: the workflow reads these for the target when it loads (before any job
+runs), the extract stage writes the config hash into the cache's manifest and the evaluate stage checks
+a cache against it; all go through here. Torch is imported only by `parse_device`, when it is called.
 """
 
 from __future__ import annotations
@@ -12,10 +13,13 @@ import importlib.util
 import json
 import re
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from dflash_eval.errors import DflashEvalError
 from dflash_eval.io_utils import read_json_object, safetensors_header
+
+if TYPE_CHECKING:
+    import torch
 
 # config.json keys that record provenance, not the model
 _VOLATILE_KEYS = frozenset({"transformers_version", "_name_or_path", "architectures"})
@@ -118,3 +122,24 @@ def cuda_build_problem(device: str, key: str) -> str | None:
         version = "not installed"
     return (f"{key} is {device}, but the installed torch ({version}) is built without CUDA; install a CUDA build "
             "(e.g. pip install torch --index-url https://download.pytorch.org/whl/cu128) or set it to cpu")
+
+
+def parse_device(device: str | torch.device, key: str = "device") -> torch.device:
+    """One device, 'cpu' or 'cuda[:N]', checked to exist; `key` names the setting in the errors."""
+    import torch
+
+    device = torch.device(device)
+    if device.type == "cuda":
+        problem = cuda_build_problem(str(device), key)
+        if problem:
+            raise DflashEvalError(problem)
+        if not torch.cuda.is_available():
+            raise DflashEvalError(f"{key} {device} requested but torch sees no CUDA device; "
+                                  "use 'cpu' or a GPU machine")
+        index = 0 if device.index is None else device.index
+        if index >= torch.cuda.device_count():
+            raise DflashEvalError(f"{key} {device} requested but only {torch.cuda.device_count()} CUDA devices exist")
+        return torch.device("cuda", index)
+    if device.type != "cpu":
+        raise DflashEvalError(f"{key} {device}: only 'cpu' and 'cuda[:N]' are supported")
+    return device

@@ -1,9 +1,9 @@
-"""SGLang 0.5.23's protocol field names, read from its source: the test server answers with them and the
-tests check fetch against them.
+"""SGLang 0.5.23's protocol field names, read from its source: the demo server (dflash_eval.demo.server)
+answers with them and the tests check fetch against them.
 
 `PROTOCOL_FIELDS` (sglang_0_5_23_fields.json) is what `fields_from_source` reads out of the wheel's
 `sglang/srt/entrypoints/openai/protocol.py` (its pydantic models do not import without SGLang's own
-dependencies, so the names are read with `ast`); tests/fetch/test_sglang_protocol.py re-reads them from an
+dependencies, so the names are read with `ast`); tests/fetch/test_sglang.py re-reads them from an
 installed wheel (`pip install --no-deps sglang==0.5.23`) and compares.
 """
 

@@ -14,9 +14,11 @@ import torch
 from dflash_eval.evaluate.acceptance import sequence_limits
 from dflash_eval.evaluate.blocks import BlockDrafter
 from dflash_eval.demo.drafters import TrainingSequence
-from dflash_eval.evaluate.anchors import chain_method, evaluate_sample, tree_method
+from dflash_eval.evaluate.all_anchor import evaluate_sample
+from dflash_eval.methods import chain_method, tree_method
 
-from tests.support.reference import _draft_logprobs, assert_same_steps, ddtree_online, exact_target_rollback, online_acceptance
+from dflash_eval.demo.reference import exact_target_rollback, online_acceptance
+from tests.support.reference import _draft_logprobs, assert_same_steps, ddtree_online
 from tests.support.tiny import MASK_ID, tiny_drafter, tiny_target, train_briefly
 
 EOS = 1

@@ -1,4 +1,7 @@
-"""One sample's offline evaluation: drafts at every anchor, then the online trajectories.
+"""The all-anchor reference evaluator: one sample's drafts at every anchor, then the online trajectories.
+
+The evaluate stage runs the trajectory evaluator (trajectory.py), which drafts only the blocks the online
+loops visit; this one drafts every anchor, is simpler, and is the reference the tests hold it to.
 
 For every anchor s of the completion we compute the drafter's block exactly as the online loop
 would run it there (block [x_s, mask...], shortened near the token budget), and from its logits:
@@ -23,6 +26,7 @@ import torch
 from dflash_eval.evaluate.acceptance import SequenceLimits, chain_steps, matched_prefix, verify_sizes
 from dflash_eval.evaluate.blocks import BlockDrafter
 from dflash_eval.evaluate.ddtree import tree_accepted
+from dflash_eval.methods import chain_method, tree_method
 
 
 @dataclass
@@ -40,15 +44,7 @@ class SampleResult:
     """Per-anchor outcomes and the trajectory each method implies (tokens per verification step)."""
 
     outcomes: AnchorOutcomes
-    steps: dict[str, list[int]]  # method name ("chain-B8", "ddtree-32") -> produced tokens per step
-
-
-def chain_method(block_size: int) -> str:
-    return f"chain-B{block_size}"
-
-
-def tree_method(budget: int) -> str:
-    return f"ddtree-{budget}"
+    steps: dict[str, list[int]]  # method name (methods.py: "chain-B8", "ddtree-32") -> produced tokens per step
 
 
 def _truth(tokens: torch.Tensor, anchors: torch.Tensor, width: int) -> torch.Tensor:

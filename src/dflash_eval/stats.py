@@ -1,0 +1,115 @@
+"""Statistics over per-sample verification steps: tau in both conventions, their intervals and comparisons.
+
+Shared by the evaluate stage (each method's tau, bootstrap CI, acceptance by position and histogram in
+metrics.json) and the report (the paired difference to the reference drafter and its verdict, online
+against offline). Pure numpy on lists of steps (tokens produced per verification step, bonus included).
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+import numpy as np
+
+
+def tau_stats(per_sample_steps: Sequence[Sequence[int]]) -> dict[str, float | int]:
+    """Both tau conventions: z-lab (mean over samples of each sample's mean) and token-weighted."""
+    used = [steps for steps in per_sample_steps if steps]
+    if not used:
+        return {"tau_mean_of_samples": float("nan"), "tau_token_weighted": float("nan"),
+                "samples": 0, "steps": 0, "tokens": 0}
+    tokens = sum(sum(steps) for steps in used)
+    n_steps = sum(len(steps) for steps in used)
+    return {
+        "tau_mean_of_samples": float(np.mean([np.mean(steps) for steps in used])),
+        "tau_token_weighted": tokens / n_steps,
+        "samples": len(used),
+        "steps": n_steps,
+        "tokens": tokens,
+    }
+
+
+def bootstrap_ci(per_sample_steps: Sequence[Sequence[int]], n_boot: int, seed: int,
+                 level: float = 0.95) -> dict[str, list[float]]:
+    """Percentile bootstrap over samples for both tau conventions.
+
+    Kept over scipy.stats.bootstrap's BCa and a delta-method ratio estimator for tokens / steps: on
+    DFlash-shaped samples neither covers the token-weighted tau better (within about one point at every
+    n, benchmarks/results/tau_ci_coverage.md), and keeping it keeps every recorded interval comparable.
+    """
+    used = [steps for steps in per_sample_steps if steps]
+    if not used or n_boot <= 0:
+        return {"tau_mean_of_samples": [float("nan")] * 2, "tau_token_weighted": [float("nan")] * 2}
+    means = np.array([np.mean(steps) for steps in used])
+    tokens = np.array([sum(steps) for steps in used], dtype=float)
+    counts = np.array([len(steps) for steps in used], dtype=float)
+    rng = np.random.default_rng(seed)
+    picks = rng.integers(0, len(used), size=(n_boot, len(used)))
+    boot_mean = means[picks].mean(axis=1)
+    boot_weighted = tokens[picks].sum(axis=1) / counts[picks].sum(axis=1)
+    tail = (1 - level) / 2 * 100
+    return {
+        "tau_mean_of_samples": [float(np.percentile(boot_mean, tail)), float(np.percentile(boot_mean, 100 - tail))],
+        "tau_token_weighted": [float(np.percentile(boot_weighted, tail)), float(np.percentile(boot_weighted, 100 - tail))],
+    }
+
+
+def acceptance_by_position(per_sample_steps: Sequence[Sequence[int]], block_size: int) -> list[float]:
+    """Fraction of steps whose k-th draft token was accepted, k = 1..B-1 (cumulative by nature)."""
+    all_steps = np.array([s for steps in per_sample_steps for s in steps])
+    if all_steps.size == 0:
+        return [float("nan")] * (block_size - 1)
+    return [float(np.mean(all_steps - 1 >= k)) for k in range(1, block_size)]
+
+
+def histogram(per_sample_steps: Sequence[Sequence[int]], block_size: int) -> dict[str, int]:
+    """Count of steps producing each length 1..B (keys are strings for JSON)."""
+    counts = {str(length): 0 for length in range(1, block_size + 1)}
+    for steps in per_sample_steps:
+        for produced in steps:
+            counts[str(produced)] = counts.get(str(produced), 0) + 1
+    return counts
+
+
+def paired_difference(steps_a: dict[str, Sequence[int]], steps_b: dict[str, Sequence[int]], n_boot: int,
+                      seed: int, level: float = 0.95) -> dict[str, object]:
+    """tau(a) - tau(b) on the samples both evaluated, with a paired percentile bootstrap CI.
+
+    Resampling the same sample ids for both drafters keeps the per-prompt difficulty out of the
+    interval, so it is much tighter than comparing two independent CIs. Both conventions.
+    """
+    ids = sorted(i for i in set(steps_a) & set(steps_b) if steps_a[i] and steps_b[i])
+    result: dict[str, object] = {"samples": len(ids)}
+    if not ids:
+        for name in ("tau_mean_of_samples", "tau_token_weighted"):
+            result[name] = {"difference": float("nan"), "ci95": [float("nan")] * 2}
+        return result
+    mean_a = np.array([np.mean(steps_a[i]) for i in ids])
+    mean_b = np.array([np.mean(steps_b[i]) for i in ids])
+    tok_a, n_a = (np.array([f(steps_a[i]) for i in ids], dtype=float) for f in (sum, len))
+    tok_b, n_b = (np.array([f(steps_b[i]) for i in ids], dtype=float) for f in (sum, len))
+    rng = np.random.default_rng(seed)
+    picks = rng.integers(0, len(ids), size=(max(n_boot, 1), len(ids)))
+    tail = (1 - level) / 2 * 100
+    boots = {
+        "tau_mean_of_samples": (mean_a.mean() - mean_b.mean(), mean_a[picks].mean(1) - mean_b[picks].mean(1)),
+        "tau_token_weighted": (tok_a.sum() / n_a.sum() - tok_b.sum() / n_b.sum(),
+                               tok_a[picks].sum(1) / n_a[picks].sum(1) - tok_b[picks].sum(1) / n_b[picks].sum(1)),
+    }
+    for name, (difference, boot) in boots.items():
+        ci = [float(np.percentile(boot, tail)), float(np.percentile(boot, 100 - tail))] if n_boot > 0 \
+            else [float("nan")] * 2
+        result[name] = {"difference": float(difference), "ci95": ci}
+    return result
+
+
+def verdict(ci95: Sequence[float]) -> str:
+    """better / worse when the whole CI of a - b is above / below zero, else no clear difference."""
+    low, high = ci95
+    if np.isnan(low) or np.isnan(high):
+        return "undetermined"
+    if low > 0:
+        return "better"
+    if high < 0:
+        return "worse"
+    return "no clear difference"
