@@ -145,7 +145,7 @@ def trajectory(runner, samples, methods: dict, rows: int, split: int | None, gro
                fused: bool | None = None):
     """fused: None the device's choice, False the explicit products alone, True the fused kernel in every forward."""
     with patched(packed, "FUSED_MIN_QUERIES", 0) if fused else nullcontext():
-        evaluator = TrajectoryEvaluator(runner, set(), rows_per_forward=rows, head_split=split,
+        evaluator = TrajectoryEvaluator(runner, set(), blocks_per_forward=rows, head_split=split,
                                         attention_groups=groups, fused_attention=fused, **methods)
         seconds, results = run_timed(evaluator, samples)
     return seconds, completion_tokens(samples), evaluator.counts, \
@@ -249,7 +249,7 @@ def main() -> int:
     parser.add_argument("--all-anchor-samples", type=int, default=4, help="subset for the all-anchor evaluator, chain-B")
     parser.add_argument("--all-anchor-default-samples", type=int, default=1)
     parser.add_argument("--sequential-samples", type=int, default=1)
-    parser.add_argument("--rows", type=int, nargs="+", default=[512], help="trajectory rows per forward (anchor_chunk)")
+    parser.add_argument("--rows", type=int, nargs="+", default=[512], help="trajectory blocks per forward (evaluation.blocks_per_forward)")
     parser.add_argument("--chunk", type=int, default=256, help="all-anchor anchors per forward")
     parser.add_argument("--head-split", type=int, default=4)
     parser.add_argument("--levers", action="store_true", help="also the trajectory evaluator without the head split")

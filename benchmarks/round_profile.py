@@ -54,7 +54,7 @@ def rounds_by_size(runner, samples, methods: dict, rows: int, config):
     """The evaluation's wall and counts, and each round's wall (a round ends in a read of the GPU's results, so its
     wall is its own) bucketed by the blocks it computed: (bucket, rounds, seconds, needed FLOPs). Shows whether
     many small, launch-bound rounds or the few large ones hold the time."""
-    evaluator = TrajectoryEvaluator(runner, set(), rows_per_forward=rows, head_split=4, **methods)
+    evaluator = TrajectoryEvaluator(runner, set(), blocks_per_forward=rows, head_split=4, **methods)
     inner = evaluator._round
     totals = {bucket: [0, 0.0, 0.0] for bucket in BUCKETS}
 
@@ -81,7 +81,7 @@ def phases(runner, samples, methods: dict, rows: int) -> dict[str, float]:
     chain-only blocks' head; the rest of the wall is the host's own bookkeeping."""
     from dflash_eval.evaluate import trajectory as module
 
-    evaluator = TrajectoryEvaluator(runner, set(), rows_per_forward=rows, head_split=4, **methods)
+    evaluator = TrajectoryEvaluator(runner, set(), blocks_per_forward=rows, head_split=4, **methods)
     spent: dict[str, float] = defaultdict(float)
     device = runner.embed.device
 

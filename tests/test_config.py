@@ -261,3 +261,21 @@ def test_config_imports_no_stage_so_stage_fingerprints_hold_their_own_code():
     assert code_version._imports(config_path, config_path.read_text()) == {"errors", "yaml_files"}
     evaluate, report = code_version.stage_modules("evaluate"), code_version.stage_modules("report")
     assert not [m for m in evaluate + report if m.startswith(("fetch.", "server."))]
+
+
+def test_an_old_key_name_still_works_with_a_warning_and_both_names_are_refused(caplog):
+    """evaluation.anchor_chunk was renamed blocks_per_forward: configs and hand-written settings keep working."""
+    config = cfg.load_config(REPO / "config.yaml")
+    raw = {key: value for key, value in yaml.safe_load((REPO / "config.yaml").read_text()).items()}
+    raw["evaluation"] = {k: v for k, v in raw["evaluation"].items() if k != "blocks_per_forward"} | {"anchor_chunk": 64}
+    with caplog.at_level("WARNING"):
+        renamed = cfg.validate_config(raw, "old.yaml")
+    assert renamed["evaluation"]["blocks_per_forward"] == 64 and "anchor_chunk" not in renamed["evaluation"]
+    assert "old.yaml: evaluation.anchor_chunk is now called evaluation.blocks_per_forward" in caplog.text
+    raw["evaluation"]["blocks_per_forward"] = 32
+    with pytest.raises(DflashEvalError, match="anchor_chunk and evaluation.blocks_per_forward are both set"):
+        cfg.validate_config(raw, "old.yaml")
+    hand_written = {"drafter": "d", "dataset": "toy", "target": {"path": "t"}, "max_tokens": 9, "anchor_chunk": 16,
+                    "checkpoint": {"path": "c", "layout": "auto", "trained_with": "torch"}}
+    assert cfg.stage_settings("evaluate", hand_written)["blocks_per_forward"] == 16
+    assert config["evaluation"]["blocks_per_forward"] == 512  # config.yaml uses the new name

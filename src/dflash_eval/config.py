@@ -19,6 +19,7 @@ import copy
 import fnmatch
 import functools
 import json
+import logging
 import re
 from pathlib import Path
 from typing import Any
@@ -28,6 +29,8 @@ import yaml
 
 from dflash_eval.errors import DflashEvalError
 from dflash_eval.yaml_files import read_yaml
+
+log = logging.getLogger(__name__)
 
 SCHEMA_PATH = Path(__file__).with_name("config.schema.yaml")  # package data: found in a wheel install too
 
@@ -94,9 +97,29 @@ def _schema_problems(instance: Any, schema: dict, skip_top: tuple[str, ...] = ()
             for e in sorted(kept, key=lambda e: [str(p) for p in e.absolute_path])]
 
 
+# Keys users may still set under their old names: section -> {old: new}. The old name works, with a warning.
+RENAMED_KEYS: dict[str, dict[str, str]] = {"evaluation": {"anchor_chunk": "blocks_per_forward"}}
+
+
+def _renamed(section: str, values: dict, where: str) -> dict:
+    """`values` with each old key of `section` under its new name (a warning says so); both given is an error."""
+    renames = {old: new for old, new in RENAMED_KEYS.get(section, {}).items() if old in values}
+    if not renames:
+        return values
+    values = dict(values)
+    for old, new in renames.items():
+        if new in values:
+            raise DflashEvalError(f"{where}: {section}.{old} and {section}.{new} are both set; {old} is the old name "
+                                  f"of {new}: keep only {new}")
+        log.warning("%s: %s.%s is now called %s.%s; it still works, but rename it", where, section, old, section, new)
+        values[new] = values.pop(old)
+    return values
+
+
 def validate_config(config: dict, source: str = "config.yaml") -> dict:
     """Validate against the schema, fill defaults, then check what a schema cannot express."""
     schema = _schema()
+    config = {key: _renamed(key, value, source) if isinstance(value, dict) else value for key, value in config.items()}
     problems = _schema_problems(config, schema, source=source)
     if problems:
         raise DflashEvalError(f"{source} is not valid:\n" + "\n".join(f"  {line}" for line in problems))
@@ -343,7 +366,8 @@ def stage_settings(stage: str, settings: dict) -> dict:
     left out, so it gets the default.
     """
     schema = stage_schema(stage)
-    out = _without_nulls(copy.deepcopy(settings), schema)
+    out = _without_nulls(copy.deepcopy(_renamed({"evaluate": "evaluation"}.get(stage, stage), settings,
+                                                f"{stage} settings")), schema)
     missing = [key for key in schema["required"] if key not in out]
     unknown = sorted(set(out) - set(schema["properties"]))
     problems = []

@@ -38,7 +38,7 @@ def project(tmp_path_factory):
     evaluate = {"drafter": "d", "dataset": "toy", "target": {"path": str(root / "target")}, "max_tokens": 9,
                 "checkpoint": {"path": str(root / "drafter"), "layout": "auto", "config": None, "trained_with": "torch",
                                "allow_pickle": False, "step": None, "layer_ids": LAYERS},
-                "device": "cpu", "dtype": "float32", "anchor_chunk": 16, "bootstrap": 10, "seed": 0,
+                "device": "cpu", "dtype": "float32", "blocks_per_forward": 16, "bootstrap": 10, "seed": 0,
                 "stop_token_ids": [1], "allow_backend_mismatch": False, "block_sizes": [], "ddtree_budgets": [4],
                 "topk": [1]}
     return root, evaluate

@@ -77,7 +77,7 @@ def test_same_steps_as_the_all_anchor_evaluator(dflash2, window, pool, rows, spl
     runner = _runner(dflash2, window)
     sequences = _sequences(runner)
     reference = _reference(runner, sequences)
-    evaluator = TrajectoryEvaluator(runner, STOPS, range(2, BLOCK + 1), BUDGETS, TOPK, rows_per_forward=rows,
+    evaluator = TrajectoryEvaluator(runner, STOPS, range(2, BLOCK + 1), BUDGETS, TOPK, blocks_per_forward=rows,
                                     pool_slots=pool, head_split=split)
     results = dict(evaluator.run(_specs(sequences)))
     assert sorted(results) == sorted(reference)
@@ -115,7 +115,7 @@ def test_each_distinct_block_is_computed_once():
     runner = _runner()
     sequences = _sequences(runner)
     evaluator = TrajectoryEvaluator(runner, STOPS, range(2, BLOCK + 1), BUDGETS, TOPK, pool_slots=3,
-                                    rows_per_forward=4)
+                                    blocks_per_forward=4)
     results = dict(evaluator.run(_specs(sequences)))
     distinct = set()
     for key, _, _, limits in sequences:
@@ -196,6 +196,6 @@ def test_same_steps_as_the_all_anchor_evaluator_on_cuda(dflash2):
     sequences = [(key, f.cuda(), t.cuda(), lim) for key, f, t, lim in _sequences(_runner(dflash2))]
     reference = _reference(runner, sequences)
     results = dict(TrajectoryEvaluator(runner, STOPS, range(2, BLOCK + 1), BUDGETS, TOPK, pool_slots=3,
-                                       rows_per_forward=5).run(_specs(sequences)))
+                                       blocks_per_forward=5).run(_specs(sequences)))
     for key, expected in reference.items():
         assert results[key].steps == expected.steps, key

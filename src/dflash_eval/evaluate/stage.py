@@ -178,7 +178,7 @@ def run_evaluation(settings: dict, hidden: str, completions: str) -> tuple[dict,
             continue
         specs.append(SampleSpec(sample_id, int(entry["length"]), loader(sample_id, record)))
         order.append((sample_id, entry))
-    evaluator = TrajectoryEvaluator(runner, set(stops), block_sizes, budgets, topk, settings["anchor_chunk"])
+    evaluator = TrajectoryEvaluator(runner, set(stops), block_sizes, budgets, topk, settings["blocks_per_forward"])
     results = dict(tqdm(evaluator.run(specs), total=len(specs), unit="sample",
                         desc=f"evaluate {settings['drafter']} on {settings['dataset']}"))
     agree, seen = agreement["agree"], agreement["seen"]

@@ -87,13 +87,13 @@ def all_anchor_blocks(limits: SequenceLimits, block_sizes: Sequence[int], block:
 class TrajectoryEvaluator:
     """Evaluates chain methods of `block_sizes` (plus the drafter's own B), DDTree `budgets` and top-k.
 
-    A forward holds at most `rows_per_forward` blocks; the pool at most `rows_per_forward` samples (fewer
+    A forward holds at most `blocks_per_forward` blocks; the pool at most `blocks_per_forward` samples (fewer
     when their contexts would take more than `pool_bytes`: default half the free GPU memory, 2 GiB on CPU).
     `fused_attention`: None picks by device (packed.fused_attention_for).
     """
 
     def __init__(self, drafter: BlockDrafter, stop_ids: set[int], block_sizes: Sequence[int] = (),
-                 budgets: Sequence[int] = (), topk: Sequence[int] = (), rows_per_forward: int = 128,
+                 budgets: Sequence[int] = (), topk: Sequence[int] = (), blocks_per_forward: int = 128,
                  pool_slots: int | None = None, head_split: int | None = 4, pool_bytes: int | None = None,
                  attention_groups: str = "slot", fused_attention: bool | None = None) -> None:
         self.drafter = drafter
@@ -109,7 +109,7 @@ class TrajectoryEvaluator:
         self.method_block = np.array(sizes + [self.block] * len(self.budgets), dtype=np.int64)
         self.method_tree = np.array([-1] * len(sizes) + list(range(len(self.budgets))), dtype=np.int64)
         self.primary = sizes.index(self.block)
-        self.rows_per_forward = max(1, int(rows_per_forward))
+        self.blocks_per_forward = max(1, int(blocks_per_forward))
         self.pool_slots = pool_slots
         self.pool_bytes = pool_bytes
         self.head_split = head_split
@@ -122,7 +122,7 @@ class TrajectoryEvaluator:
 
     # -- the pool ------------------------------------------------------------------------------
     def _slots(self, samples: Sequence[SampleSpec], capacity: int) -> int:
-        wanted = self.pool_slots or min(len(samples), self.rows_per_forward)
+        wanted = self.pool_slots or min(len(samples), self.blocks_per_forward)
         budget = self.pool_bytes
         if budget is None:
             budget = int(0.5 * torch.cuda.mem_get_info(self.device)[0]) if self.device.type == "cuda" else 2 << 30
@@ -222,8 +222,8 @@ class TrajectoryEvaluator:
     def _compute(self, slot: np.ndarray, anchor: np.ndarray, size: np.ndarray) -> None:
         """Run the blocks (slot, anchor, size), sorted by slot, and record their outcomes."""
         full = size == np.minimum(self.block, self.max_len[slot] - anchor)
-        for lo in range(0, len(slot), self.rows_per_forward):
-            part = slice(lo, lo + self.rows_per_forward)
+        for lo in range(0, len(slot), self.blocks_per_forward):
+            part = slice(lo, lo + self.blocks_per_forward)
             self._forward(slot[part], anchor[part], size[part], full[part])
 
     def _forward(self, slot: np.ndarray, anchor: np.ndarray, size: np.ndarray, full: np.ndarray) -> None:
