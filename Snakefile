@@ -4,7 +4,7 @@ import re
 from snakemake.utils import min_version
 
 from dflash_eval.config import PRE_NORM_SUFFIX, validate_config
-from dflash_eval.workflow.preflight import built_by, check_inputs, config_source, warn_changed_caches
+from dflash_eval.preflight import built_by, check_inputs, config_source, warn_changed_caches
 
 min_version("9.0")
 

@@ -1,4 +1,5 @@
-"""Every input that the config names, checked when the workflow loads: before any job runs or deletes anything.
+"""What the Snakefile calls when the workflow loads: the config's sources, and every input the config names,
+checked before any job runs or deletes anything.
 
 Snakemake decides what to run from file times and params. Without this, a path that went missing,
 or a checkpoint that contradicts its settings, is found only by the job that reads it: after
