@@ -130,7 +130,7 @@ def busy_forward(model, sequences, device) -> None:
 @torch.inference_mode()
 def capture_only(model, sequences, device) -> None:
     for ids in sequences:
-        capture_layers(model, LAYERS, ids.to(device), want_argmax=True)
+        capture_layers(model, LAYERS, ids.to(device), want_argmax=True, last_layer="final_norm")
 
 
 def checks_only(path: Path, buffer, journal, index, samples, pending) -> dict:

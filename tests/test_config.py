@@ -139,7 +139,7 @@ def test_select_names_patterns_and_series():
 
 
 def test_layerset_names_round_trip_in_order():
-    assert cfg.layerset_name([31, 1, 16]) == "L31-1-16"
+    assert cfg.layerset_name([31, 1, 16], "final_norm") == "L31-1-16"
     assert cfg.parse_layerset("L31-1-16") == [31, 1, 16]
     with pytest.raises(DflashEvalError, match="must look like L1-16-31"):
         cfg.parse_layerset("1-16")
@@ -236,7 +236,7 @@ def test_workflow_built_settings_pass_unchanged_and_filling_is_idempotent():
     config = repo_config()
     drafter, dataset = next(iter(config["drafters"])), next(iter(config["datasets"]))
     built = {"server": cfg.server_settings(config), "fetch": cfg.fetch_settings(config, dataset),
-             "extract": cfg.extract_settings(config, dataset, [1, 5]),
+             "extract": cfg.extract_settings(config, dataset, "L1-5"),
              "evaluate": cfg.evaluate_settings(config, drafter, dataset), "report": cfg.report_settings(config)}
     for stage, settings in built.items():
         filled = cfg.stage_settings(stage, copy.deepcopy(settings))

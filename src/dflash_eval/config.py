@@ -252,7 +252,7 @@ def select(patterns: Any, names: list[str], what: str) -> list[str]:
 PRE_NORM_SUFFIX = "-prenorm"  # a layer set whose last-layer id holds that layer's own output, not the final norm's
 
 
-def layerset_name(layer_ids: list[int], last_layer: str = "final_norm") -> str:
+def layerset_name(layer_ids: list[int], last_layer: str) -> str:
     """Directory-safe, order-preserving name of a layer list: [1, 16, 31] -> L1-16-31, with the pre-norm last
     layer L1-16-31-prenorm (the target's layer count is not known at workflow load: the demo builds it)."""
     return "L" + "-".join(str(i) for i in layer_ids) + (PRE_NORM_SUFFIX if last_layer == "pre_norm" else "")
@@ -269,9 +269,14 @@ def layerset_last_layer(name: str) -> str:
     return "pre_norm" if name.endswith(PRE_NORM_SUFFIX) else "final_norm"
 
 
+def drafter_default(key: str) -> Any:
+    """The schema's default of a drafter setting (`drafters.<name>.<key>`), for code that runs without a config."""
+    return _schema()["properties"]["drafters"]["additionalProperties"]["properties"][key]["default"]
+
+
 def drafter_last_layer(config: dict, drafter: str) -> str:
     """drafters.<name>.last_layer: what the drafter was trained on for the target's last layer."""
-    return config["drafters"][drafter].get("last_layer") or "final_norm"
+    return config["drafters"][drafter]["last_layer"]  # filled from the schema's default
 
 
 def drafter_layer_ids(config: dict, drafter: str) -> list[int]:
@@ -459,7 +464,7 @@ def extract_runtime(config: dict) -> dict:
     return {"server": server_settings(config), "speedup": dict(config["speedup"])}  # timing writes no cache byte
 
 
-def extract_params(config: dict, dataset: str, layer_ids: list[int], last_layer: str = "final_norm") -> dict:
+def extract_params(config: dict, dataset: str, layer_ids: list[int], last_layer: str) -> dict:
     """What decides a hidden-state cache: the Snakemake params of its extract job."""
     return {
         "dataset": dataset,
@@ -470,9 +475,11 @@ def extract_params(config: dict, dataset: str, layer_ids: list[int], last_layer:
     }
 
 
-def extract_settings(config: dict, dataset: str, layer_ids: list[int]) -> dict:
-    """Everything the extract stage reads (params and runtime), for running it by hand from config.yaml."""
-    return {**extract_params(config, dataset, layer_ids), **extract_runtime(config)}
+def extract_settings(config: dict, dataset: str, layerset: str) -> dict:
+    """Everything the extract stage reads (params and runtime) for one layer set's cache (a name from
+    `layerset_name`, as the extract rule has it), for running it by hand from config.yaml."""
+    return {**extract_params(config, dataset, parse_layerset(layerset), layerset_last_layer(layerset)),
+            **extract_runtime(config)}
 
 
 def evaluate_settings(config: dict, drafter: str, dataset: str) -> dict:

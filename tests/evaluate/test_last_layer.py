@@ -95,7 +95,7 @@ def test_a_last_layer_mismatch_is_refused_with_the_fix():
 
 
 def test_layer_set_names_tell_the_conventions_apart():
-    assert cfg.layerset_name([3, 11, 31]) == "L3-11-31"
+    assert cfg.layerset_name([3, 11, 31], "final_norm") == "L3-11-31"
     assert cfg.layerset_name([3, 11, 31], "pre_norm") == "L3-11-31-prenorm"
     for name in ("L3-11-31", "L3-11-31-prenorm"):
         assert cfg.parse_layerset(name) == [3, 11, 31]

@@ -32,7 +32,7 @@ def reference(model):
 
 
 def test_capture_equals_hidden_states_below_the_last_layer(model, reference):
-    captured = capture_layers(model, [0, 1, 2], TOKENS)
+    captured = capture_layers(model, [0, 1, 2], TOKENS, last_layer="final_norm")
     for i in (0, 1, 2):
         assert captured.states[i].shape == (19, 64)
         assert torch.equal(captured.states[i], reference.hidden_states[i + 1][0])
@@ -41,7 +41,7 @@ def test_capture_equals_hidden_states_below_the_last_layer(model, reference):
 def test_last_layer_is_the_final_norm_output_by_default_and_the_residual_when_pre_norm(model, reference):
     """The default is what dflash_generate feeds (hidden_states[num_layers], the final-norm output)."""
     last = model.config.num_hidden_layers - 1
-    assert torch.equal(capture_layers(model, [last], TOKENS).states[last], reference.hidden_states[-1][0])
+    assert torch.equal(capture_layers(model, [last], TOKENS, last_layer="final_norm").states[last], reference.hidden_states[-1][0])
     for want_argmax in (True, False):
         state = capture_layers(model, [last], TOKENS, want_argmax=want_argmax, last_layer="pre_norm").states[last]
         assert not torch.allclose(state, reference.hidden_states[-1][0])
@@ -50,7 +50,7 @@ def test_last_layer_is_the_final_norm_output_by_default_and_the_residual_when_pr
 
 
 def test_argmax_is_the_targets_greedy_token(model, reference):
-    captured = capture_layers(model, [1, 3], TOKENS)
+    captured = capture_layers(model, [1, 3], TOKENS, last_layer="final_norm")
     assert torch.equal(captured.argmax, reference.logits[0].argmax(-1))
     assert list(captured.states) == [1, 3]
 
@@ -64,13 +64,13 @@ def test_argmax_in_chunks_equals_the_full_logits_argmax_and_bounds_the_rows(mode
     monkeypatch.setattr(capture, "ARGMAX_CHUNK", 5)
     original = head.forward
     monkeypatch.setattr(head, "forward", lambda x: rows.append(len(x)) or original(x))
-    captured = capture_layers(model, [1], TOKENS)
+    captured = capture_layers(model, [1], TOKENS, last_layer="final_norm")
     assert rows == [5, 5, 5, 4]
     assert torch.equal(captured.argmax, reference.logits[0].argmax(-1))
 
 
 def test_layer_order_follows_the_request(model):
-    assert list(capture_layers(model, [2, 0], TOKENS).states) == [2, 0]
+    assert list(capture_layers(model, [2, 0], TOKENS, last_layer="final_norm").states) == [2, 0]
 
 
 def test_early_stop_skips_later_layers_and_the_head(model, reference):
@@ -79,7 +79,7 @@ def test_early_stop_skips_later_layers_and_the_head(model, reference):
     handles = [layer.register_forward_hook(lambda *_, i=i: ran.append(i)) for i, layer in enumerate(model.model.layers)]
     handles.append(model.model.norm.register_forward_hook(lambda *_: ran.append("norm")))
     try:
-        captured = capture_layers(model, [0, 1], TOKENS, want_argmax=False)
+        captured = capture_layers(model, [0, 1], TOKENS, want_argmax=False, last_layer="final_norm")
     finally:
         for handle in handles:
             handle.remove()
@@ -93,7 +93,7 @@ def test_without_argmax_the_full_forward_can_be_kept(model):
     ran = []
     handle = model.model.norm.register_forward_hook(lambda *_: ran.append("norm"))
     try:
-        capture_layers(model, [0], TOKENS, want_argmax=False, stop_after_last=False)
+        capture_layers(model, [0], TOKENS, want_argmax=False, stop_after_last=False, last_layer="final_norm")
     finally:
         handle.remove()
     assert ran == ["norm"]
@@ -102,17 +102,17 @@ def test_without_argmax_the_full_forward_can_be_kept(model):
 @pytest.mark.parametrize("ids", [[4], [-1], [0, 0], []])
 def test_bad_layer_ids_are_clear_errors(model, ids):
     with pytest.raises(DflashEvalError, match="layer ids"):
-        capture_layers(model, ids, TOKENS)
+        capture_layers(model, ids, TOKENS, last_layer="final_norm")
 
 
 def test_out_of_range_error_names_the_range(model):
     with pytest.raises(DflashEvalError, match=r"4 decoder layers, so ids must be in 0\.\.3"):
-        capture_layers(model, [1, 4], TOKENS)
+        capture_layers(model, [1, 4], TOKENS, last_layer="final_norm")
 
 
 def test_stop_after_last_with_argmax_is_rejected(model):
     with pytest.raises(DflashEvalError, match="stop_after_last"):
-        capture_layers(model, [0], TOKENS, want_argmax=True, stop_after_last=True)
+        capture_layers(model, [0], TOKENS, want_argmax=True, stop_after_last=True, last_layer="final_norm")
 
 
 def test_vlm_language_model_layers_are_captured(model):
@@ -124,7 +124,7 @@ def test_vlm_language_model_layers_are_captured(model):
     vlm.lm_head.load_state_dict(model.lm_head.state_dict())
     decoder, head = text_parts(vlm)
     assert decoder is vlm.model.language_model and head is vlm.lm_head
-    ours = capture_layers(vlm, [0, 3], TOKENS)
-    theirs = capture_layers(model, [0, 3], TOKENS)
+    ours = capture_layers(vlm, [0, 3], TOKENS, last_layer="final_norm")
+    theirs = capture_layers(model, [0, 3], TOKENS, last_layer="final_norm")
     assert all(torch.equal(ours.states[i], theirs.states[i]) for i in (0, 3))
     assert torch.equal(ours.argmax, theirs.argmax)

@@ -86,7 +86,7 @@ def check_last_layer(cache, settings: dict) -> None:
     """
     checkpoint, target = settings["checkpoint"], cache_manifest.entry(cache.directory, cache.manifest, "target")
     final = int(cache_manifest.entry(cache.directory, cache.manifest, "target.num_hidden_layers")) - 1
-    wanted, held = checkpoint.get("last_layer", "final_norm"), target.get("last_layer", "pre_norm")
+    wanted, held = checkpoint["last_layer"], target.get("last_layer", "pre_norm")  # see above: an old cache
     if final in checkpoint["layer_ids"] and wanted != held:
         raise DflashEvalError(
             f"{cache.directory}: drafter {settings['drafter']} taps the target's last layer ({final}) and was trained "

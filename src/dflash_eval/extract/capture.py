@@ -65,7 +65,7 @@ def capture_layers(
     *,
     want_argmax: bool = True,
     stop_after_last: bool | None = None,
-    last_layer: str = "final_norm",
+    last_layer: str,
 ) -> Capture:
     """Run one sequence ([T] or [1, T]) and keep the requested layer outputs as [T, H] tensors.
 

@@ -170,7 +170,7 @@ def run_records(model: torch.nn.Module | None, records: list[dict[str, Any]], se
             else:
                 tokens = _upload(ids, device)
                 captured = capture_layers(model, layer_ids, tokens, want_argmax=store_argmax,
-                                          last_layer=settings.get("last_layer", "final_norm"))
+                                          last_layer=settings["last_layer"])
                 backend.verify()
                 states, argmax = captured.states, captured.argmax
             writer.add(sample_id, tokens, states, argmax, prompt_len)
@@ -289,7 +289,7 @@ def extract(settings: dict[str, Any], completions: str | Path, out: str | Path) 
             "num_hidden_layers": int(text_config["num_hidden_layers"]),
             "hidden_size": int(text_config["hidden_size"]),
             "dtype": target["dtype"],
-            "last_layer": settings.get("last_layer", "final_norm"),  # capture.LAST_LAYER: what the last layer's id holds
+            "last_layer": settings["last_layer"],  # capture.LAST_LAYER: what the last layer's id holds
         },
         "device": str(torch.device(target["device"])),
         "completions": {"path": str(completions), "sha256": sha256_file(completions)},

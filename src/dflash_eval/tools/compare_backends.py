@@ -20,7 +20,8 @@ import torch
 from tqdm import tqdm
 
 from dflash_eval.extract.backends import BACKENDS, select_backend, use_backend
-from dflash_eval.extract.capture import capture_layers, check_layer_ids, text_parts
+from dflash_eval.config import drafter_default
+from dflash_eval.extract.capture import LAST_LAYER, capture_layers, check_layer_ids, text_parts
 from dflash_eval.extract.target import DTYPES
 from dflash_eval.errors import DflashEvalError
 from dflash_eval.io_utils import atomic_write_json
@@ -81,14 +82,15 @@ class DrafterAgreement:
 
 
 def _states_per_backend(model: torch.nn.Module, tokens: Sequence[torch.Tensor], layer_ids: list[int],
-                        backends: Sequence[str], device: torch.device) -> dict[str, list[dict[int, torch.Tensor]]]:
+                        backends: Sequence[str], device: torch.device, last_layer: str,
+                        ) -> dict[str, list[dict[int, torch.Tensor]]]:
     """Every sample's layer states under each backend, kept on the host (one backend at a time)."""
     out: dict[str, list[dict[int, torch.Tensor]]] = {}
     for name in backends:
         with use_backend(name, device, model) as run:
             kept = []
             for ids in tqdm(tokens, desc=f"forward with {name}", unit="sample"):
-                captured = capture_layers(model, layer_ids, ids.to(device), want_argmax=False)
+                captured = capture_layers(model, layer_ids, ids.to(device), want_argmax=False, last_layer=last_layer)
                 kept.append({i: s.cpu() for i, s in captured.states.items()})
             info = run.verify()
         log.info("backend %s ran %s", name, info.implementation)
@@ -98,8 +100,11 @@ def _states_per_backend(model: torch.nn.Module, tokens: Sequence[torch.Tensor], 
 
 def compare_backends(model: torch.nn.Module, tokens: Sequence[torch.Tensor], layer_ids: Sequence[int],
                      device: str | torch.device, backends: Sequence[str] = ("fla", "torch"),
-                     drafter: DrafterCheck | None = None) -> dict[str, Any]:
+                     drafter: DrafterCheck | None = None, last_layer: str | None = None) -> dict[str, Any]:
     """Per-layer errors of backends[0] against backends[1] on `tokens` (one [T] tensor per sample).
+
+    `last_layer` is what the target's last layer id holds, as `drafters.<name>.last_layer` says (None: the
+    schema's default).
 
     With `drafter` each backend's states are also evaluated (chain, the drafter's own block) and
     tau per backend is reported.
@@ -112,7 +117,8 @@ def compare_backends(model: torch.nn.Module, tokens: Sequence[torch.Tensor], lay
     if drafter is not None and set(drafter.layer_ids) - set(layer_ids):
         raise DflashEvalError(f"layers {sorted(set(drafter.layer_ids) - set(layer_ids))} that the drafter reads "
                               f"are not among the compared layers {layer_ids}")
-    states = _states_per_backend(model, tokens, layer_ids, backends, device)
+    last_layer = last_layer or drafter_default("last_layer")
+    states = _states_per_backend(model, tokens, layer_ids, backends, device, last_layer)
     candidate, reference = backends
     errors = {i: LayerError(i) for i in layer_ids}
     for got, want in zip(states[candidate], states[reference]):
@@ -181,6 +187,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--max-samples", type=int, default=16, help="first N completions (0: all)")
     parser.add_argument("--drafter", help="optional drafter checkpoint: also report tau on each backend's states")
     parser.add_argument("--drafter-config", help="config.json for a .pt drafter")
+    parser.add_argument("--last-layer", choices=LAST_LAYER, default=None,
+                        help="what the target's last layer id holds (drafters.<name>.last_layer; default: the schema's)")
     parser.add_argument("--out", help="write the result as JSON here")
 
 
@@ -210,7 +218,7 @@ def run(args: argparse.Namespace) -> int:
                              set(stop_token_ids({"target": {"path": args.target}})),
                              [r.get("request", {}).get("max_tokens") for r in records])
     tokens = [torch.tensor(r["prompt_token_ids"] + r["completion_token_ids"]) for r in records]
-    result = compare_backends(model, tokens, layer_ids, args.device, backends, drafter=check)
+    result = compare_backends(model, tokens, layer_ids, args.device, backends, drafter=check, last_layer=args.last_layer)
     result.update(target=str(args.target), dtype=args.dtype, device=args.device, completions=str(args.completions))
     print(format_table(result))
     if args.out:
