@@ -12,3 +12,10 @@ torch.set_num_threads(1)
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+
+# Every CPU forward of a hybrid target in the tests (the references, the demo builders) runs the torch Gated
+# DeltaNet path, also where fla imports (a GPU machine with `.[gpu]`): transformers would otherwise bind fla's
+# Triton kernels, which refuse CPU tensors. Tests of a backend bind their own with `use_backend`.
+from dflash_eval.extract.backends import bind_backend  # noqa: E402
+
+bind_backend("torch", "cpu")

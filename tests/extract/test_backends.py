@@ -144,3 +144,32 @@ def test_fla_dispatch_registry_is_found():
     from dflash_eval.extract.backends import _fla_registry
 
     assert _fla_registry(chunk_gated_delta_rule).operation_name == "gated_delta_rule"
+
+
+def test_the_test_session_binds_torch_for_every_cpu_forward_and_a_block_restores_it():
+    """conftest binds torch process-wide (as the demo's builders and server do), so a CPU forward never reaches
+    fla's Triton kernels where fla imports; a use_backend block rebinds for its forwards and puts it back."""
+    from dflash_eval.extract import backends
+
+    assert backends.bound_backend() == "torch"
+    for role, name in ROLE_NAMES.items():
+        bound = getattr(modeling_qwen3_5, name)
+        assert bound.__wrapped__ is torch_function(modeling_qwen3_5, role)
+    before = {name: getattr(modeling_qwen3_5, name) for name in ROLE_NAMES.values()}
+    model = tiny_target()
+    with use_backend("torch", "cpu", model) as run, torch.no_grad():
+        model(_tokens())
+        with pytest.raises(BackendMismatch, match="bind_backend inside a use_backend block"):
+            backends.bind_backend("torch", "cpu")
+    assert run.verify().calls
+    assert {name: getattr(modeling_qwen3_5, name) for name in ROLE_NAMES.values()} == before
+
+
+def test_binding_fla_on_a_cpu_is_refused_before_anything_is_bound():
+    from dflash_eval.extract import backends
+
+    before = {name: getattr(modeling_qwen3_5, name) for name in ROLE_NAMES.values()}
+    with pytest.raises(BackendUnavailable, match="'fla' cannot run on device 'cpu'"):
+        backends.bind_backend("fla", "cpu")
+    assert {name: getattr(modeling_qwen3_5, name) for name in ROLE_NAMES.values()} == before
+    assert backends.bound_backend() == "torch"

@@ -27,6 +27,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer, Qwen3Config
 
 from dflash_eval.evaluate.blocks import BlockDrafter
 from dflash_eval.io_utils import atomic_write_json
+from dflash_eval.extract.backends import bind_backend
 from dflash_eval.demo.corpus import chat_examples, select_sources
 
 log = logging.getLogger(__name__)
@@ -182,5 +183,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     torch.set_num_threads(args.threads)
+    bind_backend("torch", "cpu")  # the target's features for training come from CPU forwards
     build_drafters(args.target, args.out, args.steps, seed=args.seed, sequences=args.sequences)
     return 0

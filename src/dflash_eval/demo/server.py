@@ -35,6 +35,7 @@ from pathlib import Path
 from typing import Any
 
 from dflash_eval.demo.sglang_protocol import unknown_fields
+from dflash_eval.extract.backends import bind_backend
 
 SGLANG_VERSION = "0.5.23"
 
@@ -262,6 +263,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> None:
     """Serve until interrupted (SIGTERM ends the process; Ctrl-C exits 0)."""
+    bind_backend("torch", "cpu")  # the target runs on the CPU: never fla's Triton kernels, wherever fla imports
     Handler.engine = Engine(args)
     server = ThreadingHTTPServer((args.host, args.port), Handler)
     print(f"sglang-protocol test server on {args.host}:{args.port}", flush=True)

@@ -33,6 +33,7 @@ from transformers import (
 from dflash_eval.demo.corpus import SourceFile, chat_examples, corpus_fingerprint, select_sources
 from dflash_eval.demo.tokenizer import BUILD_INFO, ENDOFTEXT, IM_END
 from dflash_eval.io_utils import sha256_file
+from dflash_eval.extract.backends import bind_backend
 
 log = logging.getLogger(__name__)
 
@@ -264,6 +265,7 @@ def add_target_arguments(parser: argparse.ArgumentParser) -> None:
 def run_target(args: argparse.Namespace) -> int:
     """Train and save the demo target; the output directory is replaced only on success."""
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
+    bind_backend("torch", "cpu")  # trained on the CPU: never fla's Triton kernels, wherever fla imports
     out = Path(args.out)
     tmp = out.with_name(out.name + ".partial")
     shutil.rmtree(tmp, ignore_errors=True)

@@ -338,6 +338,45 @@ class BackendRun:
 
 
 _active: BackendRun | None = None
+_bound: str | None = None  # the process-wide binding of `bind_backend`, if any
+
+
+def bind_backend(name: BackendName, device: str | torch.device) -> None:
+    """Bind `name`'s implementations in every hybrid modeling module for the rest of the process.
+
+    For processes whose every target forward runs one backend and that need no proof of it: the demo's
+    builders and server, and the test suite's CPU references. Without it a CPU forward would go through
+    whatever transformers bound at import, which is fla's Triton kernels wherever fla imports (and they
+    refuse CPU tensors). A `use_backend` block inside still rebinds for its forwards and restores this
+    binding after.
+    """
+    global _bound
+    _check_name(name)
+    device = torch.device(device)
+    if _active is not None:
+        raise BackendMismatch("bind_backend inside a use_backend block: bind before, or use the block's binding")
+    for module in _loaded_modeling_modules():
+        for role, fn in _implementations(name, device, module).items():
+            setattr(module, ROLE_NAMES[role], _bound_call(fn, torch_function(module, role)))
+    _bound = name
+    log.info("kernel backend %s bound for this process on %s", name, device)
+
+
+def _bound_call(fn: Callable, torch_fn: Callable) -> Callable:
+    """`fn` as the module global, behind a wrapper that unwraps to the torch function as transformers' own does
+    (so `torch_function` and `use_backend` still find it) and passes only the kwargs `fn` takes."""
+    params = frozenset(inspect.signature(fn).parameters)
+
+    @functools.wraps(torch_fn)
+    def call(*args: Any, **kwargs: Any) -> Any:
+        return fn(*args, **{k: v for k, v in kwargs.items() if k in params})
+
+    return call
+
+
+def bound_backend() -> str | None:
+    """The backend `bind_backend` bound in this process, or None (transformers' own import-time choice)."""
+    return _bound
 
 
 @contextmanager
