@@ -23,7 +23,7 @@ report: "workflow/report/workflow.rst"
 wildcard_constraints:
     drafter="|".join(re.escape(name) for name in config["drafters"]),
     dataset="|".join(re.escape(name) for name in config["datasets"]),
-    layerset=r"L\d+(?:-\d+)*" + f"(?:{re.escape(PRE_NORM_SUFFIX)})?",
+    layerset=rf"L\d+(?:-\d+)*(?:{re.escape(PRE_NORM_SUFFIX)})?",
 
 
 include: "workflow/rules/common.smk"
@@ -42,6 +42,7 @@ check_inputs(config, CONFIG_SOURCE, built_by(f for r in workflow.rules for f in 
 include: "workflow/rules/fetch.smk"
 include: "workflow/rules/extract.smk"
 include: "workflow/rules/evaluate.smk"
+include: "workflow/rules/backends.smk"
 include: "workflow/rules/report.smk"
 
 warn_changed_caches(report_caches())  # shards modified after extraction, seen by `snakemake -n`

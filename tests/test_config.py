@@ -279,3 +279,26 @@ def test_an_old_key_name_still_works_with_a_warning_and_both_names_are_refused(c
                     "checkpoint": {"path": "c", "layout": "auto", "trained_with": "torch"}}
     assert cfg.stage_settings("evaluate", hand_written)["blocks_per_forward"] == 16
     assert config["evaluation"]["blocks_per_forward"] == 512  # config.yaml uses the new name
+
+
+def test_backend_comparison_names_known_drafters_and_datasets_and_needs_a_cuda_target():
+    raw = yaml.safe_load((REPO / "config.yaml").read_text())
+    raw["backend_comparison"] = {"drafters": ["nope"], "datasets": ["demo-code"]}
+    with pytest.raises(DflashEvalError, match=r"backend_comparison.drafters \['nope'\] are not among the drafters"):
+        cfg.validate_config(raw, "c.yaml")
+    raw["backend_comparison"] = {"drafters": ["demo-step60"], "datasets": ["demo-code"]}
+    with pytest.raises(DflashEvalError, match="backend_comparison runs fla, which needs a CUDA target.device"):
+        cfg.validate_config(raw, "c.yaml")
+    raw["target"]["device"], raw["target"]["backend"] = "cuda:0", "fla"
+    assert cfg.validate_config(raw, "c.yaml")["backend_comparison"]["dtypes"] == ["bfloat16", "float32"]
+
+
+def test_the_gpu_demo_config_overlays_config_yaml_validly():
+    """config/gpu.yaml (the README's GPU demo) on top of config.yaml: fla on cuda, the comparison asked for."""
+    raw = yaml.safe_load((REPO / "config.yaml").read_text())
+    for key, value in yaml.safe_load((REPO / "config" / "gpu.yaml").read_text()).items():
+        raw[key] = {**raw.get(key, {}), **value}
+    config = cfg.validate_config(raw, "config.yaml + config/gpu.yaml")
+    assert (config["target"]["backend"], config["target"]["device"], config["evaluation"]["device"]) == (
+        "fla", "cuda:0", "cuda")
+    assert config["backend_comparison"]["drafters"] == [config["report"]["served_drafter"]]

@@ -143,6 +143,15 @@ def _check_semantics(config: dict, source: str) -> None:
         _check_dataset(name, spec, source)
     for key, names in (("only", config["drafters"]), ("only_datasets", config["datasets"])):
         select(config.get(key), list(names), f"{source}: {key}")
+    comparison = config["backend_comparison"]
+    for key, names in (("drafters", config["drafters"]), ("datasets", config["datasets"])):
+        unknown = [name for name in comparison[key] if name not in names]
+        if unknown:
+            raise DflashEvalError(f"{source}: backend_comparison.{key} {unknown} are not among the {key}: "
+                                  f"{', '.join(names)}")
+    if comparison["drafters"] and comparison["datasets"] and not config["target"]["device"].startswith("cuda"):
+        raise DflashEvalError(f"{source}: backend_comparison runs fla, which needs a CUDA target.device "
+                              f"(it is {config['target']['device']}); set target.device: cuda:0, or empty the lists")
     for key in ("reference", "served_drafter"):
         name = config["report"][key]
         if name is not None and name not in config["drafters"]:

@@ -149,12 +149,13 @@ def write_trust_inputs(root: Path) -> tuple[list[Path], list[Path], Path]:
 
 
 def report_args(root: Path, metrics: list[Path], settings: dict = SETTINGS, hidden: list[Path] = (),
-                completions: list[Path] = (), transitions: Path | None = None) -> argparse.Namespace:
+                completions: list[Path] = (), transitions: Path | None = None,
+                backend_comparisons: list[Path] = ()) -> argparse.Namespace:
     return argparse.Namespace(settings=json.dumps(settings), config=None, metrics=[str(p) for p in metrics],
                               hidden=[str(p) for p in hidden], completions=[str(p) for p in completions],
                               transitions=None if transitions is None else str(transitions),
                               csv=str(root / "summary.csv"), md=str(root / "summary.md"), trust=str(root / "trust.json"),
-                              plot_dir=str(root / "plots"))
+                              plot_dir=str(root / "plots"), backend_comparisons=[str(p) for p in backend_comparisons])
 
 
 # -- reading the markdown back

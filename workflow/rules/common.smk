@@ -20,6 +20,7 @@ DEMO = config["demo"]
 COMPLETIONS = f"{RESULTS}/completions/{{dataset}}.jsonl"  # fetch -> extract, evaluate, report
 HIDDEN = f"{RESULTS}/hidden/{{dataset}}/{{layerset}}"  # extract -> evaluate, report
 METRICS = f"{RESULTS}/eval/{{drafter}}/{{dataset}}/metrics.json"  # evaluate -> report
+BACKENDS = f"{RESULTS}/backends/{{drafter}}/{{dataset}}/{{dtype}}.json"  # compare_backends -> report
 SAMPLES = f"{RESULTS}/eval/{{drafter}}/{{dataset}}/samples.csv"  # evaluate -> report
 
 
@@ -172,3 +173,9 @@ def report_output(path: str, caption: str, category: str):
 def plot_dir(wildcards, output) -> str:
     """The plots' folder, from their declared outputs: the stage writes every registered plot there."""
     return str(Path(getattr(output, next(iter(PLOTS)))).parent)
+
+
+def backend_comparisons(wildcards=None) -> list[str]:
+    """The compare_backends outputs that config.yaml's backend_comparison asks for (none by default)."""
+    wanted = config["backend_comparison"]
+    return expand(BACKENDS, drafter=wanted["drafters"], dataset=wanted["datasets"], dtype=wanted["dtypes"])

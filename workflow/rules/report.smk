@@ -10,6 +10,7 @@ rule report:
         samples=expand(SAMPLES, drafter=list(config["drafters"]), dataset=list(config["datasets"])),
         hidden=report_caches,
         completions=expand(COMPLETIONS, dataset=list(config["datasets"])),
+        backends=backend_comparisons,
     output:
         csv=report_output(f"{RESULTS}/summary.csv", "summary_csv.rst", "Summary"),
         md=report_output(f"{RESULTS}/summary.md", "summary_md.rst", "Summary"),
@@ -26,4 +27,4 @@ rule report:
     shell:
         "dflash-eval --log {log} report --settings {params.settings:q} --metrics {input.metrics}"
         " --hidden {input.hidden} --completions {input.completions} --csv {output.csv} --md {output.md}"
-        " --trust {output.trust} --plot-dir {params.plot_dir} 2>> {log}"
+        " --trust {output.trust} --plot-dir {params.plot_dir} --backend-comparisons {input.backends} 2>> {log}"

@@ -16,7 +16,7 @@ from pathlib import Path
 
 from dflash_eval.config import report_settings, settings_from_args
 from dflash_eval.io_utils import atomic_write_bytes, atomic_write_json, atomic_write_text
-from dflash_eval.report import markdown, plots, summary, trust
+from dflash_eval.report import backends, markdown, plots, summary, trust
 
 log = logging.getLogger(__name__)
 
@@ -33,6 +33,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--csv", required=True, help="output tidy summary CSV")
     parser.add_argument("--md", required=True, help="output markdown summary")
     parser.add_argument("--trust", help="output JSON: the trust panel, machine-readable")
+    parser.add_argument("--backend-comparisons", nargs="*", default=[],
+                        help="compare-backends results (results/backends/{drafter}/{dataset}/{dtype}.json)")
     parser.add_argument("--plot-dir", required=True, help="output folder of the plots: " + ", ".join(
         plot.file for plot in plots.PLOTS.values()))
 
@@ -45,9 +47,14 @@ def run(args: argparse.Namespace) -> int:
     panel = trust.panel(evaluations, settings, args.hidden, args.completions,
                         args.transitions or settings.get("transitions"))
     panel["warnings"] = markdown.trust_warnings(panel)
+    comparisons = backends.load(args.backend_comparisons)
+    if comparisons:
+        panel["backend_comparisons"] = comparisons
     data = plots.PlotData(rows=rows, metrics={e.key: e.metrics for e in evaluations}, settings=settings, trust=panel)
     csv = summary.summary_frame(rows).to_csv(index=False)
     page = markdown.render(rows, evaluations, settings, panel)
+    if comparisons:  # after the diagnostics: what the other kernel backend would have done to tau
+        page = page.rstrip("\n") + "\n\n" + "\n".join(backends.lines(comparisons))
     pngs = {Path(args.plot_dir) / plot.file: plots.png(plot, data) for plot in plots.PLOTS.values()}
     # Only now, with everything rendered, is anything written.
     atomic_write_text(args.csv, csv)
