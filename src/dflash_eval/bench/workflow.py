@@ -158,8 +158,8 @@ def snakemake(workflow: Path, root: Path, *args: str, profile: str = "default", 
 # Importing Snakemake and its plugins (the SLURM plugin pulls in pandas and SQLAlchemy) is most of
 # the CPU time of a dry run of a tiny project. A multiprocessing fork server imports it once; each
 # run is a child forked from it, which then runs Snakemake's own command-line entry point. The
-# server never imports dflash_eval, so each child imports the package copy on its PYTHONPATH
-# (tests that edit a copy's code see their edit).
+# server imports dflash_eval only to reach this module; each child drops it and imports the package copy on its
+# PYTHONPATH (tests that edit a copy's code see their edit).
 _FORKS = multiprocessing.get_context("forkserver")
 _FORKS.set_forkserver_preload(["snakemake.cli"])
 
@@ -183,6 +183,10 @@ def _snakemake_main(argv: list[str], cwd: str, environment: dict, out: str, err:
     os.environ.clear()
     os.environ.update(environment)
     sys.path[:0] = environment["PYTHONPATH"].split(os.pathsep)
+    # Unpickling this function imported dflash_eval from where the caller's copy lies; the run must import the
+    # copy on its PYTHONPATH instead (a test that edits the copy's code sees its edit).
+    for name in [name for name in sys.modules if name == "dflash_eval" or name.startswith("dflash_eval.")]:
+        del sys.modules[name]
     for fd, path in ((1, out), (2, err)):
         with open(path, "w") as handle:
             os.dup2(handle.fileno(), fd)
