@@ -48,10 +48,17 @@ include: "workflow/rules/report.smk"
 warn_changed_caches(report_caches())  # shards modified after extraction, seen by `snakemake -n`
 
 
+# Besides the report, every intermediate it is made from: one that went missing (an interrupted --forcerun removed
+# it) is rebuilt by a plain `snakemake`, and the report after it. Named only as the report's input, Snakemake
+# would leave it missing behind a newer report ("Nothing to be done").
 rule all:
     default_target: True
     input:
-        selected_evaluations() if config["only"] or config["only_datasets"] else rules.report.output,
+        (
+            selected_evaluations()
+            if config["only"] or config["only_datasets"]
+            else [rules.report.output, report_intermediates()]
+        ),
 
 
 onsuccess:

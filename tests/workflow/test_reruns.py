@@ -45,6 +45,20 @@ def test_finished_run_has_nothing_to_do(case):
     assert plan(workflow, root) == set()
 
 
+def test_outputs_an_interrupted_forcerun_removed_are_rebuilt_by_a_plain_rerun(case):
+    """`--forcerun` removes a job's outputs before it runs; stopped there, the report is newer than what is now
+    missing. A plain `snakemake` rebuilds exactly what is missing, then the report (before: "Nothing to be done",
+    the report kept the old numbers)."""
+    workflow, root = case
+    (root / "results" / "eval" / "a" / "d1" / "metrics.json").unlink()
+    assert plan(workflow, root) == {job("evaluate", "a", "d1"), job("report")}
+    (root / "results" / "completions" / "d2.jsonl").unlink()
+    shutil.rmtree(root / "results" / "hidden" / "d1" / "L1-2")
+    assert plan(workflow, root) == {job("fetch", "d2"), job("extract", "d2", "L1-2"), job("extract", "d1", "L1-2"),
+                                    job("evaluate", "a", "d2"), job("evaluate", "b", "d2"),
+                                    job("evaluate", "a", "d1"), job("evaluate", "b", "d1"), job("report")}
+
+
 def test_checkpoint_content_change_reruns_its_evaluations_and_the_report(case):
     workflow, root = case
     write_bytes(root / "ckpt" / "a" / "model.safetensors", 2048, seed=99)

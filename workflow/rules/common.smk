@@ -179,3 +179,15 @@ def backend_comparisons(wildcards=None) -> list[str]:
     """The compare_backends outputs that config.yaml's backend_comparison asks for (none by default)."""
     wanted = config["backend_comparison"]
     return expand(BACKENDS, drafter=wanted["drafters"], dataset=wanted["datasets"], dtype=wanted["dtypes"])
+
+
+def report_intermediates() -> list[str]:
+    """Every file and cache the report is made from (the report rule's inputs, resolved)."""
+    drafters, datasets = list(config["drafters"]), list(config["datasets"])
+    return [
+        *expand(COMPLETIONS, dataset=datasets),
+        *report_caches(),
+        *expand(METRICS, drafter=drafters, dataset=datasets),
+        *expand(SAMPLES, drafter=drafters, dataset=datasets),
+        *backend_comparisons(),
+    ]
