@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
-# A single-node SLURM cluster on this machine, for `pytest -m slurm tests/test_slurm.py`.
+# A single-node SLURM cluster on this machine, for `pytest -m slurm tests/workflow/test_slurm.py`.
 # Installs Debian's slurm-wlm and munge if missing, then starts munged, slurmctld and slurmd as root.
 # No accounting database: Snakemake's SLURM plugin then polls with `squeue` (profiles/slurm sets
 # status_command: squeue), which needs MinJobAge well above its polling interval (set to 600 s here).
-# Usage (as root): tests/slurm/single_node.sh [start|stop|status]
+# Usage (as root): tests/support/slurm_single_node.sh [start|stop|status]
 set -euo pipefail
 
 ACTION=${1:-start}

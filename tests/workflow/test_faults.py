@@ -2,7 +2,7 @@
 
 Each test makes the faults, runs snakemake, and checks the message and that every result that existed
 before still exists, byte for byte. The load-time battery runs with the recording dflash-eval
-(tests/support/workflow_harness.py); the fetch test runs the real `dflash-eval fetch` against a real HTTP
+(src/dflash_eval/bench/workflow.py); the fetch test runs the real `dflash-eval fetch` against a real HTTP
 server process (dflash_eval/bench/fake_openai_server.py), as Snakemake calls it.
 """
 

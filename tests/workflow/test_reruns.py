@@ -1,6 +1,6 @@
 """Only what changed reruns: the real snakemake's plan after each kind of change, job by job.
 
-Base project (tests/support/workflow_harness.py): datasets d1, d2; drafter a (HF dir) and b (50 MB .pt), both
+Base project (src/dflash_eval/bench/workflow.py): datasets d1, d2; drafter a (HF dir) and b (50 MB .pt), both
 on layers [1, 2]. Each test copies the finished base run, makes one change and compares the dry-run
 plan with the exact set of jobs that the change must rerun.
 """

@@ -2,7 +2,7 @@
 down during extraction, healthy after it, and stopped with its whole process group by the Snakefile's
 onsuccess/onerror hook, also when the extraction fails.
 
-The stages' computations are replaced by the rerun tests' recorder (tests/support/workflow_harness.py), but
+The stages' computations are replaced by the rerun tests' recorder (src/dflash_eval/bench/workflow.py), but
 everything about the server is real: the stand-in `dflash-eval` runs the real `ServerController`
 before fetch and the real `server_paused` around extraction, and the real `dflash-eval server` CLI
 for the hooks, against a real server process (tests/support/servers.py).

@@ -2,7 +2,7 @@
 
 Needs a running cluster: `tests/support/slurm_single_node.sh start` (as root; installs Debian's slurm-wlm and
 munge, starts a single-node cluster), then `python -m pytest -m slurm tests/workflow/test_slurm.py`.
-The tiny project and the recording `dflash-eval` of tests/support/workflow_harness.py keep each job to
+The tiny project and the recording `dflash-eval` of src/dflash_eval/bench/workflow.py keep each job to
 seconds: what is tested is the submission path (profile, resources, status polling, the Snakemake
 job step on the node), not the stages, which other tests cover.
 """

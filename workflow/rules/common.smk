@@ -63,7 +63,7 @@ def unbuilt_demo(path: str) -> str:
 
 # Model files that a rule of this workflow builds (the demo) are inputs, so the DAG orders their
 # build first; every other model file is tracked by a content fingerprint param, hashed once and
-# cached by path, size and mtime (see dflash_eval/fingerprint.py for why not Snakemake's checksums).
+# cached by path, size and mtime (see dflash_eval/provenance/fingerprint.py for why not Snakemake's checksums).
 FINGERPRINTS = FingerprintCache()
 
 

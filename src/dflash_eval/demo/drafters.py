@@ -37,7 +37,7 @@ DRAFT_LAYERS = 2
 
 
 def default_layer_ids(num_target_layers: int, num_draft_layers: int) -> list[int]:
-    """DESIGN.md's default: round(1 + i * (N - 4) / (n - 1)), e.g. [1, 16, 31, 46, 61] for N=64, n=5."""
+    """The default layer ids: round(1 + i * (N - 4) / (n - 1)), e.g. [1, 16, 31, 46, 61] for N=64, n=5."""
     if num_draft_layers == 1:
         return [num_target_layers // 2]
     return [round(1 + i * (num_target_layers - 4) / (num_draft_layers - 1)) for i in range(num_draft_layers)]

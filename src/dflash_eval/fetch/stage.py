@@ -156,7 +156,7 @@ async def request_one(client: Any, settings: dict[str, Any], info: ServerInfo, r
 
     The body is parsed from the raw response: the client's parse into its pydantic model (then dumped
     back to a dict) was the largest CPU item of the stage's profile besides the HTTP transport
-    (benchmarks/fetch_speed.md). Error statuses still raise the client's exceptions, for the retries.
+    (benchmarks/results/fetch_speed.md). Error statuses still raise the client's exceptions, for the retries.
     """
     common = {"model": info.model, "max_tokens": settings["max_tokens"], "temperature": settings["temperature"]}
     extra: dict[str, Any] = {}

@@ -4,7 +4,7 @@ Snakemake's `code` rerun trigger only sees a rule's own shell command. Every rul
 `dflash-eval` command, so an edit of `evaluate/all_anchor.py` would go unnoticed. Each rule therefore carries
 this fingerprint as a param: the stage's module and every `dflash_eval` module it imports,
 transitively, compared by source without blank lines and whole-line comments.
-Third-party packages (torch, transformers, dflash) are not covered: see README, "Reruns".
+Third-party packages (torch, transformers, dflash) are not covered: see docs/reruns.md.
 """
 
 from __future__ import annotations

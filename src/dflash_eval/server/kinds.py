@@ -1,4 +1,4 @@
-"""The three kinds of server (`server.kind`, see DESIGN.md "Server control") and how each goes down and
+"""The three kinds of server (`server.kind`, see docs/server.md) and how each goes down and
 comes back:
 
 - Managed: dflash-eval launches `command` in a process group of its own and owns every process in it;
