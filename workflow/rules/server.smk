@@ -22,8 +22,16 @@ def reclaim_server(dry_run: bool) -> None:
         print(line, file=sys.stderr)
 
 
+def dry_run() -> bool:
+    """`snakemake -n`: while the Snakefile loads, Snakemake has not set its executor yet (workflow.dryrun is
+    False even for -n), so the command line says it (-n, -np, --dry-run, --dryrun)."""
+    flags = [a for a in sys.argv[1:] if a.startswith("-")]
+    return workflow.dryrun or any(a in ("--dry-run", "--dryrun") or (not a.startswith("--") and a[1:].isalpha()
+                                                                   and "n" in a[1:]) for a in flags)
+
+
 if start_run():  # marks this process as the run: what jobs launch is recorded with it as the owner
-    reclaim_server(workflow.dryrun)
+    reclaim_server(dry_run())
 
 
 def finish_server() -> None:
