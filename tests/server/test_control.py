@@ -322,7 +322,10 @@ def test_sigterm_during_the_stop_is_acted_on_once_the_server_is_down(tmp_path, c
                                                   "healthy", "resume"]
 
 
-def test_a_failed_restart_exits_nonzero_with_the_log_tail(tmp_path, controllers):
+def test_a_failed_restart_after_the_block_is_reported_kept_and_retried(tmp_path, controllers):
+    """The block succeeded, the server does not come back: the block's work stands (the job succeeds), the
+    failure is logged with the log tail, what is on disk and the command that retries it, and `server up`
+    retries it (issue 32)."""
     flag = tmp_path / "started-once"
     settings = hs.tiny_helper_settings(tmp_path / "logs")
     settings["command"] = (f"if [ -e {flag} ]; then echo 'boom: CUDA out of memory while loading'; exit 1; fi; "
@@ -331,9 +334,18 @@ def test_a_failed_restart_exits_nonzero_with_the_log_tail(tmp_path, controllers)
     ctl.ensure_up()
     proc = pauser(settings, 0)
     out, err = proc.communicate(timeout=60)
-    assert proc.returncode != 0 and "done" not in out
-    assert "ServerError" in err and "boom: CUDA out of memory while loading" in err
-    assert "resume" not in transitions(tmp_path / "logs")  # the report flags it as never restored
+    assert proc.returncode == 0 and "done" in out, err
+    assert "did not come back" in err and "boom: CUDA out of memory while loading" in err
+    assert str(tmp_path / "logs" / "server.log") in err and "dflash-eval server up" in err
+    events = transitions(tmp_path / "logs")
+    assert "resume" not in events and events[-1] == "restore_failed"  # the report flags it as never restored
+    record = json.loads((tmp_path / "logs" / "outage.json").read_text())  # the file the message names is there
+    assert record["holders"] == [] and "exited before it became healthy" in record["restore_error"]
+    assert not ctl.is_healthy()
+    flag.unlink()  # what was wrong is fixed: `server up` retries the restore
+    assert cli.main(["server", "up", "--settings", json.dumps(settings)]) == 0
+    assert ctl.is_healthy() and not (tmp_path / "logs" / "outage.json").exists()
+    assert transitions(tmp_path / "logs")[-1] == "resume"
 
 
 def test_finish_restores_what_a_killed_job_left_down(tmp_path, controllers):

@@ -311,22 +311,29 @@ def extract(settings: dict[str, Any], completions: str | Path, out: str | Path) 
         if len(reuse.usable) == len(todo):
             path = _publish_reused(settings, records, header, out, resume, planned, reuse)
         else:
-            path = _extract_with_server_paused(settings, records, header, out, resume, reuse)
+            return _extract_with_server_paused(settings, records, header, out, resume, reuse)
     keep_published(path)
     return path
 
 
 def _extract_with_server_paused(settings: dict[str, Any], records: list[dict[str, Any]], header: dict[str, Any],
                                 out: Path, resume: ResumeState, reuse: KeptStates) -> Path:
+    """Extract with the server paused; the published cache is kept (`<out>.kept/`) before the server is
+    restored, so that nothing that happens to the restore (a server that dies as it comes back, a second
+    Ctrl-C, SIGTERM, SIGKILL) costs the extraction: a restore that fails is reported by server_paused and
+    does not fail the job, and a job killed during the restore leaves the kept cache, which the rerun copies
+    without running the target (issue 32)."""
     with _server_paused(settings.get("server")):
         try:
-            return _extract_on_device(settings, records, header, out, resume, reuse)
+            path = _extract_on_device(settings, records, header, out, resume, reuse)
         except BaseException as error:
             # Frames in the traceback would keep the model alive on the GPU while the server restarts.
             traceback.clear_frames(error.__traceback__)
             raise
         finally:
             _release_device_memory(torch.device(settings["target"]["device"]))
+        keep_published(path)
+    return path
 
 
 def run(args: argparse.Namespace) -> int:

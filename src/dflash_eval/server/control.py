@@ -25,14 +25,13 @@ from dflash_eval.server import outage
 from dflash_eval.server.kinds import POLL_S, ServerError, server_kind
 from dflash_eval.server.lock import host_lock
 from dflash_eval.server.outage import Outage
-from dflash_eval.server.signals import sigterm_raises
+from dflash_eval.server.signals import signals_deferred, sigterm_raises
 from dflash_eval.server.transitions import Transitions
 
 log = logging.getLogger(__name__)
 
 WAIT_LOG_S = 60.0  # how often a job waiting for another job's outage says so
-
-
+UP_COMMAND = "dflash-eval server up --config config.yaml"
 
 
 class ServerController:
@@ -80,6 +79,23 @@ class ServerController:
             current.holders.append(outage.this_process())
             outage.save(self.outage_file, current)
             self.record("joined", holders=len(current.holders), was_up=current.was_up, how=current.how)
+            if len(current.holders) == 1:
+                self._take_down_again(current)
+
+    def _take_down_again(self, current: Outage) -> None:
+        """An outage that no live job held is only joined once the server really is down: a restore cut short
+        (issue 32: a second Ctrl-C) can leave it recorded while the server it relaunched runs, holding the GPU."""
+        if not (self.server.live_launch() or self.is_healthy()):
+            return
+        log.warning("server %s is up although %s records an outage that no live job held: taking it down "
+                    "again", self.base_url, self.outage_file)
+        self.record("stale_outage", since=current.since, action="taken down again")
+
+        def note(how: str) -> None:
+            current.how = how
+            outage.save(self.outage_file, current)
+
+        self.server.stop(note)
 
     def leave_outage(self) -> None:
         """This process no longer needs the server down; the last holder out restores it (if it was up)."""
@@ -128,11 +144,25 @@ class ServerController:
         if current.was_up:
             try:
                 self.server.start(current.how)
-            except ServerError as error:  # the outage stays recorded, so every later run retries the restore
-                raise ServerError(f"{error}; the outage stays recorded in {self.outage_file} and every later run "
-                                  "retries this restore: bring the server back by hand, then delete that file") from error
-        outage.clear(self.outage_file)
-        self.record("resume", restored=current.was_up)
+            except ServerError as error:  # the outage stays recorded, so the next server need retries the restore
+                with signals_deferred("recording the failed restore"):
+                    current.restore_error = str(error).splitlines()[0][:500]
+                    outage.save(self.outage_file, current)
+                    self.record("restore_failed", error=current.restore_error)
+                raise ServerError(f"{error}\n{self.restore_advice()}") from error
+        with signals_deferred("ending the outage record"):  # a server up with its outage still open misleads the next job
+            outage.clear(self.outage_file)
+            self.record("resume", restored=current.was_up)
+
+    def restore_advice(self) -> str:
+        """After a failed restore: what is on disk and what retries it (true of what the end-of-run hook does)."""
+        text = (f"The server {self.base_url} ({self.kind}) is down; its log is {self.server.server_log}, and "
+                f"{self.outage_file} keeps the outage (restore_error says why the restore failed). "
+                f"`{UP_COMMAND}` retries the restore now; the next fetch or extraction retries it too")
+        if self.server.stopped_at_end_of_run:
+            return text + (". The end-of-run hook (`dflash-eval server finish`) does not: a launched server is not "
+                           "kept after a run (keep_running: false), so it deletes that record instead.")
+        return text + ", and so does the end-of-run hook (`dflash-eval server finish`)."
 
     # ----- up -----
 
@@ -182,11 +212,58 @@ class ServerController:
                 return
             if current is not None:
                 if self.server.stopped_at_end_of_run:
+                    if current.restore_error:
+                        log.warning("server %s did not come back after an extraction of this run (%s; see %s); "
+                                    "a launched server is not kept after a run, so it is not launched again now: "
+                                    "`%s` launches it", self.base_url, current.restore_error,
+                                    self.server.server_log, UP_COMMAND)
                     outage.clear(self.outage_file)  # the run ends and would stop it again at once
                     self.record("resume", restored=False, reason="end of run: a launched server is not kept")
                 else:
                     self._end_outage(current)
         self.stop_if_launched()
+
+
+    def reclaim(self, act: bool = True) -> str | None:
+        """At the start of a workflow run (the Snakefile, when it loads): end what a run that died without its
+        end-of-run hook left behind, and say so in one line (None when there was nothing).
+
+        An outage that no live job holds is ended as `finish` would (a managed server that the run would stop
+        is not restored, only forgotten: the run's fetch launches it when it needs it), and a managed server
+        that a run which is gone launched (and would have stopped) is stopped. With act False (a dry run) only
+        say what a real run would do.
+        """
+        with host_lock(self.lock_file):
+            found, done = [], []
+            current = self.current_outage()
+            if current is not None and not current.holders:
+                since = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(current.since))
+                found.append(f"an outage that no live job holds (recorded in {self.outage_file} since {since})")
+                if act:
+                    if self.server.stopped_at_end_of_run or not current.was_up:
+                        outage.clear(self.outage_file)
+                        self.record("resume", restored=False, reason="start of run: no live holder")
+                        done.append("forgot the outage (the server is launched again when a fetch needs it)"
+                                    if current.was_up else "ended the outage (the server was down before it)")
+                    else:
+                        try:
+                            self._end_outage(current)
+                            done.append("restored the server and ended the outage")
+                        except ServerError as error:
+                            done.append(f"could not restore the server ({str(error).splitlines()[0][:300]}); the "
+                                        f"record stays, and `{UP_COMMAND}` retries")
+            if not (current is not None and current.holders):  # never under a live outage: the server is down
+                orphan = self.server.orphan()
+                if orphan is not None:
+                    found.append(orphan)
+                    if act:
+                        self.server.stop_orphan()
+                        done.append("stopped that server with its process group")
+        if not found:
+            return None
+        if not act:
+            return f"dflash-eval: found {' and '.join(found)}; a run that is not a dry run ends it."
+        return f"dflash-eval: found {' and '.join(found)}: {'; '.join(done)}."
 
 
 # ----- pausing around extraction -----
@@ -199,9 +276,24 @@ def server_paused(settings: dict[str, Any]) -> Iterator[ServerController]:
     Jobs that pause at the same time share one outage: the server goes down once, their blocks run
     one at a time (the GPU lock), and it comes back once, after the last. Restores also on
     exceptions, Ctrl-C and SIGTERM.
+
+    The restore is shielded: from the moment it begins, SIGINT and SIGTERM are only logged, so that a second
+    Ctrl-C (or Snakemake's SIGTERM) cannot leave a relaunched server that no record names or an outage record
+    that says the server is down while it runs (issue 32). A SIGINT or SIGTERM while the server is being taken
+    down waits until it is down, then interrupts the block.
+
+    A restore that fails after the block succeeded does not fail the block: what the block made is complete
+    (the extraction publishes and keeps its cache inside it), and failing the job would only make Snakemake
+    delete it. The failure is logged as an error naming the server, its log and the command that retries it
+    (ServerController.restore_advice), recorded as `restore_failed` in transitions.jsonl and as restore_error
+    in outage.json, and the outage stays recorded, so the next server need (a fetch, an extraction, `server
+    up`) retries the restore, and the end-of-run hook retries it or, for a launched server that the run stops
+    anyway, says that it did not come back. A restore that fails after a failed block raises (the job fails
+    either way), its message saying the same.
     """
     ctl = ServerController(settings)
-    with sigterm_raises() as guard:
+    block_ok = False
+    with sigterm_raises(sigint=True) as guard:
         try:
             with guard.deferred():
                 ctl.join_outage()
@@ -213,9 +305,16 @@ def server_paused(settings: dict[str, Any]) -> Iterator[ServerController]:
                     ctl.record("extraction_end", ok=False, error=type(error).__name__)
                     raise
                 ctl.record("extraction_end", ok=True)
+                block_ok = True
         finally:
             guard.cleanup()
-            ctl.leave_outage()
+            try:
+                ctl.leave_outage()
+            except ServerError as error:
+                if not block_ok:
+                    raise
+                log.error("the extraction finished and its outputs are complete, but the server did not come "
+                          "back after it: %s", error)
 
 
 # ----- CLI -----

@@ -36,6 +36,8 @@ from dflash_eval.server.processes import (
     listener,
     process_start_ticks,
 )
+from dflash_eval.server.runs import current_run, run_alive, same_run
+from dflash_eval.server.signals import signals_deferred
 from dflash_eval.server.transitions import Transitions
 
 log = logging.getLogger(__name__)
@@ -94,6 +96,17 @@ class Server:
     def stop_leftovers(self) -> None:
         """Stop what is left of a launched server whose own process is gone (nothing for other kinds)."""
 
+    def live_launch(self) -> bool:
+        """Whether a server dflash-eval launched still runs, healthy or still starting (only managed)."""
+        return False
+
+    def orphan(self) -> str | None:
+        """A launched server that a run which is gone left running against keep_running: what it is, or None."""
+        return None
+
+    def stop_orphan(self) -> None:
+        """Stop what orphan() names."""
+
     @property
     def stopped_at_end_of_run(self) -> bool:
         """Whether the end of a run stops this server (so restoring it first would be wasted)."""
@@ -142,6 +155,7 @@ class Launch:
     group_start_ticks: int | None  # of the group's leader (the shell), when it was launched
     command: str
     base_url: str
+    owner: dict | None = None  # the workflow run that launched it (runs.py), None when launched by hand
 
 
 class Managed(Server):
@@ -166,7 +180,8 @@ class Managed(Server):
             pid = int(info["pid"])
             launch = Launch(pid=pid, start_ticks=info.get("start_ticks"), pgid=int(info.get("pgid", pid)),
                             group_start_ticks=info.get("group_start_ticks", info.get("start_ticks")),
-                            command=str(info.get("command")), base_url=str(info.get("base_url")))
+                            command=str(info.get("command")), base_url=str(info.get("base_url")),
+                            owner=info.get("owner") if isinstance(info.get("owner"), dict) else None)
         except (OSError, ValueError, KeyError, TypeError):
             return None
         if self._proc is not None:
@@ -226,6 +241,30 @@ class Managed(Server):
         if launch is not None and not self._server_runs(launch):
             self._stop_group(launch, reason="its server process is gone")
 
+    def live_launch(self) -> bool:
+        return self.launched() is not None
+
+    def _orphan_launch(self) -> Launch | None:
+        launch = self.launched()
+        if launch is None or launch.owner is None or self.settings["keep_running"]:
+            return None
+        if same_run(launch.owner, current_run()) or run_alive(launch.owner):
+            return None
+        return launch
+
+    def orphan(self) -> str | None:
+        launch = self._orphan_launch()
+        if launch is None:
+            return None
+        return (f"the managed server at {self.base_url} (pid {launch.pid}, process group {launch.pgid}) that run "
+                f"{launch.owner['pid']} launched is still running, and that run is gone without its end-of-run "
+                "hook (`dflash-eval server finish`)")
+
+    def stop_orphan(self) -> None:
+        launch = self._orphan_launch()
+        if launch is not None:
+            self._stop_group(launch, reason=f"left running by run {launch.owner['pid']}, which is gone")
+
     @property
     def stopped_at_end_of_run(self) -> bool:
         return not self.settings["keep_running"]
@@ -244,7 +283,9 @@ class Managed(Server):
             )
         self.log_dir.mkdir(parents=True, exist_ok=True)
         command = self.settings["command"]
-        with open(self.server_log, "ab") as out:
+        # Ctrl-C or SIGTERM between the fork and the record would leave a server that no server.pid names (issue
+        # 32): they wait until it is written. The child starts with the default handlers (exec resets caught signals).
+        with signals_deferred("launching the managed server"), open(self.server_log, "ab") as out:
             out.write(f"\n===== {time.strftime('%Y-%m-%d %H:%M:%S')} launching: {command}\n".encode())
             out.flush()
             self._proc = subprocess.Popen(
@@ -255,11 +296,11 @@ class Managed(Server):
                 stderr=subprocess.STDOUT,
                 start_new_session=True,  # own process group: we can signal the server and all its children
             )
-        pid = self._proc.pid
-        ticks = process_start_ticks(pid)
-        self._write(Launch(pid=pid, start_ticks=ticks, pgid=pid, group_start_ticks=ticks, command=command,
-                           base_url=self.base_url))
-        self.transitions.record("launched", pid=pid, command=command)
+            pid = self._proc.pid
+            ticks = process_start_ticks(pid)
+            self._write(Launch(pid=pid, start_ticks=ticks, pgid=pid, group_start_ticks=ticks, command=command,
+                               base_url=self.base_url, owner=current_run()))
+            self.transitions.record("launched", pid=pid, command=command)
 
     def _record_server_pid(self) -> None:
         """Once healthy, put the process that serves the port on record instead of the shell around it

@@ -46,6 +46,7 @@ class Outage:
     how: str | None = None  # how it was taken down: None (it was not), "stopped" or "released"
     holders: list[dict] = field(default_factory=list)
     since: float = field(default_factory=time.time)
+    restore_error: str | None = None  # why the last restore failed (retried by the next server need)
 
 
 def load(path: Path) -> Outage | None:
@@ -57,7 +58,7 @@ def load(path: Path) -> Outage | None:
     try:
         data = json.loads(text)
         outage = Outage(was_up=bool(data["was_up"]), how=data.get("how"), holders=list(data.get("holders", [])),
-                        since=float(data.get("since", 0.0)))
+                        since=float(data.get("since", 0.0)), restore_error=data.get("restore_error"))
         outage.holders = [h for h in outage.holders if holder_alive(h)]  # a malformed holder fails here too
     except (ValueError, KeyError, TypeError, AttributeError) as error:
         raise DflashEvalError(
