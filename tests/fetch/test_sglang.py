@@ -3,9 +3,7 @@ against the demo server (dflash_eval.demo.server) speculating for real with a ti
 
 from __future__ import annotations
 
-import importlib.util
 import json
-import os
 import sys
 from pathlib import Path
 
@@ -23,27 +21,9 @@ from tests.support import servers as hs
 BLOCK = 4
 
 
-def sglang_srt() -> Path | None:
-    """An SGLang 0.5.23 source tree: $DFLASH_EVAL_SGLANG_SRC, else an installed wheel (`pip install --no-deps
-    sglang==0.5.23`; its modules are not imported, they need SGLang's own dependencies)."""
-    if os.environ.get("DFLASH_EVAL_SGLANG_SRC"):
-        return Path(os.environ["DFLASH_EVAL_SGLANG_SRC"])
-    spec = importlib.util.find_spec("sglang")
-    if spec is None or not spec.submodule_search_locations:
-        return None
-    return Path(next(iter(spec.submodule_search_locations))) / "srt"
-
-
-def test_field_names_equal_sglang_0_5_23_source():
+def test_field_names_equal_sglang_0_5_23_source(sglang_srt):
     """The snapshot the demo server and these tests use is what SGLang 0.5.23's source defines."""
-    srt = sglang_srt()
-    if srt is None or not (srt / "entrypoints/openai/protocol.py").is_file():
-        pytest.skip("SGLang's source is not installed: pip install --no-deps sglang==0.5.23 (or set DFLASH_EVAL_SGLANG_SRC)")
-    version_file = srt.parent / "_version.py"  # written by the wheel's build
-    version = version_file.read_text() if version_file.is_file() else ""
-    if "'0.5.23'" not in version and '"0.5.23"' not in version:
-        pytest.skip(f"installed SGLang is not 0.5.23: {version.strip()}")
-    assert wheel_fields(srt) == PROTOCOL_FIELDS
+    assert wheel_fields(sglang_srt) == PROTOCOL_FIELDS
 
 
 def test_fetch_asks_and_reads_only_fields_sglang_defines():

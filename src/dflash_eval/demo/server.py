@@ -2,7 +2,12 @@
 
 Run: `dflash-eval demo-server --model-path DIR --port P
 [--speculative-algorithm DFLASH --speculative-draft-model-path DIR [--speculative-num-draft-tokens B]]
-[--served-model-name NAME]` (SGLang's own launch flags for these settings).
+[--served-model-name NAME] [--api-key KEY]` (SGLang's own launch flags for these settings).
+
+With `--api-key`, every route but those starting /health, /ready or /metrics wants `Authorization: Bearer KEY`
+(scheme case-insensitive) and answers 401 `{"error": "Unauthorized"}` otherwise, as SGLang 0.5.23's
+middleware does with an api key and no admin key (utils/auth.py, decide_request_auth and
+add_api_key_middleware; release/resume are ADMIN_OPTIONAL there, which with only an api key wants that key).
 
 Endpoints, as SGLang 0.5.23 answers them (docs/sglang_protocol.md): GET /health, /health_generate,
 /v1/models, /get_model_info, /model_info, /get_server_info, /server_info; POST /v1/completions,
@@ -26,6 +31,7 @@ cut it, so `spec_num_correct_drafts` can be up to B - 1 lower than a real SGLang
 from __future__ import annotations
 
 import argparse
+import hmac
 import json
 import sys
 import threading
@@ -104,13 +110,24 @@ class Engine:
             return completion, None
 
     def server_info(self) -> dict[str, Any]:
-        a = self.args
+        """The resolved server args as 0.5.23 reports them: the algorithm upper-cased, and for DFLASH
+        num_steps and eagle_topk resolved to 1 (arg_groups/speculative_hook.py, handle_speculative_decoding
+        and _handle_dflash); the block the server really serves as speculative_num_draft_tokens."""
+        a, speculates = self.args, self.drafter is not None
         return {"model_path": a.model_path, "tokenizer_path": a.tokenizer_path or a.model_path,
                 "served_model_name": a.served_model_name or a.model_path, "host": a.host, "port": a.port,
-                "speculative_algorithm": a.speculative_algorithm if self.drafter is not None else None,
+                "speculative_algorithm": a.speculative_algorithm.upper() if speculates else None,
                 "speculative_draft_model_path": a.speculative_draft_model_path,
-                "speculative_num_draft_tokens": self.block_size, "speculative_num_steps": None,
-                "speculative_eagle_topk": None, "version": SGLANG_VERSION, "frontend": "python"}
+                "speculative_num_draft_tokens": self.block_size, "speculative_num_steps": 1 if speculates else None,
+                "speculative_eagle_topk": 1 if speculates else None, "version": SGLANG_VERSION, "frontend": "python"}
+
+
+def authorized(path: str, header: str | None, key: str | None) -> bool:
+    """SGLang's decision for a normal route with only --api-key set: the key as a Bearer token, probes exempt."""
+    if key is None or path.startswith(("/health", "/ready", "/metrics")):
+        return True
+    scheme, _, token = (header or "").partition(" ")
+    return scheme.lower() == "bearer" and hmac.compare_digest(token, key)
 
 
 def finish(completion: list[int], stops: list[int], max_tokens: int) -> dict[str, Any]:
@@ -139,7 +156,17 @@ class Handler(BaseHTTPRequestHandler):
         raw = self.rfile.read(int(self.headers.get("Content-Length") or 0))
         return json.loads(raw) if raw.strip() else {}
 
+    def refused_key(self) -> bool:
+        """Answer 401 as SGLang does when the route wants the key and the request lacks it."""
+        if authorized(self.path.split("?", 1)[0], self.headers.get("Authorization"), self.engine.args.api_key):
+            return False
+        self.rfile.read(int(self.headers.get("Content-Length") or 0))  # keep the connection's framing
+        self.send(401, {"error": "Unauthorized"})
+        return True
+
     def do_GET(self) -> None:  # http.server's name
+        if self.refused_key():
+            return
         engine, path = self.engine, self.path.split("?", 1)[0]
         name = engine.args.served_model_name or engine.args.model_path
         if path in ("/health", "/health_generate"):
@@ -158,6 +185,8 @@ class Handler(BaseHTTPRequestHandler):
             self.send(404, {"detail": "Not Found"})
 
     def do_POST(self) -> None:
+        if self.refused_key():
+            return
         path = self.path.split("?", 1)[0]
         try:
             body = self.read_body()
@@ -257,6 +286,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--speculative-algorithm")
     parser.add_argument("--speculative-draft-model-path")
     parser.add_argument("--speculative-num-draft-tokens", type=int)
+    parser.add_argument("--api-key", help="the key every route but /health* wants as a Bearer token")
     parser.add_argument("--threads", type=int, default=1, help="torch threads")
 
 
