@@ -77,7 +77,7 @@ def served(tmp_path_factory):
     drafter = tiny_drafter_dir(target, base / "drafter")
     port = fixtures.free_port()
     command = (f"OMP_NUM_THREADS=1 exec {sys.executable} -m dflash_eval.cli demo-server "
-               f"--model-path {target} --port {port} --speculative-algorithm DFLASH "
+               f"--model-path {target} --port {port} --speculative-algorithm dflash "  # upper-cased, as SGLang does
                f"--speculative-draft-model-path {drafter} --speculative-num-draft-tokens {BLOCK}")
     settings = {"kind": "managed", "base_url": f"http://127.0.0.1:{port}", "model": None, "command": command,
                 "health_timeout_s": 120.0, "stop_grace_s": 5.0, "log_dir": str(base / "logs")}
@@ -109,7 +109,7 @@ def test_fetch_records_the_servers_ids_and_counters_on_both_endpoints(served, en
         assert record["token_check"] == {"prompt_tokens_match": True, "completion_tokens_match": True}
         assert record["server"]["speculative"] == {
             "speculative_algorithm": "DFLASH", "speculative_draft_model_path": str(served["drafter"]),
-            "speculative_num_draft_tokens": BLOCK, "speculative_num_steps": None, "speculative_eagle_topk": None,
+            "speculative_num_draft_tokens": BLOCK, "speculative_num_steps": 1, "speculative_eagle_topk": 1,
             "version": "0.5.23"}
         steps, output = online_acceptance(drafter, target, record["prompt_token_ids"], 12, [eos], block_size=BLOCK)
         assert record["completion_token_ids"] == output[len(record["prompt_token_ids"]):]
@@ -143,3 +143,35 @@ def test_native_generate_answers_output_ids_and_meta_info(served):
     assert meta["completion_tokens"] == len(answer["output_ids"]) and meta["finish_reason"]["type"] in ("stop", "length")
     if "spec_verify_ct" in meta:
         assert meta["spec_accept_length"] == pytest.approx(meta["completion_tokens"] / meta["spec_verify_ct"])
+
+
+def _resolutions(source: Path, function: str) -> dict[str, list[str]]:
+    """Each keyword of the declare_resolution calls in `function` of an SGLang source file, with its value's source."""
+    import ast
+
+    tree = ast.parse(source.read_text(encoding="utf-8"))
+    node = next(n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name == function)
+    out: dict[str, list[str]] = {}
+    calls = [c for c in ast.walk(node) if isinstance(c, ast.Call) and getattr(c.func, "id", None) == "declare_resolution"]
+    for call in sorted(calls, key=lambda c: c.lineno):  # in source order
+        for keyword in call.keywords:
+            out.setdefault(keyword.arg, []).append(ast.unparse(keyword.value))
+    return out
+
+
+def test_the_demo_servers_speculative_resolution_is_0_5_23s(sglang_srt):
+    """What the demo server's /get_server_info reports for DFLASH (upper-cased algorithm, num_steps and
+    eagle_topk 1) is what 0.5.23's arg hooks resolve (arg_groups/speculative_hook.py)."""
+    hook = sglang_srt / "arg_groups/speculative_hook.py"
+    # upper-cased first; the alias pass after it renames only NEXTN/EAGLE (_resolve_speculative_algorithm_alias)
+    assert _resolutions(hook, "handle_speculative_decoding")["speculative_algorithm"][0] == \
+        "cfg.speculative_algorithm.upper()"
+    dflash = _resolutions(hook, "_handle_dflash")
+    assert set(dflash["speculative_num_steps"]) == {"1"} and set(dflash["speculative_eagle_topk"]) == {"1"}
+
+
+def test_another_sglang_version_is_a_warning_naming_both(caplog):
+    sglang.check_version("0.5.23", "http://x")
+    assert not caplog.records
+    sglang.check_version("0.6.0", "http://x")
+    assert "SGLang 0.6.0" in caplog.text and "SGLang 0.5.23 only (docs/sglang_protocol.md)" in caplog.text
