@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from dflash_eval.demo.server import spec_counters
-from dflash_eval.demo.sglang_protocol import PROTOCOL_FIELDS, wheel_fields
+from dflash_eval.demo.sglang_protocol import PROTOCOL_FIELDS, SERVER_INFO, unknown_fields, wheel_fields
 from dflash_eval.fetch import sglang
 from dflash_eval.fetch import stage as fetch
 from dflash_eval.server.control import ServerController
@@ -175,3 +175,55 @@ def test_another_sglang_version_is_a_warning_naming_both(caplog):
     assert not caplog.records
     sglang.check_version("0.6.0", "http://x")
     assert "SGLang 0.6.0" in caplog.text and "SGLang 0.5.23 only (docs/sglang_protocol.md)" in caplog.text
+
+
+# What each name that holds a server answer in fetch holds: the SGLang models whose fields may be read from it.
+ANSWERS = {
+    "resp": ("CompletionResponse", "ChatCompletionResponse"), "response": ("CompletionResponse", "ChatCompletionResponse"),
+    "choice": ("CompletionResponseChoice", "ChatCompletionResponseChoice"), "message": ("ChatMessage",),
+    "usage": ("UsageInfo",), "details": ("SpecTokensDetails",), "meta": ("ModelInfo",), "m": ("ModelCard",),
+    "info": SERVER_INFO, "models": ("ModelList",), "sglext": ("SglExt",),
+}
+
+
+def fields_read(path: Path) -> dict[str, set[str]]:
+    """Per answer name of ANSWERS, the string keys fetch reads from it: `name["key"]`, `name.get("key")`, and
+    `(name.get("key") or {})` chains (the key read from the inner answer is attributed to the key's model)."""
+    import ast
+
+    out: dict[str, set[str]] = {}
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if isinstance(node, ast.Subscript) and isinstance(node.value, ast.Name) and isinstance(node.slice, ast.Constant):
+            name, key = node.value.id, node.slice.value
+        elif (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "get"
+              and isinstance(node.func.value, ast.Name) and node.args and isinstance(node.args[0], ast.Constant)):
+            name, key = node.func.value.id, node.args[0].value
+        else:
+            continue
+        if name in ANSWERS and isinstance(key, str):
+            out.setdefault(name, set()).add(key)
+    return out
+
+
+def test_every_response_field_fetch_reads_is_in_the_snapshot():
+    """Renaming an SGLang field fetch reads (or misspelling it) fails here, on both endpoints and the probes."""
+    import dflash_eval.fetch.stage
+
+    read: dict[str, set[str]] = {}
+    for module in (sglang, dflash_eval.fetch.stage):
+        for name, keys in fields_read(Path(module.__file__)).items():
+            read.setdefault(name, set()).update(keys)
+    read.setdefault("info", set()).update(sglang.SPEC_SETTINGS, {"version"})
+    read.setdefault("details", set()).update(sglang.SPEC_COUNTERS)
+    read.setdefault("choice", set()).update({"token_ids", "response_token_ids"})  # completion_token_ids' loop
+    for name, keys in read.items():
+        assert not unknown_fields(dict.fromkeys(keys), *ANSWERS[name]), name
+    # not vacuous: the scan finds what fetch is known to read
+    assert {"choices", "usage", "sglext"} <= read["resp"] | read["response"] and {"message", "prompt_token_ids", "matched_stop"} <= read["choice"]
+    assert {"model_path", "weight_version"} <= read["meta"] and "id" in read["m"]
+
+
+def test_the_snapshot_has_what_fetch_needs():
+    """The other direction: the fields fetch depends on are SGLang's (a snapshot losing one fails here)."""
+    assert set(sglang.SPEC_SETTINGS) <= {f for model in SERVER_INFO for f in PROTOCOL_FIELDS[model]}
+    assert "version" in PROTOCOL_FIELDS["ServerInfo"] and "api_key" in PROTOCOL_FIELDS["Serving"]

@@ -40,9 +40,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
-from dflash_eval.demo.sglang_protocol import unknown_fields
-
-SGLANG_VERSION = "0.5.23"
+from dflash_eval.demo.sglang_protocol import SERVER_INFO, VERSION, check_fields, unknown_fields
 
 
 def spec_counters(steps: list[int], completion_tokens: int, block_size: int) -> dict[str, Any] | None:
@@ -119,7 +117,7 @@ class Engine:
                 "speculative_algorithm": a.speculative_algorithm.upper() if speculates else None,
                 "speculative_draft_model_path": a.speculative_draft_model_path,
                 "speculative_num_draft_tokens": self.block_size, "speculative_num_steps": 1 if speculates else None,
-                "speculative_eagle_topk": 1 if speculates else None, "version": SGLANG_VERSION, "frontend": "python"}
+                "speculative_eagle_topk": 1 if speculates else None, "version": VERSION, "frontend": "python"}
 
 
 def authorized(path: str, header: str | None, key: str | None) -> bool:
@@ -167,22 +165,29 @@ class Handler(BaseHTTPRequestHandler):
     def do_GET(self) -> None:  # http.server's name
         if self.refused_key():
             return
-        engine, path = self.engine, self.path.split("?", 1)[0]
+        try:
+            self.send(*self.get(self.path.split("?", 1)[0]))
+        except ValueError as error:  # an answer with a field SGLang does not define: this server's own bug
+            self.send(500, {"error": str(error)})
+
+    def get(self, path: str) -> tuple[int, dict[str, Any]]:
+        """A GET route's answer, every key checked against SGLang's own (sglang_protocol.check_fields)."""
+        engine = self.engine
         name = engine.args.served_model_name or engine.args.model_path
         if path in ("/health", "/health_generate"):
-            self.send(503 if engine.released else 200, {})
-        elif path == "/v1/models":
-            self.send(200, {"object": "list", "data": [{"id": name, "object": "model", "created": int(time.time()),
-                                                        "owned_by": "sglang", "root": name, "parent": None,
-                                                        "max_model_len": 4096}]})
-        elif path in ("/get_model_info", "/model_info"):
-            self.send(200, {"model_path": engine.args.model_path, "served_model_name": name,
-                            "tokenizer_path": engine.args.tokenizer_path or engine.args.model_path,
-                            "is_generation": True, "weight_version": "default", "model_type": "qwen3_5_text"})
-        elif path in ("/get_server_info", "/server_info"):
-            self.send(200, engine.server_info())
-        else:
-            self.send(404, {"detail": "Not Found"})
+            return 503 if engine.released else 200, {}
+        if path == "/v1/models":
+            card = check_fields({"id": name, "object": "model", "created": int(time.time()), "owned_by": "sglang",
+                                 "root": name, "parent": None, "max_model_len": 4096}, "ModelCard")
+            return 200, check_fields({"object": "list", "data": [card]}, "ModelList")
+        if path in ("/get_model_info", "/model_info"):
+            return 200, check_fields({"model_path": engine.args.model_path, "served_model_name": name,
+                                      "tokenizer_path": engine.args.tokenizer_path or engine.args.model_path,
+                                      "is_generation": True, "weight_version": "default",
+                                      "model_type": "qwen3_5_text"}, "ModelInfo")
+        if path in ("/get_server_info", "/server_info"):
+            return 200, check_fields(engine.server_info(), *SERVER_INFO)
+        return 404, {"detail": "Not Found"}
 
     def do_POST(self) -> None:
         if self.refused_key():
@@ -252,7 +257,8 @@ class Handler(BaseHTTPRequestHandler):
         choice: dict[str, Any] = {"index": 0, "logprobs": None, "finish_reason": reason["type"],
                                   "matched_stop": reason.get("matched")}
         if chat:
-            choice["message"] = {"role": "assistant", "content": text, "reasoning_content": None}
+            choice["message"] = check_fields({"role": "assistant", "content": text, "reasoning_content": None},
+                                             "ChatMessage")
             if ids or body.get("return_prompt_token_ids"):
                 choice["prompt_token_ids"] = prompt
             if ids:
@@ -267,13 +273,16 @@ class Handler(BaseHTTPRequestHandler):
         response: dict[str, Any] = {
             "id": "cmpl-0", "object": "chat.completion" if chat else "text_completion", "created": int(time.time()),
             "model": body.get("model") or engine.args.model_path, "choices": [choice],
-            "usage": {"prompt_tokens": len(prompt), "total_tokens": len(prompt) + len(completion),
-                      "completion_tokens": len(completion), "prompt_tokens_details": None, "reasoning_tokens": 0},
+            "usage": check_fields({"prompt_tokens": len(prompt), "total_tokens": len(prompt) + len(completion),
+                                   "completion_tokens": len(completion), "prompt_tokens_details": None,
+                                   "reasoning_tokens": 0}, "UsageInfo"),
             "metadata": None}
         if body.get("return_spec_tokens_details") and spec is not None:
-            response["sglext"] = {"spec_tokens_details": {"spec_cap_length": 0.0, "spec_block_accept_length": 0.0,
-                                                          "spec_cap_lens_histogram": [], **spec}}
-        return 200, response
+            details = check_fields({"spec_cap_length": 0.0, "spec_block_accept_length": 0.0,
+                                    "spec_cap_lens_histogram": [], **spec}, "SpecTokensDetails")
+            response["sglext"] = check_fields({"spec_tokens_details": details}, "SglExt")
+        check_fields(choice, "ChatCompletionResponseChoice" if chat else "CompletionResponseChoice")
+        return 200, check_fields(response, "ChatCompletionResponse" if chat else "CompletionResponse")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

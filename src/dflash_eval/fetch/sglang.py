@@ -13,11 +13,11 @@ import json
 import logging
 from typing import Any
 
+from dflash_eval.demo.sglang_protocol import VERSION  # the SGLang release these field names were read from
 from dflash_eval.server.http import http_request
 
 log = logging.getLogger(__name__)
 
-VERSION = "0.5.23"  # the SGLang release these field names were read from
 
 # The per-request counters we record: SpecTokensDetails (protocol.py:456-467) less the capped/ragged extras.
 SPEC_COUNTERS = ("spec_verify_ct", "spec_num_correct_drafts", "spec_num_proposed_drafts",
@@ -47,13 +47,15 @@ def spec_counters(response: dict[str, Any], choice: dict[str, Any]) -> dict[str,
     """The request's speculative counters, None when the server sent none (it does not speculate, or is not SGLang).
 
     SGLang puts them at the response level, `sglext.spec_tokens_details` (a list when n > 1); the same keys
-    also appear in a chat choice's `meta_info` (with return_meta_info) and in `/generate`'s `meta_info`.
+    also appear in a chat choice's `meta_info` (with return_meta_info). Only those two: an OpenAI answer has
+    no response-level `meta_info` (that is `/generate`'s, which fetch does not call).
     """
-    details = (response.get("sglext") or {}).get("spec_tokens_details")
+    sglext = response.get("sglext") or {}
+    details = sglext.get("spec_tokens_details")
     if isinstance(details, list):
         details = details[choice.get("index", 0)] if details else None
     if not details:
-        details = choice.get("meta_info") or response.get("meta_info") or {}
+        details = choice.get("meta_info") or {}
     if not details or not details.get("spec_verify_ct"):
         return None
     out = {key: details.get(key) for key in SPEC_COUNTERS}

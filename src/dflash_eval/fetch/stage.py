@@ -97,7 +97,8 @@ def server_identity(base_url: str, model: str | None, target: str, key_env: str 
     probe sends the key of server.api_key_env; a refusal (401/403) is an error, never "not SGLang".
     """
     status, body = http_request(base_url + "/v1/models", timeout=30.0, key_env=key_env)
-    served = [str(m["id"]) for m in json.loads(body).get("data", [])] if status == 200 else []
+    models = json.loads(body) if status == 200 else {}
+    served = [str(m["id"]) for m in models.get("data", [])]
     if model is None:
         if not served:
             raise FetchError(f"{base_url}/v1/models lists no model (HTTP {status}); set server.model")
