@@ -69,3 +69,58 @@ def test_not_compared_says_why():
     assert not result["compared"] and "chain-B3" in result["why"]
     assert online.compare({}, None, 4, 0.05) == {**online.compare({}, None, 4, 0.05), "recorded": False}
     assert online.request_counters({"spec": None}) is None
+
+
+# ----- the served drafter -----
+
+SERVED = {"speculative_algorithm": "DFLASH", "speculative_draft_model_path": "/srv/step-1000",
+          "speculative_num_draft_tokens": 4}
+CHECKPOINT = {"path": "/ckpt/step-1000", "sha256": "ab" * 32}
+
+
+def never_hashed(path: str) -> str:
+    raise AssertionError(f"{path} is not readable here: nothing to hash")
+
+
+def test_a_served_drafter_of_the_same_name_not_readable_here_is_unverified():
+    check = online.check_served_drafter([SERVED], CHECKPOINT, 4, allowed=False, weights_sha256=never_hashed)
+    assert (check["status"], check["refused"], check["problems"]) == ("unverified", False, [])
+    assert "weights unverified" in check["notes"][0]
+
+
+@pytest.mark.parametrize(("served", "says"), [
+    ({**SERVED, "speculative_draft_model_path": "/srv/step-2000"}, "not /ckpt/step-1000 (not readable here"),
+    ({**SERVED, "speculative_algorithm": "EAGLE"}, "speculates with 'EAGLE', not DFLASH"),
+    ({**SERVED, "speculative_draft_model_path": None}, "reports no speculative_draft_model_path"),
+])
+def test_another_served_drafter_is_a_mismatch_that_refuses_unless_allowed(served, says):
+    check = online.check_served_drafter([served], CHECKPOINT, 4, allowed=False, weights_sha256=never_hashed)
+    assert check["status"] == "mismatch" and check["refused"] and says in check["problems"][0]
+    allowed = online.check_served_drafter([served], CHECKPOINT, 4, allowed=True, weights_sha256=never_hashed)
+    assert allowed["status"] == "mismatch" and not allowed["refused"]
+
+
+def test_readable_served_weights_are_compared_by_sha256(tmp_path, monkeypatch):
+    """The served path is read and hashed as evaluate hashes a checkpoint: hashlib's digest of the file."""
+    import hashlib
+
+    monkeypatch.chdir(tmp_path)  # the fingerprint cache (.snakemake/) goes here, not into the checkout
+    weights = tmp_path / "served" / "model.safetensors"
+    weights.parent.mkdir()
+    weights.write_bytes(b"draft weights")
+    digest = hashlib.sha256(b"draft weights").hexdigest()
+    served = {**SERVED, "speculative_draft_model_path": str(weights)}
+    same = online.check_served_drafter([served], {"path": "/elsewhere/x", "sha256": digest}, 4, allowed=False)
+    assert same["status"] == "verified" and not same["problems"]  # another path, the same bytes
+    other = online.check_served_drafter([served], CHECKPOINT, 4, allowed=False)
+    assert other["refused"] and f"(sha256 {digest[:12]}) are not /ckpt/step-1000's" in other["problems"][0]
+
+
+def test_another_served_block_is_a_note_and_several_settings_a_mismatch():
+    check = online.check_served_drafter([{**SERVED, "speculative_num_draft_tokens": 8}], CHECKPOINT, 4,
+                                        allowed=False, weights_sha256=never_hashed)
+    assert check["status"] == "unverified" and "served at block 8, the drafter's own is 4" in check["notes"]
+    two = online.check_served_drafter([SERVED, {**SERVED, "speculative_num_draft_tokens": 8}], CHECKPOINT, 4,
+                                      allowed=False, weights_sha256=never_hashed)
+    assert two["refused"] and "2 different speculative settings" in two["problems"][0]
+    assert online.check_served_drafter([], CHECKPOINT, 4, allowed=False)["status"] == "unverified"

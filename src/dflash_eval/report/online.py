@@ -17,7 +17,8 @@ with another block the server measured chain-B<b>, not the drafter's own chain-B
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from pathlib import Path
 from typing import Any
 
 from dflash_eval.evaluate.acceptance import paired_difference
@@ -42,6 +43,61 @@ def request_counters(record: dict[str, Any]) -> dict[str, Any] | None:
             "accept_length": spec.get("spec_accept_length"),
             "block_size": speculative.get("speculative_num_draft_tokens"),
             "draft_model": speculative.get("speculative_draft_model_path")}
+
+
+def served_settings(record: dict[str, Any]) -> dict[str, Any] | None:
+    """The speculative settings the server reported (fetch.sglang.server_spec_settings), None when none were."""
+    return (record.get("server") or {}).get("speculative")
+
+
+def _weights_sha256(path: str) -> str:
+    """The sha256 evaluate records for a checkpoint (metrics.json's checkpoint.sha256), of a local path."""
+    from dflash_eval.evaluate.stage import _checkpoint_hash  # imports torch: only for a readable served path
+
+    return _checkpoint_hash(path)
+
+
+def check_served_drafter(served: list[dict[str, Any]], checkpoint: dict[str, Any], own_block: int | None,
+                         allowed: bool, weights_sha256: Callable[[str], str] = _weights_sha256) -> dict[str, Any]:
+    """Whether the server speculates with report.served_drafter's checkpoint: algorithm DFLASH, and the draft
+    weights' sha256 equal where the served path is readable here, else the same directory name.
+
+    Pairing the server's counters with another drafter's offline steps would compare two drafters and call
+    it a fidelity check; so a mismatch refuses the pairing unless report.allow_served_drafter_mismatch.
+    A served block size other than the drafter's own is a note, not a mismatch: the panel compares at the
+    served block (chain-B<served>).
+    """
+    if not served:
+        return {"status": "unverified", "problems": [], "notes": ["the completions record no speculative settings "
+                "(the server did not answer /get_server_info)"], "refused": False, "allowed": allowed}
+    problems, notes, verified = [], [], True
+    if len(served) > 1:
+        problems.append(f"the records were served with {len(served)} different speculative settings")
+    ours = str(checkpoint.get("path"))
+    for setting in served:
+        algorithm, path = setting.get("speculative_algorithm"), setting.get("speculative_draft_model_path")
+        if algorithm != "DFLASH":
+            problems.append(f"the server speculates with {algorithm!r}, not DFLASH")
+        if path is None:
+            problems.append("the server reports no speculative_draft_model_path")
+            continue
+        if Path(path).exists():
+            digest = weights_sha256(path)
+            if digest != checkpoint.get("sha256"):
+                problems.append(f"the served draft weights {path} (sha256 {digest[:12]}) are not {ours}'s "
+                                f"(sha256 {str(checkpoint.get('sha256'))[:12]})")
+        else:
+            verified = False
+            if Path(path).name != Path(ours).name:
+                problems.append(f"the server speculates with {path}, not {ours} (not readable here, names differ)")
+            else:
+                notes.append(f"{path} is not readable here: the same name as {ours}, weights unverified")
+        block = setting.get("speculative_num_draft_tokens")
+        if own_block is not None and block is not None and int(block) != int(own_block):
+            notes.append(f"served at block {block}, the drafter's own is {own_block}")
+    status = "mismatch" if problems else "verified" if verified else "unverified"
+    return {"status": status, "problems": problems, "notes": notes, "refused": bool(problems) and not allowed,
+            "allowed": allowed}
 
 
 def drafts_histogram(steps: Sequence[int]) -> list[int]:
