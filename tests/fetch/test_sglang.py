@@ -13,6 +13,7 @@ import torch
 from dflash_eval.demo.server import spec_counters
 from dflash_eval.demo.sglang_protocol import PROTOCOL_FIELDS, SERVER_INFO, unknown_fields, wheel_fields
 from dflash_eval.fetch import sglang
+from dflash_eval.report import online as online_panel
 from dflash_eval.fetch import stage as fetch
 from dflash_eval.server.control import ServerController
 from dflash_eval.bench import fixtures
@@ -227,3 +228,54 @@ def test_the_snapshot_has_what_fetch_needs():
     """The other direction: the fields fetch depends on are SGLang's (a snapshot losing one fails here)."""
     assert set(sglang.SPEC_SETTINGS) <= {f for model in SERVER_INFO for f in PROTOCOL_FIELDS[model]}
     assert "version" in PROTOCOL_FIELDS["ServerInfo"] and "api_key" in PROTOCOL_FIELDS["Serving"]
+
+
+def sglang_tail_counters(steps_long: list[int], output_long: list[int], prompt_len: int, max_tokens: int,
+                         block_size: int) -> dict:
+    """SGLang's counters for a request of `max_tokens`, from a run with budget to spare (max_tokens + B: every
+    block that starts before max_tokens is full), cut afterwards as SGLang cuts: steps until the output
+    reaches max_tokens, their drafts counted raw (speculative/dflash_worker_v2.py, schedule_batch.py)."""
+    completion = output_long[prompt_len:][:max_tokens]
+    taken, generated = [], 1
+    for step in steps_long:
+        if generated >= len(completion):
+            break
+        taken.append(step)
+        generated += step
+    return {"verify_ct": len(taken), "completion_tokens": len(completion), "correct_drafts": sum(taken) - len(taken),
+            "histogram": online_panel.drafts_histogram(taken), "accept_length": len(completion) / max(1, len(taken)),
+            "block_size": block_size, "draft_model": None, "max_tokens": max_tokens}, completion
+
+
+def test_the_max_tokens_tail_full_blocks_against_shortened_ones(tmp_path, record_property):
+    """SGLang verifies full blocks and cuts at max_tokens; the reference loop (and evaluate) shortens the last
+    blocks. Emulated on the tiny target and drafter: the panel must judge every request equal, and this
+    measures how often the step counts differ."""
+    from transformers import AutoModelForCausalLM
+
+    from dflash_eval.demo.reference import online_acceptance
+    from dflash_eval.evaluate.drafter import load_drafter
+
+    target_dir = hs.build_tiny_target(tmp_path / "target")
+    target = AutoModelForCausalLM.from_pretrained(target_dir, dtype=torch.float32).eval()
+    drafter = load_drafter(tiny_drafter_dir(target_dir, tmp_path / "drafter")).model
+    stops = [target.generation_config.eos_token_id]
+    generator = torch.Generator().manual_seed(0)
+    judged = differ = shortened = 0
+    for _ in range(6):
+        prompt = torch.randint(3, target.config.vocab_size, (6,), generator=generator).tolist()
+        steps_long, output_long = online_acceptance(drafter, target, prompt, 16 + BLOCK, stops, block_size=BLOCK)
+        for max_tokens in range(5, 17):
+            steps, output = online_acceptance(drafter, target, prompt, max_tokens, stops, block_size=BLOCK)
+            counters, completion = sglang_tail_counters(steps_long, output_long, len(prompt), max_tokens, BLOCK)
+            if not steps or not counters["verify_ct"]:
+                continue  # stopped at the prefill token: no counters either side
+            assert output[len(prompt):] == completion  # greedy: the same tokens, only the steps may differ
+            result = online_panel.compare_request(counters, steps, BLOCK)
+            assert result["equal"], (prompt, max_tokens, steps, counters)
+            judged += 1
+            shortened += result["tail_shortened_from_step"] is not None
+            differ += counters["verify_ct"] != len(steps)
+    record_property("tail", {"requests": judged, "tail_shortened": shortened, "step_count_differs": differ})
+    print(f"\ntail: {judged} requests, {shortened} with a shortened tail, {differ} with another step count")
+    assert judged > 20 and shortened > 0

@@ -6,6 +6,9 @@ The two sides count the same things only once their conventions are lined up (do
 - accepted drafts: `spec_num_correct_drafts` and its histogram count the draft tokens each step accepted,
   bonus excluded, as `step - 1` offline; SGLang counts a last step before cutting the output at the stop token
   or max_tokens, so online may exceed offline by up to B - 1, from the last step only;
+- the max_tokens tail: offline shortens a block that would run past max_tokens, SGLang verifies it full and
+  cuts afterwards; the drafter is non-causal within a block, so from the first shortened step the two may
+  take different step counts (shortened_from, tail_consistent judge those requests);
 - tau: ours (and `dflash_generate`'s `acceptance_lengths`) counts the tokens verification steps produced,
   `(completion_tokens - 1) / steps`; SGLang's `spec_accept_length` = `completion_tokens / steps` also counts
   the first completion token, which prefill produced: 1/steps more per request.
@@ -42,7 +45,8 @@ def request_counters(record: dict[str, Any]) -> dict[str, Any] | None:
             "histogram": [int(n) for n in spec.get("spec_correct_drafts_histogram") or []],
             "accept_length": spec.get("spec_accept_length"),
             "block_size": speculative.get("speculative_num_draft_tokens"),
-            "draft_model": speculative.get("speculative_draft_model_path")}
+            "draft_model": speculative.get("speculative_draft_model_path"),
+            "max_tokens": (record.get("request") or {}).get("max_tokens")}
 
 
 def served_settings(record: dict[str, Any]) -> dict[str, Any] | None:
@@ -123,8 +127,52 @@ def last_step_only(online: list[int], offline: list[int]) -> bool:
             and moved_to[0] > moved_from[0])
 
 
+def shortened_from(steps: Sequence[int], block_size: int, max_tokens: int | None) -> int | None:
+    """The first offline step whose block the max_tokens budget shortened, None when every block was full.
+
+    The offline loop verifies `min(B, max_tokens - generated + 1)` tokens (dflash_generate's verify_size, with
+    `generated` counting the prefill token); SGLang's DFlash worker always drafts and verifies a full block and
+    cuts the output afterwards (speculative/dflash_worker_v2.py: the greedy verify views the block whole,
+    cutoff_verify_lens=None; managers/schedule_batch.py caps at max_new_tokens after the verify).
+    """
+    if max_tokens is None:
+        return None
+    generated = 1
+    for index, step in enumerate(steps):
+        if max_tokens - generated + 1 < block_size:
+            return index
+        generated += step
+    return None
+
+
+def tail_consistent(online: dict[str, Any], steps: Sequence[int], first: int, block_size: int) -> bool:
+    """Whether the online counters are what full blocks give from offline step `first` on, the steps before it
+    (full blocks on both sides, the same context) being equal.
+
+    The drafter sees its block whole (non-causal within it), so a shortened block drafts other tokens than a
+    full one: from `first` on the online steps may number anything from 1 to the tokens left (each step
+    produces at least one), and accept between (tokens left - steps) and steps x (B - 1) drafts, raw.
+    """
+    head = list(steps[:first])
+    left = online["completion_tokens"] - 1 - sum(head)
+    tail_steps = online["verify_ct"] - first
+    if not 1 <= tail_steps <= max(1, left):
+        return False
+    if online["correct_drafts"] is not None:
+        tail_drafts = online["correct_drafts"] - (sum(head) - len(head))
+        if not left - tail_steps <= tail_drafts <= tail_steps * (block_size - 1):
+            return False
+    head_histogram = drafts_histogram(head)
+    ours = online["histogram"] + [0] * max(0, len(head_histogram) - len(online["histogram"]))
+    return not online["histogram"] or all(n >= h for n, h in zip(ours, head_histogram))
+
+
 def compare_request(online: dict[str, Any], steps: Sequence[int], block_size: int) -> dict[str, Any]:
-    """One request's like-for-like comparison; `equal` when every counter matches as the conventions say."""
+    """One request's like-for-like comparison; `equal` when every counter matches as the conventions say.
+
+    Where max_tokens shortened offline blocks (shortened_from), `equal` judges from the first such step on
+    by what SGLang's full blocks allow (tail_consistent), since there the step counts may differ.
+    """
     produced = sum(steps)
     offline_correct = produced - len(steps)
     histogram = drafts_histogram(steps)
@@ -133,6 +181,11 @@ def compare_request(online: dict[str, Any], steps: Sequence[int], block_size: in
     surplus = None if online["correct_drafts"] is None else online["correct_drafts"] - offline_correct
     drafts_ok = surplus is None or 0 <= surplus <= block_size - 1
     histogram_ok = not online["histogram"] or last_step_only(online["histogram"], histogram)
+    first = shortened_from(steps, block_size, online.get("max_tokens"))
+    if first is None:
+        equal = same_steps and same_tokens and drafts_ok and histogram_ok
+    else:
+        equal = same_tokens and tail_consistent(online, steps, first, block_size)
     return {
         "online_steps": online["verify_ct"], "offline_steps": len(steps),
         "online_correct_drafts": online["correct_drafts"], "offline_correct_drafts": offline_correct,
@@ -140,7 +193,8 @@ def compare_request(online: dict[str, Any], steps: Sequence[int], block_size: in
         "online_tau": (online["completion_tokens"] - 1) / online["verify_ct"], "offline_tau": produced / len(steps),
         "online_tau_sglang": online["completion_tokens"] / online["verify_ct"],
         "offline_tau_sglang": (produced + 1) / len(steps),
-        "equal": same_steps and same_tokens and drafts_ok and histogram_ok,
+        "tail_shortened_from_step": first,
+        "equal": equal,
         "exact": same_steps and same_tokens and surplus in (0, None) and online["histogram"] in ([], histogram),
     }
 
@@ -198,6 +252,9 @@ def compare(online: dict[str, dict[str, Any]], offline_by_method: dict[str, dict
             "paired_difference": paired["tau_mean_of_samples"],
             "paired_difference_token_weighted": paired["tau_token_weighted"],
             "equal_requests": sum(r["equal"] for r in per_request.values()),
+            "tail_shortened_requests": sum(r["tail_shortened_from_step"] is not None for r in per_request.values()),
+            "tail_step_count_differs": sum(r["tail_shortened_from_step"] is not None
+                                           and r["online_steps"] != r["offline_steps"] for r in per_request.values()),
             "exact_requests": sum(r["exact"] for r in per_request.values()),
             "unequal_ids": [i for i in ids if not per_request[i]["equal"]],
             "per_request": per_request,
