@@ -54,17 +54,44 @@ def served_settings(record: dict[str, Any]) -> dict[str, Any] | None:
     return (record.get("server") or {}).get("speculative")
 
 
-def _weights_sha256(path: str) -> str:
-    """The sha256 evaluate records for a checkpoint (metrics.json's checkpoint.sha256), of a local path."""
+def weights_differ(served_path: str, checkpoint: dict[str, Any]) -> str | None:
+    """None when the served weights are the checkpoint's, else how they differ.
+
+    First the file sha256 evaluate records (metrics.json's checkpoint.sha256, through the fingerprint cache);
+    when that differs and the checkpoint is readable here, the tensors themselves, names aside: the same
+    weights are often served in another layout (the demo evaluates a .pt checkpoint and serves its HF export).
+    """
     from dflash_eval.evaluate.stage import _checkpoint_hash  # imports torch: only for a readable served path
 
-    return _checkpoint_hash(path)
+    digest = _checkpoint_hash(served_path)
+    if digest == checkpoint.get("sha256"):
+        return None
+    ours = Path(str(checkpoint.get("path")))
+    if ours.exists() and _tensors_digest(Path(served_path)) == _tensors_digest(ours):
+        return None
+    return (f"the served draft weights {served_path} (sha256 {digest[:12]}) are not {ours}'s (sha256 "
+            f"{str(checkpoint.get('sha256'))[:12]}{', and their tensors differ' if ours.exists() else ''})")
+
+
+def _tensors_digest(path: Path) -> str:
+    """A layout-free fingerprint of a checkpoint's tensors: the sorted (shape, dtype, sha256 of bytes) of each."""
+    import hashlib
+
+    import torch
+
+    from dflash_eval.evaluate.checkpoint import detect_layout
+    from dflash_eval.evaluate.drafter import _read_state
+
+    state, _ = _read_state(path, detect_layout(path), allow_pickle=False)
+    rows = sorted(f"{tuple(t.shape)}:{t.dtype}:{hashlib.sha256(t.contiguous().view(-1).view(torch.uint8).numpy()).hexdigest()}"
+                  for t in state.values())
+    return hashlib.sha256("\n".join(rows).encode()).hexdigest()
 
 
 def check_served_drafter(served: list[dict[str, Any]], checkpoint: dict[str, Any], own_block: int | None,
-                         allowed: bool, weights_sha256: Callable[[str], str] = _weights_sha256) -> dict[str, Any]:
+                         allowed: bool, differ: Callable[[str, dict], str | None] = weights_differ) -> dict[str, Any]:
     """Whether the server speculates with report.served_drafter's checkpoint: algorithm DFLASH, and the draft
-    weights' sha256 equal where the served path is readable here, else the same directory name.
+    weights equal where the served path is readable here (weights_differ), else the same directory name.
 
     Pairing the server's counters with another drafter's offline steps would compare two drafters and call
     it a fidelity check; so a mismatch refuses the pairing unless report.allow_served_drafter_mismatch.
@@ -86,10 +113,9 @@ def check_served_drafter(served: list[dict[str, Any]], checkpoint: dict[str, Any
             problems.append("the server reports no speculative_draft_model_path")
             continue
         if Path(path).exists():
-            digest = weights_sha256(path)
-            if digest != checkpoint.get("sha256"):
-                problems.append(f"the served draft weights {path} (sha256 {digest[:12]}) are not {ours}'s "
-                                f"(sha256 {str(checkpoint.get('sha256'))[:12]})")
+            difference = differ(path, checkpoint)
+            if difference:
+                problems.append(difference)
         else:
             verified = False
             if Path(path).name != Path(ours).name:
