@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from dflash_eval.demo.server import spec_counters
+from dflash_eval.demo.server import sglang_steps, spec_counters
 from dflash_eval.demo.sglang_protocol import PROTOCOL_FIELDS, SERVER_INFO, unknown_fields, wheel_fields
 from dflash_eval.fetch import sglang
 from dflash_eval.report import online as online_panel
@@ -112,10 +112,12 @@ def test_fetch_records_the_servers_ids_and_counters_on_both_endpoints(served, en
             "speculative_algorithm": "DFLASH", "speculative_draft_model_path": str(served["drafter"]),
             "speculative_num_draft_tokens": BLOCK, "speculative_num_steps": 1, "speculative_eagle_topk": 1,
             "version": "0.5.23"}
-        steps, output = online_acceptance(drafter, target, record["prompt_token_ids"], 12, [eos], block_size=BLOCK)
-        assert record["completion_token_ids"] == output[len(record["prompt_token_ids"]):]
-        assert record["spec"] == {k: v for k, v in spec_counters(steps, len(output) - len(record["prompt_token_ids"]),
-                                                                  BLOCK).items()}
+        prompt = record["prompt_token_ids"]
+        _, output = online_acceptance(drafter, target, prompt, 12, [eos], block_size=BLOCK)
+        assert record["completion_token_ids"] == output[len(prompt):]
+        long_steps, long_output = online_acceptance(drafter, target, prompt, 12 + BLOCK, [eos], block_size=BLOCK)
+        steps = sglang_steps(long_steps, len(record["completion_token_ids"]))  # SGLang's full-block tail
+        assert record["spec"] == spec_counters(steps, len(record["completion_token_ids"]), BLOCK)
         assert record["spec"]["spec_verify_ct"] == len(steps)
         assert record["spec"]["spec_accept_length"] * len(steps) == pytest.approx(len(record["completion_token_ids"]))
 
@@ -231,20 +233,21 @@ def test_the_snapshot_has_what_fetch_needs():
 
 
 def sglang_tail_counters(steps_long: list[int], output_long: list[int], prompt_len: int, max_tokens: int,
-                         block_size: int) -> dict:
-    """SGLang's counters for a request of `max_tokens`, from a run with budget to spare (max_tokens + B: every
-    block that starts before max_tokens is full), cut afterwards as SGLang cuts: steps until the output
-    reaches max_tokens, their drafts counted raw (speculative/dflash_worker_v2.py, schedule_batch.py)."""
+                         block_size: int) -> tuple[dict, list[int]]:
+    """report.online's counters of SGLang's run for `max_tokens`, from a full-block run with budget to spare,
+    cut as the demo server cuts it (sglang_steps), and the completion."""
     completion = output_long[prompt_len:][:max_tokens]
-    taken, generated = [], 1
-    for step in steps_long:
-        if generated >= len(completion):
-            break
-        taken.append(step)
-        generated += step
+    taken = sglang_steps(steps_long, len(completion))
     return {"verify_ct": len(taken), "completion_tokens": len(completion), "correct_drafts": sum(taken) - len(taken),
             "histogram": online_panel.drafts_histogram(taken), "accept_length": len(completion) / max(1, len(taken)),
             "block_size": block_size, "draft_model": None, "max_tokens": max_tokens}, completion
+
+
+def test_sglang_steps_by_hand():
+    # steps 3, 4, 2, 4 of a run with budget to spare; 8 tokens wanted: 1 (prefill) + 3 + 4 reaches 8 in two steps
+    assert sglang_steps([3, 4, 2, 4], 8) == [3, 4]
+    assert sglang_steps([3, 4, 2, 4], 9) == [3, 4, 2]  # 8 < 9: a third step, counted whole though 1 token is kept
+    assert sglang_steps([3, 4], 1) == []  # stopped at the prefill token
 
 
 def test_the_max_tokens_tail_full_blocks_against_shortened_ones(tmp_path, record_property):

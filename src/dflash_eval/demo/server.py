@@ -22,10 +22,12 @@ target's cache (reference.exact_target_rollback, as SGLang's per-token states gi
 `--speculative-num-draft-tokens` tokens (default: the drafter's own), and the counters are computed as
 SGLang computes them from its steps: `spec_verify_ct` = steps, `spec_num_correct_drafts` = accepted draft
 tokens (bonus excluded), the histogram of accepted drafts per step, `spec_num_proposed_drafts` =
-steps x (B - 1), `spec_accept_length` = completion tokens / steps. One difference, stated: SGLang counts
-a last step's accepted drafts before cutting the output at the stop token or max_tokens, while the
-reference loop verifies a shortened last block and cuts the step; here the last step counts as the loop
-cut it, so `spec_num_correct_drafts` can be up to B - 1 lower than a real SGLang's on the same tokens.
+steps x (B - 1), `spec_accept_length` = completion tokens / steps. The max_tokens tail as SGLang's: its DFlash
+worker always verifies full blocks and cuts the output afterwards (speculative/dflash_worker_v2.py,
+managers/schedule_batch.py), where the reference loop shortens the blocks that would run past max_tokens; so
+the loop runs with B tokens to spare (every block that starts before max_tokens full) and is cut as SGLang
+cuts (sglang_steps), the last step's drafts counted raw. One difference remains, stated: at a stop token the
+loop cuts the last step, so there `spec_num_correct_drafts` can be up to B - 1 lower than a real SGLang's.
 """
 
 from __future__ import annotations
@@ -41,6 +43,18 @@ from pathlib import Path
 from typing import Any
 
 from dflash_eval.demo.sglang_protocol import SERVER_INFO, VERSION, check_fields, unknown_fields
+
+
+def sglang_steps(steps: list[int], completion_tokens: int) -> list[int]:
+    """The verification steps SGLang runs for a completion of `completion_tokens` (the first from prefill), from
+    a full-block run that went further: steps until the output reaches that length, each counted whole."""
+    taken, generated = [], 1
+    for step in steps:
+        if generated >= completion_tokens:
+            break
+        taken.append(step)
+        generated += step
+    return taken
 
 
 def spec_counters(steps: list[int], completion_tokens: int, block_size: int) -> dict[str, Any] | None:
@@ -93,10 +107,12 @@ class Engine:
 
         with self.lock, torch.no_grad():
             if self.drafter is not None:
-                steps, output = online_acceptance(self.drafter, self.target, prompt_ids, max_new_tokens,
-                                                  self.stops, block_size=self.block_size)
-                completion = output[len(prompt_ids):]
-                return completion, spec_counters(steps, len(completion), self.block_size)
+                steps, output = online_acceptance(self.drafter, self.target, prompt_ids,
+                                                  max_new_tokens + self.block_size, self.stops,
+                                                  block_size=self.block_size)  # full blocks up to max_new_tokens
+                completion = output[len(prompt_ids):][:max_new_tokens]
+                return completion, spec_counters(sglang_steps(steps, len(completion)), len(completion),
+                                                 self.block_size)
             ids, cache, completion = torch.tensor([prompt_ids]), None, []
             while len(completion) < max_new_tokens:
                 out = self.target(ids, past_key_values=cache, use_cache=True)
