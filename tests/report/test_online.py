@@ -136,3 +136,35 @@ def test_another_served_block_is_a_note_and_several_settings_a_mismatch():
                                       allowed=False, differ=never_hashed)
     assert two["refused"] and "2 different speculative settings" in two["problems"][0]
     assert online.check_served_drafter([], CHECKPOINT, 4, allowed=False)["status"] == "unverified"
+
+
+# ----- the max_tokens tail -----
+
+def tail_counters(verify_ct: int, correct: int, histogram: list[int], max_tokens: int | None = 8) -> dict:
+    counters = online.request_counters(record(verify_ct, 8, correct, histogram))
+    return {**counters, "max_tokens": max_tokens}
+
+
+def test_the_first_block_max_tokens_shortened():
+    # max_tokens 8, B 4: a step verifies min(4, 8 - generated + 1) tokens; generated 1, 4, 6 before the steps
+    assert online.shortened_from([3, 2, 2], 4, 8) == 2        # 8 - 6 + 1 = 3 < 4
+    assert online.shortened_from([3, 4], 4, 8) is None        # 8 - 4 + 1 = 5: both blocks full
+    assert online.shortened_from([3, 2, 2], 4, None) is None  # max_tokens unknown: no tail rule
+
+
+@pytest.mark.parametrize(("counters", "equal"), [
+    ((3, 6, [0, 1, 1, 1]), True),    # full tail block accepted 3 drafts, 2 tokens kept: one step, as offline
+    ((4, 5, [1, 1, 1, 1]), True),    # the full block drafted worse: two tail steps (1 + 3 raw) for 2 tokens left
+    ((5, 4, [3, 1, 1]), False),      # three tail steps for 2 tokens left: each step makes at least one token
+    ((3, 9, [0, 0, 1, 2]), False),   # tail drafts 6 > one step x (B - 1)
+    ((4, 5, [2, 0, 1, 1]), False),   # the head's histogram ([0, 1, 1]: steps 3, 2) is not kept
+])
+def test_a_shortened_tail_is_judged_by_what_full_blocks_allow(counters, equal):
+    """Offline steps 3, 2, 2 for 8 tokens (1 from prefill): the third block was shortened to 3 tokens."""
+    result = online.compare_request(tail_counters(*counters), [3, 2, 2], block_size=4)
+    assert result["tail_shortened_from_step"] == 2 and result["equal"] is equal
+
+
+def test_without_max_tokens_another_step_count_is_unequal():
+    result = online.compare_request(tail_counters(4, 5, [1, 1, 1, 1], max_tokens=None), [3, 2, 2], block_size=4)
+    assert result["tail_shortened_from_step"] is None and not result["equal"]
