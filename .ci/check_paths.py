@@ -27,7 +27,7 @@ TOP_FILES = ("config.yaml", "Snakefile", "pyproject.toml")
 GENERATED = ("results/", ".snakemake/", "resources/demo/")
 CODE_DIRS = ("src", "tests", "benchmarks", "workflow", ".ci")
 CODE_SUFFIXES = {".py", ".smk", ".yaml", ".yml", ".rst", ".sh", ".toml", ".json", ".md", ""}
-SKIP_DIRS = {"__pycache__", ".pytest_cache", ".ruff_cache", "results"}  # benchmarks/results: dated records, not read
+SKIP_DIRS = {"__pycache__", ".pytest_cache", ".ruff_cache", "results", "dflash_eval.egg-info"}  # egg-info: pip writes it  # benchmarks/results: dated records, not read
 
 # pattern (matched against the whole path) -> why it is not a path of this repository
 ALLOW: dict[str, str] = {

@@ -23,8 +23,8 @@ from dflash_eval.cache.reuse import kept_dir
 from dflash_eval.cache.store import HiddenCache
 from dflash_eval.extract import stage as extract_stage
 from dflash_eval.server.control import ServerController
-from tests.cache.test_resume import Counting, _settings
-from tests.extract.test_stage_faults import _records, _same_states, _states, _write
+
+from tests.support.extract_runs import Counting, assert_same_states, cache_states, extract_settings, tiny_records, write_records
 from tests.support import servers as hs
 from tests.support.tiny import tiny_target
 
@@ -64,14 +64,14 @@ def test_a_server_killed_as_it_comes_back_costs_the_extraction_nothing(target_di
     ctl = ServerController(server)
     try:
         ctl.ensure_up()
-        completions = _write(tmp_path / "c.jsonl", _records(LENGTHS))
+        completions = write_records(tmp_path / "c.jsonl", tiny_records(LENGTHS))
         out = tmp_path / "hidden"
         killed: list[int] = []
         watcher = threading.Thread(target=_kill_the_relaunch, args=(log_dir, killed))
         watcher.start()
         counter = Counting(monkeypatch)
         with caplog.at_level("INFO"):
-            path = extract_stage.extract(_settings(target_dir, server=server), completions, out)
+            path = extract_stage.extract(extract_settings(target_dir, server=server), completions, out)
         watcher.join()
         assert killed and counter.calls == len(LENGTHS)
 
@@ -90,13 +90,13 @@ def test_a_server_killed_as_it_comes_back_costs_the_extraction_nothing(target_di
         assert not ctl.is_healthy()
 
         # a job killed during the restore would have lost `out` to Snakemake: the rerun copies, computes nothing
-        before = _states(out)
+        before = cache_states(out)
         shutil.rmtree(out)
         counter = Counting(monkeypatch)
         monkeypatch.setattr(extract_stage, "load_target", lambda *a, **k: pytest.fail("target loaded"))
-        extract_stage.extract(_settings(target_dir, server=server), completions, out)
+        extract_stage.extract(extract_settings(target_dir, server=server), completions, out)
         assert counter.calls == 0
-        _same_states(_states(out), before)
+        assert_same_states(cache_states(out), before)
 
         # the restore is retried by `server up` (or the next fetch or extraction)
         assert cli.main(["server", "up", "--settings", json.dumps(server)]) == 0

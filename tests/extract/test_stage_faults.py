@@ -9,7 +9,6 @@ everything; its states must be bit-identical to a fresh extraction's.
 from __future__ import annotations
 
 import json
-import random
 import shutil
 
 import pytest
@@ -19,7 +18,8 @@ from dflash_eval import cli
 from dflash_eval.cache.reuse import kept_dir
 from dflash_eval.cache.store import HiddenCache
 from dflash_eval.extract import stage as extract_stage
-from tests.support.extract_runs import Counting, extract_settings
+from tests.support.extract_runs import (Counting, assert_same_states, cache_states, extract_settings, tiny_records,
+                                     write_records)
 from tests.support.tiny import tiny_target
 
 LENGTHS = [7, 5, 9, 4, 12, 3, 6, 8, 2, 5]
@@ -32,52 +32,20 @@ def target_dir(tmp_path_factory):
     return path
 
 
-def _records(lengths, seed=0):
-    rng = random.Random(seed)
-    records = []
-    for index, length in enumerate(lengths):
-        ids = [rng.randrange(2, 290) for _ in range(length)]
-        records.append({"id": f"s{index}", "prompt_token_ids": ids[:2], "completion_token_ids": ids[2:],
-                        "completion_ids_source": "server", "token_check": {}})
-    return records
-
-
-def _write(path, records):
-    path.write_text("".join(json.dumps(r) + "\n" for r in records))
-    return path
-
-
-def _states(out):
-    """Every sample's states, copied out of the shards (a slice may map the file, which a test then changes)."""
-    cache = HiddenCache(out)
-    loaded = {s["id"]: cache.load_sample(s["id"]) for s in cache.samples}
-    for states in loaded.values():
-        states.features, states.argmax, states.input_ids = (t.clone() for t in (states.features, states.argmax,
-                                                                                   states.input_ids))
-    return loaded
-
-
-def _same_states(a, b):
-    assert a.keys() == b.keys()
-    for key in a:
-        assert torch.equal(a[key].features, b[key].features) and torch.equal(a[key].argmax, b[key].argmax)
-        assert torch.equal(a[key].input_ids, b[key].input_ids) and a[key].prompt_len == b[key].prompt_len
-
-
 def test_a_rerun_after_snakemake_removed_the_cache_computes_only_new_or_changed_samples(
         target_dir, tmp_path, monkeypatch, caplog):
-    records = _records(LENGTHS)
-    completions = _write(tmp_path / "c.jsonl", records)
+    records = tiny_records(LENGTHS)
+    completions = write_records(tmp_path / "c.jsonl", records)
     out = tmp_path / "hidden"
     extract_stage.extract(extract_settings(target_dir), completions, out)
     assert kept_dir(out).is_dir() and all(
         (kept_dir(out) / f.name).samefile(f) for f in out.iterdir()), "kept as hard links of the published cache"
 
     # one prompt appended, one completion changed, and another shard_tokens: only those two run the target
-    changed = records + _records([6], seed=9)[0:1]
+    changed = records + tiny_records([6], seed=9)[0:1]
     changed[-1]["id"] = "new"
     changed[3] = {**changed[3], "completion_token_ids": changed[3]["completion_token_ids"][:-1] + [7]}
-    completions = _write(tmp_path / "c.jsonl", changed)
+    completions = write_records(tmp_path / "c.jsonl", changed)
     shutil.rmtree(out)  # what Snakemake does before it reruns the job
     counter = Counting(monkeypatch)
     with caplog.at_level("INFO"):
@@ -86,8 +54,8 @@ def test_a_rerun_after_snakemake_removed_the_cache_computes_only_new_or_changed_
     assert "9 of the 11 samples still to do have unchanged token ids" in caplog.text
     assert HiddenCache(out).manifest["reused_samples"] == 9
     fresh = tmp_path / "fresh"
-    extract_stage.extract(extract_settings(target_dir, shard_tokens=7), _write(tmp_path / "f.jsonl", changed), fresh)
-    _same_states(_states(out), _states(fresh))
+    extract_stage.extract(extract_settings(target_dir, shard_tokens=7), write_records(tmp_path / "f.jsonl", changed), fresh)
+    assert_same_states(cache_states(out), cache_states(fresh))
 
     # nothing changed but the layout: no model, no server pause
     shutil.rmtree(out)
@@ -96,15 +64,15 @@ def test_a_rerun_after_snakemake_removed_the_cache_computes_only_new_or_changed_
     with caplog.at_level("INFO"):
         extract_stage.extract(extract_settings(target_dir, shard_tokens=13), completions, out)
     assert "no forward needed" in caplog.text and "no inference server is paused" not in caplog.text
-    _same_states(_states(out), _states(fresh))
+    assert_same_states(cache_states(out), cache_states(fresh))
 
 
 def test_a_damaged_kept_shard_is_computed_again_and_other_inputs_reuse_nothing(
         target_dir, tmp_path, monkeypatch, caplog):
-    completions = _write(tmp_path / "c.jsonl", _records(LENGTHS))
+    completions = write_records(tmp_path / "c.jsonl", tiny_records(LENGTHS))
     out = tmp_path / "hidden"
     extract_stage.extract(extract_settings(target_dir), completions, out)
-    clean = _states(out)
+    clean = cache_states(out)
     kept_shard = kept_dir(out) / "shard_00004.safetensors"  # sample s4 alone (longer than a shard)
     data = bytearray(kept_shard.read_bytes())
     data[-5] ^= 0xFF
@@ -114,7 +82,7 @@ def test_a_damaged_kept_shard_is_computed_again_and_other_inputs_reuse_nothing(
     with caplog.at_level("INFO"):
         extract_stage.extract(extract_settings(target_dir), completions, out)
     assert counter.calls == 1 and "shard_00004.safetensors: damaged" in caplog.text
-    _same_states(_states(out), clean)
+    assert_same_states(cache_states(out), clean)
 
     shutil.rmtree(out)  # other settings (no argmax stored) make another state key: nothing is reused
     counter = Counting(monkeypatch)
@@ -123,15 +91,15 @@ def test_a_damaged_kept_shard_is_computed_again_and_other_inputs_reuse_nothing(
 
 
 def test_a_kept_cache_under_the_other_last_layer_convention_is_recomputed(target_dir, tmp_path, monkeypatch):
-    completions = _write(tmp_path / "c.jsonl", _records(LENGTHS))
+    completions = write_records(tmp_path / "c.jsonl", tiny_records(LENGTHS))
     out, taps_last = tmp_path / "hidden", [0, 3]  # the tiny target has 4 layers: 3 is the last
     extract_stage.extract(extract_settings(target_dir, layer_ids=taps_last, last_layer="final_norm"), completions, out)
-    final_norm = _states(out)
+    final_norm = cache_states(out)
     shutil.rmtree(out)  # same completions, the other convention: the last layer's states are other values
     counter = Counting(monkeypatch)
     extract_stage.extract(extract_settings(target_dir, layer_ids=taps_last, last_layer="pre_norm"), completions, out)
     assert counter.calls == len(LENGTHS) and HiddenCache(out).manifest["reused_samples"] == 0
-    pre_norm = _states(out)
+    pre_norm = cache_states(out)
     hidden = HiddenCache(out).manifest["target"]["hidden_size"]  # features: [T, layer 0 | layer 3]
     for key in final_norm:
         first, last = final_norm[key].features.split(hidden, dim=-1), pre_norm[key].features.split(hidden, dim=-1)
@@ -144,7 +112,7 @@ def test_a_rerun_that_loads_no_target_keeps_the_kept_serving_profile(target_dir,
 
     measured = {"t_ar_ms": 1.5, "t_verify_ms": {"1": 1.5, "8": 2.0}, "device": "cpu", "context_tokens": 16}
     monkeypatch.setattr(profile, "measure_target", lambda *a, **k: measured)  # the timing itself: extract/profile
-    completions = _write(tmp_path / "c.jsonl", _records(LENGTHS))
+    completions = write_records(tmp_path / "c.jsonl", tiny_records(LENGTHS))
     out, timed = tmp_path / "hidden", {"measure": True, "context_tokens": 16, "repeats": 1}
     extract_stage.extract(extract_settings(target_dir, speedup=timed), completions, out)
     written = (out / PROFILE_NAME).read_bytes()
@@ -165,7 +133,7 @@ def test_a_rerun_that_loads_no_target_keeps_the_kept_serving_profile(target_dir,
 
 
 def test_bad_hand_written_settings_are_named_not_raised(target_dir, tmp_path):
-    completions = _write(tmp_path / "c.jsonl", _records(LENGTHS[:2]))
+    completions = write_records(tmp_path / "c.jsonl", tiny_records(LENGTHS[:2]))
     log = tmp_path / "extract.log"
     settings = {**extract_settings(target_dir), "layer_ids": None}
     argv = ["--log", str(log), "extract", "--settings", json.dumps(settings), "--completions", str(completions),

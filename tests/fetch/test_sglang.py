@@ -3,18 +3,17 @@ against the demo server (dflash_eval.demo.server) speculating for real with a ti
 
 from __future__ import annotations
 
-import importlib.util
 import json
-import os
 import sys
 from pathlib import Path
 
 import pytest
 import torch
 
-from dflash_eval.demo.server import spec_counters
-from dflash_eval.demo.sglang_protocol import PROTOCOL_FIELDS, wheel_fields
+from dflash_eval.demo.server import sglang_steps, spec_counters
+from dflash_eval.demo.sglang_protocol import PROTOCOL_FIELDS, SERVER_INFO, unknown_fields, wheel_fields
 from dflash_eval.fetch import sglang
+from dflash_eval.report import online as online_panel
 from dflash_eval.fetch import stage as fetch
 from dflash_eval.server.control import ServerController
 from dflash_eval.bench import fixtures
@@ -23,27 +22,9 @@ from tests.support import servers as hs
 BLOCK = 4
 
 
-def sglang_srt() -> Path | None:
-    """An SGLang 0.5.23 source tree: $DFLASH_EVAL_SGLANG_SRC, else an installed wheel (`pip install --no-deps
-    sglang==0.5.23`; its modules are not imported, they need SGLang's own dependencies)."""
-    if os.environ.get("DFLASH_EVAL_SGLANG_SRC"):
-        return Path(os.environ["DFLASH_EVAL_SGLANG_SRC"])
-    spec = importlib.util.find_spec("sglang")
-    if spec is None or not spec.submodule_search_locations:
-        return None
-    return Path(next(iter(spec.submodule_search_locations))) / "srt"
-
-
-def test_field_names_equal_sglang_0_5_23_source():
+def test_field_names_equal_sglang_0_5_23_source(sglang_srt):
     """The snapshot the demo server and these tests use is what SGLang 0.5.23's source defines."""
-    srt = sglang_srt()
-    if srt is None or not (srt / "entrypoints/openai/protocol.py").is_file():
-        pytest.skip("SGLang's source is not installed: pip install --no-deps sglang==0.5.23 (or set DFLASH_EVAL_SGLANG_SRC)")
-    version_file = srt.parent / "_version.py"  # written by the wheel's build
-    version = version_file.read_text() if version_file.is_file() else ""
-    if "'0.5.23'" not in version and '"0.5.23"' not in version:
-        pytest.skip(f"installed SGLang is not 0.5.23: {version.strip()}")
-    assert wheel_fields(srt) == PROTOCOL_FIELDS
+    assert wheel_fields(sglang_srt) == PROTOCOL_FIELDS
 
 
 def test_fetch_asks_and_reads_only_fields_sglang_defines():
@@ -97,7 +78,7 @@ def served(tmp_path_factory):
     drafter = tiny_drafter_dir(target, base / "drafter")
     port = fixtures.free_port()
     command = (f"OMP_NUM_THREADS=1 exec {sys.executable} -m dflash_eval.cli demo-server "
-               f"--model-path {target} --port {port} --speculative-algorithm DFLASH "
+               f"--model-path {target} --port {port} --speculative-algorithm dflash "  # upper-cased, as SGLang does
                f"--speculative-draft-model-path {drafter} --speculative-num-draft-tokens {BLOCK}")
     settings = {"kind": "managed", "base_url": f"http://127.0.0.1:{port}", "model": None, "command": command,
                 "health_timeout_s": 120.0, "stop_grace_s": 5.0, "log_dir": str(base / "logs")}
@@ -129,12 +110,14 @@ def test_fetch_records_the_servers_ids_and_counters_on_both_endpoints(served, en
         assert record["token_check"] == {"prompt_tokens_match": True, "completion_tokens_match": True}
         assert record["server"]["speculative"] == {
             "speculative_algorithm": "DFLASH", "speculative_draft_model_path": str(served["drafter"]),
-            "speculative_num_draft_tokens": BLOCK, "speculative_num_steps": None, "speculative_eagle_topk": None,
+            "speculative_num_draft_tokens": BLOCK, "speculative_num_steps": 1, "speculative_eagle_topk": 1,
             "version": "0.5.23"}
-        steps, output = online_acceptance(drafter, target, record["prompt_token_ids"], 12, [eos], block_size=BLOCK)
-        assert record["completion_token_ids"] == output[len(record["prompt_token_ids"]):]
-        assert record["spec"] == {k: v for k, v in spec_counters(steps, len(output) - len(record["prompt_token_ids"]),
-                                                                  BLOCK).items()}
+        prompt = record["prompt_token_ids"]
+        _, output = online_acceptance(drafter, target, prompt, 12, [eos], block_size=BLOCK)
+        assert record["completion_token_ids"] == output[len(prompt):]
+        long_steps, long_output = online_acceptance(drafter, target, prompt, 12 + BLOCK, [eos], block_size=BLOCK)
+        steps = sglang_steps(long_steps, len(record["completion_token_ids"]))  # SGLang's full-block tail
+        assert record["spec"] == spec_counters(steps, len(record["completion_token_ids"]), BLOCK)
         assert record["spec"]["spec_verify_ct"] == len(steps)
         assert record["spec"]["spec_accept_length"] * len(steps) == pytest.approx(len(record["completion_token_ids"]))
 
@@ -163,3 +146,139 @@ def test_native_generate_answers_output_ids_and_meta_info(served):
     assert meta["completion_tokens"] == len(answer["output_ids"]) and meta["finish_reason"]["type"] in ("stop", "length")
     if "spec_verify_ct" in meta:
         assert meta["spec_accept_length"] == pytest.approx(meta["completion_tokens"] / meta["spec_verify_ct"])
+
+
+def _resolutions(source: Path, function: str) -> dict[str, list[str]]:
+    """Each keyword of the declare_resolution calls in `function` of an SGLang source file, with its value's source."""
+    import ast
+
+    tree = ast.parse(source.read_text(encoding="utf-8"))
+    node = next(n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name == function)
+    out: dict[str, list[str]] = {}
+    calls = [c for c in ast.walk(node) if isinstance(c, ast.Call) and getattr(c.func, "id", None) == "declare_resolution"]
+    for call in sorted(calls, key=lambda c: c.lineno):  # in source order
+        for keyword in call.keywords:
+            out.setdefault(keyword.arg, []).append(ast.unparse(keyword.value))
+    return out
+
+
+def test_the_demo_servers_speculative_resolution_is_0_5_23s(sglang_srt):
+    """What the demo server's /get_server_info reports for DFLASH (upper-cased algorithm, num_steps and
+    eagle_topk 1) is what 0.5.23's arg hooks resolve (arg_groups/speculative_hook.py)."""
+    hook = sglang_srt / "arg_groups/speculative_hook.py"
+    # upper-cased first; the alias pass after it renames only NEXTN/EAGLE (_resolve_speculative_algorithm_alias)
+    assert _resolutions(hook, "handle_speculative_decoding")["speculative_algorithm"][0] == \
+        "cfg.speculative_algorithm.upper()"
+    dflash = _resolutions(hook, "_handle_dflash")
+    assert set(dflash["speculative_num_steps"]) == {"1"} and set(dflash["speculative_eagle_topk"]) == {"1"}
+
+
+def test_another_sglang_version_is_a_warning_naming_both(caplog):
+    sglang.check_version("0.5.23", "http://x")
+    assert not caplog.records
+    sglang.check_version("0.6.0", "http://x")
+    assert "SGLang 0.6.0" in caplog.text and "SGLang 0.5.23 only (docs/sglang_protocol.md)" in caplog.text
+
+
+# What each name that holds a server answer in fetch holds: the SGLang models whose fields may be read from it.
+ANSWERS = {
+    "resp": ("CompletionResponse", "ChatCompletionResponse"), "response": ("CompletionResponse", "ChatCompletionResponse"),
+    "choice": ("CompletionResponseChoice", "ChatCompletionResponseChoice"), "message": ("ChatMessage",),
+    "usage": ("UsageInfo",), "details": ("SpecTokensDetails",), "meta": ("ModelInfo",), "m": ("ModelCard",),
+    "info": SERVER_INFO, "models": ("ModelList",), "sglext": ("SglExt",),
+}
+
+
+def fields_read(path: Path) -> dict[str, set[str]]:
+    """Per answer name of ANSWERS, the string keys fetch reads from it: `name["key"]`, `name.get("key")`, and
+    `(name.get("key") or {})` chains (the key read from the inner answer is attributed to the key's model)."""
+    import ast
+
+    out: dict[str, set[str]] = {}
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if isinstance(node, ast.Subscript) and isinstance(node.value, ast.Name) and isinstance(node.slice, ast.Constant):
+            name, key = node.value.id, node.slice.value
+        elif (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "get"
+              and isinstance(node.func.value, ast.Name) and node.args and isinstance(node.args[0], ast.Constant)):
+            name, key = node.func.value.id, node.args[0].value
+        else:
+            continue
+        if name in ANSWERS and isinstance(key, str):
+            out.setdefault(name, set()).add(key)
+    return out
+
+
+def test_every_response_field_fetch_reads_is_in_the_snapshot():
+    """Renaming an SGLang field fetch reads (or misspelling it) fails here, on both endpoints and the probes."""
+    import dflash_eval.fetch.stage
+
+    read: dict[str, set[str]] = {}
+    for module in (sglang, dflash_eval.fetch.stage):
+        for name, keys in fields_read(Path(module.__file__)).items():
+            read.setdefault(name, set()).update(keys)
+    read.setdefault("info", set()).update(sglang.SPEC_SETTINGS, {"version"})
+    read.setdefault("details", set()).update(sglang.SPEC_COUNTERS)
+    read.setdefault("choice", set()).update({"token_ids", "response_token_ids"})  # completion_token_ids' loop
+    for name, keys in read.items():
+        assert not unknown_fields(dict.fromkeys(keys), *ANSWERS[name]), name
+    # not vacuous: the scan finds what fetch is known to read
+    assert {"choices", "usage", "sglext"} <= read["resp"] | read["response"] and {"message", "prompt_token_ids", "matched_stop"} <= read["choice"]
+    assert {"model_path", "weight_version"} <= read["meta"] and "id" in read["m"]
+
+
+def test_the_snapshot_has_what_fetch_needs():
+    """The other direction: the fields fetch depends on are SGLang's (a snapshot losing one fails here)."""
+    assert set(sglang.SPEC_SETTINGS) <= {f for model in SERVER_INFO for f in PROTOCOL_FIELDS[model]}
+    assert "version" in PROTOCOL_FIELDS["ServerInfo"] and "api_key" in PROTOCOL_FIELDS["Serving"]
+
+
+def sglang_tail_counters(steps_long: list[int], output_long: list[int], prompt_len: int, max_tokens: int,
+                         block_size: int) -> tuple[dict, list[int]]:
+    """report.online's counters of SGLang's run for `max_tokens`, from a full-block run with budget to spare,
+    cut as the demo server cuts it (sglang_steps), and the completion."""
+    completion = output_long[prompt_len:][:max_tokens]
+    taken = sglang_steps(steps_long, len(completion))
+    return {"verify_ct": len(taken), "completion_tokens": len(completion), "correct_drafts": sum(taken) - len(taken),
+            "histogram": online_panel.drafts_histogram(taken), "accept_length": len(completion) / max(1, len(taken)),
+            "block_size": block_size, "draft_model": None, "max_tokens": max_tokens}, completion
+
+
+def test_sglang_steps_by_hand():
+    # steps 3, 4, 2, 4 of a run with budget to spare; 8 tokens wanted: 1 (prefill) + 3 + 4 reaches 8 in two steps
+    assert sglang_steps([3, 4, 2, 4], 8) == [3, 4]
+    assert sglang_steps([3, 4, 2, 4], 9) == [3, 4, 2]  # 8 < 9: a third step, counted whole though 1 token is kept
+    assert sglang_steps([3, 4], 1) == []  # stopped at the prefill token
+
+
+def test_the_max_tokens_tail_full_blocks_against_shortened_ones(tmp_path, record_property):
+    """SGLang verifies full blocks and cuts at max_tokens; the reference loop (and evaluate) shortens the last
+    blocks. Emulated on the tiny target and drafter: the panel must judge every request equal, and this
+    measures how often the step counts differ."""
+    from transformers import AutoModelForCausalLM
+
+    from dflash_eval.demo.reference import online_acceptance
+    from dflash_eval.evaluate.drafter import load_drafter
+
+    target_dir = hs.build_tiny_target(tmp_path / "target")
+    target = AutoModelForCausalLM.from_pretrained(target_dir, dtype=torch.float32).eval()
+    drafter = load_drafter(tiny_drafter_dir(target_dir, tmp_path / "drafter")).model
+    stops = [target.generation_config.eos_token_id]
+    generator = torch.Generator().manual_seed(0)
+    judged = differ = shortened = 0
+    for _ in range(6):
+        prompt = torch.randint(3, target.config.vocab_size, (6,), generator=generator).tolist()
+        steps_long, output_long = online_acceptance(drafter, target, prompt, 16 + BLOCK, stops, block_size=BLOCK)
+        for max_tokens in range(5, 17):
+            steps, output = online_acceptance(drafter, target, prompt, max_tokens, stops, block_size=BLOCK)
+            counters, completion = sglang_tail_counters(steps_long, output_long, len(prompt), max_tokens, BLOCK)
+            if not steps or not counters["verify_ct"]:
+                continue  # stopped at the prefill token: no counters either side
+            assert output[len(prompt):] == completion  # greedy: the same tokens, only the steps may differ
+            result = online_panel.compare_request(counters, steps, BLOCK)
+            assert result["equal"], (prompt, max_tokens, steps, counters)
+            judged += 1
+            shortened += result["tail_shortened_from_step"] is not None
+            differ += counters["verify_ct"] != len(steps)
+    record_property("tail", {"requests": judged, "tail_shortened": shortened, "step_count_differs": differ})
+    print(f"\ntail: {judged} requests, {shortened} with a shortened tail, {differ} with another step count")
+    assert judged > 20 and shortened > 0

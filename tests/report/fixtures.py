@@ -108,15 +108,19 @@ TRANSITIONS = [  # one 60.5 s outage shared by two extractions, a pause while do
 ]
 
 
-def write_trust_inputs(root: Path) -> tuple[list[Path], list[Path], Path]:
-    """Completions, cache manifests and a transitions log as fetch, extract and the server hook write them."""
+def write_trust_inputs(root: Path, draft_path: str = "/srv/step-1000") -> tuple[list[Path], list[Path], Path]:
+    """Completions, cache manifests and a transitions log as fetch, extract and the server hook write them;
+    the server speculated with `draft_path` (not readable here: the report can compare its name only)."""
+    speculative = {"speculative_algorithm": "DFLASH", "speculative_draft_model_path": draft_path,
+                   "speculative_num_draft_tokens": 4, "speculative_num_steps": 1, "speculative_eagle_topk": 1,
+                   "version": "0.5.23"}
     completions = []
     for dataset, online in ONLINE.items():
         records = [{"id": str(i), "dataset": dataset, "completion_ids_source": "server" if i else "retokenized",
                     "token_check": {"prompt_tokens_match": not (dataset == "gsm8k" and i == 3),
                                     "completion_tokens_match": True},
                     "usage": {"completion_tokens": online[1]},
-                    "server": {"speculative": {"speculative_num_draft_tokens": 4}},
+                    "server": {"speculative": speculative},
                     "spec": {"spec_accept_length": online[1] / online[0], "spec_verify_ct": online[0],
                              "spec_num_correct_drafts": online[2], "spec_correct_drafts_histogram": online[3]}}
                    for i in range(10)]

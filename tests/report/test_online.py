@@ -69,3 +69,102 @@ def test_not_compared_says_why():
     assert not result["compared"] and "chain-B3" in result["why"]
     assert online.compare({}, None, 4, 0.05) == {**online.compare({}, None, 4, 0.05), "recorded": False}
     assert online.request_counters({"spec": None}) is None
+
+
+# ----- the served drafter -----
+
+SERVED = {"speculative_algorithm": "DFLASH", "speculative_draft_model_path": "/srv/step-1000",
+          "speculative_num_draft_tokens": 4}
+CHECKPOINT = {"path": "/ckpt/step-1000", "sha256": "ab" * 32}
+
+
+def never_hashed(path: str, checkpoint: dict) -> str:
+    raise AssertionError(f"{path} is not readable here: nothing to hash")
+
+
+def test_a_served_drafter_of_the_same_name_not_readable_here_is_unverified():
+    check = online.check_served_drafter([SERVED], CHECKPOINT, 4, allowed=False, differ=never_hashed)
+    assert (check["status"], check["refused"], check["problems"]) == ("unverified", False, [])
+    assert "weights unverified" in check["notes"][0]
+
+
+@pytest.mark.parametrize(("served", "says"), [
+    ({**SERVED, "speculative_draft_model_path": "/srv/step-2000"}, "not /ckpt/step-1000 (not readable here"),
+    ({**SERVED, "speculative_algorithm": "EAGLE"}, "speculates with 'EAGLE', not DFLASH"),
+    ({**SERVED, "speculative_draft_model_path": None}, "reports no speculative_draft_model_path"),
+])
+def test_another_served_drafter_is_a_mismatch_that_refuses_unless_allowed(served, says):
+    check = online.check_served_drafter([served], CHECKPOINT, 4, allowed=False, differ=never_hashed)
+    assert check["status"] == "mismatch" and check["refused"] and says in check["problems"][0]
+    allowed = online.check_served_drafter([served], CHECKPOINT, 4, allowed=True, differ=never_hashed)
+    assert allowed["status"] == "mismatch" and not allowed["refused"]
+
+
+def test_readable_served_weights_are_compared_by_sha256_then_by_tensors(tmp_path, monkeypatch):
+    """The served path is hashed as evaluate hashes a checkpoint (hashlib's digest of the file); where that
+    differs, the same tensors in another layout (.pt against a safetensors export) still verify."""
+    import hashlib
+
+    import torch
+    from safetensors.torch import save_file
+
+    monkeypatch.chdir(tmp_path)  # the fingerprint cache (.snakemake/) goes here, not into the checkout
+    tensors = {"fc.weight": torch.arange(6, dtype=torch.float32).reshape(2, 3), "norm.weight": torch.ones(3)}
+    served = tmp_path / "served.safetensors"
+    save_file(tensors, str(served))
+    digest = hashlib.sha256(served.read_bytes()).hexdigest()
+    setting = {**SERVED, "speculative_draft_model_path": str(served)}
+    same = online.check_served_drafter([setting], {"path": "/elsewhere/x", "sha256": digest}, 4, allowed=False)
+    assert same["status"] == "verified" and not same["problems"]  # another path, the same bytes
+    other = online.check_served_drafter([setting], CHECKPOINT, 4, allowed=False)
+    assert other["refused"] and f"(sha256 {digest[:12]}) are not /ckpt/step-1000's" in other["problems"][0]
+    pt = tmp_path / "step.pt"
+    torch.save({"model": {f"model.{k}": v for k, v in tensors.items()}}, pt)
+    exported = {"path": str(pt), "sha256": hashlib.sha256(pt.read_bytes()).hexdigest()}
+    assert online.check_served_drafter([setting], exported, 4, allowed=False)["status"] == "verified"
+    torch.save({"model": {**tensors, "norm.weight": torch.zeros(3)}}, pt)
+    changed = {"path": str(pt), "sha256": hashlib.sha256(pt.read_bytes()).hexdigest()}
+    check = online.check_served_drafter([setting], changed, 4, allowed=False)
+    assert check["refused"] and "their tensors differ" in check["problems"][0]
+
+
+def test_another_served_block_is_a_note_and_several_settings_a_mismatch():
+    check = online.check_served_drafter([{**SERVED, "speculative_num_draft_tokens": 8}], CHECKPOINT, 4,
+                                        allowed=False, differ=never_hashed)
+    assert check["status"] == "unverified" and "served at block 8, the drafter's own is 4" in check["notes"]
+    two = online.check_served_drafter([SERVED, {**SERVED, "speculative_num_draft_tokens": 8}], CHECKPOINT, 4,
+                                      allowed=False, differ=never_hashed)
+    assert two["refused"] and "2 different speculative settings" in two["problems"][0]
+    assert online.check_served_drafter([], CHECKPOINT, 4, allowed=False)["status"] == "unverified"
+
+
+# ----- the max_tokens tail -----
+
+def tail_counters(verify_ct: int, correct: int, histogram: list[int], max_tokens: int | None = 8) -> dict:
+    counters = online.request_counters(record(verify_ct, 8, correct, histogram))
+    return {**counters, "max_tokens": max_tokens}
+
+
+def test_the_first_block_max_tokens_shortened():
+    # max_tokens 8, B 4: a step verifies min(4, 8 - generated + 1) tokens; generated 1, 4, 6 before the steps
+    assert online.shortened_from([3, 2, 2], 4, 8) == 2        # 8 - 6 + 1 = 3 < 4
+    assert online.shortened_from([3, 4], 4, 8) is None        # 8 - 4 + 1 = 5: both blocks full
+    assert online.shortened_from([3, 2, 2], 4, None) is None  # max_tokens unknown: no tail rule
+
+
+@pytest.mark.parametrize(("counters", "equal"), [
+    ((3, 6, [0, 1, 1, 1]), True),    # full tail block accepted 3 drafts, 2 tokens kept: one step, as offline
+    ((4, 5, [1, 1, 1, 1]), True),    # the full block drafted worse: two tail steps (1 + 3 raw) for 2 tokens left
+    ((5, 4, [3, 1, 1]), False),      # three tail steps for 2 tokens left: each step makes at least one token
+    ((3, 9, [0, 0, 1, 2]), False),   # tail drafts 6 > one step x (B - 1)
+    ((4, 5, [2, 0, 1, 1]), False),   # the head's histogram ([0, 1, 1]: steps 3, 2) is not kept
+])
+def test_a_shortened_tail_is_judged_by_what_full_blocks_allow(counters, equal):
+    """Offline steps 3, 2, 2 for 8 tokens (1 from prefill): the third block was shortened to 3 tokens."""
+    result = online.compare_request(tail_counters(*counters), [3, 2, 2], block_size=4)
+    assert result["tail_shortened_from_step"] == 2 and result["equal"] is equal
+
+
+def test_without_max_tokens_another_step_count_is_unequal():
+    result = online.compare_request(tail_counters(4, 5, [1, 1, 1, 1], max_tokens=None), [3, 2, 2], block_size=4)
+    assert result["tail_shortened_from_step"] is None and not result["equal"]

@@ -81,3 +81,28 @@ def test_trust_json_is_the_panel_and_absent_inputs_say_not_recorded(out, tmp_pat
     markdown = (tmp_path / "summary.md").read_text()
     assert "Server transitions: not recorded." in markdown
     assert "| gsm8k | step-1000 | – | – | not recorded (no speculative counters in the completions) |" in markdown
+
+
+@pytest.mark.parametrize("allowed", [False, True])
+def test_a_server_speculating_with_another_drafter_is_flagged_and_refused_unless_allowed(tmp_path, allowed):
+    from tests.report.fixtures import SETTINGS, write_trust_inputs
+
+    hidden, completions, transitions = write_trust_inputs(tmp_path, draft_path="/srv/step-2000")
+    settings = {**SETTINGS, "allow_served_drafter_mismatch": allowed}
+    assert report.run(report_args(tmp_path, write_metrics(tmp_path), settings, hidden=hidden,
+                                  completions=completions, transitions=transitions)) == 0
+    gsm8k = json.loads((tmp_path / "trust.json").read_text())["online"]["gsm8k"]
+    assert gsm8k["served_drafter_check"]["status"] == "mismatch"
+    assert gsm8k["compared"] is allowed
+    markdown = (tmp_path / "summary.md").read_text()
+    assert "**Served drafter ≠ report.served_drafter**: gsm8k: the server speculates with /srv/step-2000" in markdown
+    row = next(line for line in section(markdown, "### Online vs offline").splitlines() if line.startswith("| gsm8k"))
+    if allowed:
+        assert "paired anyway" in markdown and "**⚠️ served drafter mismatch**" in row
+    else:
+        assert "not compared: the server does not serve report.served_drafter" in row
+
+
+def test_the_fixtures_server_speculates_with_the_served_drafters_name(out):
+    gsm8k = json.loads((out / "trust.json").read_text())["online"]["gsm8k"]
+    assert gsm8k["served_drafter_check"]["status"] == "unverified" and gsm8k["compared"]

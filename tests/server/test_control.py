@@ -21,59 +21,15 @@ from dflash_eval.server.control import ServerController, ServerError, server_pau
 from dflash_eval.server.http import port_open
 from dflash_eval.bench import fixtures
 from tests.support import servers as hs
-
-
-def transitions(log_dir: Path | str) -> list[str]:
-    path = Path(log_dir) / "transitions.jsonl"
-    return [json.loads(line)["event"] for line in path.read_text().splitlines()] if path.exists() else []
-
-
-@pytest.fixture
-def controllers():
-    """Controllers made by a test; whatever they launched is stopped afterwards (keep_running or not)."""
-    made: list[ServerController] = []
-    yield made
-    for ctl in made:
-        ServerController({**ctl.settings, "keep_running": False}).stop_if_launched()
-
-
-def make(controllers: list, settings: dict) -> ServerController:
-    ctl = ServerController(settings)
-    controllers.append(ctl)
-    return ctl
+from tests.support.server_control import entries, make, pauser, transitions
 
 
 # ----- helpers -----
 
 
-def entries(log_dir: Path | str) -> list[dict]:
-    path = Path(log_dir) / "transitions.jsonl"
-    return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
-
-
 def server_side(state: Path) -> list[str]:
     """What the tiny server itself recorded: `started` at each start, then each memory call."""
     return state.read_text().split() if state.exists() else []
-
-
-PAUSER = (
-    "import json, os, sys, time\n"
-    "from dflash_eval.server.control import server_paused\n"
-    "with server_paused(json.loads(sys.argv[1])):\n"
-    "    print('inside', flush=True)\n"
-    "    time.sleep(float(sys.argv[2]))\n"
-    "    while len(sys.argv) > 3 and not os.path.exists(sys.argv[3]):\n"
-    "        time.sleep(0.05)\n"
-    "print('done', flush=True)\n"
-)
-
-
-def pauser(settings: dict, seconds: float, until: Path | None = None) -> subprocess.Popen:
-    """A separate process that holds the server paused for `seconds` (and then until the file `until`
-    exists), as an extraction job does."""
-    args = [str(seconds)] + ([str(until)] if until else [])
-    return subprocess.Popen([sys.executable, "-c", PAUSER, json.dumps(settings), *args],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
 
 def background_commands(tmp_path: Path, port: int, *flags: str) -> dict:

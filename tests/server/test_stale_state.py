@@ -9,7 +9,7 @@ import subprocess
 import sys
 
 from dflash_eval.server.control import ServerController
-from tests.server.test_control import controllers, entries, make, pauser, transitions  # noqa: F401 (fixture)
+from tests.support.server_control import entries, make, pauser, transitions
 from tests.support import servers as hs
 
 LAUNCH_AS_A_RUN = (

@@ -1,6 +1,13 @@
 """Settings of the extract stage on a tiny target, and a counter of the forwards it runs (optionally
-interrupting one): shared by the cache resume and extract fault tests."""
+interrupting one), and tiny completions and the states a cache holds: shared by the cache resume and extract fault
+tests."""
 
+import json
+import random
+
+import torch
+
+from dflash_eval.cache.store import HiddenCache
 from dflash_eval.extract import stage as extract_stage
 
 LAYERS = [0, 2]
@@ -28,3 +35,35 @@ class Counting:
             self.calls += 1
             return original(*args, **kwargs)
         monkeypatch.setattr(extract_stage, "capture_layers", capture)
+
+
+def tiny_records(lengths, seed=0):
+    rng = random.Random(seed)
+    records = []
+    for index, length in enumerate(lengths):
+        ids = [rng.randrange(2, 290) for _ in range(length)]
+        records.append({"id": f"s{index}", "prompt_token_ids": ids[:2], "completion_token_ids": ids[2:],
+                        "completion_ids_source": "server", "token_check": {}})
+    return records
+
+
+def write_records(path, records):
+    path.write_text("".join(json.dumps(r) + "\n" for r in records))
+    return path
+
+
+def cache_states(out):
+    """Every sample's states, copied out of the shards (a slice may map the file, which a test then changes)."""
+    cache = HiddenCache(out)
+    loaded = {s["id"]: cache.load_sample(s["id"]) for s in cache.samples}
+    for states in loaded.values():
+        states.features, states.argmax, states.input_ids = (t.clone() for t in (states.features, states.argmax,
+                                                                                   states.input_ids))
+    return loaded
+
+
+def assert_same_states(a, b):
+    assert a.keys() == b.keys()
+    for key in a:
+        assert torch.equal(a[key].features, b[key].features) and torch.equal(a[key].argmax, b[key].argmax)
+        assert torch.equal(a[key].input_ids, b[key].input_ids) and a[key].prompt_len == b[key].prompt_len

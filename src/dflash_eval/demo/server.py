@@ -2,7 +2,12 @@
 
 Run: `dflash-eval demo-server --model-path DIR --port P
 [--speculative-algorithm DFLASH --speculative-draft-model-path DIR [--speculative-num-draft-tokens B]]
-[--served-model-name NAME]` (SGLang's own launch flags for these settings).
+[--served-model-name NAME] [--api-key KEY]` (SGLang's own launch flags for these settings).
+
+With `--api-key`, every route but those starting /health, /ready or /metrics wants `Authorization: Bearer KEY`
+(scheme case-insensitive) and answers 401 `{"error": "Unauthorized"}` otherwise, as SGLang 0.5.23's
+middleware does with an api key and no admin key (utils/auth.py, decide_request_auth and
+add_api_key_middleware; release/resume are ADMIN_OPTIONAL there, which with only an api key wants that key).
 
 Endpoints, as SGLang 0.5.23 answers them (docs/sglang_protocol.md): GET /health, /health_generate,
 /v1/models, /get_model_info, /model_info, /get_server_info, /server_info; POST /v1/completions,
@@ -17,15 +22,18 @@ target's cache (reference.exact_target_rollback, as SGLang's per-token states gi
 `--speculative-num-draft-tokens` tokens (default: the drafter's own), and the counters are computed as
 SGLang computes them from its steps: `spec_verify_ct` = steps, `spec_num_correct_drafts` = accepted draft
 tokens (bonus excluded), the histogram of accepted drafts per step, `spec_num_proposed_drafts` =
-steps x (B - 1), `spec_accept_length` = completion tokens / steps. One difference, stated: SGLang counts
-a last step's accepted drafts before cutting the output at the stop token or max_tokens, while the
-reference loop verifies a shortened last block and cuts the step; here the last step counts as the loop
-cut it, so `spec_num_correct_drafts` can be up to B - 1 lower than a real SGLang's on the same tokens.
+steps x (B - 1), `spec_accept_length` = completion tokens / steps. The max_tokens tail as SGLang's: its DFlash
+worker always verifies full blocks and cuts the output afterwards (speculative/dflash_worker_v2.py,
+managers/schedule_batch.py), where the reference loop shortens the blocks that would run past max_tokens; so
+the loop runs with B tokens to spare (every block that starts before max_tokens full) and is cut as SGLang
+cuts (sglang_steps), the last step's drafts counted raw. One difference remains, stated: at a stop token the
+loop cuts the last step, so there `spec_num_correct_drafts` can be up to B - 1 lower than a real SGLang's.
 """
 
 from __future__ import annotations
 
 import argparse
+import hmac
 import json
 import sys
 import threading
@@ -34,10 +42,20 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
-from dflash_eval.demo.sglang_protocol import unknown_fields
+from dflash_eval.demo.sglang_protocol import SERVER_INFO, VERSION, check_fields, unknown_fields
 from dflash_eval.extract.backends import bind_backend
 
-SGLANG_VERSION = "0.5.23"
+
+def sglang_steps(steps: list[int], completion_tokens: int) -> list[int]:
+    """The verification steps SGLang runs for a completion of `completion_tokens` (the first from prefill), from
+    a full-block run that went further: steps until the output reaches that length, each counted whole."""
+    taken, generated = [], 1
+    for step in steps:
+        if generated >= completion_tokens:
+            break
+        taken.append(step)
+        generated += step
+    return taken
 
 
 def spec_counters(steps: list[int], completion_tokens: int, block_size: int) -> dict[str, Any] | None:
@@ -90,10 +108,12 @@ class Engine:
 
         with self.lock, torch.no_grad():
             if self.drafter is not None:
-                steps, output = online_acceptance(self.drafter, self.target, prompt_ids, max_new_tokens,
-                                                  self.stops, block_size=self.block_size)
-                completion = output[len(prompt_ids):]
-                return completion, spec_counters(steps, len(completion), self.block_size)
+                steps, output = online_acceptance(self.drafter, self.target, prompt_ids,
+                                                  max_new_tokens + self.block_size, self.stops,
+                                                  block_size=self.block_size)  # full blocks up to max_new_tokens
+                completion = output[len(prompt_ids):][:max_new_tokens]
+                return completion, spec_counters(sglang_steps(steps, len(completion)), len(completion),
+                                                 self.block_size)
             ids, cache, completion = torch.tensor([prompt_ids]), None, []
             while len(completion) < max_new_tokens:
                 out = self.target(ids, past_key_values=cache, use_cache=True)
@@ -105,13 +125,24 @@ class Engine:
             return completion, None
 
     def server_info(self) -> dict[str, Any]:
-        a = self.args
+        """The resolved server args as 0.5.23 reports them: the algorithm upper-cased, and for DFLASH
+        num_steps and eagle_topk resolved to 1 (arg_groups/speculative_hook.py, handle_speculative_decoding
+        and _handle_dflash); the block the server really serves as speculative_num_draft_tokens."""
+        a, speculates = self.args, self.drafter is not None
         return {"model_path": a.model_path, "tokenizer_path": a.tokenizer_path or a.model_path,
                 "served_model_name": a.served_model_name or a.model_path, "host": a.host, "port": a.port,
-                "speculative_algorithm": a.speculative_algorithm if self.drafter is not None else None,
+                "speculative_algorithm": a.speculative_algorithm.upper() if speculates else None,
                 "speculative_draft_model_path": a.speculative_draft_model_path,
-                "speculative_num_draft_tokens": self.block_size, "speculative_num_steps": None,
-                "speculative_eagle_topk": None, "version": SGLANG_VERSION, "frontend": "python"}
+                "speculative_num_draft_tokens": self.block_size, "speculative_num_steps": 1 if speculates else None,
+                "speculative_eagle_topk": 1 if speculates else None, "version": VERSION, "frontend": "python"}
+
+
+def authorized(path: str, header: str | None, key: str | None) -> bool:
+    """SGLang's decision for a normal route with only --api-key set: the key as a Bearer token, probes exempt."""
+    if key is None or path.startswith(("/health", "/ready", "/metrics")):
+        return True
+    scheme, _, token = (header or "").partition(" ")
+    return scheme.lower() == "bearer" and hmac.compare_digest(token, key)
 
 
 def finish(completion: list[int], stops: list[int], max_tokens: int) -> dict[str, Any]:
@@ -140,25 +171,44 @@ class Handler(BaseHTTPRequestHandler):
         raw = self.rfile.read(int(self.headers.get("Content-Length") or 0))
         return json.loads(raw) if raw.strip() else {}
 
+    def refused_key(self) -> bool:
+        """Answer 401 as SGLang does when the route wants the key and the request lacks it."""
+        if authorized(self.path.split("?", 1)[0], self.headers.get("Authorization"), self.engine.args.api_key):
+            return False
+        self.rfile.read(int(self.headers.get("Content-Length") or 0))  # keep the connection's framing
+        self.send(401, {"error": "Unauthorized"})
+        return True
+
     def do_GET(self) -> None:  # http.server's name
-        engine, path = self.engine, self.path.split("?", 1)[0]
+        if self.refused_key():
+            return
+        try:
+            self.send(*self.get(self.path.split("?", 1)[0]))
+        except ValueError as error:  # an answer with a field SGLang does not define: this server's own bug
+            self.send(500, {"error": str(error)})
+
+    def get(self, path: str) -> tuple[int, dict[str, Any]]:
+        """A GET route's answer, every key checked against SGLang's own (sglang_protocol.check_fields)."""
+        engine = self.engine
         name = engine.args.served_model_name or engine.args.model_path
         if path in ("/health", "/health_generate"):
-            self.send(503 if engine.released else 200, {})
-        elif path == "/v1/models":
-            self.send(200, {"object": "list", "data": [{"id": name, "object": "model", "created": int(time.time()),
-                                                        "owned_by": "sglang", "root": name, "parent": None,
-                                                        "max_model_len": 4096}]})
-        elif path in ("/get_model_info", "/model_info"):
-            self.send(200, {"model_path": engine.args.model_path, "served_model_name": name,
-                            "tokenizer_path": engine.args.tokenizer_path or engine.args.model_path,
-                            "is_generation": True, "weight_version": "default", "model_type": "qwen3_5_text"})
-        elif path in ("/get_server_info", "/server_info"):
-            self.send(200, engine.server_info())
-        else:
-            self.send(404, {"detail": "Not Found"})
+            return 503 if engine.released else 200, {}
+        if path == "/v1/models":
+            card = check_fields({"id": name, "object": "model", "created": int(time.time()), "owned_by": "sglang",
+                                 "root": name, "parent": None, "max_model_len": 4096}, "ModelCard")
+            return 200, check_fields({"object": "list", "data": [card]}, "ModelList")
+        if path in ("/get_model_info", "/model_info"):
+            return 200, check_fields({"model_path": engine.args.model_path, "served_model_name": name,
+                                      "tokenizer_path": engine.args.tokenizer_path or engine.args.model_path,
+                                      "is_generation": True, "weight_version": "default",
+                                      "model_type": "qwen3_5_text"}, "ModelInfo")
+        if path in ("/get_server_info", "/server_info"):
+            return 200, check_fields(engine.server_info(), *SERVER_INFO)
+        return 404, {"detail": "Not Found"}
 
     def do_POST(self) -> None:
+        if self.refused_key():
+            return
         path = self.path.split("?", 1)[0]
         try:
             body = self.read_body()
@@ -224,7 +274,8 @@ class Handler(BaseHTTPRequestHandler):
         choice: dict[str, Any] = {"index": 0, "logprobs": None, "finish_reason": reason["type"],
                                   "matched_stop": reason.get("matched")}
         if chat:
-            choice["message"] = {"role": "assistant", "content": text, "reasoning_content": None}
+            choice["message"] = check_fields({"role": "assistant", "content": text, "reasoning_content": None},
+                                             "ChatMessage")
             if ids or body.get("return_prompt_token_ids"):
                 choice["prompt_token_ids"] = prompt
             if ids:
@@ -239,13 +290,16 @@ class Handler(BaseHTTPRequestHandler):
         response: dict[str, Any] = {
             "id": "cmpl-0", "object": "chat.completion" if chat else "text_completion", "created": int(time.time()),
             "model": body.get("model") or engine.args.model_path, "choices": [choice],
-            "usage": {"prompt_tokens": len(prompt), "total_tokens": len(prompt) + len(completion),
-                      "completion_tokens": len(completion), "prompt_tokens_details": None, "reasoning_tokens": 0},
+            "usage": check_fields({"prompt_tokens": len(prompt), "total_tokens": len(prompt) + len(completion),
+                                   "completion_tokens": len(completion), "prompt_tokens_details": None,
+                                   "reasoning_tokens": 0}, "UsageInfo"),
             "metadata": None}
         if body.get("return_spec_tokens_details") and spec is not None:
-            response["sglext"] = {"spec_tokens_details": {"spec_cap_length": 0.0, "spec_block_accept_length": 0.0,
-                                                          "spec_cap_lens_histogram": [], **spec}}
-        return 200, response
+            details = check_fields({"spec_cap_length": 0.0, "spec_block_accept_length": 0.0,
+                                    "spec_cap_lens_histogram": [], **spec}, "SpecTokensDetails")
+            response["sglext"] = check_fields({"spec_tokens_details": details}, "SglExt")
+        check_fields(choice, "ChatCompletionResponseChoice" if chat else "CompletionResponseChoice")
+        return 200, check_fields(response, "ChatCompletionResponse" if chat else "CompletionResponse")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -258,6 +312,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--speculative-algorithm")
     parser.add_argument("--speculative-draft-model-path")
     parser.add_argument("--speculative-num-draft-tokens", type=int)
+    parser.add_argument("--api-key", help="the key every route but /health* wants as a Bearer token")
     parser.add_argument("--threads", type=int, default=1, help="torch threads")
 
 

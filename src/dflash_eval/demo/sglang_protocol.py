@@ -2,9 +2,12 @@
 answers with them and the tests check fetch against them.
 
 `PROTOCOL_FIELDS` (sglang_0_5_23_fields.json) is what `fields_from_source` reads out of the wheel's
-`sglang/srt/entrypoints/openai/protocol.py` (its pydantic models do not import without SGLang's own
-dependencies, so the names are read with `ast`); tests/fetch/test_sglang.py re-reads them from an
-installed wheel (`pip install --no-deps sglang==0.5.23`) and compares.
+`sglang/srt` source (its modules do not import without SGLang's own dependencies, so the names are read
+with `ast`): the OpenAI-protocol pydantic models, `/generate`'s input, the server args `/get_server_info`
+reports (the Spec, Model and Serving groups; SGLang flattens every group into that answer), and the keys
+`/model_info` and `/server_info` add themselves. tests/fetch/test_sglang.py re-reads them from the wheel
+(.ci/run downloads it and sets DFLASH_EVAL_SGLANG_SRC) and compares. The demo server checks every answer
+it sends against them (`check_fields`), and that test checks every response field fetch reads.
 """
 
 from __future__ import annotations
@@ -13,6 +16,7 @@ import ast
 import json
 from pathlib import Path
 
+VERSION = "0.5.23"
 SNAPSHOT = Path(__file__).with_name("sglang_0_5_23_fields.json")
 # source file under sglang/srt/ -> the classes read from it
 SOURCES = {
@@ -21,7 +25,14 @@ SOURCES = {
         "ChatCompletionResponse", "ChatCompletionResponseChoice", "ChatMessage", "UsageInfo", "SglExt",
         "SpecTokensDetails", "ModelCard", "ModelList"),
     "managers/io_struct.py": ("GenerateReqInput",),
+    "arg_groups/fields/spec.py": ("Spec",),
+    "arg_groups/fields/model.py": ("Model",),
+    "arg_groups/fields/serving.py": ("Serving",),
 }
+# source file -> {snapshot name: the function whose dict literals' string keys are that answer's own keys}
+DICT_SOURCES = {"entrypoints/http_server.py": {"ModelInfo": "model_info", "ServerInfo": "server_info"}}
+# /get_server_info's answer: the flattened server args plus ServerInfo's own keys
+SERVER_INFO = ("Spec", "Model", "Serving", "ServerInfo")
 
 
 def wheel_fields(srt: Path) -> dict[str, list[str]]:
@@ -29,7 +40,18 @@ def wheel_fields(srt: Path) -> dict[str, list[str]]:
     out: dict[str, list[str]] = {}
     for relative, classes in SOURCES.items():
         out.update(fields_from_source(Path(srt) / relative, classes))
+    for relative, functions in DICT_SOURCES.items():
+        out.update(dict_keys_from_source(Path(srt) / relative, functions))
     return out
+
+
+def dict_keys_from_source(source: Path, functions: dict[str, str]) -> dict[str, list[str]]:
+    """For each name, the string keys of the dict literals in the (async) function it maps to."""
+    tree = ast.parse(Path(source).read_text(encoding="utf-8"))
+    defs = {node.name: node for node in tree.body if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef))}
+    return {name: list(dict.fromkeys(key.value for node in ast.walk(defs[function]) if isinstance(node, ast.Dict)
+                                     for key in node.keys if isinstance(key, ast.Constant)))
+            for name, function in functions.items()}
 
 
 def fields_from_source(source: Path, classes: tuple[str, ...]) -> dict[str, list[str]]:
@@ -54,6 +76,14 @@ def fields_from_source(source: Path, classes: tuple[str, ...]) -> dict[str, list
 PROTOCOL_FIELDS: dict[str, list[str]] = json.loads(SNAPSHOT.read_text(encoding="utf-8"))
 
 
-def unknown_fields(body: dict, model: str) -> list[str]:
-    """Keys of a request or response body that SGLang's model `model` does not define."""
-    return sorted(set(body) - set(PROTOCOL_FIELDS[model]))
+def unknown_fields(body: dict, *models: str) -> list[str]:
+    """Keys of a request or response body that none of SGLang's models `models` defines."""
+    return sorted(set(body) - {name for model in models for name in PROTOCOL_FIELDS[model]})
+
+
+def check_fields(body: dict, *models: str) -> dict:
+    """`body`, after checking that SGLang's `models` define every key of it (ValueError naming the strays)."""
+    unknown = unknown_fields(body, *models)
+    if unknown:
+        raise ValueError(f"fields {unknown} are not in SGLang {VERSION}'s {' / '.join(models)} ({SNAPSHOT.name})")
+    return body

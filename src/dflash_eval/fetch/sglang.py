@@ -10,11 +10,14 @@ the server speculates. Kept apart from fetch.stage so that one file holds every 
 from __future__ import annotations
 
 import json
+import logging
 from typing import Any
 
+from dflash_eval.demo.sglang_protocol import VERSION  # the SGLang release these field names were read from
 from dflash_eval.server.http import http_request
 
-VERSION = "0.5.23"  # the SGLang release these field names were read from
+log = logging.getLogger(__name__)
+
 
 # The per-request counters we record: SpecTokensDetails (protocol.py:456-467) less the capped/ragged extras.
 SPEC_COUNTERS = ("spec_verify_ct", "spec_num_correct_drafts", "spec_num_proposed_drafts",
@@ -44,13 +47,15 @@ def spec_counters(response: dict[str, Any], choice: dict[str, Any]) -> dict[str,
     """The request's speculative counters, None when the server sent none (it does not speculate, or is not SGLang).
 
     SGLang puts them at the response level, `sglext.spec_tokens_details` (a list when n > 1); the same keys
-    also appear in a chat choice's `meta_info` (with return_meta_info) and in `/generate`'s `meta_info`.
+    also appear in a chat choice's `meta_info` (with return_meta_info). Only those two: an OpenAI answer has
+    no response-level `meta_info` (that is `/generate`'s, which fetch does not call).
     """
-    details = (response.get("sglext") or {}).get("spec_tokens_details")
+    sglext = response.get("sglext") or {}
+    details = sglext.get("spec_tokens_details")
     if isinstance(details, list):
         details = details[choice.get("index", 0)] if details else None
     if not details:
-        details = choice.get("meta_info") or response.get("meta_info") or {}
+        details = choice.get("meta_info") or {}
     if not details or not details.get("spec_verify_ct"):
         return None
     out = {key: details.get(key) for key in SPEC_COUNTERS}
@@ -58,20 +63,34 @@ def spec_counters(response: dict[str, Any], choice: dict[str, Any]) -> dict[str,
     return out
 
 
-def server_spec_settings(base_url: str) -> dict[str, Any] | None:
-    """How the server speculates, from `/get_server_info`; None when it does not answer (not SGLang).
+def server_spec_settings(base_url: str, key_env: str | None = None) -> dict[str, Any] | None:
+    """How the server speculates, from `/get_server_info`; None, with a loud warning, when it does not
+    answer as SGLang does (a 401/403 raises server.http.AuthError instead).
 
+    Called only for a server that answered `/get_model_info`, so a failure here is a half-answering
+    server (a proxy, another build), not "not SGLang": the warning says which probe failed and how.
     `speculative_algorithm` is None for a server that does not speculate; `version` is SGLang's own.
     """
-    status, body = http_request(base_url + "/get_server_info", timeout=30.0)
-    if status != 200:
-        return None
+    url = base_url + "/get_server_info"
+    status, body = http_request(url, timeout=30.0, key_env=key_env)
     try:
-        info = json.loads(body)
+        info = json.loads(body) if status == 200 else None
     except ValueError:
-        return None
+        info = None
     if not isinstance(info, dict):
+        log.warning("%s answered /get_model_info as SGLang does but %s answered %s: the server's speculative "
+                    "settings (its drafter, block size) are unknown and the report cannot verify the served drafter",
+                    base_url, url, f"HTTP {status}" if status != 200 else f"no JSON object: {body[:200]!r}")
         return None
     out = {key: info.get(key) for key in SPEC_SETTINGS}
     out["version"] = info.get("version")
+    check_version(out["version"], base_url)
     return out
+
+
+def check_version(version: Any, base_url: str) -> None:
+    """Warn when the server is not the SGLang release whose field names and counters were checked."""
+    if version != VERSION:
+        log.warning("the server at %s is SGLang %s, but fetch's field names and counter definitions were checked "
+                    "against SGLang %s only (docs/sglang_protocol.md): check them against this version's source",
+                    base_url, version, VERSION)

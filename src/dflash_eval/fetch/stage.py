@@ -16,7 +16,6 @@ import contextlib
 import gc
 import json
 import logging
-import os
 import time
 from collections import Counter
 from collections.abc import Iterator
@@ -25,13 +24,13 @@ from pathlib import Path
 from typing import Any
 
 from dflash_eval.config import RUNTIME_HELP, fetch_settings, settings_from_args, stage_settings
-from dflash_eval.errors import Terminated
+from dflash_eval.errors import DflashEvalError, Terminated
 from dflash_eval.fetch import sglang
 from dflash_eval.fetch.store import PartialStore, pick_kept
 from dflash_eval.fetch.prompts import Prompt, load_prompts, record_ids, select_subset
 from dflash_eval.fetch.retry import FetchError, with_retries
 from dflash_eval.server.control import ServerController
-from dflash_eval.server.http import http_request
+from dflash_eval.server.http import api_key, auth_refusal, http_request
 from dflash_eval.server.signals import sigterm_raises
 
 log = logging.getLogger(__name__)
@@ -59,6 +58,7 @@ class ServerInfo:
     weight_version: str | None
     sglang: bool  # answers /get_model_info: accepts and returns token ids, reports speculative counters
     speculative: dict[str, Any] | None = None  # SGLang's speculative settings (fetch.sglang.server_spec_settings)
+    key_env: str | None = None  # server.api_key_env: the variable whose key every request sends (not recorded)
 
     def as_record(self) -> dict[str, Any]:
         return {
@@ -88,29 +88,40 @@ def _same_model(a: str, b: str) -> bool:
     return a == b or last(a) == last(b)
 
 
-def server_identity(base_url: str, model: str | None, target: str) -> ServerInfo:
+def server_identity(base_url: str, model: str | None, target: str, key_env: str | None = None) -> ServerInfo:
     """Who answers at base_url: /v1/models for the model name, /get_model_info (SGLang) for path and version.
 
     The completions must be the target's own: a server that serves another model is an error, since
     every hidden state and acceptance length computed from its completions would be silently wrong.
-    The expected model is `server.model` when set (the served name), else the target's path.
+    The expected model is `server.model` when set (the served name), else the target's path. Every
+    probe sends the key of server.api_key_env; a refusal (401/403) is an error, never "not SGLang".
     """
-    status, body = http_request(base_url + "/v1/models", timeout=30.0)
-    served = [str(m["id"]) for m in json.loads(body).get("data", [])] if status == 200 else []
+    status, body = http_request(base_url + "/v1/models", timeout=30.0, key_env=key_env)
+    models = json.loads(body) if status == 200 else {}
+    served = [str(m["id"]) for m in models.get("data", [])]
     if model is None:
         if not served:
             raise FetchError(f"{base_url}/v1/models lists no model (HTTP {status}); set server.model")
         model = served[0]
     elif served and model not in served:
         raise FetchError(f"server.model is {model!r} but {base_url} serves {served}; set server.model to the served name")
-    info = ServerInfo(base_url, model, model_path=model, weight_version=None, sglang=False)
-    status, body = http_request(base_url + "/get_model_info", timeout=30.0)
-    if status == 200:
-        meta = json.loads(body)
+    info = ServerInfo(base_url, model, model_path=model, weight_version=None, sglang=False, key_env=key_env)
+    status, body = http_request(base_url + "/get_model_info", timeout=30.0, key_env=key_env)
+    meta = _json_object(body) if status == 200 else None
+    if meta is not None:
         info.model_path = meta.get("model_path", model)
         info.weight_version = meta.get("weight_version")
         info.sglang = True
-        info.speculative = sglang.server_spec_settings(base_url)
+        info.speculative = sglang.server_spec_settings(base_url, key_env)
+    elif status != 404:  # 404: no such route, a plain OpenAI-compatible server; anything else is no answer
+        raise FetchError(
+            f"{base_url}/get_model_info answered {f'HTTP {status}' if status else 'nothing'}"
+            f"{'' if status != 200 else ' (not a JSON object)'}, while /v1/models answered: fetch cannot tell "
+            "whether this is SGLang (token ids and counters) or a plain OpenAI-compatible server (retokenized "
+            "text). Fix the server, or front it with one that answers /get_model_info with 404 or as SGLang does")
+    else:
+        log.info("%s has no /get_model_info (HTTP 404): a plain OpenAI-compatible server; completions are "
+                 "retokenized and no speculative counters are recorded", base_url)
     names = {model, info.model_path or model}
     if not any(_same_model(name, target) for name in names):
         raise FetchError(
@@ -118,6 +129,15 @@ def server_identity(base_url: str, model: str | None, target: str) -> ServerInfo
             "would not be the target's own. Point server.base_url at the target's server, or target.path at its model"
         )
     return info
+
+
+def _json_object(body: bytes) -> dict[str, Any] | None:
+    """The body as a JSON object, None when it is not one."""
+    try:
+        value = json.loads(body)
+    except ValueError:
+        return None
+    return value if isinstance(value, dict) else None
 
 
 def render(tokenizer: Any, messages: list[dict[str, Any]], chat_template_kwargs: dict[str, Any]) -> tuple[str, list[int]]:
@@ -158,6 +178,16 @@ async def request_one(client: Any, settings: dict[str, Any], info: ServerInfo, r
     back to a dict) was the largest CPU item of the stage's profile besides the HTTP transport
     (benchmarks/results/fetch_speed.md). Error statuses still raise the client's exceptions, for the retries.
     """
+    import openai
+
+    try:
+        return await _request_one(client, settings, info, r)
+    except (openai.AuthenticationError, openai.PermissionDeniedError) as exc:  # not worth a retry: name the key
+        raise auth_refusal(f"{info.base_url} ({r.id})", exc.status_code, info.key_env) from None
+
+
+async def _request_one(client: Any, settings: dict[str, Any], info: ServerInfo, r: Rendered) -> dict[str, Any]:
+    """request_one's request and parse."""
     common = {"model": info.model, "max_tokens": settings["max_tokens"], "temperature": settings["temperature"]}
     extra: dict[str, Any] = {}
     if info.sglang:
@@ -332,7 +362,7 @@ async def fetch_all(
     # Retries are ours (counted and logged), so the client's own are off.
     client = openai.AsyncOpenAI(
         base_url=info.base_url + "/v1",
-        api_key=os.environ.get("DFLASH_EVAL_API_KEY", "EMPTY"),
+        api_key=api_key(info.key_env) or "EMPTY",
         timeout=float(settings["timeout_s"]),
         max_retries=0,
     )
@@ -368,7 +398,7 @@ async def fetch_all(
     except BaseExceptionGroup as errors:
         if errors.subgroup(Terminated) is not None:  # SIGTERM landed inside a request's task
             raise Terminated("SIGTERM") from None
-        failures = [e for e in errors.exceptions if isinstance(e, FetchError)]
+        failures = [e for e in errors.exceptions if isinstance(e, DflashEvalError)]  # FetchError, AuthError
         if len(failures) < len(errors.exceptions):
             raise
         if len(failures) > 1:
@@ -428,7 +458,8 @@ def fetch(settings: dict[str, Any], out: Path) -> list[dict[str, Any]]:
     tokenizer = AutoTokenizer.from_pretrained(settings["tokenizer"])
     controller = ServerController(settings["server"])
     controller.ensure_up()
-    info = server_identity(controller.base_url, controller.settings["model"], str(settings["tokenizer"]))
+    info = server_identity(controller.base_url, controller.settings["model"], str(settings["tokenizer"]),
+                           controller.settings["api_key_env"])
     retry_counts: Counter[str] = Counter()
     started = time.monotonic()
     with PartialStore(Path(out)) as store, sigterm_raises():

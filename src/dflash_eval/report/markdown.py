@@ -283,6 +283,12 @@ def trust_warnings(trust: dict) -> list[str]:
             found.append(f"**Stale cache**: {cache['dir']} was extracted from another completions file "
                          f"(sha256 {str(cache['completions_sha256'])[:12]}) than the one fetched now; re-run extraction.")
     for dataset, online in trust["online"].items():
+        check = online.get("served_drafter_check") or {}
+        if check.get("status") == "mismatch":
+            what = "paired anyway (report.allow_served_drafter_mismatch)" if check["allowed"] else \
+                "not paired (report.allow_served_drafter_mismatch: true pairs them anyway)"
+            found.append(f"**Served drafter ≠ report.served_drafter**: {dataset}: {'; '.join(check['problems'])}; "
+                         f"{what}.")
         if online.get("beyond_tolerance"):
             found.append(f"**Online ≠ offline**: {dataset}: the server measured tau "
                          f"{online['online_tau_compared']:.2f}, offline gives {online['offline_tau_compared']:.2f} for "
@@ -368,6 +374,8 @@ def online_table(online: dict[str, dict]) -> list[str]:
         else:
             diff = e["paired_difference"]
             flag = f"**⚠️ beyond {e['tolerance']:.1%}**" if e["beyond_tolerance"] else f"within {e['tolerance']:.1%}"
+            if (e.get("served_drafter_check") or {}).get("status") == "mismatch":
+                flag += "; **⚠️ served drafter mismatch**"
             equal = f"{e['equal_requests']} of {e['samples_compared']} ({e['exact_requests']} exactly)"
             if e["unequal_ids"]:
                 equal += f"; differ: {', '.join(e['unequal_ids'][:3])}"

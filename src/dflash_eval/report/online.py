@@ -6,6 +6,9 @@ The two sides count the same things only once their conventions are lined up (do
 - accepted drafts: `spec_num_correct_drafts` and its histogram count the draft tokens each step accepted,
   bonus excluded, as `step - 1` offline; SGLang counts a last step before cutting the output at the stop token
   or max_tokens, so online may exceed offline by up to B - 1, from the last step only;
+- the max_tokens tail: offline shortens a block that would run past max_tokens, SGLang verifies it full and
+  cuts afterwards; the drafter is non-causal within a block, so from the first shortened step the two may
+  take different step counts (shortened_from, tail_consistent judge those requests);
 - tau: ours (and `dflash_generate`'s `acceptance_lengths`) counts the tokens verification steps produced,
   `(completion_tokens - 1) / steps`; SGLang's `spec_accept_length` = `completion_tokens / steps` also counts
   the first completion token, which prefill produced: 1/steps more per request.
@@ -17,7 +20,8 @@ with another block the server measured chain-B<b>, not the drafter's own chain-B
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from pathlib import Path
 from typing import Any
 
 from dflash_eval.methods import chain_method
@@ -42,7 +46,89 @@ def request_counters(record: dict[str, Any]) -> dict[str, Any] | None:
             "histogram": [int(n) for n in spec.get("spec_correct_drafts_histogram") or []],
             "accept_length": spec.get("spec_accept_length"),
             "block_size": speculative.get("speculative_num_draft_tokens"),
-            "draft_model": speculative.get("speculative_draft_model_path")}
+            "draft_model": speculative.get("speculative_draft_model_path"),
+            "max_tokens": (record.get("request") or {}).get("max_tokens")}
+
+
+def served_settings(record: dict[str, Any]) -> dict[str, Any] | None:
+    """The speculative settings the server reported (fetch.sglang.server_spec_settings), None when none were."""
+    return (record.get("server") or {}).get("speculative")
+
+
+def weights_differ(served_path: str, checkpoint: dict[str, Any]) -> str | None:
+    """None when the served weights are the checkpoint's, else how they differ.
+
+    First the file sha256 evaluate records (metrics.json's checkpoint.sha256, through the fingerprint cache);
+    when that differs and the checkpoint is readable here, the tensors themselves, names aside: the same
+    weights are often served in another layout (the demo evaluates a .pt checkpoint and serves its HF export).
+    """
+    from dflash_eval.evaluate.stage import _checkpoint_hash  # imports torch: only for a readable served path
+
+    digest = _checkpoint_hash(served_path)
+    if digest == checkpoint.get("sha256"):
+        return None
+    ours = Path(str(checkpoint.get("path")))
+    if ours.exists() and _tensors_digest(Path(served_path)) == _tensors_digest(ours):
+        return None
+    return (f"the served draft weights {served_path} (sha256 {digest[:12]}) are not {ours}'s (sha256 "
+            f"{str(checkpoint.get('sha256'))[:12]}{', and their tensors differ' if ours.exists() else ''})")
+
+
+def _tensors_digest(path: Path) -> str:
+    """A layout-free fingerprint of a checkpoint's tensors: the sorted (shape, dtype, sha256 of bytes) of each."""
+    import hashlib
+
+    import torch
+
+    from dflash_eval.evaluate.checkpoint import detect_layout
+    from dflash_eval.evaluate.drafter import _read_state
+
+    state, _ = _read_state(path, detect_layout(path), allow_pickle=False)
+    rows = sorted(f"{tuple(t.shape)}:{t.dtype}:{hashlib.sha256(t.contiguous().view(-1).view(torch.uint8).numpy()).hexdigest()}"
+                  for t in state.values())
+    return hashlib.sha256("\n".join(rows).encode()).hexdigest()
+
+
+def check_served_drafter(served: list[dict[str, Any]], checkpoint: dict[str, Any], own_block: int | None,
+                         allowed: bool, differ: Callable[[str, dict], str | None] = weights_differ) -> dict[str, Any]:
+    """Whether the server speculates with report.served_drafter's checkpoint: algorithm DFLASH, and the draft
+    weights equal where the served path is readable here (weights_differ), else the same directory name.
+
+    Pairing the server's counters with another drafter's offline steps would compare two drafters and call
+    it a fidelity check; so a mismatch refuses the pairing unless report.allow_served_drafter_mismatch.
+    A served block size other than the drafter's own is a note, not a mismatch: the panel compares at the
+    served block (chain-B<served>).
+    """
+    if not served:
+        return {"status": "unverified", "problems": [], "notes": ["the completions record no speculative settings "
+                "(the server did not answer /get_server_info)"], "refused": False, "allowed": allowed}
+    problems, notes, verified = [], [], True
+    if len(served) > 1:
+        problems.append(f"the records were served with {len(served)} different speculative settings")
+    ours = str(checkpoint.get("path"))
+    for setting in served:
+        algorithm, path = setting.get("speculative_algorithm"), setting.get("speculative_draft_model_path")
+        if algorithm != "DFLASH":
+            problems.append(f"the server speculates with {algorithm!r}, not DFLASH")
+        if path is None:
+            problems.append("the server reports no speculative_draft_model_path")
+            continue
+        if Path(path).exists():
+            difference = differ(path, checkpoint)
+            if difference:
+                problems.append(difference)
+        else:
+            verified = False
+            if Path(path).name != Path(ours).name:
+                problems.append(f"the server speculates with {path}, not {ours} (not readable here, names differ)")
+            else:
+                notes.append(f"{path} is not readable here: the same name as {ours}, weights unverified")
+        block = setting.get("speculative_num_draft_tokens")
+        if own_block is not None and block is not None and int(block) != int(own_block):
+            notes.append(f"served at block {block}, the drafter's own is {own_block}")
+    status = "mismatch" if problems else "verified" if verified else "unverified"
+    return {"status": status, "problems": problems, "notes": notes, "refused": bool(problems) and not allowed,
+            "allowed": allowed}
 
 
 def drafts_histogram(steps: Sequence[int]) -> list[int]:
@@ -68,8 +154,52 @@ def last_step_only(online: list[int], offline: list[int]) -> bool:
             and moved_to[0] > moved_from[0])
 
 
+def shortened_from(steps: Sequence[int], block_size: int, max_tokens: int | None) -> int | None:
+    """The first offline step whose block the max_tokens budget shortened, None when every block was full.
+
+    The offline loop verifies `min(B, max_tokens - generated + 1)` tokens (dflash_generate's verify_size, with
+    `generated` counting the prefill token); SGLang's DFlash worker always drafts and verifies a full block and
+    cuts the output afterwards (speculative/dflash_worker_v2.py: the greedy verify views the block whole,
+    cutoff_verify_lens=None; managers/schedule_batch.py caps at max_new_tokens after the verify).
+    """
+    if max_tokens is None:
+        return None
+    generated = 1
+    for index, step in enumerate(steps):
+        if max_tokens - generated + 1 < block_size:
+            return index
+        generated += step
+    return None
+
+
+def tail_consistent(online: dict[str, Any], steps: Sequence[int], first: int, block_size: int) -> bool:
+    """Whether the online counters are what full blocks give from offline step `first` on, the steps before it
+    (full blocks on both sides, the same context) being equal.
+
+    The drafter sees its block whole (non-causal within it), so a shortened block drafts other tokens than a
+    full one: from `first` on the online steps may number anything from 1 to the tokens left (each step
+    produces at least one), and accept between (tokens left - steps) and steps x (B - 1) drafts, raw.
+    """
+    head = list(steps[:first])
+    left = online["completion_tokens"] - 1 - sum(head)
+    tail_steps = online["verify_ct"] - first
+    if not 1 <= tail_steps <= max(1, left):
+        return False
+    if online["correct_drafts"] is not None:
+        tail_drafts = online["correct_drafts"] - (sum(head) - len(head))
+        if not left - tail_steps <= tail_drafts <= tail_steps * (block_size - 1):
+            return False
+    head_histogram = drafts_histogram(head)
+    ours = online["histogram"] + [0] * max(0, len(head_histogram) - len(online["histogram"]))
+    return not online["histogram"] or all(n >= h for n, h in zip(ours, head_histogram))
+
+
 def compare_request(online: dict[str, Any], steps: Sequence[int], block_size: int) -> dict[str, Any]:
-    """One request's like-for-like comparison; `equal` when every counter matches as the conventions say."""
+    """One request's like-for-like comparison; `equal` when every counter matches as the conventions say.
+
+    Where max_tokens shortened offline blocks (shortened_from), `equal` judges from the first such step on
+    by what SGLang's full blocks allow (tail_consistent), since there the step counts may differ.
+    """
     produced = sum(steps)
     offline_correct = produced - len(steps)
     histogram = drafts_histogram(steps)
@@ -78,6 +208,11 @@ def compare_request(online: dict[str, Any], steps: Sequence[int], block_size: in
     surplus = None if online["correct_drafts"] is None else online["correct_drafts"] - offline_correct
     drafts_ok = surplus is None or 0 <= surplus <= block_size - 1
     histogram_ok = not online["histogram"] or last_step_only(online["histogram"], histogram)
+    first = shortened_from(steps, block_size, online.get("max_tokens"))
+    if first is None:
+        equal = same_steps and same_tokens and drafts_ok and histogram_ok
+    else:
+        equal = same_tokens and tail_consistent(online, steps, first, block_size)
     return {
         "online_steps": online["verify_ct"], "offline_steps": len(steps),
         "online_correct_drafts": online["correct_drafts"], "offline_correct_drafts": offline_correct,
@@ -85,7 +220,8 @@ def compare_request(online: dict[str, Any], steps: Sequence[int], block_size: in
         "online_tau": (online["completion_tokens"] - 1) / online["verify_ct"], "offline_tau": produced / len(steps),
         "online_tau_sglang": online["completion_tokens"] / online["verify_ct"],
         "offline_tau_sglang": (produced + 1) / len(steps),
-        "equal": same_steps and same_tokens and drafts_ok and histogram_ok,
+        "tail_shortened_from_step": first,
+        "equal": equal,
         "exact": same_steps and same_tokens and surplus in (0, None) and online["histogram"] in ([], histogram),
     }
 
@@ -143,6 +279,9 @@ def compare(online: dict[str, dict[str, Any]], offline_by_method: dict[str, dict
             "paired_difference": paired["tau_mean_of_samples"],
             "paired_difference_token_weighted": paired["tau_token_weighted"],
             "equal_requests": sum(r["equal"] for r in per_request.values()),
+            "tail_shortened_requests": sum(r["tail_shortened_from_step"] is not None for r in per_request.values()),
+            "tail_step_count_differs": sum(r["tail_shortened_from_step"] is not None
+                                           and r["online_steps"] != r["offline_steps"] for r in per_request.values()),
             "exact_requests": sum(r["exact"] for r in per_request.values()),
             "unequal_ids": [i for i in ids if not per_request[i]["equal"]],
             "per_request": per_request,

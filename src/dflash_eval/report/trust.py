@@ -77,6 +77,7 @@ class FetchRecords:
     sources: dict[str, int] = field(default_factory=dict)
     records: int = 0
     spec: dict[str, dict] = field(default_factory=dict)        # id -> online.request_counters(record)
+    served: list[dict] = field(default_factory=list)           # the distinct online.served_settings
 
 
 def read_completions(path: str | Path) -> FetchRecords:
@@ -99,6 +100,9 @@ def read_completions(path: str | Path) -> FetchRecords:
         counters = online_check.request_counters(record)
         if counters is not None:
             out.spec[sample_id] = counters
+        served = online_check.served_settings(record)
+        if served is not None and served not in out.served:
+            out.served.append(served)
     return out
 
 
@@ -191,13 +195,20 @@ def panel(evaluations: list[Evaluation], settings: dict, hidden: Iterable[str | 
     by_key = {e.key: e for e in evaluations}
     online = {}
     for dataset in settings["datasets"]:
-        steps, own_block = None, None
+        steps, own_block, check = None, None, None
         if served is not None:
             evaluation = by_key[(served, dataset)]
             steps, own_block = per_sample_steps(evaluation), evaluation.metrics["block_size"]
-        entry = online_vs_offline(fetched.get(dataset), steps, float(settings["online_tolerance"]),
-                                  own_block)
-        online[dataset] = {**entry, "drafter": served}
+            records = fetched.get(dataset)
+            check = online_check.check_served_drafter(records.served if records else [],
+                                                      evaluation.metrics["checkpoint"], own_block,
+                                                      bool(settings["allow_served_drafter_mismatch"]))
+        entry = online_vs_offline(fetched.get(dataset), None if check and check["refused"] else steps,
+                                  float(settings["online_tolerance"]), own_block)
+        if check and check["refused"] and entry.get("recorded"):
+            entry = {**entry, "compared": False, "why": "the server does not serve report.served_drafter: "
+                     f"{'; '.join(check['problems'])} (report.allow_served_drafter_mismatch: true pairs them anyway)"}
+        online[dataset] = {**entry, "drafter": served, "served_drafter_check": check}
     return {
         "caches": caches,
         "fetch": {dataset: fetch_entry(fetched.get(dataset)) for dataset in settings["datasets"]},

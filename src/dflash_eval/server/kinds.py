@@ -74,7 +74,8 @@ class Server:
 
     def is_up(self) -> bool:
         """True when the health endpoint answers 200."""
-        status, _ = http_request(self.base_url + self.settings["health_path"], timeout=5.0)
+        status, _ = http_request(self.base_url + self.settings["health_path"], timeout=5.0,
+                                 key_env=self.settings["api_key_env"])
         return status == 200
 
     def stop(self, note: Callable[[str], None]) -> None:
@@ -446,7 +447,8 @@ class Release(External):
             time.sleep(2 * POLL_S)
 
     def _post(self, path: str) -> None:
-        status, body = http_request(self.base_url + path, method="POST", timeout=300.0)
+        status, body = http_request(self.base_url + path, method="POST", timeout=300.0,
+                                    key_env=self.settings["api_key_env"])
         if status != 200:
             raise ServerError(f"POST {self.base_url}{path} answered {status or 'nothing'}: {body[:500]!r}"
                               " (SGLang needs --enable-memory-saver for this, and releases only while no "
