@@ -130,8 +130,10 @@ class RotaryEmbedding(nn.Module):
         super().__init__()
         dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
         base = config.rope_parameters["rope_theta"]
-        self.register_buffer("inv_freq", 1.0 / (base ** (torch.arange(0, dim, 2, dtype=torch.float) / dim)),
-                             persistent=False)
+        # On the CPU even inside a meta-device skeleton: arange on the meta device imports torch._refs (and sympy),
+        # 2.8 s of the 2-core VM's start-up.
+        exponents = torch.arange(0, dim, 2, dtype=torch.float, device="cpu") / dim
+        self.register_buffer("inv_freq", 1.0 / (base ** exponents), persistent=False)
         self.attention_scaling = 1.0
 
     def forward(self, x: torch.Tensor, position_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -287,7 +289,17 @@ def skeleton(cls: type[DFlashDraftModel], config: DrafterConfig) -> DFlashDraftM
 
 
 def materialize(model: DFlashDraftModel) -> DFlashDraftModel:
-    """A skeleton's storage on the CPU, uninitialised (every weight is loaded next), its rotary tables computed."""
-    model = model.to_empty(device="cpu")
+    """A skeleton's storage on the CPU, uninitialised (every weight is loaded next), its rotary tables computed.
+
+    torch.empty per tensor, not Module.to_empty: its empty_like of meta tensors imports torch._refs and sympy.
+    """
+    for module in model.modules():
+        for name, tensor in module._parameters.items():
+            if tensor is not None:
+                module._parameters[name] = nn.Parameter(torch.empty(tensor.shape, dtype=tensor.dtype, device="cpu"),
+                                                        requires_grad=tensor.requires_grad)
+        for name, tensor in module._buffers.items():
+            if tensor is not None:
+                module._buffers[name] = torch.empty(tensor.shape, dtype=tensor.dtype, device="cpu")
     model.rotary_emb = rotary_embedding(model.config)
     return model
