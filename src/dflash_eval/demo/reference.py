@@ -62,9 +62,14 @@ def online_acceptance(drafter, target, prompt_ids: list[int], max_new_tokens: in
                       block_size: int | None = None, exact_rollback: bool = True):
     """Run the reference online loop (temperature 0); returns (acceptance_lengths, output ids).
 
-    `exact_rollback=False` runs it as published, with transformers' inexact hybrid-cache crop.
+    `exact_rollback=False` runs it as published, with transformers' inexact hybrid-cache crop. A drafter loaded
+    for the evaluation (evaluate.drafter_model's classes) runs as the reference class holding its weights.
     """
     import dflash.model as reference
+
+    from dflash_eval.evaluate.drafter import reference_drafter
+
+    drafter = reference_drafter(drafter)
 
     original = reference._cuda_time
     reference._cuda_time = time.perf_counter  # the reference synchronises CUDA for its timers

@@ -95,7 +95,7 @@ class Engine:
                 raise SystemExit("only --speculative-algorithm DFLASH with --speculative-draft-model-path is served")
             from dflash_eval.evaluate.drafter import load_drafter
 
-            self.drafter = load_drafter(Path(args.speculative_draft_model_path)).model.eval()
+            self.drafter = load_drafter(Path(args.speculative_draft_model_path), reference=True).model.eval()
             self.block_size = int(args.speculative_num_draft_tokens or self.drafter.block_size)
         self.lock = threading.Lock()
         self.released = False

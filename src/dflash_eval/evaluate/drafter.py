@@ -4,26 +4,31 @@ The second seed write-up is the reason this module is strict: a checkpoint whose
 not match was "skipped" on load and evaluated with random weights. Here every missing, unexpected
 or mis-shaped key is an error that lists them, and the layer count implied by `fc.weight` must
 equal the drafter's `target_layer_ids`.
+
+The weights go into evaluate.drafter_model's module tree (torch alone: the evaluation's start-up no longer imports
+transformers' modeling or `dflash`); `reference=True` loads them into `dflash.model`'s own classes instead, for a caller
+that runs the reference forward (`dflash_generate`: the demo server).
 """
 
 from __future__ import annotations
 
 import logging
 import re
+import weakref
 import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import torch
-from dflash.model import DFlash2DraftModel, DFlashDraftModel
 from safetensors import SafetensorError
 from safetensors.torch import load_file
-from transformers import Qwen3Config
 
 from dflash_eval.errors import DflashEvalError
+from dflash_eval.evaluate import drafter_model
 from dflash_eval.evaluate.checkpoint import (agreed_layer_ids, check_against_target, check_fc_width, checkpoint_facts,
                                              strip_prefixes, weight_files)
+from dflash_eval.evaluate.drafter_model import DrafterConfig
 
 log = logging.getLogger(__name__)
 
@@ -35,7 +40,7 @@ class LoadedDrafter:
     """A drafter ready to run, with the facts the evaluation records about it."""
 
     model: torch.nn.Module
-    config: Qwen3Config
+    config: Any  # a DrafterConfig (transformers' Qwen3Config with reference=True)
     layer_ids: list[int]
     block_size: int
     mask_token_id: int
@@ -139,7 +144,7 @@ def _check_keys(path: Path, model: torch.nn.Module, state: dict[str, torch.Tenso
         )
 
 
-def _build(model_class: type, config: Qwen3Config, path: Path) -> torch.nn.Module:
+def _build(model_class: type, config: Any, path: Path) -> torch.nn.Module:
     """The drafter module; a DFlash2 config without its extra settings is an error naming them."""
     try:
         return model_class(config)
@@ -164,14 +169,25 @@ def load_drafter(
     layer_ids: list[int] | None = None,
     allow_pickle: bool = False,
     vocab_size: int | None = None,
+    reference: bool = False,
 ) -> LoadedDrafter:
-    """Load a drafter strictly; `layer_ids` (from config.yaml) must agree with the checkpoint's own."""
+    """Load a drafter strictly; `layer_ids` (from config.yaml) must agree with the checkpoint's own.
+
+    `reference`: into `dflash.model`'s DFlashDraftModel / DFlash2DraftModel (transformers' Qwen3Config), for a caller
+    that runs their forward; by default into evaluate.drafter_model's classes of the same names and parameters.
+    """
     facts = checkpoint_facts(path, layout, config)  # layout, config.json and headers, as the workflow read them
     path, layout, config_dict = facts.path, facts.layout, dict(facts.config)
-    model_class = DFlash2DraftModel if "DFlash2DraftModel" in config_dict.get("architectures", []) else DFlashDraftModel
+    model_class = drafter_model.model_class(config_dict)
     ids = agreed_layer_ids(facts, layer_ids)
     config_dict.setdefault("dflash_config", {})["target_layer_ids"] = list(ids)
-    qwen_config = Qwen3Config.from_dict({k: v for k, v in config_dict.items() if k not in {"auto_map"}})
+    if reference:
+        import dflash.model  # the reference classes and transformers: seconds of imports, only for their forward
+
+        model_class = getattr(dflash.model, model_class.__name__)
+        qwen_config = DrafterConfig(config_dict).reference_config()
+    else:
+        qwen_config = DrafterConfig(config_dict)
     mask_token_id = qwen_config.dflash_config.get("mask_token_id", getattr(qwen_config, "mask_token_id", None))
     if mask_token_id is None:
         raise DflashEvalError(f"{path}: no dflash_config.mask_token_id in the drafter config")
@@ -185,7 +201,9 @@ def load_drafter(
     if "fc.weight" in state:  # else reported as a missing key by _check_keys
         check_fc_width(path, tuple(state["fc.weight"].shape), qwen_config.hidden_size, list(ids))
     _check_keys(path, skeleton, state)
-    model = _build(model_class, qwen_config, path)
+    # Ours: the skeleton's storage, uninitialised (every weight is loaded now). The reference's: built again (its
+    # post_init initialises every weight first).
+    model = _build(model_class, qwen_config, path) if reference else drafter_model.materialize(skeleton)
     model.load_state_dict(state, strict=True)
     model.eval()
     step = meta.get("global_step", meta.get("step"))
@@ -195,3 +213,30 @@ def load_drafter(
         global_step=None if step is None else int(step),
         epoch=None if meta.get("epoch") is None else float(meta["epoch"]),
     )
+
+
+_REFERENCES: "weakref.WeakKeyDictionary[torch.nn.Module, tuple[tuple, torch.nn.Module]]" = weakref.WeakKeyDictionary()
+
+
+def reference_drafter(model: torch.nn.Module) -> torch.nn.Module:
+    """`dflash.model`'s DFlashDraftModel / DFlash2DraftModel holding `model`'s weights (device and dtype included),
+    for its own forward (`dflash_generate`); a reference model is returned as it is.
+
+    Kept while `model`'s weights stay the same tensors unchanged (a moved or trained model gets a new one).
+    """
+    if not isinstance(model, drafter_model.DFlashDraftModel):
+        return model
+    import dflash.model
+
+    params = list(model.state_dict().values())
+    key = tuple((t.data_ptr(), t._version, t.dtype, t.device) for t in params)
+    cached = _REFERENCES.get(model)
+    if cached is not None and cached[0] == key:
+        return cached[1]
+    first = params[0]
+    with torch.device(first.device):
+        reference = getattr(dflash.model, type(model).__name__)(model.config.reference_config())
+    reference.load_state_dict(model.state_dict(), strict=True)
+    reference = reference.to(dtype=first.dtype).train(model.training)
+    _REFERENCES[model] = (key, reference)
+    return reference
