@@ -141,3 +141,21 @@ def test_bad_hand_written_settings_are_named_not_raised(target_dir, tmp_path):
     assert cli.main(argv) == 2
     assert "extract settings: missing ['layer_ids']" in log.read_text()  # a null counts as left out
     assert "Traceback" not in log.read_text()
+
+
+def test_the_kernel_warm_up_runs_only_on_cuda(target_dir):
+    """On a CPU nothing compiles: no warm-up forward; on CUDA one short forward before the timed ones (GPU tests)."""
+    calls = []
+    model = tiny_target()
+    model.register_forward_hook(lambda *_: calls.append(1))
+    assert extract_stage.warm_up(model, tiny_records([9]), torch.device("cpu")) == 0.0
+    assert calls == []
+
+
+@pytest.mark.gpu
+def test_the_kernel_warm_up_is_one_short_forward_on_cuda(target_dir):
+    calls = []
+    model = tiny_target().to("cuda")
+    model.register_forward_hook(lambda module, args, kwargs_or_out: calls.append(args[0].shape if args else None))
+    assert extract_stage.warm_up(model, tiny_records([200]), torch.device("cuda")) >= 0.0
+    assert len(calls) == 1
