@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from dflash_eval.demo.server import sglang_steps, spec_counters
-from dflash_eval.demo.sglang_protocol import PROTOCOL_FIELDS, SERVER_INFO, unknown_fields, wheel_fields
+from dflash_eval.sglang_protocol import PROTOCOL_FIELDS, SERVER_INFO, unknown_fields, wheel_fields
 from dflash_eval.fetch import sglang
 from dflash_eval.report import online as online_panel
 from dflash_eval.fetch import stage as fetch

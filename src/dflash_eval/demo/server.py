@@ -42,7 +42,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
-from dflash_eval.demo.sglang_protocol import SERVER_INFO, VERSION, check_fields, unknown_fields
+from dflash_eval.sglang_protocol import SERVER_INFO, VERSION, check_fields, unknown_fields
 from dflash_eval.extract.backends import bind_backend
 
 

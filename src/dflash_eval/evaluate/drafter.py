@@ -13,27 +13,21 @@ that runs the reference forward (`dflash_generate`: the demo server).
 from __future__ import annotations
 
 import logging
-import re
 import weakref
-import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import torch
-from safetensors import SafetensorError
-from safetensors.torch import load_file
 
 from dflash_eval.errors import DflashEvalError
 from dflash_eval.evaluate import drafter_model
-from dflash_eval.evaluate.checkpoint import (agreed_layer_ids, check_against_target, check_fc_width, checkpoint_facts,
-                                             strip_prefixes, weight_files)
+from dflash_eval.checkpoint import (agreed_layer_ids, check_against_target, check_fc_width, checkpoint_facts,
+                                             strip_prefixes)
+from dflash_eval.checkpoint_weights import read_state
 from dflash_eval.evaluate.drafter_model import DrafterConfig
 
 log = logging.getLogger(__name__)
-
-STATE_KEYS = ("model_state_dict", "state_dict", "model")
-
 
 @dataclass
 class LoadedDrafter:
@@ -54,57 +48,6 @@ class LoadedDrafter:
 def _strip_prefixes(state: dict[str, torch.Tensor], expected: set[str]) -> dict[str, torch.Tensor]:
     """Remove wrapper prefixes (DDP `module.`, `model.`, torch.compile `_orig_mod.`) only when needed."""
     return {key: state[name] for name, key in strip_prefixes(list(state), expected).items()}
-
-
-_ANSI = re.compile(r"\x1b\[[0-9;]*m")
-
-
-def _load_error_summary(error: Exception) -> str:
-    """The line of torch.load's error that says what it refused, without the terminal escapes torch puts in."""
-    lines = [line.strip() for line in _ANSI.sub("", str(error)).splitlines() if line.strip()]
-    refused = next((line for line in lines if "WeightsUnpickler error" in line), None)
-    return refused or (lines[0] if lines else type(error).__name__)
-
-
-def _read_pt(path: Path, allow_pickle: bool) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
-    if allow_pickle:
-        warnings.warn(f"{path}: loading with weights_only=False runs pickled code from the file (allow_pickle: true)")
-    try:
-        checkpoint = torch.load(path, map_location="cpu", weights_only=not allow_pickle)
-    except Exception as error:  # torch raises UnpicklingError and others
-        raise DflashEvalError(
-            f"{path}: could not be loaded with weights_only={not allow_pickle} ({type(error).__name__}: "
-            f"{_load_error_summary(error)}). If you trust the file, set `allow_pickle: true` for this drafter."
-        ) from error
-    meta: dict[str, Any] = {}
-    state = checkpoint
-    if isinstance(checkpoint, dict):
-        for key in STATE_KEYS:
-            if key in checkpoint and isinstance(checkpoint[key], dict):
-                state = checkpoint[key]
-                break
-        for key in ("global_step", "step", "epoch"):
-            if key in checkpoint and not isinstance(checkpoint[key], dict):
-                meta[key] = checkpoint[key]
-    if not isinstance(state, dict) or not all(isinstance(v, torch.Tensor) for v in state.values()):
-        raise DflashEvalError(f"{path}: no state dict found (looked for {', '.join(STATE_KEYS)} or a bare state dict)")
-    return state, meta
-
-
-def _read_safetensors(file: Path) -> dict[str, torch.Tensor]:
-    try:
-        return load_file(str(file))
-    except SafetensorError as error:
-        raise DflashEvalError(f"{file}: not a readable safetensors file ({error}); copy the checkpoint again") from None
-
-
-def _read_state(path: Path, layout: str, allow_pickle: bool) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
-    if layout == "pt":
-        return _read_pt(path, allow_pickle)
-    state: dict[str, torch.Tensor] = {}
-    for file in weight_files(path, layout):
-        state.update(_read_safetensors(file))
-    return state, {}
 
 
 def check_finite(path: Path, state: dict[str, torch.Tensor], fix: str) -> None:
@@ -192,7 +135,7 @@ def load_drafter(
     if mask_token_id is None:
         raise DflashEvalError(f"{path}: no dflash_config.mask_token_id in the drafter config")
     check_against_target(path, None, mask_token_id, None, vocab_size)
-    state, meta = _read_state(path, layout, allow_pickle)
+    state, meta = read_state(path, layout, allow_pickle)
     check_finite(path, state, "the checkpoint is broken (a diverged training step, or a damaged file): "
                  "evaluate another one")
     with torch.device("meta"):

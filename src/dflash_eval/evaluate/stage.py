@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import argparse
 import csv
-import hashlib
 import io
 import json
 import logging
@@ -36,13 +35,13 @@ from dflash_eval.evaluate.blocks import BlockDrafter
 from dflash_eval.cache import manifest as cache_manifest
 from dflash_eval.completions import read_completions
 from dflash_eval.config import evaluate_settings, settings_from_args
-from dflash_eval.evaluate.checkpoint import agreed_layer_ids, check_against_target, checkpoint_facts
+from dflash_eval.checkpoint import agreed_layer_ids, check_against_target, checkpoint_facts
 from dflash_eval.evaluate.drafter import load_drafter
 from dflash_eval.evaluate.gpu import claim_device
 from dflash_eval.errors import DflashEvalError
 from dflash_eval.io_utils import atomic_write_json, atomic_write_text
 from dflash_eval.methods import chain_method, parse as parse_method
-from dflash_eval.provenance.fingerprint import FingerprintCache
+from dflash_eval.provenance.fingerprint import checkpoint_sha256
 from dflash_eval.evaluate.trajectory import LoadedSample, SampleSpec, TrajectoryEvaluator
 from dflash_eval.evaluate.target_head import load_target_head
 from dflash_eval.evaluate.draft_timing import time_on_cache as time_drafter_on_cache
@@ -200,7 +199,7 @@ def run_evaluation(settings: dict, hidden: str, completions: str) -> tuple[dict,
         runner, cache, loaded.layer_ids, device, dtype, settings.get("speedup") or {}))
     metrics = {
         "drafter": settings["drafter"], "dataset": settings["dataset"],
-        "checkpoint": {"path": loaded.path, "layout": loaded.layout, "sha256": _checkpoint_hash(loaded.path),
+        "checkpoint": {"path": loaded.path, "layout": loaded.layout, "sha256": checkpoint_sha256(loaded.path),
                        "global_step": loaded.global_step, "epoch": loaded.epoch, "step": checkpoint.get("step")},
         "block_size": block, "layer_ids": loaded.layer_ids, "cache": cache_info, "stop_token_ids": stops,
         "device": str(device), "dtype": settings["dtype"],
@@ -252,17 +251,6 @@ def samples_csv(rows: list[dict]) -> str:
     for row in rows:
         writer.writerow(["" if isinstance(v, float) and math.isnan(v) else v for v in map(row.get, SAMPLES_COLUMNS)])
     return out.getvalue()
-
-
-def _checkpoint_hash(path: str) -> str:
-    """metrics.json's checkpoint sha256: the file's own, or for a directory the sha256 of its files' hex
-    digests concatenated in path order. Each file's digest goes through the FingerprintCache, where the
-    workflow put it when it fingerprinted a checkpoint it did not build for this rule's param: no re-read."""
-    target = Path(path)
-    files = sorted(p for p in target.rglob("*") if p.is_file()) if target.is_dir() else [target]
-    fingerprints = FingerprintCache()
-    digests = [fingerprints.file(file, "checkpoint.path") for file in files]
-    return digests[0] if len(digests) == 1 else hashlib.sha256("".join(digests).encode()).hexdigest()
 
 
 def run(args: argparse.Namespace) -> int:

@@ -13,7 +13,7 @@ import json
 import logging
 from typing import Any
 
-from dflash_eval.demo.sglang_protocol import VERSION  # the SGLang release these field names were read from
+from dflash_eval.sglang_protocol import VERSION  # the SGLang release these field names were read from
 from dflash_eval.server.http import http_request
 
 log = logging.getLogger(__name__)

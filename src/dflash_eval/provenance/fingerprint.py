@@ -65,3 +65,14 @@ class FingerprintCache:
             atomic_write_json(self.path, {"format": _FORMAT, "files": self._entries})
         except OSError:
             pass  # a read-only working directory still gets correct (uncached) fingerprints
+
+
+def checkpoint_sha256(path: str | Path) -> str:
+    """metrics.json's checkpoint sha256: the file's own, or for a directory the sha256 of its files' hex
+    digests concatenated in path order. Each file's digest goes through the FingerprintCache, where the
+    workflow put it when it fingerprinted a checkpoint it did not build for this rule's param: no re-read."""
+    target = Path(path)
+    files = sorted(p for p in target.rglob("*") if p.is_file()) if target.is_dir() else [target]
+    fingerprints = FingerprintCache()
+    digests = [fingerprints.file(file, "checkpoint.path") for file in files]
+    return digests[0] if len(digests) == 1 else hashlib.sha256("".join(digests).encode()).hexdigest()

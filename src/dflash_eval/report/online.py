@@ -62,9 +62,9 @@ def weights_differ(served_path: str, checkpoint: dict[str, Any]) -> str | None:
     when that differs and the checkpoint is readable here, the tensors themselves, names aside: the same
     weights are often served in another layout (the demo evaluates a .pt checkpoint and serves its HF export).
     """
-    from dflash_eval.evaluate.stage import _checkpoint_hash  # imports torch: only for a readable served path
+    from dflash_eval.provenance.fingerprint import checkpoint_sha256
 
-    digest = _checkpoint_hash(served_path)
+    digest = checkpoint_sha256(served_path)
     if digest == checkpoint.get("sha256"):
         return None
     ours = Path(str(checkpoint.get("path")))
@@ -80,10 +80,10 @@ def _tensors_digest(path: Path) -> str:
 
     import torch
 
-    from dflash_eval.evaluate.checkpoint import detect_layout
-    from dflash_eval.evaluate.drafter import _read_state
+    from dflash_eval.checkpoint import detect_layout
+    from dflash_eval.checkpoint_weights import read_state  # imports torch: only for a readable served path
 
-    state, _ = _read_state(path, detect_layout(path), allow_pickle=False)
+    state, _ = read_state(path, detect_layout(path), allow_pickle=False)
     rows = sorted(f"{tuple(t.shape)}:{t.dtype}:{hashlib.sha256(t.contiguous().view(-1).view(torch.uint8).numpy()).hexdigest()}"
                   for t in state.values())
     return hashlib.sha256("\n".join(rows).encode()).hexdigest()
