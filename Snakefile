@@ -4,7 +4,12 @@ import re
 from snakemake.utils import min_version
 
 from dflash_eval.config import PRE_NORM_SUFFIX, validate_config
-from dflash_eval.preflight import built_by, check_inputs, config_source, warn_changed_caches
+from dflash_eval.preflight import (
+    built_by,
+    check_inputs,
+    config_source,
+    warn_changed_caches,
+)
 
 min_version("9.0")
 
@@ -12,7 +17,11 @@ min_version("9.0")
 configfile: "config.yaml"
 
 
-CONFIG_SOURCE = config_source(workflow.configfiles, workflow.overwrite_configfiles, workflow.config_settings.config)
+CONFIG_SOURCE = config_source(
+    workflow.configfiles,
+    workflow.overwrite_configfiles,
+    workflow.config_settings.config,
+)
 config = validate_config(config, CONFIG_SOURCE)
 
 
@@ -36,7 +45,12 @@ if config["demo"]["enabled"]:
 
 
 # Every path and checkpoint the config names, before any job runs (what the demo rules build may be missing).
-check_inputs(config, CONFIG_SOURCE, built_by(f for r in workflow.rules for f in r.output), unbuilt_demo)
+check_inputs(
+    config,
+    CONFIG_SOURCE,
+    built_by(f for r in workflow.rules for f in r.output),
+    unbuilt_demo,
+)
 
 
 include: "workflow/rules/fetch.smk"
@@ -45,7 +59,10 @@ include: "workflow/rules/evaluate.smk"
 include: "workflow/rules/backends.smk"
 include: "workflow/rules/report.smk"
 
-warn_changed_caches(report_caches())  # shards modified after extraction, seen by `snakemake -n`
+
+warn_changed_caches(
+    report_caches()
+)  # shards modified after extraction, seen by `snakemake -n`
 
 
 # Besides the report, every intermediate it is made from: one that went missing (an interrupted --forcerun removed

@@ -20,7 +20,12 @@ import torch
 from ddtree_speed import synthetic, timed  # benchmarks/ (the script's own folder)
 from record import print_and_record
 
-from dflash_eval.evaluate.ddtree import candidate_pairs, better_node_counts, tree_accepted, truth_path_ranks
+from dflash_eval.evaluate.ddtree import (
+    better_node_counts,
+    candidate_pairs,
+    tree_accepted,
+    truth_path_ranks,
+)
 
 ROOT = Path(__file__).resolve().parents[1]
 BUDGETS = [8, 16, 32, 64]

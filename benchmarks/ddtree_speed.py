@@ -24,8 +24,8 @@ import torch
 from record import print_and_record  # benchmarks/record.py (the script's own folder)
 
 ROOT = Path(__file__).resolve().parents[1]
-from dflash_eval.evaluate.ddtree import tree_accepted
 from dflash_eval.bench.ddtree_beam import beam_tree_accepted
+from dflash_eval.evaluate.ddtree import tree_accepted
 
 BUDGET_SETS = {"8-64": [8, 16, 32, 64], "8-1024": [8, 16, 32, 64, 128, 256, 512, 1024]}
 

@@ -44,11 +44,11 @@ def evaluate(out: Path, max_tokens: int, drafter_names: list[str]) -> tuple[dict
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from dflash_eval.evaluate.acceptance import sequence_limits
-    from dflash_eval.stats import tau_stats
+    from dflash_eval.evaluate.all_anchor import evaluate_sample
     from dflash_eval.evaluate.blocks import BlockDrafter
     from dflash_eval.evaluate.drafter import load_drafter
-    from dflash_eval.evaluate.all_anchor import evaluate_sample
     from dflash_eval.fetch.prompts import load_prompts
+    from dflash_eval.stats import tau_stats
 
     tokenizer = AutoTokenizer.from_pretrained(out / "target")
     target = AutoModelForCausalLM.from_pretrained(out / "target", dtype=torch.float32).eval()

@@ -24,8 +24,15 @@ from pathlib import Path
 from record import print_and_record  # benchmarks/record.py (the script's own folder)
 
 ROOT = Path(__file__).resolve().parents[1]
-from dflash_eval.bench.workflow import check, copy_workflow, load_config, save_config, snakemake, tiny_project, write_bytes
-
+from dflash_eval.bench.workflow import (
+    check,
+    copy_workflow,
+    load_config,
+    save_config,
+    snakemake,
+    tiny_project,
+    write_bytes,
+)
 from dflash_eval.provenance.fingerprint import DEFAULT_CACHE
 
 

@@ -56,14 +56,17 @@ from transformers import Qwen3Config
 
 ROOT = Path(__file__).resolve().parents[1]
 from dflash_eval.bench.accepted import accepted_tokens
-
+from dflash_eval.evaluate import packed
 from dflash_eval.evaluate.acceptance import SequenceLimits
 from dflash_eval.evaluate.all_anchor import evaluate_sample
-from dflash_eval.methods import chain_method
 from dflash_eval.evaluate.blocks import BlockDrafter
-from dflash_eval.evaluate import packed
 from dflash_eval.evaluate.packed import fused_attention_for
-from dflash_eval.evaluate.trajectory import LoadedSample, SampleSpec, TrajectoryEvaluator
+from dflash_eval.evaluate.trajectory import (
+    LoadedSample,
+    SampleSpec,
+    TrajectoryEvaluator,
+)
+from dflash_eval.methods import chain_method
 
 PEAK_TFLOPS = 790.0  # bf16 dense matrix rate measured on one H200
 SHAPES = {

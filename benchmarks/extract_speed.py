@@ -54,12 +54,12 @@ from pathlib import Path
 import torch
 from record import print_and_record  # benchmarks/record.py (the script's own folder)
 
-from dflash_eval.extract.backends import use_backend
-from dflash_eval.cache.store import CacheWriter
 from dflash_eval.cache.resume import greedy_shards, plan_shards, prepare_resume
+from dflash_eval.cache.store import CacheWriter
+from dflash_eval.extract.backends import use_backend
 from dflash_eval.extract.capture import capture_layers
-from dflash_eval.tools.compare_backends import compare_backends, format_table
 from dflash_eval.extract.stage import run_records
+from dflash_eval.tools.compare_backends import compare_backends, format_table
 
 ROOT = Path(__file__).resolve().parents[1]
 LAYERS = [1, 16, 31, 46, 61]

@@ -47,7 +47,6 @@ from record import print_and_record  # benchmarks/record.py (the script's own fo
 ROOT = Path(__file__).resolve().parents[1]
 
 from dflash_eval.bench import fake_openai_server, fixtures
-
 from dflash_eval.fetch import stage as fetch
 from dflash_eval.fetch.prompts import load_prompts
 from dflash_eval.server.http import http_request

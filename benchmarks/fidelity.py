@@ -40,14 +40,14 @@ from record import print_and_record  # benchmarks/record.py (the script's own fo
 
 from dflash_eval.completions import read_completions, serialize
 from dflash_eval.config import stage_settings
-from dflash_eval.stats import paired_difference
-from dflash_eval.methods import chain_method
 from dflash_eval.evaluate.drafter import load_drafter
 from dflash_eval.evaluate.stage import run_evaluation, stop_token_ids
 from dflash_eval.extract.backends import package_versions, use_backend
 from dflash_eval.extract.stage import extract
 from dflash_eval.extract.target import load_target, parse_dtype
 from dflash_eval.io_utils import atomic_write_json
+from dflash_eval.methods import chain_method
+from dflash_eval.stats import paired_difference
 
 ROOT = Path(__file__).resolve().parents[1]
 from dflash_eval.demo.reference import first_difference, online_acceptance

@@ -17,10 +17,9 @@ profiled run).
 from __future__ import annotations
 
 import argparse
+import time
 from collections import defaultdict
 from pathlib import Path
-
-import time
 
 import evaluator_speed as bench  # benchmarks/ (the script's own folder)
 import torch

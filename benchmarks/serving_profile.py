@@ -24,10 +24,11 @@ from extract_speed import (  # benchmarks/ (the script's own folder)
 from record import print_and_record
 
 ROOT = Path(__file__).resolve().parents[1]
-from dflash_eval.extract.profile import DEFAULT_VERIFY_TOKENS, measure_target
+from evaluator_speed import SHAPES, drafter_config
+
 from dflash_eval.evaluate.blocks import BlockDrafter
 from dflash_eval.evaluate.draft_timing import drafter_step_ms
-from evaluator_speed import SHAPES, drafter_config
+from dflash_eval.extract.profile import DEFAULT_VERIFY_TOKENS, measure_target
 
 
 def main() -> int:

@@ -7,7 +7,12 @@ import json
 import pytest
 
 from dflash_eval import completions
-from dflash_eval.completions import CompletionsError, iter_records, read_completions, serialize
+from dflash_eval.completions import (
+    CompletionsError,
+    iter_records,
+    read_completions,
+    serialize,
+)
 from dflash_eval.errors import DflashEvalError
 from dflash_eval.fetch.store import read_records
 from dflash_eval.report import trust

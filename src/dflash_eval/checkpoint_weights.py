@@ -33,7 +33,8 @@ def _load_error_summary(error: Exception) -> str:
 
 def _read_pt(path: Path, allow_pickle: bool) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
     if allow_pickle:
-        warnings.warn(f"{path}: loading with weights_only=False runs pickled code from the file (allow_pickle: true)")
+        warnings.warn(f"{path}: loading with weights_only=False runs pickled code from the file (allow_pickle: true)",
+                      stacklevel=2)
     try:
         checkpoint = torch.load(path, map_location="cpu", weights_only=not allow_pickle)
     except Exception as error:  # torch raises UnpicklingError and others

@@ -19,13 +19,12 @@ from typing import Any, Self
 
 from dflash_eval.cache import manifest as cache_manifest
 from dflash_eval.cache.verify import changed_since_extraction, repair_command
-from dflash_eval.errors import DflashEvalError
 from dflash_eval.checkpoint import check_checkpoint, checkpoint_facts
+from dflash_eval.errors import DflashEvalError
 from dflash_eval.extract.layers import check_layer_ids
-from dflash_eval.target_identity import check_target_dir, cuda_build_problem
 from dflash_eval.fetch.prompts import load_prompts
+from dflash_eval.target_identity import check_target_dir, cuda_build_problem
 from dflash_eval.yaml_files import read_yaml
-
 
 _MAX_LISTED = 20  # a step directory of 100 checkpoints with one wrong setting is one problem 100 times
 

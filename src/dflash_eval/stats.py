@@ -7,7 +7,7 @@ against offline). Pure numpy on lists of steps (tokens produced per verification
 
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
 import numpy as np
 

@@ -6,10 +6,15 @@ import random
 import pytest
 import torch
 
-from dflash_eval.extract import stage as extract_stage
+from dflash_eval.cache.resume import (
+    JOURNAL,
+    greedy_shards,
+    partial_dir,
+    plan_shards,
+    read_journal,
+)
 from dflash_eval.cache.store import CacheWriter, HiddenCache
-from dflash_eval.cache.resume import JOURNAL, greedy_shards, partial_dir, plan_shards, read_journal
-
+from dflash_eval.extract import stage as extract_stage
 from tests.support.extract_runs import Counting, extract_settings
 from tests.support.tiny import tiny_target
 

@@ -17,7 +17,6 @@ from dflash_eval.demo.target import (
     make_target_config,
     qwen36_layer_types,
 )
-from tests.support.tiny import build_demo_target
 from dflash_eval.demo.tokenizer import (
     BUILD_INFO,
     ENDOFTEXT,
@@ -27,6 +26,7 @@ from dflash_eval.demo.tokenizer import (
     build_tokenizer,
     mask_token_id,
 )
+from tests.support.tiny import build_demo_target
 
 ROOT = Path(__file__).resolve().parents[2]
 PROMPTS = ROOT / "resources" / "prompts" / "demo_code.jsonl"

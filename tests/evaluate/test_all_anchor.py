@@ -11,13 +11,12 @@ trivial. The demo-scale version (served completions) lives in tests/demo/test_of
 import pytest
 import torch
 
-from dflash_eval.evaluate.acceptance import sequence_limits
-from dflash_eval.evaluate.blocks import BlockDrafter
 from dflash_eval.demo.drafters import TrainingSequence
-from dflash_eval.evaluate.all_anchor import evaluate_sample
-from dflash_eval.methods import chain_method, tree_method
-
 from dflash_eval.demo.reference import exact_target_rollback, online_acceptance
+from dflash_eval.evaluate.acceptance import sequence_limits
+from dflash_eval.evaluate.all_anchor import evaluate_sample
+from dflash_eval.evaluate.blocks import BlockDrafter
+from dflash_eval.methods import chain_method, tree_method
 from tests.support.reference import _draft_logprobs, assert_same_steps, ddtree_online
 from tests.support.tiny import MASK_ID, tiny_drafter, tiny_target, train_briefly
 
@@ -119,8 +118,9 @@ def test_tree_tau_grows_with_budget(setup):
 
 def _next_logits_after_partial_acceptance(target, ids, exact: bool) -> torch.Tensor:
     """Prefill 12 tokens, verify a block of 4, keep 2 (as dflash_generate does), then decode 3 more."""
-    import dflash.model as reference
     from contextlib import nullcontext
+
+    import dflash.model as reference
 
     with torch.no_grad(), (exact_target_rollback(target) if exact else nullcontext()):
         cache = reference._make_cache(target.config)

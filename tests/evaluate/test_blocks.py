@@ -4,7 +4,6 @@ import pytest
 import torch
 
 from dflash_eval.evaluate.blocks import BlockDrafter
-
 from tests.support.tiny import MASK_ID, tiny_drafter, tiny_target
 
 

@@ -6,9 +6,8 @@ import pytest
 import torch
 from safetensors.torch import save_file
 
-from dflash_eval.evaluate.drafter import load_drafter
 from dflash_eval.errors import DflashEvalError
-
+from dflash_eval.evaluate.drafter import load_drafter
 from tests.support.tiny import tiny_drafter
 
 LAYERS = [0, 2]

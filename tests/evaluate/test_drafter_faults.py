@@ -10,8 +10,8 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from dflash_eval.errors import DflashEvalError
 from dflash_eval.checkpoint import check_checkpoint, checkpoint_facts
+from dflash_eval.errors import DflashEvalError
 from dflash_eval.evaluate.drafter import load_drafter
 from dflash_eval.evaluate.target_head import load_target_head
 from tests.support.tiny import tiny_drafter, tiny_target

@@ -13,7 +13,6 @@ from dflash_eval.evaluate import drafter_model
 from dflash_eval.evaluate.blocks import BlockDrafter
 from dflash_eval.evaluate.drafter import load_drafter, reference_drafter
 from dflash_eval.evaluate.packed import ContextPool, pack, packed_hidden
-
 from tests.support.tiny import MASK_ID, tiny_drafter, tiny_target
 
 LAYERS = [0, 2]

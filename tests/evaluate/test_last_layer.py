@@ -12,14 +12,14 @@ import torch
 
 from dflash_eval import config as cfg
 from dflash_eval.demo.drafters import TrainingSequence
+from dflash_eval.demo.reference import online_acceptance
 from dflash_eval.errors import DflashEvalError
 from dflash_eval.evaluate.acceptance import sequence_limits
 from dflash_eval.evaluate.all_anchor import evaluate_sample
-from dflash_eval.methods import chain_method
 from dflash_eval.evaluate.blocks import BlockDrafter
 from dflash_eval.evaluate.stage import check_last_layer
 from dflash_eval.extract.capture import capture_layers
-from dflash_eval.demo.reference import online_acceptance
+from dflash_eval.methods import chain_method
 from tests.support.reference import _draft_logprobs, assert_same_steps
 from tests.support.tiny import MASK_ID, tiny_drafter, tiny_target, train_briefly
 

@@ -7,7 +7,6 @@ import torch
 from dflash_eval.evaluate import packed
 from dflash_eval.evaluate.blocks import BlockDrafter
 from dflash_eval.evaluate.packed import ContextPool, pack, packed_hidden
-
 from tests.support.tiny import MASK_ID, tiny_drafter, tiny_target
 
 

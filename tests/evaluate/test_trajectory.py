@@ -12,13 +12,16 @@ import numpy as np
 import pytest
 import torch
 
+from dflash_eval.bench.accepted import accepted_tokens
 from dflash_eval.evaluate.acceptance import sequence_limits
 from dflash_eval.evaluate.all_anchor import evaluate_sample
-from dflash_eval.methods import chain_method
 from dflash_eval.evaluate.blocks import BlockDrafter
-from dflash_eval.evaluate.trajectory import LoadedSample, SampleSpec, TrajectoryEvaluator
-
-from dflash_eval.bench.accepted import accepted_tokens
+from dflash_eval.evaluate.trajectory import (
+    LoadedSample,
+    SampleSpec,
+    TrajectoryEvaluator,
+)
+from dflash_eval.methods import chain_method
 from tests.support.tiny import MASK_ID, tiny_drafter, tiny_target
 
 LAYERS = [0, 2]

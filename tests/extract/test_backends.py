@@ -15,7 +15,6 @@ from dflash_eval.extract.backends import (
     torch_function,
     use_backend,
 )
-
 from tests.support.tiny import tiny_target
 
 TORCH_CHUNK = "transformers.models.qwen3_5.modeling_qwen3_5.torch_chunk_gated_delta_rule"

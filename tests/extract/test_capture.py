@@ -4,10 +4,9 @@ import pytest
 import torch
 from transformers import Qwen3_5Config, Qwen3_5ForConditionalGeneration
 
+from dflash_eval.errors import DflashEvalError
 from dflash_eval.extract.backends import use_backend
 from dflash_eval.extract.capture import capture_layers, text_parts
-from dflash_eval.errors import DflashEvalError
-
 from tests.support.tiny import tiny_target
 
 TOKENS = torch.randint(2, 290, (19,), generator=torch.Generator().manual_seed(1))

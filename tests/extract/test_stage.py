@@ -11,12 +11,11 @@ import torch
 from safetensors.torch import load_file, save_file
 from transformers import Qwen3_5Config, Qwen3_5ForConditionalGeneration
 
-from dflash_eval.extract import stage as extract_stage
-from dflash_eval.extract.backends import BackendUnavailable, use_backend
 from dflash_eval.cache.store import HiddenCache
 from dflash_eval.errors import DflashEvalError
+from dflash_eval.extract import stage as extract_stage
+from dflash_eval.extract.backends import BackendUnavailable, use_backend
 from dflash_eval.extract.target import load_target, target_config_hash
-
 from tests.support.tiny import tiny_target
 
 LAYERS = [2, 0]  # cache order follows the request

@@ -18,8 +18,14 @@ from dflash_eval import cli
 from dflash_eval.cache.reuse import kept_dir
 from dflash_eval.cache.store import HiddenCache
 from dflash_eval.extract import stage as extract_stage
-from tests.support.extract_runs import (Counting, assert_same_states, cache_states, extract_settings, tiny_records,
-                                     write_records)
+from tests.support.extract_runs import (
+    Counting,
+    assert_same_states,
+    cache_states,
+    extract_settings,
+    tiny_records,
+    write_records,
+)
 from tests.support.tiny import tiny_target
 
 LENGTHS = [7, 5, 9, 4, 12, 3, 6, 8, 2, 5]

@@ -9,12 +9,12 @@ import sys
 import types
 from pathlib import Path
 
-from dflash_eval.bench import fixtures
 import pytest
 
 from dflash_eval import config as cfg
-from dflash_eval.fetch import stage as fetch
+from dflash_eval.bench import fixtures
 from dflash_eval.errors import DflashEvalError
+from dflash_eval.fetch import stage as fetch
 from dflash_eval.fetch.presets import PRESETS, load_preset
 
 BOXED = "\nPlease reason step by step, and put your final answer within \\boxed{}."

@@ -10,13 +10,18 @@ from pathlib import Path
 import pytest
 import torch
 
-from dflash_eval.demo.server import sglang_steps, spec_counters
-from dflash_eval.sglang_protocol import PROTOCOL_FIELDS, SERVER_INFO, unknown_fields, wheel_fields
-from dflash_eval.fetch import sglang
-from dflash_eval.report import online as online_panel
-from dflash_eval.fetch import stage as fetch
-from dflash_eval.server.control import ServerController
 from dflash_eval.bench import fixtures
+from dflash_eval.demo.server import sglang_steps, spec_counters
+from dflash_eval.fetch import sglang
+from dflash_eval.fetch import stage as fetch
+from dflash_eval.report import online as online_panel
+from dflash_eval.server.control import ServerController
+from dflash_eval.sglang_protocol import (
+    PROTOCOL_FIELDS,
+    SERVER_INFO,
+    unknown_fields,
+    wheel_fields,
+)
 from tests.support import servers as hs
 
 BLOCK = 4
@@ -94,8 +99,8 @@ def served(tmp_path_factory):
 def test_fetch_records_the_servers_ids_and_counters_on_both_endpoints(served, endpoint, tmp_path):
     from transformers import AutoModelForCausalLM
 
-    from dflash_eval.evaluate.drafter import load_drafter
     from dflash_eval.demo.reference import online_acceptance
+    from dflash_eval.evaluate.drafter import load_drafter
 
     prompts = fixtures.write_prompts(tmp_path / "p.jsonl", 3)
     out = tmp_path / "c.jsonl"

@@ -5,15 +5,15 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from dflash_eval.bench import fixtures
-from tests.support import servers as hs
 import pytest
 
 from dflash_eval import cli
+from dflash_eval.bench import fixtures
 from dflash_eval.config import stage_settings
 from dflash_eval.fetch import stage as fetch
 from dflash_eval.fetch.prompts import PromptFileError, load_prompts, select_subset
 from dflash_eval.server.control import ServerController
+from tests.support import servers as hs
 
 MAX_TOKENS = 16
 RECORD_FIELDS = {

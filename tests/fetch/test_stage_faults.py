@@ -19,10 +19,10 @@ import pytest
 
 from dflash_eval.bench import fake_openai_server as fake_server
 from dflash_eval.bench import fixtures
-from dflash_eval.fetch import stage as fetch
 from dflash_eval.errors import DflashEvalError
-from dflash_eval.fetch.store import PartialStore, partial_path, read_records
+from dflash_eval.fetch import stage as fetch
 from dflash_eval.fetch.retry import FetchError, backoff_delay
+from dflash_eval.fetch.store import PartialStore, partial_path, read_records
 from tests.support.fake_fetch import fake, fake_process, served, settings
 
 

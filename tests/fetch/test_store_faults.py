@@ -8,10 +8,10 @@ import os
 
 import pytest
 
+from dflash_eval.bench import fixtures
 from dflash_eval.fetch import stage as fetch
 from dflash_eval.fetch.store import PartialStore, partial_path, pick_kept
 from tests.support.fake_fetch import fake, served, settings
-from dflash_eval.bench import fixtures
 
 
 @pytest.fixture(scope="module")

@@ -8,9 +8,8 @@ import shutil
 
 import pytest
 
-from dflash_eval.provenance import code_version
-from dflash_eval.provenance import fingerprint
 from dflash_eval.errors import DflashEvalError
+from dflash_eval.provenance import code_version, fingerprint
 
 
 def test_file_hash_is_sha256_and_cached_by_size_and_mtime(tmp_path, monkeypatch):

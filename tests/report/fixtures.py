@@ -12,7 +12,6 @@ import pandas as pd
 from dflash_eval.config import stage_settings
 from dflash_eval.io_utils import atomic_write_json, sha256_file
 
-
 SETTINGS = stage_settings("report", {  # as the workflow hands them: the schema's defaults filled in
     "drafters": {"step-1000": {"step": 1000, "layer_ids": [1, 3]},
                  "step-2000": {"step": 1999, "layer_ids": [1, 3]}},   # checkpoint says 2000: that wins

@@ -14,7 +14,13 @@ from dflash_eval.evaluate import speedup
 from dflash_eval.io_utils import atomic_write_json
 from dflash_eval.report import plots, summary
 from dflash_eval.report import stage as report
-from tests.report.fixtures import TAUS, metrics_dict, report_args, section, write_metrics
+from tests.report.fixtures import (
+    TAUS,
+    metrics_dict,
+    report_args,
+    section,
+    write_metrics,
+)
 
 # summary.csv's columns before the estimate: kept first and in this order, so that a reader of the earlier file
 # (and the demo's summary.csv) sees the same columns and values

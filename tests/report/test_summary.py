@@ -9,7 +9,15 @@ from dflash_eval.errors import DflashEvalError
 from dflash_eval.io_utils import atomic_write_json
 from dflash_eval.report import stage as report
 from dflash_eval.report import summary
-from tests.report.fixtures import MISMATCH, SETTINGS, TAUS, metrics_dict, report_args, table_line, write_metrics
+from tests.report.fixtures import (
+    MISMATCH,
+    SETTINGS,
+    TAUS,
+    metrics_dict,
+    report_args,
+    table_line,
+    write_metrics,
+)
 
 
 def test_csv_numbers_equal_the_metrics(out):

@@ -9,8 +9,8 @@ import subprocess
 import sys
 
 from dflash_eval.server.control import ServerController
-from tests.support.server_control import entries, make, pauser, transitions
 from tests.support import servers as hs
+from tests.support.server_control import entries, make, pauser, transitions
 
 LAUNCH_AS_A_RUN = (
     "import json, sys\n"

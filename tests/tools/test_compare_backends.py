@@ -6,11 +6,15 @@ import math
 import pytest
 import torch
 
-from dflash_eval.evaluate.blocks import BlockDrafter
 from dflash_eval.cli import main
-from dflash_eval.tools.compare_backends import DrafterCheck, LayerError, compare_backends, format_table
 from dflash_eval.errors import DflashEvalError
-
+from dflash_eval.evaluate.blocks import BlockDrafter
+from dflash_eval.tools.compare_backends import (
+    DrafterCheck,
+    LayerError,
+    compare_backends,
+    format_table,
+)
 from tests.support.tiny import MASK_ID, tiny_drafter, tiny_target
 
 

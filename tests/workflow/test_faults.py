@@ -17,11 +17,19 @@ from pathlib import Path
 import pytest
 from safetensors.torch import save_file
 
+from dflash_eval.bench import fixtures
+from dflash_eval.bench.workflow import (
+    add_hf_drafter,
+    check,
+    copy_workflow,
+    load_config,
+    save_config,
+    snakemake,
+    tiny_project,
+    write_bytes,
+)
 from dflash_eval.target_identity import torch_cuda_version
 from tests.support.fake_fetch import fake_process
-from dflash_eval.bench import fixtures
-from dflash_eval.bench.workflow import (add_hf_drafter, check, copy_workflow, load_config, save_config, snakemake,
-                                            tiny_project, write_bytes)
 
 REAL_CLI = "#!{python}\nimport sys\nfrom dflash_eval.cli import main\nsys.exit(main())\n"
 

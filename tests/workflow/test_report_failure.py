@@ -8,8 +8,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from dflash_eval.report.plots import PLOTS
 from dflash_eval.bench import workflow as harness
+from dflash_eval.report.plots import PLOTS
 from tests.support.report_project import report_project, report_snakemake
 
 REPORT_FILES = ("summary.csv", "summary.md", "trust.json", *(f"plots/{plot.file}" for plot in PLOTS.values()))

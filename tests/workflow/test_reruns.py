@@ -14,8 +14,18 @@ from pathlib import Path
 
 import pytest
 
-from dflash_eval.bench.workflow import (add_hf_drafter, check, copy_workflow, job, load_config, plan, save_config, snakemake,
-                              tiny_project, write_bytes)
+from dflash_eval.bench.workflow import (
+    add_hf_drafter,
+    check,
+    copy_workflow,
+    job,
+    load_config,
+    plan,
+    save_config,
+    snakemake,
+    tiny_project,
+    write_bytes,
+)
 
 ALL_EVALS = {job("evaluate", d, s) for d in "ab" for s in ("d1", "d2")}
 

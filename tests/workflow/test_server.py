@@ -16,8 +16,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tests.support import servers as hs
 from dflash_eval.bench.workflow import check, copy_workflow, snakemake, tiny_project
+from tests.support import servers as hs
 
 # Each test is one or two real snakemake runs: 84 s and 64 s on the loaded 2-core dev machine
 # (2026-11-30), too slow for the default suite. tests/server/test_control.py covers the same mechanics

@@ -24,8 +24,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tests.support import servers as hs
 from dflash_eval.bench.workflow import check, copy_workflow, snakemake, tiny_project
+from tests.support import servers as hs
 
 pytestmark = pytest.mark.slow  # real snakemake runs, tens of seconds each on the 2-core dev machine
 

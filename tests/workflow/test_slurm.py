@@ -17,7 +17,13 @@ from pathlib import Path
 
 import pytest
 
-from dflash_eval.bench.workflow import check, copy_workflow, plan, snakemake, tiny_project
+from dflash_eval.bench.workflow import (
+    check,
+    copy_workflow,
+    plan,
+    snakemake,
+    tiny_project,
+)
 
 pytestmark = pytest.mark.slurm
 

@@ -9,6 +9,14 @@ rule compare_backends:
         drafter=lambda w: checkpoint_inputs(w.drafter),
     output:
         BACKENDS,
+    log:
+        f"{LOGS}/backends/{{drafter}}/{{dataset}}/{{dtype}}.log",
+    benchmark:
+        f"{BENCH}/backends/{{drafter}}/{{dataset}}/{{dtype}}.tsv"
+    wildcard_constraints:
+        dtype="bfloat16|float32",
+    resources:
+        gpu=1,
     params:
         target=config["target"]["path"],
         checkpoint=lambda w: config["drafters"][w.drafter]["path"],
@@ -17,19 +25,13 @@ rule compare_backends:
             if config["drafters"][w.drafter]["config"]
             else ""
         ),
-        layers=lambda w: ",".join(str(i) for i in cfg.drafter_layer_ids(config, w.drafter)),
+        layers=lambda w: ",".join(
+            str(i) for i in cfg.drafter_layer_ids(config, w.drafter)
+        ),
         last_layer=lambda w: cfg.drafter_last_layer(config, w.drafter),
         device=config["target"]["device"],
         max_samples=config["backend_comparison"]["max_samples"],
         code=code_fingerprint("compare-backends"),
-    resources:
-        gpu=1,
-    wildcard_constraints:
-        dtype="bfloat16|float32",
-    log:
-        f"{LOGS}/backends/{{drafter}}/{{dataset}}/{{dtype}}.log",
-    benchmark:
-        f"{BENCH}/backends/{{drafter}}/{{dataset}}/{{dtype}}.tsv"
     shell:
         "dflash-eval --log {log} compare-backends --target {params.target} --completions {input.completions}"
         " --layers {params.layers} --last-layer {params.last_layer} --drafter {params.checkpoint}"

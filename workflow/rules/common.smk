@@ -17,7 +17,9 @@ DEMO_DIR = "resources/demo"
 DEMO = config["demo"]
 
 # What passes between the stages (docs/contracts.md), named once; every rule file uses these.
-COMPLETIONS = f"{RESULTS}/completions/{{dataset}}.jsonl"  # fetch -> extract, evaluate, report
+COMPLETIONS = (
+    f"{RESULTS}/completions/{{dataset}}.jsonl"  # fetch -> extract, evaluate, report
+)
 HIDDEN = f"{RESULTS}/hidden/{{dataset}}/{{layerset}}"  # extract -> evaluate, report
 METRICS = f"{RESULTS}/eval/{{drafter}}/{{dataset}}/metrics.json"  # evaluate -> report
 BACKENDS = f"{RESULTS}/backends/{{drafter}}/{{dataset}}/{{dtype}}.json"  # compare_backends -> report
@@ -33,8 +35,10 @@ def settings_param(settings: dict) -> str:
 # so Snakemake reruns nothing when they change. Their shell commands read it from these environment variables
 # (`--runtime "$DFLASH_EVAL_FETCH_RUNTIME"`), set by every Snakemake process that parses this file, cluster jobs
 # included. See config.fetch_runtime.
-os.environ.update(DFLASH_EVAL_FETCH_RUNTIME=cfg.settings_json(cfg.fetch_runtime(config)),
-                  DFLASH_EVAL_EXTRACT_RUNTIME=cfg.settings_json(cfg.extract_runtime(config)))
+os.environ.update(
+    DFLASH_EVAL_FETCH_RUNTIME=cfg.settings_json(cfg.fetch_runtime(config)),
+    DFLASH_EVAL_EXTRACT_RUNTIME=cfg.settings_json(cfg.extract_runtime(config)),
+)
 
 
 def model_dir_files(path: str, demo_files: list[str]) -> list[str]:
@@ -45,13 +49,19 @@ def model_dir_files(path: str, demo_files: list[str]) -> list[str]:
     root = Path(path)
     if root.is_dir() and any(root.glob("*.safetensors")):
         names = sorted({p.name for p in root.glob("*.safetensors")} | {"config.json"})
-        names += [n for n in ("model.safetensors.index.json", "generation_config.json") if (root / n).exists()]
+        names += [
+            n
+            for n in ("model.safetensors.index.json", "generation_config.json")
+            if (root / n).exists()
+        ]
         return [str(root / n) for n in dict.fromkeys(names)]
     if DEMO["enabled"] and path.startswith(DEMO_DIR):
         return [f"{path}/{name}" for name in demo_files]
     why = unbuilt_demo(path)
-    raise ValueError(f"{path}: not a model directory with safetensors weights (check target.path / drafters.*.path"
-                     f"{f'; {why}' if why else ''})")
+    raise ValueError(
+        f"{path}: not a model directory with safetensors weights (check target.path / drafters.*.path"
+        f"{f'; {why}' if why else ''})"
+    )
 
 
 def unbuilt_demo(path: str) -> str:
@@ -74,7 +84,12 @@ def built_here(files: list[str]) -> bool:
 @functools.cache
 def target_files() -> tuple[str, ...]:
     """Listed once per Snakemake process: every fetch, extract and evaluate job asks (500+ at scale)."""
-    return tuple(model_dir_files(config["target"]["path"], ["config.json", "model.safetensors", "generation_config.json"]))
+    return tuple(
+        model_dir_files(
+            config["target"]["path"],
+            ["config.json", "model.safetensors", "generation_config.json"],
+        )
+    )
 
 
 def target_inputs(wildcards=None) -> list[str]:
@@ -95,13 +110,19 @@ def target_fingerprint(wildcards=None) -> str:
 @functools.cache
 def _target_fingerprint() -> str:
     files = list(target_files())
-    return "built by the workflow" if built_here(files) else FINGERPRINTS.files(files, "target.path")
+    return (
+        "built by the workflow"
+        if built_here(files)
+        else FINGERPRINTS.files(files, "target.path")
+    )
 
 
 def selected_evaluations() -> list[str]:
     """`--config only=... only_datasets=...`: just these evaluations, no report."""
     drafters = cfg.select(config.get("only"), list(config["drafters"]), "--config only")
-    datasets = cfg.select(config.get("only_datasets"), list(config["datasets"]), "--config only_datasets")
+    datasets = cfg.select(
+        config.get("only_datasets"), list(config["datasets"]), "--config only_datasets"
+    )
     return expand(METRICS, drafter=drafters, dataset=datasets)
 
 
@@ -113,7 +134,11 @@ def checkpoint_inputs(name: str) -> list[str]:
 @functools.cache  # per drafter, not per evaluation job
 def checkpoint_fingerprint(name: str) -> str:
     files = list(checkpoint_files(name))
-    return "built by the workflow" if built_here(files) else FINGERPRINTS.files(files, f"drafters.{name}.path")
+    return (
+        "built by the workflow"
+        if built_here(files)
+        else FINGERPRINTS.files(files, f"drafters.{name}.path")
+    )
 
 
 @functools.cache  # per drafter: its input and its fingerprint param both ask, for every dataset
@@ -126,12 +151,18 @@ def checkpoint_files(name: str) -> tuple[str, ...]:
         files = model_dir_files(path, ["config.json", "model.safetensors"])
     if spec.get("config"):
         config_path = spec["config"]
-        files.append(config_path if config_path.endswith(".json") else f"{config_path}/config.json")
+        files.append(
+            config_path
+            if config_path.endswith(".json")
+            else f"{config_path}/config.json"
+        )
     return tuple(files)
 
 
 def drafter_layerset(name: str) -> str:
-    return cfg.layerset_name(cfg.drafter_layer_ids(config, name), cfg.drafter_last_layer(config, name))
+    return cfg.layerset_name(
+        cfg.drafter_layer_ids(config, name), cfg.drafter_last_layer(config, name)
+    )
 
 
 def hidden_cache(drafter: str, dataset: str) -> str:
@@ -141,7 +172,13 @@ def hidden_cache(drafter: str, dataset: str) -> str:
 
 def report_caches(wildcards=None) -> list[str]:
     """Every hidden-state cache an evaluation read: the trust panel lists their provenance."""
-    return sorted({hidden_cache(drafter, dataset) for drafter in config["drafters"] for dataset in config["datasets"]})
+    return sorted(
+        {
+            hidden_cache(drafter, dataset)
+            for drafter in config["drafters"]
+            for dataset in config["datasets"]
+        }
+    )
 
 
 def checked_report_settings(wildcards=None) -> str:
@@ -161,8 +198,10 @@ def checked_report_settings(wildcards=None) -> str:
                 checkpoint_inputs(drafter)
                 target_inputs()
             except (ValueError, DflashEvalError) as error:
-                raise DflashEvalError(f"the report needs {metrics} (drafter {drafter!r} on dataset {dataset!r}), "
-                                      f"which does not exist and cannot be made: {error}") from None
+                raise DflashEvalError(
+                    f"the report needs {metrics} (drafter {drafter!r} on dataset {dataset!r}), "
+                    f"which does not exist and cannot be made: {error}"
+                ) from None
     return settings_param(cfg.report_settings(config))
 
 
@@ -178,7 +217,12 @@ def plot_dir(wildcards, output) -> str:
 def backend_comparisons(wildcards=None) -> list[str]:
     """The compare_backends outputs that config.yaml's backend_comparison asks for (none by default)."""
     wanted = config["backend_comparison"]
-    return expand(BACKENDS, drafter=wanted["drafters"], dataset=wanted["datasets"], dtype=wanted["dtypes"])
+    return expand(
+        BACKENDS,
+        drafter=wanted["drafters"],
+        dataset=wanted["datasets"],
+        dtype=wanted["dtypes"],
+    )
 
 
 def report_intermediates() -> list[str]:

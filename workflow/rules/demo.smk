@@ -7,13 +7,13 @@ DEMO_DRAFTERS = ["untrained"] + [f"step{s}" for s in DEMO_STEPS]
 rule demo_tokenizer:
     output:
         tokenizer=f"{DEMO_DIR}/tokenizer/tokenizer.json",
-    params:
-        seed=DEMO["seed"],
-        out=lambda w, output: os.path.dirname(output.tokenizer),
     log:
         f"{LOGS}/demo/tokenizer.log",
     benchmark:
         f"{BENCH}/demo/tokenizer.tsv"
+    params:
+        seed=DEMO["seed"],
+        out=lambda w, output: os.path.dirname(output.tokenizer),
     shell:
         "dflash-eval --log {log} demo-tokenizer --out {params.out} --seed {params.seed} > /dev/null 2>> {log}"
 
@@ -25,16 +25,16 @@ rule demo_target:
         config=f"{DEMO_DIR}/target/config.json",
         weights=f"{DEMO_DIR}/target/model.safetensors",
         generation=f"{DEMO_DIR}/target/generation_config.json",
+    log:
+        f"{LOGS}/demo/target.log",
+    benchmark:
+        f"{BENCH}/demo/target.tsv"
+    threads: 2
     params:
         seed=DEMO["seed"],
         steps=DEMO["target_steps"],
         tokenizer=lambda w, input: os.path.dirname(input.tokenizer),
         out=lambda w, output: os.path.dirname(output.config),
-    threads: 2
-    log:
-        f"{LOGS}/demo/target.log",
-    benchmark:
-        f"{BENCH}/demo/target.tsv"
     shell:
         "dflash-eval --log {log} demo-target --tokenizer {params.tokenizer} --out {params.out}"
         " --seed {params.seed} --steps {params.steps} > /dev/null 2>> {log}"
@@ -44,18 +44,24 @@ rule demo_drafters:
     input:
         rules.demo_target.output,
     output:
-        models=expand(f"{DEMO_DIR}/drafters/{{name}}/{{file}}", name=DEMO_DRAFTERS, file=["config.json", "model.safetensors"]),
-        checkpoints=expand(f"{DEMO_DIR}/drafters/checkpoints/step_{{step}}.pt", step=[0] + DEMO_STEPS),
+        models=expand(
+            f"{DEMO_DIR}/drafters/{{name}}/{{file}}",
+            name=DEMO_DRAFTERS,
+            file=["config.json", "model.safetensors"],
+        ),
+        checkpoints=expand(
+            f"{DEMO_DIR}/drafters/checkpoints/step_{{step}}.pt", step=[0] + DEMO_STEPS
+        ),
+    log:
+        f"{LOGS}/demo/drafters.log",
+    benchmark:
+        f"{BENCH}/demo/drafters.tsv"
+    threads: 2
     params:
         seed=DEMO["seed"],
         steps=" ".join(str(s) for s in DEMO_STEPS),
         target=lambda w, input: os.path.dirname(input[0]),
         out=lambda w, output: os.path.dirname(os.path.dirname(output.checkpoints[0])),
-    threads: 2
-    log:
-        f"{LOGS}/demo/drafters.log",
-    benchmark:
-        f"{BENCH}/demo/drafters.tsv"
     shell:
         "dflash-eval --log {log} demo-drafters --target {params.target} --out {params.out}"
         " --steps {params.steps} --seed {params.seed} --threads {threads} > /dev/null 2>> {log}"

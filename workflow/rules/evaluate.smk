@@ -18,18 +18,20 @@ rule evaluate:
     output:
         metrics=METRICS,
         samples=SAMPLES,
-    params:
-        settings=lambda w: settings_param(cfg.evaluate_settings(config, w.drafter, w.dataset)),
-        checkpoint=lambda w: checkpoint_fingerprint(w.drafter),
-        target=target_fingerprint,
-        code=code_fingerprint("evaluate"),
-    resources:
-        gpu=lambda w: 0 if config["evaluation"]["device"] == "cpu" else 1,
-    threads: 2
     log:
         f"{LOGS}/evaluate/{{drafter}}/{{dataset}}.log",
     benchmark:
         f"{BENCH}/evaluate/{{drafter}}/{{dataset}}.tsv"
+    threads: 2
+    resources:
+        gpu=lambda w: 0 if config["evaluation"]["device"] == "cpu" else 1,
+    params:
+        settings=lambda w: settings_param(
+            cfg.evaluate_settings(config, w.drafter, w.dataset)
+        ),
+        checkpoint=lambda w: checkpoint_fingerprint(w.drafter),
+        target=target_fingerprint,
+        code=code_fingerprint("evaluate"),
     shell:
         "dflash-eval --log {log} evaluate --settings {params.settings:q} --hidden {input.hidden}"
         " --completions {input.completions} --metrics {output.metrics} --samples {output.samples} 2>> {log}"

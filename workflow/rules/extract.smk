@@ -7,19 +7,25 @@ rule extract:
         target=target_inputs,
     output:
         directory(HIDDEN),
-    params:
-        settings=lambda w: settings_param(cfg.extract_params(config, w.dataset, cfg.parse_layerset(w.layerset),
-                                                             cfg.layerset_last_layer(w.layerset))),
-        target=target_fingerprint,
-        code=code_fingerprint("extract"),
-    resources:
-        server_lock=1,
-        gpu=lambda w: 0 if config["target"]["device"] == "cpu" else 1,
-    threads: 2
     log:
         f"{LOGS}/extract/{{dataset}}/{{layerset}}.log",
     benchmark:
         f"{BENCH}/extract/{{dataset}}/{{layerset}}.tsv"
+    threads: 2
+    resources:
+        server_lock=1,
+        gpu=lambda w: 0 if config["target"]["device"] == "cpu" else 1,
+    params:
+        settings=lambda w: settings_param(
+            cfg.extract_params(
+                config,
+                w.dataset,
+                cfg.parse_layerset(w.layerset),
+                cfg.layerset_last_layer(w.layerset),
+            )
+        ),
+        target=target_fingerprint,
+        code=code_fingerprint("extract"),
     shell:
         'dflash-eval --log {log} extract --settings {params.settings:q} --runtime "$DFLASH_EVAL_EXTRACT_RUNTIME"'
         " --completions {input.completions}"

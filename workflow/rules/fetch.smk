@@ -9,16 +9,16 @@ rule fetch:
         served_drafter=served_drafter_inputs,
     output:
         COMPLETIONS,
-    params:
-        settings=lambda w: settings_param(cfg.fetch_params(config, w.dataset)),
-        target=target_fingerprint,
-        code=code_fingerprint("fetch"),
-    resources:
-        server_lock=1,
     log:
         f"{LOGS}/fetch/{{dataset}}.log",
     benchmark:
         f"{BENCH}/fetch/{{dataset}}.tsv"
+    resources:
+        server_lock=1,
+    params:
+        settings=lambda w: settings_param(cfg.fetch_params(config, w.dataset)),
+        target=target_fingerprint,
+        code=code_fingerprint("fetch"),
     shell:
         'dflash-eval --log {log} fetch --settings {params.settings:q} --runtime "$DFLASH_EVAL_FETCH_RUNTIME"'
         " --out {output} 2>> {log}"

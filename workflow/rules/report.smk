@@ -6,24 +6,31 @@
 
 rule report:
     input:
-        metrics=expand(METRICS, drafter=list(config["drafters"]), dataset=list(config["datasets"])),
-        samples=expand(SAMPLES, drafter=list(config["drafters"]), dataset=list(config["datasets"])),
+        metrics=expand(
+            METRICS, drafter=list(config["drafters"]), dataset=list(config["datasets"])
+        ),
+        samples=expand(
+            SAMPLES, drafter=list(config["drafters"]), dataset=list(config["datasets"])
+        ),
         hidden=report_caches,
         completions=expand(COMPLETIONS, dataset=list(config["datasets"])),
         backends=backend_comparisons,
     output:
+        **{
+            name: report_output(f"{RESULTS}/plots/{plot.file}", plot.caption, "Plots")
+            for name, plot in PLOTS.items()
+        },
         csv=report_output(f"{RESULTS}/summary.csv", "summary_csv.rst", "Summary"),
         md=report_output(f"{RESULTS}/summary.md", "summary_md.rst", "Summary"),
         trust=report_output(f"{RESULTS}/trust.json", "trust.rst", "Summary"),
-        **{name: report_output(f"{RESULTS}/plots/{plot.file}", plot.caption, "Plots") for name, plot in PLOTS.items()},
-    params:
-        settings=checked_report_settings,
-        plot_dir=plot_dir,
-        code=code_fingerprint("report"),
     log:
         f"{LOGS}/report.log",
     benchmark:
         f"{BENCH}/report.tsv"
+    params:
+        settings=checked_report_settings,
+        plot_dir=plot_dir,
+        code=code_fingerprint("report"),
     shell:
         "dflash-eval --log {log} report --settings {params.settings:q} --metrics {input.metrics}"
         " --hidden {input.hidden} --completions {input.completions} --csv {output.csv} --md {output.md}"

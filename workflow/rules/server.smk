@@ -26,11 +26,16 @@ def dry_run() -> bool:
     """`snakemake -n`: while the Snakefile loads, Snakemake has not set its executor yet (workflow.dryrun is
     False even for -n), so the command line says it (-n, -np, --dry-run, --dryrun)."""
     flags = [a for a in sys.argv[1:] if a.startswith("-")]
-    return workflow.dryrun or any(a in ("--dry-run", "--dryrun") or (not a.startswith("--") and a[1:].isalpha()
-                                                                   and "n" in a[1:]) for a in flags)
+    return workflow.dryrun or any(
+        a in ("--dry-run", "--dryrun")
+        or (not a.startswith("--") and a[1:].isalpha() and "n" in a[1:])
+        for a in flags
+    )
 
 
-if start_run():  # marks this process as the run: what jobs launch is recorded with it as the owner
+if (
+    start_run()
+):  # marks this process as the run: what jobs launch is recorded with it as the owner
     reclaim_server(dry_run())
 
 
@@ -41,7 +46,11 @@ def finish_server() -> None:
     A failure is reported, not raised: Snakemake has already decided the run's outcome.
     """
     settings = settings_param(cfg.server_settings(config))
-    done = subprocess.run(["dflash-eval", "server", "finish", "--settings", settings], check=False)
+    done = subprocess.run(
+        ["dflash-eval", "server", "finish", "--settings", settings], check=False
+    )
     if done.returncode != 0:
-        print(f"dflash-eval server finish exited with {done.returncode}: check the server "
-              f"({config['server']['base_url']}) and {config['server']['log_dir']}/transitions.jsonl")
+        print(
+            f"dflash-eval server finish exited with {done.returncode}: check the server "
+            f"({config['server']['base_url']}) and {config['server']['log_dir']}/transitions.jsonl"
+        )

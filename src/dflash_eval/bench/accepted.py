@@ -15,7 +15,12 @@ import numpy as np
 import torch
 
 from dflash_eval.evaluate.blocks import BlockDrafter
-from dflash_eval.evaluate.packed import ContextPool, fused_attention_for, pack, packed_hidden
+from dflash_eval.evaluate.packed import (
+    ContextPool,
+    fused_attention_for,
+    pack,
+    packed_hidden,
+)
 
 
 def acceptance_rate(tau: float, block: int) -> float:

@@ -16,8 +16,8 @@ import hashlib
 import json
 import logging
 import os
-import threading
 import shutil
+import threading
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path

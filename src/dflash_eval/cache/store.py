@@ -26,7 +26,13 @@ from safetensors import SafetensorError, safe_open
 
 from dflash_eval.cache import manifest as cache_manifest
 from dflash_eval.cache.manifest import CacheError
-from dflash_eval.cache.resume import JOURNAL, PLAN, ResumeState, append_journal, partial_dir
+from dflash_eval.cache.resume import (
+    JOURNAL,
+    PLAN,
+    ResumeState,
+    append_journal,
+    partial_dir,
+)
 from dflash_eval.cache.verify import ShardVerifier, repair_command
 
 __all__ = ["CacheError", "CacheWriter", "HiddenCache", "SampleStates"]

@@ -25,10 +25,10 @@ from torch.nn import functional as F
 from tqdm import tqdm
 from transformers import AutoModelForCausalLM, AutoTokenizer, Qwen3Config
 
-from dflash_eval.evaluate.blocks import BlockDrafter
-from dflash_eval.io_utils import atomic_write_json
-from dflash_eval.extract.backends import bind_backend
 from dflash_eval.demo.corpus import chat_examples, select_sources
+from dflash_eval.evaluate.blocks import BlockDrafter
+from dflash_eval.extract.backends import bind_backend
+from dflash_eval.io_utils import atomic_write_json
 
 log = logging.getLogger(__name__)
 

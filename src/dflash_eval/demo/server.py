@@ -42,8 +42,13 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
-from dflash_eval.sglang_protocol import SERVER_INFO, VERSION, check_fields, unknown_fields
 from dflash_eval.extract.backends import bind_backend
+from dflash_eval.sglang_protocol import (
+    SERVER_INFO,
+    VERSION,
+    check_fields,
+    unknown_fields,
+)
 
 
 def sglang_steps(steps: list[int], completion_tokens: int) -> list[int]:

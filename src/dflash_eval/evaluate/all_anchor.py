@@ -17,13 +17,18 @@ proposes); DDTree and top-k read the per-position logits, as for DFlash.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Sequence
 
 import numpy as np
 import torch
 
-from dflash_eval.evaluate.acceptance import SequenceLimits, chain_steps, matched_prefix, verify_sizes
+from dflash_eval.evaluate.acceptance import (
+    SequenceLimits,
+    chain_steps,
+    matched_prefix,
+    verify_sizes,
+)
 from dflash_eval.evaluate.blocks import BlockDrafter
 from dflash_eval.evaluate.ddtree import tree_accepted
 from dflash_eval.methods import chain_method, tree_method

@@ -20,11 +20,16 @@ from typing import Any
 
 import torch
 
+from dflash_eval.checkpoint import (
+    agreed_layer_ids,
+    check_against_target,
+    check_fc_width,
+    checkpoint_facts,
+    strip_prefixes,
+)
+from dflash_eval.checkpoint_weights import read_state
 from dflash_eval.errors import DflashEvalError
 from dflash_eval.evaluate import drafter_model
-from dflash_eval.checkpoint import (agreed_layer_ids, check_against_target, check_fc_width, checkpoint_facts,
-                                             strip_prefixes)
-from dflash_eval.checkpoint_weights import read_state
 from dflash_eval.evaluate.drafter_model import DrafterConfig
 
 log = logging.getLogger(__name__)
@@ -158,7 +163,7 @@ def load_drafter(
     )
 
 
-_REFERENCES: "weakref.WeakKeyDictionary[torch.nn.Module, tuple[tuple, torch.nn.Module]]" = weakref.WeakKeyDictionary()
+_REFERENCES: weakref.WeakKeyDictionary[torch.nn.Module, tuple[tuple, torch.nn.Module]] = weakref.WeakKeyDictionary()
 
 
 def reference_drafter(model: torch.nn.Module) -> torch.nn.Module:

@@ -104,7 +104,9 @@ class RMSNorm(nn.Module):
 def _activation(name: str):
     if name in ("silu", "swish"):
         return F.silu
-    from transformers.activations import ACT2FN  # any other kind: transformers' own, imported only for it
+    from transformers.activations import (
+        ACT2FN,  # any other kind: transformers' own, imported only for it
+    )
 
     return ACT2FN[name]
 

@@ -30,22 +30,31 @@ import torch
 from tqdm import tqdm
 
 from dflash_eval import stats
-from dflash_eval.evaluate import acceptance
-from dflash_eval.evaluate.blocks import BlockDrafter
 from dflash_eval.cache import manifest as cache_manifest
+from dflash_eval.checkpoint import (
+    agreed_layer_ids,
+    check_against_target,
+    checkpoint_facts,
+)
 from dflash_eval.completions import read_completions
 from dflash_eval.config import evaluate_settings, settings_from_args
-from dflash_eval.checkpoint import agreed_layer_ids, check_against_target, checkpoint_facts
+from dflash_eval.errors import DflashEvalError
+from dflash_eval.evaluate import acceptance
+from dflash_eval.evaluate.blocks import BlockDrafter
+from dflash_eval.evaluate.draft_timing import time_on_cache as time_drafter_on_cache
 from dflash_eval.evaluate.drafter import load_drafter
 from dflash_eval.evaluate.gpu import claim_device
-from dflash_eval.errors import DflashEvalError
-from dflash_eval.io_utils import atomic_write_json, atomic_write_text
-from dflash_eval.methods import chain_method, parse as parse_method
-from dflash_eval.provenance.fingerprint import checkpoint_sha256
-from dflash_eval.evaluate.trajectory import LoadedSample, SampleSpec, TrajectoryEvaluator
-from dflash_eval.evaluate.target_head import load_target_head
-from dflash_eval.evaluate.draft_timing import time_on_cache as time_drafter_on_cache
 from dflash_eval.evaluate.speedup import estimate as estimate_speedup
+from dflash_eval.evaluate.target_head import load_target_head
+from dflash_eval.evaluate.trajectory import (
+    LoadedSample,
+    SampleSpec,
+    TrajectoryEvaluator,
+)
+from dflash_eval.io_utils import atomic_write_json, atomic_write_text
+from dflash_eval.methods import chain_method
+from dflash_eval.methods import parse as parse_method
+from dflash_eval.provenance.fingerprint import checkpoint_sha256
 
 log = logging.getLogger(__name__)
 
@@ -129,7 +138,6 @@ def check_cache(cache, settings: dict) -> dict:
 
 def run_evaluation(settings: dict, hidden: str, completions: str) -> tuple[dict, list[dict]]:
     from dflash_eval.cache.store import HiddenCache
-
     from dflash_eval.target_identity import parse_device
 
     parse_device(settings["device"], "evaluation.device")  # named errors: a CPU-only torch, no such GPU

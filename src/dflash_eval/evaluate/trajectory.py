@@ -22,8 +22,8 @@ the drafts its online loop really makes, not at every anchor.
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import Callable, Iterator, Sequence
 
 import numpy as np
 import torch
@@ -31,7 +31,12 @@ import torch
 from dflash_eval.evaluate.acceptance import SequenceLimits
 from dflash_eval.evaluate.blocks import BlockDrafter
 from dflash_eval.evaluate.ddtree import tree_accepted
-from dflash_eval.evaluate.packed import ContextPool, fused_attention_for, pack, packed_hidden
+from dflash_eval.evaluate.packed import (
+    ContextPool,
+    fused_attention_for,
+    pack,
+    packed_hidden,
+)
 from dflash_eval.evaluate.transfer import to_device
 from dflash_eval.methods import chain_method, tree_method
 

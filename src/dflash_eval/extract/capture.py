@@ -18,7 +18,6 @@ import torch
 from dflash_eval.errors import DflashEvalError
 from dflash_eval.extract.layers import check_layer_ids
 
-
 LAST_LAYER = ("final_norm", "pre_norm")
 
 

@@ -20,18 +20,35 @@ from typing import Any
 import torch
 from tqdm import tqdm
 
-from dflash_eval.extract.backends import BackendInfo, BackendRun, package_versions, select_backend, use_backend
-from dflash_eval.cache.store import CacheWriter
 from dflash_eval.cache.resume import ResumeState, plan_key, plan_shards, prepare_resume
 from dflash_eval.cache.reuse import KeptStates, keep_published, state_code_hash
-from dflash_eval.extract.capture import capture_layers, check_layer_ids
+from dflash_eval.cache.store import CacheWriter
 from dflash_eval.completions import read_completions
-from dflash_eval.config import RUNTIME_HELP, extract_settings, settings_from_args, stage_settings
+from dflash_eval.config import (
+    RUNTIME_HELP,
+    extract_settings,
+    settings_from_args,
+    stage_settings,
+)
 from dflash_eval.errors import DflashEvalError
+from dflash_eval.extract.backends import (
+    BackendInfo,
+    BackendRun,
+    package_versions,
+    select_backend,
+    use_backend,
+)
+from dflash_eval.extract.capture import capture_layers, check_layer_ids
+from dflash_eval.extract.profile import wanted as profile_wanted
+from dflash_eval.extract.profile import write_target_profile
+from dflash_eval.extract.target import (
+    load_target,
+    read_config_json,
+    target_config_hash,
+    text_config_dict,
+)
 from dflash_eval.io_utils import sha256_file
-from dflash_eval.extract.profile import wanted as profile_wanted, write_target_profile
 from dflash_eval.provenance.fingerprint import FingerprintCache
-from dflash_eval.extract.target import load_target, read_config_json, target_config_hash, text_config_dict
 
 log = logging.getLogger(__name__)
 

@@ -16,7 +16,12 @@ from typing import Any
 import torch
 
 from dflash_eval.errors import DflashEvalError
-from dflash_eval.target_identity import parse_device, read_config_json, target_config_hash, text_config_dict
+from dflash_eval.target_identity import (
+    parse_device,
+    read_config_json,
+    target_config_hash,
+    text_config_dict,
+)
 
 __all__ = ["load_target", "parse_device", "parse_dtype", "read_config_json", "target_config_hash", "text_config_dict"]
 

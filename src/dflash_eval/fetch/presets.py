@@ -25,7 +25,12 @@ from pathlib import Path
 from typing import Any
 
 from dflash_eval.errors import DflashEvalError
-from dflash_eval.fetch.prompts import Prompt, json_lines, note_unique_id, prompt_from_record
+from dflash_eval.fetch.prompts import (
+    Prompt,
+    json_lines,
+    note_unique_id,
+    prompt_from_record,
+)
 
 REASON_BOXED = "\nPlease reason step by step, and put your final answer within \\boxed{}."
 HUMANEVAL_INTRO = "Write a solution to the following problem and make sure that it passes the tests:\n"

@@ -13,8 +13,10 @@ import json
 import logging
 from typing import Any
 
-from dflash_eval.sglang_protocol import VERSION  # the SGLang release these field names were read from
 from dflash_eval.server.http import http_request
+from dflash_eval.sglang_protocol import (
+    VERSION,  # the SGLang release these field names were read from
+)
 
 log = logging.getLogger(__name__)
 

@@ -23,12 +23,17 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from dflash_eval.config import RUNTIME_HELP, fetch_settings, settings_from_args, stage_settings
+from dflash_eval.config import (
+    RUNTIME_HELP,
+    fetch_settings,
+    settings_from_args,
+    stage_settings,
+)
 from dflash_eval.errors import DflashEvalError, Terminated
 from dflash_eval.fetch import sglang
-from dflash_eval.fetch.store import PartialStore, pick_kept
 from dflash_eval.fetch.prompts import Prompt, load_prompts, record_ids, select_subset
 from dflash_eval.fetch.retry import FetchError, with_retries
+from dflash_eval.fetch.store import PartialStore, pick_kept
 from dflash_eval.server.control import ServerController
 from dflash_eval.server.http import api_key, auth_refusal, http_request
 from dflash_eval.server.signals import sigterm_raises
@@ -453,7 +458,9 @@ def fetch(settings: dict[str, Any], out: Path) -> list[dict[str, Any]]:
     prompt_set, origin = load_prompt_set(settings)
     prompts = select_subset(prompt_set, settings["max_samples"], int(settings["seed"]))
     expected = [rid for p in prompts for rid in record_ids(p)]
-    from transformers import AutoTokenizer  # slow to import: only once the prompts are known good
+    from transformers import (
+        AutoTokenizer,  # slow to import: only once the prompts are known good
+    )
 
     tokenizer = AutoTokenizer.from_pretrained(settings["tokenizer"])
     controller = ServerController(settings["server"])

@@ -9,9 +9,9 @@ Third-party packages (torch, transformers, dflash) are not covered: see docs/rer
 
 from __future__ import annotations
 
-import re
 import functools
 import hashlib
+import re
 from pathlib import Path
 
 from dflash_eval.commands import COMMANDS
@@ -73,7 +73,7 @@ def _normalized(source: str) -> str:
     return "\n".join(line for line in lines if line and not line.lstrip().startswith("#"))
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def stage_modules(stage: str) -> tuple[str, ...]:
     """The stage's module and its transitive `dflash_eval` imports, sorted."""
     if stage not in STAGE_MODULES:
@@ -101,7 +101,7 @@ def fingerprinted_modules(stage: str) -> tuple[str, ...]:
     return tuple(name for name in stage_modules(stage) if name.split(".")[0] not in RUNTIME_PACKAGES)
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def code_fingerprint(stage: str) -> str:
     """sha256 over the normalized sources of the stage's fingerprinted modules."""
     digest = hashlib.sha256()

@@ -13,11 +13,11 @@ from pathlib import Path
 from typing import Any
 
 from dflash_eval.methods import in_main_table, legend, tree_method, verified_legend
-from dflash_eval.speedup import labels as speedup
 from dflash_eval.report import online as online_check
 from dflash_eval.report.labels import DIGITS, drafter_label, fmt, missing
 from dflash_eval.report.summary import Evaluation
 from dflash_eval.report.trust import NOT_RECORDED
+from dflash_eval.speedup import labels as speedup
 
 LOW_AGREEMENT = 0.95                 # below this the cached target is likely not the one that served
 MAX_LISTED_SKIPS = 5

@@ -81,7 +81,9 @@ def _tensors_digest(path: Path) -> str:
     import torch
 
     from dflash_eval.checkpoint import detect_layout
-    from dflash_eval.checkpoint_weights import read_state  # imports torch: only for a readable served path
+    from dflash_eval.checkpoint_weights import (
+        read_state,  # imports torch: only for a readable served path
+    )
 
     state, _ = read_state(path, detect_layout(path), allow_pickle=False)
     rows = sorted(f"{tuple(t.shape)}:{t.dtype}:{hashlib.sha256(t.contiguous().view(-1).view(torch.uint8).numpy()).hexdigest()}"

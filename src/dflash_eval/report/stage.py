@@ -15,7 +15,11 @@ import logging
 from pathlib import Path
 
 from dflash_eval.config import report_settings, settings_from_args
-from dflash_eval.io_utils import atomic_write_bytes, atomic_write_json, atomic_write_text
+from dflash_eval.io_utils import (
+    atomic_write_bytes,
+    atomic_write_json,
+    atomic_write_text,
+)
 from dflash_eval.report import backends, markdown, plots, summary, trust
 
 log = logging.getLogger(__name__)

@@ -18,9 +18,9 @@ from typing import Any
 
 import pandas as pd
 
+from dflash_eval import stats
 from dflash_eval.errors import DflashEvalError
 from dflash_eval.io_utils import read_json_object
-from dflash_eval import stats
 from dflash_eval.methods import chain_method, sort_key
 from dflash_eval.speedup import labels as speedup
 

@@ -17,9 +17,9 @@ from __future__ import annotations
 import json
 import logging
 import os
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Iterable
 
 from dflash_eval import completions
 from dflash_eval.cache import manifest as cache_manifest

@@ -19,11 +19,16 @@ from typing import Any
 import torch
 from tqdm import tqdm
 
-from dflash_eval.extract.backends import BACKENDS, select_backend, use_backend
 from dflash_eval.config import drafter_default
-from dflash_eval.extract.capture import LAST_LAYER, capture_layers, check_layer_ids, text_parts
-from dflash_eval.extract.target import DTYPES
 from dflash_eval.errors import DflashEvalError
+from dflash_eval.extract.backends import BACKENDS, select_backend, use_backend
+from dflash_eval.extract.capture import (
+    LAST_LAYER,
+    capture_layers,
+    check_layer_ids,
+    text_parts,
+)
+from dflash_eval.extract.target import DTYPES
 from dflash_eval.io_utils import atomic_write_json
 
 log = logging.getLogger(__name__)
@@ -193,10 +198,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from dflash_eval.completions import read_completions
     from dflash_eval.evaluate.blocks import BlockDrafter
     from dflash_eval.evaluate.drafter import load_drafter
     from dflash_eval.evaluate.stage import stop_token_ids
-    from dflash_eval.completions import read_completions
     from dflash_eval.extract.stage import parse_layers
     from dflash_eval.extract.target import load_target
 
