@@ -113,3 +113,28 @@ def test_unknown_names_and_a_cuda_device_without_cuda_are_named(project, tmp_pat
         code, text, _ = _evaluate(root, {**settings, "device": "cuda:0"}, tmp_path)
         assert code == 2 and "evaluation.device is cuda:0, but the installed torch" in text
         assert "is built without CUDA" in text and "Traceback" not in text
+
+
+def test_a_checkpoint_replaced_during_its_evaluation_writes_no_metrics(project, tmp_path, monkeypatch):
+    """Before, metrics.json carried the new file's sha256 beside the old weights' tau."""
+    from dflash_eval.evaluate import stage
+
+    root, settings = project
+    weights = next(Path(settings["checkpoint"]["path"]).glob("*.safetensors"))
+    original = stage.estimate_speedup
+
+    def replaced_meanwhile(*args, **kwargs):  # after every method ran, before the metrics are written
+        data = bytearray(weights.read_bytes())
+        data[-1] ^= 0xFF
+        weights.write_bytes(bytes(data))
+        return original(*args, **kwargs)
+
+    monkeypatch.setattr(stage, "estimate_speedup", replaced_meanwhile)
+    before = weights.read_bytes()
+    try:
+        code, log, metrics = _evaluate(root, settings, tmp_path)
+    finally:
+        weights.write_bytes(before)  # the module's project is shared
+    assert code == 2
+    assert "the checkpoint changed while it was evaluated" in log and "no metrics are written" in log
+    assert not metrics.exists() and not (tmp_path / "samples.csv").exists()

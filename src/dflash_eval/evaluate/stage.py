@@ -148,6 +148,7 @@ def run_evaluation(settings: dict, hidden: str, completions: str) -> tuple[dict,
     records = {record["id"]: record for record in read_completions(completions)}
     head = load_target_head(settings["target"]["path"])
     checkpoint = settings["checkpoint"]
+    sha256_at_load = checkpoint_sha256(checkpoint["path"])  # before the load; compared again after the evaluation
     loaded = load_drafter(checkpoint["path"], checkpoint["layout"], checkpoint.get("config"),
                           checkpoint["layer_ids"], checkpoint["allow_pickle"], vocab_size=head.embed.shape[0])
     check_against_target(loaded.path, loaded.config.hidden_size, None, head.embed.shape[1], None)
@@ -205,9 +206,10 @@ def run_evaluation(settings: dict, hidden: str, completions: str) -> tuple[dict,
     primary = chain_method(block)
     speedup = estimate_speedup(settings, hidden, methods, lambda: time_drafter_on_cache(
         runner, cache, loaded.layer_ids, device, dtype, settings.get("speedup") or {}))
+    _check_unchanged(loaded.path, sha256_at_load)
     metrics = {
         "drafter": settings["drafter"], "dataset": settings["dataset"],
-        "checkpoint": {"path": loaded.path, "layout": loaded.layout, "sha256": checkpoint_sha256(loaded.path),
+        "checkpoint": {"path": loaded.path, "layout": loaded.layout, "sha256": sha256_at_load,
                        "global_step": loaded.global_step, "epoch": loaded.epoch, "step": checkpoint.get("step")},
         "block_size": block, "layer_ids": loaded.layer_ids, "cache": cache_info, "stop_token_ids": stops,
         "device": str(device), "dtype": settings["dtype"],
@@ -259,6 +261,17 @@ def samples_csv(rows: list[dict]) -> str:
     for row in rows:
         writer.writerow(["" if isinstance(v, float) and math.isnan(v) else v for v in map(row.get, SAMPLES_COLUMNS)])
     return out.getvalue()
+
+
+def _check_unchanged(path: str, sha256_at_load: str) -> None:
+    """The checkpoint's sha256 now against the one taken before it was loaded: a checkpoint replaced while it was
+    evaluated (a training run writing its next save to the same path) would put the new file's hash beside the
+    old weights' tau. Nothing is written then; the next run evaluates the new file."""
+    now = checkpoint_sha256(path)
+    if now != sha256_at_load:
+        raise DflashEvalError(f"{path}: the checkpoint changed while it was evaluated (sha256 {sha256_at_load[:12]} "
+                              f"before the load, {now[:12]} after the evaluation); no metrics are written: rerun "
+                              "once the file is no longer being written")
 
 
 def run(args: argparse.Namespace) -> int:
