@@ -24,7 +24,7 @@ def test_checkpoint_hash_keeps_the_recorded_format_and_reads_each_file_once(tmp_
     reads = []
     real = fingerprint.sha256_file
     monkeypatch.setattr(fingerprint, "sha256_file", lambda path: reads.append(path) or real(path))
-    assert stage._checkpoint_hash(str(single)) == hashlib.sha256(b"weights").hexdigest()
-    assert stage._checkpoint_hash(str(directory)) == expected_dir
+    assert fingerprint.checkpoint_sha256(str(single)) == hashlib.sha256(b"weights").hexdigest()
+    assert fingerprint.checkpoint_sha256(str(directory)) == expected_dir
     assert len(reads) == 4
-    assert stage._checkpoint_hash(str(directory)) == expected_dir and len(reads) == 4  # cached by size and mtime
+    assert fingerprint.checkpoint_sha256(str(directory)) == expected_dir and len(reads) == 4  # cached by size and mtime
