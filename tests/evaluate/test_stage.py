@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import hashlib
 
-from dflash_eval.evaluate import stage
 from dflash_eval.provenance import fingerprint
 
 
