@@ -14,7 +14,6 @@ import shutil
 import sys
 from pathlib import Path
 
-import pytest
 from safetensors.torch import save_file
 
 from dflash_eval.bench import fixtures
@@ -30,39 +29,16 @@ from dflash_eval.bench.workflow import (
 )
 from dflash_eval.target_identity import torch_cuda_version
 from tests.support.fake_fetch import fake_process
+from tests.support.finished_project import snapshot
 
 REAL_CLI = "#!{python}\nimport sys\nfrom dflash_eval.cli import main\nsys.exit(main())\n"
-
-
-def _snapshot(root: Path) -> dict[str, tuple[bytes, int]]:
-    """Every result file's bytes and mtime."""
-    return {str(p.relative_to(root)): (p.read_bytes(), p.stat().st_mtime_ns)
-            for p in sorted((root / "results").rglob("*")) if p.is_file() and "logs" not in p.parts}
-
-
-@pytest.fixture(scope="module")
-def finished(tmp_path_factory):
-    root = tmp_path_factory.mktemp("faults")
-    workflow = copy_workflow(root / "workflow")
-    project = root / "base"
-    tiny_project(project, big_checkpoint=False)
-    check(snakemake(workflow, project))
-    return workflow, project
-
-
-@pytest.fixture
-def case(finished, tmp_path):
-    workflow, project = finished
-    shutil.copytree(project, tmp_path / "case")  # copy2 keeps mtimes: as up to date as the original
-    (tmp_path / "case" / "calls.log").unlink()
-    return workflow, tmp_path / "case"
 
 
 def test_missing_paths_and_contradictions_stop_the_run_at_load_with_results_intact(case):
     """A battery of faults in one config: every one is named with its key, before any job runs, although
     every result exists (before, `snakemake` said "Nothing to be done" over the stale numbers)."""
     workflow, root = case
-    before = _snapshot(root)
+    before = snapshot(root)
     config = load_config(root)
     config["drafters"]["a"]["path"] = "ckpt/moved"  # a directory that is not there
     (root / "prompts" / "d2.jsonl").write_text(
@@ -105,13 +81,13 @@ def test_missing_paths_and_contradictions_stop_the_run_at_load_with_results_inta
     for line in expected:
         assert line in text, line
     assert f"{len(expected)} problem(s), found before any job ran" in text
-    assert _snapshot(root) == before, "nothing was removed or rewritten"
+    assert snapshot(root) == before, "nothing was removed or rewritten"
     assert not (root / "calls.log").exists(), "no job ran"
 
 
 def test_config_errors_name_the_configfile_that_set_the_key_and_the_minimum(case):
     workflow, root = case
-    before = _snapshot(root)
+    before = snapshot(root)
     (root / "extra.yaml").write_text("evaluation:\n  block_sizes: [1]\n  bogus: 2\n")
     run = snakemake(workflow, root, "--configfile", str(root / "extra.yaml"))
     text = run.stdout + run.stderr
@@ -120,7 +96,7 @@ def test_config_errors_name_the_configfile_that_set_the_key_and_the_minimum(case
     assert "evaluation.block_sizes (in extra.yaml): [1] is none of the allowed forms: 1 is less than the minimum " \
            "of 2 (at evaluation.block_sizes.0); or 'all' was expected" in text
     assert "evaluation (in extra.yaml): Additional properties are not allowed ('bogus' was unexpected)" in text
-    assert _snapshot(root) == before
+    assert snapshot(root) == before
 
 
 def test_a_cache_shard_modified_after_extraction_is_reported_by_the_dry_run(case):

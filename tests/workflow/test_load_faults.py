@@ -10,40 +10,16 @@ import json
 import shutil
 from pathlib import Path
 
-import pytest
-
-from dflash_eval.bench.workflow import check, copy_workflow, snakemake, tiny_project
-
-
-def _snapshot(root: Path) -> dict[str, bytes]:
-    return {str(p.relative_to(root)): p.read_bytes()
-            for p in sorted((root / "results").rglob("*")) if p.is_file() and "logs" not in p.parts}
-
-
-@pytest.fixture(scope="module")
-def finished(tmp_path_factory):
-    root = tmp_path_factory.mktemp("load_faults")
-    workflow = copy_workflow(root / "workflow")
-    project = root / "base"
-    tiny_project(project, big_checkpoint=False)
-    check(snakemake(workflow, project))
-    return workflow, project
-
-
-@pytest.fixture
-def case(finished, tmp_path):
-    workflow, project = finished
-    shutil.copytree(project, tmp_path / "case")
-    (tmp_path / "case" / "calls.log").unlink()
-    return workflow, tmp_path / "case"
+from dflash_eval.bench.workflow import snakemake
+from tests.support.finished_project import snapshot
 
 
 def _refused(workflow: Path, root: Path, *args: str) -> str:
-    before = _snapshot(root)
+    before = snapshot(root)
     run = snakemake(workflow, root, *args)
     text = run.stdout + run.stderr
     assert run.returncode != 0 and "Nothing to be done" not in text, text
-    assert _snapshot(root) == before, "nothing was removed or rewritten"
+    assert snapshot(root) == before, "nothing was removed or rewritten"
     assert not (root / "calls.log").exists(), "no job ran"
     return text
 

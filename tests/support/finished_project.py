@@ -1,0 +1,35 @@
+"""A finished run of the tiny project (the recording dflash-eval), copied per test: the fault tests make one fault
+in a project whose results all exist and check that nothing already written was lost."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import pytest
+
+from dflash_eval.bench.workflow import check, copy_workflow, snakemake, tiny_project
+
+
+def snapshot(root: Path) -> dict[str, tuple[bytes, int]]:
+    """Every result file's bytes and mtime."""
+    return {str(p.relative_to(root)): (p.read_bytes(), p.stat().st_mtime_ns)
+            for p in sorted((root / "results").rglob("*")) if p.is_file() and "logs" not in p.parts}
+
+
+@pytest.fixture(scope="module")
+def finished(tmp_path_factory):
+    root = tmp_path_factory.mktemp("faults")
+    workflow = copy_workflow(root / "workflow")
+    project = root / "base"
+    tiny_project(project, big_checkpoint=False)
+    check(snakemake(workflow, project))
+    return workflow, project
+
+
+@pytest.fixture
+def case(finished, tmp_path):
+    workflow, project = finished
+    shutil.copytree(project, tmp_path / "case")  # copy2 keeps mtimes: as up to date as the original
+    (tmp_path / "case" / "calls.log").unlink()
+    return workflow, tmp_path / "case"
