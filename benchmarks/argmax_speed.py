@@ -15,7 +15,10 @@ import time
 from pathlib import Path
 
 import torch
-from record import print_and_record  # benchmarks/record.py (the script's own folder)
+from record import (  # benchmarks/record.py (the script's own folder)
+    print_and_record,
+    smoke_mode,
+)
 
 from dflash_eval.extract.capture import ARGMAX_CHUNK, greedy_tokens
 
@@ -48,6 +51,7 @@ def main() -> None:
     parser.add_argument("--vocab", type=int, default=248320)
     parser.add_argument("--positions", type=int, nargs="+", default=[2048, 8192])
     parser.add_argument("--record", default=str(ROOT / "benchmarks" / "results" / "argmax_speed.md"))
+    smoke_mode(parser, device="cpu", hidden=32, vocab=300, positions=[64], record=None)
     args = parser.parse_args()
     device = torch.device(args.device)
     dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
@@ -68,7 +72,7 @@ def main() -> None:
         lines.append(f"| {positions} | " + " | ".join(f"{t:.2f} ms" for t in times) + f" | {same} |")
         print(lines[-1], flush=True)
         del logits
-    print_and_record(lines + [""], Path(args.record))
+    print_and_record(lines + [""], args.record and Path(args.record))
 
 
 if __name__ == "__main__":

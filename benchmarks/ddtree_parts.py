@@ -18,7 +18,7 @@ from pathlib import Path
 
 import torch
 from ddtree_speed import synthetic, timed  # benchmarks/ (the script's own folder)
-from record import print_and_record
+from record import print_and_record, smoke_mode
 
 from dflash_eval.evaluate.ddtree import (
     better_node_counts,
@@ -76,6 +76,7 @@ def main() -> int:
     parser.add_argument("--vocab", type=int, default=248320)
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--record", type=Path, default=ROOT / "benchmarks/results/ddtree_parts.md")
+    smoke_mode(parser, device="cpu", anchors=[4], positions=3, vocab=200, repeats=1, record=None)
     args = parser.parse_args()
     device = torch.device(args.device)
     name = torch.cuda.get_device_name(device) if device.type == "cuda" else "CPU"

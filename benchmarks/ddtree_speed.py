@@ -21,7 +21,10 @@ import time
 from pathlib import Path
 
 import torch
-from record import print_and_record  # benchmarks/record.py (the script's own folder)
+from record import (  # benchmarks/record.py (the script's own folder)
+    print_and_record,
+    smoke_mode,
+)
 
 ROOT = Path(__file__).resolve().parents[1]
 from dflash_eval.bench.ddtree_beam import beam_tree_accepted
@@ -69,6 +72,7 @@ def main() -> int:
     parser.add_argument("--skip-before-above", type=int, default=1 << 30,
                         help="skip the 'before' side for budget sets whose largest budget exceeds this")
     parser.add_argument("--record", type=Path, default=ROOT / "benchmarks/results/ddtree_speed.md")
+    smoke_mode(parser, device="cpu", anchors=4, positions=3, vocab=200, hidden=32, repeats=1, record=None)
     args = parser.parse_args()
     device = torch.device(args.device)
     torch.manual_seed(0)

@@ -14,11 +14,15 @@ import argparse
 import platform
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
 import torch
-from record import print_and_record  # benchmarks/record.py (the script's own folder)
+from record import (  # benchmarks/record.py (the script's own folder)
+    print_and_record,
+    smoke_mode,
+)
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -90,7 +94,11 @@ def main() -> int:
     parser.add_argument("--max-tokens", type=int, default=96)
     parser.add_argument("--skip-build", action="store_true")
     parser.add_argument("--record", type=Path, default=ROOT / "benchmarks/results/demo_build.md")
+    smoke_mode(parser, out=None, threads=1, target_steps=1, drafter_steps=[1], max_tokens=4, record=None)
     args = parser.parse_args()
+    smoke_dir = tempfile.TemporaryDirectory() if args.out is None else None  # --smoke: the smallest demo, in a tmp dir
+    if smoke_dir:
+        args.out = Path(smoke_dir.name)
     torch.set_num_threads(args.threads)
     seconds = {} if args.skip_build else build(args.out, args.target_steps, args.drafter_steps, args.threads)
     names = ["untrained"] + [f"step{s}" for s in args.drafter_steps]

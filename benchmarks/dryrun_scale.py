@@ -21,7 +21,10 @@ import tempfile
 import time
 from pathlib import Path
 
-from record import print_and_record  # benchmarks/record.py (the script's own folder)
+from record import (  # benchmarks/record.py (the script's own folder)
+    print_and_record,
+    smoke_mode,
+)
 
 ROOT = Path(__file__).resolve().parents[1]
 from dflash_eval.bench.workflow import (
@@ -77,6 +80,7 @@ def main() -> None:
     parser.add_argument("--checkpoint-mb", type=float, default=8.0)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--note", default="", help="what else ran on the machine, CPU throttling, ...")
+    smoke_mode(parser, checkpoints=2, datasets=1, checkpoint_mb=0.01, repeats=1)
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         workflow = copy_workflow(Path(tmp) / "workflow")
@@ -101,7 +105,7 @@ def main() -> None:
         "",
         f"Load average (1 min) before/after: {load_before:.1f} / {load_after:.1f}. {args.note}".rstrip(),
     ]
-    print_and_record(lines, ROOT / "benchmarks" / "results" / "dryrun_scale.md")
+    print_and_record(lines, None if args.smoke else ROOT / "benchmarks" / "results" / "dryrun_scale.md")
 
 
 if __name__ == "__main__":

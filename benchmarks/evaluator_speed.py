@@ -51,7 +51,10 @@ from contextlib import contextmanager, nullcontext
 from pathlib import Path
 
 import torch
-from record import print_and_record  # benchmarks/record.py (the script's own folder)
+from record import (  # benchmarks/record.py (the script's own folder)
+    print_and_record,
+    smoke_mode,
+)
 from transformers import Qwen3Config
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -265,6 +268,8 @@ def main() -> int:
     parser.add_argument("--sets", nargs="+", default=["chain-B", "default"], choices=["chain-B", "default"])
     parser.add_argument("--note", default="", help="a line for the record (e.g. the machine's load)")
     parser.add_argument("--record", type=Path, default=ROOT / "benchmarks/results/evaluator_speed.md")
+    smoke_mode(parser, device="cpu", dtype="float32", shape="demo", taus=[3.0], seq_len=32, prompt_len=16, samples=1,
+               default_samples=1, all_anchor_samples=1, rows=[64], chunk=32, record=None)
     args = parser.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)

@@ -52,7 +52,10 @@ import time
 from pathlib import Path
 
 import torch
-from record import print_and_record  # benchmarks/record.py (the script's own folder)
+from record import (  # benchmarks/record.py (the script's own folder)
+    print_and_record,
+    smoke_mode,
+)
 
 from dflash_eval.cache.resume import greedy_shards, plan_shards, prepare_resume
 from dflash_eval.cache.store import CacheWriter
@@ -250,6 +253,8 @@ def main() -> None:
     parser.add_argument("--vocab", type=int, default=248320)
     parser.add_argument("--workdir", default=None, help="where the cache is written (local disk)")
     parser.add_argument("--record", default=str(ROOT / "benchmarks" / "results" / "extract_speed.md"))
+    smoke_mode(parser, device="cpu", seq_lens=[32], tokens=64, shard_tokens=64, torch_tokens=64, backends=["torch"],
+               layers=62, hidden=32, vocab=300, record=None)
     args = parser.parse_args()
     device = torch.device(args.device)
     config = target_config(args.layers, args.hidden, args.vocab)
@@ -329,7 +334,7 @@ def main() -> None:
             result = compare_backends(model, sequences[:2], LAYERS, device, ("fla", "torch"))
             comparisons.append(f"### compare-backends, {seq_len}-token sequences\n\n{format_table(result)}\n")
     shutil.rmtree(workdir, ignore_errors=True)
-    print_and_record(lines + [""] + comparisons, Path(args.record))
+    print_and_record(lines + [""] + comparisons, args.record and Path(args.record))
 
 
 if __name__ == "__main__":

@@ -42,7 +42,10 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from record import print_and_record  # benchmarks/record.py (the script's own folder)
+from record import (  # benchmarks/record.py (the script's own folder)
+    print_and_record,
+    smoke_mode,
+)
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -98,6 +101,7 @@ def main() -> int:
                     help="the fake server speaks SGLang: token-id prompts in, completion token ids out (both clients)")
     ap.add_argument("--profile", type=Path, help="cProfile one more run of our stage into this file")
     ap.add_argument("--record", type=Path, default=ROOT / "benchmarks/results/fetch_speed.md")
+    smoke_mode(ap, requests=48, concurrency=4, rounds=1, max_tokens=4, record=None)
     args = ap.parse_args()
     logging.basicConfig(level=logging.WARNING)  # the stage's INFO summary lines are not part of the output
 

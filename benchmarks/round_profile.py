@@ -23,7 +23,7 @@ from pathlib import Path
 
 import evaluator_speed as bench  # benchmarks/ (the script's own folder)
 import torch
-from record import print_and_record
+from record import print_and_record, smoke_mode
 from torch.autograd import DeviceType
 from torch.profiler import ProfilerActivity, profile
 
@@ -137,6 +137,8 @@ def main() -> None:
     parser.add_argument("--sets", nargs="+", default=["chain-B"], choices=["chain-B", "default"])
     parser.add_argument("--no-kernels", action="store_true", help="skip the profiled run (the by-round table stays)")
     parser.add_argument("--record", type=Path, default=ROOT / "benchmarks/results/round_profile.md")
+    smoke_mode(parser, device="cpu", shape="demo", samples=1, seq_len=32, rows=64, sets=["chain-B", "default"],
+               record=None)
     args = parser.parse_args()
     from dflash import DFlashDraftModel
 

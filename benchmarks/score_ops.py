@@ -20,7 +20,7 @@ import time
 from pathlib import Path
 
 import torch
-from record import print_and_record
+from record import print_and_record, smoke_mode
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -40,6 +40,7 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=None)
     parser.add_argument("--repeats", type=int, default=50)
     parser.add_argument("--record", type=Path, default=ROOT / "benchmarks/results/score_ops.md")
+    smoke_mode(parser, repeats=2, record=None)
     args = parser.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)

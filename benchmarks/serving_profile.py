@@ -21,7 +21,7 @@ from extract_speed import (  # benchmarks/ (the script's own folder)
     build_target,
     target_config,
 )
-from record import print_and_record
+from record import print_and_record, smoke_mode
 
 ROOT = Path(__file__).resolve().parents[1]
 from evaluator_speed import SHAPES, drafter_config
@@ -43,6 +43,8 @@ def main() -> int:
                         help="also time T_draft: one block forward + LM head of a drafter of this shape (random "
                              "weights, the target's embedding and LM head), as evaluation times it")
     parser.add_argument("--record", type=Path, default=ROOT / "benchmarks/results/serving_profile.md")
+    smoke_mode(parser, device="cpu", layers=62, hidden=32, vocab=300, context=16, repeats=1, drafter_shape="demo",
+               record=None)
     args = parser.parse_args()
     device = torch.device(args.device)
     if device.type == "cuda":

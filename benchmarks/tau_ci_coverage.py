@@ -21,7 +21,10 @@ from pathlib import Path
 
 import numpy as np
 import scipy
-from record import print_and_record  # benchmarks/record.py (the script's own folder)
+from record import (  # benchmarks/record.py (the script's own folder)
+    print_and_record,
+    smoke_mode,
+)
 from scipy import stats
 
 from dflash_eval.stats import bootstrap_ci
@@ -93,6 +96,7 @@ def main() -> None:
     parser.add_argument("--bootstrap", type=int, default=1000, help="resamples (config.yaml's default)")
     parser.add_argument("--population", type=int, default=50_000)
     parser.add_argument("--seed", type=int, default=0)
+    smoke_mode(parser, trials=5, sizes=[10], bootstrap=50, population=500)
     args = parser.parse_args()
     pool = population(args.population, args.seed)
     truth = {"token-weighted": sum(s.sum() for s in pool) / sum(len(s) for s in pool),
@@ -124,7 +128,7 @@ def main() -> None:
             cells = [f"{100 * hits[(convention, method, n)] / args.trials:.1f}% ({widths[(convention, method, n)]:.3f})"
                      for n in args.sizes]
             lines.append(f"| {convention} | {method} | " + " | ".join(cells) + f" | {timing[method]:.1f} |")
-    print_and_record(lines, ROOT / "benchmarks" / "results" / "tau_ci_coverage.md")
+    print_and_record(lines, None if args.smoke else ROOT / "benchmarks" / "results" / "tau_ci_coverage.md")
 
 
 def _time_each(steps: list[np.ndarray], n_boot: int) -> dict[str, float]:
