@@ -73,6 +73,11 @@ def weight_files(path: Path, layout: str) -> list[Path]:
         return [path]
     single, index = path / "model.safetensors", path / "model.safetensors.index.json"
     if single.is_file():
+        others = sorted(p.name for p in path.glob("*.safetensors") if p != single)
+        if others:  # read silently, model.safetensors alone would be evaluated whatever the others hold
+            raise DflashEvalError(f"{path}: holds model.safetensors and also {', '.join(others)}; only "
+                                  "model.safetensors would be read. Move the other files out of the directory (or, "
+                                  "for a sharded checkpoint, remove model.safetensors and keep its index)")
         return [single]
     if index.is_file():
         weight_map = read_json_object(index).get("weight_map")

@@ -107,3 +107,15 @@ def test_header_checks_find_what_the_loader_finds_without_reading_weights(hf, tm
         check_checkpoint(facts, None, {"hidden_size": 32})
     with pytest.raises(DflashEvalError, match="mask_token_id 299 is outside the target vocabulary"):
         check_checkpoint(facts, None, {"vocab_size": 100})
+
+
+def test_a_stray_safetensors_file_beside_model_safetensors_is_named_not_ignored(tmp_path):
+    """Before, only model.safetensors was read and any other weights file in the directory was ignored silently."""
+    from dflash_eval.checkpoint import weight_files
+
+    (tmp_path / "model.safetensors").write_bytes(b"")
+    assert weight_files(tmp_path, "hf") == [tmp_path / "model.safetensors"]
+    (tmp_path / "model-step2.safetensors").write_bytes(b"")
+    with pytest.raises(DflashEvalError, match=r"holds model.safetensors and also model-step2.safetensors; only "
+                                              r"model.safetensors would be read"):
+        weight_files(tmp_path, "hf")
