@@ -209,6 +209,19 @@ def report_output(path: str, caption: str, category: str):
     return report(update(path), caption=f"../report/{caption}", category=category)
 
 
+# The report's outputs in one dict, the summary first (snakefmt would move a `**` unpacking in the rule before the
+# named outputs; the summary.csv names the job in Snakemake's output), then every registered plot.
+REPORT_OUTPUTS = {
+    "csv": report_output(f"{RESULTS}/summary.csv", "summary_csv.rst", "Summary"),
+    "md": report_output(f"{RESULTS}/summary.md", "summary_md.rst", "Summary"),
+    "trust": report_output(f"{RESULTS}/trust.json", "trust.rst", "Summary"),
+    **{
+        name: report_output(f"{RESULTS}/plots/{plot.file}", plot.caption, "Plots")
+        for name, plot in PLOTS.items()
+    },
+}
+
+
 def plot_dir(wildcards, output) -> str:
     """The plots' folder, from their declared outputs: the stage writes every registered plot there."""
     return str(Path(getattr(output, next(iter(PLOTS)))).parent)

@@ -16,13 +16,7 @@ rule report:
         completions=expand(COMPLETIONS, dataset=list(config["datasets"])),
         backends=backend_comparisons,
     output:
-        **{
-            name: report_output(f"{RESULTS}/plots/{plot.file}", plot.caption, "Plots")
-            for name, plot in PLOTS.items()
-        },
-        csv=report_output(f"{RESULTS}/summary.csv", "summary_csv.rst", "Summary"),
-        md=report_output(f"{RESULTS}/summary.md", "summary_md.rst", "Summary"),
-        trust=report_output(f"{RESULTS}/trust.json", "trust.rst", "Summary"),
+        **REPORT_OUTPUTS,
     log:
         f"{LOGS}/report.log",
     benchmark:
