@@ -173,7 +173,7 @@ def test_torn_last_line_is_dropped_and_refetched(tmp_path, tokenizer_dir, caplog
         with caplog.at_level(logging.WARNING):
             again = fetch.fetch(settings(tmp_path, url, tokenizer_dir, prompts), out)
     assert any("dropping a torn last line" in m for m in caplog.messages)
-    assert served(log)[6:] == [4, 5]
+    assert sorted(served(log)[6:]) == [4, 5]  # the torn record and the one after it, in whichever order (concurrency)
     assert again == clean
 
 
