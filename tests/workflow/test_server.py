@@ -10,13 +10,17 @@ for the hooks, against a real server process (tests/support/servers.py).
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 
 import pytest
 import yaml
 
-from dflash_eval.bench.workflow import check, copy_workflow, snakemake, tiny_project
+from dflash_eval.bench.workflow import (
+    check,
+    copy_workflow_with_stand_in,
+    snakemake,
+    tiny_project,
+)
 from tests.support import servers as hs
 
 # Each test is one or two real snakemake runs: 84 s and 64 s on the loaded 2-core dev machine
@@ -50,11 +54,7 @@ runpy.run_path(os.path.join(os.path.dirname(os.path.abspath(__file__)), "recorde
 @pytest.fixture
 def project(tmp_path):
     """One dataset, one drafter, and a managed tiny server that records each of its starts."""
-    workflow = copy_workflow(tmp_path / "workflow")
-    (workflow / "bin" / "dflash-eval").rename(workflow / "bin" / "recorder")
-    stand_in = workflow / "bin" / "dflash-eval"
-    stand_in.write_text(STAND_IN.format(python=sys.executable))
-    stand_in.chmod(0o755)
+    workflow = copy_workflow_with_stand_in(tmp_path / "workflow", STAND_IN)
     root = tmp_path / "project"
     config = tiny_project(root, drafters=1, datasets=1)
     server = hs.tiny_helper_settings(Path("unused"), "--state", str(root / "server-state.txt"))

@@ -24,7 +24,12 @@ from pathlib import Path
 import pytest
 import yaml
 
-from dflash_eval.bench.workflow import check, copy_workflow, snakemake, tiny_project
+from dflash_eval.bench.workflow import (
+    check,
+    copy_workflow_with_stand_in,
+    snakemake,
+    tiny_project,
+)
 from tests.support import servers as hs
 
 pytestmark = pytest.mark.slow  # real snakemake runs, tens of seconds each on the 2-core dev machine
@@ -52,11 +57,7 @@ runpy.run_path(os.path.join(os.path.dirname(os.path.abspath(__file__)), "recorde
 
 @pytest.fixture
 def project(tmp_path):
-    workflow = copy_workflow(tmp_path / "workflow")
-    (workflow / "bin" / "dflash-eval").rename(workflow / "bin" / "recorder")
-    stand_in = workflow / "bin" / "dflash-eval"
-    stand_in.write_text(STAND_IN.format(python=sys.executable))
-    stand_in.chmod(0o755)
+    workflow = copy_workflow_with_stand_in(tmp_path / "workflow", STAND_IN)
     root = tmp_path / "project"
     config = tiny_project(root, drafters=1, datasets=1)
     server = hs.tiny_helper_settings(Path("unused"))

@@ -76,6 +76,17 @@ def copy_workflow(dest: Path) -> Path:
     return dest
 
 
+def copy_workflow_with_stand_in(dest: Path, stand_in: str) -> Path:
+    """`copy_workflow` whose `dflash-eval` is `stand_in` (a script template with {python}), the recorder kept
+    beside it as `bin/recorder` for the stand-in to hand over to."""
+    workflow = copy_workflow(dest)
+    (workflow / "bin" / "dflash-eval").rename(workflow / "bin" / "recorder")
+    script = workflow / "bin" / "dflash-eval"
+    script.write_text(stand_in.format(python=sys.executable))
+    script.chmod(0o755)
+    return workflow
+
+
 def write_bytes(path: Path, size: int, seed: int) -> None:
     """Deterministic pseudo-random bytes: the same seed gives the same content. A `.safetensors` file
     gets a real header around them (one uint8 tensor), as the workflow reads every header when it loads."""
