@@ -17,9 +17,10 @@ speculative counters in `sglext.spec_tokens_details` when asked `return_spec_tok
 seconds late (so that requests are in flight when a test kills the process), and --log-arrivals logs each
 request when it arrives as well as when it is answered.
 
-Faults, counted over completion requests (the n-th request, 1-based): --fail-every N answers every
-N-th with HTTP 500; --stall-every N sleeps S seconds before answering every N-th (past the client's
-timeout); --die-after N SIGKILLs the process when request N+1 arrives (requests in flight are lost);
+Faults: --fail-every N answers the N-th, 2N-th, ... new request (the first arrival of a request body,
+1-based) with HTTP 500; --stall-every N sleeps S seconds before answering every N-th new one (past the
+client's timeout). A retry of a faulted request is answered, so a client's retry budget always suffices
+and a test of it is deterministic under any concurrency. --die-after N, counted over all completion requests, SIGKILLs the process when request N+1 arrives (requests in flight are lost);
 --reject-max-tokens-over N answers 400 with a message, as a validation error.
 """
 
@@ -71,6 +72,8 @@ class Fake:
         self.tok = Tokenizer.from_file(str(Path(args.tokenizer) / "tokenizer.json"))
         self.eos = self.tok.token_to_id(args.eos)
         self.count = 0
+        self.seen_bodies: set[bytes] = set()
+        self.new_count = 0
         self.log = open(args.request_log, "a", buffering=1) if args.request_log else None
 
     def encode(self, text: str) -> list[int]:
@@ -90,6 +93,10 @@ class Fake:
         if self.args.die_after is not None and n > self.args.die_after:
             os.kill(os.getpid(), signal.SIGKILL)
         req = json.loads(body)
+        first_arrival = body not in self.seen_bodies
+        self.seen_bodies.add(body)
+        if first_arrival:
+            self.new_count += 1
         if self.args.log_arrivals:
             self._log(n, req, "arrived", self.prompt_ids(path, req))
         if self.args.delay_s:
@@ -98,10 +105,10 @@ class Fake:
             self._log(n, req, 400)
             return 400, {"object": "error", "message": f"max_tokens must be at most {self.args.reject_max_tokens_over}",
                          "type": "BadRequestError", "code": 400}
-        if self.args.fail_every and n % self.args.fail_every == 0:
+        if first_arrival and self.args.fail_every and self.new_count % self.args.fail_every == 0:
             self._log(n, req, 500)
             return 500, {"object": "error", "message": "injected failure", "code": 500}
-        if self.args.stall_every and n % self.args.stall_every == 0:
+        if first_arrival and self.args.stall_every and self.new_count % self.args.stall_every == 0:
             self._log(n, req, "stall")
             await asyncio.sleep(self.args.stall_s)
         chat = path.endswith("chat/completions")
