@@ -30,6 +30,7 @@ import torch
 from tqdm import tqdm
 
 from dflash_eval import stats
+from dflash_eval.cache import completions_check
 from dflash_eval.cache import manifest as cache_manifest
 from dflash_eval.checkpoint import (
     agreed_layer_ids,
@@ -146,6 +147,7 @@ def run_evaluation(settings: dict, hidden: str, completions: str) -> tuple[dict,
     cache = HiddenCache(hidden, verify=True)  # every shard read is checked against its sha256 (cache.verify)
     cache_info = check_cache(cache, settings)
     records = {record["id"]: record for record in read_completions(completions)}
+    completions_check.check(cache.directory, cache.manifest, completions, records)  # the file it was built from
     head = load_target_head(settings["target"]["path"])
     checkpoint = settings["checkpoint"]
     sha256_at_load = checkpoint_sha256(checkpoint["path"])  # before the load; compared again after the evaluation

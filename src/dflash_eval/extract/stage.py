@@ -20,6 +20,7 @@ from typing import Any
 import torch
 from tqdm import tqdm
 
+from dflash_eval.cache import completions_check
 from dflash_eval.cache.resume import ResumeState, plan_key, plan_shards, prepare_resume
 from dflash_eval.cache.reuse import KeptStates, keep_published, state_code_hash
 from dflash_eval.cache.store import CacheWriter
@@ -47,7 +48,6 @@ from dflash_eval.extract.target import (
     target_config_hash,
     text_config_dict,
 )
-from dflash_eval.io_utils import sha256_file
 from dflash_eval.provenance.fingerprint import FingerprintCache
 
 log = logging.getLogger(__name__)
@@ -335,7 +335,7 @@ def extract(settings: dict[str, Any], completions: str | Path, out: str | Path) 
             "last_layer": settings["last_layer"],  # capture.LAST_LAYER: what the last layer's id holds
         },
         "device": str(torch.device(target["device"])),
-        "completions": {"path": str(completions), "sha256": sha256_file(completions)},
+        "completions": completions_check.identities(completions, records),  # what evaluate checks its input by
         "token_flags": tokens.to_manifest(),
     }
     out = Path(out)
