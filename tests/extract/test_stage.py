@@ -258,3 +258,33 @@ def test_extract_on_cuda_with_fla_differs_slightly_from_torch(target_dir, comple
             "fla." if backend == "fla" else "transformers.models.qwen3_5")
         features[backend] = cache.load_sample("a").features.float()
     assert torch.nn.functional.cosine_similarity(features["fla"], features["torch"], dim=-1).min() > 0.99
+
+
+def test_a_sample_past_max_position_embeddings_is_named_recorded_and_still_extracted(target_dir, completions, tmp_path,
+                                                                                     caplog):
+    """Issue 32: preflight sees only fetch.max_tokens; a long prompt passes the positions with any max_tokens."""
+    import shutil
+
+    from dflash_eval.report.markdown import trust_warnings
+    from dflash_eval.report.trust import cache_entry
+
+    short = tmp_path / "target"
+    shutil.copytree(target_dir, short)
+    config = json.loads((short / "config.json").read_text())
+    config["max_position_embeddings"] = 6  # a: 7 tokens, b: 8, c: 4
+    (short / "config.json").write_text(json.dumps(config))
+    with caplog.at_level("WARNING"):
+        out = extract_stage.extract(_settings(short), completions, tmp_path / "hidden")
+    assert f"2 of 3 samples of {completions} run past the target's max_position_embeddings 6 (prompt + completion): " \
+           "a, b;" in caplog.text
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert manifest["positions"] == {"max_position_embeddings": 6, "past": ["a", "b"]}
+    assert [s["id"] for s in HiddenCache(out).samples] == ["a", "b", "c"], "every sample is still extracted"
+    found = trust_warnings({"fetch": {}, "caches": [cache_entry(out, None)], "online": {},
+                            "server": {"recorded": False}})
+    assert found == [f"**Past the target's positions**: {out}: 2 of 3 samples are longer than its "
+                     "max_position_embeddings 6 (e.g. a, b); the target's states there are extrapolated."]
+    manifest["positions"] = None  # the demo, and caches from before the record: no warning
+    (out / "manifest.json").write_text(json.dumps(manifest))
+    assert trust_warnings({"fetch": {}, "caches": [cache_entry(out, None)], "online": {},
+                           "server": {"recorded": False}}) == []

@@ -40,6 +40,7 @@ from dflash_eval.extract.backends import (
     use_backend,
 )
 from dflash_eval.extract.capture import capture_layers, check_layer_ids
+from dflash_eval.extract.positions import past_positions
 from dflash_eval.extract.profile import wanted as profile_wanted
 from dflash_eval.extract.profile import write_target_profile
 from dflash_eval.extract.target import (
@@ -337,6 +338,7 @@ def extract(settings: dict[str, Any], completions: str | Path, out: str | Path) 
         "device": str(torch.device(target["device"])),
         "completions": completions_check.identities(completions, records),  # what evaluate checks its input by
         "token_flags": tokens.to_manifest(),
+        "positions": past_positions(records, text_config, str(completions)),  # samples past the target's positions
     }
     out = Path(out)
     plan = plan_shards([_length(r) for r in records], int(settings["shard_tokens"]))

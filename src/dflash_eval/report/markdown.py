@@ -282,6 +282,11 @@ def trust_warnings(trust: dict) -> list[str]:
         if cache.get("completions_match") is False:
             found.append(f"**Stale cache**: {cache['dir']} was extracted from another completions file "
                          f"(sha256 {str(cache['completions_sha256'])[:12]}) than the one fetched now; re-run extraction.")
+        past = (cache.get("positions") or {}).get("past")
+        if past:
+            found.append(f"**Past the target's positions**: {cache['dir']}: {len(past)} of {cache['samples']} samples "
+                         f"are longer than its max_position_embeddings {cache['positions']['max_position_embeddings']} "
+                         f"(e.g. {', '.join(past[:3])}); the target's states there are extrapolated.")
     for dataset, online in trust["online"].items():
         check = online.get("served_drafter_check") or {}
         if check.get("status") == "mismatch":

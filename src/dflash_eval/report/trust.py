@@ -57,6 +57,7 @@ def cache_entry(directory: str | Path, completions_sha256: str | None) -> dict:
         "samples": len(manifest.get("samples") or []),
         "argmax_agreement": agreement["matches"] / agreement["tokens"] if agreement.get("tokens") else None,
         "token_flags": None if flags is None else {k: list(v) for k, v in flags.items()},
+        "positions": manifest.get("positions"),  # {max_position_embeddings, past: ids}; None: not recorded
         "completions_sha256": built_from,
         "completions_match": None if built_from is None or completions_sha256 is None
         else built_from == completions_sha256,
