@@ -118,9 +118,11 @@ def test_refuses_to_stop_a_server_it_did_not_launch(tmp_path, controllers):
     try:
         ctl = make(controllers, settings)
         wait_healthy(ctl)
-        ctl.ensure_up()  # healthy already: nothing launched
+        with pytest.raises(ServerError, match=f"this checkout did not launch it .*: it is pid {other.pid} "):
+            ctl.ensure_up()  # healthy, but not this checkout's: not used
         assert ctl.launched_pid() is None
-        with pytest.raises(ServerError, match="not launched by dflash-eval"):
+        with pytest.raises(ServerError, match=f"this checkout did not launch it .*: it is pid {other.pid} .*"
+                                              f"stop it \\(`kill {other.pid}`\\)"):
             ctl.take_down()
         assert ctl.is_healthy() and ctl.current_outage() is None  # nothing was stopped, nothing to restore
     finally:
@@ -487,7 +489,7 @@ def test_server_pid_is_the_server_and_killing_it_leaves_nothing_after_finish(tmp
 
 
 def test_a_server_whose_shell_was_killed_is_still_stopped_and_restored(tmp_path, controllers):
-    """The orphan that a killed shell used to leave (healthy, unowned, refused: "not launched by dflash-eval")
+    """The orphan that a killed shell used to leave (healthy, unowned, refused as not this checkout's launch)
     is still dflash-eval's: a pause stops its whole group and brings it back, and finish stops the new one."""
     ctl, record = launched_in_shell(tmp_path, controllers)
     group = record["pgid"]
@@ -564,3 +566,33 @@ def test_paused_real_server_down_inside_and_back_after_an_exception(tiny_server)
     events = transitions(tiny_server["log_dir"])
     assert events[-9:] == ["pause", "stop_requested", "down", "extraction_start", "extraction_end",
                            "start_requested", "launched", "healthy", "resume"]
+
+
+def test_two_checkouts_on_one_port_the_second_is_told_whose_server_it_is(tmp_path, controllers):
+    """Issue 32: the second checkout used the first's server silently, then failed with a bare connection error.
+    Two checkout directories, the first's server launched by the real `dflash-eval server up` run there."""
+    first, second = tmp_path / "first", tmp_path / "second"
+    settings = hs.tiny_helper_settings(Path("results/logs/server"))  # log_dir relative, as config.yaml has it
+    first.mkdir()
+    second.mkdir()
+    up = subprocess.run([sys.executable, "-m", "dflash_eval.cli", "server", "up", "--settings", json.dumps(settings)],
+                        cwd=first, capture_output=True, text=True, timeout=120)
+    record_file = first / "results" / "logs" / "server" / "server.pid"
+    assert up.returncode == 0, up.stderr
+    record = record_file.read_bytes()
+    controllers.append(ServerController({**settings, "log_dir": str(first / "results/logs/server")}))
+    server = json.loads(record)["pid"]
+    for action in ("up", "down"):
+        run = subprocess.run([sys.executable, "-m", "dflash_eval.cli", "server", action, "--settings",
+                              json.dumps(settings)], cwd=second, capture_output=True, text=True, timeout=120)
+        assert run.returncode == 2, run.stderr
+        text = " ".join(run.stderr.split())
+        assert f"the server at {settings['base_url']} is up, but this checkout did not launch it " \
+               f"(results/logs/server/server.pid names no live launch): it is pid {server} (`" in text
+        assert f", started in {first}; that checkout's {record_file} has it on record." in text
+        assert f"Give this checkout a port of its own (server.base_url and the port in server.command), or stop " \
+               f"it from there (`cd {first} && dflash-eval server stop-launched --config config.yaml`)" in text
+    assert record_file.read_bytes() == record and hs.group_members(json.loads(record)["pgid"]), "the first's is kept"
+    assert ServerController({**settings, "log_dir": str(first / "results/logs/server")}).is_healthy()
+    assert not (second / "results" / "logs" / "server" / "server.pid").exists()
+    assert not (second / "results" / "logs" / "server" / "outage.json").exists(), "nothing taken down"

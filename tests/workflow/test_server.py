@@ -86,3 +86,39 @@ def test_failed_extraction_restores_and_onerror_stops_the_server(project):
     assert next(e for e in entries if e["event"] == "extraction_end")["ok"] is False
     assert [e["event"] for e in entries][-2:] == ["stop_requested", "down"]  # onerror
     assert all(hs.group_members(pid) == [] for pid in launched_pids(entries))
+
+
+def test_a_second_checkout_on_the_first_ones_port_is_told_whose_server_it_is(project, tmp_path):
+    """Issue 32: the second checkout fetched from the first's server silently, then failed with a bare connection
+    error. Two workflow directories, one port; the first's server launched by `dflash-eval server up` there."""
+    import json
+    import shutil
+    import subprocess
+    import sys
+
+    workflow, first = project
+    second = tmp_path / "second"
+    shutil.copytree(first, second)  # the same config.yaml: the same port
+    up = subprocess.run([sys.executable, "-m", "dflash_eval.cli", "server", "up", "--config", "config.yaml"],
+                        cwd=first, capture_output=True, text=True, timeout=120)
+    assert up.returncode == 0, up.stderr
+    record_file = first / "results" / "logs" / "server" / "server.pid"
+    record = record_file.read_bytes()
+    try:
+        run = snakemake(workflow, second)
+        text = run.stdout + run.stderr
+        assert run.returncode != 0, text
+        fetch_log = " ".join(next((second / "results" / "logs" / "fetch").glob("*.log")).read_text().split())
+        config = yaml.safe_load((first / "config.yaml").read_text())
+        assert f"the server at {config['server']['base_url']} is up, but this checkout did not launch it" in fetch_log
+        assert f"it is pid {json.loads(record)['pid']} (`" in fetch_log and f"started in {first}" in fetch_log
+        assert f"that checkout's {record_file} has it on record" in fetch_log
+        assert f"`cd {first} && dflash-eval server stop-launched --config config.yaml`" in fetch_log
+        assert not list((second / "results").glob("completions/*.jsonl")), "nothing fetched from another's server"
+        assert record_file.read_bytes() == record and hs.group_members(json.loads(record)["pgid"]), \
+            "the first checkout's server is untouched, still on its record"
+        assert not (second / "results" / "logs" / "server" / "server.pid").exists()
+    finally:
+        subprocess.run([sys.executable, "-m", "dflash_eval.cli", "server", "stop-launched", "--config", "config.yaml"],
+                       cwd=first, capture_output=True, timeout=120)
+    assert hs.group_members(json.loads(record)["pgid"]) == []

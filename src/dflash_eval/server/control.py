@@ -176,6 +176,7 @@ class ServerController:
         announced, started = 0.0, time.monotonic()
         while True:
             if not self.outage_file.exists() and self.is_healthy():
+                self.server.check_ours()  # managed: this checkout's own launch, not another's on the same port
                 return  # the common case: nothing to restore, nothing to wait for, no lock needed
             with host_lock(self.lock_file):
                 current = self.current_outage()

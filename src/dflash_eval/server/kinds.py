@@ -28,7 +28,7 @@ from typing import Any, ClassVar
 
 from dflash_eval.errors import DflashEvalError
 from dflash_eval.io_utils import atomic_write_text
-from dflash_eval.server import gpu_memory
+from dflash_eval.server import foreign, gpu_memory
 from dflash_eval.server.http import http_request, port_open, url_port
 from dflash_eval.server.processes import (
     group_alive,
@@ -96,6 +96,9 @@ class Server:
 
     def stop_leftovers(self) -> None:
         """Stop what is left of a launched server whose own process is gone (nothing for other kinds)."""
+
+    def check_ours(self) -> None:
+        """Raise ServerError when the healthy server is one this checkout may not use (only managed checks)."""
 
     def live_launch(self) -> bool:
         """Whether a server dflash-eval launched still runs, healthy or still starting (only managed)."""
@@ -205,15 +208,13 @@ class Managed(Server):
     def stop(self, note: Callable[[str], None]) -> None:
         launch = self.launched()
         if launch is None:
-            raise ServerError(
-                f"the managed server at {self.base_url} is up but was not launched by dflash-eval "
-                f"(no live process group in {self.pid_file}); stop it yourself or use kind: external"
-            )
+            raise ServerError(self._not_ours())
         note("stopped")
         self._stop_group(launch)
 
     def start(self, how: str | None) -> None:
         if self.is_up():
+            self.check_ours()
             return
         self.transitions.record("start_requested")
         launch = self.launched()
@@ -225,6 +226,19 @@ class Managed(Server):
         # else: our server is still starting (launched by an earlier call or process); just wait.
         self.wait_healthy()
         self._record_server_pid()
+
+    def check_ours(self) -> None:
+        """A managed server is the one this checkout launched (its server.pid), never another's on the same port."""
+        if self.launched() is None:
+            raise ServerError(self._not_ours())
+
+    def _not_ours(self) -> str:
+        who, fix = foreign.whose(url_port(self.base_url), self.log_dir)
+        return (f"the server at {self.base_url} is up, but this checkout did not launch it ({self.pid_file} names no "
+                f"live launch): it is {who}. A managed server must be this checkout's own: another's may serve "
+                f"another model, and it goes down when its own run ends or extracts. Give this checkout a port of "
+                f"its own (server.base_url and the port in server.command), or {fix} and rerun; a server you keep "
+                "running yourself belongs under server.kind: external")
 
     def stop_launched(self) -> bool:
         launch = self.launched()

@@ -95,3 +95,25 @@ def listener(port: int, candidates: list[int]) -> int | None:
             except OSError:
                 continue
     return None
+
+
+def port_holder(port: int) -> int | None:
+    """The process listening on TCP `port`, among all this host's processes that we may read, or None (another
+    user's, or another network namespace's, as behind docker's port forwarding). Reads the whole process table:
+    only for an error message."""
+    pids = sorted(int(entry.name) for entry in Path("/proc").iterdir() if entry.name.isdigit())
+    return listener(port, pids)
+
+
+def process_facts(pid: int) -> dict:
+    """What /proc says of a process for a person: its command line, its working directory and its environment
+    (each None when it cannot be read)."""
+    facts: dict = {"pid": pid, "cmdline": None, "cwd": None, "environ": None}
+    with contextlib.suppress(OSError):
+        facts["cmdline"] = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace").strip()
+    with contextlib.suppress(OSError):
+        facts["cwd"] = os.readlink(f"/proc/{pid}/cwd")
+    with contextlib.suppress(OSError):
+        pairs = (item.partition(b"=") for item in Path(f"/proc/{pid}/environ").read_bytes().split(b"\0") if item)
+        facts["environ"] = {k.decode(errors="replace"): v.decode(errors="replace") for k, _, v in pairs}
+    return facts
