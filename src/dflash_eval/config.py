@@ -428,10 +428,12 @@ def server_settings(config: dict) -> dict:
 
 
 def dataset_inputs(config: dict, dataset: str) -> list[str]:
-    """The files a dataset's fetch reads: its prompt file, or a preset's local copy (none from the hub)."""
+    """The files a dataset's fetch reads as Snakemake inputs: a preset's local copy (none from the hub). A prompt file
+    is not one: the fetch rule tracks it by its prompts as a set (params.prompts, fetch.prompts.order_free_digest),
+    so that its order, a touch or a re-save rerun nothing (issue 32)."""
     spec = config["datasets"][dataset]
     if "prompts" in spec:
-        return [spec["prompts"]]
+        return []
     return [spec["source"]] if spec.get("source") else []
 
 

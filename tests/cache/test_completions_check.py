@@ -145,3 +145,28 @@ def test_an_old_cache_without_identities_passes_with_its_own_file_and_is_refused
     assert f"the cache was extracted from {str(root / 'c.jsonl')!r}" in log
     assert f"predates the per-sample record ({IDENTITY_KEY})" in log and f"--completions {given}" in log
     assert _written(tmp_path) == before
+
+
+def test_the_same_completions_in_another_order_give_the_same_numbers(project, evaluated, tmp_path):
+    """Issue 32: a reordered prompt file moved the CIs (the bootstrap resamples by position): the evaluation goes by
+    sample id, so a cache extracted from the completions in another order gives the same metrics and samples.csv."""
+    root, records, settings = project
+    _, before = evaluated
+    reordered = tmp_path / "reordered.jsonl"
+    reordered.write_text("".join(json.dumps(r) + "\n" for r in [records[2], records[0], records[1]]))
+    extract_stage.extract({"dataset": "toy", "layer_ids": LAYERS, "shard_tokens": 24, "store_argmax": True,
+                           "strict_tokens": False, "server": None,
+                           "target": {"path": str(root / "target"), "dtype": "float32", "device": "cpu",
+                                      "backend": "torch"}}, reordered, tmp_path / "hidden-reordered")
+    assert [s["id"] for s in json.loads((tmp_path / "hidden-reordered" / "manifest.json").read_text())["samples"]] \
+        == ["s2", "s0", "s1"]
+    out = tmp_path / "reordered-eval"
+    out.mkdir()
+    code, log = _evaluate({**settings, "bootstrap": 200}, tmp_path / "hidden-reordered", reordered, out)
+    assert code == 0, log
+    again = tmp_path / "again"
+    again.mkdir()
+    code, log = _evaluate({**settings, "bootstrap": 200}, root / "hidden", root / "c.jsonl", again)
+    assert code == 0, log
+    assert _written(out)["samples.csv"] == _written(again)["samples.csv"]
+    assert json.loads(_written(out)["metrics.json"])["methods"] == json.loads(_written(again)["metrics.json"])["methods"]

@@ -138,7 +138,7 @@ def test_config_entry_validates_and_reaches_the_fetch_settings(tmp_path):
         "dataset": "gsm8k", "preset": "gsm8k", "source": source, "cache_dir": None, "max_samples": 1, "seed": 3}
     assert "prompts" not in settings and "preset" not in cfg.fetch_settings(config, "file")
     assert cfg.dataset_inputs(config, "gsm8k") == [source]
-    assert cfg.dataset_inputs(config, "hub") == [] and cfg.dataset_inputs(config, "file") == ["p.jsonl"]
+    assert cfg.dataset_inputs(config, "hub") == [] and cfg.dataset_inputs(config, "file") == []  # params.prompts
     prompts, origin = fetch.load_prompt_set(cfg.stage_settings("fetch", {**settings, "server": {}, "tokenizer": "t"}))
     assert origin == "preset gsm8k" and as_tuples(prompts) == EXPECTED["gsm8k"]
 

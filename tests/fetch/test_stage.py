@@ -81,6 +81,21 @@ def test_subset_is_deterministic_and_in_file_order(tmp_path):
     assert select_subset(prompts, None, 0) == prompts == select_subset(prompts, 50, 0)
 
 
+def test_a_prompt_files_subset_and_digest_do_not_depend_on_its_order(tmp_path):
+    """Issue 32: a reordered prompt file picked another subset and reran every evaluation."""
+    from dflash_eval.fetch.prompts import order_free_digest
+
+    prompts = load_prompts(fixtures.write_prompts(tmp_path / "p.jsonl", 20))
+    shuffled = prompts[7:] + prompts[:7][::-1]
+    picked = select_subset(prompts, 5, seed=1, by_id=True)
+    assert {p.id for p in select_subset(shuffled, 5, seed=1, by_id=True)} == {p.id for p in picked}
+    assert [p.id for p in select_subset(shuffled, 5, seed=1, by_id=True)] == [p.id for p in shuffled if p in picked]
+    assert {p.id for p in select_subset(shuffled, 5, seed=1)} != {p.id for p in picked}, "a preset's rows: by position"
+    assert order_free_digest(shuffled) == order_free_digest(prompts)
+    edited = [prompts[0].__class__(prompts[0].id, [{"role": "user", "content": "other"}]), *prompts[1:]]
+    assert order_free_digest(edited) != order_free_digest(prompts)
+
+
 # ----- end to end against `transformers serve` -----
 
 

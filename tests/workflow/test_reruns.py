@@ -110,6 +110,26 @@ def test_fetch_parameter_change_reruns_everything_downstream_of_that_dataset(cas
                                     job("evaluate", "b", "d1"), job("report")}
 
 
+def test_a_prompt_files_order_reruns_nothing_and_an_edited_prompt_reruns_its_dataset(case):
+    """Issue 32: the prompt file was an input by mtime, so a reordered (or touched) file reran every evaluation.
+    It is tracked by its prompts as a set (params.prompts)."""
+    workflow, root = case
+    prompts = root / "prompts" / "d1.jsonl"
+    first = prompts.read_text()
+    prompts.write_text(first + json.dumps({"id": "p1", "messages": [{"role": "user", "content": "q9"}]}) + "\n")
+    d1 = {job("fetch", "d1"), job("extract", "d1", "L1-2"), job("evaluate", "a", "d1"), job("evaluate", "b", "d1"),
+          job("report")}
+    assert plan(workflow, root) == d1
+    check(snakemake(workflow, root))
+    lines = prompts.read_text().splitlines()
+    prompts.write_text("\n".join(reversed(lines)) + "\n\n")  # reordered, and a blank line more
+    assert plan(workflow, root) == set()
+    os.utime(prompts)
+    assert plan(workflow, root) == set()
+    prompts.write_text(prompts.read_text().replace("q9", "q10"))
+    assert plan(workflow, root) == d1
+
+
 def test_server_and_fetch_runtime_changes_rerun_nothing(case):
     """How fetch and extract run (server, concurrency, timeouts, retries) does not change what they produce:
     rerunning them would discard hours of completions and of GPU time. The new values still reach the stages."""

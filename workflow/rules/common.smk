@@ -6,6 +6,7 @@ from pathlib import Path
 
 from dflash_eval import config as cfg
 from dflash_eval.errors import DflashEvalError
+from dflash_eval.fetch.prompts import load_prompts, order_free_digest
 from dflash_eval.report.plots import PLOTS
 from dflash_eval.provenance.code_version import code_fingerprint
 from dflash_eval.provenance.fingerprint import FingerprintCache
@@ -115,6 +116,15 @@ def _target_fingerprint() -> str:
         if built_here(files)
         else FINGERPRINTS.files(files, "target.path")
     )
+
+
+@functools.cache
+def prompts_fingerprint(dataset: str) -> str:
+    """A prompt file's prompts as a set (fetch's param instead of the file's mtime: its order reruns nothing)."""
+    spec = config["datasets"][dataset]
+    if "prompts" not in spec:
+        return ""
+    return order_free_digest(load_prompts(spec["prompts"]))
 
 
 def selected_evaluations() -> list[str]:

@@ -17,6 +17,7 @@ rule fetch:
         server_lock=1,
     params:
         settings=lambda w: settings_param(cfg.fetch_params(config, w.dataset)),
+        prompts=lambda w: prompts_fingerprint(w.dataset),
         target=target_fingerprint,
         code=code_fingerprint("fetch"),
     shell:

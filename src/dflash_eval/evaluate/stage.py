@@ -180,7 +180,9 @@ def run_evaluation(settings: dict, hidden: str, completions: str) -> tuple[dict,
         return load
 
     specs, order = [], []
-    for entry in cache.samples:
+    # By sample id, not the cache's (the prompt file's) order: the evaluator's batches, samples.csv and the bootstrap,
+    # which resamples by position, are then the same for a reordered prompt file (issue 32)
+    for entry in sorted(cache.samples, key=lambda e: str(e["id"])):
         sample_id = str(entry["id"])
         record = records.get(sample_id)
         if record is None:
@@ -192,7 +194,7 @@ def run_evaluation(settings: dict, hidden: str, completions: str) -> tuple[dict,
     results = dict(tqdm(evaluator.run(specs), total=len(specs), unit="sample",
                         desc=f"evaluate {settings['drafter']} on {settings['dataset']}"))
     agree, seen = agreement["agree"], agreement["seen"]
-    for sample_id, entry in order:  # the cache's order: the bootstrap resamples by position
+    for sample_id, entry in order:  # by id (above)
         result = results[sample_id]
         topk_hits += result.topk_hits
         topk_seen += result.topk_seen

@@ -9,6 +9,7 @@ prompt, because a silently shorter prompt set changes every number downstream.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import random
 from collections.abc import Iterable, Iterator
@@ -194,11 +195,24 @@ def load_prompts(path: str | Path) -> list[Prompt]:
     return prompts
 
 
-def select_subset(prompts: list[Prompt], max_samples: int | None, seed: int) -> list[Prompt]:
-    """A deterministic subset of `max_samples` prompts (all when None), kept in file order."""
+def select_subset(prompts: list[Prompt], max_samples: int | None, seed: int, by_id: bool = False) -> list[Prompt]:
+    """A deterministic subset of `max_samples` prompts (all when None), kept in file order.
+
+    `by_id` (a prompt file): drawn from the prompts sorted by id, so that the subset depends on the prompts, not
+    on their order in the file (issue 32: a reordered file picked another subset). A preset's rows keep the
+    dataset's own order, which nobody edits, and the subsets drawn from it so far."""
     if max_samples is None or max_samples >= len(prompts):
         return list(prompts)
     if max_samples < 1:
         raise DflashEvalError(f"max_samples must be at least 1, got {max_samples}")
-    keep = sorted(random.Random(seed).sample(range(len(prompts)), max_samples))
+    population = sorted(range(len(prompts)), key=lambda i: prompts[i].id) if by_id else range(len(prompts))
+    keep = sorted(random.Random(seed).sample(population, max_samples))
     return [prompts[i] for i in keep]
+
+
+def order_free_digest(prompts: list[Prompt]) -> str:
+    """sha256 of a prompt set as a set: every prompt's id, messages and turns, in id order. The fetch rule's param
+    for a prompt file (instead of its mtime), so that a reordered, touched or re-saved file reruns nothing and an
+    edited prompt reruns the fetch (issue 32)."""
+    canonical = [[p.id, p.messages, list(p.turns)] for p in sorted(prompts, key=lambda p: p.id)]
+    return hashlib.sha256(json.dumps(canonical, sort_keys=True, ensure_ascii=False).encode()).hexdigest()

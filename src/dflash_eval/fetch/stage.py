@@ -456,7 +456,7 @@ def fetch(settings: dict[str, Any], out: Path) -> list[dict[str, Any]]:
     """
     settings = stage_settings("fetch", settings)
     prompt_set, origin = load_prompt_set(settings)
-    prompts = select_subset(prompt_set, settings["max_samples"], int(settings["seed"]))
+    prompts = select_subset(prompt_set, settings["max_samples"], int(settings["seed"]), by_id=settings["preset"] is None)
     expected = [rid for p in prompts for rid in record_ids(p)]
     from transformers import (
         AutoTokenizer,  # slow to import: only once the prompts are known good
