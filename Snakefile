@@ -7,11 +7,15 @@ from dflash_eval.config import PRE_NORM_SUFFIX, validate_config
 from dflash_eval.preflight import (
     built_by,
     check_inputs,
+    check_yaml_before_snakemake,
     config_source,
     warn_changed_caches,
 )
 
 min_version("9.0")
+
+# A tab or syntax error in config.yaml named by file, line and column (Snakemake's own message names no file).
+check_yaml_before_snakemake("config.yaml")
 
 
 configfile: "config.yaml"

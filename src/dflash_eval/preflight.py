@@ -54,6 +54,15 @@ class ConfigSource(str):
         return ""
 
 
+def check_yaml_before_snakemake(path: str | Path) -> None:
+    """Read the Snakefile's own config file strictly before its `configfile:` directive does: for a tab or any
+    other syntax error Snakemake says only "Config file is not valid JSON or YAML", naming no file and no line;
+    read_yaml names the file, line and column and the fix. (A --configfile Snakemake reads before the Snakefile
+    runs, where no workflow code can name it: docs/running.md.)"""
+    if Path(path).is_file():
+        read_yaml(path)
+
+
 def config_source(configfiles: Iterable[Any], cli_files: Iterable[Any], overrides: Any) -> ConfigSource:
     """The sources of the config Snakemake built, lowest precedence first: the Snakefile's `configfile:`,
     then each --configfile, then --config (the Snakefile passes workflow.configfiles and its settings).

@@ -57,7 +57,7 @@ def read_yaml(path: str | Path) -> Any:
     except yaml.YAMLError as error:
         mark = getattr(error, "problem_mark", None)
         where = f"{path}:{mark.line + 1}:{mark.column + 1}" if mark is not None else str(path)
-        hint = " (YAML indents with spaces, never tabs)" if "'\\t'" in str(error) else ""
+        hint = " (YAML indents with spaces, never tabs: replace the tab there with spaces)" if "'\\t'" in str(error) else ""
         raise DflashEvalError(f"{where}: not valid YAML: {getattr(error, 'problem', None) or error}{hint}") from None
     finally:
         loader.dispose()

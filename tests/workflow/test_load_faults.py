@@ -78,3 +78,30 @@ def test_block_sizes_beyond_a_drafters_own_and_max_tokens_past_the_positions_war
     text = run.stdout + run.stderr
     assert "evaluation.block_sizes [6] exceed drafters.a's block size 4: its evaluation skips them" in text
     assert "fetch.max_tokens 8 reaches the target's max_position_embeddings 8 (target/config.json)" in text
+
+
+def test_a_tab_in_config_yaml_names_the_file_line_and_column(case):
+    """Snakemake's own message for a tab ("Config file is not valid JSON or YAML") names no file: the Snakefile reads
+    config.yaml strictly before its `configfile:` directive. A plain `snakemake`, as a user runs it: the harness's
+    --configfile would be read by Snakemake's command line first, before any workflow code (docs/running.md)."""
+    import os
+    import subprocess
+    import sys
+
+    workflow, root = case
+    config = root / "config.yaml"
+    lines = config.read_text().splitlines()
+    number = next(i for i, line in enumerate(lines) if line.startswith("  ") and ":" in line)
+    lines[number] = "\t" + lines[number].lstrip()
+    config.write_text("\n".join(lines) + "\n")
+    before = snapshot(root)
+    run = subprocess.run([sys.executable, "-m", "snakemake", "--snakefile", str(workflow / "Snakefile"), "--directory",
+                          str(root), "--workflow-profile", str(workflow / "profiles" / "default"), "--cores", "1"],
+                         cwd=root, capture_output=True, text=True, timeout=300,
+                         env={**os.environ, "PYTHONPATH": str(workflow / "src"),
+                              "PATH": f"{workflow / 'bin'}{os.pathsep}{os.environ['PATH']}"})
+    text = run.stdout + run.stderr
+    assert run.returncode != 0, text
+    assert f"config.yaml:{number + 1}:1: not valid YAML: found character '\\t' that cannot start any token (YAML " \
+           "indents with spaces, never tabs: replace the tab there with spaces)" in text
+    assert snapshot(root) == before and not (root / "calls.log").exists(), "nothing ran, nothing was lost"
