@@ -36,6 +36,7 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 _held: list[IO] = []  # the claimed locks, kept open for the life of the process
+_open_records: list[tuple[Path, dict]] = []  # claim records whose end is written by `release_all`
 
 
 def lock_dir() -> Path:
@@ -140,12 +141,23 @@ def _write_record(path: Path, record: dict, finish: bool = False) -> None:
         record["end"] = record["start"]
     _dump(path, record)
     if not finish:
-        atexit.register(_finish_record, path, record)
+        _open_records.append((path, record))
 
 
-def _finish_record(path: Path, record: dict) -> None:
-    _dump(path, {**record, "end": time.time()})
-    log.info("released %s (%s) after %.1f s", record["device"], record["gpu"], time.time() - record["start"])
+@atexit.register
+def release_all() -> None:
+    """End this process's claims now: each open record gets its end, then every lock is dropped.
+
+    Runs at the process's exit by itself; a process that goes on (a forked benchmark worker, whose exit
+    skips atexit) calls it when its evaluation is done. The end is written before the lock is dropped, so
+    two records of one GPU can only overlap if the locks failed."""
+    while _open_records:
+        path, record = _open_records.pop()
+        end = time.time()
+        _dump(path, {**record, "end": end})
+        log.info("released %s (%s) after %.1f s", record["device"], record["gpu"], end - record["start"])
+    while _held:
+        _held.pop().close()
 
 
 def _dump(path: Path, record: dict) -> None:
