@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import multiprocessing
 import os
 import subprocess
 import sys
@@ -79,21 +78,28 @@ def evaluate_one(args: argparse.Namespace, record: str) -> dict:
     return {"build_s": built - started, "evaluate_s": seconds, "tokens": tokens}
 
 
-def _forked(args: argparse.Namespace, record: str, out: str) -> None:
-    """A forked job (fake GPUs): one evaluation, its output to `out`, its claim ended (fork skips atexit)."""
-    import torch
-
-    from dflash_eval.evaluate.gpu import release_all
-
-    torch.set_num_threads(1)
+def _forked(args: argparse.Namespace, record: str, out: str) -> int:
+    """A forked job (fake GPUs): its pid; the child runs one evaluation, writes its output to `out`, ends its claim
+    (a forked child leaves through os._exit, which skips atexit) and exits 0, or 1 after printing why."""
+    pid = os.fork()
+    if pid:
+        return pid
+    code = 1
     try:
+        import torch
+
+        from dflash_eval.evaluate.gpu import release_all
+
+        torch.set_num_threads(1)
         Path(out).write_text(json.dumps(evaluate_one(args, record)))
-    except BaseException:
-        traceback.print_exc()  # the driver only sees the exit code
-        sys.stderr.flush()
-        raise
-    finally:
         release_all()
+        code = 0
+    except BaseException:
+        traceback.print_exc()
+    finally:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
 
 
 def run_jobs(args: argparse.Namespace, k: int, records: Path) -> tuple[float, list[dict], placement.UtilisationSampler]:
@@ -106,11 +112,9 @@ def run_jobs(args: argparse.Namespace, k: int, records: Path) -> tuple[float, li
     def one(index: int) -> dict:
         record, out = records / f"job{index}{placement.SUFFIX}", records / f"job{index}.out.json"
         if args.fake_gpus:
-            child = multiprocessing.get_context("fork").Process(target=_forked, args=(args, str(record), str(out)))
-            child.start()
-            child.join()
-            if child.exitcode != 0:
-                raise RuntimeError(f"job {index} failed (exit {child.exitcode})")
+            status = os.waitpid(_forked(args, str(record), str(out)), 0)[1]
+            if os.waitstatus_to_exitcode(status) != 0:
+                raise RuntimeError(f"job {index} failed (exit status {status}; its traceback is above)")
             return json.loads(out.read_text())
         done = subprocess.run([*command, "--worker", str(record)], capture_output=True, text=True, env=environment)
         if done.returncode != 0:
@@ -153,9 +157,10 @@ def main(argv: list[str] | None = None) -> int:
     if args.worker:
         print(json.dumps(evaluate_one(args, args.worker)), flush=True)
         return 0
-    if args.fake_gpus:  # imported once here, before the jobs fork
-        import dflash  # noqa: F401
+    if args.fake_gpus:  # imported once here, before the jobs fork (dflash's model module loads lazily)
         import evaluator_speed  # noqa: F401
+        from dflash import DFlashDraftModel  # noqa: F401
+        from transformers.models.qwen3 import modeling_qwen3  # noqa: F401
     visible = visible_gpus(args)
     counts = [k for k in args.gpus if k <= visible]
     if not counts:
