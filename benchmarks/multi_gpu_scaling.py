@@ -22,6 +22,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -148,6 +149,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--tau", type=float, default=6.0)
     parser.add_argument("--fake-gpus", type=int, default=0, help="that many fake GPUs, evaluating on the CPU (tests)")
     parser.add_argument("--sample-s", type=float, default=0.5, help="nvidia-smi sampling interval")
+    parser.add_argument("--keep-records", type=Path,
+                        help="copy each K's claim records here (K<k>/), for `dflash-eval gpu-placements`")
     parser.add_argument("--note", default="", help="a line for the record (the machine, its load)")
     parser.add_argument("--record", type=Path, default=ROOT / "benchmarks/results/multi_gpu_scaling.md")
     parser.add_argument("--worker", help=argparse.SUPPRESS)  # the claim record of one evaluation job (internal)
@@ -178,6 +181,10 @@ def main(argv: list[str] | None = None) -> int:
         with tempfile.TemporaryDirectory(prefix=f"scaling-k{k}-") as tmp:
             wall, outputs, sampler = run_jobs(args, k, Path(tmp))
             check = placement.check_placements(placement.read_records([Path(tmp)]))
+            if args.keep_records:
+                (args.keep_records / f"K{k}").mkdir(parents=True, exist_ok=True)
+                for record in Path(tmp).glob(f"*{placement.SUFFIX}"):
+                    shutil.copy2(record, args.keep_records / f"K{k}" / record.name)
         base = wall if k == 1 else base
         speedup = base / wall if base else None  # against one GPU: only where a K=1 row was run
         if not check.ok or check.peak != min(k, args.jobs):
