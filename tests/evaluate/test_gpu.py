@@ -79,3 +79,14 @@ def test_no_visible_gpu_is_a_clear_error(tmp_path):
         gpu.claim_device("cuda", [], tmp_path)
     with pytest.raises(DflashEvalError, match="only 3 CUDA device"):
         gpu.claim_device("cuda:5", GPUS, tmp_path)
+
+
+def test_a_cpu_evaluation_records_its_device_and_no_gpu(tmp_path):
+    """The workflow always passes --placement: a CPU evaluation's record says cpu, so the check counts it apart."""
+    import json
+
+    assert gpu.claim_device("cpu", GPUS, tmp_path / "locks", record=tmp_path / "r.gpu.json", job="evaluate a d1") \
+        == torch.device("cpu")
+    record = json.loads((tmp_path / "r.gpu.json").read_text())
+    assert (record["device"], record["job"], record["start"]) == ("cpu", "evaluate a d1", record["end"])
+    assert "gpu" not in record and not (tmp_path / "locks").exists()

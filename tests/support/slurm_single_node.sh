@@ -3,6 +3,9 @@
 # Installs Debian's slurm-wlm and munge if missing, then starts munged, slurmctld and slurmd as root.
 # No accounting database: Snakemake's SLURM plugin then polls with `squeue` (profiles/slurm sets
 # status_command: squeue), which needs MinJobAge well above its polling interval (set to 600 s here).
+# The node also has FAKE_GPUS (default 2) fake GPUs: GRES gpu entries whose device files are character
+# devices like /dev/null (no NVIDIA hardware needed), so that jobs asking `--gpus=1` are scheduled, limited
+# and given CUDA_VISIBLE_DEVICES as on a GPU cluster (tests/workflow/test_slurm.py checks GPU requests).
 # Usage (as root): tests/support/slurm_single_node.sh [start|stop|status]
 set -euo pipefail
 
@@ -10,6 +13,7 @@ ACTION=${1:-start}
 HOST=$(hostname -s)
 CONF_DIR=/etc/slurm
 LOG_DIR=/var/log/slurm
+FAKE_GPUS=${FAKE_GPUS:-2}
 
 install() {
     if ! command -v slurmctld >/dev/null || ! command -v munged >/dev/null; then
@@ -23,6 +27,11 @@ write_config() {
     cpus=$(nproc)
     mem=$(( $(awk '/MemTotal/ {print $2}' /proc/meminfo) / 1024 - 1024 ))
     mkdir -p "$CONF_DIR" "$LOG_DIR" /var/spool/slurmctld /var/spool/slurmd
+    : > "$CONF_DIR/gres.conf"
+    for i in $(seq 0 $((FAKE_GPUS - 1))); do
+        [ -e "/dev/fake-gpu$i" ] || mknod "/dev/fake-gpu$i" c 1 3   # same major/minor as /dev/null
+        echo "Name=gpu File=/dev/fake-gpu$i" >> "$CONF_DIR/gres.conf"
+    done
     cat > "$CONF_DIR/slurm.conf" <<CONF
 ClusterName=dflash-eval-test
 SlurmctldHost=$HOST
@@ -44,10 +53,11 @@ AccountingStorageType=accounting_storage/none
 JobAcctGatherType=jobacct_gather/none
 JobCompType=jobcomp/none
 MpiDefault=none
+GresTypes=gpu
 ReturnToService=2
 MinJobAge=600
 SchedulerParameters=sched_interval=2
-NodeName=$HOST CPUs=$cpus RealMemory=$mem State=UNKNOWN
+NodeName=$HOST CPUs=$cpus RealMemory=$mem Gres=gpu:$FAKE_GPUS State=UNKNOWN
 PartitionName=debug Nodes=$HOST Default=YES MaxTime=INFINITE State=UP OverSubscribe=NO
 CONF
 }

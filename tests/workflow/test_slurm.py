@@ -20,10 +20,12 @@ import pytest
 from dflash_eval.bench.workflow import (
     check,
     copy_workflow,
+    copy_workflow_with_stand_in,
     plan,
     snakemake,
     tiny_project,
 )
+from dflash_eval.evaluate import placement
 
 pytestmark = pytest.mark.slurm
 
@@ -87,3 +89,58 @@ def test_tiny_workflow_through_slurm_equals_a_local_run(tmp_path):
     assert {"results/summary.csv", "results/hidden/d2/L1-2/manifest.json", "results/eval/a/d1/metrics.json"} <= set(results)
     # The SLURM run left Snakemake's metadata complete: locally, nothing is left to do.
     assert plan(workflow, cluster) == set()
+
+
+# The evaluate jobs' dflash-eval for the GPU test: the GPU SLURM gave the job (CUDA_VISIBLE_DEVICES, one index on the
+# test cluster's fake GRES) is its identity, as a UUID is on real GPUs; it is claimed through the real lock code with
+# a claim record, held a while so that the two evaluations overlap, and the recorder writes the outputs.
+GPU_STAND_IN = r'''#!{python}
+import os, subprocess, sys, time
+args = sys.argv[1:]
+rest = args[2:] if args[:1] == ["--log"] else args
+if rest[0] == "evaluate":
+    from dflash_eval.evaluate.gpu import claim_gpu
+    visible = os.environ["CUDA_VISIBLE_DEVICES"]  # unset: SLURM gave no GPU, and the job fails here
+    record = rest[rest.index("--placement") + 1]
+    claim_gpu(None, "cuda", [f"GPU-fake{{visible}}"], poll_s=0.1, record=record, job=record)
+    time.sleep(30)
+sys.exit(subprocess.run([os.path.join(os.path.dirname(sys.argv[0]), "recorder"), *args]).returncode)
+'''
+
+
+def _fake_gpus() -> int:
+    shown = subprocess.run(["scontrol", "show", "node"], capture_output=True, text=True).stdout
+    found = re.search(r"Gres=gpu:(\d+)", shown)
+    return int(found.group(1)) if found else 0
+
+
+@pytest.mark.timeout(1800)
+def test_gpu_jobs_request_a_gpu_each_and_cpu_jobs_none(tmp_path):
+    """profiles/slurm on the test cluster's fake GRES: each evaluation asks for one GPU (the rule's `gpu`
+    resource, which the plugin turns into --gpus=1), gets its own (CUDA_VISIBLE_DEVICES), and no other job asks."""
+    if not _cluster_up():
+        pytest.fail("no SLURM cluster answers: start one with `tests/support/slurm_single_node.sh start` (as root)")
+    if _fake_gpus() < 2:
+        pytest.fail("the test cluster has fewer than 2 GPUs: restart it with tests/support/slurm_single_node.sh start")
+    workflow = copy_workflow_with_stand_in(tmp_path / "workflow", GPU_STAND_IN)
+    root = tmp_path / "cluster"
+    tiny_project(root, drafters=2, datasets=1, big_checkpoint=False)
+    # evaluation.device cuda is refused at load by a CPU-only torch: the GPU count comes from --set-resources
+    # (one --set-resources list: a second flag would replace SMALL's)
+    small = [*SMALL[:1], "evaluate:gpu=1", *SMALL[1:]]
+    text = check(snakemake(workflow, root, *small, profile="slurm", timeout=1700))
+    submitted = re.findall(r"submitted with SLURM jobid (\d+)", text)
+    logs = {p.stem: p.relative_to(root / "results" / "logs" / "slurm").parts[0].removeprefix("rule_")
+            for p in (root / "results" / "logs" / "slurm").rglob("*.log")}
+    asked = {}
+    for job_id in submitted:
+        shown = subprocess.run(["scontrol", "show", "job", job_id], capture_output=True, text=True).stdout
+        assert "JobState=COMPLETED" in shown, shown
+        asked[job_id] = re.findall(r"TresPerJob=(\S+)", shown)
+    by_rule = Counter((logs[job_id], tuple(asked[job_id])) for job_id in submitted)
+    assert by_rule == {("fetch", ()): 1, ("extract", ()): 1, ("evaluate", ("gres:gpu:1",)): 2, ("report", ()): 1}
+    records = placement.read_records([root / "results" / "benchmarks" / "evaluate"])
+    result = placement.check_placements(records)
+    assert result.ok and result.peak == 2, result
+    assert sorted(r["cuda_visible_devices"] for r in records) == ["0", "1"]  # each its own GPU
+    assert {r["slurm_job_id"] for r in records} <= set(submitted)

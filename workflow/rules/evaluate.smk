@@ -34,4 +34,5 @@ rule evaluate:
         code=code_fingerprint("evaluate"),
     shell:
         "dflash-eval --log {log} evaluate --settings {params.settings:q} --hidden {input.hidden}"
-        " --completions {input.completions} --metrics {output.metrics} --samples {output.samples} 2>> {log}"
+        " --completions {input.completions} --metrics {output.metrics} --samples {output.samples}"
+        " --placement {BENCH}/evaluate/{wildcards.drafter}/{wildcards.dataset}.gpu.json 2>> {log}"

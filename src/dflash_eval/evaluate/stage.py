@@ -71,6 +71,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--completions", required=True, help="completions JSONL the cache was built from")
     parser.add_argument("--metrics", required=True, help="output metrics.json")
     parser.add_argument("--samples", required=True, help="output per-sample CSV")
+    parser.add_argument("--placement", help="write which device (GPU) this evaluation claimed, and when, here (JSON)")
 
 
 def stop_token_ids(settings: dict) -> list[int]:
@@ -137,12 +138,14 @@ def check_cache(cache, settings: dict) -> dict:
             "backend_mismatch_allowed": mismatch, "target_config_hash": cached_hash}
 
 
-def run_evaluation(settings: dict, hidden: str, completions: str) -> tuple[dict, list[dict]]:
+def run_evaluation(settings: dict, hidden: str, completions: str,
+                   placement: str | None = None) -> tuple[dict, list[dict]]:
     from dflash_eval.cache.store import HiddenCache
     from dflash_eval.target_identity import parse_device
 
     parse_device(settings["device"], "evaluation.device")  # named errors: a CPU-only torch, no such GPU
-    device = claim_device(settings["device"])  # cuda: a GPU no other evaluation holds
+    # cuda: a GPU no other evaluation holds; `placement` records which, for `dflash-eval gpu-placements`
+    device = claim_device(settings["device"], record=placement, job=f"evaluate {settings['drafter']} {settings['dataset']}")
     dtype = DTYPES[settings["dtype"]]
     cache = HiddenCache(hidden, verify=True)  # every shard read is checked against its sha256 (cache.verify)
     cache_info = check_cache(cache, settings)
@@ -280,7 +283,7 @@ def _check_unchanged(path: str, sha256_at_load: str) -> None:
 
 def run(args: argparse.Namespace) -> int:
     settings = settings_from_args(args, evaluate_settings, "drafter", "dataset")
-    metrics, rows = run_evaluation(settings, args.hidden, args.completions)
+    metrics, rows = run_evaluation(settings, args.hidden, args.completions, args.placement)
     for method, numbers in metrics["methods"].items():
         log.info("%s on %s, %s: tau %.3f (z-lab mean), %.3f (token-weighted), %d samples, %d steps",
                  metrics["drafter"], metrics["dataset"], method, numbers["tau_mean_of_samples"],
