@@ -32,7 +32,8 @@ rule evaluate:
         checkpoint=lambda w: checkpoint_fingerprint(w.drafter),
         target=target_fingerprint,
         code=code_fingerprint("evaluate"),
+        placement=lambda w: f"{BENCH}/evaluate/{w.drafter}/{w.dataset}.gpu.json",
     shell:
         "dflash-eval --log {log} evaluate --settings {params.settings:q} --hidden {input.hidden}"
         " --completions {input.completions} --metrics {output.metrics} --samples {output.samples}"
-        " --placement {BENCH}/evaluate/{wildcards.drafter}/{wildcards.dataset}.gpu.json 2>> {log}"
+        " --placement {params.placement} 2>> {log}"
