@@ -39,7 +39,8 @@ def _forward(target: Any, ids: list[int], layer_ids: list[int] | None) -> tuple[
 
 
 def _draft(drafter: Any, target: Any, context: torch.Tensor, last: int, start: int, block_size: int) -> list[int]:
-    """The drafter's greedy block after `last` at position `start`, conditioned on context[:, :start]."""
+    """The drafter's B - 1 greedy drafts after `last` (the block's first token, at position `start`), conditioned
+    on context[:, :start]."""
     from dflash.model import _draft_value, _output_head, _raw_input_embeddings
 
     block = torch.full((1, block_size), int(drafter.mask_token_id), dtype=torch.long)
@@ -74,7 +75,7 @@ def sampled_generate(drafter: Any, target: Any, prompt_ids: list[int], max_new_t
             probs = sampler_probs(logits[-1:], temperature, top_p, top_k, float(drawn["min_p"]))[0]
             completion.append(draw(probs, float(torch.rand((), generator=generator))))
             continue
-        candidates = [completion[-1]] + _draft(drafter, target, context, completion[-1], start, block_size)[1:]
+        candidates = [completion[-1]] + _draft(drafter, target, context, completion[-1], start, block_size)
         logits, context = _forward(target, prompt_ids + completion[:-1] + candidates, layer_ids)
         probs = verify_probs(logits[start:], temperature, top_p, top_k)
         coins = torch.rand((len(candidates),), generator=generator).tolist()

@@ -100,15 +100,18 @@ def server_spec_and_thresholds(base_url: str, key_env: str | None = None) -> tup
 
 def sampling_warning(speculative: dict[str, Any] | None, thresholds: dict[str, Any] | None,
                      drawn: dict[str, Any] | None) -> str | None:
-    """Why offline target-only acceptance on this server's sampled output cannot equal its counters, or None.
+    """Why this server's sampled output is not the target's own distribution, or None.
 
     SGLang's DFlash verify accepts draft d when coin <= p(d) / threshold_acc or p(d) >= threshold_single
     (speculative/dflash_utils.py compute_dflash_sampling_correct_drafts_and_bonus, through sgl-kernel's
-    tree_speculative_sampling_target_only): with both at 1.0 (the defaults) that is lossless, and a rejected
-    draft is never emitted; below 1.0 a draft the target would not have sampled can be accepted, so the output
-    is no longer the target's distribution and "accepted iff emitted" fails. Greedy requests (`drawn` None) and
-    servers that do not speculate are unaffected. min_p > 0 is named too: the verify's target distribution
-    (build_speculative_verify_target_probs) applies temperature, top-k and top-p but not min_p.
+    tree_speculative_sampling_target_only). With both at 1.0 (the defaults) it is lossless. Below 1.0 drafts the
+    target would not have sampled are accepted: a rejected draft is still never emitted, so offline target_only
+    acceptance still equals the served drafter's counters per request (tests/demo/test_sampled_loop.py), but the
+    completions lean toward that drafter's proposals: its tau on them is inflated, other drafters evaluated on them
+    are not measured on the target's distribution, and offline and online tau cannot agree with what a lossless
+    server would give. min_p > 0 is named too: the verify's distribution (build_speculative_verify_target_probs)
+    applies temperature, top-k and top-p but not min_p. Greedy requests (`drawn` None) and servers that do not
+    speculate are unaffected.
     """
     if drawn is None or not (speculative or {}).get("speculative_algorithm"):
         return None
@@ -119,8 +122,9 @@ def sampling_warning(speculative: dict[str, Any] | None, thresholds: dict[str, A
     else:
         off = {key: value for key, value in thresholds.items() if value is None or float(value) != 1.0}
         if off:
-            problems.append(f"{', '.join(f'{k}={v}' for k, v in off.items())} (not 1.0): the server accepts drafts "
-                            "the target would not have sampled, so offline and online acceptance cannot agree; "
+            problems.append(f"{', '.join(f'{k}={v}' for k, v in off.items())} (not 1.0, lossy): the server accepts "
+                            "drafts the target would not have sampled, so its completions are biased toward the served "
+                            "drafter and tau on them (offline or online) is not the tau of the target's distribution; "
                             "relaunch without --speculative-accept-threshold-single/-acc for a lossless server")
     if float(drawn.get("min_p") or 0.0) > 0.0 and (speculative or {}).get("speculative_algorithm") == "DFLASH":
         problems.append(f"min_p {drawn['min_p']}: SGLang {VERSION}'s DFlash verification ignores min_p (only the "

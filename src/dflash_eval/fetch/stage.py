@@ -66,7 +66,7 @@ class ServerInfo:
     speculative: dict[str, Any] | None = None  # SGLang's speculative settings (fetch.sglang.server_spec_settings)
     key_env: str | None = None  # server.api_key_env: the variable whose key every request sends (not recorded)
     accept_thresholds: dict[str, Any] | None = None  # speculative_accept_threshold_single/_acc (fetch.sglang)
-    sampling_warning: str | None = None  # why sampled offline and online cannot agree (fetch.sglang.sampling_warning)
+    sampling_warning: str | None = None  # why the served sampled output is not the target's distribution (fetch.sglang.sampling_warning)
 
     def as_record(self) -> dict[str, Any]:
         return {
@@ -497,7 +497,7 @@ def fetch(settings: dict[str, Any], out: Path) -> list[dict[str, Any]]:
     info.sampling_warning = sglang.sampling_warning(info.speculative, info.accept_thresholds,
                                                     sampling.record_sampling(settings, "any"))
     if info.sampling_warning:
-        log.warning("SAMPLED OFFLINE AND ONLINE CANNOT AGREE for %s: %s (kept in every record's sampling_warning "
+        log.warning("SAMPLING IS NOT LOSSLESS on this server for %s: %s (kept in every record's sampling_warning "
                     "and in the report)", settings["dataset"], info.sampling_warning)
     retry_counts: Counter[str] = Counter()
     started = time.monotonic()
