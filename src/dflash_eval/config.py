@@ -495,9 +495,7 @@ def fetch_params(config: dict, dataset: str) -> dict:
         "seed": spec["seed"],
         "tokenizer": config["target"]["path"],
         **{key: config["fetch"][key] for key in ("endpoint", "max_tokens")},
-        "temperature": spec["temperature"],
-        # Only a sampled dataset's params name the other sampling keys: a greedy one's stay as they were (no rerun).
-        **({key: spec[key] for key in SAMPLING_KEYS[1:]} if spec["temperature"] > 0 else {}),
+        **{key: spec[key] for key in SAMPLING_KEYS},  # a greedy dataset's records ignore all but temperature
         "chat_template_kwargs": config["fetch"]["chat_template_kwargs"],
     }
 

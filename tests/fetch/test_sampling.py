@@ -5,6 +5,7 @@ counters must be the ones its loop gives for each record's recorded seed."""
 from __future__ import annotations
 
 import logging
+from pathlib import Path
 
 import pytest
 import torch
@@ -16,6 +17,7 @@ from dflash_eval.fetch import stage as fetch
 from dflash_eval.sglang_protocol import PROTOCOL_FIELDS
 from tests.fetch.test_sglang import BLOCK, served  # noqa: F401 (the fixture)
 
+REPO = Path(__file__).resolve().parents[2]
 DRAWN = {"temperature": 0.7, "top_p": 0.95, "top_k": -1, "min_p": 0.0, "n": 2, "sampling_seed": 5}
 
 
@@ -38,32 +40,31 @@ def test_ids_and_seeds():
     assert sampling.record_seed(5, "q1#s0") == sampling.record_seed(5, "q1#s0") != sampling.record_seed(6, "q1#s0")
 
 
-def test_greedy_params_are_unchanged_and_sampled_ones_name_every_key(tmp_path):
-    base = {"target": {"path": str(tmp_path)}, "server": {"kind": "external", "start_command": "x", "stop_command": "y"},
-            "fetch": {}, "extraction": {}, "evaluation": {}, "drafters": {},
-            "datasets": {"g": {"prompts": "p.jsonl"}, "s": {"prompts": "p.jsonl", "temperature": 0.7, "top_p": 0.95}}}
-    config = validate_config(base)
-    greedy = fetch_params(config, "g")
-    assert greedy["temperature"] == 0.0 and not {"top_p", "top_k", "min_p", "n", "sampling_seed"} & set(greedy)
-    assert list(greedy) == ["dataset", "prompts", "max_samples", "seed", "tokenizer", "endpoint", "max_tokens",
-                            "temperature", "chat_template_kwargs"]  # the order Snakemake's params had
-    assert {k: fetch_params(config, "s")[k] for k in ("temperature", "top_p", "top_k", "min_p", "n")} == {
-        "temperature": 0.7, "top_p": 0.95, "top_k": -1, "min_p": 0.0, "n": 1}
+def _repo_config() -> dict:
+    import yaml
+
+    return yaml.safe_load((REPO / "config.yaml").read_text())
 
 
-def test_sampling_keys_at_temperature_0_and_the_old_fetch_temperature_are_loud(tmp_path, caplog):
+def test_params_name_every_sampling_key():
+    config = validate_config(_repo_config())
+    greedy, sampled = fetch_params(config, "demo-code"), fetch_params(config, "demo-code-t07")
+    keys = ("temperature", "top_p", "top_k", "min_p", "n")
+    assert {k: greedy[k] for k in keys} == {"temperature": 0.0, "top_p": 1.0, "top_k": -1, "min_p": 0.0, "n": 1}
+    assert {k: sampled[k] for k in keys} == {"temperature": 0.7, "top_p": 0.95, "top_k": -1, "min_p": 0.0, "n": 1}
+
+
+def test_sampling_keys_at_temperature_0_and_the_old_fetch_temperature_are_loud(caplog):
     assert sampling_problems({"temperature": 0.0, "top_p": 1.0, "top_k": -1, "min_p": 0.0, "n": 1}) == []
     problem = sampling_problems({"temperature": 0.0, "top_p": 0.9, "top_k": -1, "min_p": 0.0, "n": 4})
     assert "top_p=0.9" in problem[0] and "n=4" in problem[0] and "temperature > 0" in problem[0]
-    base = {"target": {"path": str(tmp_path)}, "server": {"kind": "external", "start_command": "x", "stop_command": "y"},
-            "extraction": {}, "evaluation": {}, "drafters": {}, "datasets": {"d": {"prompts": "p.jsonl", "n": 2}}}
-    with pytest.raises(DflashEvalError, match=r"datasets\.d: n=2 at temperature 0"):
-        validate_config({**base, "fetch": {}})
-    base["datasets"] = {"d": {"prompts": "p.jsonl"}}
+    base = _repo_config()
+    with pytest.raises(DflashEvalError, match=r"datasets\.demo-code: n=2 at temperature 0"):
+        validate_config({**base, "datasets": {"demo-code": {**base["datasets"]["demo-code"], "n": 2}}})
     with pytest.raises(DflashEvalError, match=r"fetch\.temperature is 0\.7.*datasets\.<name>\.temperature"):
-        validate_config({**base, "fetch": {"temperature": 0.7}})
+        validate_config({**base, "fetch": {**base["fetch"], "temperature": 0.7}})
     with caplog.at_level(logging.WARNING):
-        assert "temperature" not in validate_config({**base, "fetch": {"temperature": 0.0}})["fetch"]
+        assert "temperature" not in validate_config({**base, "fetch": {**base["fetch"], "temperature": 0.0}})["fetch"]
     assert "fetch.temperature is gone" in caplog.text
 
 
