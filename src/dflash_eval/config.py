@@ -116,10 +116,25 @@ def _renamed(section: str, values: dict, where: str) -> dict:
     return values
 
 
+def _moved_temperature(config: dict, source: str) -> dict:
+    """fetch.temperature (greedy only, pinned to 0) became a per-dataset setting: a 0 there is dropped with a
+    warning; anything else is an error that says where it goes now."""
+    fetch = config.get("fetch")
+    if not isinstance(fetch, dict) or "temperature" not in fetch:
+        return config
+    if fetch["temperature"] not in (0, 0.0):
+        raise DflashEvalError(f"{source}: fetch.temperature is {fetch['temperature']!r}, but sampling is set per dataset "
+                              "now: move it to datasets.<name>.temperature (with top_p, top_k, min_p, n; docs/sampling.md)")
+    log.warning("%s: fetch.temperature is gone (0, greedy, is the default; sampling is set per dataset: "
+                "datasets.<name>.temperature); remove it", source)
+    return {**config, "fetch": {k: v for k, v in fetch.items() if k != "temperature"}}
+
+
 def validate_config(config: dict, source: str = "config.yaml") -> dict:
     """Validate against the schema, fill defaults, then check what a schema cannot express."""
     schema = _schema()
     config = {key: _renamed(key, value, source) if isinstance(value, dict) else value for key, value in config.items()}
+    config = _moved_temperature(config, source)
     problems = _schema_problems(config, schema, source=source)
     if problems:
         raise DflashEvalError(f"{source} is not valid:\n" + "\n".join(f"  {line}" for line in problems))
@@ -172,6 +187,26 @@ def _check_dataset(name: str, spec: dict, source: str) -> None:
     for extra in ("source", "cache_dir"):
         if spec.get(extra) is not None and "preset" not in spec:
             raise DflashEvalError(f"{key}.{extra} only goes with preset (the local copy of a named set); remove it")
+    problems = sampling_problems(spec)
+    if problems:
+        raise DflashEvalError(f"{key}: " + "; ".join(problems))
+
+
+# A dataset's sampling keys with their "off" values (SGLang's: top_k -1, top_p 1.0, min_p 0.0): at temperature 0
+# any other value would be silently ignored by a greedy server, so it is refused.
+SAMPLING_OFF = {"top_p": 1.0, "top_k": -1, "min_p": 0.0, "n": 1}
+SAMPLING_KEYS = ("temperature", "top_p", "top_k", "min_p", "n", "sampling_seed")
+
+
+def sampling_problems(spec: dict) -> list[str]:
+    """What a dataset's sampling settings (already filled with defaults) cannot be: sampling keys at temperature 0."""
+    if float(spec.get("temperature") or 0.0) > 0:
+        return []
+    given = {key: spec[key] for key, off in SAMPLING_OFF.items() if spec.get(key, off) != off}
+    if not given:
+        return []
+    return [f"{', '.join(f'{k}={v!r}' for k, v in given.items())} at temperature 0 (greedy): a greedy server ignores "
+            "them and n > 1 would fetch the same completion n times; set temperature > 0 (what you serve), or remove them"]
 
 
 def load_config(path: str | Path) -> dict:
@@ -420,7 +455,7 @@ def _fetch_problems(settings: dict) -> list[str]:
     if ("prompts" in settings) == ("preset" in settings):
         return [f"give exactly one of prompts (a file) and preset (a named set), got prompts={settings.get('prompts')!r}, "
                 f"preset={settings.get('preset')!r}"]
-    return []
+    return sampling_problems(settings)
 
 
 def server_settings(config: dict) -> dict:
@@ -461,7 +496,9 @@ def fetch_params(config: dict, dataset: str) -> dict:
         "max_samples": spec["max_samples"],
         "seed": spec["seed"],
         "tokenizer": config["target"]["path"],
-        **{key: config["fetch"][key] for key in ("endpoint", "max_tokens", "temperature", "chat_template_kwargs")},
+        **{key: config["fetch"][key] for key in ("endpoint", "max_tokens")},
+        **{key: spec[key] for key in SAMPLING_KEYS},  # a greedy dataset's records ignore all but temperature
+        "chat_template_kwargs": config["fetch"]["chat_template_kwargs"],
     }
 
 

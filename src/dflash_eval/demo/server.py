@@ -16,7 +16,10 @@ response bodies use only the field names of SGLang's own models (sglang_protocol
 its source); an unknown request field is answered 400 here, where SGLang would ignore it silently, so that a
 misspelt flag fails a test instead of passing unnoticed.
 
-Greedy only (temperature 0). Without a drafter the target decodes token by token. With one, every
+At temperature > 0 (with top_p, top_k, min_p and the request's seed, SGLang's `sampling_seed`) the drafts stay
+greedy and verification is SGLang 0.5.23's target-only one (demo.sampled, demo.sglang_sampling), seeded and
+deterministic, honouring --speculative-accept-threshold-single/-acc as SGLang does; a request that leaves
+temperature out is greedy here (SGLang's OpenAI default would be 1.0). At temperature 0: without a drafter the target decodes token by token. With one, every
 request runs the reference loop (`dflash.model.dflash_generate`) with exact rollback of the hybrid
 target's cache (reference.exact_target_rollback, as SGLang's per-token states give), with blocks of
 `--speculative-num-draft-tokens` tokens (default: the drafter's own), and the counters are computed as
@@ -105,12 +108,23 @@ class Engine:
         self.lock = threading.Lock()
         self.released = False
 
-    def generate(self, prompt_ids: list[int], max_new_tokens: int) -> tuple[list[int], dict[str, Any] | None]:
-        """Greedy completion ids (the stop token included, as SGLang's output_ids) and the counters."""
+    def generate(self, prompt_ids: list[int], max_new_tokens: int,
+                 drawn: dict[str, Any] | None = None) -> tuple[list[int], dict[str, Any] | None]:
+        """Completion ids (the stop token included, as SGLang's output_ids) and the counters; greedy unless
+        `drawn` (sampling_request's parameters) says how to sample."""
         import torch
 
         from dflash_eval.demo.reference import online_acceptance
 
+        if drawn is not None:
+            from dflash_eval.demo.sampled import sampled_generate
+
+            with self.lock, torch.no_grad():
+                completion, steps = sampled_generate(
+                    self.drafter, self.target, prompt_ids, max_new_tokens, self.stops, self.block_size or 1, drawn,
+                    (self.args.speculative_accept_threshold_single, self.args.speculative_accept_threshold_acc))
+            return completion, (spec_counters(steps, len(completion), self.block_size)
+                                if self.drafter is not None else None)
         with self.lock, torch.no_grad():
             if self.drafter is not None:
                 steps, output = online_acceptance(self.drafter, self.target, prompt_ids,
@@ -139,7 +153,22 @@ class Engine:
                 "speculative_algorithm": a.speculative_algorithm.upper() if speculates else None,
                 "speculative_draft_model_path": a.speculative_draft_model_path,
                 "speculative_num_draft_tokens": self.block_size, "speculative_num_steps": 1 if speculates else None,
-                "speculative_eagle_topk": 1 if speculates else None, "version": VERSION, "frontend": "python"}
+                "speculative_eagle_topk": 1 if speculates else None,
+                "speculative_accept_threshold_single": a.speculative_accept_threshold_single,
+                "speculative_accept_threshold_acc": a.speculative_accept_threshold_acc,
+                "version": VERSION, "frontend": "python"}
+
+
+def sampling_request(params: dict[str, Any], seed: Any) -> dict[str, Any] | None:
+    """The request's sampling as SGLang resolves it, None when greedy: temperature 0 (or below SGLang's
+    _SAMPLING_EPS, 1e-6) or top_k 1 (sampling_params.py; is_all_greedy is every top_k <= 1)."""
+    temperature = float(params.get("temperature") or 0.0)
+    top_k = int(params.get("top_k") if params.get("top_k") is not None else -1)
+    if temperature < 1e-6 or top_k == 1:
+        return None
+    top_p = params.get("top_p")
+    return {"temperature": temperature, "top_p": 1.0 if top_p is None else float(top_p), "top_k": top_k,
+            "min_p": float(params.get("min_p") or 0.0), "seed": None if seed is None else int(seed)}
 
 
 def authorized(path: str, header: str | None, key: str | None) -> bool:
@@ -235,9 +264,6 @@ class Handler(BaseHTTPRequestHandler):
         if unknown:
             return 400, {"object": "error", "message": f"fields {unknown} are not in SGLang 0.5.23's {model}",
                          "type": "BadRequestError", "param": None, "code": 400}
-        if float(body.get("temperature") or 0.0) != 0.0 and model != "GenerateReqInput":
-            return 400, {"object": "error", "message": "this test server decodes greedily only (temperature 0)",
-                         "type": "BadRequestError", "param": None, "code": 400}
         return None
 
     def native(self, body: dict[str, Any]) -> tuple[int, dict[str, Any]]:
@@ -249,7 +275,8 @@ class Handler(BaseHTTPRequestHandler):
         if prompt is None:
             prompt = engine.tokenizer(body["text"], add_special_tokens=False)["input_ids"]
         max_tokens = int(params.get("max_new_tokens", 128))
-        completion, spec = engine.generate([int(t) for t in prompt], max_tokens)
+        completion, spec = engine.generate([int(t) for t in prompt], max_tokens,
+                                           sampling_request(params, params.get("sampling_seed")))
         meta = {"id": "gen-0", "finish_reason": finish(completion, engine.stops, max_tokens),
                 "prompt_tokens": len(prompt), "completion_tokens": len(completion), **(spec or {})}
         return 200, {"text": engine.tokenizer.decode(completion, skip_special_tokens=True),
@@ -272,7 +299,7 @@ class Handler(BaseHTTPRequestHandler):
                 prompt = engine.tokenizer(prompt, add_special_tokens=False)["input_ids"]
             max_tokens = int(body.get("max_tokens", 16))
         prompt = [int(t) for t in prompt]
-        completion, spec = engine.generate(prompt, max_tokens)
+        completion, spec = engine.generate(prompt, max_tokens, sampling_request(body, body.get("seed")))
         reason = finish(completion, engine.stops, max_tokens)
         text = engine.tokenizer.decode(completion, skip_special_tokens=True)
         ids = bool(body.get("return_token_ids"))
@@ -317,6 +344,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--speculative-algorithm")
     parser.add_argument("--speculative-draft-model-path")
     parser.add_argument("--speculative-num-draft-tokens", type=int)
+    parser.add_argument("--speculative-accept-threshold-single", type=float, default=1.0,
+                        help="SGLang's: accept a draft whose target probability is at least this (1.0: lossless)")
+    parser.add_argument("--speculative-accept-threshold-acc", type=float, default=1.0,
+                        help="SGLang's: accept when coin <= p / this (1.0: lossless)")
     parser.add_argument("--api-key", help="the key every route but /health* wants as a Bearer token")
     parser.add_argument("--threads", type=int, default=1, help="torch threads")
 

@@ -27,6 +27,8 @@ SPEC_COUNTERS = ("spec_verify_ct", "spec_num_correct_drafts", "spec_num_proposed
 # The server args that say how the server speculates (arg_groups/fields/spec.py).
 SPEC_SETTINGS = ("speculative_algorithm", "speculative_draft_model_path", "speculative_num_draft_tokens",
                  "speculative_num_steps", "speculative_eagle_topk")
+# The server args that say whether sampled verification is lossless (arg_groups/fields/spec.py; 1.0 = lossless).
+ACCEPT_THRESHOLDS = ("speculative_accept_threshold_single", "speculative_accept_threshold_acc")
 
 
 def request_flags(endpoint: str) -> dict[str, Any]:
@@ -67,12 +69,18 @@ def spec_counters(response: dict[str, Any], choice: dict[str, Any]) -> dict[str,
 
 def server_spec_settings(base_url: str, key_env: str | None = None) -> dict[str, Any] | None:
     """How the server speculates, from `/get_server_info`; None, with a loud warning, when it does not
-    answer as SGLang does (a 401/403 raises server.http.AuthError instead).
+    answer as SGLang does (a 401/403 raises server.http.AuthError instead). The acceptance thresholds come
+    back apart (`server_spec_and_thresholds`): they are no part of a greedy record.
 
     Called only for a server that answered `/get_model_info`, so a failure here is a half-answering
     server (a proxy, another build), not "not SGLang": the warning says which probe failed and how.
     `speculative_algorithm` is None for a server that does not speculate; `version` is SGLang's own.
     """
+    return server_spec_and_thresholds(base_url, key_env)[0]
+
+
+def server_spec_and_thresholds(base_url: str, key_env: str | None = None) -> tuple[dict[str, Any] | None, dict[str, Any] | None]:
+    """server_spec_settings' answer, and `/get_server_info`'s ACCEPT_THRESHOLDS (None where it did not answer)."""
     url = base_url + "/get_server_info"
     status, body = http_request(url, timeout=30.0, key_env=key_env)
     try:
@@ -83,11 +91,46 @@ def server_spec_settings(base_url: str, key_env: str | None = None) -> dict[str,
         log.warning("%s answered /get_model_info as SGLang does but %s answered %s: the server's speculative "
                     "settings (its drafter, block size) are unknown and the report cannot verify the served drafter",
                     base_url, url, f"HTTP {status}" if status != 200 else f"no JSON object: {body[:200]!r}")
-        return None
+        return None, None
     out = {key: info.get(key) for key in SPEC_SETTINGS}
     out["version"] = info.get("version")
     check_version(out["version"], base_url)
-    return out
+    return out, {key: info.get(key) for key in ACCEPT_THRESHOLDS}
+
+
+def sampling_warning(speculative: dict[str, Any] | None, thresholds: dict[str, Any] | None,
+                     drawn: dict[str, Any] | None) -> str | None:
+    """Why this server's sampled output is not the target's own distribution, or None.
+
+    SGLang's DFlash verify accepts draft d when coin <= p(d) / threshold_acc or p(d) >= threshold_single
+    (speculative/dflash_utils.py compute_dflash_sampling_correct_drafts_and_bonus, through sgl-kernel's
+    tree_speculative_sampling_target_only). With both at 1.0 (the defaults) it is lossless. Below 1.0 drafts the
+    target would not have sampled are accepted: a rejected draft is still never emitted, so offline target_only
+    acceptance still equals the served drafter's counters per request (tests/demo/test_sampled_loop.py), but the
+    completions lean toward that drafter's proposals: its tau on them is inflated, other drafters evaluated on them
+    are not measured on the target's distribution, and offline and online tau cannot agree with what a lossless
+    server would give. min_p > 0 is named too: the verify's distribution (build_speculative_verify_target_probs)
+    applies temperature, top-k and top-p but not min_p. Greedy requests (`drawn` None) and servers that do not
+    speculate are unaffected.
+    """
+    if drawn is None or not (speculative or {}).get("speculative_algorithm"):
+        return None
+    problems = []
+    if thresholds is None:
+        problems.append("the server did not report speculative_accept_threshold_single/_acc, so whether its "
+                        "verification is lossless is unknown")
+    else:
+        off = {key: value for key, value in thresholds.items() if value is None or float(value) != 1.0}
+        if off:
+            problems.append(f"{', '.join(f'{k}={v}' for k, v in off.items())} (not 1.0, lossy): the server accepts "
+                            "drafts the target would not have sampled, so its completions are biased toward the served "
+                            "drafter and tau on them (offline or online) is not the tau of the target's distribution; "
+                            "relaunch without --speculative-accept-threshold-single/-acc for a lossless server")
+    if float(drawn.get("min_p") or 0.0) > 0.0 and (speculative or {}).get("speculative_algorithm") == "DFLASH":
+        problems.append(f"min_p {drawn['min_p']}: SGLang {VERSION}'s DFlash verification ignores min_p (only the "
+                        "first token, sampled at prefill, is filtered by it), so the served text is not the min_p "
+                        "distribution asked for (offline target_only still equals the counters)")
+    return "; ".join(problems) or None
 
 
 def check_version(version: Any, base_url: str) -> None:

@@ -30,7 +30,7 @@ from dflash_eval.config import (
     stage_settings,
 )
 from dflash_eval.errors import DflashEvalError, Terminated
-from dflash_eval.fetch import sglang
+from dflash_eval.fetch import sampling, sglang
 from dflash_eval.fetch.prompts import Prompt, load_prompts, record_ids, select_subset
 from dflash_eval.fetch.retry import FetchError, with_retries
 from dflash_eval.fetch.store import PartialStore, pick_kept
@@ -53,6 +53,7 @@ class Rendered:
     messages: list[dict[str, Any]]
     text: str
     ids: list[int]
+    sampling: dict[str, Any] | None = None  # the record's sampling (fetch.sampling.record_sampling); None: greedy
 
 
 @dataclass
@@ -64,6 +65,8 @@ class ServerInfo:
     sglang: bool  # answers /get_model_info: accepts and returns token ids, reports speculative counters
     speculative: dict[str, Any] | None = None  # SGLang's speculative settings (fetch.sglang.server_spec_settings)
     key_env: str | None = None  # server.api_key_env: the variable whose key every request sends (not recorded)
+    accept_thresholds: dict[str, Any] | None = None  # speculative_accept_threshold_single/_acc (fetch.sglang)
+    sampling_warning: str | None = None  # why the served sampled output is not the target's distribution (fetch.sglang.sampling_warning)
 
     def as_record(self) -> dict[str, Any]:
         return {
@@ -117,7 +120,7 @@ def server_identity(base_url: str, model: str | None, target: str, key_env: str 
         info.model_path = meta.get("model_path", model)
         info.weight_version = meta.get("weight_version")
         info.sglang = True
-        info.speculative = sglang.server_spec_settings(base_url, key_env)
+        info.speculative, info.accept_thresholds = sglang.server_spec_and_thresholds(base_url, key_env)
     elif status != 404:  # 404: no such route, a plain OpenAI-compatible server; anything else is no answer
         raise FetchError(
             f"{base_url}/get_model_info answered {f'HTTP {status}' if status else 'nothing'}"
@@ -194,7 +197,8 @@ async def request_one(client: Any, settings: dict[str, Any], info: ServerInfo, r
 async def _request_one(client: Any, settings: dict[str, Any], info: ServerInfo, r: Rendered) -> dict[str, Any]:
     """request_one's request and parse."""
     common = {"model": info.model, "max_tokens": settings["max_tokens"], "temperature": settings["temperature"]}
-    extra: dict[str, Any] = {}
+    drawn, extra = sampling.request_fields(r.sampling, info.sglang)
+    common.update(drawn)
     if info.sglang:
         extra.update(sglang.request_flags(settings["endpoint"]))
     if settings["endpoint"] == "completions":
@@ -240,6 +244,7 @@ def request_params(settings: dict[str, Any], info: ServerInfo) -> dict[str, Any]
         "endpoint": settings["endpoint"],
         "chat_template_kwargs": settings["chat_template_kwargs"],
         "prompt_format": "messages" if settings["endpoint"] == "chat" else ("token_ids" if info.sglang else "text"),
+        **sampling.request_identity(settings),
     }
 
 
@@ -268,7 +273,7 @@ def build_record(
         prompt_ids = r.ids
         prompt_match = len(r.ids) == usage["prompt_tokens"] if "prompt_tokens" in usage else None
     spec = sglang.spec_counters(resp, choice)
-    return {
+    record = {
         "id": r.id,
         "prompt_id": r.prompt_id,
         "turn": r.turn,
@@ -280,6 +285,7 @@ def build_record(
         "finish_reason": finish_reason,
         "usage": {k: usage.get(k) for k in ("prompt_tokens", "completion_tokens", "total_tokens")},
         "request": request_params(settings, info),
+        **({"sampling": r.sampling} if r.sampling is not None else {}),
         "server": info.as_record(),
         "completion_ids_source": source,
         "token_check": {
@@ -288,18 +294,36 @@ def build_record(
         },
         "spec": spec,
     }
+    if r.sampling is not None and info.sampling_warning:
+        record["sampling_warning"] = info.sampling_warning  # on every record it concerns, for the report
+    return record
 
 
-def reusable(rec: dict[str, Any] | None, messages: list[dict[str, Any]], request: dict[str, Any], info: ServerInfo) -> bool:
-    """Whether a record kept from an earlier run answers exactly this request of the same model."""
+def reusable(rec: dict[str, Any] | None, messages: list[dict[str, Any]], request: dict[str, Any], info: ServerInfo,
+             drawn: dict[str, Any] | None = None) -> bool:
+    """Whether a record kept from an earlier run answers exactly this request of the same model (and, sampled,
+    was drawn with the same parameters and seed, `drawn`)."""
     return (
         rec is not None
         and rec.get("messages") == messages
         and rec.get("request") == request
+        and rec.get("sampling") == drawn
         and (rec.get("server") or {}).get("model_path") == info.model_path
         and (rec.get("server") or {}).get("weight_version") == info.weight_version
         and (rec.get("server") or {}).get("speculative") == info.speculative
     )
+
+
+def conversations(prompt: Prompt, settings: dict[str, Any]) -> list[list[str]]:
+    """A prompt's conversations, each its record ids turn by turn: one when greedy, n when sampled (the k-th
+    conversation's turns all end in #s<k>: each draw answers its own earlier answers)."""
+    per_turn = [sampling.sample_ids(rid, settings) for rid in record_ids(prompt)]
+    return [list(ids) for ids in zip(*per_turn)]
+
+
+def expected_ids(prompts: list[Prompt], settings: dict[str, Any]) -> list[str]:
+    """Every record id of the dataset, in output order: prompt by prompt, each prompt's conversations in turn."""
+    return [rid for p in prompts for conv in conversations(p, settings) for rid in conv]
 
 
 def render_first_turns(
@@ -308,16 +332,18 @@ def render_first_turns(
     request: dict[str, Any],
     info: ServerInfo,
     tokenizer: Any,
-    chat_template_kwargs: dict[str, Any],
+    settings: dict[str, Any],
 ) -> dict[str, tuple[str, list[int]]]:
-    """The rendered first turn of each prompt whose first record must be fetched, by record id: known
+    """The rendered first turn of each conversation whose first record must be fetched, by record id: known
     before any answer, so rendered together (render_all); later turns wait for the answers they quote."""
     todo: dict[str, list[dict[str, Any]]] = {}
     for prompt in prompts:
-        rid, messages = record_ids(prompt)[0], turn_messages(prompt, 1, [])
-        if not reusable(kept.get(rid), messages, request, info):
-            todo[rid] = messages
-    return dict(zip(todo, render_all(tokenizer, list(todo.values()), chat_template_kwargs)))
+        messages = turn_messages(prompt, 1, [])
+        for conv in conversations(prompt, settings):
+            rid = conv[0]
+            if not reusable(kept.get(rid), messages, request, info, sampling.record_sampling(settings, rid)):
+                todo[rid] = messages
+    return dict(zip(todo, render_all(tokenizer, list(todo.values()), settings["chat_template_kwargs"])))
 
 
 class Progress:
@@ -371,21 +397,21 @@ async def fetch_all(
         timeout=float(settings["timeout_s"]),
         max_retries=0,
     )
-    expected = [rid for p in prompts for rid in record_ids(p)]
+    expected = expected_ids(prompts, settings)
     assumed = sum(1 for rid in expected if kept.get(rid, {}).get("request") == request)
     progress = Progress(len(expected), assumed, f"fetch {settings['dataset']}")
-    first_rendered = render_first_turns(prompts, kept, request, info, tokenizer, settings["chat_template_kwargs"])
+    first_rendered = render_first_turns(prompts, kept, request, info, tokenizer, settings)
 
-    async def conversation(prompt: Prompt) -> None:
+    async def conversation(prompt: Prompt, rids: list[str]) -> None:
         answers: list[str] = []
-        for turn, rid in enumerate(record_ids(prompt), start=1):
+        for turn, rid in enumerate(rids, start=1):
             messages = turn_messages(prompt, turn, answers)
-            rec = kept.get(rid)
-            if not reusable(rec, messages, request, info):
+            rec, drawn = kept.get(rid), sampling.record_sampling(settings, rid)
+            if not reusable(rec, messages, request, info, drawn):
                 if rec is not None and rec.get("request") == request:
                     progress.bar.total += 1  # counted as kept at the start, but an earlier turn changed
                 text, ids = first_rendered.pop(rid, None) or render(tokenizer, messages, settings["chat_template_kwargs"])
-                r = Rendered(rid, prompt.id, turn, messages, text, ids)
+                r = Rendered(rid, prompt.id, turn, messages, text, ids, drawn)
                 async with sem:
                     resp = await with_retries(
                         lambda: request_one(client, settings, info, r), f"record {rid}", retries, backoff_s, retry_counts
@@ -399,7 +425,8 @@ async def fetch_all(
     try:
         async with client, asyncio.TaskGroup() as group:
             for prompt in prompts:
-                group.create_task(conversation(prompt))
+                for rids in conversations(prompt, settings):
+                    group.create_task(conversation(prompt, rids))
     except BaseExceptionGroup as errors:
         if errors.subgroup(Terminated) is not None:  # SIGTERM landed inside a request's task
             raise Terminated("SIGTERM") from None
@@ -457,7 +484,7 @@ def fetch(settings: dict[str, Any], out: Path) -> list[dict[str, Any]]:
     settings = stage_settings("fetch", settings)
     prompt_set, origin = load_prompt_set(settings)
     prompts = select_subset(prompt_set, settings["max_samples"], int(settings["seed"]), by_id=settings["preset"] is None)
-    expected = [rid for p in prompts for rid in record_ids(p)]
+    expected = expected_ids(prompts, settings)
     from transformers import (
         AutoTokenizer,  # slow to import: only once the prompts are known good
     )
@@ -467,6 +494,11 @@ def fetch(settings: dict[str, Any], out: Path) -> list[dict[str, Any]]:
     controller.ensure_up()
     info = server_identity(controller.base_url, controller.settings["model"], str(settings["tokenizer"]),
                            controller.settings["api_key_env"])
+    info.sampling_warning = sglang.sampling_warning(info.speculative, info.accept_thresholds,
+                                                    sampling.record_sampling(settings, "any"))
+    if info.sampling_warning:
+        log.warning("SAMPLING IS NOT LOSSLESS on this server for %s: %s (kept in every record's sampling_warning "
+                    "and in the report)", settings["dataset"], info.sampling_warning)
     retry_counts: Counter[str] = Counter()
     started = time.monotonic()
     with PartialStore(Path(out)) as store, sigterm_raises():

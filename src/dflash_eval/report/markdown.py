@@ -278,6 +278,9 @@ def trust_warnings(trust: dict) -> list[str]:
             found.append(f"**Token mismatch at fetch**: {dataset}: {len(bad)} of {fetch['records']} records' token "
                          f"ids disagree with the server's own counts (e.g. {', '.join(bad[:3])}); their tau "
                          "is measured on tokens the server may not have produced.")
+    for dataset, fetch in trust["fetch"].items():
+        for warning in fetch.get("sampling_warnings", []):
+            found.append(f"**Sampling not lossless**: {dataset}: {warning}.")
     for cache in trust["caches"]:
         if cache.get("completions_match") is False:
             found.append(f"**Stale cache**: {cache['dir']} was extracted from another completions file "
@@ -421,6 +424,39 @@ INTRO = (
 )
 
 
+def sampling_label(fetch: dict) -> str:
+    """A dataset's sampling as fetched (trust.fetch_entry), e.g. "T 0.7, top-p 0.95"; "greedy" without any."""
+    drawn = fetch.get("sampling") or []
+    if not drawn:
+        return "greedy (T 0)"
+    labels = []
+    for d in drawn:
+        parts = [f"T {d['temperature']:g}"] + [f"{name} {d[key]:g}" for key, name, off in
+                                               (("top_p", "top-p", 1.0), ("top_k", "top-k", -1), ("min_p", "min-p", 0.0))
+                                               if d.get(key, off) != off]
+        labels.append(", ".join(parts))
+    return "; ".join(labels)
+
+
+def temperature_lines(rows: list[dict], panel: dict) -> list[str]:
+    """tau of each drafter's own chain against each dataset's sampling, when any dataset samples: the same drafter
+    at the temperatures the datasets were fetched at (target_only, SGLang's scheme: docs/sampling.md)."""
+    fetched = panel.get("fetch") or {}
+    if not any(f.get("sampling") for f in fetched.values()):
+        return []
+    lines = ["## tau against temperature (target_only verification)", "",
+             "Each drafter's own chain, z-lab mean with its 95% interval, on each dataset at the sampling it was "
+             "fetched with; datasets of the same prompts at several temperatures show how tau falls as the target "
+             "samples (docs/sampling.md).", "",
+             table_row(["drafter", "dataset", "sampling", "samples", "tau (z-lab mean)"]),
+             table_row(["---"] * 5)]
+    for row in rows:
+        if row["primary"]:
+            lines.append(table_row([row["drafter"], row["dataset"], sampling_label(fetched.get(row["dataset"], {})),
+                                    row["samples"], _tau_cell(row, "tau_mean_of_samples", "ci_low", "ci_high", None)]))
+    return lines + [""]
+
+
 def render(rows: list[dict], evaluations: list[Evaluation], settings: dict, panel: dict) -> str:
     """The whole summary.md: warnings first (loud), the main table, verdicts, then diagnostics and trust."""
     lines = ["# DFlash drafter evaluation", "", INTRO, ""]
@@ -438,6 +474,7 @@ def render(rows: list[dict], evaluations: list[Evaluation], settings: dict, pane
         lines += reference_table(rows, settings) + [""]
     lines += ["## tau, token-weighted (tokens / steps)", ""]
     lines += tau_table(rows, settings, "tau_token_weighted", "ci_low_tw", "ci_high_tw") + [""]
+    lines += temperature_lines(rows, panel)
     lines += speedup_lines(rows, evaluations, settings)
     shorter = [r for r in rows if not headline(r)]
     if shorter:

@@ -79,6 +79,8 @@ class FetchRecords:
     records: int = 0
     spec: dict[str, dict] = field(default_factory=dict)        # id -> online.request_counters(record)
     served: list[dict] = field(default_factory=list)           # the distinct online.served_settings
+    sampling: list[dict] = field(default_factory=list)         # the distinct sampling parameters (seed aside)
+    sampling_warnings: list[str] = field(default_factory=list)  # the distinct fetch.sglang.sampling_warning texts
 
 
 def read_completions(path: str | Path) -> FetchRecords:
@@ -104,6 +106,12 @@ def read_completions(path: str | Path) -> FetchRecords:
         served = online_check.served_settings(record)
         if served is not None and served not in out.served:
             out.served.append(served)
+        drawn = {k: v for k, v in (record.get("sampling") or {}).items() if k != "seed"}
+        if drawn and drawn not in out.sampling:
+            out.sampling.append(drawn)
+        warning = record.get("sampling_warning")
+        if warning and warning not in out.sampling_warnings:
+            out.sampling_warnings.append(warning)
     return out
 
 
@@ -115,7 +123,9 @@ def fetch_entry(records: FetchRecords | None) -> dict:
             "prompt_token_mismatches": records.prompt_mismatch,
             "completion_token_mismatches": records.completion_mismatch,
             "token_check_absent": records.unchecked, "completion_ids_source": dict(sorted(records.sources.items())),
-            "with_spec_stats": len(records.spec)}
+            "with_spec_stats": len(records.spec),
+            **({"sampling": records.sampling} if records.sampling else {}),  # a greedy file: no key (as before)
+            **({"sampling_warnings": records.sampling_warnings} if records.sampling_warnings else {})}
 
 
 # -- online vs offline ----------------------------------------------------------------------------
