@@ -122,3 +122,7 @@ def test_the_flex_mask_mod_is_the_explicit_mask_exactly(causal, window, groups):
     assert dense.shape == (slots, 1, *explicit.shape[1:])
     assert torch.equal(dense[:, 0], explicit)
     assert explicit.any() and not explicit.all()
+    # a kernel's last tile may ask about indices past the ends: in range after clamping, and such keys hidden
+    far = packed.flex_mask_mod(attn, batch)(torch.tensor(0), torch.tensor(0), torch.tensor(queries + 100),
+                                            torch.tensor(batch.ctx_len + queries + 100))
+    assert not bool(far)

@@ -282,11 +282,15 @@ def flex_mask_mod(attn: nn.Module, batch: PackedBlocks):
     context (seen iff kv < the query's anchor), keys ctx_len + j the group's own query tokens j (seen iff j is of the
     query's block); both under the layer's causal / sliding-window rule on absolute positions."""
     ctx, anchor, pos, row = batch.ctx_len, batch.query_anchor, batch.query_pos, batch.query_row
+    last = batch.query_gather.shape[1] - 1
 
     def mask_mod(b, h, q, kv):
+        # Indices clamped into range: a kernel may ask about the padding of its last tile (never a real pair);
+        # the key beyond the last is hidden.
+        q = q.clamp(max=last)
         in_context = kv < ctx
-        own = (kv - ctx).clamp(min=0)
-        seen = torch.where(in_context, kv < anchor[b, q], row[b, q] == row[b, own])
+        own = (kv - ctx).clamp(min=0, max=last)
+        seen = torch.where(in_context, kv < anchor[b, q], (row[b, q] == row[b, own]) & (kv <= ctx + last))
         rule = visibility_rule(attn, pos[b, q] - torch.where(in_context, kv, pos[b, own]))
         return seen if rule is None else seen & rule
     return mask_mod
