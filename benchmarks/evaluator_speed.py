@@ -22,6 +22,9 @@ Rows, per tau and method set ("chain-B": the drafter's own chain alone; "default
 DDTree 8/16/32/64 and top-k 1/4/16, the stage's defaults):
 - all-anchor: anchors.evaluate_sample per sample (the evaluator before the trajectory one);
 - trajectory: trajectory.TrajectoryEvaluator over all samples (the stage's evaluator);
+- with --speed-levers, the same with each of issue 30's levers (TrajectoryEvaluator options, exact by
+  construction): flex attention, the DDTree scorer without host reads (default set only), lookahead for the
+  rounds of fewer than --lookahead-below blocks; each row's steps are compared with today's (the first row);
 - with --compare-attention, the same with each attention forced: the explicit products alone, and on CUDA
   the fused kernel in every forward (the device's choice mixes them by queries per sample: packed.py);
 - reference loop (chain-B only): `dflash_generate`'s draft phase, batch 1, its KV cache, the host
@@ -81,6 +84,8 @@ SHAPES = {
                  vocab=4096, window=64, num_target_layers=8),
 }
 DEFAULT_METHODS = {"budgets": [8, 16, 32, 64], "topk": [1, 4, 16]}
+LEVER_LABELS = {"flex_attention": "flex attention", "tree_host_reads": "DDTree without host reads",
+                "lookahead_below": "lookahead"}
 
 
 def drafter_config(layers: int, hidden: int, heads: int, kv_heads: int, head_dim: int, intermediate: int,
@@ -148,11 +153,12 @@ def run_timed(evaluator: TrajectoryEvaluator, samples) -> tuple[float, dict]:
 
 
 def trajectory(runner, samples, methods: dict, rows: int, split: int | None, groups: str = "slot",
-               fused: bool | None = None):
-    """fused: None the device's choice, False the explicit products alone, True the fused kernel in every forward."""
+               fused: bool | None = None, lever: dict | None = None):
+    """fused: None the device's choice, False the explicit products alone, True the fused kernel in every forward;
+    lever: TrajectoryEvaluator's lever options (issue 30)."""
     with patched(packed, "FUSED_MIN_QUERIES", 0) if fused else nullcontext():
         evaluator = TrajectoryEvaluator(runner, set(), blocks_per_forward=rows, head_split=split,
-                                        attention_groups=groups, fused_attention=fused, **methods)
+                                        attention_groups=groups, fused_attention=fused, **methods, **(lever or {}))
         seconds, results = run_timed(evaluator, samples)
     return seconds, completion_tokens(samples), evaluator.counts, \
         {key: result.steps for key, result in results.items()}
@@ -264,12 +270,18 @@ def main() -> int:
                         help="sigma of the log of the LM head's row norms (0: equal norms; see the docstring)")
     parser.add_argument("--compare-attention", action="store_true",
                         help="also the trajectory evaluator with each attention alone (the products; on CUDA the fused kernel)")
+    parser.add_argument("--speed-levers", action="store_true",
+                        help="also the trajectory evaluator with each of issue 30's levers (flex attention, the DDTree "
+                             "scorer without host reads, lookahead), side by side with today's")
+    parser.add_argument("--lookahead-below", type=int, default=256,
+                        help="the lookahead lever: rounds of fewer blocks also compute the next ones (round_profile.md: "
+                             "rounds of <= 256 blocks were launch-bound)")
     parser.add_argument("--profile", action="store_true", help="the attention's share of a trajectory evaluation")
     parser.add_argument("--sets", nargs="+", default=["chain-B", "default"], choices=["chain-B", "default"])
     parser.add_argument("--note", default="", help="a line for the record (e.g. the machine's load)")
     parser.add_argument("--record", type=Path, default=ROOT / "benchmarks/results/evaluator_speed.md")
     smoke_mode(parser, device="cpu", dtype="float32", shape="demo", taus=[3.0], seq_len=32, prompt_len=16, samples=1,
-               default_samples=1, all_anchor_samples=1, rows=[64], chunk=32, record=None)
+               default_samples=1, all_anchor_samples=1, rows=[64], chunk=32, record=None, lookahead_below=64)
     args = parser.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -295,7 +307,8 @@ def main() -> int:
              f"prompt {args.prompt_len}, head spread {args.head_spread:g}, torch {torch.__version__}", ""]
     if args.note:
         lines += [args.note, ""]
-    lines += ["| tau | methods | evaluator | samples | tokens | seconds | tokens/s | x all-anchor | x reference loop "
+    ratio = "x all-anchor" if args.all_anchor_samples and args.all_anchor_default_samples else "x first row"
+    lines += [f"| tau | methods | evaluator | samples | tokens | seconds | tokens/s | {ratio} | x reference loop "
               "| blocks/token | needed TFLOP/s | % of peak |", "|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     checks = []
     for tau in args.taus:
@@ -305,30 +318,49 @@ def main() -> int:
         samples = build_samples(runner, max(args.samples, args.default_samples), args.seq_len, args.prompt_len, tau,
                                 seed=int(tau * 10))
         print(f"tau {tau}: samples built in {time.perf_counter() - built:.1f} s", flush=True)
-        for name, methods, n_traj, n_all in (("chain-B", {}, args.samples, args.all_anchor_samples),
-                                             ("default", default, args.default_samples, args.all_anchor_default_samples)):
-            if name not in args.sets:
-                continue
+        sets = {"chain-B": ({}, args.samples, args.all_anchor_samples),
+                "default": (default, args.default_samples, args.all_anchor_default_samples)}
+        for name in dict.fromkeys(args.sets):  # in the order asked
+            methods, n_traj, n_all = sets[name]
             rows = []  # label, samples, tokens, seconds, blocks per token, needed FLOPs per token
-            variants = [(per_forward, args.head_split, "slot", None) for per_forward in args.rows]
+            variants = [(per_forward, args.head_split, "slot", None, {}) for per_forward in args.rows]
             if args.levers:
-                variants += [(args.rows[0], None, "slot", None), (args.rows[0], args.head_split, "row", None)]
+                variants += [(args.rows[0], None, "slot", None, {}), (args.rows[0], args.head_split, "row", None, {})]
+            if args.speed_levers:
+                # flex last: its first call compiles (on CUDA), so a call cut short still has the others
+                levers = ([{"tree_host_reads": False}] if methods else []) + [{"lookahead_below": args.lookahead_below},
+                                                                              {"flex_attention": True}]
+                variants += [(args.rows[0], args.head_split, "slot", None, lever) for lever in levers]
             if args.compare_attention:  # each attention alone (the device's choice mixes them by queries per group)
-                variants += [(args.rows[0], args.head_split, "slot", False)]
+                variants += [(args.rows[0], args.head_split, "slot", False, {})]
                 if fused_attention_for(device):
-                    variants += [(args.rows[0], args.head_split, "slot", True)]
-            for per_forward, split, groups, fused in variants:
-                trajectory(runner, samples[:2], methods, per_forward, split, groups, fused)  # warm
-                seconds, tokens, counts, traj_steps = trajectory(runner, samples[:n_traj], methods, per_forward, split,
-                                                                 groups, fused)
+                    variants += [(args.rows[0], args.head_split, "slot", True, {})]
+            for per_forward, split, groups, fused, lever in variants:
                 label = f"trajectory, {per_forward} rows/forward" + ("" if split else ", whole LM head") \
                     + (", attention per block" if groups == "row" else "") \
-                    + ("" if fused is None else ", fused attention alone" if fused else ", attention as products alone")
+                    + ("" if fused is None else ", fused attention alone" if fused else ", attention as products alone") \
+                    + "".join(f", {LEVER_LABELS[key]}" for key in lever)
+                try:
+                    trajectory(runner, samples[:2], methods, per_forward, split, groups, fused, lever)  # warm
+                    seconds, tokens, counts, traj_steps = trajectory(runner, samples[:n_traj], methods, per_forward,
+                                                                     split, groups, fused, lever)
+                except Exception as error:  # a lever that fails on this machine: say so, measure the others
+                    if not rows:
+                        raise
+                    checks.append(f"tau {tau:g}, {name}, {label}: failed: {type(error).__name__}: {error}"[:600])
+                    print(checks[-1], flush=True)
+                    continue
                 if not rows:
                     answer = traj_steps  # the first variant's steps: what the other evaluators are compared with
-                # In bf16 two variants may take different steps (rounding): each counts the work of its own answer.
+                elif lever:
+                    checks.append(f"tau {tau:g}, {name}, {label}: steps = today's (first row) on "
+                                  f"{agreement(traj_steps, answer):.0%} of the (sample, method) trajectories; "
+                                  f"{counts.forwards} forwards, {counts.lookahead_blocks} blocks computed ahead")
+                    print(checks[-1], flush=True)
+                # In bf16 two variants may take different steps (rounding): each counts the work of its own answer
+                # (the distinct blocks it read: under lookahead fewer than it computed).
                 rows.append([label, n_traj, tokens, seconds, counts.blocks / tokens,
-                             needed_flops(config, counts.by_size) / tokens])
+                             needed_flops(config, counts.needed_by_size) / tokens])
                 print(f"tau {tau:g}, {name}, {label}: {tokens} tokens in {seconds:.2f} s, {counts.rounds} rounds, "
                       f"{counts.forwards} forwards, {counts.blocks / tokens:.3f} blocks/token", flush=True)
             flops_per_token = rows[0][5]  # the first trajectory variant's answer, for the rows of other evaluators
@@ -336,14 +368,15 @@ def main() -> int:
                 checks.append(f"tau {tau:g}, {name}, profile of the trajectory evaluator: "
                               + attention_share(runner, samples[:n_traj], methods, args.rows[0], args.head_split))
                 print(checks[-1], flush=True)
-            if n_all > 1:
-                all_anchor(runner, samples[:1], methods, args.chunk)  # warm
-            seconds, tokens, all_steps = all_anchor(runner, samples[:n_all], methods, args.chunk)
-            rows.insert(0, ["all-anchor", n_all, tokens, seconds, counts.all_anchor_blocks / completion_tokens(samples[:n_traj]),
-                            flops_per_token])
-            checks.append(f"tau {tau:g}, {name}: chain-B tau {chain_tau(answer, block):.2f}; the trajectory "
-                          f"evaluator's steps = the all-anchor evaluator's on {agreement(answer, all_steps):.0%} of "
-                          f"the (sample, method) trajectories both ran")
+            checks.append(f"tau {tau:g}, {name}: chain-B tau {chain_tau(answer, block):.2f}")
+            if n_all:  # 0: no all-anchor row (the ratios are then to the first trajectory row)
+                if n_all > 1:
+                    all_anchor(runner, samples[:1], methods, args.chunk)  # warm
+                seconds, tokens, all_steps = all_anchor(runner, samples[:n_all], methods, args.chunk)
+                rows.insert(0, ["all-anchor", n_all, tokens, seconds,
+                                counts.all_anchor_blocks / completion_tokens(samples[:n_traj]), flops_per_token])
+                checks[-1] += (f"; the trajectory evaluator's steps = the all-anchor evaluator's on "
+                               f"{agreement(answer, all_steps):.0%} of the (sample, method) trajectories both ran")
             print(checks[-1], flush=True)
             reference = None
             if name == "chain-B" and args.sequential_samples:

@@ -6,8 +6,22 @@ import pytest
 import torch
 
 from dflash_eval.bench.ddtree_beam import beam_tree_accepted
-from dflash_eval.evaluate.ddtree import tree_accepted
+from dflash_eval.evaluate import ddtree
 from tests.support.reference import heap_tree
+
+HOST_READS = [True]
+
+
+@pytest.fixture(autouse=True, params=[True, False], ids=["host-reads", "on-device"])
+def _scorer_mode(request):
+    """Every test here runs the scorer both ways: with its per-depth host reads, and without any (issue 30's lever)."""
+    HOST_READS[0] = request.param
+    yield
+    HOST_READS[0] = True
+
+
+def tree_accepted(logits, truth, budgets):
+    return ddtree.tree_accepted(logits, truth, budgets, host_reads=HOST_READS[0])
 
 
 def _logits(rows):

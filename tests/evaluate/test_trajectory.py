@@ -202,3 +202,35 @@ def test_same_steps_as_the_all_anchor_evaluator_on_cuda(dflash2):
                                        blocks_per_forward=5).run(_specs(sequences)))
     for key, expected in reference.items():
         assert results[key].steps == expected.steps, key
+
+
+@pytest.mark.parametrize("lever, dflash2", [
+    pytest.param(dict(flex_attention=True), False, marks=pytest.mark.slow), (dict(tree_host_reads=False), False), (dict(tree_host_reads=False), True),
+    (dict(lookahead_below=1000), False), (dict(lookahead_below=1000), True),
+    (dict(lookahead_below=12, blocks_per_forward=20), False),
+    pytest.param(dict(flex_attention=True, tree_host_reads=False, lookahead_below=1000), True, marks=pytest.mark.slow),
+], ids=["flex", "ddtree-on-device", "ddtree-on-device-dflash2", "lookahead", "lookahead-dflash2", "lookahead-capped",
+        "all-three-dflash2"])
+def test_each_speed_lever_takes_todays_steps_and_counts(lever, dflash2):
+    """Issue 30's levers change where and how blocks are computed, never an outcome: the same steps and top-k
+    counts as today's evaluator, fp32 (flex attention: eager on the CPU, 20-40 s a case, so marked slow; test_packed.py checks its forward fast); lookahead computes more blocks in fewer forwards and
+    counts as needed exactly the blocks today's evaluator computes."""
+    runner = _runner(dflash2)
+    sequences = _sequences(runner)
+    options = dict(blocks_per_forward=lever.pop("blocks_per_forward", 128), pool_slots=4, head_split=2)
+    today = TrajectoryEvaluator(runner, STOPS, range(2, BLOCK + 1), BUDGETS, TOPK, **options)
+    expected = dict(today.run(_specs(sequences)))
+    evaluator = TrajectoryEvaluator(runner, STOPS, range(2, BLOCK + 1), BUDGETS, TOPK, **{**options, **lever})
+    results = dict(evaluator.run(_specs(sequences)))
+    assert sorted(results) == sorted(expected)
+    for key in expected:  # today's evaluator: the all-anchor evaluator's steps (the tests above)
+        assert results[key].steps == expected[key].steps, key
+        assert np.array_equal(results[key].topk_hits, expected[key].topk_hits), key
+        assert np.array_equal(results[key].topk_seen, expected[key].topk_seen), key
+    assert evaluator.counts.needed_by_size == today.counts.by_size
+    if "lookahead_below" in lever:
+        assert evaluator.counts.lookahead_blocks > 0
+        assert evaluator.counts.forwards < today.counts.forwards
+        assert evaluator.counts.blocks > today.counts.blocks
+    else:
+        assert evaluator.counts.blocks == today.counts.blocks

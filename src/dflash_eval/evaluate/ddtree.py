@@ -71,7 +71,8 @@ def candidate_pairs(budget: int, parents: int, width: int, device: torch.device)
     return torch.from_numpy(parent).to(device), torch.from_numpy(token).to(device)
 
 
-def better_node_counts(values: torch.Tensor, truth_score: torch.Tensor, exists: torch.Tensor, budget: int) -> torch.Tensor:
+def better_node_counts(values: torch.Tensor, truth_score: torch.Tensor, exists: torch.Tensor, budget: int,
+                       host_reads: bool = True) -> torch.Tensor:
     """For each depth, how many tree nodes score strictly above the truth node: [m, P].
 
     values [m, P, W] are the per-position top-W log-probs (W = min(budget, vocabulary)). Counts are
@@ -79,7 +80,14 @@ def better_node_counts(values: torch.Tensor, truth_score: torch.Tensor, exists: 
     The host reads two numbers per depth, in one wait: the widest beam left (0: every anchor is finished) and how
     many of the next position's ranks can still give a useful child. A beam row is sorted, so a finished anchor's
     row is all -inf and adds nothing to either.
+
+    `host_reads` False (a lever under measurement, issue 30): no host read at all; every anchor stays in the beam
+    to the last depth with every token rank a child (a finished anchor's beam is all -inf). The extra nodes are
+    real tree nodes that score at or below every undecided truth score, so no count changes: what enters `best`
+    from them cannot exceed an open truth score, and a closed one already has `budget` better nodes.
     """
+    if not host_reads:
+        return _better_node_counts_on_device(values, truth_score, exists, budget)
     m, positions = values.shape[:2]
     device, neg_inf = values.device, torch.tensor(float("-inf"), device=values.device)
     best = torch.full((m, budget), float("-inf"), dtype=values.dtype, device=device)  # best nodes found, sorted
@@ -110,11 +118,31 @@ def better_node_counts(values: torch.Tensor, truth_score: torch.Tensor, exists: 
     return (best[:, None, :] > truth_score[:, :, None]).sum(dim=-1)
 
 
-def tree_accepted(logits: torch.Tensor, truth: torch.Tensor, budgets: Sequence[int]) -> torch.Tensor:
+def _better_node_counts_on_device(values: torch.Tensor, truth_score: torch.Tensor, exists: torch.Tensor,
+                                  budget: int) -> torch.Tensor:
+    """better_node_counts without a host read: fixed shapes at every depth (so also a CUDA graph could hold it)."""
+    m, positions, width = values.shape
+    neg_inf = torch.tensor(float("-inf"), device=values.device)
+    best = torch.full((m, budget), float("-inf"), dtype=values.dtype, device=values.device)
+    beam = values[:, 0]
+    for depth in range(positions):
+        if depth > 0:
+            parent, token = candidate_pairs(budget, beam.shape[1], width, values.device)
+            candidates = beam[:, parent] + values[:, depth][:, token]
+            beam = torch.topk(candidates, min(budget, candidates.shape[1]), dim=-1).values
+        best = torch.topk(torch.cat([best, beam], dim=1), budget, dim=-1).values
+        open_ = exists & (truth_score >= best[:, budget - 1:budget])
+        floor = torch.where(open_, truth_score, torch.full_like(truth_score, float("inf"))).min(dim=1).values
+        beam = torch.where(beam > floor[:, None], beam, neg_inf)
+    return (best[:, None, :] > truth_score[:, :, None]).sum(dim=-1)
+
+
+def tree_accepted(logits: torch.Tensor, truth: torch.Tensor, budgets: Sequence[int],
+                  host_reads: bool = True) -> torch.Tensor:
     """Accepted draft length (deepest matching path) for each budget: [len(budgets), m].
 
     logits [m, P, V] are the drafter's block logits for positions 1..P; truth [m, P] the true next
-    tokens (-1 past the end of the sequence).
+    tokens (-1 past the end of the sequence). `host_reads`: see better_node_counts.
     """
     budgets = [int(b) for b in budgets]
     m, positions, vocab = logits.shape
@@ -122,7 +150,7 @@ def tree_accepted(logits: torch.Tensor, truth: torch.Tensor, budgets: Sequence[i
         return torch.zeros(len(budgets), m, dtype=torch.int64, device=logits.device)
     width = min(max(budgets), vocab)
     values, exists, truth_score = truth_path_ranks(logits, truth, width)
-    better = better_node_counts(values, truth_score, exists, max(budgets))
+    better = better_node_counts(values, truth_score, exists, max(budgets), host_reads)
     out = []
     for budget in budgets:
         inside = exists & (better < budget)

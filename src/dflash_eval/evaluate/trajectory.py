@@ -81,6 +81,13 @@ class Counts:
     head_positions_skipped: int = 0
     all_anchor_blocks: int = 0  # what all_anchor.py computes for the same samples and methods
     by_size: dict[int, int] = field(default_factory=dict)
+    lookahead_blocks: int = 0  # blocks computed ahead of a trajectory (lookahead_below), whether read or not
+    read_by_size: dict[int, int] | None = None  # distinct blocks a trajectory read (tracked under lookahead)
+
+    @property
+    def needed_by_size(self) -> dict[int, int]:
+        """The distinct blocks the answer needs, by length: those computed, unless some were computed ahead."""
+        return self.by_size if self.read_by_size is None else self.read_by_size
 
 
 def all_anchor_blocks(limits: SequenceLimits, block_sizes: Sequence[int], block: int) -> int:
@@ -95,12 +102,18 @@ class TrajectoryEvaluator:
     A forward holds at most `blocks_per_forward` blocks; the pool at most `blocks_per_forward` samples (fewer
     when their contexts would take more than `pool_bytes`: default half the free GPU memory, 2 GiB on CPU).
     `fused_attention`: None picks by device (packed.fused_attention_for).
+    Levers under measurement (issue 30), each exact by construction and off by default: `flex_attention` (every
+    forward's attention through flex_attention, packed.py), `tree_host_reads` False (the DDTree scorer without a
+    host read, ddtree.py), and `lookahead_below`: a round that needs fewer blocks than this also computes, up to
+    `blocks_per_forward`, the blocks each running trajectory may need next (its anchor plus 1..B, nearest first),
+    so that the next round often needs no forward (a late round's forward is launch-bound, not compute-bound).
     """
 
     def __init__(self, drafter: BlockDrafter, stop_ids: set[int], block_sizes: Sequence[int] = (),
                  budgets: Sequence[int] = (), topk: Sequence[int] = (), blocks_per_forward: int = 128,
                  pool_slots: int | None = None, head_split: int | None = 4, pool_bytes: int | None = None,
-                 attention_groups: str = "slot", fused_attention: bool | None = None) -> None:
+                 attention_groups: str = "slot", fused_attention: bool | None = None,
+                 flex_attention: bool = False, tree_host_reads: bool = True, lookahead_below: int = 0) -> None:
         self.drafter = drafter
         self.stop_ids = set(stop_ids)
         self.block = drafter.block_size
@@ -124,6 +137,11 @@ class TrajectoryEvaluator:
         self.device = drafter.embed.device
         self.dtype = drafter.embed.dtype
         self.fused = fused_attention_for(self.device) if fused_attention is None else fused_attention
+        self.flex = flex_attention
+        self.tree_host_reads = tree_host_reads
+        self.lookahead_below = int(lookahead_below)
+        if self.lookahead_below:
+            self.counts.read_by_size = {}
 
     # -- the pool ------------------------------------------------------------------------------
     def _slots(self, samples: Sequence[SampleSpec], capacity: int) -> int:
@@ -151,6 +169,7 @@ class TrajectoryEvaluator:
         # What each block computed so far gave: matched chain length by (anchor, size), tree depth per budget
         # and top-k hits per position for the blocks of full size.
         self.matched = np.full((slots, capacity, self.block + 1), UNKNOWN, dtype=np.int16)
+        self.read = np.zeros((slots, capacity, self.block + 1), dtype=bool) if self.lookahead_below else None
         self.tree = np.zeros((slots, capacity, max(len(self.budgets), 1)), dtype=np.int16)
         self.topk_hit = np.zeros((slots, capacity, self.block - 1, max(len(self.topk), 1)), dtype=bool)
         self.hits = np.zeros((slots, self.block - 1, len(self.topk)), dtype=np.int64)
@@ -179,6 +198,8 @@ class TrajectoryEvaluator:
         self.done[slot] = stopped or first + 1 >= limits.max_length
         self.steps[slot] = [[] for _ in self.names]
         self.matched[slot] = UNKNOWN
+        if self.read is not None:
+            self.read[slot] = False
         self.hits[slot], self.seen[slot] = 0, 0
         if self.done[slot].all():
             return False
@@ -200,10 +221,14 @@ class TrajectoryEvaluator:
                              f"position {start[where]}")
         size = np.minimum(self.method_block[method], self.max_len[slot] - start)
         wanted = self.matched[slot, start, size] == UNKNOWN
+        width, capacity = self.block + 1, self.matched.shape[1]
+        if self.read is not None:
+            self._count_read(slot, start, size)
         if wanted.any():
-            width = self.block + 1
-            code = np.unique((slot[wanted] * self.matched.shape[1] + start[wanted]) * width + size[wanted])
-            self._compute(code // width // self.matched.shape[1], code // width % self.matched.shape[1], code % width)
+            code = np.unique((slot[wanted] * capacity + start[wanted]) * width + size[wanted])
+            if len(code) < self.lookahead_below:
+                code = self._with_lookahead(code, slot, method, start)
+            self._compute(code // width // capacity, code // width % capacity, code % width)
         tree = self.method_tree[method]
         accepted = np.where(tree >= 0, self.tree[slot, start, np.maximum(tree, 0)], self.matched[slot, start, size])
         accepted = accepted.astype(np.int64)
@@ -224,6 +249,37 @@ class TrajectoryEvaluator:
             self.steps[s][m].append(p)
         self.counts.rounds += 1
 
+    def _count_read(self, slot: np.ndarray, start: np.ndarray, size: np.ndarray) -> None:
+        """Count the distinct blocks this round reads for the first time (the needed work, under lookahead)."""
+        fresh = ~self.read[slot, start, size]
+        width, capacity = self.block + 1, self.matched.shape[1]
+        code = np.unique((slot[fresh] * capacity + start[fresh]) * width + size[fresh])
+        self.read[code // width // capacity, code // width % capacity, code % width] = True
+        for block, count in zip(*np.unique(code % width, return_counts=True)):
+            self.counts.read_by_size[int(block)] = self.counts.read_by_size.get(int(block), 0) + int(count)
+
+    def _with_lookahead(self, code: np.ndarray, slot: np.ndarray, method: np.ndarray, start: np.ndarray) -> np.ndarray:
+        """`code` (the round's needed blocks) plus, up to blocks_per_forward in all, the unknown blocks at each
+        running trajectory's anchor + 1..B that it can still reach (no stop token on the way, a step left),
+        nearest first. Which blocks are computed never changes an outcome: each is the block of its own anchor."""
+        width, capacity = self.block + 1, self.matched.shape[1]
+        room = self.blocks_per_forward - len(code)
+        if room <= 0:
+            return code
+        ahead = np.arange(1, self.block + 1)
+        s = np.tile(slot, len(ahead))  # nearest offsets first
+        m = np.tile(method, len(ahead))
+        a = np.tile(start, len(ahead)) + np.repeat(ahead, len(slot))
+        reach = (a + 1 < np.minimum(self.max_len[s], self.total_len[s])) & (self.next_stop[s, np.tile(start, len(ahead)) + 1] > a)
+        s, m, a = s[reach], m[reach], a[reach]
+        size = np.minimum(self.method_block[m], self.max_len[s] - a)
+        unknown = self.matched[s, a, size] == UNKNOWN
+        extra = (s[unknown] * capacity + a[unknown]) * width + size[unknown]
+        extra = extra[np.sort(np.unique(extra, return_index=True)[1])]  # distinct, nearest first
+        extra = extra[~np.isin(extra, code)][:room]
+        self.counts.lookahead_blocks += len(extra)
+        return np.unique(np.concatenate([code, extra]))
+
     def _compute(self, slot: np.ndarray, anchor: np.ndarray, size: np.ndarray) -> None:
         """Run the blocks (slot, anchor, size), sorted by slot, and record their outcomes."""
         full = size == np.minimum(self.block, self.max_len[slot] - anchor)
@@ -234,7 +290,7 @@ class TrajectoryEvaluator:
     def _forward(self, slot: np.ndarray, anchor: np.ndarray, size: np.ndarray, full: np.ndarray) -> None:
         drafter, device = self.drafter, self.device
         batch = pack(slot, anchor, size, self.tokens, drafter.mask_token_id, device, self.attention_groups)
-        hidden = packed_hidden(drafter, self.pool, batch, self.cos, self.sin, self.fused)
+        hidden = packed_hidden(drafter, self.pool, batch, self.cos, self.sin, self.fused, self.flex)
         row_start = np.concatenate([[0], np.cumsum(size)[:-1]])
         # One table of outcomes per forward, read back once: matched, tree depths, top-k hits per position.
         wide_rows = full & bool(self.budgets or self.topk)  # full blocks serve trees and top-k when there are any
@@ -293,7 +349,7 @@ class TrajectoryEvaluator:
         self.counts.head_positions += logits.shape[0] * logits.shape[1]
         draft = self.drafter.draft_tokens(states, logits, first)
         matched = (draft == truth).to(torch.int64).cumprod(dim=1).sum(dim=1)
-        depths = tree_accepted(logits, truth, self.budgets) if self.budgets else None
+        depths = tree_accepted(logits, truth, self.budgets, self.tree_host_reads) if self.budgets else None
         hit = None
         if self.topk:  # the truth is in the top k iff fewer than k logits beat it (one pass, not a top-k)
             score = logits.gather(-1, truth.clamp(min=0)[..., None])
