@@ -8,11 +8,15 @@ import random
 import pytest
 import torch
 
+from dflash_eval.demo.live_loop import _host_clock_on_cpu
 from dflash_eval.demo.reference import exact_target_rollback
 from dflash_eval.errors import DflashEvalError
 from dflash_eval.extract.backends import use_backend
-from dflash_eval.bench.live_loop import _host_clock_on_cpu
-from dflash_eval.speedup.simulate import expected_length, forced_acceptance, simulated_length
+from dflash_eval.speedup.simulate import (
+    expected_length,
+    forced_acceptance,
+    simulated_length,
+)
 from tests.support.tiny import tiny_drafter, tiny_target
 
 

@@ -13,9 +13,9 @@ is part of the measured step, as it is of this stack's loop.
 from __future__ import annotations
 
 import time
+from collections.abc import Iterator
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
-from collections.abc import Iterator
 
 import torch
 
