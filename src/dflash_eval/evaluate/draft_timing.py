@@ -41,11 +41,18 @@ def drafter_step_ms(runner: BlockDrafter, features: torch.Tensor, tokens: torch.
 
 
 def time_on_cache(runner: BlockDrafter, cache, layer_ids: list[int], device: torch.device, dtype: torch.dtype,
-                  options: dict[str, Any]) -> dict[str, Any] | None:
-    """drafter_step_ms on the cache's longest sample (the closest to a typical serving context)."""
+                  options: dict[str, Any], projections: dict[int, int]) -> dict[str, Any] | None:
+    """drafter_step_ms at each block size (-> the context rows its step projects), on the cache's longest
+    sample (the closest to a typical serving context): {"by_block": {b: timing}, "device", "context_tokens"}."""
     if not cache.samples or not wanted(options, device):
         return None
     longest = max(cache.samples, key=lambda sample: int(sample["length"]))
     states = cache.load_sample(str(longest["id"]), layer_ids)
-    return drafter_step_ms(runner, states.features.to(device=device, dtype=dtype), states.input_ids.to(device),
-                           int(options["context_tokens"]), int(options["repeats"]))
+    features, tokens = states.features.to(device=device, dtype=dtype), states.input_ids.to(device)
+    by_block = {int(block): drafter_step_ms(runner, features, tokens, int(options["context_tokens"]),
+                                            int(options["repeats"]), int(block), rows)
+                for block, rows in projections.items() if 2 <= int(block) <= runner.block_size}
+    if not by_block:
+        return None
+    first = next(iter(by_block.values()))
+    return {"by_block": by_block, "device": first["device"], "context_tokens": first["context_tokens"]}
