@@ -147,7 +147,8 @@ def shape_rows(name: str, args: argparse.Namespace, device: torch.device, dtype:
     run_loop(drafter, target, prompts[0], min(8, args.new_tokens), 1)
     autoregressive = pooled(loops(drafter, target, prompts, args.new_tokens, 1, None, 0))
     context = args.prompt_tokens + args.new_tokens // 2  # the mean context over the decode
-    profile = measure_target(target, context, args.repeats, range(1, max(blocks) + 1))
+    profile = measure_target(target, context, args.repeats, range(1, max(blocks) + 1),
+                             seconds_per_size=args.seconds_per_size)
     runner = BlockDrafter(drafter, target.get_input_embeddings().weight.detach(),
                           target.get_output_embeddings().weight.detach(), drafter.mask_token_id).to(device)
     features = torch.randn(context + 1, len(drafter.target_layer_ids) * shape["hidden"], generator=generator)
@@ -156,6 +157,7 @@ def shape_rows(name: str, args: argparse.Namespace, device: torch.device, dtype:
     head = (f"### {name}: {layers} of {shape['full_layers']} layers ({'Gated DeltaNet hybrid' if hybrid else 'pure attention'}"
             f"), {args.prompts} prompts x {args.prompt_tokens} tokens, {args.new_tokens} new tokens, profile context "
             f"{context}; autoregressive loop {autoregressive.ms_per_step:.2f} ms/token, profile T_AR {t_ar:.2f} ms "
+            f"(sizes unstable at the cap: {', '.join(map(str, profile['spread']['unstable'])) or 'none'}) "
             f"(model built and warmed in {time.perf_counter() - started:.0f} s)")
     rows = ["", head, "", "| block | tau asked | tau realised | T_draft ms | T_verify(b) ms | ms/step model | "
             "ms/step measured | predicted | predicted + replay | measured | measured / predicted |",
@@ -196,11 +198,13 @@ def main() -> int:
     parser.add_argument("--prompt-tokens", type=int, default=256)
     parser.add_argument("--new-tokens", type=int, default=96)
     parser.add_argument("--repeats", type=int, default=10)
+    parser.add_argument("--seconds-per-size", type=float, default=2.0,
+                        help="the profile's cap per size (it stops earlier once the median's 95%% CI is within ±2%%)")
     parser.add_argument("--max-seconds", type=float, default=600.0,
                         help="start no new cell after this long (the skipped cells are listed)")
     parser.add_argument("--record", type=Path, default=ROOT / "benchmarks/results/speedup_validation.md")
     smoke_mode(parser, device="cpu", shapes="tiny", blocks=[4], taus=["2", "live"], prompts=1, prompt_tokens=12,
-               new_tokens=12, repeats=2, record=None)
+               new_tokens=12, repeats=2, seconds_per_size=0.2, record=None)
     args = parser.parse_args()
     device = torch.device(args.device)
     dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
