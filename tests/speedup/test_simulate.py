@@ -64,3 +64,32 @@ def test_the_reference_loop_commits_exactly_the_drawn_lengths(tau: float) -> Non
         start += k
         assert int(out[start]) in top2[start - 1].tolist()
     assert out.shape[0] == prompt.shape[1] + 30
+
+
+def _attention_target():
+    from transformers import Qwen3Config, Qwen3ForCausalLM
+
+    torch.manual_seed(0)
+    config = Qwen3Config(vocab_size=300, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                         num_attention_heads=4, num_key_value_heads=2, head_dim=16, tie_word_embeddings=False)
+    return Qwen3ForCausalLM(config).eval()
+
+
+@pytest.mark.parametrize("kind", ["hybrid", "attention"])
+def test_the_timed_loops_produce_the_same_tokens_count_and_the_forced_steps(kind: str) -> None:
+    """run_loop: block 1 is the autoregressive loop (one token a step); forced tau 3 commits 3 a step, on a
+    hybrid target (exact rollback) and a pure-attention one (transformers' crop is exact there)."""
+    from dflash_eval.demo.live_loop import LoopRun, is_hybrid, measured_speedup, run_loop
+
+    target = tiny_target(seed=0) if kind == "hybrid" else _attention_target()
+    assert is_hybrid(target) is (kind == "hybrid")
+    drafter = tiny_drafter([0, 1], block_size=4, num_target_layers=2 if kind == "attention" else 4)
+    prompt = torch.randint(2, 290, (1, 9), generator=torch.Generator().manual_seed(0))
+    with use_backend("torch", "cpu"):
+        ar = run_loop(drafter, target, prompt, 16, 1)
+        spec = run_loop(drafter, target, prompt, 16, 4, simulate_tau=3.0)
+    assert ar.acceptance_lengths == [1] * 15 and ar.new_tokens == spec.new_tokens == 16
+    assert spec.acceptance_lengths == [3, 3, 3, 3, 3]
+    assert spec.tau == 3.0 and measured_speedup(ar, spec) == pytest.approx(ar.decode_s / spec.decode_s)
+    with pytest.raises(ValueError, match="produced 16 and 15 tokens"):
+        measured_speedup(ar, LoopRun(1.0, 15, [1]))
