@@ -200,7 +200,7 @@ def _speedup_text(value: Any) -> str:
 
 
 def _speedup_cell(row: dict | None, best: float | None) -> str:
-    """The estimate; where there is none, why: the evaluation's source ("no profile") or n/a (outside the profile)."""
+    """The estimate; where there is none, why: the evaluation's source ("no profile") or n/a (a size not measured: the caveats below say which)."""
     if row is None:
         return "–"
     value = row["expected_speedup"]
