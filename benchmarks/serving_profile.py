@@ -49,7 +49,7 @@ def main() -> int:
                         help="also time T_draft: one block forward + LM head of a drafter of this shape (random "
                              "weights, the target's embedding and LM head), as evaluation times it")
     parser.add_argument("--record", type=Path, default=ROOT / "benchmarks/results/serving_profile.md")
-    smoke_mode(parser, device="cpu", layers=62, hidden=32, vocab=300, context=16, repeats=1, drafter_shape="demo",
+    smoke_mode(parser, device="cpu", layers=4, hidden=32, vocab=300, context=16, repeats=1, drafter_shape="demo",
                seconds_per_size=0.05, sizes=[1, 2, 9], record=None)
     args = parser.parse_args()
     device = torch.device(args.device)
