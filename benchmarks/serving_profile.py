@@ -1,10 +1,12 @@
-"""The target's serving-step profile (T_AR, T_verify(n)) on a Qwen3.6-27B-shaped target, measured twice.
+"""The target's serving-step profile (T_AR, T_verify(n)) on a Qwen3.6-27B-shaped target, measured twice: repeatability.
 
 Random weights, bf16, HF transformers with fla's kernels (batch 1, a KV cache prefilled with
 `--context` tokens), exactly as extraction measures it (extract/profile.py). `--layers` builds
 fewer of the 64 layers (keeping the 3 linear : 1 full pattern) and scales the times by 64/layers:
 the layers dominate, the embedding and LM head are then counted 64/layers times too many (state
-it beside any number). Two runs back to back give the repeatability. This is a model of a server,
+it beside any number). Two runs back to back give the repeatability: their ratio per size, each median's
+repeats (until its 95% CI is within ±2%, or `--seconds-per-size`) and whether it got there (the profile's
+`unstable`); the line under the table says how many sizes agree within 5% (speedup/timing.py's `compare`). This is a model of a server,
 not a measurement of one: SGLang runs the same step under CUDA graphs with its own kernels.
 
     python benchmarks/serving_profile.py --device cuda --context 2048
@@ -29,6 +31,7 @@ from evaluator_speed import SHAPES, drafter_config
 from dflash_eval.evaluate.blocks import BlockDrafter
 from dflash_eval.evaluate.draft_timing import drafter_step_ms
 from dflash_eval.extract.profile import DEFAULT_VERIFY_TOKENS, measure_target
+from dflash_eval.speedup.timing import compare
 
 
 def main() -> int:
@@ -39,12 +42,15 @@ def main() -> int:
     parser.add_argument("--vocab", type=int, default=248320)
     parser.add_argument("--context", type=int, default=2048)
     parser.add_argument("--repeats", type=int, default=10)
+    parser.add_argument("--sizes", type=lambda v: [int(x) for x in v.split(",")], default=DEFAULT_VERIFY_TOKENS,
+                        help="tokens verified, comma-separated (default: what extraction measures by default)")
+    parser.add_argument("--seconds-per-size", type=float, default=None, help="cap per size (default: extraction's)")
     parser.add_argument("--drafter-shape", default="27b", choices=[*sorted(SHAPES), "none"],
                         help="also time T_draft: one block forward + LM head of a drafter of this shape (random "
                              "weights, the target's embedding and LM head), as evaluation times it")
     parser.add_argument("--record", type=Path, default=ROOT / "benchmarks/results/serving_profile.md")
-    smoke_mode(parser, device="cpu", layers=62, hidden=32, vocab=300, context=16, repeats=1, drafter_shape="demo",
-               record=None)
+    smoke_mode(parser, device="cpu", layers=4, hidden=32, vocab=300, context=16, repeats=1, drafter_shape="demo",
+               seconds_per_size=0.05, sizes=[1, 2, 9], record=None)
     args = parser.parse_args()
     device = torch.device(args.device)
     if device.type == "cuda":
@@ -56,19 +62,25 @@ def main() -> int:
     runs, seconds = [], []
     for _ in range(2):
         began = time.perf_counter()
-        runs.append(measure_target(model, args.context, args.repeats, DEFAULT_VERIFY_TOKENS))
+        runs.append(measure_target(model, args.context, args.repeats, args.sizes,
+                                   seconds_per_size=args.seconds_per_size))
         seconds.append(time.perf_counter() - began)
     name = runs[0]["device"]
     lines = [(f"## serving profile: {name}, torch {torch.__version__}, Qwen3.6-27B shape with {args.layers} of 64 "
              f"layers (times x {scale:g}), bf16, batch 1, context {args.context}, {args.repeats} repeats"),
              "", f"model built in {built:.0f} s; each profile took {seconds[0]:.1f} s and {seconds[1]:.1f} s", "",
-             "| tokens verified | run 1 ms | min..max | run 2 ms | min..max | run 2 / run 1 |",
-             "|---:|---:|---|---:|---|---:|"]
+             "| tokens verified | run 1 ms | min..max | repeats | run 2 ms | min..max | repeats | run 2 / run 1 |",
+             "|---:|---:|---|---:|---:|---|---:|---:|"]
     for n in runs[0]["t_verify_ms"]:
         a, b = runs[0]["t_verify_ms"][n] * scale, runs[1]["t_verify_ms"][n] * scale
         sa = "..".join(f"{scale * x:.2f}" for x in runs[0]["spread"]["t_verify_ms"][n])
         sb = "..".join(f"{scale * x:.2f}" for x in runs[1]["spread"]["t_verify_ms"][n])
-        lines.append(f"| {n} | {a:.2f} | {sa} | {b:.2f} | {sb} | {b / a:.3f} |")
+        ra, rb = (f"{run['spread']['repeats'][n]}{'' if int(n) not in run['spread']['unstable'] else ' (capped)'}"
+                  for run in runs)
+        lines.append(f"| {n} | {a:.2f} | {sa} | {ra} | {b:.2f} | {sb} | {rb} | {b / a:.3f} |")
+    agreement = compare(runs[0]["t_verify_ms"], runs[1]["t_verify_ms"], "serving profile run 2 vs run 1")
+    lines += ["", f"{len(agreement['ratios']) - len(agreement['beyond_5_percent'])} of {len(agreement['ratios'])} "
+              f"sizes agree within 5% (beyond: {', '.join(agreement['beyond_5_percent']) or 'none'})"]
     if args.drafter_shape != "none":
         lines += ["", *drafter_lines(model, args, device)]
     print_and_record(lines, args.record)

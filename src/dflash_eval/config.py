@@ -385,7 +385,8 @@ def stage_schema(stage: str) -> dict:
     if stage == "extract":
         return _object({"dataset": NAME, "layer_ids": LAYER_IDS, "last_layer": drafter["last_layer"],
                         "target": top["target"], **_properties("extraction"), "server": server,
-                        "speedup": top["speedup"]}, required=("layer_ids", "target"))
+                        "speedup": top["speedup"], "block_sizes": evaluation["block_sizes"],
+                        "ddtree_budgets": evaluation["ddtree_budgets"]}, required=("layer_ids", "target"))
     if stage == "evaluate":
         # layer_ids as config.yaml's drafters have it: null (or left out) means the checkpoint's own list
         checkpoint = _object({key: drafter[key] for key in (*CHECKPOINT_KEYS, "layer_ids", "last_layer")},
@@ -509,7 +510,10 @@ def fetch_settings(config: dict, dataset: str) -> dict:
 
 def extract_runtime(config: dict) -> dict:
     """How extraction runs around the server (see fetch_runtime): passed beside the params."""
-    return {"server": server_settings(config), "speedup": dict(config["speedup"])}  # timing writes no cache byte
+    # timing writes no cache byte; it measures every size the evaluation's methods verify (extract/profile.py)
+    evaluation = config["evaluation"]
+    return {"server": server_settings(config), "speedup": dict(config["speedup"]),
+            "block_sizes": evaluation.get("block_sizes"), "ddtree_budgets": evaluation.get("ddtree_budgets")}
 
 
 def extract_params(config: dict, dataset: str, layer_ids: list[int], last_layer: str) -> dict:

@@ -113,3 +113,20 @@ def verdict(ci95: Sequence[float]) -> str:
     if high < 0:
         return "worse"
     return "no clear difference"
+
+
+def median_ci(values: Sequence[float], level: float = 0.95) -> tuple[float, float]:
+    """Distribution-free confidence interval of the median: the order statistics x_(j), x_(n+1-j) with the
+    largest j such that P(Binomial(n, 1/2) < j) <= (1 - level) / 2 (exact, no resampling). (-inf, inf)
+    where n is too small for any j (n < 6 at 95%). Used to decide when a timed step's median is stable."""
+    import math
+
+    ordered = sorted(values)
+    n = len(ordered)
+    tail, below, j = (1 - level) / 2, 0.0, 0
+    while j < n and below + math.comb(n, j) / 2 ** n <= tail:
+        below += math.comb(n, j) / 2 ** n
+        j += 1
+    if j == 0:
+        return float("-inf"), float("inf")
+    return float(ordered[j - 1]), float(ordered[n - j])

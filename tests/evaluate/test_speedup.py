@@ -26,16 +26,43 @@ def test_hand_computed_speedups_and_best_budget():
     assert methods["ddtree-16"]["expected_speedup"] == pytest.approx(6 * 20 / (6 + 24.5))     # 3.934
     assert methods["ddtree-32"]["expected_speedup"] == pytest.approx(7 * 20 / (6 + 26))       # 4.375
     assert methods["ddtree-64"]["expected_speedup"] == pytest.approx(8 * 20 / (6 + 40))       # 3.478
-    assert methods["ddtree-128"]["expected_speedup"] is None  # 129 tokens: outside the profile
+    assert methods["ddtree-128"]["expected_speedup"] is None  # 129 tokens: not in the profile
     assert section["best_ddtree"] == {"method": "ddtree-32", "budget": 32, "expected_speedup": pytest.approx(4.375)}
-    assert section["outside_profile"] == ["ddtree-128"] and section["estimate"] is True
+    assert list(section["not_measured"]) == ["ddtree-128"] and "129 verified tokens" in section["not_measured"][
+        "ddtree-128"] and section["estimate"] is True
+    assert section["ddtree_note"] is None  # the profile does not say the target is a hybrid
 
 
-def test_verify_time_is_linear_between_listed_sizes():
+def test_only_measured_sizes_count_never_interpolated():
+    """A staircase (vLLM's 27B hybrid: 53.8 ms for 8 tokens, 60.8 for 9): 12 between 8 and 16 is not a guess."""
     profile = check_profile({"t_ar_ms": 1, "t_verify_ms": {"8": 10, "16": 14}}, "p.json")
-    assert model.verify_ms(profile, 12) == pytest.approx(12.0)
-    assert model.verify_ms(profile, 16) == 14.0
-    assert model.verify_ms(profile, 4) is None and model.verify_ms(profile, 17) is None
+    assert model.verify_ms(profile, 16) == 14.0 and model.verify_ms(profile, 8) == 10.0
+    assert model.verify_ms(profile, 12) is None and model.verify_ms(profile, 4) is None
+    methods = {"chain-B12": _method("chain", 12, 4.0), "chain-B16": _method("chain", 16, 5.0)}
+    section = model.speedup_section(methods, profile, "user", 2.0, "user")
+    assert methods["chain-B12"]["expected_speedup"] is None and "chain-B12" in section["not_measured"]
+    assert methods["chain-B16"]["expected_speedup"] == pytest.approx(5 * 1 / (2 + 14))
+
+
+def test_drafter_step_per_block_and_a_block_not_timed():
+    methods = {"chain-B8": _method("chain", 8, 4.0), "chain-B16": _method("chain", 16, 5.0),
+               "chain-B4": _method("chain", 4, 3.0), "ddtree-16": _method("ddtree", 16, 6.0)}
+    profile = check_profile({"t_ar_ms": 20, "t_verify_ms": {"4": 21, "8": 22, "16": 24, "17": 24.5}}, "p.json")
+    section = model.speedup_section(methods, profile, "measured", {8: 3.0, 16: 5.0}, "timed")
+    assert methods["chain-B8"]["expected_speedup"] == pytest.approx(4 * 20 / (3 + 22))
+    assert methods["chain-B16"]["expected_speedup"] == pytest.approx(5 * 20 / (5 + 24))
+    assert methods["ddtree-16"]["expected_speedup"] == pytest.approx(6 * 20 / (5 + 24.5))  # drafts the own block 16
+    assert methods["chain-B4"]["expected_speedup"] is None
+    assert section["not_measured"]["chain-B4"].startswith("the drafter step at block 4 was not timed")
+
+
+def test_a_tree_on_a_hybrid_target_says_what_it_assumes():
+    methods = {"chain-B16": _method("chain", 16, 5.0), "ddtree-16": _method("ddtree", 16, 6.0)}
+    profile = check_profile({**PROFILE, "hybrid": True}, "p.json")
+    section = model.speedup_section(methods, profile, "measured", 6.0, "timed")
+    assert section["ddtree_note"] == model.HYBRID_TREE_NOTE and "SGLang 0.5.23" in section["ddtree_note"]
+    section = model.speedup_section({"chain-B16": _method("chain", 16, 5.0)}, profile, "measured", 6.0, "timed")
+    assert section["ddtree_note"] is None  # no tree priced, nothing to say
 
 
 def test_user_profile_wins_and_its_draft_time_is_used(tmp_path):
@@ -45,7 +72,7 @@ def test_user_profile_wins_and_its_draft_time_is_used(tmp_path):
     user.write_text(json.dumps({**PROFILE, "t_draft_ms": 6.0}))
     methods = {"chain-B16": _method("chain", 16, 5.0)}
 
-    def never():
+    def never(_blocks):
         raise AssertionError("the drafter must not be timed when the profile gives t_draft_ms")
     section = speedup.estimate({"speedup": {"profile": str(user)}}, tmp_path, methods, never)
     assert section["target_source"] == f"user profile {user}" and section["t_ar_ms"] == 20.0
@@ -56,16 +83,19 @@ def test_user_profile_wins_and_its_draft_time_is_used(tmp_path):
 def test_measured_profile_and_timed_drafter(tmp_path):
     (tmp_path / PROFILE_NAME).write_text(json.dumps({**PROFILE, "device": "cpu"}))
     methods = {"chain-B16": _method("chain", 16, 5.0)}
-    timing = {"ms": 6.0, "min_ms": 5.0, "max_ms": 7.0, "device": "cpu", "context_tokens": 100}
-    section = speedup.estimate({"speedup": {}}, tmp_path, methods, lambda: timing)
-    assert section["target_source"].startswith("measured at extraction on cpu") and section["t_draft_ms"] == 6.0
+    timing = {"by_block": {16: {"ms": 6.0, "min_ms": 5.0, "max_ms": 7.0}}, "device": "cpu", "context_tokens": 100}
+    asked = []
+    section = speedup.estimate({"speedup": {}}, tmp_path, methods, lambda blocks: asked.append(blocks) or timing)
+    assert asked == [{16: 5}]  # block 16, projecting round(tau) = 5 new context rows per step
+    assert section["target_source"].startswith("measured at extraction on cpu") and section["t_draft_ms"] == {16: 6.0}
+    assert "b16 6 (5..7)" in section["draft_source"]
     assert section["source"] == labels.MEASURED == "measured by us"
     assert methods["chain-B16"]["expected_speedup"] == pytest.approx(5 * 20 / 30)
 
 
 def test_no_profile_gives_no_estimate(tmp_path):
     methods = {"chain-B16": _method("chain", 16, 5.0)}
-    section = speedup.estimate({"speedup": {}}, tmp_path, methods, lambda: None)
+    section = speedup.estimate({"speedup": {}}, tmp_path, methods, lambda _blocks: None)
     assert section["available"] is False and methods["chain-B16"]["expected_speedup"] is None
     assert section["source"] == "no profile"
 
@@ -73,11 +103,24 @@ def test_no_profile_gives_no_estimate(tmp_path):
 def test_user_profile_without_draft_time_and_an_untimed_drafter_are_labelled(tmp_path):
     user = tmp_path / "mine.json"
     user.write_text(json.dumps(PROFILE))
-    timing = {"ms": 6.0, "min_ms": 5.0, "max_ms": 7.0, "device": "cuda:0", "context_tokens": 100}
+    timing = {"by_block": {16: {"ms": 6.0, "min_ms": 5.0, "max_ms": 7.0}}, "device": "cuda:0", "context_tokens": 100}
     section = speedup.estimate({"speedup": {"profile": str(user)}}, tmp_path, {"chain-B16": _method("chain", 16, 5.0)},
-                               lambda: timing)
+                               lambda _blocks: timing)
     assert section["source"] == "user profile; drafter step measured by us"
     (tmp_path / PROFILE_NAME).write_text(json.dumps(PROFILE))
     methods = {"chain-B16": _method("chain", 16, 5.0)}
-    section = speedup.estimate({"speedup": {}}, tmp_path, methods, lambda: None)  # speedup.measure false
+    section = speedup.estimate({"speedup": {}}, tmp_path, methods, lambda _blocks: None)  # speedup.measure false
     assert section["source"] == "no drafter step time" and methods["chain-B16"]["expected_speedup"] is None
+
+
+def test_a_whole_step_measured_on_the_users_server_is_used_as_is(tmp_path):
+    """t_step_ms (draft + verify at block b, SGLANG_SIMULATE_ACC_LEN): tau x T_AR / T_step(b), no drafter timing."""
+    user = tmp_path / "sglang.json"
+    user.write_text(json.dumps({"t_ar_ms": 10.0, "t_verify_ms": {"1": 10.0}, "t_step_ms": {"16": 16.0}}))
+    methods = {"chain-B16": _method("chain", 16, 5.0), "chain-B8": _method("chain", 8, 4.0),
+               "ddtree-16": _method("ddtree", 16, 6.0)}
+    section = speedup.estimate({"speedup": {"profile": str(user)}}, tmp_path, methods, lambda _blocks: None)
+    assert methods["chain-B16"]["expected_speedup"] == pytest.approx(5 * 10 / 16)
+    assert section["verify"]["chain-B16"]["t_step_ms"] == 16.0 and section["source"] == labels.USER
+    assert methods["chain-B8"]["expected_speedup"] is None and methods["ddtree-16"]["expected_speedup"] is None
+    assert set(section["not_measured"]) == {"chain-B8", "ddtree-16"}

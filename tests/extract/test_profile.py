@@ -1,17 +1,37 @@
 """The target's step profile, measured on a tiny hybrid target: the format evaluate reads."""
 
+import json
+import logging
+
+import pytest
+
+from dflash_eval import methods
 from dflash_eval.cache.serving_profile import PROFILE_NAME, load_profile
-from dflash_eval.extract.profile import measure_target, write_target_profile
+from dflash_eval.extract import profile as profiling
+from dflash_eval.extract.profile import (
+    measure_target,
+    sizes_to_measure,
+    write_target_profile,
+)
 from tests.support.tiny import tiny_target
 
 
-def test_measured_profile_is_a_valid_profile(tmp_path):
+@pytest.fixture(autouse=True)
+def short_cap(monkeypatch):
+    monkeypatch.setattr(profiling, "SECONDS_PER_SIZE", 0.2)  # a CPU under load never settles within ±2%
+
+
+def test_measured_profile_is_a_valid_profile(tmp_path, monkeypatch):
     profile = measure_target(tiny_target().eval(), context_tokens=32, repeats=2, verify_tokens=[2, 5])
     assert sorted(profile["t_verify_ms"]) == ["1", "2", "5"] and profile["t_ar_ms"] == profile["t_verify_ms"]["1"]
+    assert profile["hybrid"] is True and profile["seconds_per_size"] == 0.2
     for n, (low, high) in profile["spread"]["t_verify_ms"].items():
         assert 0 < low <= profile["t_verify_ms"][n] <= high
+        assert profile["spread"]["repeats"][n] >= 2
+    monkeypatch.setattr(profiling, "sizes_to_measure", lambda options: [1, 3])
     path = write_target_profile(tiny_target().eval(), tmp_path, {"context_tokens": 16, "repeats": 1, "measure": True})
     assert path == tmp_path / PROFILE_NAME and load_profile(path)["t_verify_ms"][1] > 0
+    assert "previous" not in json.loads(path.read_text())
     assert write_target_profile(tiny_target(), tmp_path / "off", {"measure": False}) is None
     assert write_target_profile(tiny_target(), tmp_path / "off", {"measure": "auto"}) is None  # a CPU target
 
@@ -24,3 +44,24 @@ def test_a_failed_timing_only_warns_and_writes_nothing(tmp_path, monkeypatch, ca
     monkeypatch.setattr(profile, "measure_target", broken)
     assert write_target_profile(tiny_target(), tmp_path, {"measure": True, "context_tokens": 16, "repeats": 1}) is None
     assert not (tmp_path / PROFILE_NAME).exists() and "timing the target failed (RuntimeError: out of memory)" in caplog.text
+
+
+def test_every_size_a_method_verifies_is_measured():
+    """Chain blocks 2..16, the evaluation's larger block_sizes, N + 1 per DDTree budget, and 1 (T_AR)."""
+    sizes = sizes_to_measure({"block_sizes": [24], "ddtree_budgets": [8, 100]})
+    assert sizes == [1, *range(2, 17), 24, 101] and 9 in sizes  # 9 = ddtree-8's N + 1, and chain-B9
+    assert sizes_to_measure({"block_sizes": "all", "ddtree_budgets": None}) == list(range(1, 17))
+    assert 101 == methods.verified_tokens(methods.tree_method(100))  # the rule profile.py repeats, not imports
+    assert 24 == methods.verified_tokens(methods.chain_method(24))
+
+
+def test_a_second_profile_is_compared_with_the_first_and_warned_about(tmp_path, monkeypatch, caplog):
+    monkeypatch.setattr(profiling, "sizes_to_measure", lambda options: [1, 2])
+    old = {"t_ar_ms": 1e-6, "t_verify_ms": {"1": 1e-6, "2": 1e-6}, "device": "cpu", "context_tokens": 16}
+    (tmp_path / PROFILE_NAME).write_text(json.dumps(old))  # far faster than any real step: > 5% apart
+    with caplog.at_level(logging.WARNING):
+        path = write_target_profile(tiny_target().eval(), tmp_path, {"context_tokens": 16, "repeats": 1,
+                                                                     "measure": True})
+    written = json.loads(path.read_text())
+    assert written["previous"]["agree"] is False and written["previous"]["beyond_5_percent"] == ["1", "2"]
+    assert "differ from the previous measurement by more than 5%" in caplog.text

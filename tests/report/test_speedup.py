@@ -31,7 +31,7 @@ EARLIER_COLUMNS = [
     "diff_vs_reference", "diff_ci_low", "diff_ci_high", "verdict",
 ]
 
-# T_AR 20 ms, T_draft 5 ms, T_verify by tokens verified (linear between: 9 -> 23 is listed, 3 is not)
+# T_AR 20 ms, T_draft 5 ms, T_verify by tokens verified (every size a method here verifies is listed)
 PROFILE = {"t_ar_ms": 20.0, "t_draft_ms": 5.0, "t_verify_ms": {"1": 20, "2": 21, "4": 22, "9": 23, "17": 25, "33": 30}}
 # token-weighted tau of ddtree-16 and ddtree-32 per drafter (ddtree-8 is the fixtures' chain-B4 tau + 1)
 TREE_TAUS = {"step-1000": (6.0, 6.5), "step-2000": (6.0, 8.0)}
@@ -67,7 +67,7 @@ def profiled(tmp_path_factory):
         metrics = json.loads(path.read_text())
         metrics["methods"] = _with_trees(metrics["drafter"], metrics["dataset"])["methods"]
         metrics["speedup"] = speedup.estimate({"speedup": {"profile": str(profile)}}, root, metrics["methods"],
-                                              lambda: pytest.fail("the profile gives t_draft_ms"))
+                                              lambda _blocks: pytest.fail("the profile gives t_draft_ms"))
         atomic_write_json(path, metrics)
     assert report.run(report_args(root, paths)) == 0
     return root
@@ -139,3 +139,23 @@ def _settings(root) -> dict:
 
 def _texts(figure) -> list[str]:
     return [text.get_text() for text in figure.findobj(Text)]
+
+
+def test_unmeasured_sizes_and_the_hybrid_tree_assumption_are_said(tmp_path):
+    """A method whose size the profile lacks, and DDTree priced on a hybrid target: summary.md says both."""
+    root = tmp_path
+    profile = root / "profile.json"
+    profile.write_text(json.dumps({**PROFILE, "hybrid": True, "t_verify_ms": {
+        k: v for k, v in PROFILE["t_verify_ms"].items() if k != "33"}}))
+    paths = write_metrics(root)
+    for path in paths:
+        metrics = json.loads(path.read_text())
+        metrics["methods"] = _with_trees(metrics["drafter"], metrics["dataset"])["methods"]
+        metrics["speedup"] = speedup.estimate({"speedup": {"profile": str(profile)}}, root, metrics["methods"],
+                                              lambda _blocks: pytest.fail("the profile gives t_draft_ms"))
+        atomic_write_json(path, metrics)
+    assert report.run(report_args(root, paths)) == 0
+    text = (root / "summary.md").read_text()
+    assert "no estimate for ddtree-32: 33 verified tokens: not in the profile (sizes are measured, never " \
+           "interpolated)" in text
+    assert "cannot verify a tree in one causal pass" in text

@@ -5,9 +5,13 @@ measured on their deployment, as `speedup.profile` in config.yaml (it wins); eva
 either (evaluate/speedup.py). Only JSON here, no torch, so that the workflow can check a user's
 file at load. Fields:
     t_ar_ms       the target's decode step of one token, ms (required, > 0)
-    t_verify_ms   {"<n tokens>": ms, ...} the target verifying n tokens (required; n >= 1; linear
-                  in between the listed n, no estimate outside them)
+    t_verify_ms   {"<n tokens>": ms, ...} the target verifying n tokens (required; n >= 1). Only the
+                  listed n count: a method verifying another n gets no estimate (never interpolated)
     t_draft_ms    the drafter's block forward with its LM head, ms (optional: timed at evaluation)
+    t_step_ms     {"<b>": ms, ...} optional: a whole speculative step (draft + verify) at chain block b,
+                  measured on a server with forced acceptance (docs/speedup.md); used as is for chain-B<b>
+    hybrid        true for a Gated DeltaNet hybrid target (optional; the DDTree estimate then says
+                  what it assumes: speedup/model.py)
     context_tokens, source, device, spread   (optional, informational)
 """
 
@@ -29,6 +33,22 @@ def _positive(path: Path, field: str, value: Any) -> float:
     return float(value)
 
 
+def _sizes(path: Path, field: str, table: Any) -> dict[int, float]:
+    """{"<tokens>": ms} checked, keyed by int and sorted."""
+    if not isinstance(table, dict) or not table:
+        raise DflashEvalError(f"{path}: field {field!r} must be an object {{\"<tokens>\": ms}} with at least one entry")
+    sizes = {}
+    for key, value in table.items():
+        try:
+            tokens = int(key)
+        except (TypeError, ValueError):
+            tokens = 0
+        if tokens < 1 or str(tokens) != str(key).strip():
+            raise DflashEvalError(f"{path}: field {field!r} key {key!r} must be a token count >= 1")
+        sizes[tokens] = _positive(path, f"{field}.{key}", value)
+    return dict(sorted(sizes.items()))
+
+
 def check_profile(data: Any, path: str | Path) -> dict[str, Any]:
     """A profile with its fields checked and t_verify_ms keyed by int; errors name the file and field."""
     path = Path(path)
@@ -37,19 +57,13 @@ def check_profile(data: Any, path: str | Path) -> dict[str, Any]:
     for required in ("t_ar_ms", "t_verify_ms"):
         if required not in data:
             raise DflashEvalError(f"{path}: field {required!r} is missing (see {__name__}'s docstring for the format)")
-    table = data["t_verify_ms"]
-    if not isinstance(table, dict) or not table:
-        raise DflashEvalError(f"{path}: field 't_verify_ms' must be an object {{\"<tokens>\": ms}} with at least one entry")
-    verify = {}
-    for key, value in table.items():
-        try:
-            tokens = int(key)
-        except (TypeError, ValueError):
-            tokens = 0
-        if tokens < 1 or str(tokens) != str(key).strip():
-            raise DflashEvalError(f"{path}: field 't_verify_ms' key {key!r} must be a token count >= 1")
-        verify[tokens] = _positive(path, f"t_verify_ms.{key}", value)
-    profile = {**data, "t_ar_ms": _positive(path, "t_ar_ms", data["t_ar_ms"]), "t_verify_ms": dict(sorted(verify.items()))}
+    profile = {**data, "t_ar_ms": _positive(path, "t_ar_ms", data["t_ar_ms"]),
+               "t_verify_ms": _sizes(path, "t_verify_ms", data["t_verify_ms"])}
+    if data.get("t_step_ms") is not None:
+        profile["t_step_ms"] = _sizes(path, "t_step_ms", data["t_step_ms"])
+    if data.get("hybrid") is not None and not isinstance(data["hybrid"], bool):
+        raise DflashEvalError(f"{path}: field 'hybrid' must be true or false (a Gated DeltaNet hybrid target), "
+                              f"got {data['hybrid']!r}")
     if data.get("t_draft_ms") is not None:
         profile["t_draft_ms"] = _positive(path, "t_draft_ms", data["t_draft_ms"])
     return profile

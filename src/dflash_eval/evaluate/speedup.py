@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from dflash_eval.cache.serving_profile import PROFILE_NAME, load_profile
+from dflash_eval.methods import chain_method
 from dflash_eval.speedup.labels import MEASURED, USER, source_label
 from dflash_eval.speedup.model import speedup_section
 
@@ -28,27 +29,46 @@ def profiles_for(settings: dict[str, Any], hidden: str | Path) -> tuple[dict | N
     return None, f"no {PROFILE_NAME} beside the cache and no speedup.profile"
 
 
+def projections(methods: dict[str, dict]) -> dict[int, int]:
+    """Block size -> the context rows a drafter step at it projects: the tokens a step commits, round(tau)
+    of that block's chain (1 where it has none); every block some method drafts."""
+    blocks: dict[int, int] = {}
+    for name, stats in methods.items():
+        block = stats.get("block_size")
+        if block is None:
+            continue
+        tau = stats.get("tau_token_weighted") if name == chain_method(int(block)) else None
+        rows = max(1, round(tau)) if tau is not None and tau == tau else 1
+        blocks[int(block)] = max(blocks.get(int(block), 1), rows)
+    return dict(sorted(blocks.items()))
+
+
 def estimate(settings: dict[str, Any], hidden: str | Path, methods: dict[str, dict],
-             time_drafter: Callable[[], dict[str, Any]]) -> dict[str, Any]:
+             time_drafter: Callable[[dict[int, int]], dict[str, Any] | None]) -> dict[str, Any]:
     """metrics.json's `speedup` section (and each method's expected_speedup) for one evaluation.
 
-    T_draft comes from the user's profile when it gives one, else `time_drafter()` measures it
-    (it returns None where speedup.measure says not to)."""
+    T_draft comes from the user's profile when it gives one (one value for every block), else
+    `time_drafter(projections(methods))` times the step at each block size the methods draft
+    ({"by_block": {b: timing}, "device", "context_tokens"}; None where speedup.measure says not to)."""
     target, target_source = profiles_for(settings, hidden)
     target_kind = None if target is None else USER if (settings.get("speedup") or {}).get("profile") else MEASURED
     timing, draft_ms, draft_kind = None, None, None
     if target is not None and target.get("t_draft_ms") is not None:
         draft_ms, draft_source, draft_kind = target["t_draft_ms"], target_source, target_kind
     elif target is not None:
-        timing = time_drafter()  # None where speedup.measure says not to
+        timing = time_drafter(projections(methods))  # None where speedup.measure says not to
     if timing is not None:
-        draft_ms, draft_kind = timing["ms"], MEASURED
-        draft_source = (f"timed at evaluation on {timing['device']}, context {timing['context_tokens']}, "
-                        f"median ({timing['min_ms']:.3g}..{timing['max_ms']:.3g} ms)")
+        draft_ms, draft_kind = {int(b): t["ms"] for b, t in timing["by_block"].items()}, MEASURED
+        spread = ", ".join(f"b{b} {t['ms']:.3g} ({t['min_ms']:.3g}..{t['max_ms']:.3g})"
+                           for b, t in timing["by_block"].items())
+        draft_source = (f"timed at evaluation on {timing['device']}, context {timing['context_tokens']}, per block "
+                        f"with the step's context projection, median ms (min..max): {spread}")
     if draft_ms is None:
         draft_source = ("not timed (speedup.measure false, or auto on a CPU; no t_draft_ms in the profile)"
                         if target else "not timed")
     section = speedup_section(methods, target, target_source, draft_ms, draft_source)
+    if draft_kind is None and target is not None and target.get("t_step_ms"):
+        draft_kind = target_kind  # the profile's whole steps stand in for T_draft + T_verify at their blocks
     section["source"] = source_label(target_kind, draft_kind)
     if timing is not None:
         section["draft_timing"] = timing

@@ -211,8 +211,8 @@ def run_evaluation(settings: dict, hidden: str, completions: str,
     methods = {method: method_metrics(method, list(by_sample.values()), block, settings)
                for method, by_sample in per_method.items()}
     primary = chain_method(block)
-    speedup = estimate_speedup(settings, hidden, methods, lambda: time_drafter_on_cache(
-        runner, cache, loaded.layer_ids, device, dtype, settings.get("speedup") or {}))
+    speedup = estimate_speedup(settings, hidden, methods, lambda blocks: time_drafter_on_cache(
+        runner, cache, loaded.layer_ids, device, dtype, settings.get("speedup") or {}, blocks))
     _check_unchanged(loaded.path, sha256_at_load)
     metrics = {
         "drafter": settings["drafter"], "dataset": settings["dataset"],

@@ -200,7 +200,7 @@ def _speedup_text(value: Any) -> str:
 
 
 def _speedup_cell(row: dict | None, best: float | None) -> str:
-    """The estimate; where there is none, why: the evaluation's source ("no profile") or n/a (outside the profile)."""
+    """The estimate; where there is none, why: the evaluation's source ("no profile") or n/a (a size not measured: the caveats below say which)."""
     if row is None:
         return "–"
     value = row["expected_speedup"]
@@ -243,8 +243,22 @@ def speedup_sources(evaluations: list[Evaluation]) -> list[str]:
             continue
         key = (str(section.get("target_source")), str(section.get("draft_source")))
         grouped.setdefault(key, []).append("{} on {}".format(*evaluation.key))
-    return [f"- target step: {target}; drafter step: {draft} ({', '.join(names)})"
-            for (target, draft), names in grouped.items()]
+    lines = [f"- target step: {target}; drafter step: {draft} ({', '.join(names)})"
+             for (target, draft), names in grouped.items()]
+    return lines + speedup_caveats(evaluations)
+
+
+def speedup_caveats(evaluations: list[Evaluation]) -> list[str]:
+    """What an estimate leaves out or assumes: methods whose sizes were not measured, DDTree on a hybrid."""
+    notes: dict[str, list[str]] = {}
+    for evaluation in evaluations:
+        section = evaluation.metrics.get("speedup") or {}
+        where = "{} on {}".format(*evaluation.key)
+        for method, why in (section.get("not_measured") or {}).items():
+            notes.setdefault(f"no estimate for {method}: {why}", []).append(where)
+        if section.get("ddtree_note"):
+            notes.setdefault(section["ddtree_note"], []).append(where)
+    return [f"- {note} ({', '.join(names)})" for note, names in notes.items()]
 
 
 def speedup_lines(rows: list[dict], evaluations: list[Evaluation], settings: dict) -> list[str]:

@@ -10,6 +10,13 @@ with tau token-weighted (tokens / steps, the bonus token included: throughput co
 It is a model of a server, not a measurement of one: batch 1, no scheduling or sampling overhead,
 and the profile's own kernels (a tuned server such as SGLang uses CUDA graphs and its own kernels).
 The profile is a checked serving_profile.json (cache/serving_profile.py), already loaded.
+
+Only measured sizes count: serving cost curves are staircases (a fused Gated DeltaNet kernel that caps at
+8 tokens made 9 cost 13% more than 8 in vLLM's DDTree port), so a size the profile does not list gives
+no estimate and says so (`not_measured`), never a value interpolated from its neighbours.
+A DDTree step on a Gated DeltaNet hybrid target (the profile's `hybrid`) is priced as a causal pass of
+N + 1 tokens; such a target cannot verify a tree in one causal pass (its recurrent state is per branch)
+and as of SGLang 0.5.23 no engine we know verifies trees on these hybrids, so the section says so.
 """
 
 from __future__ import annotations
@@ -20,51 +27,70 @@ from typing import Any
 from dflash_eval import methods
 from dflash_eval.speedup.labels import FORMULA, TAU_CONVENTION
 
+HYBRID_TREE_NOTE = ("DDTree on this Gated DeltaNet hybrid target is priced as a causal pass of N + 1 tokens: "
+                    "such a target cannot verify a tree in one causal pass (its recurrent state is per branch), "
+                    "and as of SGLang 0.5.23 no engine we know verifies trees on GDN hybrids; an upper bound on "
+                    "what a tree could give there, not a served configuration")
+
 
 def verify_ms(profile: dict[str, Any], tokens: int) -> float | None:
-    """T_verify(tokens): the profile's value, linear between its two neighbours, None outside its range."""
-    table = profile["t_verify_ms"]
-    if tokens in table:
-        return table[tokens]
-    below = [n for n in table if n < tokens]
-    above = [n for n in table if n > tokens]
-    if not below or not above:
-        return None
-    low, high = max(below), min(above)
-    return table[low] + (table[high] - table[low]) * (tokens - low) / (high - low)
+    """T_verify(tokens): the profile's measured value, None where it has none (never interpolated)."""
+    return profile["t_verify_ms"].get(int(tokens))
 
 
 def expected_speedup(tau: float, t_ar_ms: float, t_draft_ms: float, t_verify_ms: float) -> float:
     return tau * t_ar_ms / (t_draft_ms + t_verify_ms)
 
 
+def draft_ms(t_draft_ms: float | dict[int, float], block: int) -> float | None:
+    """T_draft at a block size: one value for every block (a user profile's t_draft_ms), or the one timed at it."""
+    return t_draft_ms.get(int(block)) if isinstance(t_draft_ms, dict) else t_draft_ms
+
+
 def speedup_section(by_method: dict[str, dict], target: dict[str, Any] | None, target_source: str,
-                    t_draft_ms: float | None, draft_source: str) -> dict[str, Any]:
+                    t_draft_ms: float | dict[int, float] | None, draft_source: str) -> dict[str, Any]:
     """Adds `expected_speedup` to each method (None where it cannot be estimated) and returns
-    metrics.json's `speedup` section: the inputs, their sources and the best DDTree budget."""
+    metrics.json's `speedup` section: the inputs, their sources and the best DDTree budget.
+
+    `t_draft_ms` is one value, or one per drafted block size (each method drafts its `block_size`:
+    b for chain-B<b>, the drafter's own block for a DDTree)."""
     for stats in by_method.values():
         stats["expected_speedup"] = None
-    if target is None or t_draft_ms is None:
+    if target is None or (t_draft_ms is None and not target.get("t_step_ms")):
         why = "no target profile" if target is None else "no drafter step time"
         return {"estimate": True, "available": False, "why": f"{why} ({target_source}; {draft_source})"}
-    verify, outside = {}, []
+    verify, not_measured = {}, {}
+    steps = target.get("t_step_ms") or {}
     for name, stats in by_method.items():
-        tokens = methods.verified_tokens(name)
-        t_verify = verify_ms(target, tokens)
-        if t_verify is None:
-            outside.append(name)
-            continue
+        tokens, block = methods.verified_tokens(name), stats.get("block_size")
         tau = stats.get("tau_token_weighted")
-        verify[name] = {"tokens": tokens, "t_verify_ms": t_verify}
+        if methods.is_kind(name, methods.CHAIN.name) and int(tokens) in steps:  # a whole step, measured on a server
+            verify[name] = {"tokens": tokens, "t_step_ms": steps[int(tokens)], "block_size": block}
+            if tau is not None and not math.isnan(tau):
+                stats["expected_speedup"] = float(tau) * target["t_ar_ms"] / steps[int(tokens)]
+            continue
+        if t_draft_ms is None:
+            not_measured[name] = "no drafter step time and no t_step_ms at this block"
+            continue
+        t_verify = verify_ms(target, tokens)
+        t_draft = draft_ms(t_draft_ms, block) if block is not None or not isinstance(t_draft_ms, dict) else None
+        if t_verify is None or t_draft is None:
+            not_measured[name] = (f"{tokens} verified tokens: not in the profile" if t_verify is None else
+                                  f"the drafter step at block {block} was not timed")
+            continue
+        verify[name] = {"tokens": tokens, "t_verify_ms": t_verify, "block_size": block, "t_draft_ms": t_draft}
         if tau is not None and not math.isnan(tau):
-            stats["expected_speedup"] = expected_speedup(float(tau), target["t_ar_ms"], t_draft_ms, t_verify)
+            stats["expected_speedup"] = expected_speedup(float(tau), target["t_ar_ms"], t_draft, t_verify)
     trees = [(s["expected_speedup"], methods.parse(name).budget, name) for name, s in by_method.items()
              if methods.is_kind(name, methods.TREE.name) and s["expected_speedup"] is not None]
     best = max(trees, key=lambda t: (t[0], -t[1])) if trees else None
+    trees_priced = any(methods.is_kind(name, methods.TREE.name) for name in verify)
     return {
         "estimate": True, "available": True, "formula": FORMULA, "tau": TAU_CONVENTION,
+        "ddtree_note": HYBRID_TREE_NOTE if target.get("hybrid") and trees_priced else None,
         "target_source": target_source, "draft_source": draft_source,
         "context_tokens": target.get("context_tokens"), "t_ar_ms": target["t_ar_ms"], "t_draft_ms": t_draft_ms,
-        "verify": verify, "outside_profile": outside,
+        "verify": verify,
+        "not_measured": {name: f"{why} (sizes are measured, never interpolated)" for name, why in not_measured.items()},
         "best_ddtree": None if best is None else {"method": best[2], "budget": best[1], "expected_speedup": best[0]},
     }

@@ -1,0 +1,234 @@
+"""Is the expected speedup right? It, beside the measured wall-clock speedup of the live loop, per cell.
+
+Measured: `dflash.model.dflash_generate` (batch 1, temperature 0; exact rollback on a hybrid target) over the
+same prompts against the target's own autoregressive greedy loop (the same function at block size 1: the same
+cache, the same host sync per step), on one stack (HF transformers + fla on CUDA, the torch kernels on a CPU;
+bound explicitly). Speedup = decode time of the autoregressive loop / decode time of the speculative one, for
+the same number of new tokens (no stop tokens). Acceptance is simulated (dflash_eval/speedup/simulate.py:
+SGLang 0.5.23's SGLANG_SIMULATE_ACC_LEN, match-expected, real-draft-token): the drafter runs its forward,
+then each step commits k tokens, k the floor or ceiling of the asked tau; `live` cells keep the random
+drafter's own acceptance (about 1).
+
+Predicted: the project's estimate, tau x T_AR / (T_draft + T_verify(b)) (speedup/model.py), from the same
+device's profile of the same model: T_AR and T_verify(n) timed as extraction times them (extract/profile.py),
+T_draft as evaluation times it (evaluate/draft_timing.py, block b, projecting round(tau) new context rows),
+and the tau the loop realised (token-weighted). On a hybrid target a second prediction adds the measured
+exact-rollback replay (a forward of the k kept tokens after each partial acceptance, T_verify(k)): a term of
+this stack's loop, not of a server that keeps per-token states (SGLang).
+
+Shapes (random weights): `demo` (the demo's target and drafter shapes), `27b` (Qwen3.6-27B per-layer shape: a
+Gated DeltaNet hybrid, `--layers` of its 64 layers, its DFlash drafter's shape), `8b` (Qwen3-8B per-layer
+shape, pure attention, `--layers` of 36), `tiny` (the smoke's). With fewer layers nothing is scaled: both sides
+are of the reduced model, so a cell validates the estimate for that model, and its speedup is not the full
+model's. DDTree: no live tree loop here yet (a pure-attention target could verify a tree under a tree mask),
+so no DDTree cell is measured.
+
+    python benchmarks/speedup_validation.py --device cuda --shapes demo,27b --max-seconds 50 --record $OUT/v.md
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+from pathlib import Path
+
+import torch
+from record import (  # benchmarks/record.py (the script's own folder)
+    print_and_record,
+    smoke_mode,
+)
+
+from dflash_eval.demo.live_loop import LoopRun, is_hybrid, measured_speedup, run_loop
+from dflash_eval.evaluate.blocks import BlockDrafter
+from dflash_eval.evaluate.draft_timing import drafter_step_ms
+from dflash_eval.extract.backends import bind_backend
+from dflash_eval.extract.profile import measure_target
+from dflash_eval.speedup.model import expected_speedup
+
+ROOT = Path(__file__).resolve().parents[1]
+
+# per shape: the target (hybrid or attention), its layer count in full, and the drafter's dimensions
+SHAPES = {
+    "tiny": dict(kind="hybrid", layers=4, hidden=64, intermediate=128, heads=4, kv_heads=2, head_dim=16, lin_k=2,
+                 lin_v=4, lin_dim=16, vocab=300, d_layers=2, d_heads=4, d_kv=2, d_head_dim=16, d_inter=128,
+                 window=16, full_layers=4),
+    "demo": dict(kind="hybrid", layers=8, hidden=128, intermediate=256, heads=4, kv_heads=2, head_dim=32, lin_k=1,
+                 lin_v=2, lin_dim=32, vocab=4096, d_layers=2, d_heads=4, d_kv=2, d_head_dim=32, d_inter=256,
+                 window=64, full_layers=8),
+    "27b": dict(kind="hybrid", layers=8, hidden=5120, intermediate=17408, heads=24, kv_heads=4, head_dim=256,
+                lin_k=16, lin_v=48, lin_dim=128, vocab=248320, d_layers=5, d_heads=32, d_kv=8, d_head_dim=128,
+                d_inter=17408, window=2048, full_layers=64),
+    "8b": dict(kind="attention", layers=12, hidden=4096, intermediate=12288, heads=32, kv_heads=8, head_dim=128,
+               vocab=151936, d_layers=5, d_heads=32, d_kv=8, d_head_dim=128, d_inter=12288, window=2048,
+               full_layers=36),
+}
+
+
+def target_config(shape: dict, layers: int):
+    if shape["kind"] == "attention":
+        from transformers import Qwen3Config
+
+        return Qwen3Config(vocab_size=shape["vocab"], hidden_size=shape["hidden"],
+                           intermediate_size=shape["intermediate"], num_hidden_layers=layers,
+                           num_attention_heads=shape["heads"], num_key_value_heads=shape["kv_heads"],
+                           head_dim=shape["head_dim"], max_position_embeddings=40960, tie_word_embeddings=False)
+    from transformers.models.qwen3_5 import Qwen3_5TextConfig
+
+    return Qwen3_5TextConfig(
+        vocab_size=shape["vocab"], hidden_size=shape["hidden"], intermediate_size=shape["intermediate"],
+        num_hidden_layers=layers, num_attention_heads=shape["heads"], num_key_value_heads=shape["kv_heads"],
+        head_dim=shape["head_dim"], linear_num_key_heads=shape["lin_k"], linear_num_value_heads=shape["lin_v"],
+        linear_key_head_dim=shape["lin_dim"], linear_value_head_dim=shape["lin_dim"], linear_conv_kernel_dim=4,
+        layer_types=["linear_attention" if (i + 1) % 4 else "full_attention" for i in range(layers)],
+        max_position_embeddings=32768, tie_word_embeddings=False)
+
+
+def drafter_config(shape: dict, layers: int, block: int):
+    """The z-lab drafter layout: sliding-window layers then one full-attention layer, non-causal in the block."""
+    from transformers import Qwen3Config
+
+    from dflash_eval.demo.drafters import default_layer_ids
+
+    n = shape["d_layers"]
+    return Qwen3Config(
+        vocab_size=shape["vocab"], hidden_size=shape["hidden"], intermediate_size=shape["d_inter"],
+        num_hidden_layers=n, num_attention_heads=shape["d_heads"], num_key_value_heads=shape["d_kv"],
+        head_dim=shape["d_head_dim"], max_position_embeddings=40960, rope_theta=10_000_000.0,
+        layer_types=["sliding_attention"] * (n - 1) + ["full_attention"], use_sliding_window=True,
+        sliding_window=shape["window"], max_window_layers=0, architectures=["DFlashDraftModel"], block_size=block,
+        num_target_layers=layers,
+        dflash_config={"mask_token_id": shape["vocab"] - 2,
+                       "target_layer_ids": sorted({min(i, layers - 1) for i in default_layer_ids(max(layers, 5), n)})})
+
+
+def build(shape: dict, layers: int, block: int, device: torch.device, dtype: torch.dtype):
+    from dflash.model import DFlashDraftModel
+    from transformers import AutoModelForCausalLM
+
+    torch.manual_seed(0)
+    previous = torch.get_default_dtype()
+    torch.set_default_dtype(dtype)
+    try:
+        with device:
+            target = AutoModelForCausalLM.from_config(target_config(shape, layers)).eval()
+            drafter = DFlashDraftModel(drafter_config(shape, layers, block)).eval()
+    finally:
+        torch.set_default_dtype(previous)
+    return target, drafter
+
+
+def loops(drafter, target, prompts: list[torch.Tensor], new_tokens: int, block: int, tau: float | None,
+          seed: int) -> list[LoopRun]:
+    return [run_loop(drafter, target, prompt, new_tokens, block, tau, seed + i) for i, prompt in enumerate(prompts)]
+
+
+def pooled(runs: list[LoopRun]) -> LoopRun:
+    return LoopRun(sum(r.decode_s for r in runs), sum(r.new_tokens for r in runs),
+                   [k for r in runs for k in r.acceptance_lengths])
+
+
+def replay_ms(run: LoopRun, block: int, verify: dict[str, float]) -> float:
+    """Mean per step of the exact rollback's replay: a forward of the k kept tokens after each partial step."""
+    return sum(verify[str(k)] for k in run.acceptance_lengths if k < block) / len(run.acceptance_lengths)
+
+
+def shape_rows(name: str, args: argparse.Namespace, device: torch.device, dtype: torch.dtype, deadline: float,
+               skipped: list[str]) -> list[str]:
+    shape = SHAPES[name]
+    layers = args.layers or shape["layers"]
+    blocks = sorted(args.blocks)
+    started = time.perf_counter()
+    target, drafter = build(shape, layers, max(blocks), device, dtype)
+    hybrid = is_hybrid(target)
+    generator = torch.Generator().manual_seed(0)
+    prompts = [torch.randint(0, shape["vocab"] - 4, (1, args.prompt_tokens), generator=generator).to(device)
+               for _ in range(args.prompts)]
+    run_loop(drafter, target, prompts[0], min(8, args.new_tokens), max(blocks), 2.0)  # warm-up: kernels, tuning
+    run_loop(drafter, target, prompts[0], min(8, args.new_tokens), 1)
+    autoregressive = pooled(loops(drafter, target, prompts, args.new_tokens, 1, None, 0))
+    context = args.prompt_tokens + args.new_tokens // 2  # the mean context over the decode
+    profile = measure_target(target, context, args.repeats, range(1, max(blocks) + 1),
+                             seconds_per_size=args.seconds_per_size)
+    runner = BlockDrafter(drafter, target.get_input_embeddings().weight.detach(),
+                          target.get_output_embeddings().weight.detach(), drafter.mask_token_id).to(device)
+    features = torch.randn(context + 1, len(drafter.target_layer_ids) * shape["hidden"], generator=generator)
+    features, tokens = features.to(device=device, dtype=dtype), prompts[0][0].repeat(context // args.prompt_tokens + 2)
+    t_ar, verify = profile["t_ar_ms"], profile["t_verify_ms"]
+    head = (f"### {name}: {layers} of {shape['full_layers']} layers ({'Gated DeltaNet hybrid' if hybrid else 'pure attention'}"
+            f"), {args.prompts} prompts x {args.prompt_tokens} tokens, {args.new_tokens} new tokens, profile context "
+            f"{context}; autoregressive loop {autoregressive.ms_per_step:.2f} ms/token, profile T_AR {t_ar:.2f} ms "
+            f"(sizes unstable at the cap: {', '.join(map(str, profile['spread']['unstable'])) or 'none'}) "
+            f"(model built and warmed in {time.perf_counter() - started:.0f} s)")
+    rows = ["", head, "", "| block | tau asked | tau realised | T_draft ms | T_verify(b) ms | ms/step model | "
+            "ms/step measured | predicted | predicted + replay | measured | measured / predicted |",
+            "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    for block in blocks:
+        for tau in args.taus:
+            label = f"{name} b{block} tau {tau}"
+            if time.perf_counter() > deadline:
+                skipped.append(label)
+                continue
+            asked = None if tau == "live" else float(tau)
+            run = pooled(loops(drafter, target, prompts, args.new_tokens, block, asked, 1000 * block))
+            draft = drafter_step_ms(runner, features, tokens[:context + 1], context, args.repeats, block,
+                                    max(1, round(run.tau)))["ms"]
+            predicted = expected_speedup(run.tau, t_ar, draft, verify[str(block)])
+            replay = replay_ms(run, block, verify) if hybrid else 0.0
+            with_replay = expected_speedup(run.tau, t_ar, draft + replay, verify[str(block)]) if hybrid else None
+            measured = measured_speedup(autoregressive, run)
+            rows.append(f"| {block} | {tau} | {run.tau:.2f} | {draft:.2f} | {verify[str(block)]:.2f} | "
+                        f"{draft + verify[str(block)] + replay:.2f} | {run.ms_per_step:.2f} | {predicted:.2f} | "
+                        + ("-" if with_replay is None else f"{with_replay:.2f}")
+                        + f" | {measured:.2f} | {measured / (with_replay or predicted):.3f} |")
+    del target, drafter
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
+    return rows
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--device", default="cuda")
+    parser.add_argument("--shapes", default="demo,27b,8b", help="comma-separated, of: " + ", ".join(SHAPES))
+    parser.add_argument("--layers", type=int, default=None, help="target layers (default: the shape's)")
+    parser.add_argument("--blocks", type=lambda s: [int(x) for x in s.split(",")], default=[8, 16])
+    parser.add_argument("--taus", type=lambda s: s.split(","), default="2,4,6,8,10".split(","),
+                        help="asked tau per cell (comma-separated; `live`: the drafter's own acceptance)")
+    parser.add_argument("--prompts", type=int, default=2)
+    parser.add_argument("--prompt-tokens", type=int, default=256)
+    parser.add_argument("--new-tokens", type=int, default=96)
+    parser.add_argument("--repeats", type=int, default=10)
+    parser.add_argument("--seconds-per-size", type=float, default=2.0,
+                        help="the profile's cap per size (it stops earlier once the median's 95%% CI is within ±2%%)")
+    parser.add_argument("--max-seconds", type=float, default=600.0,
+                        help="start no new cell after this long (the skipped cells are listed)")
+    parser.add_argument("--record", type=Path, default=ROOT / "benchmarks/results/speedup_validation.md")
+    smoke_mode(parser, device="cpu", shapes="tiny", blocks=[4], taus=["2", "live"], prompts=1, prompt_tokens=12,
+               new_tokens=12, repeats=2, seconds_per_size=0.2, record=None)
+    args = parser.parse_args()
+    device = torch.device(args.device)
+    dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
+    import transformers.models.qwen3_5.modeling_qwen3_5  # noqa: F401  loaded, so that the binding reaches it
+
+    backend = "fla" if device.type == "cuda" else "torch"
+    bind_backend(backend, device)
+    began = time.perf_counter()
+    deadline = began + args.max_seconds
+    name = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
+    lines = [f"## speedup_validation {time.strftime('%Y-%m-%d')}: {name}, torch {torch.__version__}, {dtype}, "
+             f"Gated DeltaNet backend {backend}, batch 1, simulated acceptance (SGLang match-expected, "
+             f"real-draft-token); profile {args.repeats} repeats per size"]
+    skipped: list[str] = []
+    for shape in args.shapes.split(","):
+        if time.perf_counter() > deadline:
+            skipped.append(f"{shape} (all cells)")
+            continue
+        lines += shape_rows(shape, args, device, dtype, deadline, skipped)
+    lines += ["", f"wall {time.perf_counter() - began:.0f} s; not measured (past --max-seconds "
+              f"{args.max_seconds:g}): {', '.join(skipped) or 'none'}; DDTree: no live tree loop yet"]
+    print_and_record(lines, args.record)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
