@@ -47,9 +47,9 @@ def test_dflash_convention_is_dflash_sampling_probs(temperature, top_p, top_k):
 
 def _sglang_functions(srt: Path) -> dict[str, Any]:
     """SGLang's verify-probability functions, compiled from its source (the package itself needs its deps)."""
-    wanted = {srt / "speculative/dflash_utils.py": ("build_speculative_verify_target_probs",
+    wanted = {srt / "speculative" / "dflash_utils.py": ("build_speculative_verify_target_probs",
                                                      "_dflash_top_k_renorm_prob", "_dflash_top_p_renorm_prob"),
-              srt / "layers/sampler.py": ("top_p_normalize_probs_torch",)}
+              srt / "layers" / "sampler.py": ("top_p_normalize_probs_torch",)}
     namespace: dict[str, Any] = {"torch": torch, "F": F, "Any": Any, "Optional": Optional,
                                  "top_k_renorm_prob": None, "top_p_renorm_prob": None,  # sgl_kernel absent
                                  "_dflash_npu_top_k_top_p_renorm_prob": lambda probs, **_: None}

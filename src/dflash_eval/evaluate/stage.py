@@ -37,9 +37,9 @@ from dflash_eval.checkpoint import (
     checkpoint_facts,
 )
 from dflash_eval.completions import read_completions
-from dflash_eval.config import evaluate_settings, settings_from_args
+from dflash_eval.config import evaluate_settings, settings_from_args, verify_schemes
 from dflash_eval.errors import DflashEvalError
-from dflash_eval.evaluate import acceptance
+from dflash_eval.evaluate import acceptance, rejection_metrics
 from dflash_eval.evaluate.blocks import BlockDrafter
 from dflash_eval.evaluate.draft_timing import time_on_cache as time_drafter_on_cache
 from dflash_eval.evaluate.drafter import load_drafter
@@ -206,6 +206,11 @@ def run_evaluation(settings: dict, hidden: str, completions: str) -> tuple[dict,
     primary = chain_method(block)
     speedup = estimate_speedup(settings, hidden, methods, lambda: time_drafter_on_cache(
         runner, cache, loaded.layer_ids, device, dtype, settings.get("speedup") or {}))
+    rejection = None
+    if "rejection" in verify_schemes(settings.get("verify")):
+        rejection = _rejection(runner, cache, records, order, completions, loaded.layer_ids, device, dtype, stops,
+                               settings, block, skipped)
+        cache_info["shards_verified"] = cache.verified()
     _check_unchanged(loaded.path, sha256_at_load)
     metrics = {
         "drafter": settings["drafter"], "dataset": settings["dataset"],
@@ -223,8 +228,44 @@ def run_evaluation(settings: dict, hidden: str, completions: str) -> tuple[dict,
                         "samples_skipped": skipped, "drafter_blocks": evaluator.counts.blocks,
                         "all_anchor_blocks": evaluator.counts.all_anchor_blocks},
         "speedup": speedup,
+        "verify": verify_schemes(settings.get("verify")),
+        "sampling": _sampling_of(records, completions),
     }
+    if rejection is not None:
+        metrics["rejection"] = rejection
     return metrics, rows
+
+
+def _sampling_of(records: dict, completions: str) -> list[dict] | None:
+    """The dataset's distinct sampling parameters (SGLang's spelling); None for greedy completions."""
+    from dflash_eval.cache.sampling import from_record
+
+    found = {tuple(sorted(p.as_dict().items())) for r in records.values() if (p := from_record(r, completions))}
+    return [dict(t) for t in sorted(found)] or None
+
+
+def _rejection(runner, cache, records, order, completions, layer_ids, device, dtype, stops, settings, block,
+               skipped) -> dict:
+    """The rejection scheme's section (evaluate.rejection_metrics), over the samples the trajectories used."""
+    stored = rejection_metrics.check_cache(cache, settings["drafter"], runner)
+    dists, params = {}, {}
+    for sample_id, _entry in order:
+        record = records[sample_id]
+        params[sample_id] = rejection_metrics.sample_params(stored, record, completions)
+
+        def load(sample_id=sample_id, record=record):
+            states = cache.load_sample(sample_id, layer_ids)
+            tokens = states.input_ids.to(device)
+            max_tokens = record.get("request", {}).get("max_tokens", settings.get("max_tokens"))
+            limits = acceptance.sequence_limits(states.prompt_len, len(tokens), max_tokens, int(tokens[-1]) in stops)
+            return states.features.to(device=device, dtype=dtype), tokens, states.logprob.to(device), limits
+        dist, why = rejection_metrics.sample_distribution(runner, load, params[sample_id], set(stops),
+                                                          settings["blocks_per_forward"])
+        if dist is None:
+            skipped.append({"id": sample_id, "why": f"rejection scheme: {why}"})
+        else:
+            dists[sample_id] = dist
+    return rejection_metrics.section(dists, params, block, settings)
 
 
 def requested_block_sizes(requested: list[int] | str | None, block: int) -> list[int]:
