@@ -11,7 +11,13 @@ metrics.json (the report reads it):
   online loop proposes), diagnostics{argmax_agreement, tokens_seen, samples_skipped[], drafter_blocks (computed),
   all_anchor_blocks (what drafting at every anchor would compute)},
   speedup{estimate, available, source, formula, tau, target_source, draft_source, t_ar_ms, t_draft_ms, verify,
-  best_ddtree{method, budget, expected_speedup}} (evaluate/speedup.py; an estimate, labelled so)
+  best_ddtree{method, budget, expected_speedup}} (evaluate/speedup.py; an estimate, labelled so),
+  verify (evaluation.verify as a list), sampling (the completions' distinct {temperature, top_p, top_k, min_p}; null
+  when greedy), and with the rejection scheme rejection{scheme, convention, sampling, methods{"chain-B<B>": {method,
+  scheme, block_size, tau_mean_of_samples, tau_token_weighted (both exact expectations), ci95, samples, expected_steps,
+  tokens, acceptance_by_position, expected_histogram, per_sample[{id, tokens, expected_steps, expected_tau}]}}}
+  (evaluate/rejection_metrics.py). Every `methods` entry is the target_only scheme (scheme: target_only), computed
+  whatever evaluation.verify says; rejection adds its section.
 samples.csv: one row per sample x method with its steps, tokens, tau and the acceptance lengths in order.
 """
 
@@ -283,7 +289,7 @@ def method_metrics(method: str, per_sample: list[list[int]], block: int, setting
     """tau (both conventions), bootstrap CI, counts, acceptance by position and histogram of one method."""
     parsed = parse_method(method)
     depth = parsed.block_size(block)
-    return {"method": method, "kind": parsed.kind.name, "block_size": depth,
+    return {"method": method, "kind": parsed.kind.name, "scheme": "target_only", "block_size": depth,
             "budget": parsed.budget, **stats.tau_stats(per_sample),
             "ci95": stats.bootstrap_ci(per_sample, settings["bootstrap"], settings["seed"]),
             "acceptance_by_position": stats.acceptance_by_position(per_sample, depth),
