@@ -28,7 +28,7 @@ def target_dir(tmp_path_factory):
 def _sampled(lengths):
     records = tiny_records(lengths)
     for record, sampling in zip(records, SAMPLING):
-        record["sampling"] = sampling
+        record["sampling"] = dict(sampling)
     return records
 
 
@@ -75,3 +75,38 @@ def test_unscorable_records_are_refused_before_the_forward(tmp_path, target_dir,
         extract(extract_settings(target_dir, target_logprobs=True), write_records(tmp_path / "c.jsonl", records),
                 tmp_path / "cache")
     assert not (tmp_path / "cache").exists()
+
+
+def test_an_interrupted_extraction_resumes_with_the_same_logprobs(tmp_path, target_dir, monkeypatch):
+    from tests.support.extract_runs import Counting
+
+    records = _sampled([7, 12, 9])
+    completions = write_records(tmp_path / "c.jsonl", records)
+    settings = extract_settings(target_dir, target_logprobs=True)
+    whole = HiddenCache(extract(settings, completions, tmp_path / "whole"))
+    Counting(monkeypatch, stop_at=2)
+    with pytest.raises(KeyboardInterrupt):
+        extract(settings, completions, tmp_path / "cache")
+    monkeypatch.undo()
+    resumed = HiddenCache(extract(settings, completions, tmp_path / "cache"), verify=True)
+    assert resumed.manifest.get("resumed_shards", 0) >= 1
+    for record in records:
+        torch.testing.assert_close(resumed.load_sample(record["id"]).logprob, whole.load_sample(record["id"]).logprob,
+                                   equal_nan=True, rtol=0, atol=0)
+    resumed.verify()
+
+
+def test_the_writer_refuses_missing_or_misshapen_logprobs(tmp_path):
+    from dflash_eval.cache.store import CacheError, CacheWriter
+
+    header = {"target": {}, "backend": {}, "device": "cpu", "completions": {}}
+    states = {0: torch.zeros(4, 8)}
+    with CacheWriter(tmp_path / "a", layer_ids=[0], shard_tokens=10, store_argmax=False, header=header,
+                     store_logprob=True) as writer:
+        with pytest.raises(CacheError, match=r"sample 'x': target log-probs missing"):
+            writer.add("x", torch.arange(4), states, None, 2)
+        with pytest.raises(CacheError, match=r"sample 'y': target log-probs \(3,\), expected \(4,\)"):
+            writer.add("y", torch.arange(4), states, None, 2, torch.zeros(3))
+    with CacheWriter(tmp_path / "b", layer_ids=[0], shard_tokens=10, store_argmax=False, header=header) as writer:
+        with pytest.raises(CacheError, match=r"sample 'z': target log-probs \(4,\).*here False"):
+            writer.add("z", torch.arange(4), states, None, 2, torch.zeros(4))
