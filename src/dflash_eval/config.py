@@ -359,6 +359,11 @@ def _dataset_properties() -> dict:
     return _schema()["properties"]["datasets"]["additionalProperties"]["properties"]
 
 
+# extract's own key, derived from evaluation.verify (config.extract_params): store the target's log-probs
+TARGET_LOGPROBS = {"type": "boolean",
+                   "description": "store the target's sampled log-probability of each completion token (rejection); absent: no"}
+
+
 def _object(properties: dict, required: tuple[str, ...] = ()) -> dict:
     return {"type": "object", "additionalProperties": False, "properties": properties, "required": list(required)}
 
@@ -386,7 +391,8 @@ def stage_schema(stage: str) -> dict:
         return _object({"dataset": NAME, "layer_ids": LAYER_IDS, "last_layer": drafter["last_layer"],
                         "target": top["target"], **_properties("extraction"), "server": server,
                         "speedup": top["speedup"], "block_sizes": evaluation["block_sizes"],
-                        "ddtree_budgets": evaluation["ddtree_budgets"]}, required=("layer_ids", "target"))
+                        "ddtree_budgets": evaluation["ddtree_budgets"], "target_logprobs": TARGET_LOGPROBS},
+                       required=("layer_ids", "target"))
     if stage == "evaluate":
         # layer_ids as config.yaml's drafters have it: null (or left out) means the checkpoint's own list
         checkpoint = _object({key: drafter[key] for key in (*CHECKPOINT_KEYS, "layer_ids", "last_layer")},
@@ -516,14 +522,23 @@ def extract_runtime(config: dict) -> dict:
             "block_sizes": evaluation.get("block_sizes"), "ddtree_budgets": evaluation.get("ddtree_budgets")}
 
 
+def verify_schemes(verify: str | list[str] | None) -> list[str]:
+    """evaluation.verify as a list: one scheme or several (the schema's default when None)."""
+    if verify is None:
+        verify = _properties("evaluation")["verify"]["default"]
+    return [verify] if isinstance(verify, str) else list(verify)
+
+
 def extract_params(config: dict, dataset: str, layer_ids: list[int], last_layer: str) -> dict:
-    """What decides a hidden-state cache: the Snakemake params of its extract job."""
+    """What decides a hidden-state cache: the Snakemake params of its extract job (target_logprobs only when the
+    rejection scheme is asked for, so that a cache without it keeps its params)."""
     return {
         "dataset": dataset,
         "layer_ids": list(layer_ids),
         "last_layer": last_layer,
         "target": dict(config["target"]),
         **config["extraction"],
+        **({"target_logprobs": True} if "rejection" in verify_schemes(config["evaluation"].get("verify")) else {}),
     }
 
 

@@ -38,13 +38,19 @@ def bootstrap_ci(per_sample_steps: Sequence[Sequence[int]], n_boot: int, seed: i
     n, benchmarks/results/tau_ci_coverage.md), and keeping it keeps every recorded interval comparable.
     """
     used = [steps for steps in per_sample_steps if steps]
-    if not used or n_boot <= 0:
-        return {"tau_mean_of_samples": [float("nan")] * 2, "tau_token_weighted": [float("nan")] * 2}
     means = np.array([np.mean(steps) for steps in used])
     tokens = np.array([sum(steps) for steps in used], dtype=float)
     counts = np.array([len(steps) for steps in used], dtype=float)
+    return bootstrap_per_sample(means, tokens, counts, n_boot, seed, level)
+
+
+def bootstrap_per_sample(means: np.ndarray, tokens: np.ndarray, counts: np.ndarray, n_boot: int, seed: int,
+                         level: float = 0.95) -> dict[str, list[float]]:
+    """`bootstrap_ci` from per-sample tau, tokens and step counts (the rejection scheme's are expectations)."""
+    if not len(means) or n_boot <= 0:
+        return {"tau_mean_of_samples": [float("nan")] * 2, "tau_token_weighted": [float("nan")] * 2}
     rng = np.random.default_rng(seed)
-    picks = rng.integers(0, len(used), size=(n_boot, len(used)))
+    picks = rng.integers(0, len(means), size=(n_boot, len(means)))
     boot_mean = means[picks].mean(axis=1)
     boot_weighted = tokens[picks].sum(axis=1) / counts[picks].sum(axis=1)
     tail = (1 - level) / 2 * 100

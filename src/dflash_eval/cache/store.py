@@ -2,7 +2,8 @@
 
 Layout (docs/contracts.md): `<out>/manifest.json` and `<out>/shard_NNNNN.safetensors`, each shard
 holding its samples concatenated along tokens as `layer.{id}` [T, H] (model dtype), `input_ids` [T]
-and, when stored, `argmax` [T]. A sample never spans shards. The writer fills `<out>.tmp-<pid>/`
+and, when stored, `argmax` [T] and `target_logprob` [T] float32 (the rejection scheme's p_T of each
+completion token, cache.sampling; the manifest's `target_logprobs` says so). A sample never spans shards. The writer fills `<out>.tmp-<pid>/`
 and renames it to `<out>` only when complete, so a reader never sees a partial cache. The manifest's
 format, its writing and its checks on reading are cache.manifest's.
 """
@@ -47,6 +48,9 @@ def shard_name(index: int) -> str:
     return f"shard_{index:05d}.safetensors"
 
 
+LOGPROB_KEY = "target_logprob"  # tensor name of the target's per-token log-probabilities
+
+
 def layer_key(layer_id: int) -> str:
     """Tensor name of a layer inside a shard."""
     return f"layer.{layer_id}"
@@ -89,19 +93,20 @@ class _ShardBuffer:
     """Preallocated host rows for one shard; pinned when the states come from a GPU."""
 
     def __init__(self, layer_ids: Sequence[int], capacity: int, hidden: int, dtype: torch.dtype,
-                 store_argmax: bool, pin: bool) -> None:
+                 store_argmax: bool, pin: bool, store_logprob: bool = False) -> None:
         def rows(*shape: int, dtype: torch.dtype = torch.int64) -> torch.Tensor:
             return torch.empty(*shape, dtype=dtype, pin_memory=pin)
 
         self.layers = {i: rows(capacity, hidden, dtype=dtype) for i in layer_ids}
         self.input_ids = rows(capacity)
         self.argmax = rows(capacity) if store_argmax else None
+        self.logprob = rows(capacity, dtype=torch.float32) if store_logprob else None
         self.capacity = capacity
         self.tokens = 0
         self.write: Future | None = None  # the pending write that reads this buffer
 
     def put(self, input_ids: torch.Tensor, states: dict[int, torch.Tensor], argmax: torch.Tensor | None,
-            stream: torch.cuda.Stream | None = None) -> None:
+            stream: torch.cuda.Stream | None = None, logprob: torch.Tensor | None = None) -> None:
         """Copy one sample in; from a GPU asynchronously, on `stream` (wait for it before reading the rows).
 
         On a side stream the copies overlap the next forward instead of queueing behind it; the
@@ -112,6 +117,8 @@ class _ShardBuffer:
         pairs.append((self.input_ids[rows], input_ids))
         if self.argmax is not None:
             pairs.append((self.argmax[rows], argmax))
+        if self.logprob is not None:
+            pairs.append((self.logprob[rows], logprob))
         if stream is None:
             for destination, source in pairs:
                 destination.copy_(source, non_blocking=True)
@@ -129,6 +136,8 @@ class _ShardBuffer:
         tensors["input_ids"] = self.input_ids[: self.tokens]
         if self.argmax is not None:
             tensors["argmax"] = self.argmax[: self.tokens]
+        if self.logprob is not None:
+            tensors[LOGPROB_KEY] = self.logprob[: self.tokens]
         return tensors
 
     def wait(self) -> None:
@@ -219,6 +228,7 @@ class CacheWriter:
         store_argmax: bool,
         header: dict[str, Any],
         resume: ResumeState | None = None,
+        store_logprob: bool = False,
     ) -> None:
         if shard_tokens < 1:
             raise CacheError(f"shard_tokens must be >= 1, got {shard_tokens}")
@@ -228,6 +238,7 @@ class CacheWriter:
         self.layer_ids = list(layer_ids)
         self.shard_tokens = shard_tokens
         self.store_argmax = store_argmax
+        self.store_logprob = store_logprob
         self.header = dict(header)
         self.samples: list[dict[str, Any]] = []
         self._ids: set[str] = set()
@@ -254,7 +265,7 @@ class CacheWriter:
             self.abort()
 
     def _check(self, sample_id: str, input_ids: torch.Tensor, states: dict[int, torch.Tensor],
-               argmax: torch.Tensor | None, prompt_len: int) -> torch.Tensor:
+               argmax: torch.Tensor | None, prompt_len: int, logprob: torch.Tensor | None = None) -> torch.Tensor:
         """Reject a sample whose shapes or keys do not fit the cache; its finite flags per layer.
 
         CPU states are checked for NaN/Inf here; GPU flags are returned unread (see `add`).
@@ -271,6 +282,9 @@ class CacheWriter:
                              f"but store_argmax={self.store_argmax}")
         if argmax is not None and argmax.shape != (length,):
             raise CacheError(f"sample {sample_id!r}: argmax shape {tuple(argmax.shape)}, expected ({length},)")
+        if (logprob is not None) != self.store_logprob or (logprob is not None and logprob.shape != (length,)):
+            raise CacheError(f"sample {sample_id!r}: target log-probs {'missing' if logprob is None else tuple(logprob.shape)}"
+                             f", expected ({length},) when store_logprob (here {self.store_logprob}), else none")
         for layer_id, state in states.items():
             hidden = (state.shape[-1], state.dtype)
             if state.dim() != 2 or state.shape[0] != length or self._hidden not in (None, hidden):
@@ -306,13 +320,13 @@ class CacheWriter:
 
     def _new_buffer(self, capacity: int, pin: bool) -> _ShardBuffer:
         hidden, dtype = self._hidden
-        return _ShardBuffer(self.layer_ids, capacity, hidden, dtype, self.store_argmax, pin)
+        return _ShardBuffer(self.layer_ids, capacity, hidden, dtype, self.store_argmax, pin, self.store_logprob)
 
     def add(self, sample_id: str, input_ids: torch.Tensor, states: dict[int, torch.Tensor],
-            argmax: torch.Tensor | None, prompt_len: int) -> None:
-        """Copy one sample's tokens, layer states [T, H] and argmax [T] into the shard buffer."""
+            argmax: torch.Tensor | None, prompt_len: int, logprob: torch.Tensor | None = None) -> None:
+        """Copy one sample's tokens, layer states [T, H], argmax [T] and target log-probs [T] into the shard buffer."""
         input_ids = input_ids.reshape(-1)
-        finite = self._check(sample_id, input_ids, states, argmax, prompt_len)
+        finite = self._check(sample_id, input_ids, states, argmax, prompt_len, logprob)
         length = input_ids.numel()
         pin = torch.cuda.is_available() and states[self.layer_ids[0]].is_cuda
         if not self._buffers:
@@ -329,7 +343,7 @@ class CacheWriter:
                 self._flush()
                 buffer = self._buffers[0]
         offset = buffer.tokens
-        buffer.put(input_ids, states, argmax, self._copy_stream if finite.is_cuda else None)
+        buffer.put(input_ids, states, argmax, self._copy_stream if finite.is_cuda else None, logprob)
         self.samples.append({"id": sample_id, "shard": shard_name(len(self._shards)), "offset": offset,
                              "length": length, "prompt_len": int(prompt_len)})
         self._ids.add(sample_id)
@@ -439,6 +453,7 @@ class SampleStates:
     features: torch.Tensor
     argmax: torch.Tensor | None
     prompt_len: int
+    logprob: torch.Tensor | None = None  # [T] float32 log p_T(x_t | x_<t), NaN at prompt positions; when stored
 
 
 class HiddenCache:
@@ -481,6 +496,11 @@ class HiddenCache:
     def store_argmax(self) -> bool:
         return bool(self.manifest["store_argmax"])
 
+    @property
+    def target_logprobs(self) -> dict[str, Any] | None:
+        """The manifest's record of the stored target log-probs (convention, per-sample sampling), or None."""
+        return self.manifest.get("target_logprobs")
+
     def sample(self, sample_id: str) -> dict[str, Any]:
         """Manifest entry of one sample."""
         try:
@@ -508,12 +528,14 @@ class HiddenCache:
                 features = torch.cat([handle.get_slice(layer_key(i))[rows] for i in layer_ids], dim=-1)
                 input_ids = handle.get_slice("input_ids")[rows]
                 argmax = handle.get_slice("argmax")[rows] if self.store_argmax else None
+                logprob = handle.get_slice(LOGPROB_KEY)[rows] if self.target_logprobs else None
         except SafetensorError as error:
             raise CacheError(f"{self.directory / entry['shard']}: not a readable safetensors shard ({error}); "
                              f"{repair_command(self.directory, self.manifest)}") from None
         if dtype is not None:
             features = features.to(dtype)
-        return SampleStates(input_ids=input_ids, features=features, argmax=argmax, prompt_len=entry["prompt_len"])
+        return SampleStates(input_ids=input_ids, features=features, argmax=argmax, prompt_len=entry["prompt_len"],
+                            logprob=logprob)
 
     def verified(self) -> list[dict[str, Any]]:
         """Wait for the hashes of every shard read so far; raise for a damaged one; what matched, for the record."""

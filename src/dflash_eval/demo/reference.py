@@ -59,8 +59,12 @@ def exact_target_rollback(target):
 
 
 def online_acceptance(drafter, target, prompt_ids: list[int], max_new_tokens: int, stop_ids: list[int],
-                      block_size: int | None = None, exact_rollback: bool = True):
-    """Run the reference online loop (temperature 0); returns (acceptance_lengths, output ids).
+                      block_size: int | None = None, exact_rollback: bool = True, temperature: float = 0.0,
+                      top_p: float = 1.0, top_k: int = 0):
+    """Run the reference online loop (temperature 0 unless given); returns (acceptance_lengths, output ids).
+
+    At temperature > 0 it is dflash's speculative sampling (drafts from q, accepted with min(1, p/q); top_k 0 is
+    off in dflash's spelling), seeded by torch's global generator (the evaluation's rejection scheme tests it).
 
     `exact_rollback=False` runs it as published, with transformers' inexact hybrid-cache crop. A drafter loaded
     for the evaluation (evaluate.drafter_model's classes) runs as the reference class holding its weights.
@@ -76,7 +80,8 @@ def online_acceptance(drafter, target, prompt_ids: list[int], max_new_tokens: in
     try:
         with exact_target_rollback(target) if exact_rollback else nullcontext():
             stats = reference.dflash_generate(drafter, target, torch.tensor([prompt_ids], device=target.device),
-                                              max_new_tokens, stop_ids, temperature=0.0, block_size=block_size,
+                                              max_new_tokens, stop_ids, temperature=temperature, top_p=top_p,
+                                              top_k=top_k, block_size=block_size,
                                               return_stats=True)
     finally:
         reference._cuda_time = original

@@ -76,27 +76,50 @@ def anchor_outcomes(drafter: BlockDrafter, features: torch.Tensor, tokens: torch
         out.chain = {b: np.zeros(0, dtype=np.int64) for b in sizes_wanted}
         return out
     context = drafter.context(features)
-    anchors_all = torch.arange(limits.prompt_len, limits.total_len - 1, device=features.device)
     for block in sizes_wanted:
-        sizes = verify_sizes(limits, block)
         accepted = torch.zeros(n_anchors, dtype=torch.long, device=features.device)  # read once, at the end
-        for size in np.unique(sizes):
-            if size <= 1:
-                continue  # a block of one token drafts nothing: the step yields only the bonus token
-            index = np.nonzero(sizes == size)[0]
-            for begin in range(0, len(index), chunk):
-                part = index[begin:begin + chunk]
-                where = torch.as_tensor(part, device=features.device)
-                anchors = anchors_all[where]
-                hidden = drafter.block_hidden(context, tokens, anchors, block_size=int(size),
-                                              ctx_len=limits.prompt_len + int(part.max()))
-                logits = drafter.logits(hidden)
-                draft = drafter.draft_tokens(hidden, logits, tokens[anchors])
-                accepted[where] = matched_prefix(draft, tokens, anchors)
-                if block == full:
-                    _tree_and_topk(out, logits, _truth(tokens, anchors, int(size) - 1), part, budgets, topk)
+        for drafted in anchor_blocks(drafter, context, tokens, limits, block, chunk):
+            draft = drafter.draft_tokens(drafted.hidden, drafted.logits, tokens[drafted.anchors])
+            accepted[drafted.where] = matched_prefix(draft, tokens, drafted.anchors)
+            if block == full:
+                _tree_and_topk(out, drafted.logits, _truth(tokens, drafted.anchors, drafted.size - 1), drafted.part,
+                               budgets, topk)
         out.chain[block] = accepted.cpu().numpy()
     return out
+
+
+@dataclass
+class DraftedBlocks:
+    """The drafter's blocks at some anchors: their indices from the first anchor, positions, states and logits."""
+
+    part: np.ndarray        # anchor index - prompt_len, on the host
+    where: torch.Tensor     # the same on the device
+    anchors: torch.Tensor   # absolute positions
+    size: int               # block length (the online loop's verify size there)
+    hidden: torch.Tensor    # [m, size, H]
+    logits: torch.Tensor    # [m, size - 1, V]
+
+
+def anchor_blocks(drafter: BlockDrafter, context, tokens: torch.Tensor, limits: SequenceLimits, block: int,
+                  chunk: int):
+    """The block the online loop drafts at every anchor for block size `block`, `chunk` anchors at a time.
+
+    Near the token budget the block is shorter (verify_sizes), and a block of one token drafts nothing, so those
+    anchors are left out. The rejection scheme's acceptance probabilities read the same blocks (evaluate.rejection).
+    """
+    anchors_all = torch.arange(limits.prompt_len, limits.total_len - 1, device=tokens.device)
+    sizes = verify_sizes(limits, block)
+    for size in np.unique(sizes):
+        if size <= 1:
+            continue  # a block of one token drafts nothing: the step yields only the bonus token
+        index = np.nonzero(sizes == size)[0]
+        for begin in range(0, len(index), chunk):
+            part = index[begin:begin + chunk]
+            where = torch.as_tensor(part, device=tokens.device)
+            anchors = anchors_all[where]
+            hidden = drafter.block_hidden(context, tokens, anchors, block_size=int(size),
+                                          ctx_len=limits.prompt_len + int(part.max()))
+            yield DraftedBlocks(part, where, anchors, int(size), hidden, drafter.logits(hidden))
 
 
 def _tree_and_topk(out: AnchorOutcomes, logits: torch.Tensor, truth: torch.Tensor, part: np.ndarray,

@@ -11,7 +11,13 @@ metrics.json (the report reads it):
   online loop proposes), diagnostics{argmax_agreement, tokens_seen, samples_skipped[], drafter_blocks (computed),
   all_anchor_blocks (what drafting at every anchor would compute)},
   speedup{estimate, available, source, formula, tau, target_source, draft_source, t_ar_ms, t_draft_ms, verify,
-  best_ddtree{method, budget, expected_speedup}} (evaluate/speedup.py; an estimate, labelled so)
+  best_ddtree{method, budget, expected_speedup}} (evaluate/speedup.py; an estimate, labelled so),
+  verify (evaluation.verify as a list), sampling (the completions' distinct {temperature, top_p, top_k, min_p}; null
+  when greedy), and with the rejection scheme rejection{scheme, convention, sampling, methods{"chain-B<B>": {method,
+  scheme, block_size, tau_mean_of_samples, tau_token_weighted (both exact expectations), ci95, samples, expected_steps,
+  tokens, acceptance_by_position, expected_histogram, per_sample[{id, tokens, expected_steps, expected_tau}]}}}
+  (evaluate/rejection_metrics.py). Every `methods` entry is the target_only scheme (scheme: target_only), computed
+  whatever evaluation.verify says; rejection adds its section.
 samples.csv: one row per sample x method with its steps, tokens, tau and the acceptance lengths in order.
 """
 
@@ -38,9 +44,9 @@ from dflash_eval.checkpoint import (
     checkpoint_facts,
 )
 from dflash_eval.completions import read_completions
-from dflash_eval.config import evaluate_settings, settings_from_args
+from dflash_eval.config import evaluate_settings, settings_from_args, verify_schemes
 from dflash_eval.errors import DflashEvalError
-from dflash_eval.evaluate import acceptance
+from dflash_eval.evaluate import acceptance, rejection_metrics
 from dflash_eval.evaluate.blocks import BlockDrafter
 from dflash_eval.evaluate.draft_timing import time_on_cache as time_drafter_on_cache
 from dflash_eval.evaluate.drafter import load_drafter
@@ -213,6 +219,11 @@ def run_evaluation(settings: dict, hidden: str, completions: str,
     primary = chain_method(block)
     speedup = estimate_speedup(settings, hidden, methods, lambda blocks: time_drafter_on_cache(
         runner, cache, loaded.layer_ids, device, dtype, settings.get("speedup") or {}, blocks))
+    rejection = None
+    if "rejection" in verify_schemes(settings.get("verify")):
+        rejection = _rejection(runner, cache, records, order, completions, loaded.layer_ids, device, dtype, stops,
+                               settings, block, skipped)
+        cache_info["shards_verified"] = cache.verified()
     _check_unchanged(loaded.path, sha256_at_load)
     metrics = {
         "drafter": settings["drafter"], "dataset": settings["dataset"],
@@ -230,8 +241,44 @@ def run_evaluation(settings: dict, hidden: str, completions: str,
                         "samples_skipped": skipped, "drafter_blocks": evaluator.counts.blocks,
                         "all_anchor_blocks": evaluator.counts.all_anchor_blocks},
         "speedup": speedup,
+        "verify": verify_schemes(settings.get("verify")),
+        "sampling": _sampling_of(records, completions),
     }
+    if rejection is not None:
+        metrics["rejection"] = rejection
     return metrics, rows
+
+
+def _sampling_of(records: dict, completions: str) -> list[dict] | None:
+    """The dataset's distinct sampling parameters (SGLang's spelling); None for greedy completions."""
+    from dflash_eval.cache.sampling import from_record
+
+    found = {tuple(sorted(p.as_dict().items())) for r in records.values() if (p := from_record(r, completions))}
+    return [dict(t) for t in sorted(found)] or None
+
+
+def _rejection(runner, cache, records, order, completions, layer_ids, device, dtype, stops, settings, block,
+               skipped) -> dict:
+    """The rejection scheme's section (evaluate.rejection_metrics), over the samples the trajectories used."""
+    stored = rejection_metrics.check_cache(cache, settings["drafter"], runner)
+    dists, params = {}, {}
+    for sample_id, _entry in order:
+        record = records[sample_id]
+        params[sample_id] = rejection_metrics.sample_params(stored, record, completions)
+
+        def load(sample_id=sample_id, record=record):
+            states = cache.load_sample(sample_id, layer_ids)
+            tokens = states.input_ids.to(device)
+            max_tokens = record.get("request", {}).get("max_tokens", settings.get("max_tokens"))
+            limits = acceptance.sequence_limits(states.prompt_len, len(tokens), max_tokens, int(tokens[-1]) in stops)
+            return states.features.to(device=device, dtype=dtype), tokens, states.logprob.to(device), limits
+        dist, why = rejection_metrics.sample_distribution(runner, load, params[sample_id], set(stops),
+                                                          settings["blocks_per_forward"])
+        if dist is None:
+            skipped.append({"id": sample_id, "why": f"rejection scheme: {why}"})
+        else:
+            dists[sample_id] = dist
+    return rejection_metrics.section(dists, params, block, settings)
 
 
 def requested_block_sizes(requested: list[int] | str | None, block: int) -> list[int]:
@@ -249,7 +296,7 @@ def method_metrics(method: str, per_sample: list[list[int]], block: int, setting
     """tau (both conventions), bootstrap CI, counts, acceptance by position and histogram of one method."""
     parsed = parse_method(method)
     depth = parsed.block_size(block)
-    return {"method": method, "kind": parsed.kind.name, "block_size": depth,
+    return {"method": method, "kind": parsed.kind.name, "scheme": "target_only", "block_size": depth,
             "budget": parsed.budget, **stats.tau_stats(per_sample),
             "ci95": stats.bootstrap_ci(per_sample, settings["bootstrap"], settings["seed"]),
             "acceptance_by_position": stats.acceptance_by_position(per_sample, depth),

@@ -27,10 +27,11 @@ class _StopForward(Exception):
 
 @dataclass
 class Capture:
-    """One sequence's captured layers (id -> [T, H]) and argmax [T] (None when not wanted)."""
+    """One sequence's captured layers (id -> [T, H]), argmax [T] and target log-probs [T] (None when not wanted)."""
 
     states: dict[int, torch.Tensor]
     argmax: torch.Tensor | None
+    logprob: torch.Tensor | None = None
 
 
 def text_parts(model: torch.nn.Module) -> tuple[torch.nn.Module, torch.nn.Module]:
@@ -65,17 +66,19 @@ def capture_layers(
     want_argmax: bool = True,
     stop_after_last: bool | None = None,
     last_layer: str,
+    logprobs: Callable[[torch.nn.Module, torch.Tensor], torch.Tensor] | None = None,
 ) -> Capture:
     """Run one sequence ([T] or [1, T]) and keep the requested layer outputs as [T, H] tensors.
 
     With `want_argmax` the forward completes and the argmax of lm_head(final norm) is returned;
-    without it the forward stops after the last needed layer unless `stop_after_last=False`.
+    without it the forward stops after the last needed layer unless `stop_after_last=False`. `logprobs`
+    (lm_head, final states [T, H]) -> [T] runs on the same final states (extract.target_logprobs).
     """
     decoder, lm_head = text_parts(model)
     ids = check_layer_ids(layer_ids, len(decoder.layers))
     if stop_after_last is None:
-        stop_after_last = not want_argmax
-    if stop_after_last and want_argmax:
+        stop_after_last = not (want_argmax or logprobs)
+    if stop_after_last and (want_argmax or logprobs):
         raise DflashEvalError("stop_after_last skips the final norm, so it cannot be combined with want_argmax")
     tokens = input_ids.reshape(1, -1)
     last = max(ids)
@@ -95,15 +98,17 @@ def capture_layers(
     # The final norm runs after the last layer, so stopping after that layer would skip it: hook the norm instead.
     handles = [(decoder.norm if i == final and last_layer == "final_norm" else decoder.layers[i])
                .register_forward_hook(keep(i)) for i in ids]
-    argmax = None
+    argmax = logprob = None
     try:
         with torch.inference_mode():
             out = decoder(input_ids=tokens, use_cache=False)
             if want_argmax:
                 argmax = greedy_tokens(lm_head, out.last_hidden_state[0])
+            if logprobs is not None:
+                logprob = logprobs(lm_head, out.last_hidden_state[0])
     except _StopForward:
         pass
     finally:
         for handle in handles:
             handle.remove()
-    return Capture(states={i: states[i] for i in ids}, argmax=argmax)
+    return Capture(states={i: states[i] for i in ids}, argmax=argmax, logprob=logprob)

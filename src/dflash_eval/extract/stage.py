@@ -23,6 +23,7 @@ from tqdm import tqdm
 from dflash_eval.cache import completions_check
 from dflash_eval.cache.resume import ResumeState, plan_key, plan_shards, prepare_resume
 from dflash_eval.cache.reuse import KeptStates, keep_published, state_code_hash
+from dflash_eval.cache.sampling import SamplingParams
 from dflash_eval.cache.store import CacheWriter
 from dflash_eval.completions import read_completions
 from dflash_eval.config import (
@@ -49,6 +50,7 @@ from dflash_eval.extract.target import (
     target_config_hash,
     text_config_dict,
 )
+from dflash_eval.extract.target_logprobs import completion_logprobs, sampling_by_id
 from dflash_eval.provenance.fingerprint import FingerprintCache
 
 log = logging.getLogger(__name__)
@@ -173,6 +175,8 @@ def run_records(model: torch.nn.Module | None, records: list[dict[str, Any]], se
     of computed (no model needed when it holds them all).
     """
     layer_ids, store_argmax = list(settings["layer_ids"]), bool(settings["store_argmax"])
+    sampling = ({i: SamplingParams(**d) for i, d in writer.header["target_logprobs"]["sampling"].items()}
+                if writer.store_logprob else None)
     device = torch.device(settings["target"]["device"])
     plan = resume.plan if resume else plan_shards([_length(r) for r in records], writer.shard_tokens)
     todo = [records[i] for index, shard in enumerate(plan) if not (resume and index in resume.kept) for i in shard]
@@ -183,15 +187,19 @@ def run_records(model: torch.nn.Module | None, records: list[dict[str, Any]], se
             sample_id = str(record["id"])
             ids = record["prompt_token_ids"] + record["completion_token_ids"]
             prompt_len = len(record["prompt_token_ids"])
+            logprob = None
             if reuse is not None and sample_id in reuse:
                 tokens, states, argmax = reuse.states(sample_id, layer_ids, store_argmax, device)
             else:
                 tokens = _upload(ids, device)
+                logprobs = None if sampling is None else (
+                    lambda head, hidden, t=tokens, n=prompt_len, s=sampling[sample_id]:
+                    completion_logprobs(head, hidden, t, n, s))
                 captured = capture_layers(model, layer_ids, tokens, want_argmax=store_argmax,
-                                          last_layer=settings["last_layer"])
+                                          last_layer=settings["last_layer"], logprobs=logprobs)
                 backend.verify()
-                states, argmax = captured.states, captured.argmax
-            writer.add(sample_id, tokens, states, argmax, prompt_len)
+                states, argmax, logprob = captured.states, captured.argmax, captured.logprob
+            writer.add(sample_id, tokens, states, argmax, prompt_len, logprob)
             if store_argmax:
                 matches += _greedy_matches(tokens, argmax, prompt_len)
                 completion_tokens += len(ids) - prompt_len
@@ -219,7 +227,8 @@ def _state_key(settings: dict[str, Any], header: dict[str, Any]) -> str:
     return plan_key({"target": header["target"], "weights": FingerprintCache().files(weights, "target.path"),
                      "layer_ids": list(settings["layer_ids"]), "store_argmax": bool(settings["store_argmax"]),
                      "device": torch.device(target["device"]).type, "backend": target["backend"],
-                     "versions": package_versions(), "code": state_code_hash()})
+                     "versions": package_versions(), "code": state_code_hash(),
+                     **({"target_logprobs": header["target_logprobs"]} if "target_logprobs" in header else {})})
 
 
 def _resume_key(state_key: str, settings: dict[str, Any], header: dict[str, Any]) -> str:
@@ -230,7 +239,8 @@ def _resume_key(state_key: str, settings: dict[str, Any], header: dict[str, Any]
 
 def _writer(settings: dict[str, Any], header: dict[str, Any], out: Path, resume: ResumeState) -> CacheWriter:
     return CacheWriter(out, layer_ids=settings["layer_ids"], shard_tokens=int(settings["shard_tokens"]),
-                       store_argmax=bool(settings["store_argmax"]), header=header, resume=resume)
+                       store_argmax=bool(settings["store_argmax"]), header=header, resume=resume,
+                       store_logprob="target_logprobs" in header)
 
 
 def _publish_resumed(settings: dict[str, Any], header: dict[str, Any], out: Path, resume: ResumeState,
@@ -341,6 +351,9 @@ def extract(settings: dict[str, Any], completions: str | Path, out: str | Path) 
         "token_flags": tokens.to_manifest(),
         "positions": past_positions(records, text_config, str(completions)),  # samples past the target's positions
     }
+    if settings.get("target_logprobs"):  # evaluation.verify asks for the rejection scheme
+        header["target_logprobs"] = {"convention": "dflash",
+                                     "sampling": {i: p.as_dict() for i, p in sampling_by_id(records, completions).items()}}
     out = Path(out)
     plan = plan_shards([_length(r) for r in records], int(settings["shard_tokens"]))
     state_key = _state_key(settings, header)
@@ -351,7 +364,8 @@ def extract(settings: dict[str, Any], completions: str | Path, out: str | Path) 
     else:
         todo = [records[i] for index in resume.todo for i in plan[index]]
         reuse = KeptStates(out, state_key)
-        if reuse.find(todo, bool(settings["store_argmax"])):
+        if "target_logprobs" not in header and reuse.find(todo, bool(settings["store_argmax"])):  # (reuse copies no
+            # log-probs: a cache with them is computed afresh, or resumed shard by shard)
             log.info("%d of the %d samples still to do have unchanged token ids in %s: their states are copied, "
                      "not computed", len(reuse.usable), len(todo), reuse.directory)
         if len(reuse.usable) == len(todo):

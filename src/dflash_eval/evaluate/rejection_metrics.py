@@ -1,0 +1,91 @@
+"""metrics.json's `rejection` section: the chain's exact expected tau under dflash_generate's speculative sampling.
+
+Per sample, the drafter's block at every anchor (evaluate.rejection.anchor_alpha) and the cache's target
+log-probs give the step-count distribution given the completion; the section holds both tau conventions as
+exact expectations (the token-weighted one over the dataset's independent samples), percentile bootstrap
+CIs over samples (stats.bootstrap_per_sample, on per-sample expectations: E[N / S] and, for the
+token-weighted one, sum N / sum E[S]), expected acceptance by position and the expected histogram.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import numpy as np
+import torch
+
+from dflash_eval import stats
+from dflash_eval.cache.sampling import SamplingParams, from_record
+from dflash_eval.errors import DflashEvalError
+from dflash_eval.evaluate.acceptance import SequenceLimits
+from dflash_eval.evaluate.rejection import (
+    StepDistribution,
+    anchor_alpha,
+    expected_token_weighted,
+    step_distribution,
+)
+from dflash_eval.methods import chain_method
+
+Loaded = Callable[[], tuple[torch.Tensor, torch.Tensor, torch.Tensor | None, SequenceLimits]]
+
+
+def check_cache(cache, drafter_name: str, runner) -> dict:
+    """The cache must hold target log-probs, and the drafter must draft DFlash blocks (not DFlash2's selector)."""
+    stored = cache.target_logprobs
+    if stored is None:
+        raise DflashEvalError(f"{cache.directory}: evaluation.verify asks for the rejection scheme, but this cache "
+                              "holds no target log-probs; re-run extraction with evaluation.verify including rejection")
+    if getattr(runner.drafter, "candidate_selector", None) is not None:
+        raise DflashEvalError(f"drafter {drafter_name} is a DFlash2DraftModel, whose sampled proposal is its candidate "
+                              "selector's, not independent per position; the rejection scheme covers DFlashDraftModel "
+                              "drafters only: set evaluation.verify: target_only for it")
+    return stored
+
+
+def sample_params(stored: dict, record: dict, completions: str) -> SamplingParams:
+    """The record's sampling parameters, which must be those the cache's log-probs were computed with."""
+    params = from_record(record, completions)
+    cached = stored["sampling"].get(str(record["id"]))
+    if params is None or cached != params.as_dict():
+        raise DflashEvalError(f"{completions}: record {record['id']!r} has sampling {record.get('sampling')!r}, but the "
+                              f"cache's target log-probs were computed with {cached!r}; re-run extraction")
+    return params
+
+
+def sample_distribution(runner, load: Loaded, params: SamplingParams, stops: set[int],
+                        chunk: int) -> tuple[StepDistribution | None, str | None]:
+    """One sample's step distribution, or None and why (a completion token the sampling could not emit)."""
+    features, tokens, logprob, limits = load()
+    completion = logprob[limits.prompt_len:]
+    if not bool(torch.isfinite(completion).all()):
+        return None, ("a completion token has probability 0 under dflash's renormalisation of the target (outside "
+                      "its top-k / top-p): dflash_generate could not have produced this completion")
+    alpha = anchor_alpha(runner, features, tokens, logprob, limits, params, chunk)
+    is_stop = [t in stops for t in tokens.tolist()]
+    return step_distribution(alpha, limits, is_stop, runner.block_size), None
+
+
+def section(dists: dict[str, StepDistribution], params: dict[str, SamplingParams], block: int,
+            settings: dict) -> dict:
+    """The `rejection` section of metrics.json from the samples' step distributions (the cache's order)."""
+    used = {i: d for i, d in dists.items() if d.tokens}
+    means = np.array([d.expected_tau for d in used.values()])
+    tokens = np.array([d.tokens for d in used.values()], dtype=float)
+    expected_steps = np.array([d.expected_steps for d in used.values()])
+    produced = sum((d.produced for d in used.values()), np.zeros(block))
+    total_steps = float(expected_steps.sum())
+    method = {
+        "method": chain_method(block), "scheme": "rejection", "block_size": block,
+        "tau_mean_of_samples": float(means.mean()) if len(means) else float("nan"),
+        "tau_token_weighted": expected_token_weighted(list(used.values())),
+        "ci95": stats.bootstrap_per_sample(means, tokens, expected_steps, settings["bootstrap"], settings["seed"]),
+        "samples": len(used), "expected_steps": total_steps, "tokens": int(tokens.sum()),
+        "acceptance_by_position": [float(produced[k:].sum() / total_steps) if total_steps else float("nan")
+                                   for k in range(1, block)],
+        "expected_histogram": {str(m): float(produced[m - 1]) for m in range(1, block + 1)},
+        "per_sample": [{"id": i, "tokens": d.tokens, "expected_steps": d.expected_steps,
+                        "expected_tau": d.expected_tau} for i, d in used.items()],
+    }
+    return {"scheme": "rejection", "convention": "dflash",
+            "sampling": [dict(t) for t in sorted({tuple(sorted(p.as_dict().items())) for p in params.values()})],
+            "methods": {method["method"]: method}}

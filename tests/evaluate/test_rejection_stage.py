@@ -1,0 +1,117 @@
+"""The evaluate stage with `verify: [target_only, rejection]` on a real tiny target, drafter and cache (the CLI):
+its per-sample expected tau equals the step chain run on an independent reference (the target's Hugging Face
+forward and the reference drafter's block recomputed from scratch at every anchor, both renormalised by dflash's
+own `_sampling_probs`); target_only's outputs are the same bytes as without the rejection scheme; a cache
+without target log-probs is refused naming the fix."""
+
+from __future__ import annotations
+
+import json
+import random
+
+import numpy as np
+import pytest
+import torch
+
+from dflash_eval import cli
+from dflash_eval.evaluate.acceptance import sequence_limits
+from dflash_eval.evaluate.rejection import step_distribution
+from dflash_eval.extract import stage as extract_stage
+from tests.support.reference import _draft_logprobs
+from tests.support.tiny import tiny_drafter, tiny_target
+
+LAYERS, BLOCK, MAX_TOKENS = [0, 2], 4, 9
+SAMPLING = {"temperature": 1.5, "top_p": 0.95, "top_k": 120, "min_p": 0.0, "seed": 0}
+
+
+@pytest.fixture(scope="module")
+def project(tmp_path_factory):
+    root = tmp_path_factory.mktemp("rejection-stage")
+    target = tiny_target()
+    target.save_pretrained(root / "target")
+    tiny_drafter(LAYERS, block_size=BLOCK).save_pretrained(root / "drafter", safe_serialization=True)
+    rng = random.Random(0)
+    records = []
+    with torch.no_grad():
+        for index in range(3):  # completions sampled from the target itself, so p_T > 0 on them
+            ids = [rng.randrange(2, 290) for _ in range(3)]
+            torch.manual_seed(index)
+            out = target.generate(torch.tensor([ids]), max_new_tokens=MAX_TOKENS, do_sample=True, temperature=1.5,
+                                  top_p=0.95, top_k=120, eos_token_id=1, pad_token_id=1)[0].tolist()
+            records.append({"id": f"s{index}", "prompt_token_ids": ids, "completion_token_ids": out[3:],
+                            "request": {"max_tokens": MAX_TOKENS}, "completion_ids_source": "server",
+                            "token_check": {}, "sampling": SAMPLING})
+    completions = root / "c.jsonl"
+    completions.write_text("".join(json.dumps(r) + "\n" for r in records))
+    extract = {"dataset": "toy", "layer_ids": LAYERS, "shard_tokens": 24, "store_argmax": True, "strict_tokens": False,
+               "server": None, "target": {"path": str(root / "target"), "dtype": "float32", "device": "cpu",
+                                          "backend": "torch"}}
+    extract_stage.extract({**extract, "target_logprobs": True}, completions, root / "hidden")
+    extract_stage.extract(extract, completions, root / "hidden-plain")
+    evaluate = {"drafter": "d", "dataset": "toy", "target": {"path": str(root / "target")}, "max_tokens": MAX_TOKENS,
+                "checkpoint": {"path": str(root / "drafter"), "layout": "auto", "config": None, "trained_with": "torch",
+                               "allow_pickle": False, "step": None, "layer_ids": LAYERS},
+                "device": "cpu", "dtype": "float32", "blocks_per_forward": 16, "bootstrap": 10, "seed": 0,
+                "stop_token_ids": [1], "ddtree_budgets": [4], "topk": [1]}
+    return root, records, evaluate
+
+
+def _evaluate(root, settings, out, hidden="hidden"):
+    out.mkdir(exist_ok=True)
+    code = cli.main(["--log", str(out / "log"), "evaluate", "--settings", json.dumps(settings), "--hidden",
+                     str(root / hidden), "--completions", str(root / "c.jsonl"), "--metrics", str(out / "metrics.json"),
+                     "--samples", str(out / "samples.csv")])
+    return code, (out / "log").read_text()
+
+
+def _reference_expected_tau(root, record) -> float:
+    from dflash.model import DFlashDraftModel, _sampling_probs
+
+    target = tiny_target()
+    drafter = DFlashDraftModel.from_pretrained(root / "drafter").eval()
+    ids = record["prompt_token_ids"] + record["completion_token_ids"]
+    prompt_len = len(record["prompt_token_ids"])
+    args = (SAMPLING["temperature"], SAMPLING["top_p"], SAMPLING["top_k"])
+    with torch.no_grad():
+        p = _sampling_probs(target(torch.tensor([ids])).logits[0], *args)
+    limits = sequence_limits(prompt_len, len(ids), MAX_TOKENS, ids[-1] == 1)
+    alpha = np.ones((len(ids) - 1 - prompt_len, BLOCK - 1))
+    for i in range(alpha.shape[0]):
+        anchor = prompt_len + i
+        size = min(BLOCK, limits.max_length - anchor)
+        if size <= 1:
+            continue
+        q = _sampling_probs(_draft_logprobs(drafter, target, ids, anchor, size), *args)
+        for j in range(1, size):
+            if anchor + j < len(ids):
+                x = ids[anchor + j]
+                alpha[i, j - 1] = min(1.0, float(q[j - 1, x] / p[anchor + j - 1, x]))
+    return step_distribution(alpha, limits, [t == 1 for t in ids], BLOCK).expected_tau
+
+
+def test_rejection_section_equals_the_independent_reference(project, tmp_path):
+    root, records, settings = project
+    code, log = _evaluate(root, {**settings, "verify": ["target_only", "rejection"]}, tmp_path / "both")
+    assert code == 0, log
+    metrics = json.loads((tmp_path / "both" / "metrics.json").read_text())
+    assert metrics["verify"] == ["target_only", "rejection"] and metrics["sampling"] == [
+        {k: v for k, v in SAMPLING.items() if k != "seed"}]
+    chain = metrics["rejection"]["methods"][f"chain-B{BLOCK}"]
+    assert chain["scheme"] == "rejection" and chain["samples"] == 3
+    for row, record in zip(chain["per_sample"], records):
+        assert row["id"] == record["id"]
+        assert row["expected_tau"] == pytest.approx(_reference_expected_tau(root, record), rel=1e-5)
+    assert chain["tau_mean_of_samples"] == pytest.approx(np.mean([r["expected_tau"] for r in chain["per_sample"]]))
+    assert 1.0 < chain["tau_mean_of_samples"] < BLOCK
+    code, log = _evaluate(root, settings, tmp_path / "plain")  # the default: target_only alone
+    assert code == 0, log
+    plain = json.loads((tmp_path / "plain" / "metrics.json").read_text())
+    assert "rejection" not in plain and plain["verify"] == ["target_only"]
+    assert (tmp_path / "plain" / "samples.csv").read_bytes() == (tmp_path / "both" / "samples.csv").read_bytes()
+    assert plain["methods"] == metrics["methods"]
+
+
+def test_a_cache_without_target_logprobs_is_refused(project, tmp_path):
+    root, _, settings = project
+    code, log = _evaluate(root, {**settings, "verify": "rejection"}, tmp_path / "x", hidden="hidden-plain")
+    assert code != 0 and "holds no target log-probs" in log and "evaluation.verify including rejection" in log
