@@ -32,7 +32,10 @@ import tempfile
 import time
 from pathlib import Path
 
-from record import print_and_record, smoke_mode  # benchmarks/record.py (the script's own folder)
+from record import (  # benchmarks/record.py (the script's own folder)
+    print_and_record,
+    smoke_mode,
+)
 
 ROOT = Path(__file__).resolve().parents[1]
 DATASET = "demo-code"
@@ -67,16 +70,15 @@ def build_checkpoints(target_dir: Path, layer_ids: list[int], count: int, out: P
     return paths
 
 
-def tiny_demo(root: Path) -> Path:
-    """A seconds-fast stand-in for a finished demo build: a random demo-shaped target (8 layers, hidden 32), three
-    completions of random tokens, their states extracted by the extract stage, and a config.yaml naming them."""
+def tiny_inputs(root: Path) -> tuple[Path, Path]:
+    """A random demo-shaped target (8 layers, hidden 32) and three completions of random tokens under `root`, laid
+    out as a demo build lays them out: (target directory, completions file). Seconds; for the smoke modes."""
     import random
 
     from transformers import AutoTokenizer
 
     from dflash_eval.bench.fixtures import build_tokenizer
     from dflash_eval.demo import target
-    from dflash_eval.extract.stage import extract
 
     build_tokenizer(root / "tok")
     tokenizer = AutoTokenizer.from_pretrained(root / "tok")
@@ -92,6 +94,15 @@ def tiny_demo(root: Path) -> Path:
     completions = root / "results/completions" / f"{DATASET}.jsonl"
     completions.parent.mkdir(parents=True)
     completions.write_text("".join(json.dumps(r) + "\n" for r in records))
+    return root / "resources/demo/target", completions
+
+
+def tiny_demo(root: Path) -> Path:
+    """A seconds-fast stand-in for a finished demo build: `tiny_inputs`, their states extracted by the extract stage,
+    and a config.yaml naming them."""
+    from dflash_eval.extract.stage import extract
+
+    _, completions = tiny_inputs(root)
     extract({"dataset": DATASET, "layer_ids": [1, 5], "last_layer": "final_norm", "server": None,
              "target": {"path": str(root / "resources/demo/target"), "dtype": "float32", "device": "cpu",
                         "backend": "torch"}}, completions, root / f"results/hidden/{DATASET}/L1-5")
