@@ -137,7 +137,9 @@ def demo_config(demo: Path, checkpoints: list[Path], device: str | None) -> dict
 
 def run(src: str, argv: list[str], cwd: Path) -> tuple[float, str]:
     """Wall seconds and stdout of one fresh Python process with `src` as the package's tree."""
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(Path(src).resolve()), str(ROOT / "benchmarks")])}
+    # `src` first, so its dflash_eval wins over any other on the path; the rest kept (where torch may live)
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(Path(src).resolve()), str(ROOT / "benchmarks"),
+                                                        os.environ.get("PYTHONPATH", "")])}
     started = time.perf_counter()
     done = subprocess.run([sys.executable, *argv], env=env, cwd=cwd, capture_output=True, text=True)
     wall = time.perf_counter() - started
