@@ -43,11 +43,15 @@ DATASET = "demo-code"
 SETTINGS = ("import json, sys; from dflash_eval import config as c; cfg = c.validate_config(json.load(open(sys.argv[1])));"
             " print(json.dumps({d: c.settings_json(c.evaluate_settings(cfg, d, sys.argv[2])) for d in cfg['drafters']}))")
 ENTRY = "import sys; from dflash_eval.cli import entry; sys.argv[0] = 'dflash-eval'; entry()"
-# Several checkpoints in one process: cli.main per checkpoint, each timed; prints the seconds as JSON.
+# Several checkpoints in one process: cli.main per checkpoint, each timed; prints the seconds as JSON. Each
+# evaluation on cuda holds its GPU's lock for the life of the process (evaluate/gpu.py), so a second one in the same
+# process would wait for it forever: the locks are let go between checkpoints, as a multi-checkpoint job would.
 IN_PROCESS = ("import json, sys, time; t0 = time.perf_counter(); from dflash_eval.cli import main; jobs = json.load(open(sys.argv[1]));"
               " first = time.perf_counter() - t0; out = []\n"
+              "from dflash_eval.evaluate import gpu\n"
               "for argv in jobs:\n"
               "    t = time.perf_counter(); assert main(argv) == 0; out.append(time.perf_counter() - t)\n"
+              "    [h.close() for h in gpu._held]; gpu._held.clear()\n"
               "print(json.dumps({'import': first, 'each': out}))")
 
 
@@ -165,7 +169,7 @@ def main() -> int:
     parser.add_argument("--checkpoints", type=int, default=20)
     parser.add_argument("--device", help="evaluation.device (default: the demo config's)")
     parser.add_argument("--in-process", action=argparse.BooleanOptionalAction, default=True,
-                        help="also evaluate all checkpoints in one process (the first tree)")
+                        help="also evaluate all checkpoints in one process (the last tree)")
     parser.add_argument("--record", type=Path, default=ROOT / "benchmarks" / "results" / "startup.md")
     smoke_mode(parser, checkpoints=2, record=None)
     args = parser.parse_args()
@@ -191,8 +195,8 @@ def main() -> int:
         in_process = None
         if args.in_process:
             jobs = work / "jobs.json"
-            jobs.write_text(json.dumps([evaluate_argv(settings[sources[0]][n], demo, work / "in" / n) for n in names]))
-            wall, stdout = run(sources[0], ["-c", IN_PROCESS, str(jobs)], demo)
+            jobs.write_text(json.dumps([evaluate_argv(settings[sources[-1]][n], demo, work / "in" / n) for n in names]))
+            wall, stdout = run(sources[-1], ["-c", IN_PROCESS, str(jobs)], demo)
             in_process = {**json.loads(stdout.strip().splitlines()[-1]), "wall": wall}
     load = os.getloadavg()
     lines = [f"## {len(names)} checkpoints, one evaluate process each: {platform.processor() or platform.machine()}, "
@@ -211,11 +215,11 @@ def main() -> int:
                   + (f" (differing: {', '.join(differing)})" if differing else "")]
     if in_process:
         each = in_process["each"]
-        lines += ["", f"The same {len(names)} in one process ({sources[0]}): imports {in_process['import']:.2f} s once, "
+        lines += ["", f"The same {len(names)} in one process ({sources[-1]}): imports {in_process['import']:.2f} s once, "
                   f"then per checkpoint median {statistics.median(each):.2f} s (first {each[0]:.2f}, "
                   f"min {min(each):.2f}, max {max(each):.2f}); whole process {in_process['wall']:.1f} s against "
-                  f"{sum(walls[sources[0]]):.1f} s for one process each: start-up share "
-                  f"{1 - statistics.median(each) / statistics.median(walls[sources[0]]):.0%} of a one-process job"]
+                  f"{sum(walls[sources[-1]]):.1f} s for one process each: start-up share "
+                  f"{1 - statistics.median(each) / statistics.median(walls[sources[-1]]):.0%} of a one-process job"]
     print_and_record(lines, args.record)
     return 0
 

@@ -39,11 +39,14 @@ def main() -> int:
     parser.add_argument("--vocab", type=int, default=248320)
     parser.add_argument("--context", type=int, default=2048)
     parser.add_argument("--repeats", type=int, default=10)
+    parser.add_argument("--verify-tokens", type=int, nargs="+", default=DEFAULT_VERIFY_TOKENS,
+                        help="the numbers of tokens verified per step to time (extraction's own list by default)")
     parser.add_argument("--drafter-shape", default="27b", choices=[*sorted(SHAPES), "none"],
                         help="also time T_draft: one block forward + LM head of a drafter of this shape (random "
                              "weights, the target's embedding and LM head), as evaluation times it")
     parser.add_argument("--record", type=Path, default=ROOT / "benchmarks/results/serving_profile.md")
-    smoke_mode(parser, device="cpu", layers=62, hidden=32, vocab=300, context=16, repeats=1, drafter_shape="demo",
+    smoke_mode(parser, device="cpu", layers=4, hidden=32, vocab=300, context=16, repeats=1, drafter_shape="demo",
+               verify_tokens=[1, 2, 8],
                record=None)
     args = parser.parse_args()
     device = torch.device(args.device)
@@ -56,7 +59,7 @@ def main() -> int:
     runs, seconds = [], []
     for _ in range(2):
         began = time.perf_counter()
-        runs.append(measure_target(model, args.context, args.repeats, DEFAULT_VERIFY_TOKENS))
+        runs.append(measure_target(model, args.context, args.repeats, args.verify_tokens))
         seconds.append(time.perf_counter() - began)
     name = runs[0]["device"]
     lines = [(f"## serving profile: {name}, torch {torch.__version__}, Qwen3.6-27B shape with {args.layers} of 64 "
