@@ -140,9 +140,11 @@ def capture_only(model, sequences, device) -> None:
 
 
 def checks_only(path: Path, buffer, journal, index, samples, pending) -> dict:
-    """Ablation writer thread: waits for the copies and checks the NaN flags, hashes and writes nothing."""
+    """Ablation writer thread: waits for the copies and checks the NaN flags, hashes nothing and writes an empty
+    file (CacheWriter.finish reads each shard file's mtime)."""
     if pending is not None:
         pending.check(samples, buffer.layers)
+    path.touch()
     return {"file": path.name, "sha256": "", "bytes": 0, "tokens": buffer.tokens}
 
 
