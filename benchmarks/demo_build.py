@@ -27,13 +27,14 @@ from record import (  # benchmarks/record.py (the script's own folder)
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def build(out: Path, target_steps: int, drafter_steps: list[int], threads: int) -> dict[str, float]:
+def build(out: Path, target_steps: int, drafter_steps: list[int], threads: int, sequences: int) -> dict[str, float]:
     calls = {
         "tokenizer": ["demo-tokenizer", "--out", str(out / "tokenizer"), "--seed", "0"],
         "target": ["demo-target", "--tokenizer", str(out / "tokenizer"), "--out", str(out / "target"),
                    "--seed", "0", "--steps", str(target_steps), "--threads", str(threads)],
         "drafters": ["demo-drafters", "--target", str(out / "target"), "--out", str(out / "drafters"),
-                     "--steps", *map(str, drafter_steps), "--seed", "0", "--threads", str(threads)],
+                     "--steps", *map(str, drafter_steps), "--seed", "0", "--threads", str(threads),
+                     "--sequences", str(sequences)],
     }
     seconds = {}
     for name, args in calls.items():
@@ -44,7 +45,8 @@ def build(out: Path, target_steps: int, drafter_steps: list[int], threads: int) 
 
 
 @torch.inference_mode()
-def evaluate(out: Path, max_tokens: int, drafter_names: list[str]) -> tuple[dict[str, float], float]:
+def evaluate(out: Path, max_tokens: int, drafter_names: list[str], prompts: int | None = None
+             ) -> tuple[dict[str, float], float]:
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from dflash_eval.evaluate.acceptance import sequence_limits
@@ -59,7 +61,7 @@ def evaluate(out: Path, max_tokens: int, drafter_names: list[str]) -> tuple[dict
     eos = int(target.generation_config.eos_token_id)
     started = time.perf_counter()
     samples = []
-    for prompt in load_prompts(ROOT / "resources/prompts/demo_code.jsonl"):
+    for prompt in load_prompts(ROOT / "resources/prompts/demo_code.jsonl")[:prompts]:
         ids = tokenizer.apply_chat_template(prompt.messages, add_generation_prompt=True, return_tensors="pt",
                                             return_dict=True)["input_ids"]
         full = target.generate(ids, max_new_tokens=max_tokens, do_sample=False, eos_token_id=eos, pad_token_id=eos)[0]
@@ -92,17 +94,21 @@ def main() -> int:
     parser.add_argument("--target-steps", type=int, default=300)
     parser.add_argument("--drafter-steps", type=int, nargs="+", default=[60, 250, 900])
     parser.add_argument("--max-tokens", type=int, default=96)
+    parser.add_argument("--sequences", type=int, default=48, help="the drafters' training sequences (the demo's)")
+    parser.add_argument("--prompts", type=int, default=None, help="only the first N demo prompts (default: all)")
     parser.add_argument("--skip-build", action="store_true")
     parser.add_argument("--record", type=Path, default=ROOT / "benchmarks/results/demo_build.md")
-    smoke_mode(parser, out=None, threads=1, target_steps=1, drafter_steps=[1], max_tokens=4, record=None)
+    smoke_mode(parser, out=None, threads=1, target_steps=1, drafter_steps=[1], max_tokens=4, sequences=2,
+               prompts=3, record=None)
     args = parser.parse_args()
     smoke_dir = tempfile.TemporaryDirectory() if args.out is None else None  # --smoke: the smallest demo, in a tmp dir
     if smoke_dir:
         args.out = Path(smoke_dir.name)
     torch.set_num_threads(args.threads)
-    seconds = {} if args.skip_build else build(args.out, args.target_steps, args.drafter_steps, args.threads)
+    seconds = {} if args.skip_build else build(args.out, args.target_steps, args.drafter_steps, args.threads,
+                                                       args.sequences)
     names = ["untrained"] + [f"step{s}" for s in args.drafter_steps]
-    taus, eval_seconds, generate_seconds = evaluate(args.out, args.max_tokens, names)
+    taus, eval_seconds, generate_seconds = evaluate(args.out, args.max_tokens, names, args.prompts)
     lines = [f"## demo build, {args.threads} threads, {platform.processor() or platform.machine()}, "
              f"python {platform.python_version()}, torch {torch.__version__}", "",
              "| stage | seconds |", "|---|---:|"]

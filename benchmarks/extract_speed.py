@@ -59,13 +59,14 @@ from record import (  # benchmarks/record.py (the script's own folder)
 
 from dflash_eval.cache.resume import greedy_shards, plan_shards, prepare_resume
 from dflash_eval.cache.store import CacheWriter
+from dflash_eval.demo.drafters import default_layer_ids
 from dflash_eval.extract.backends import use_backend
 from dflash_eval.extract.capture import capture_layers
 from dflash_eval.extract.stage import run_records
 from dflash_eval.tools.compare_backends import compare_backends, format_table
 
 ROOT = Path(__file__).resolve().parents[1]
-LAYERS = [1, 16, 31, 46, 61]
+LAYERS = [1, 16, 31, 46, 61]  # the default layer ids of 5 drafter layers on 64 (main sets them for --layers)
 
 
 def target_config(layers: int, hidden: int, vocab: int):
@@ -80,12 +81,14 @@ def target_config(layers: int, hidden: int, vocab: int):
     )
 
 
-def build_target(config, device: torch.device) -> torch.nn.Module:
+def build_target(config, device: torch.device, dtype: torch.dtype = torch.bfloat16) -> torch.nn.Module:
+    """Random weights in `dtype` (bf16 as a served target; --smoke's float32 because bf16 matmuls on a CPU without
+    bf16 instructions are emulated, minutes even for the tiny shape)."""
     from transformers.models.qwen3_5 import Qwen3_5ForCausalLM
 
     torch.manual_seed(0)
     previous = torch.get_default_dtype()
-    torch.set_default_dtype(torch.bfloat16)
+    torch.set_default_dtype(dtype)
     try:
         with device:
             model = Qwen3_5ForCausalLM(config)
@@ -137,9 +140,11 @@ def capture_only(model, sequences, device) -> None:
 
 
 def checks_only(path: Path, buffer, journal, index, samples, pending) -> dict:
-    """Ablation writer thread: waits for the copies and checks the NaN flags, hashes and writes nothing."""
+    """Ablation writer thread: waits for the copies and checks the NaN flags, hashes nothing and writes an empty
+    file (CacheWriter.finish reads each shard file's mtime)."""
     if pending is not None:
         pending.check(samples, buffer.layers)
+    path.touch()
     return {"file": path.name, "sha256": "", "bytes": 0, "tokens": buffer.tokens}
 
 
@@ -185,7 +190,8 @@ def our_extract(model, sequences, device, backend, store_argmax: bool, workdir: 
     unlinking ~3 GB of page cache takes a noticeable fraction of a second)."""
     records = [{"id": f"s{i}", "prompt_token_ids": ids[:16].tolist(), "completion_token_ids": ids[16:].tolist()}
                for i, ids in enumerate(sequences)]
-    settings = {"layer_ids": LAYERS, "store_argmax": store_argmax, "target": {"device": str(device)}}
+    settings = {"layer_ids": LAYERS, "last_layer": "final_norm", "store_argmax": store_argmax,
+                "target": {"device": str(device)}}
     out = workdir / "cache"
     header = {"target": {}, "device": str(device), "completions": {}}
     shards = plan([len(ids) for ids in sequences], shard_tokens)
@@ -251,21 +257,26 @@ def main() -> None:
     parser.add_argument("--layers", type=int, default=64)
     parser.add_argument("--hidden", type=int, default=5120)
     parser.add_argument("--vocab", type=int, default=248320)
+    parser.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float32"])
+    parser.add_argument("--host-mb", type=int, default=1024, help="MB hashed and written for the host rates")
     parser.add_argument("--workdir", default=None, help="where the cache is written (local disk)")
     parser.add_argument("--record", default=str(ROOT / "benchmarks" / "results" / "extract_speed.md"))
     smoke_mode(parser, device="cpu", seq_lens=[32], tokens=64, shard_tokens=64, torch_tokens=64, backends=["torch"],
-               layers=62, hidden=32, vocab=300, record=None)
+               layers=8, hidden=32, vocab=300, host_mb=8, dtype="float32",
+               record=None)
     args = parser.parse_args()
+    global LAYERS
+    LAYERS = default_layer_ids(args.layers, len(LAYERS))  # [1, 16, 31, 46, 61] on the 64 layers of the full run
     device = torch.device(args.device)
     config = target_config(args.layers, args.hidden, args.vocab)
     started = time.perf_counter()
-    model = build_target(config, device)
+    model = build_target(config, device, getattr(torch, args.dtype))
     print(f"built the target in {time.perf_counter() - started:.0f} s")
     workdir = Path(args.workdir or tempfile.mkdtemp(prefix="extract-bench-"))
     name = torch.cuda.get_device_name(device) if device.type == "cuda" else platform.processor()
-    rates = host_rates(workdir, device)
+    rates = host_rates(workdir, device, args.host_mb)
     print(rates, flush=True)
-    lines = [f"## {name}, {args.layers} layers, hidden {args.hidden}, vocab {args.vocab}, bf16, layers {LAYERS}, "
+    lines = [f"## {name}, {args.layers} layers, hidden {args.hidden}, vocab {args.vocab}, {args.dtype}, layers {LAYERS}, "
              f"shard_tokens {args.shard_tokens}, torch {torch.__version__}", "",
              rates, "", f"| backend | row | seq len | tokens | tokens/s (median of {args.repeats}) | vs plain forward (median of "
              "the repeats' ratios, and their range) | s waited for writers / at the end (last repeat) |",

@@ -128,8 +128,11 @@ def main() -> int:
         runs += 1
         out = work / f"out{runs}.jsonl"
         records = fetch.fetch(settings, out)  # the whole stage: tokenizer load, identity, requests, files
-        assert len(records) == args.requests and not out.with_name(out.name + ".partial").exists()
+        assert len(records) == args.requests and len(out.read_bytes().splitlines()) == args.requests
         out.unlink()
+        # the stage keeps its records in <out>.partial for a later rerun (fetch.store); this run's next round
+        # writes another file, so it would reuse nothing, but the next round starts from nothing as the first did
+        out.with_name(out.name + ".partial").unlink()
 
     def bare() -> None:
         with fetch.heap_frozen():  # what our stage does for itself (see the module docstring)

@@ -36,7 +36,10 @@ import time
 from pathlib import Path
 
 import torch
-from record import print_and_record  # benchmarks/record.py (the script's own folder)
+from record import (  # benchmarks/record.py (the script's own folder)
+    print_and_record,
+    smoke_mode,
+)
 
 from dflash_eval.completions import read_completions, serialize
 from dflash_eval.config import stage_settings
@@ -70,9 +73,10 @@ def offline_steps(args: argparse.Namespace, dtype: str, drafter, completions: Pa
         # the drafter was trained on torch-kernel states; here both sides run --backend, which is the point
         "allow_backend_mismatch": True,
     })
-    _, frame = run_evaluation(settings, str(hidden), str(completions))
-    frame = frame[frame["method"] == chain_method(drafter.block_size)]
-    return {str(row.id): [int(x) for x in str(row.acceptance_lengths).split()] for row in frame.itertuples()}
+    _, rows = run_evaluation(settings, str(hidden), str(completions))  # rows: one dict per sample and method
+    chain = chain_method(drafter.block_size)
+    return {str(row["id"]): [int(x) for x in str(row["acceptance_lengths"]).split()]
+            for row in rows if row["method"] == chain}
 
 
 def live_runs(args: argparse.Namespace, dtype: str, records: list[dict], stops: list[int]) -> tuple[list[dict], dict]:
@@ -214,9 +218,10 @@ def measure(args: argparse.Namespace, records: list[dict], drafter) -> dict:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--target", type=Path, required=True, help="the target's HF directory (the served one)")
-    parser.add_argument("--drafter", type=Path, required=True, help="the drafter's HF directory")
-    parser.add_argument("--completions", type=Path, required=True, help="the served completions (fetch's output)")
+    needed = "--smoke" not in sys.argv  # --smoke builds its own tiny inputs
+    parser.add_argument("--target", type=Path, required=needed, help="the target's HF directory (the served one)")
+    parser.add_argument("--drafter", type=Path, required=needed, help="the drafter's HF directory")
+    parser.add_argument("--completions", type=Path, required=needed, help="the served completions (fetch's output)")
     parser.add_argument("--device", default="cuda:0")
     parser.add_argument("--backend", default="fla", choices=["fla", "torch"])
     parser.add_argument("--dtypes", nargs="+", default=list(DTYPES), choices=DTYPES)
@@ -227,8 +232,23 @@ def main() -> None:
     parser.add_argument("--from-json", type=Path,
                         help="re-score a run saved with --json (no model runs): the same tables from its samples")
     parser.add_argument("--record", type=Path, default=RECORD)
+    # both sides on a tiny random target and drafter on the CPU (torch kernels), fp32: the code path, not the figures
+    smoke_mode(parser, device="cpu", backend="torch", dtypes=["float32"], bootstrap=50, record=None)
     args = parser.parse_args()
+    with tempfile.TemporaryDirectory() as tmp:
+        if args.smoke:
+            from checkpoints_startup import (  # benchmarks/ (the script's own folder)
+                build_checkpoints,
+                tiny_inputs,
+            )
 
+            args.target, args.completions = tiny_inputs(Path(tmp))
+            args.drafter = build_checkpoints(args.target, [1, 5], 1, Path(tmp) / "drafters")[0]
+        run(args)
+
+
+def run(args: argparse.Namespace) -> None:
+    """Measure (or re-score `--from-json`), print and record."""
     records = read_completions(args.completions, need_tokens=True)[: args.limit]
     drafter = load_drafter(args.drafter)
     if args.from_json:

@@ -175,7 +175,7 @@ def main() -> None:
                                 f" {1000 * spent / max(count, 1):6.2f} ms/round, {share}")
         peak = 100 * bench.needed_flops(config, counts.by_size) / seconds / (bench.PEAK_TFLOPS * 1e12) if cuda else None
         print(f"{name}: {seconds:.2f} s, {counts.rounds} rounds", flush=True)
-        profiled = args.profiled_samples or (len(samples) if name == "chain-B" else len(samples) // 2)
+        profiled = args.profiled_samples or (len(samples) if name == "chain-B" else max(1, len(samples) // 2))
         kinds = ["matmul", "softmax", "reduce/topk", "copy", "other"]
         cells = [name, str(len(samples)), f"{seconds:.2f}", str(counts.rounds), f"{1000 * seconds / counts.rounds:.1f}",
                  f"{peak:.1f}%" if peak is not None else "-"]

@@ -45,18 +45,19 @@ def main() -> int:
     parser.add_argument("--sizes", type=lambda v: [int(x) for x in v.split(",")], default=DEFAULT_VERIFY_TOKENS,
                         help="tokens verified, comma-separated (default: what extraction measures by default)")
     parser.add_argument("--seconds-per-size", type=float, default=None, help="cap per size (default: extraction's)")
+    parser.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float32"])
     parser.add_argument("--drafter-shape", default="27b", choices=[*sorted(SHAPES), "none"],
                         help="also time T_draft: one block forward + LM head of a drafter of this shape (random "
                              "weights, the target's embedding and LM head), as evaluation times it")
     parser.add_argument("--record", type=Path, default=ROOT / "benchmarks/results/serving_profile.md")
     smoke_mode(parser, device="cpu", layers=4, hidden=32, vocab=300, context=16, repeats=1, drafter_shape="demo",
-               seconds_per_size=0.05, sizes=[1, 2, 9], record=None)
+               seconds_per_size=0.05, sizes=[1, 2, 9], dtype="float32", record=None)
     args = parser.parse_args()
     device = torch.device(args.device)
     if device.type == "cuda":
         import fla  # noqa: F401  transformers binds Gated DeltaNet to fla's kernels when it imports
     started = time.perf_counter()
-    model = build_target(target_config(args.layers, args.hidden, args.vocab), device)
+    model = build_target(target_config(args.layers, args.hidden, args.vocab), device, getattr(torch, args.dtype))
     built = time.perf_counter() - started
     scale = 64 / args.layers
     runs, seconds = [], []
@@ -67,7 +68,7 @@ def main() -> int:
         seconds.append(time.perf_counter() - began)
     name = runs[0]["device"]
     lines = [(f"## serving profile: {name}, torch {torch.__version__}, Qwen3.6-27B shape with {args.layers} of 64 "
-             f"layers (times x {scale:g}), bf16, batch 1, context {args.context}, {args.repeats} repeats"),
+             f"layers (times x {scale:g}), {args.dtype}, batch 1, context {args.context}, {args.repeats} repeats"),
              "", f"model built in {built:.0f} s; each profile took {seconds[0]:.1f} s and {seconds[1]:.1f} s", "",
              "| tokens verified | run 1 ms | min..max | repeats | run 2 ms | min..max | repeats | run 2 / run 1 |",
              "|---:|---:|---|---:|---:|---|---:|---:|"]

@@ -27,7 +27,8 @@ LOAD = ("import sys, time; t = time.perf_counter(); from dflash_eval.evaluate.dr
 
 
 def _run(src: str, argv: list[str]) -> tuple[float, str]:
-    env = {**os.environ, "PYTHONPATH": str(Path(src).resolve())}
+    # `src` first, so its dflash_eval wins over any other on the path; the rest kept (where torch may live)
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(Path(src).resolve()), os.environ.get("PYTHONPATH", "")])}
     start = time.perf_counter()
     done = subprocess.run([sys.executable, *argv], env=env, capture_output=True, text=True)
     wall = time.perf_counter() - start

@@ -17,7 +17,6 @@ ROOT = Path(__file__).resolve().parents[2]
 
 # ~55 s on the loaded 2-core dev machine (2026-12-02), nearly all of it importing torch, transformers and dflash
 # once; the two K rows take 2 s each. The locks and the check have fast tests in tests/evaluate/test_gpu_placement.py.
-@pytest.mark.slow
 def test_scaling_smoke_runs_k_jobs_at_once_without_overlap(tmp_path):
     before = sorted((ROOT / "benchmarks" / "results").iterdir())
     done = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "multi_gpu_scaling.py"), "--smoke",
