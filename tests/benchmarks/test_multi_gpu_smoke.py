@@ -8,8 +8,6 @@ import subprocess
 import sys
 from pathlib import Path
 
-import pytest
-
 from dflash_eval.cli import main
 
 ROOT = Path(__file__).resolve().parents[2]
