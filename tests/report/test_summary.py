@@ -7,8 +7,8 @@ import pytest
 
 from dflash_eval.errors import DflashEvalError
 from dflash_eval.io_utils import atomic_write_json
+from dflash_eval.report import markdown, summary
 from dflash_eval.report import stage as report
-from dflash_eval.report import summary
 from tests.report.fixtures import (
     MISMATCH,
     SETTINGS,
@@ -94,3 +94,35 @@ def test_an_empty_evaluation_reports_na_and_warns(tmp_path):
     table = pd.read_csv(tmp_path / "summary.csv")
     row = table[(table.drafter == "step-2000") & (table.dataset == "gsm8k") & (table.method == "chain-B4")].iloc[0]
     assert pd.isna(row.tau_mean_of_samples) and row.samples == 0
+
+
+def test_a_sampled_evaluation_adds_its_scheme_and_parameters_and_a_greedy_one_keeps_the_columns(tmp_path):
+    """Issue 25: summary.csv names temperature, top-p/k, min-p and the scheme once any evaluation sampled, and gives
+    the rejection scheme's expected tau its own row (no integer steps: an expectation); a greedy-only summary keeps
+    the columns it had, so its bytes do not change."""
+    greedy = [summary.read_metrics(path) for path in write_metrics(tmp_path)]  # in TAUS order, samples.csv beside
+    frame = summary.summary_frame(summary.summary_rows(greedy, SETTINGS))
+    assert list(frame.columns) == summary.COLUMNS
+    sampled = metrics_dict("step-1000", "gsm8k")
+    sampled["sampling"] = {"temperature": 0.7, "top_p": 0.95, "top_k": -1, "min_p": 0.0}
+    sampled["rejection"] = {"scheme": "rejection", "methods": {"chain-B4": {
+        "method": "chain-B4", "scheme": "rejection", "block_size": 4, "tau_mean_of_samples": 2.5,
+        "tau_token_weighted": 2.6, "ci95": {"tau_mean_of_samples": [2.2, 2.8], "tau_token_weighted": [2.3, 2.9]},
+        "samples": 10, "expected_steps": 160.4, "tokens": 417}}}
+    evaluations = [summary.Evaluation(greedy[0].path, sampled), *greedy[1:]]
+    rows = summary.summary_rows(evaluations, SETTINGS)
+    frame = summary.summary_frame(rows)
+    assert list(frame.columns) == summary.COLUMNS + summary.SAMPLING_COLUMNS
+    mine = frame[(frame.drafter == "step-1000") & (frame.dataset == "gsm8k")]
+    assert list(zip(mine.method, mine.scheme)) == [("chain-B2", "target_only"), ("chain-B4", "target_only"),
+                                                   ("ddtree-8", "target_only"), ("chain-B4", "rejection")]
+    rejection = mine[mine.scheme == "rejection"].iloc[0]
+    assert (rejection.tau_mean_of_samples, rejection.ci_low, rejection.ci_high) == (2.5, 2.2, 2.8)
+    assert pd.isna(rejection.steps) and rejection.tokens == 417 and not rejection.primary
+    assert set(mine.temperature) == {0.7} and set(mine.top_p) == {0.95} and set(mine.top_k) == {-1}
+    other = frame[(frame.drafter == "step-2000") & (frame.dataset == "gsm8k")]
+    assert set(other.temperature) == {0.0} and set(other.scheme) == {"target_only"}
+    # the reference's (step-1000's) rejection row is no baseline for step-2000's target_only rows
+    assert other[other.primary].tau_vs_reference.iloc[0] == pytest.approx(5.25 / 4.1)
+    lines = markdown.rejection_table(rows, SETTINGS)
+    assert "| step-1000 (reference) | gsm8k | chain-B4 | 0.70 | 4.10 | 2.50 | 2.20..2.80 |" in lines

@@ -117,6 +117,27 @@ def verdict_table(rows: list[dict], settings: dict) -> list[str]:
     return lines
 
 
+def rejection_table(rows: list[dict], settings: dict) -> list[str]:
+    """dflash_generate's scheme beside SGLang's (issue 25): expected tau given each sampled completion, with its
+    interval, next to the target_only tau of the same drafter, dataset and block; empty when none was asked for."""
+    rejection = [r for r in rows if r["scheme"] == "rejection"]
+    if not rejection:
+        return []
+    served = {(r["drafter"], r["dataset"], r["method"]): r for r in rows if r["scheme"] == "target_only"}
+    lines = ["## Under dflash_generate's speculative sampling (verify: rejection)", "",
+             "Expected tau given each sampled completion (docs/sampling_rejection.md), beside SGLang's target-only "
+             "verification on the same completions.", "",
+             table_row(["drafter", "dataset", "method", "temperature", "tau target_only", "tau rejection (expected)",
+                        "95% CI"]), table_row(["---"] * 3 + ["---:"] * 4)]
+    for row in rejection:
+        other = served.get((row["drafter"], row["dataset"], row["method"]))
+        lines.append(table_row([drafter_label(row["drafter"], settings), row["dataset"], row["method"], fmt(row["temperature"], 2),
+                                fmt(other["tau_mean_of_samples"]) if other else "-",
+                                fmt(row["tau_mean_of_samples"]),
+                                f"{fmt(row['ci_low'])}..{fmt(row['ci_high'])}"]))
+    return [*lines, ""]
+
+
 def evaluation_warnings(evaluations: list[Evaluation]) -> list[str]:
     """Everything that makes a number suspect, one markdown line each."""
     found = []

@@ -54,9 +54,12 @@ def run(args: argparse.Namespace) -> int:
     comparisons = backends.load(args.backend_comparisons)
     if comparisons:
         panel["backend_comparisons"] = comparisons
-    data = plots.PlotData(rows=rows, metrics={e.key: e.metrics for e in evaluations}, settings=settings, trust=panel)
+    served = [row for row in rows if row["scheme"] == "target_only"]  # the tables and plots; the CSV has all
+    data = plots.PlotData(rows=served, metrics={e.key: e.metrics for e in evaluations}, settings=settings, trust=panel)
     csv = summary.summary_frame(rows).to_csv(index=False)
-    page = markdown.render(rows, evaluations, settings, panel)
+    page = markdown.render(served, evaluations, settings, panel)
+    if len(served) < len(rows):
+        page = page.rstrip("\n") + "\n\n" + "\n".join(markdown.rejection_table(rows, settings))
     if comparisons:  # after the diagnostics: what the other kernel backend would have done to tau
         page = page.rstrip("\n") + "\n\n" + "\n".join(backends.lines(comparisons))
     pngs = {Path(args.plot_dir) / plot.file: plots.png(plot, data) for plot in plots.PLOTS.values()}

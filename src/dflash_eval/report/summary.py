@@ -34,6 +34,8 @@ COLUMNS = [
     # appended after the columns above (a reader of the earlier file keeps its columns and values)
     "expected_speedup", "speedup_source", "best_ddtree_budget",
 ]
+# Appended only when an evaluation sampled (issue 25): a greedy-only summary.csv keeps its columns and bytes.
+SAMPLING_COLUMNS = ["scheme", "temperature", "top_p", "top_k", "min_p"]
 
 
 @dataclass(frozen=True)
@@ -193,7 +195,39 @@ def method_rows(evaluation: Evaluation, spec: dict) -> list[dict]:
             "argmax_agreement": _float(agreement), "tau_vs_reference": math.nan,
             "diff_vs_reference": math.nan, "diff_ci_low": math.nan, "diff_ci_high": math.nan, "verdict": "",
             "expected_speedup": _float(numbers.get("expected_speedup")), "speedup_source": source,
-            "best_ddtree_budget": best,
+            "best_ddtree_budget": best, **sampling_fields(metrics, "target_only"),
+        })
+    return rows + rejection_rows(evaluation, spec)
+
+
+def sampling_fields(metrics: dict, scheme: str) -> dict:
+    """The scheme and the dataset's sampling parameters of a row; greedy when metrics.json names none."""
+    sampling = metrics.get("sampling") or {}
+    return {"scheme": scheme, "temperature": float(sampling.get("temperature", 0.0)),
+            "top_p": _float(sampling.get("top_p")), "top_k": sampling.get("top_k"), "min_p": _float(sampling.get("min_p"))}
+
+
+def rejection_rows(evaluation: Evaluation, spec: dict) -> list[dict]:
+    """dflash_generate's scheme (evaluate/rejection_metrics.py): expected tau given each completion, one row per
+    method it covers; its step count is an expectation, so `steps` is left empty."""
+    metrics = evaluation.metrics
+    section = metrics.get("rejection") or {}
+    rows = []
+    for method, numbers in sorted((section.get("methods") or {}).items()):
+        ci, ci_tw = _pair(numbers["ci95"].get("tau_mean_of_samples")), _pair(numbers["ci95"].get("tau_token_weighted"))
+        rows.append({
+            "drafter": metrics["drafter"], "dataset": metrics["dataset"], "method": method, "primary": False,
+            "block_size": int(numbers["block_size"]), "budget": None,
+            "tau_mean_of_samples": _float(numbers["tau_mean_of_samples"]),
+            "tau_token_weighted": _float(numbers["tau_token_weighted"]),
+            "ci_low": ci[0], "ci_high": ci[1], "ci_low_tw": ci_tw[0], "ci_high_tw": ci_tw[1],
+            "samples": int(numbers["samples"]), "steps": None, "tokens": int(numbers["tokens"]),
+            "training_step": training_step(metrics, spec), "layer_ids": " ".join(str(i) for i in metrics["layer_ids"]),
+            "backend": metrics["cache"]["backend"],
+            "backend_mismatch_allowed": bool(metrics["cache"]["backend_mismatch_allowed"]),
+            "argmax_agreement": math.nan, "tau_vs_reference": math.nan, "diff_vs_reference": math.nan,
+            "diff_ci_low": math.nan, "diff_ci_high": math.nan, "verdict": "", "expected_speedup": math.nan,
+            "speedup_source": "", "best_ddtree_budget": None, **sampling_fields(metrics, "rejection"),
         })
     return rows
 
@@ -232,7 +266,7 @@ def add_verdicts(rows: list[dict], evaluations: list[Evaluation], settings: dict
         return
     steps = {e.key: per_sample_steps(e) for e in evaluations}
     for row in rows:
-        if row["drafter"] == reference:
+        if row["drafter"] == reference or row["scheme"] != "target_only":  # samples.csv holds target_only steps
             continue
         mine = steps.get((row["drafter"], row["dataset"]), {})
         theirs = steps.get((reference, row["dataset"]), {})
@@ -254,18 +288,20 @@ def summary_rows(evaluations: list[Evaluation], settings: dict) -> list[dict]:
     add_verdicts(rows, evaluations, settings)
     reference = settings.get("reference")
     if reference is not None:
-        baseline = {(r["dataset"], _comparable(r)): r["tau_mean_of_samples"]
+        baseline = {(r["dataset"], r["scheme"], _comparable(r)): r["tau_mean_of_samples"]
                     for r in rows if r["drafter"] == reference}
         for row in rows:
-            base = baseline.get((row["dataset"], _comparable(row)), math.nan)
+            base = baseline.get((row["dataset"], row["scheme"], _comparable(row)), math.nan)
             row["tau_vs_reference"] = row["tau_mean_of_samples"] / base if base and not math.isnan(base) else math.nan
     return rows
 
 
 def summary_frame(rows: list[dict]) -> pd.DataFrame:
     """The CSV's table; the nullable integer step keeps "1000" from becoming "1000.0"."""
-    frame = pd.DataFrame(rows, columns=COLUMNS)
-    frame["training_step"] = frame["training_step"].astype("Int64")
+    sampled = any(row["scheme"] != "target_only" or row["temperature"] > 0 for row in rows)
+    frame = pd.DataFrame(rows, columns=COLUMNS + (SAMPLING_COLUMNS if sampled else []))
+    for column in ("training_step", "steps", *(["top_k"] if sampled else [])):
+        frame[column] = frame[column].astype("Int64")
     frame["budget"] = frame["budget"].astype("Int64")
     frame["best_ddtree_budget"] = frame["best_ddtree_budget"].astype("Int64")
     return frame
