@@ -46,7 +46,9 @@ def test_stage_modules_follow_imports_transitively():
             "io_utils"} <= set(evaluate)
     assert "fetch.stage" not in evaluate and "report.stage" not in evaluate
     assert "evaluate.trajectory" not in code_version.stage_modules("report")
-    assert "evaluate.all_anchor" not in evaluate  # the tests' reference evaluator: the stage runs the trajectory one
+    # the rejection scheme (issue 25) reads the drafter's block at every anchor through all_anchor.anchor_blocks, so
+    # an edit there changes what evaluate computes and must rerun it
+    assert {"evaluate.all_anchor", "evaluate.rejection", "evaluate.rejection_metrics"} <= set(evaluate)
     assert "server.control" in code_version.stage_modules("extract")
 
 
