@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pandas as pd
 import pytest
 
@@ -126,3 +128,16 @@ def test_a_sampled_evaluation_adds_its_scheme_and_parameters_and_a_greedy_one_ke
     assert other[other.primary].tau_vs_reference.iloc[0] == pytest.approx(5.25 / 4.1)
     lines = markdown.rejection_table(rows, SETTINGS)
     assert "| step-1000 (reference) | gsm8k | chain-B4 | 0.70 | 4.10 | 2.50 | 2.20..2.80 |" in lines
+
+
+def test_low_argmax_agreement_is_flagged_for_greedy_completions_only():
+    """A sampled completion leaves the target's argmax by design (the demo's T 0.7 set: 54.7%), so its agreement is
+    no evidence of a foreign cache: no warning there; a greedy one below 95% is still flagged."""
+    greedy = metrics_dict("step-1000", "gsm8k")
+    greedy["diagnostics"]["argmax_agreement"] = 0.547
+    sampled = {**greedy, "dataset": "humaneval", "sampling": {"temperature": 0.7, "top_p": 0.95}}
+    warnings = markdown.evaluation_warnings([summary.Evaluation(Path("g.json"), greedy),
+                                             summary.Evaluation(Path("s.json"), sampled)])
+    low = [w for w in warnings if "Low argmax agreement" in w]
+    assert len(low) == 1 and "step-1000 on gsm8k" in low[0]
+    assert not markdown.agreement_is_low(sampled) and markdown.agreement_is_low(greedy)

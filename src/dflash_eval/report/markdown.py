@@ -138,6 +138,18 @@ def rejection_table(rows: list[dict], settings: dict) -> list[str]:
     return [*lines, ""]
 
 
+def sampled_at(metrics: dict) -> float:
+    """The temperature the evaluated completions were sampled at (0: greedy)."""
+    return float((metrics.get("sampling") or {}).get("temperature", 0.0))
+
+
+def agreement_is_low(metrics: dict) -> bool:
+    """The cached target's argmax should reproduce a greedy completion; a sampled one (T > 0) leaves its argmax
+    by design, so there the agreement checks nothing and is never flagged."""
+    agreement = metrics["diagnostics"].get("argmax_agreement")
+    return agreement is not None and agreement < LOW_AGREEMENT and sampled_at(metrics) == 0
+
+
 def evaluation_warnings(evaluations: list[Evaluation]) -> list[str]:
     """Everything that makes a number suspect, one markdown line each."""
     found = []
@@ -149,7 +161,7 @@ def evaluation_warnings(evaluations: list[Evaluation]) -> list[str]:
                          f"`{cache['backend']}` kernels but trained with `{cache.get('trained_with', '?')}` ones "
                          "(allowed by evaluation.allow_backend_mismatch); its tau is not the deployed one.")
         agreement = diagnostics.get("argmax_agreement")
-        if agreement is not None and agreement < LOW_AGREEMENT:
+        if agreement_is_low(metrics):
             found.append(f"**Low argmax agreement**: {drafter} on {dataset}: {agreement:.1%} of completion tokens "
                          "are the cached target's own greedy choice; the cache may not come from the served model.")
         if diagnostics.get("samples_skipped"):
@@ -189,8 +201,10 @@ def diagnostics_table(evaluations: list[Evaluation], fetch: dict[str, dict]) -> 
         cache, diagnostics = metrics["cache"], metrics["diagnostics"]
         agreement = diagnostics.get("argmax_agreement")
         agreement_text = "n/a (no argmax stored)" if agreement is None else f"{agreement:.2%}"
-        if agreement is not None and agreement < LOW_AGREEMENT:
+        if agreement_is_low(metrics):
             agreement_text = f"**{agreement_text} ⚠️ LOW**"
+        elif agreement is not None and sampled_at(metrics) > 0:
+            agreement_text += f" (sampled at T {sampled_at(metrics):g}: not a check)"
         mismatch = "**⚠️ YES (allowed)**" if cache["backend_mismatch_allowed"] else "no"
         lines.append(table_row([
             metrics["drafter"], metrics["dataset"], cache["backend"], cache.get("trained_with", "?"), mismatch,
