@@ -106,7 +106,7 @@ def test_a_sampled_evaluation_adds_its_scheme_and_parameters_and_a_greedy_one_ke
     frame = summary.summary_frame(summary.summary_rows(greedy, SETTINGS))
     assert list(frame.columns) == summary.COLUMNS
     sampled = metrics_dict("step-1000", "gsm8k")
-    sampled["sampling"] = {"temperature": 0.7, "top_p": 0.95, "top_k": -1, "min_p": 0.0}
+    sampled["sampling"] = [{"temperature": 0.7, "top_p": 0.95, "top_k": -1, "min_p": 0.0}]  # as evaluate writes it
     sampled["rejection"] = {"scheme": "rejection", "methods": {"chain-B4": {
         "method": "chain-B4", "scheme": "rejection", "block_size": 4, "tau_mean_of_samples": 2.5,
         "tau_token_weighted": 2.6, "ci95": {"tau_mean_of_samples": [2.2, 2.8], "tau_token_weighted": [2.3, 2.9]},
@@ -135,7 +135,8 @@ def test_low_argmax_agreement_is_flagged_for_greedy_completions_only():
     no evidence of a foreign cache: no warning there; a greedy one below 95% is still flagged."""
     greedy = metrics_dict("step-1000", "gsm8k")
     greedy["diagnostics"]["argmax_agreement"] = 0.547
-    sampled = {**greedy, "dataset": "humaneval", "sampling": {"temperature": 0.7, "top_p": 0.95}}
+    sampled = {**greedy, "dataset": "humaneval", "sampling": [{"temperature": 0.7, "top_p": 0.95, "top_k": -1,
+                                                               "min_p": 0.0}]}
     warnings = markdown.evaluation_warnings([summary.Evaluation(Path("g.json"), greedy),
                                              summary.Evaluation(Path("s.json"), sampled)])
     low = [w for w in warnings if "Low argmax agreement" in w]

@@ -15,7 +15,7 @@ from typing import Any
 from dflash_eval.methods import in_main_table, legend, tree_method, verified_legend
 from dflash_eval.report import online as online_check
 from dflash_eval.report.labels import DIGITS, drafter_label, fmt, missing
-from dflash_eval.report.summary import Evaluation
+from dflash_eval.report.summary import Evaluation, dataset_sampling
 from dflash_eval.report.trust import NOT_RECORDED
 from dflash_eval.speedup import labels as speedup
 
@@ -139,8 +139,8 @@ def rejection_table(rows: list[dict], settings: dict) -> list[str]:
 
 
 def sampled_at(metrics: dict) -> float:
-    """The temperature the evaluated completions were sampled at (0: greedy)."""
-    return float((metrics.get("sampling") or {}).get("temperature", 0.0))
+    """The temperature the evaluated completions were sampled at (0: greedy; NaN: several)."""
+    return float(dataset_sampling(metrics).get("temperature", 0.0))
 
 
 def agreement_is_low(metrics: dict) -> bool:
@@ -203,7 +203,7 @@ def diagnostics_table(evaluations: list[Evaluation], fetch: dict[str, dict]) -> 
         agreement_text = "n/a (no argmax stored)" if agreement is None else f"{agreement:.2%}"
         if agreement_is_low(metrics):
             agreement_text = f"**{agreement_text} ⚠️ LOW**"
-        elif agreement is not None and sampled_at(metrics) > 0:
+        elif agreement is not None and sampled_at(metrics) != 0:
             agreement_text += f" (sampled at T {sampled_at(metrics):g}: not a check)"
         mismatch = "**⚠️ YES (allowed)**" if cache["backend_mismatch_allowed"] else "no"
         lines.append(table_row([

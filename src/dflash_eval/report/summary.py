@@ -200,9 +200,19 @@ def method_rows(evaluation: Evaluation, spec: dict) -> list[dict]:
     return rows + rejection_rows(evaluation, spec)
 
 
+def dataset_sampling(metrics: dict) -> dict:
+    """The sampling parameters of an evaluation's completions: metrics.json lists the distinct sets it saw (one for
+    a dataset fetched with one setting; None when greedy). Several sets have no single value: NaN."""
+    found = metrics.get("sampling") or []
+    found = [found] if isinstance(found, dict) else found
+    if len(found) > 1:
+        return {"temperature": math.nan, "top_p": math.nan, "top_k": None, "min_p": math.nan}
+    return found[0] if found else {}
+
+
 def sampling_fields(metrics: dict, scheme: str) -> dict:
     """The scheme and the dataset's sampling parameters of a row; greedy when metrics.json names none."""
-    sampling = metrics.get("sampling") or {}
+    sampling = dataset_sampling(metrics)
     return {"scheme": scheme, "temperature": float(sampling.get("temperature", 0.0)),
             "top_p": _float(sampling.get("top_p")), "top_k": sampling.get("top_k"), "min_p": _float(sampling.get("min_p"))}
 
@@ -298,7 +308,7 @@ def summary_rows(evaluations: list[Evaluation], settings: dict) -> list[dict]:
 
 def summary_frame(rows: list[dict]) -> pd.DataFrame:
     """The CSV's table; the nullable integer step keeps "1000" from becoming "1000.0"."""
-    sampled = any(row["scheme"] != "target_only" or row["temperature"] > 0 for row in rows)
+    sampled = any(row["scheme"] != "target_only" or row["temperature"] != 0 for row in rows)  # NaN: several
     frame = pd.DataFrame(rows, columns=COLUMNS + (SAMPLING_COLUMNS if sampled else []))
     for column in ("training_step", "steps", *(["top_k"] if sampled else [])):
         frame[column] = frame[column].astype("Int64")
