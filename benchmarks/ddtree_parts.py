@@ -22,7 +22,7 @@ from record import print_and_record, smoke_mode
 
 from dflash_eval.evaluate.ddtree import (
     better_node_counts,
-    candidate_pairs,
+    better_node_counts_on_device,
     tree_accepted,
     truth_path_ranks,
 )
@@ -45,21 +45,9 @@ def ranks_of_log_probs(logits: torch.Tensor, truth: torch.Tensor, width: int):
 
 
 def counts_without_host_reads(values: torch.Tensor, truth_score: torch.Tensor, exists: torch.Tensor, budget: int):
-    """better_node_counts at full width at every depth: no compaction, so no host read (tried, not kept)."""
-    m, positions, width = values.shape
-    neg_inf = torch.tensor(float("-inf"), device=values.device)
-    best = torch.full((m, budget), float("-inf"), dtype=values.dtype, device=values.device)
-    beam = values[:, 0]
-    for depth in range(positions):
-        if depth > 0:
-            parent, token = candidate_pairs(budget, beam.shape[1], width, values.device)
-            candidates = beam[:, parent] + values[:, depth][:, token]
-            beam = torch.topk(candidates, min(budget, candidates.shape[1]), dim=-1).values
-        best = torch.topk(torch.cat([best, beam], dim=1), budget, dim=-1).values
-        open_ = exists & (truth_score >= best[:, budget - 1:budget])
-        floor = torch.where(open_, truth_score, torch.full_like(truth_score, float("inf"))).min(dim=1).values
-        beam = torch.where(beam > floor[:, None], beam, neg_inf)
-    return (best[:, None, :] > truth_score[:, :, None]).sum(dim=-1)
+    """better_node_counts at full width at every depth: no compaction, so no host read (the evaluator's lever,
+    `tree_accepted(host_reads=False)`)."""
+    return better_node_counts_on_device(values, truth_score, exists, budget)
 
 
 def scorer(logits: torch.Tensor, truth: torch.Tensor, ranks, counts) -> torch.Tensor:

@@ -87,7 +87,7 @@ def better_node_counts(values: torch.Tensor, truth_score: torch.Tensor, exists: 
     from them cannot exceed an open truth score, and a closed one already has `budget` better nodes.
     """
     if not host_reads:
-        return _better_node_counts_on_device(values, truth_score, exists, budget)
+        return better_node_counts_on_device(values, truth_score, exists, budget)
     m, positions = values.shape[:2]
     device, neg_inf = values.device, torch.tensor(float("-inf"), device=values.device)
     best = torch.full((m, budget), float("-inf"), dtype=values.dtype, device=device)  # best nodes found, sorted
@@ -118,7 +118,7 @@ def better_node_counts(values: torch.Tensor, truth_score: torch.Tensor, exists: 
     return (best[:, None, :] > truth_score[:, :, None]).sum(dim=-1)
 
 
-def _better_node_counts_on_device(values: torch.Tensor, truth_score: torch.Tensor, exists: torch.Tensor,
+def better_node_counts_on_device(values: torch.Tensor, truth_score: torch.Tensor, exists: torch.Tensor,
                                   budget: int) -> torch.Tensor:
     """better_node_counts without a host read: fixed shapes at every depth (so also a CUDA graph could hold it)."""
     m, positions, width = values.shape
