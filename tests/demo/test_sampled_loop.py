@@ -13,13 +13,19 @@ from __future__ import annotations
 import pytest
 import torch
 
-from dflash_eval.demo.drafters import TrainingSequence
 from dflash_eval.demo.sampled import sampled_generate
 from dflash_eval.evaluate.acceptance import sequence_limits
 from dflash_eval.evaluate.all_anchor import evaluate_sample
 from dflash_eval.evaluate.blocks import BlockDrafter
 from dflash_eval.methods import chain_method
-from tests.support.tiny import MASK_ID, tiny_drafter, tiny_target, train_briefly
+from tests.support.tiny import (
+    MASK_ID,
+    greedy_sequences,
+    layer_features,
+    tiny_drafter,
+    tiny_target,
+    train_briefly,
+)
 
 EOS = 1
 MAX_NEW = 24
@@ -30,25 +36,13 @@ SAMPLINGS = [{"temperature": 0.5, "top_p": 1.0, "top_k": -1, "min_p": 0.0},
              {"temperature": 1.0, "top_p": 0.9, "top_k": 8, "min_p": 0.1}]
 
 
-def _features(target, tokens):
-    with torch.no_grad():
-        hidden = target(tokens[None], output_hidden_states=True).hidden_states
-    return torch.cat([hidden[i + 1][0] for i in LAYERS], dim=-1)
-
-
 @pytest.fixture(scope="module")
 def models():
     """A tiny hybrid target and a drafter trained briefly on its greedy output (acceptance far from trivial)."""
     target = tiny_target(seed=0)
     with torch.no_grad():  # a confident target (a random one is near uniform): sampled output the drafter can follow
         target.lm_head.weight.mul_(20.0)
-    prompts = [torch.randint(2, 290, (8 + i,), generator=torch.Generator().manual_seed(i)) for i in range(4)]
-    sequences = []
-    with torch.no_grad():
-        for prompt in prompts:
-            ids = target.generate(prompt[None], max_new_tokens=MAX_NEW, do_sample=False, eos_token_id=EOS,
-                                  pad_token_id=EOS)[0]
-            sequences.append(TrainingSequence(ids, _features(target, ids), len(prompt)))
+    prompts, sequences = greedy_sequences(target, [8 + i for i in range(4)], LAYERS, MAX_NEW, EOS)
     drafter = tiny_drafter(LAYERS, block_size=BLOCK, window=5)
     runner = BlockDrafter(drafter, target.model.embed_tokens.weight.detach(), target.lm_head.weight.detach(), MASK_ID)
     train_briefly(drafter, runner, sequences, steps=120)
@@ -58,7 +52,7 @@ def models():
 def _offline_steps(target, runner, prompt: list[int], completion: list[int]) -> list[int]:
     tokens = torch.tensor(prompt + completion)
     limits = sequence_limits(len(prompt), len(tokens), None, completion[-1] == EOS)
-    return evaluate_sample(runner, _features(target, tokens), tokens, limits, {EOS}).steps[chain_method(BLOCK)]
+    return evaluate_sample(runner, layer_features(target, tokens, LAYERS), tokens, limits, {EOS}).steps[chain_method(BLOCK)]
 
 
 def _live(target, drafter, prompt, drawn, thresholds=(1.0, 1.0)):

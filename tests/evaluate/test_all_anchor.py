@@ -11,14 +11,19 @@ trivial. The demo-scale version (served completions) lives in tests/demo/test_of
 import pytest
 import torch
 
-from dflash_eval.demo.drafters import TrainingSequence
 from dflash_eval.demo.reference import exact_target_rollback, online_acceptance
 from dflash_eval.evaluate.acceptance import sequence_limits
 from dflash_eval.evaluate.all_anchor import evaluate_sample
 from dflash_eval.evaluate.blocks import BlockDrafter
 from dflash_eval.methods import chain_method, tree_method
 from tests.support.reference import _draft_logprobs, assert_same_steps, ddtree_online
-from tests.support.tiny import MASK_ID, tiny_drafter, tiny_target, train_briefly
+from tests.support.tiny import (
+    MASK_ID,
+    greedy_sequences,
+    tiny_drafter,
+    tiny_target,
+    train_briefly,
+)
 
 EOS = 1
 MAX_NEW = 40
@@ -31,23 +36,11 @@ BUDGETS = [2, 3, 6]
 TIE = 1e-5
 
 
-def _features(target, tokens):
-    with torch.no_grad():
-        hidden = target(tokens[None], output_hidden_states=True).hidden_states
-    return torch.cat([hidden[i + 1][0] for i in LAYERS], dim=-1)
-
-
 @pytest.fixture(scope="module")
 def sequences():
     torch.manual_seed(0)
     target = tiny_target(seed=0)
-    prompts = [torch.randint(2, 290, (10 + i,), generator=torch.Generator().manual_seed(i)) for i in range(6)]
-    out = []
-    with torch.no_grad():
-        for prompt in prompts:
-            ids = target.generate(prompt[None], max_new_tokens=MAX_NEW, do_sample=False, eos_token_id=EOS,
-                                  pad_token_id=EOS)[0]
-            out.append(TrainingSequence(ids, _features(target, ids), len(prompt)))
+    _, out = greedy_sequences(target, [10 + i for i in range(6)], LAYERS, MAX_NEW, EOS)
     return target, out
 
 

@@ -18,12 +18,17 @@ import pytest
 import torch
 
 from dflash_eval.cache.sampling import SamplingParams, token_logprobs
-from dflash_eval.demo.drafters import TrainingSequence
 from dflash_eval.demo.reference import online_acceptance
 from dflash_eval.evaluate.acceptance import sequence_limits
 from dflash_eval.evaluate.blocks import BlockDrafter
 from dflash_eval.evaluate.rejection import anchor_alpha, step_distribution
-from tests.support.tiny import MASK_ID, tiny_drafter, tiny_target, train_briefly
+from tests.support.tiny import (
+    MASK_ID,
+    greedy_sequences,
+    tiny_drafter,
+    tiny_target,
+    train_briefly,
+)
 
 EOS, MAX_NEW, LAYERS, BLOCK, SEEDS = 1, 24, [0, 2], 4, 24
 PARAMS = [SamplingParams(0.7, 1.0, -1), SamplingParams(1.0, 0.9, 40)]
@@ -38,13 +43,7 @@ def _forward(target, tokens):
 @pytest.fixture(scope="module")
 def models():
     target = tiny_target(seed=0)
-    prompts = [torch.randint(2, 290, (8 + i,), generator=torch.Generator().manual_seed(i)) for i in range(4)]
-    sequences = []
-    with torch.no_grad():
-        for prompt in prompts:
-            ids = target.generate(prompt[None], max_new_tokens=MAX_NEW, do_sample=False, eos_token_id=EOS,
-                                  pad_token_id=EOS)[0]
-            sequences.append(TrainingSequence(ids, _forward(target, ids)[0], len(prompt)))
+    prompts, sequences = greedy_sequences(target, [8 + i for i in range(4)], LAYERS, MAX_NEW, EOS)
     drafter = tiny_drafter(LAYERS, block_size=BLOCK, window=5)
     runner = BlockDrafter(drafter, target.model.embed_tokens.weight.detach(), target.lm_head.weight.detach(), MASK_ID)
     train_briefly(drafter, runner, sequences, steps=60)

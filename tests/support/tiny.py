@@ -69,6 +69,28 @@ def tiny_drafter(layer_ids: list[int], seed: int = 1, dflash2: bool = False, **k
     return model
 
 
+def layer_features(model, tokens: torch.Tensor, layer_ids: list[int]) -> torch.Tensor:
+    """The drafter's context features of one sequence: the target's hidden states after each layer id, concatenated."""
+    with torch.no_grad():
+        hidden = model(tokens[None], output_hidden_states=True).hidden_states
+    return torch.cat([hidden[i + 1][0] for i in layer_ids], dim=-1)
+
+
+def greedy_sequences(model, prompt_lens: list[int], layer_ids: list[int], max_new: int, eos: int):
+    """(prompts, training sequences): seeded random prompts of the given lengths, each with the target's greedy
+    completion and its features (what the tests train a drafter on and evaluate it against)."""
+    from dflash_eval.demo.drafters import TrainingSequence
+
+    prompts = [torch.randint(2, 290, (n,), generator=torch.Generator().manual_seed(i)) for i, n in enumerate(prompt_lens)]
+    sequences = []
+    with torch.no_grad():
+        for prompt in prompts:
+            ids = model.generate(prompt[None], max_new_tokens=max_new, do_sample=False, eos_token_id=eos,
+                                 pad_token_id=eos)[0]
+            sequences.append(TrainingSequence(ids, layer_features(model, ids, layer_ids), len(prompt)))
+    return prompts, sequences
+
+
 def train_briefly(drafter, runner, sequences, steps: int = 120) -> None:
     """A few optimizer steps of the demo's block loss, so acceptance is far from both 1 and B (seeded)."""
     import random
