@@ -1,0 +1,218 @@
+"""A speculative decoding loop that runs like a server: static KV caches, CUDA-graph-captured forwards at the fixed
+sizes the loop uses, greedy acceptance on the device, one host sync per step.
+
+Per block size b (1 is the autoregressive baseline, the same machinery at size 1) three steps, each a captured
+graph on CUDA and the same function run eagerly elsewhere (a CPU has no graphs):
+- `draft`: the drafter projects the b context rows of the last verify and drafts b - 1 tokens (b > 1);
+- `verify`: the target runs the block [bonus, drafts] at positions s..s+b-1 (logits and the drafter's features);
+- `accept`: on the device, the accepted length (the greedy prefix match, or a simulated k: speedup/simulate.py's
+  SGLang match-expected, real-draft-token: the bonus is the target's argmax after k - 1 drafts, draft k
+  excluded), the output tokens, the next start and bonus.
+The host then reads the accepted length (the one sync) to know when to stop. Rollback is by position only
+(static_models.py), which holds for pure attention; a Gated DeltaNet target is refused there.
+
+The last step verifies a full block and the output is cut after it (as SGLang's DFlash does); dflash's
+reference loop shortens its last block instead, so the last step's acceptance may differ from it, nothing else.
+"""
+
+from __future__ import annotations
+
+import random
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+
+from dflash_eval.speedup.simulate import simulated_length
+from dflash_eval.speedup.static_models import StaticDrafter, StaticTarget
+from dflash_eval.speedup.timing import timed_ms
+
+
+@dataclass(frozen=True)
+class StaticRun:
+    """One timed generation: decode seconds, tokens after the prefill's, per-step committed lengths, the ids."""
+
+    decode_s: float
+    new_tokens: int
+    acceptance_lengths: list[int]
+    output_ids: torch.Tensor
+
+    @property
+    def tau(self) -> float:
+        return sum(self.acceptance_lengths) / len(self.acceptance_lengths)
+
+    @property
+    def ms_per_step(self) -> float:
+        return 1e3 * self.decode_s / len(self.acceptance_lengths)
+
+
+class StaticLoop:
+    """The loop for one target (pure attention) and one DFlash drafter, at the block sizes `blocks` (and 1),
+    for sequences of up to `max_len` tokens. `graphs`: capture each step as a CUDA graph (CUDA only)."""
+
+    def __init__(self, target: torch.nn.Module, drafter: torch.nn.Module | None, max_len: int,
+                 blocks: list[int], graphs: bool):
+        self.blocks = sorted({1} | {int(b) for b in blocks})
+        width = int(max_len) + 2 * max(self.blocks) + 1  # a full last block and its bonus fit past max_len
+        self.max_len = int(max_len)
+        with torch.inference_mode():
+            layer_ids = list(drafter.target_layer_ids) if drafter is not None else []
+            self.target = StaticTarget(target, width, layer_ids)
+            self.drafter = None if drafter is None else StaticDrafter(
+                drafter, target.get_input_embeddings().weight, target.lm_head, width)
+            device = self.target.device
+            self.device = device
+            self.mask_id = -1 if drafter is None else int(drafter.mask_token_id)
+            long = dict(device=device, dtype=torch.long)
+            self.start, self.ctx_start = torch.zeros(1, **long), torch.zeros(1, **long)
+            self.sim, self.acc = torch.zeros(1, **long), torch.zeros(1, **long)
+            self.out = torch.full((width + max(self.blocks) + 1,), max(self.mask_id, 0), **long)
+            vocab = int(target.get_input_embeddings().weight.shape[0])
+            self.ids = {b: torch.zeros(1, b, **long) for b in self.blocks}
+            self.logits = {b: torch.zeros(b, vocab, device=device, dtype=self.target.dtype) for b in self.blocks}
+            feature_width = len(layer_ids) * int(target.config.hidden_size)
+            self.features = {b: torch.zeros(b, feature_width, device=device, dtype=self.target.dtype)
+                             for b in self.blocks if b > 1}
+        self.graphs = bool(graphs) and device.type == "cuda"
+        self.steps: dict[tuple[str, int], Callable[[], None]] = {}
+        for b in self.blocks:
+            if b > 1 and self.drafter is None:
+                raise ValueError(f"block {b} needs a drafter")
+            self.steps[("verify", b)] = self._capture(lambda b=b: self._verify(b))
+            self.steps[("accept", b)] = self._capture(lambda b=b: self._accept(b))
+            if b > 1:
+                self.steps[("draft", b)] = self._capture(lambda b=b: self._draft(b))
+
+    # the three steps, on static buffers only (no host read: capturable)
+    def _verify(self, b: int) -> None:
+        logits, features = self.target.forward(self.ids[b], self.start, features=b > 1)
+        self.logits[b].copy_(logits)
+        if features is not None:
+            self.features[b].copy_(features)
+
+    def _draft(self, b: int) -> None:
+        drafts = self.drafter.draft(self.features[b], self.ctx_start, self.ids[b][0, :1], self.start, b)
+        self.ids[b][0, 1:].copy_(drafts)
+
+    def _accept(self, b: int) -> None:
+        logits, block, start = self.logits[b], self.ids[b][0], self.start
+        if b > 1:
+            posterior = logits.argmax(-1)
+            real = (block[1:] == posterior[:-1]).to(torch.long).cumprod(0).sum().view(1)
+            acc = torch.where(self.sim > 0, self.sim - 1, real)
+            row = logits.index_select(0, acc)[0]
+            rejected = block.index_select(0, (acc + 1).clamp(max=b - 1))  # draft acc + 1: never the bonus
+            excluded = (torch.arange(row.shape[0], device=self.device) == rejected) & (acc + 1 < b)
+            bonus = row.masked_fill(excluded, torch.finfo(row.dtype).min).argmax(-1).view(1)
+        else:
+            acc, bonus = torch.zeros_like(start), logits[0].argmax(-1).view(1)
+        offsets = torch.arange(b + 1, device=self.device)
+        values = torch.where(offsets <= acc, torch.cat([block, bonus]), bonus)
+        self.out.index_copy_(0, start + offsets, values)
+        self.acc.copy_(acc)
+        self.ctx_start.copy_(start)
+        self.start.add_(acc + 1)
+        block[:1].copy_(bonus)
+
+    def _capture(self, step: Callable[[], None]) -> Callable[[], None]:
+        def eager() -> None:
+            with torch.inference_mode():
+                step()
+        if not self.graphs:
+            return eager
+        stream = torch.cuda.Stream(self.device)
+        stream.wait_stream(torch.cuda.current_stream(self.device))
+        with torch.cuda.stream(stream):
+            for _ in range(2):  # warm-up outside the graph (kernel selection, lazy initialisation)
+                self.start.zero_()
+                eager()
+        torch.cuda.current_stream(self.device).wait_stream(stream)
+        self.start.zero_()
+        graph = torch.cuda.CUDAGraph()
+        with torch.inference_mode(), torch.cuda.graph(graph, pool=getattr(self, "_pool", None)):
+            step()
+        self._pool = graph.pool()
+        self.start.zero_()
+        return graph.replay
+
+    @torch.inference_mode()
+    def prefill(self, prompt: torch.Tensor, block: int) -> int:
+        """Eager, untimed: the prompt's forward, its greedy next token, the drafter's context; returns its length."""
+        n = int(prompt.shape[1])
+        if n + 1 > self.max_len:
+            raise ValueError(f"a prompt of {n} tokens does not fit a loop of max_len {self.max_len}")
+        with torch.inference_mode():
+            zero = torch.zeros(1, dtype=torch.long, device=self.device)
+            logits, features = self.target.forward(prompt, zero, features=block > 1)
+            first = logits[-1].argmax(-1)
+            self.out.fill_(max(self.mask_id, 0))
+            self.out[:n].copy_(prompt[0])
+            self.out[n] = first
+            self.start.fill_(n)
+            self.ids[block][0, 0] = first
+            if block > 1:
+                self.drafter.context(features, zero)
+                low = max(0, n - block)  # the first draft re-projects the last rows (the shape it is captured at)
+                self.features[block].zero_()
+                self.features[block][:n - low].copy_(features[low:])
+                self.ctx_start.fill_(low)
+        return n
+
+    @torch.inference_mode()
+    def generate(self, prompt: torch.Tensor, max_new_tokens: int, block: int, simulate_tau: float | None = None,
+                 seed: int = 0) -> StaticRun:
+        """Greedy generation of `max_new_tokens` tokens at `block` (1: autoregressive), acceptance simulated at
+        `simulate_tau` when given (one draw per step, as speedup/simulate.py's forced_acceptance draws)."""
+        if block not in self.blocks:
+            raise ValueError(f"block {block} was not captured (blocks {self.blocks})")
+        n = self.prefill(prompt, block)
+        max_length = n + int(max_new_tokens)
+        if max_length + 1 > self.max_len:
+            raise ValueError(f"{n} + {max_new_tokens} tokens do not fit a loop of max_len {self.max_len}")
+        rng = random.Random(seed)
+        draft, verify, accept = self.steps.get(("draft", block)), self.steps[("verify", block)], \
+            self.steps[("accept", block)]
+        lengths: list[int] = []
+        start = n
+        self._sync()
+        began = time.perf_counter()
+        while start + 1 < max_length:
+            if block > 1:
+                self.sim.fill_(simulated_length(simulate_tau, block, rng) if simulate_tau is not None else 0)
+                draft()
+            verify()
+            accept()
+            produced = min(int(self.acc.item()) + 1, max_length - start - 1)  # the step's one host sync
+            start += produced
+            lengths.append(produced)
+        self._sync()
+        decode_s = time.perf_counter() - began
+        return StaticRun(decode_s, start + 1 - n, lengths, self.out[:start + 1].clone()[None].cpu())
+
+    def _sync(self) -> None:
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+
+    @torch.inference_mode()
+    def step_terms(self, block: int, repeats: int, budget_s: float = 1.0, at: int | None = None) -> dict[str, dict]:
+        """The per-step terms this loop pays at `block`, each timed alone (timing.timed_ms: synchronised repeats
+        until the median's 95% CI is within ±2%): `verify`, `draft` (b > 1), and `accept_host` (the accept
+        step, its launch and the host read of the accepted length: the host round trip a step pays)."""
+        position = self.max_len // 2 if at is None else int(at)
+
+        def reset() -> None:
+            self.start.fill_(position)
+            self.ctx_start.fill_(max(0, position - block))
+            self.sim.fill_(0)
+
+        reset()
+        terms = {"verify": timed_ms(self.steps[("verify", block)], self.device, repeats, setup=reset,
+                                    budget_s=budget_s)}
+        if block > 1:
+            terms["draft"] = timed_ms(self.steps[("draft", block)], self.device, repeats, setup=reset,
+                                      budget_s=budget_s)
+        accept = self.steps[("accept", block)]
+        terms["accept_host"] = timed_ms(lambda: (accept(), int(self.acc.item())), self.device, repeats,
+                                        setup=reset, budget_s=budget_s)
+        return terms

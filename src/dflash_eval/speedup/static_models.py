@@ -1,0 +1,169 @@
+"""A pure-attention target and a DFlash drafter with preallocated (static) KV caches, for a loop that runs like a
+server: fixed shapes per call, every position and length a device tensor, no host read, so that a forward can be
+captured as a CUDA graph (speedup/static_loop.py) and the same code runs eagerly on a CPU.
+
+The weights and the per-token modules (projections, RMSNorms, MLPs, LM head) are the Hugging Face model's own;
+only the attention's cache and mask are ours. Rollback is by position only: a verify writes its keys at
+positions s..s+n-1; the next step writes from its own start over whatever was rejected, and the causal mask
+hides what lies beyond a query. The drafter's context keys live in its own buffer at their absolute positions,
+as dflash's loop keeps them (its DynamicCache, cropped back to the block start after each draft).
+"""
+
+from __future__ import annotations
+
+import torch
+from torch.nn import functional as F
+
+from dflash_eval.errors import DflashEvalError
+
+
+def _attend(attn: torch.nn.Module, q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor,
+            visible: torch.Tensor) -> torch.Tensor:
+    """SDPA of q [1, H, n, d] over the whole key buffer [1, KV, L, d] under a [n, L] bool mask."""
+    out = F.scaled_dot_product_attention(q, keys, values, attn_mask=visible[None, None], scale=attn.scaling,
+                                         enable_gqa=q.shape[1] != keys.shape[1])
+    return attn.o_proj(out.transpose(1, 2).reshape(1, q.shape[2], -1))
+
+
+def _rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    half = x.shape[-1] // 2
+    rotated = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+    return x * cos + rotated * sin
+
+
+def _tables(rotary: torch.nn.Module, length: int, like: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos, sin [L, d] for positions 0..L-1, computed once (each position's entry is what a call at it computes)."""
+    cos, sin = rotary(like, torch.arange(length, device=like.device)[None])
+    return cos[0], sin[0]
+
+
+class StaticTarget:
+    """A Qwen3-style pure-attention causal LM (e.g. Qwen3ForCausalLM) over a preallocated KV cache of
+    `max_len` positions. `forward(ids, start)` runs ids [1, n] at positions start..start+n-1 (start: a long
+    tensor [1]) and returns the logits [n, V] and the concatenated features of `layer_ids` [n, F]."""
+
+    def __init__(self, model: torch.nn.Module, max_len: int, layer_ids: list[int] | None = None):
+        layer_types = getattr(model.config, "layer_types", None) or []
+        if "linear_attention" in layer_types:
+            raise DflashEvalError("the static-cache loop runs pure-attention targets only: this one has Gated "
+                                  "DeltaNet (linear_attention) layers, whose recurrent state a position rollback "
+                                  "cannot undo; run it with the eager loop (--loop eager)")
+        self.model, self.max_len = model, int(max_len)
+        inner = model.model
+        self.layers = list(inner.layers)
+        self.layer_ids = list(layer_ids or [])
+        weight = inner.embed_tokens.weight
+        self.device, self.dtype = weight.device, weight.dtype
+        self.cos, self.sin = _tables(inner.rotary_emb, self.max_len, weight[:1])
+        attn = self.layers[0].self_attn
+        kv_heads = model.config.num_key_value_heads
+        shape = (1, kv_heads, self.max_len, attn.head_dim)
+        self.keys = [torch.zeros(shape, device=self.device, dtype=self.dtype) for _ in self.layers]
+        self.values = [torch.zeros(shape, device=self.device, dtype=self.dtype) for _ in self.layers]
+        self.key_index = torch.arange(self.max_len, device=self.device)
+
+    @torch.inference_mode()
+    def forward(self, ids: torch.Tensor, start: torch.Tensor,
+                features: bool = True) -> tuple[torch.Tensor, torch.Tensor | None]:
+        inner, n = self.model.model, ids.shape[1]
+        positions = start + torch.arange(n, device=self.device)
+        cos, sin = self.cos[positions][None, None], self.sin[positions][None, None]
+        causal = self.key_index[None, :] <= positions[:, None]
+        hidden = inner.embed_tokens(ids)
+        captured: dict[int, torch.Tensor] = {}
+        last = len(self.layers) - 1
+        for i, layer in enumerate(self.layers):
+            attn = layer.self_attn
+            x = layer.input_layernorm(hidden)
+            q = attn.q_norm(attn.q_proj(x).view(1, n, -1, attn.head_dim)).transpose(1, 2)
+            k = attn.k_norm(attn.k_proj(x).view(1, n, -1, attn.head_dim)).transpose(1, 2)
+            v = attn.v_proj(x).view(1, n, -1, attn.head_dim).transpose(1, 2)
+            q, k = _rope(q, cos, sin), _rope(k, cos, sin)
+            self.keys[i].index_copy_(2, positions, k)
+            self.values[i].index_copy_(2, positions, v)
+            visible = causal
+            window = getattr(attn, "sliding_window", None)
+            if window is not None:
+                visible = visible & (positions[:, None] - self.key_index[None, :] < window)
+            hidden = hidden + _attend(attn, q, self.keys[i], self.values[i], visible)
+            hidden = hidden + layer.mlp(layer.post_attention_layernorm(hidden))
+            if i in self.layer_ids and i != last:
+                captured[i] = hidden
+        normed = inner.norm(hidden)
+        if last in self.layer_ids:  # dflash's extract_context_feature: hidden_states[-1] is the final-norm output
+            captured[last] = normed
+        logits = self.model.lm_head(normed)[0]
+        if not (features and self.layer_ids):
+            return logits, None
+        return logits, torch.cat([captured[i] for i in self.layer_ids], dim=-1)[0]
+
+
+class StaticDrafter:
+    """dflash's DFlashDraftModel over a preallocated context-KV buffer. `context(features, start)` projects
+    context rows [m, F] at positions start.. into the buffer; `draft(features, ctx_start, block, start)`
+    projects the b rows of the last verify at ctx_start.. (the rejected ones among them are overwritten by the
+    block's own keys: the block starts where the accepted rows end), then runs the block [bonus, mask x
+    (b-1)] at start..start+b-1 and returns its b-1 greedy drafts."""
+
+    def __init__(self, drafter: torch.nn.Module, embed: torch.Tensor, head: torch.nn.Module, max_len: int):
+        self.drafter, self.embed, self.head, self.max_len = drafter, embed, head, int(max_len)
+        config = drafter.config
+        settings = getattr(config, "dflash_config", {}) or {}
+        self.scale = float(settings.get("input_embedding_scale", getattr(config, "input_embedding_scale", 1.0)))
+        self.mask_token_id = int(drafter.mask_token_id)
+        self.layers = list(drafter.layers)
+        weight = drafter.fc.weight
+        self.device, self.dtype = weight.device, weight.dtype
+        self.cos, self.sin = _tables(drafter.rotary_emb, self.max_len, weight[:1])
+        attn = self.layers[0].self_attn
+        shape = (1, config.num_key_value_heads, self.max_len, attn.head_dim)
+        self.keys = [torch.zeros(shape, device=self.device, dtype=self.dtype) for _ in self.layers]
+        self.values = [torch.zeros(shape, device=self.device, dtype=self.dtype) for _ in self.layers]
+        self.key_index = torch.arange(self.max_len, device=self.device)
+
+    def _write_context(self, features: torch.Tensor, start: torch.Tensor) -> None:
+        projected = self.drafter.hidden_norm(self.drafter.fc(features[None]))
+        positions = start + torch.arange(features.shape[0], device=self.device)
+        cos, sin = self.cos[positions][None, None], self.sin[positions][None, None]
+        for i, layer in enumerate(self.layers):
+            attn = layer.self_attn
+            rows = projected.shape[1]
+            k = attn.k_norm(attn.k_proj(projected).view(1, rows, -1, attn.head_dim)).transpose(1, 2)
+            v = attn.v_proj(projected).view(1, rows, -1, attn.head_dim).transpose(1, 2)
+            self.keys[i].index_copy_(2, positions, _rope(k, cos, sin))
+            self.values[i].index_copy_(2, positions, v)
+
+    @torch.inference_mode()
+    def context(self, features: torch.Tensor, start: torch.Tensor) -> None:
+        self._write_context(features, start)
+
+    @torch.inference_mode()
+    def draft(self, features: torch.Tensor, ctx_start: torch.Tensor, bonus: torch.Tensor,
+              start: torch.Tensor, block: int) -> torch.Tensor:
+        self._write_context(features, ctx_start)
+        ids = torch.full((1, block), self.mask_token_id, device=self.device, dtype=torch.long)
+        ids[0, :1] = bonus
+        hidden = F.embedding(ids, self.embed) * self.scale
+        positions = start + torch.arange(block, device=self.device)
+        cos, sin = self.cos[positions][None, None], self.sin[positions][None, None]
+        query, key = positions[:, None], self.key_index[None, :]
+        for i, layer in enumerate(self.layers):
+            attn = layer.self_attn
+            x = layer.input_layernorm(hidden)
+            q = attn.q_norm(attn.q_proj(x).view(1, block, -1, attn.head_dim)).transpose(1, 2)
+            k = attn.k_norm(attn.k_proj(x).view(1, block, -1, attn.head_dim)).transpose(1, 2)
+            v = attn.v_proj(x).view(1, block, -1, attn.head_dim).transpose(1, 2)
+            self.keys[i].index_copy_(2, positions, _rope(k, cos, sin))
+            self.values[i].index_copy_(2, positions, v)
+            # dflash's _attention_mask, keys at their absolute positions (its cache holds positions 0..)
+            visible = key < start + block
+            if attn.is_causal:
+                visible = visible & (key <= query)
+            if attn.sliding_window is not None:
+                visible = visible & (query - key < attn.sliding_window)
+                if not attn.is_causal:
+                    visible = visible & (key - query < attn.sliding_window)
+            hidden = hidden + _attend(attn, _rope(q, cos, sin), self.keys[i], self.values[i], visible)
+            hidden = hidden + layer.mlp(layer.post_attention_layernorm(hidden))
+        hidden = self.drafter.norm(hidden)[:, 1:]
+        return self.drafter.compute_logits(hidden, self.head)[0].argmax(-1)
