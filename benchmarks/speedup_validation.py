@@ -1,35 +1,43 @@
-"""Is the expected speedup right? It, beside the measured wall-clock speedup of the live loop, per cell.
+"""Is the expected speedup right? It, beside the measured wall-clock speedup of a live loop, per cell.
 
-Measured: `dflash.model.dflash_generate` (batch 1, temperature 0; exact rollback on a hybrid target) over the
-same prompts against the target's own autoregressive greedy loop (the same function at block size 1: the same
-cache, the same host sync per step), on one stack (HF transformers + fla on CUDA, the torch kernels on a CPU;
-bound explicitly). Speedup = decode time of the autoregressive loop / decode time of the speculative one, for
-the same number of new tokens (no stop tokens). Acceptance is simulated (dflash_eval/speedup/simulate.py:
-SGLang 0.5.23's SGLANG_SIMULATE_ACC_LEN, match-expected, real-draft-token): the drafter runs its forward,
-then each step commits k tokens, k the floor or ceiling of the asked tau; `live` cells keep the random
-drafter's own acceptance (about 1).
+Two live loops (`--loop`, `graphs` by default on CUDA):
+- `graphs`: a loop that runs like a server (dflash_eval/speedup/static_loop.py): static KV caches, the target's
+  forward captured as a CUDA graph at size 1 (autoregressive) and b (a chain verify), the drafter's at block b,
+  greedy acceptance on the device, one host sync per step (on a CPU the same loop runs eagerly). Pure-attention
+  targets only: a Gated DeltaNet hybrid runs the eager loop, and its section says why.
+- `eager`: `dflash.model.dflash_generate` (batch 1, temperature 0; exact rollback on a hybrid target) against the
+  same function at block size 1 (the same cache, the same host sync per step), HF transformers + fla on CUDA.
+Speedup = decode time of the autoregressive loop / decode time of the speculative one for the same number of
+new tokens (no stop tokens). Acceptance is simulated (dflash_eval/speedup/simulate.py: SGLang 0.5.23's
+SGLANG_SIMULATE_ACC_LEN, match-expected, real-draft-token): the drafter runs its forward, then each step
+commits k tokens, k the floor or ceiling of the asked tau; `live` cells keep the random drafter's own
+acceptance (about 1).
 
-Predicted: the project's estimate, tau x T_AR / (T_draft + T_verify(b)) (speedup/model.py), from the same
-device's profile of the same model: T_AR and T_verify(n) timed as extraction times them (extract/profile.py),
-T_draft as evaluation times it (evaluate/draft_timing.py, block b, projecting round(tau) new context rows),
-and the tau the loop realised (token-weighted). On a hybrid target a second prediction adds the measured
-exact-rollback replay (a forward of the k kept tokens after each partial acceptance, T_verify(k)): a term of
-this stack's loop, not of a server that keeps per-token states (SGLang).
+Predicted: the product's estimate, tau x T_AR / (T_draft + T_verify(b)) (speedup/model.py), from the same
+device's profile of the same model: T_AR and T_verify(n) timed as extraction times them (extract/profile.py,
+measured twice: the two runs' ratio per size shows whether it repeats within 5%), T_draft as evaluation times
+it (evaluate/draft_timing.py, block b, projecting round(tau) new context rows), and the tau the loop realised
+(token-weighted). Beside it, for the graph loop, the same formula from the terms that loop pays, each timed
+alone (StaticLoop.step_terms): its T_AR (the size-1 graph), T_draft and T_verify(b) graphs, and then with the
+per-step accept + host round trip added to both sides. On a hybrid target (eager loop) a second prediction
+adds the measured exact-rollback replay (a forward of the k kept tokens after each partial acceptance).
 
 Shapes (random weights): `demo` (the demo's target and drafter shapes), `27b` (Qwen3.6-27B per-layer shape: a
 Gated DeltaNet hybrid, `--layers` of its 64 layers, its DFlash drafter's shape), `8b` (Qwen3-8B per-layer
-shape, pure attention, `--layers` of 36), `tiny` (the smoke's). With fewer layers nothing is scaled: both sides
-are of the reduced model, so a cell validates the estimate for that model, and its speedup is not the full
-model's. DDTree: no live tree loop here yet (a pure-attention target could verify a tree under a tree mask),
-so no DDTree cell is measured.
+shape, pure attention, `--layers` of 36), `tiny` and `tiny-attention` (the smoke's). With fewer layers nothing
+is scaled: both sides are of the reduced model, so a cell validates the estimate for that model, and its
+speedup is not the full model's. DDTree: no live tree loop here yet (a pure-attention target could verify a
+tree under a tree mask), so no DDTree cell is measured. Each shape's section is printed (and recorded) as soon
+as it is done; `--max-seconds` starts no new cell past it.
 
-    python benchmarks/speedup_validation.py --device cuda --shapes demo,27b --max-seconds 50 --record $OUT/v.md
+    python benchmarks/speedup_validation.py --device cuda --shapes 8b,27b --max-seconds 240 --record $OUT/v.md
 """
 
 from __future__ import annotations
 
 import argparse
 import time
+import traceback
 from pathlib import Path
 
 import torch
@@ -44,6 +52,7 @@ from dflash_eval.evaluate.draft_timing import drafter_step_ms
 from dflash_eval.extract.backends import bind_backend
 from dflash_eval.extract.profile import measure_target
 from dflash_eval.speedup.model import expected_speedup
+from dflash_eval.speedup.timing import compare
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -52,6 +61,9 @@ SHAPES = {
     "tiny": dict(kind="hybrid", layers=4, hidden=64, intermediate=128, heads=4, kv_heads=2, head_dim=16, lin_k=2,
                  lin_v=4, lin_dim=16, vocab=300, d_layers=2, d_heads=4, d_kv=2, d_head_dim=16, d_inter=128,
                  window=16, full_layers=4),
+    "tiny-attention": dict(kind="attention", layers=3, hidden=64, intermediate=128, heads=4, kv_heads=2,
+                           head_dim=16, vocab=300, d_layers=2, d_heads=4, d_kv=2, d_head_dim=16, d_inter=128,
+                           window=16, full_layers=3),
     "demo": dict(kind="hybrid", layers=8, hidden=128, intermediate=256, heads=4, kv_heads=2, head_dim=32, lin_k=1,
                  lin_v=2, lin_dim=32, vocab=4096, d_layers=2, d_heads=4, d_kv=2, d_head_dim=32, d_inter=256,
                  window=64, full_layers=8),
@@ -132,34 +144,99 @@ def replay_ms(run: LoopRun, block: int, verify: dict[str, float]) -> float:
     return sum(verify[str(k)] for k in run.acceptance_lengths if k < block) / len(run.acceptance_lengths)
 
 
-def shape_rows(name: str, args: argparse.Namespace, device: torch.device, dtype: torch.dtype, deadline: float,
-               skipped: list[str]) -> list[str]:
-    shape = SHAPES[name]
-    layers = args.layers or shape["layers"]
+def two_profiles(target, context: int, sizes: list[int], args: argparse.Namespace) -> tuple[dict, dict, dict]:
+    """The product's profile (extract/profile.py), measured twice back to back, and how the two compare."""
+    first, second = (measure_target(target, context, args.repeats, sizes, seconds_per_size=args.seconds_per_size)
+                     for _ in range(2))
+    return first, second, compare(first["t_verify_ms"], second["t_verify_ms"], "speedup_validation profile")
+
+
+def profile_lines(first: dict, second: dict, agreement: dict) -> list[str]:
+    ratios = ", ".join(f"{n}: {r:.3f}" for n, r in sorted(agreement["ratios"].items(), key=lambda kv: int(kv[0])))
+    unstable = sorted(set(first["spread"]["unstable"]) | set(second["spread"]["unstable"]))
+    return ["", f"Profile repeatability (extract/profile.py twice, run 2 / run 1 per verified size): {ratios}; "
+            f"beyond 5%: {', '.join(agreement['beyond_5_percent']) or 'none'}; T_AR {first['t_ar_ms']:.2f} / "
+            f"{second['t_ar_ms']:.2f} ms; sizes whose median CI stayed wider than ±2% at the cap: "
+            f"{', '.join(map(str, unstable)) or 'none'}. Predictions use run 1."]
+
+
+def product_draft_ms(runner, features, tokens, context: int, args: argparse.Namespace, block: int,
+                     tau: float) -> float:
+    """T_draft as evaluation times it (evaluate/draft_timing.py): block b, round(tau) new context rows."""
+    return drafter_step_ms(runner, features, tokens[:context + 1], context, args.repeats, block,
+                           max(1, round(tau)))["ms"]
+
+
+def static_rows(name: str, shape: dict, layers: int, target, drafter, prompts, runner, features, tokens,
+                context: int, args: argparse.Namespace, device: torch.device, deadline: float,
+                skipped: list[str]) -> list[str]:
+    """The graph loop's section: the product's prediction, the loop's own terms, and the measured speedup."""
+    from dflash_eval.speedup.static_loop import StaticLoop
+
     blocks = sorted(args.blocks)
-    started = time.perf_counter()
-    target, drafter = build(shape, layers, max(blocks), device, dtype)
+    graphs = device.type == "cuda"
+    built = time.perf_counter()
+    loop = StaticLoop(target, drafter, args.prompt_tokens + args.new_tokens + 1, blocks, graphs=graphs)
+    for block in blocks:  # warm-up
+        loop.generate(prompts[0], min(8, args.new_tokens), block, 2.0)
+    captured_s = time.perf_counter() - built
+    autoregressive = pooled([loop.generate(p, args.new_tokens, 1) for p in prompts])
+    ar_terms = loop.step_terms(1, args.repeats, args.seconds_per_size, at=context)
+    first, second, agreement = two_profiles(target, context, sorted({1, *blocks}), args)
+    t_ar, verify = first["t_ar_ms"], first["t_verify_ms"]
+    ar_loop, ar_host = ar_terms["verify"]["ms"], ar_terms["accept_host"]["ms"]
+    kind = "CUDA graphs" if graphs else "static cache, eager (no graphs on this device)"
+    head = (f"### {name}: {layers} of {shape['full_layers']} layers (pure attention), loop `graphs` ({kind}; "
+            f"captured and warmed in {captured_s:.0f} s), {args.prompts} prompts x {args.prompt_tokens} tokens, "
+            f"{args.new_tokens} new tokens, profile context {context}. T_AR: the product's profile "
+            f"{t_ar:.2f} ms (HF eager); the loop's size-1 graph {ar_loop:.2f} ms + accept/host {ar_host:.2f} ms; "
+            f"the loop's autoregressive decode measured {autoregressive.ms_per_step:.2f} ms/token")
+    rows = ["", head, *profile_lines(first, second, agreement), "",
+            "| block | tau asked | tau realised | T_draft ms product / loop | T_verify(b) ms profile / loop | "
+            "accept+host ms | ms/step measured | predicted (product) | predicted (loop terms) | "
+            "predicted (loop terms + host) | measured | measured / predicted (product) | "
+            "measured / predicted (loop + host) |",
+            "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    for block in blocks:
+        terms = loop.step_terms(block, args.repeats, args.seconds_per_size, at=context)
+        draft, check, host = terms["draft"]["ms"], terms["verify"]["ms"], terms["accept_host"]["ms"]
+        for tau in args.taus:
+            label = f"{name} b{block} tau {tau}"
+            if time.perf_counter() > deadline:
+                skipped.append(label)
+                continue
+            asked = None if tau == "live" else float(tau)
+            run = pooled([loop.generate(p, args.new_tokens, block, asked, 1000 * block + i)
+                          for i, p in enumerate(prompts)])
+            product_draft = product_draft_ms(runner, features, tokens, context, args, block, run.tau)
+            product = expected_speedup(run.tau, t_ar, product_draft, verify[str(block)])
+            from_loop = expected_speedup(run.tau, ar_loop, draft, check)
+            with_host = expected_speedup(run.tau, ar_loop + ar_host, draft + check + host, 0.0)
+            measured = measured_speedup(autoregressive, run)
+            rows.append(f"| {block} | {tau} | {run.tau:.2f} | {product_draft:.2f} / {draft:.2f} | "
+                        f"{verify[str(block)]:.2f} / {check:.2f} | {host:.3f} | {run.ms_per_step:.2f} | "
+                        f"{product:.2f} | {from_loop:.2f} | {with_host:.2f} | {measured:.2f} | "
+                        f"{measured / product:.3f} | {measured / with_host:.3f} |")
+    return rows
+
+
+def eager_rows(name: str, shape: dict, layers: int, target, drafter, prompts, runner, features, tokens,
+               context: int, args: argparse.Namespace, why: str, deadline: float, skipped: list[str]) -> list[str]:
+    """dflash_generate against itself at block 1 (HF eager; exact rollback on a hybrid)."""
+    blocks = sorted(args.blocks)
     hybrid = is_hybrid(target)
-    generator = torch.Generator().manual_seed(0)
-    prompts = [torch.randint(0, shape["vocab"] - 4, (1, args.prompt_tokens), generator=generator).to(device)
-               for _ in range(args.prompts)]
     run_loop(drafter, target, prompts[0], min(8, args.new_tokens), max(blocks), 2.0)  # warm-up: kernels, tuning
     run_loop(drafter, target, prompts[0], min(8, args.new_tokens), 1)
     autoregressive = pooled(loops(drafter, target, prompts, args.new_tokens, 1, None, 0))
-    context = args.prompt_tokens + args.new_tokens // 2  # the mean context over the decode
-    profile = measure_target(target, context, args.repeats, range(1, max(blocks) + 1),
-                             seconds_per_size=args.seconds_per_size)
-    runner = BlockDrafter(drafter, target.get_input_embeddings().weight.detach(),
-                          target.get_output_embeddings().weight.detach(), drafter.mask_token_id).to(device)
-    features = torch.randn(context + 1, len(drafter.target_layer_ids) * shape["hidden"], generator=generator)
-    features, tokens = features.to(device=device, dtype=dtype), prompts[0][0].repeat(context // args.prompt_tokens + 2)
-    t_ar, verify = profile["t_ar_ms"], profile["t_verify_ms"]
+    sizes = list(range(1, max(blocks) + 1)) if hybrid else sorted({1, *blocks})  # the replay verifies k < b
+    first, second, agreement = two_profiles(target, context, sizes, args)
+    t_ar, verify = first["t_ar_ms"], first["t_verify_ms"]
     head = (f"### {name}: {layers} of {shape['full_layers']} layers ({'Gated DeltaNet hybrid' if hybrid else 'pure attention'}"
-            f"), {args.prompts} prompts x {args.prompt_tokens} tokens, {args.new_tokens} new tokens, profile context "
-            f"{context}; autoregressive loop {autoregressive.ms_per_step:.2f} ms/token, profile T_AR {t_ar:.2f} ms "
-            f"(sizes unstable at the cap: {', '.join(map(str, profile['spread']['unstable'])) or 'none'}) "
-            f"(model built and warmed in {time.perf_counter() - started:.0f} s)")
-    rows = ["", head, "", "| block | tau asked | tau realised | T_draft ms | T_verify(b) ms | ms/step model | "
+            f"), loop `eager` ({why}), {args.prompts} prompts x {args.prompt_tokens} tokens, {args.new_tokens} new "
+            f"tokens, profile context {context}; autoregressive loop {autoregressive.ms_per_step:.2f} ms/token, "
+            f"profile T_AR {t_ar:.2f} ms")
+    rows = ["", head, *profile_lines(first, second, agreement), "",
+            "| block | tau asked | tau realised | T_draft ms | T_verify(b) ms | ms/step model | "
             "ms/step measured | predicted | predicted + replay | measured | measured / predicted |",
             "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for block in blocks:
@@ -170,8 +247,7 @@ def shape_rows(name: str, args: argparse.Namespace, device: torch.device, dtype:
                 continue
             asked = None if tau == "live" else float(tau)
             run = pooled(loops(drafter, target, prompts, args.new_tokens, block, asked, 1000 * block))
-            draft = drafter_step_ms(runner, features, tokens[:context + 1], context, args.repeats, block,
-                                    max(1, round(run.tau)))["ms"]
+            draft = product_draft_ms(runner, features, tokens, context, args, block, run.tau)
             predicted = expected_speedup(run.tau, t_ar, draft, verify[str(block)])
             replay = replay_ms(run, block, verify) if hybrid else 0.0
             with_replay = expected_speedup(run.tau, t_ar, draft + replay, verify[str(block)]) if hybrid else None
@@ -180,7 +256,41 @@ def shape_rows(name: str, args: argparse.Namespace, device: torch.device, dtype:
                         f"{draft + verify[str(block)] + replay:.2f} | {run.ms_per_step:.2f} | {predicted:.2f} | "
                         + ("-" if with_replay is None else f"{with_replay:.2f}")
                         + f" | {measured:.2f} | {measured / (with_replay or predicted):.3f} |")
-    del target, drafter
+    return rows
+
+
+GDN_STATIC = ("a static-graph loop needs the target's state after the accepted prefix of a verify: attention has "
+              "it by position, a Gated DeltaNet layer's recurrent and conv state after token k of b is not "
+              "returned by the chunked kernel (only the final state is), so it would need per-token states "
+              "(SGLang's approach) or a graph-captured replay of the kept tokens, not built yet")
+
+
+def shape_rows(name: str, args: argparse.Namespace, device: torch.device, dtype: torch.dtype, deadline: float,
+               skipped: list[str]) -> list[str]:
+    shape = SHAPES[name]
+    layers = args.layers or shape["layers"]
+    started = time.perf_counter()
+    target, drafter = build(shape, layers, max(args.blocks), device, dtype)
+    generator = torch.Generator().manual_seed(0)
+    prompts = [torch.randint(0, shape["vocab"] - 4, (1, args.prompt_tokens), generator=generator).to(device)
+               for _ in range(args.prompts)]
+    context = args.prompt_tokens + args.new_tokens // 2  # the mean context over the decode
+    runner = BlockDrafter(drafter, target.get_input_embeddings().weight.detach(),
+                          target.get_output_embeddings().weight.detach(), drafter.mask_token_id).to(device)
+    features = torch.randn(context + 1, len(drafter.target_layer_ids) * shape["hidden"], generator=generator)
+    features, tokens = features.to(device=device, dtype=dtype), prompts[0][0].repeat(context // args.prompt_tokens + 2)
+    common = (name, shape, layers, target, drafter, prompts, runner, features, tokens, context, args)
+    if args.loop == "graphs" and not is_hybrid(target):
+        try:
+            rows = static_rows(*common, device, deadline, skipped)
+        except Exception as error:  # noqa: BLE001  recorded, and the shape still gets the eager loop's cells
+            traceback.print_exc()
+            rows = eager_rows(*common, f"the graph loop failed: {type(error).__name__}: {error}", deadline, skipped)
+    else:
+        why = GDN_STATIC if args.loop == "graphs" else "asked"
+        rows = eager_rows(*common, why, deadline, skipped)
+    rows[1] += f" (model built in {time.perf_counter() - started:.0f} s with everything above)"
+    del target, drafter, runner
     if device.type == "cuda":
         torch.cuda.empty_cache()
     return rows
@@ -189,8 +299,11 @@ def shape_rows(name: str, args: argparse.Namespace, device: torch.device, dtype:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--device", default="cuda")
-    parser.add_argument("--shapes", default="demo,27b,8b", help="comma-separated, of: " + ", ".join(SHAPES))
+    parser.add_argument("--shapes", default="8b,27b,demo", help="comma-separated, of: " + ", ".join(SHAPES))
     parser.add_argument("--layers", type=int, default=None, help="target layers (default: the shape's)")
+    parser.add_argument("--loop", choices=["graphs", "eager"], default=None,
+                        help="graphs: the static-cache loop (CUDA graphs on CUDA; default there); eager: "
+                             "dflash_generate (default on a CPU)")
     parser.add_argument("--blocks", type=lambda s: [int(x) for x in s.split(",")], default=[8, 16])
     parser.add_argument("--taus", type=lambda s: s.split(","), default="2,4,6,8,10".split(","),
                         help="asked tau per cell (comma-separated; `live`: the drafter's own acceptance)")
@@ -203,10 +316,11 @@ def main() -> int:
     parser.add_argument("--max-seconds", type=float, default=600.0,
                         help="start no new cell after this long (the skipped cells are listed)")
     parser.add_argument("--record", type=Path, default=ROOT / "benchmarks/results/speedup_validation.md")
-    smoke_mode(parser, device="cpu", shapes="tiny", blocks=[4], taus=["2", "live"], prompts=1, prompt_tokens=12,
-               new_tokens=12, repeats=2, seconds_per_size=0.2, record=None)
+    smoke_mode(parser, device="cpu", shapes="tiny-attention,tiny", loop="graphs", blocks=[4], taus=["2"],
+               prompts=1, prompt_tokens=12, new_tokens=12, repeats=2, seconds_per_size=0.2, record=None)
     args = parser.parse_args()
     device = torch.device(args.device)
+    args.loop = args.loop or ("graphs" if device.type == "cuda" else "eager")
     dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
     import transformers.models.qwen3_5.modeling_qwen3_5  # noqa: F401  loaded, so that the binding reaches it
 
@@ -215,18 +329,19 @@ def main() -> int:
     began = time.perf_counter()
     deadline = began + args.max_seconds
     name = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
-    lines = [f"## speedup_validation {time.strftime('%Y-%m-%d')}: {name}, torch {torch.__version__}, {dtype}, "
-             f"Gated DeltaNet backend {backend}, batch 1, simulated acceptance (SGLang match-expected, "
-             f"real-draft-token); profile {args.repeats} repeats per size"]
+    print_and_record([f"## speedup_validation {time.strftime('%Y-%m-%d')}: {name}, torch {torch.__version__}, "
+                      f"{dtype}, Gated DeltaNet backend {backend}, loop {args.loop}, batch 1, simulated acceptance "
+                      f"(SGLang match-expected, real-draft-token); profile {args.repeats} repeats per size, cap "
+                      f"{args.seconds_per_size:g} s"], args.record)
     skipped: list[str] = []
-    for shape in args.shapes.split(","):
+    for shape in args.shapes.split(","):  # each section is printed and recorded once done: a cut run keeps it
         if time.perf_counter() > deadline:
             skipped.append(f"{shape} (all cells)")
             continue
-        lines += shape_rows(shape, args, device, dtype, deadline, skipped)
-    lines += ["", f"wall {time.perf_counter() - began:.0f} s; not measured (past --max-seconds "
-              f"{args.max_seconds:g}): {', '.join(skipped) or 'none'}; DDTree: no live tree loop yet"]
-    print_and_record(lines, args.record)
+        print_and_record(shape_rows(shape, args, device, dtype, deadline, skipped), args.record)
+    print_and_record(["", f"wall {time.perf_counter() - began:.0f} s; not measured (past --max-seconds "
+                      f"{args.max_seconds:g}): {', '.join(skipped) or 'none'}; DDTree: no live tree loop yet"],
+                     args.record)
     return 0
 
 

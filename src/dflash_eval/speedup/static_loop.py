@@ -54,7 +54,8 @@ class StaticLoop:
     def __init__(self, target: torch.nn.Module, drafter: torch.nn.Module | None, max_len: int,
                  blocks: list[int], graphs: bool):
         self.blocks = sorted({1} | {int(b) for b in blocks})
-        width = int(max_len) + 2 * max(self.blocks) + 1  # a full last block and its bonus fit past max_len
+        # a full last block and its bonus fit past max_len; a multiple of 64 keeps the masks aligned for SDPA's kernels
+        width = -(-(int(max_len) + 2 * max(self.blocks) + 1) // 64) * 64
         self.max_len = int(max_len)
         with torch.inference_mode():
             layer_ids = list(drafter.target_layer_ids) if drafter is not None else []
