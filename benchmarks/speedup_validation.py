@@ -30,7 +30,8 @@ speedup is not the full model's. DDTree: no live tree loop here yet (a pure-atte
 tree under a tree mask), so no DDTree cell is measured. Each shape's section is printed (and recorded) as soon
 as it is done; `--max-seconds` starts no new cell past it.
 
-    python benchmarks/speedup_validation.py --device cuda --shapes 8b,27b --max-seconds 240 --record $OUT/v.md
+    python benchmarks/speedup_validation.py --device cuda --shapes 8b,27b --seconds-per-size 1 --max-seconds 180 \
+        --record $OUT/speedup_validation.md
 """
 
 from __future__ import annotations
@@ -259,10 +260,12 @@ def eager_rows(name: str, shape: dict, layers: int, target, drafter, prompts, ru
     return rows
 
 
-GDN_STATIC = ("a static-graph loop needs the target's state after the accepted prefix of a verify: attention has "
-              "it by position, a Gated DeltaNet layer's recurrent and conv state after token k of b is not "
-              "returned by the chunked kernel (only the final state is), so it would need per-token states "
-              "(SGLang's approach) or a graph-captured replay of the kept tokens, not built yet")
+GDN_STATIC = ("a graph loop needs the target's state after the accepted prefix of a verify: attention has it by "
+              "position; transformers' Qwen3.5 Gated DeltaNet layer keeps one conv and one recurrent state per layer "
+              "and fla's chunked kernel returns only the state after all b tokens, so it needs per-token states "
+              "(SGLang 0.5.23 writes them to an intermediate_states_buffer in its GDN verify kernel, "
+              "layers/attention/linear/kernels/gdn_triton.py, and keeps the one at the last accepted step) or a "
+              "snapshot and a captured replay of the k kept tokens at every k; neither is built yet")
 
 
 def shape_rows(name: str, args: argparse.Namespace, device: torch.device, dtype: torch.dtype, deadline: float,
