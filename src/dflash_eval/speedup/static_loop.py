@@ -117,24 +117,26 @@ class StaticLoop:
         block[:1].copy_(bonus)
 
     def _capture(self, step: Callable[[], None]) -> Callable[[], None]:
+        """`step` as a CUDA graph's replay (its own memory pool: steps meet only through the static buffers),
+        or run eagerly where there are no graphs."""
         def eager() -> None:
             with torch.inference_mode():
                 step()
         if not self.graphs:
             return eager
-        stream = torch.cuda.Stream(self.device)
-        stream.wait_stream(torch.cuda.current_stream(self.device))
-        with torch.cuda.stream(stream):
-            for _ in range(2):  # warm-up outside the graph (kernel selection, lazy initialisation)
-                self.start.zero_()
-                eager()
-        torch.cuda.current_stream(self.device).wait_stream(stream)
-        self.start.zero_()
-        graph = torch.cuda.CUDAGraph()
-        with torch.inference_mode(), torch.cuda.graph(graph, pool=getattr(self, "_pool", None)):
-            step()
-        self._pool = graph.pool()
-        self.start.zero_()
+        with torch.inference_mode():  # the buffers are inference tensors: touched only in inference mode
+            stream = torch.cuda.Stream(self.device)
+            stream.wait_stream(torch.cuda.current_stream(self.device))
+            with torch.cuda.stream(stream):
+                for _ in range(2):  # warm-up outside the graph (kernel selection, lazy initialisation)
+                    self.start.zero_()
+                    step()
+            torch.cuda.current_stream(self.device).wait_stream(stream)
+            self.start.zero_()
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph):
+                step()
+            self.start.zero_()
         return graph.replay
 
     @torch.inference_mode()
