@@ -19,7 +19,7 @@ measured twice: the two runs' ratio per size shows whether it repeats within 5%)
 it (evaluate/draft_timing.py, block b, projecting round(tau) new context rows), and the tau the loop realised
 (token-weighted). Beside it, for the graph loop, the same formula from the terms that loop pays, each timed
 alone (StaticLoop.step_terms): its T_AR (the size-1 graph), T_draft and T_verify(b) graphs, and then with the
-per-step accept + host round trip added to both sides. On a hybrid target (eager loop) a second prediction
+per-step accept + host round trip added to both sides (also added to the product's terms, a column of its own). On a hybrid target (eager loop) a second prediction
 adds the measured exact-rollback replay (a forward of the k kept tokens after each partial acceptance).
 
 Shapes (random weights): `demo` (the demo's target and drafter shapes), `27b` (Qwen3.6-27B per-layer shape: a
@@ -194,10 +194,10 @@ def static_rows(name: str, shape: dict, layers: int, target, drafter, prompts, r
             f"the loop's autoregressive decode measured {autoregressive.ms_per_step:.2f} ms/token")
     rows = ["", head, *profile_lines(first, second, agreement), "",
             "| block | tau asked | tau realised | T_draft ms product / loop | T_verify(b) ms profile / loop | "
-            "accept+host ms | ms/step measured | predicted (product) | predicted (loop terms) | "
-            "predicted (loop terms + host) | measured | measured / predicted (product) | "
+            "accept+host ms | ms/step measured | predicted (product) | predicted (product + host) | "
+            "predicted (loop terms) | predicted (loop terms + host) | measured | measured / predicted (product) | "
             "measured / predicted (loop + host) |",
-            "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+            "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for block in blocks:
         terms = loop.step_terms(block, args.repeats, args.seconds_per_size, at=context)
         draft, check, host = terms["draft"]["ms"], terms["verify"]["ms"], terms["accept_host"]["ms"]
@@ -211,12 +211,13 @@ def static_rows(name: str, shape: dict, layers: int, target, drafter, prompts, r
                           for i, p in enumerate(prompts)])
             product_draft = product_draft_ms(runner, features, tokens, context, args, block, run.tau)
             product = expected_speedup(run.tau, t_ar, product_draft, verify[str(block)])
+            product_host = expected_speedup(run.tau, t_ar + ar_host, product_draft + host, verify[str(block)])
             from_loop = expected_speedup(run.tau, ar_loop, draft, check)
             with_host = expected_speedup(run.tau, ar_loop + ar_host, draft + check + host, 0.0)
             measured = measured_speedup(autoregressive, run)
             rows.append(f"| {block} | {tau} | {run.tau:.2f} | {product_draft:.2f} / {draft:.2f} | "
                         f"{verify[str(block)]:.2f} / {check:.2f} | {host:.3f} | {run.ms_per_step:.2f} | "
-                        f"{product:.2f} | {from_loop:.2f} | {with_host:.2f} | {measured:.2f} | "
+                        f"{product:.2f} | {product_host:.2f} | {from_loop:.2f} | {with_host:.2f} | {measured:.2f} | "
                         f"{measured / product:.3f} | {measured / with_host:.3f} |")
     return rows
 
