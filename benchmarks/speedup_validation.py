@@ -181,6 +181,13 @@ def static_rows(name: str, shape: dict, layers: int, target, drafter, prompts, r
     for block in blocks:  # warm-up
         loop.generate(prompts[0], min(8, args.new_tokens), block, 2.0)
     captured_s = time.perf_counter() - built
+    replay_check = "not checked (no graphs on this device)"
+    if graphs:  # the graphs' tokens and steps against the same loop run eagerly (tests/speedup holds it in fp32)
+        eager = StaticLoop(target, drafter, args.prompt_tokens + args.new_tokens + 1, blocks, graphs=False)
+        a, b = (each.generate(prompts[0], args.new_tokens, max(blocks), 4.0, seed=7) for each in (loop, eager))
+        same = a.acceptance_lengths == b.acceptance_lengths and torch.equal(a.output_ids, b.output_ids)
+        replay_check = "equal" if same else "DIFFERENT"
+        del eager
     autoregressive = pooled([loop.generate(p, args.new_tokens, 1) for p in prompts])
     ar_terms = loop.step_terms(1, args.repeats, args.seconds_per_size, at=context)
     first, second, agreement = two_profiles(target, context, sorted({1, *blocks}), args)
@@ -188,7 +195,8 @@ def static_rows(name: str, shape: dict, layers: int, target, drafter, prompts, r
     ar_loop, ar_host = ar_terms["verify"]["ms"], ar_terms["accept_host"]["ms"]
     kind = "CUDA graphs" if graphs else "static cache, eager (no graphs on this device)"
     head = (f"### {name}: {layers} of {shape['full_layers']} layers (pure attention), loop `graphs` ({kind}; "
-            f"captured and warmed in {captured_s:.0f} s), {args.prompts} prompts x {args.prompt_tokens} tokens, "
+            f"captured and warmed in {captured_s:.0f} s; graph replay against the eager static loop at block "
+            f"{max(blocks)}, tau 4: {replay_check}), {args.prompts} prompts x {args.prompt_tokens} tokens, "
             f"{args.new_tokens} new tokens, profile context {context}. T_AR: the product's profile "
             f"{t_ar:.2f} ms (HF eager); the loop's size-1 graph {ar_loop:.2f} ms + accept/host {ar_host:.2f} ms; "
             f"the loop's autoregressive decode measured {autoregressive.ms_per_step:.2f} ms/token")
