@@ -6,7 +6,10 @@ declared update(), so Snakemake keeps them while the job runs and puts them back
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
+
+import yaml
 
 from dflash_eval.bench import workflow as harness
 from dflash_eval.report.plots import PLOTS
@@ -52,3 +55,38 @@ def test_an_evaluation_that_cannot_be_made_stops_the_run_before_the_report_is_to
         assert report_files(root / "results") == good
     calls = (root / "calls.log").read_text().splitlines()
     assert [call for call in calls if call.startswith("report ")] == ["report results/summary.csv"]   # ran once
+
+
+def test_a_report_job_that_failed_after_a_change_is_rebuilt_by_the_next_run(tmp_path, monkeypatch):
+    """Snakemake records a failed job's params for the update() outputs it puts back (snakemake#3808): without
+    the marker, the run after a failed report says "Nothing to be done" and the kept report stays stale."""
+    root = tmp_path / "project"
+    root.mkdir()
+    results = report_project(root)
+    harness.check(report_snakemake(root))
+    good = report_files(results)
+    config = yaml.safe_load((root / "config.yaml").read_text())
+    config["report"]["online_tolerance"] = config["report"]["online_tolerance"] * 2   # a params change
+    (root / "config.yaml").write_text(yaml.safe_dump(config))
+    broken_cli = tmp_path / "bin"
+    broken_cli.mkdir()
+    (broken_cli / "dflash-eval").write_text("#!/bin/sh\necho 'report code broke' >&2\nexit 3\n")
+    (broken_cli / "dflash-eval").chmod(0o755)
+    real_path = os.environ["PATH"]
+    monkeypatch.setenv("PATH", f"{broken_cli}{os.pathsep}{real_path}")
+
+    failed = report_snakemake(root)
+    assert failed.returncode != 0, failed.stdout[-2000:]
+    assert report_files(results) == good                       # the last report, kept
+
+    monkeypatch.setenv("PATH", real_path)
+    dry = report_snakemake(root, "--dry-run")
+    assert "Nothing to be done" not in dry.stdout + dry.stderr, dry.stdout[-2000:]
+    assert "the last report job failed" in dry.stdout
+    assert not (results / ".report_failed").exists()           # read once: the kept files' dates say it now
+    rebuilt = report_snakemake(root)
+    harness.check(rebuilt)
+    assert "rule report" in rebuilt.stdout + rebuilt.stderr
+    assert not (results / ".report_failed").exists()
+    again = report_snakemake(root, "--dry-run")
+    assert "Nothing to be done" in again.stdout + again.stderr, again.stdout[-2000:]

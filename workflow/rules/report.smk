@@ -1,7 +1,21 @@
+from dflash_eval.report.failed_run import date_kept_report_before_inputs
+
 # Stage 4: summary tables, the trust panel and plots over every drafter x dataset.
 # Outputs marked report() go into `snakemake --report results/report.html`, captioned from workflow/report/.
 # The plots are the registry dflash_eval.report.plots.PLOTS: a new plot is one entry there plus its caption here.
-# update(): Snakemake keeps the last report while the job runs and puts it back if the job fails.
+# update(): Snakemake keeps the last report while the job runs and puts it back if the job fails. A failed job
+# leaves REPORT_FAILED, so the next run rebuilds the kept report (dflash_eval.report.failed_run says why).
+
+REPORT_FAILED = f"{RESULTS}/.report_failed"
+if date_kept_report_before_inputs(
+    REPORT_FAILED,
+    REPORT_OUTPUTS.values(),
+    expand(METRICS, drafter=list(config["drafters"]), dataset=list(config["datasets"])),
+):
+    print(
+        f"dflash-eval: the last report job failed (see {LOGS}/report.log); the report in {RESULTS}/ is the one "
+        "before it, kept, and this run rebuilds it"
+    )
 
 
 rule report:
@@ -25,7 +39,9 @@ rule report:
         settings=checked_report_settings,
         plot_dir=plot_dir,
         code=code_fingerprint("report"),
+        failed=REPORT_FAILED,
     shell:
         "dflash-eval --log {log} report --settings {params.settings:q} --metrics {input.metrics}"
         " --hidden {input.hidden} --completions {input.completions} --csv {output.csv} --md {output.md}"
         " --trust {output.trust} --plot-dir {params.plot_dir} --backend-comparisons {input.backends} 2>> {log}"
+        " || {{ date -u +%Y-%m-%dT%H:%M:%SZ > {params.failed}; exit 1; }}"
