@@ -8,7 +8,7 @@ metrics.json (the report reads it):
   tau_mean_of_samples, tau_token_weighted, ci95{...}, samples, steps, tokens, acceptance_by_position,
   histogram, expected_speedup}}, chain (= methods["chain-B<B>"], the drafter's own block), topk_accuracy{k, counted_on,
   positions_seen, by_position[B-1][k]} (counted on the blocks that chain-B<B>'s trajectory drafts, what its
-  online loop proposes), diagnostics{argmax_agreement, tokens_seen, samples_skipped[], drafter_blocks (computed),
+  reference loop proposes), diagnostics{argmax_agreement, tokens_seen, samples_skipped[], drafter_blocks (computed),
   all_anchor_blocks (what drafting at every anchor would compute)},
   speedup{estimate, available, source, formula, tau, target_source, draft_source, t_ar_ms, t_draft_ms, verify,
   best_ddtree{method, budget, expected_speedup}} (evaluate/speedup.py; an estimate, labelled so),
