@@ -18,7 +18,7 @@ def exact_target_rollback(target):
     transformers' `DynamicCache.crop` rewinds attention keys/values and Gated DeltaNet convolution
     states, but not the Gated DeltaNet recurrent states: after a block is verified and partly
     rejected, the live loop's hybrid target keeps the rejected draft tokens in its state and
-    verifies every later block against that (measured on the demo target: logits off by 0.12).
+    verifies every later block against that (tests/evaluate/test_all_anchor.py shows the difference).
     Here every target forward first snapshots the cache; a crop that removes tokens restores the
     snapshot and replays only the kept tokens, which is what an exact server (SGLang keeps
     per-token states for this) computes.

@@ -196,8 +196,8 @@ class BlockDrafter(nn.Module):
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """Draft logits for the mask positions (block positions 1..B-1), as the reference computes them."""
-        # A contiguous 2-D input makes the LM head one GEMM; on the strided slice cuBLAS chose a
-        # batched kernel that was 7x slower on an H200 (benchmarks/results/evaluator_speed.md).
+        # A contiguous 2-D input makes the LM head one GEMM; on the strided slice cuBLAS chooses a
+        # much slower batched kernel (benchmarks/results/evaluator_speed.md, issue 5's records).
         return self.head_logits(hidden[:, 1:].contiguous())
 
     def head_logits(self, draft: torch.Tensor) -> torch.Tensor:

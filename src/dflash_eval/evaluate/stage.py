@@ -308,7 +308,7 @@ SAMPLES_COLUMNS = ("id", "method", "prompt_tokens", "completion_tokens", "steps"
 
 
 def samples_csv(rows: list[dict]) -> str:
-    """samples.csv as pandas' to_csv wrote it (NaN as an empty field), without importing pandas (0.4 s)."""
+    """samples.csv as pandas' to_csv wrote it (NaN as an empty field), without importing pandas (its import is a large share of a job's start-up)."""
     out = io.StringIO()
     writer = csv.writer(out, lineterminator="\n")
     writer.writerow(SAMPLES_COLUMNS)

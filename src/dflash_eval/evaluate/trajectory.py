@@ -353,8 +353,8 @@ class TrajectoryEvaluator:
         hit = None
         if self.topk:  # the truth is in the top k iff fewer than k logits beat it (one pass, not a top-k)
             score = logits.gather(-1, truth.clamp(min=0)[..., None])
-            # Counted as bytes into int32: a bool sum first copies every flag to int64 (1.4x the time on the 2-core VM,
-            # benchmarks/results/score_ops.md).
+            # Counted as bytes into int32: a bool sum first copies every flag to int64, which is slower
+            # (benchmarks/results/score_ops.md).
             rank = (logits > score).view(torch.uint8).sum(dim=-1, dtype=torch.int32)
             hit = (rank[..., None] < torch.tensor(self.topk, device=rank.device)) & (truth >= 0)[..., None]
         return matched, depths, hit
