@@ -1,4 +1,4 @@
-"""Offline = online on one device, per dtype: our extract + evaluate against `dflash_generate` run live.
+"""Offline = the reference loop on one device, per dtype: our extract + evaluate against `dflash_generate` run live.
 
 For each dtype, on the same device, with the same Gated DeltaNet kernels (`--backend`, verified by
 extract.backends for both sides):
@@ -53,7 +53,7 @@ from dflash_eval.methods import chain_method
 from dflash_eval.stats import paired_difference
 
 ROOT = Path(__file__).resolve().parents[1]
-from dflash_eval.demo.reference import first_difference, online_acceptance
+from dflash_eval.demo.reference import first_difference, run_reference_loop
 
 RECORD = ROOT / "benchmarks" / "results" / "fidelity.md"
 DTYPES = ("float32", "bfloat16")
@@ -89,7 +89,7 @@ def live_runs(args: argparse.Namespace, dtype: str, records: list[dict], stops: 
             run = {}
             for record in records:
                 prompt = record["prompt_token_ids"]
-                steps, ids = online_acceptance(drafter, target, prompt, int(record["request"]["max_tokens"]), stops)
+                steps, ids = run_reference_loop(drafter, target, prompt, int(record["request"]["max_tokens"]), stops)
                 run[str(record["id"])] = {"steps": steps, "completion_ids": ids[len(prompt):]}
             runs.append(run)
         info = backend.verify()

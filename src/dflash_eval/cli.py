@@ -37,8 +37,8 @@ def _parser_without_collections(command: str | None) -> argparse.ArgumentParser:
     """The parser, importing the command's stage (torch, transformers, dflash) with the cyclic collector off.
 
     Those imports create millions of long-lived objects, and the collector's full passes over them
-    find nothing to free: 0.6 s of the 3.4 s import on a 2-core VM like CI's. Freezing what the imports
-    made keeps later collections from walking it again.
+    find nothing to free, yet take a noticeable share of the import (benchmarks/results/startup.md).
+    Freezing what the imports made keeps later collections from walking it again.
     """
     enabled = gc.isenabled()
     gc.disable()
@@ -74,8 +74,8 @@ def entry() -> None:
     """The console script: `main`, then an exit that skips the collector's last pass over every object.
 
     Python's shutdown collects all objects still alive; with torch and transformers loaded that pass
-    takes ~0.8 s and frees nothing the process' exit would not. Freezing them first skips it; exit
-    handlers (log files, progress bars) still run.
+    is slow (benchmarks/results/startup.md) and frees nothing the process' exit would not. Freezing them
+    first skips it; exit handlers (log files, progress bars) still run.
     """
     code = main(frozen_imports=True)
     gc.freeze()

@@ -1,8 +1,8 @@
 """Statistics over per-sample verification steps: tau in both conventions, their intervals and comparisons.
 
 Shared by the evaluate stage (each method's tau, bootstrap CI, acceptance by position and histogram in
-metrics.json) and the report (the paired difference to the reference drafter and its verdict, online
-against offline). Pure numpy on lists of steps (tokens produced per verification step, bonus included).
+metrics.json) and the report (the paired difference to the reference drafter and its verdict, the server's
+online tau against offline). Pure numpy on lists of steps (tokens produced per verification step, bonus included).
 """
 
 from __future__ import annotations

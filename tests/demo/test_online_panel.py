@@ -2,7 +2,7 @@
 
 The demo's server (src/dflash_eval/demo/server.py) speculates with the served drafter in fp32 on the CPU, as
 the offline side does, so per request its verification steps, completion tokens and accepted drafts must equal
-ours, apart from floating-point near-ties (tests/demo/test_offline_online.py allows them at the same rate).
+ours, apart from floating-point near-ties (tests/demo/test_offline_reference_loop.py allows them at the same rate).
 Needs the demo run (`snakemake --cores 2`), so it is marked slow.
 """
 

@@ -1,4 +1,4 @@
-"""Offline = online at temperature > 0 under SGLang's target-only verification, on tiny models.
+"""Offline = the demo server's sampled loop at temperature > 0 under SGLang's target-only verification, on tiny models.
 
 The live side is the demo server's loop (demo.sampled: greedy drafts, SGLang 0.5.23's target-only verify,
 seeded); the offline side is the evaluator run on that loop's own sampled output, exactly as on a greedy

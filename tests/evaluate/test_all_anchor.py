@@ -1,22 +1,26 @@
-"""Offline = online on tiny models: the evaluator's acceptance lengths equal the live references'.
+"""Offline = reference loop on tiny models: the evaluator's acceptance lengths equal the live references'.
 
 Chain: `dflash.model.dflash_generate` at temperature 0, for the drafter's block size and every
 smaller one (`block_size=b`), for a drafter mixing sliding-window and full-attention layers and one
 of full-attention layers only. DDTree: a literal heap-built tree verified with the live target
 (tests/support/reference.py). The drafters are trained for a few steps so that acceptance is far from
-trivial. The demo-scale version (served completions) lives in tests/demo/test_offline_online.py.
+trivial. The demo-scale version (served completions) lives in tests/demo/test_offline_reference_loop.py.
 """
 
 
 import pytest
 import torch
 
-from dflash_eval.demo.reference import exact_target_rollback, online_acceptance
+from dflash_eval.demo.reference import exact_target_rollback, run_reference_loop
 from dflash_eval.evaluate.acceptance import sequence_limits
 from dflash_eval.evaluate.all_anchor import evaluate_sample
 from dflash_eval.evaluate.blocks import BlockDrafter
 from dflash_eval.methods import chain_method, tree_method
-from tests.support.reference import _draft_logprobs, assert_same_steps, ddtree_online
+from tests.support.reference import (
+    _draft_logprobs,
+    assert_same_steps,
+    ddtree_reference_loop,
+)
 from tests.support.tiny import (
     MASK_ID,
     greedy_sequences,
@@ -45,7 +49,7 @@ def sequences():
 
 
 def _size(block, sequence, anchor):
-    """The block length the online loop uses at `anchor` (shorter near the token budget)."""
+    """The block length the reference loop uses at `anchor` (shorter near the token budget)."""
     return min(block, sequence.prompt_len + MAX_NEW - anchor)
 
 
@@ -74,10 +78,10 @@ def test_chain_equals_dflash_generate_step_by_step(setup, block):
     all_steps = []
     for sequence, steps in zip(seqs, offline):
         prompt = sequence.tokens[: sequence.prompt_len].tolist()
-        online, online_ids = online_acceptance(drafter, target, prompt, MAX_NEW, [EOS], block_size=block)
+        ref_steps, ref_ids = run_reference_loop(drafter, target, prompt, MAX_NEW, [EOS], block_size=block)
         mine = steps[chain_method(block)]
         ids = sequence.tokens.tolist()
-        compared = assert_same_steps(mine, online, online_ids, ids, sequence.prompt_len, target, TIE,
+        compared = assert_same_steps(mine, ref_steps, ref_ids, ids, sequence.prompt_len, target, TIE,
                                      lambda anchor: _draft_logprobs(drafter, target, ids, anchor, _size(block, sequence, anchor)))
         all_steps += mine[:compared]
     assert len(all_steps) > 60, "too few steps compared for a meaningful test"
@@ -91,10 +95,10 @@ def test_ddtree_equals_heap_tree_with_live_target(setup, budget):
     target, drafter, seqs, offline = setup
     for sequence, steps in zip(seqs, offline):
         prompt = sequence.tokens[: sequence.prompt_len].tolist()
-        online, online_ids = ddtree_online(drafter, target, prompt, MAX_NEW, [EOS], budget)
+        ref_steps, ref_ids = ddtree_reference_loop(drafter, target, prompt, MAX_NEW, [EOS], budget)
         mine = steps[tree_method(budget)]
         ids = sequence.tokens.tolist()
-        assert_same_steps(mine, online, online_ids, ids, sequence.prompt_len, target, TIE,
+        assert_same_steps(mine, ref_steps, ref_ids, ids, sequence.prompt_len, target, TIE,
                           lambda anchor: _draft_logprobs(drafter, target, ids, anchor, _size(BLOCK, sequence, anchor)), budget)
 
 
@@ -126,7 +130,7 @@ def _next_logits_after_partial_acceptance(target, ids, exact: bool) -> torch.Ten
 
 
 def test_reference_loop_rewinds_the_hybrid_target_exactly(sequences):
-    """Why online_acceptance wraps dflash_generate: transformers' crop leaves rejected draft tokens
+    """Why run_reference_loop wraps dflash_generate: transformers' crop leaves rejected draft tokens
     in the Gated DeltaNet recurrent state; the exact rollback must match a from-scratch forward."""
     target, _ = sequences
     ids = torch.randint(2, 290, (1, 17), generator=torch.Generator().manual_seed(5))
@@ -140,7 +144,7 @@ def test_reference_loop_rewinds_the_hybrid_target_exactly(sequences):
 
 
 def test_dflash2_chain_equals_dflash_generate_step_by_step(sequences):
-    """DFlash2 (block convolutions, candidate selector): the online loop drafts the selector's path."""
+    """DFlash2 (block convolutions, candidate selector): the reference loop drafts the selector's path."""
     target, seqs = sequences
     drafter, runner = _trained(target, seqs, 5, dflash2=True)
     with torch.no_grad():  # untrained codebooks would leave the selector a no-op; make it matter
@@ -151,9 +155,9 @@ def test_dflash2_chain_equals_dflash_generate_step_by_step(sequences):
         limits = sequence_limits(sequence.prompt_len, len(sequence.tokens), MAX_NEW, int(sequence.tokens[-1]) == EOS)
         mine = evaluate_sample(runner, sequence.features, sequence.tokens, limits, {EOS}, chunk=7).steps[chain_method(BLOCK)]
         prompt = sequence.tokens[: sequence.prompt_len].tolist()
-        online, online_ids = online_acceptance(drafter, target, prompt, MAX_NEW, [EOS])
+        ref_steps, ref_ids = run_reference_loop(drafter, target, prompt, MAX_NEW, [EOS])
         ids = sequence.tokens.tolist()
-        compared = assert_same_steps(mine, online, online_ids, ids, sequence.prompt_len, target, TIE,
+        compared = assert_same_steps(mine, ref_steps, ref_ids, ids, sequence.prompt_len, target, TIE,
                                      lambda anchor: _draft_logprobs(drafter, target, ids, anchor, _size(BLOCK, sequence, anchor)))
         all_steps += mine[:compared]
     assert len(all_steps) > 30, "too few steps compared for a meaningful test"

@@ -110,7 +110,7 @@ def test_packed_forward_gives_the_same_bits(tmp_path, dflash2, window):
 
 
 def test_the_reference_forward_of_our_weights_is_the_reference(tmp_path):
-    """reference_drafter (the demo's online loop) holds our weights in dflash's class, once per set of weights."""
+    """reference_drafter (the demo's reference loop) holds our weights in dflash's class, once per set of weights."""
     ours, reference = _both(tmp_path, False, 5)
     again = reference_drafter(ours.model)
     assert type(again) is type(reference.model)

@@ -1,4 +1,4 @@
-"""The target's last layer: what a drafter that taps it gets, offline = online, and a mismatch refused.
+"""The target's last layer: what a drafter that taps it gets, offline = the reference loop, and a mismatch refused.
 
 `dflash_generate` feeds a drafter `hidden_states[id + 1]`; for the last layer transformers puts the final-norm
 output there, not the layer's own output that a hook on the layer sees. A drafter trained with the reference
@@ -12,7 +12,7 @@ import torch
 
 from dflash_eval import config as cfg
 from dflash_eval.demo.drafters import TrainingSequence
-from dflash_eval.demo.reference import online_acceptance
+from dflash_eval.demo.reference import run_reference_loop
 from dflash_eval.errors import DflashEvalError
 from dflash_eval.evaluate.acceptance import sequence_limits
 from dflash_eval.evaluate.all_anchor import evaluate_sample
@@ -67,13 +67,13 @@ def test_offline_equals_online_for_a_drafter_that_taps_the_last_layer(trained):
     compared, differs_pre_norm = 0, 0
     for sequence in sequences:
         prompt, ids = sequence.tokens[: sequence.prompt_len].tolist(), sequence.tokens.tolist()
-        online, online_ids = online_acceptance(drafter, target, prompt, MAX_NEW, [EOS], block_size=BLOCK)
+        ref_steps, ref_ids = run_reference_loop(drafter, target, prompt, MAX_NEW, [EOS], block_size=BLOCK)
         mine = offline_steps(target, runner, sequence, "final_norm")
         def draft(anchor, ids=ids, end=sequence.prompt_len + MAX_NEW):
             return _draft_logprobs(drafter, target, ids, anchor, min(BLOCK, end - anchor))
 
-        compared += assert_same_steps(mine, online, online_ids, ids, sequence.prompt_len, target, TIE, draft)
-        differs_pre_norm += offline_steps(target, runner, sequence, "pre_norm") != online
+        compared += assert_same_steps(mine, ref_steps, ref_ids, ids, sequence.prompt_len, target, TIE, draft)
+        differs_pre_norm += offline_steps(target, runner, sequence, "pre_norm") != ref_steps
     assert compared > 40, "too few steps compared for a meaningful test"
     assert differs_pre_norm > 0  # the layer's own output is not what the drafter was trained on
 

@@ -18,7 +18,7 @@ import pytest
 import torch
 
 from dflash_eval.cache.sampling import SamplingParams, token_logprobs
-from dflash_eval.demo.reference import online_acceptance
+from dflash_eval.demo.reference import run_reference_loop
 from dflash_eval.evaluate.acceptance import sequence_limits
 from dflash_eval.evaluate.blocks import BlockDrafter
 from dflash_eval.evaluate.rejection import anchor_alpha, step_distribution
@@ -68,7 +68,7 @@ def test_live_acceptance_agrees_with_expected_tau(models, params):
     for seed in range(SEEDS):
         prompt = prompts[seed % len(prompts)]
         torch.manual_seed(seed)
-        steps, ids = online_acceptance(drafter, target, prompt, MAX_NEW, [EOS], temperature=params.temperature,
+        steps, ids = run_reference_loop(drafter, target, prompt, MAX_NEW, [EOS], temperature=params.temperature,
                                        top_p=params.top_p, top_k=params.dflash_top_k)
         dist = _offline(target, runner, ids, len(prompt), params)
         assert dist.tokens == sum(steps)

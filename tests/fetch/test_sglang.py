@@ -99,7 +99,7 @@ def served(tmp_path_factory):
 def test_fetch_records_the_servers_ids_and_counters_on_both_endpoints(served, endpoint, tmp_path):
     from transformers import AutoModelForCausalLM
 
-    from dflash_eval.demo.reference import online_acceptance
+    from dflash_eval.demo.reference import run_reference_loop
     from dflash_eval.evaluate.drafter import load_drafter
 
     prompts = fixtures.write_prompts(tmp_path / "p.jsonl", 3)
@@ -118,9 +118,9 @@ def test_fetch_records_the_servers_ids_and_counters_on_both_endpoints(served, en
             "speculative_num_draft_tokens": BLOCK, "speculative_num_steps": 1, "speculative_eagle_topk": 1,
             "version": "0.5.23"}
         prompt = record["prompt_token_ids"]
-        _, output = online_acceptance(drafter, target, prompt, 12, [eos], block_size=BLOCK)
+        _, output = run_reference_loop(drafter, target, prompt, 12, [eos], block_size=BLOCK)
         assert record["completion_token_ids"] == output[len(prompt):]
-        long_steps, long_output = online_acceptance(drafter, target, prompt, 12 + BLOCK, [eos], block_size=BLOCK)
+        long_steps, long_output = run_reference_loop(drafter, target, prompt, 12 + BLOCK, [eos], block_size=BLOCK)
         steps = sglang_steps(long_steps, len(record["completion_token_ids"]))  # SGLang's full-block tail
         assert record["spec"] == spec_counters(steps, len(record["completion_token_ids"]), BLOCK)
         assert record["spec"]["spec_verify_ct"] == len(steps)
@@ -261,7 +261,7 @@ def test_the_max_tokens_tail_full_blocks_against_shortened_ones(tmp_path, record
     measures how often the step counts differ."""
     from transformers import AutoModelForCausalLM
 
-    from dflash_eval.demo.reference import online_acceptance
+    from dflash_eval.demo.reference import run_reference_loop
     from dflash_eval.evaluate.drafter import load_drafter
 
     target_dir = hs.build_tiny_target(tmp_path / "target")
@@ -272,9 +272,9 @@ def test_the_max_tokens_tail_full_blocks_against_shortened_ones(tmp_path, record
     judged = differ = shortened = 0
     for _ in range(6):
         prompt = torch.randint(3, target.config.vocab_size, (6,), generator=generator).tolist()
-        steps_long, output_long = online_acceptance(drafter, target, prompt, 16 + BLOCK, stops, block_size=BLOCK)
+        steps_long, output_long = run_reference_loop(drafter, target, prompt, 16 + BLOCK, stops, block_size=BLOCK)
         for max_tokens in range(5, 17):
-            steps, output = online_acceptance(drafter, target, prompt, max_tokens, stops, block_size=BLOCK)
+            steps, output = run_reference_loop(drafter, target, prompt, max_tokens, stops, block_size=BLOCK)
             counters, completion = sglang_tail_counters(steps_long, output_long, len(prompt), max_tokens, BLOCK)
             if not steps or not counters["verify_ct"]:
                 continue  # stopped at the prefill token: no counters either side

@@ -1,5 +1,5 @@
-"""Near-tie forensics and a literal DDTree loop beside the reference online loop
-(dflash_eval.demo.reference): the tests' side of the offline-equals-online checks."""
+"""Near-tie forensics and a literal DDTree loop beside the reference loop
+(dflash_eval.demo.reference): the tests' side of the offline-equals-reference-loop checks."""
 
 from __future__ import annotations
 
@@ -61,7 +61,7 @@ def heap_tree(logprobs: torch.Tensor, budget: int) -> set[tuple[int, ...]]:
     return {tuple(int(indices[d, r]) for d, r in enumerate(ranks)) for ranks, _ in best_first(values, budget)}
 
 
-def ddtree_online(drafter, target, prompt_ids: list[int], max_new_tokens: int, stop_ids: list[int],
+def ddtree_reference_loop(drafter, target, prompt_ids: list[int], max_new_tokens: int, stop_ids: list[int],
                   budget: int) -> tuple[list[int], list[int]]:
     """A straightforward DDTree loop with the live target: build each tree, walk it with the target's
     greedy choices, accept the deepest matching path plus the bonus token. Returns (lengths, ids)."""
@@ -115,7 +115,7 @@ def tree_tie_gap(logprobs: torch.Tensor, truth: list[int], budget: int) -> float
     return min(gaps) if gaps else float("inf")
 
 
-def assert_same_steps(mine: list[int], online: list[int], online_ids: list[int], expected_ids: list[int],
+def assert_same_steps(mine: list[int], ref_steps: list[int], ref_ids: list[int], expected_ids: list[int],
                       prompt_len: int, target, tie: float = 1e-4, draft_logprobs=None, budget: int | None = None) -> int:
     """Offline steps must equal the live loop's, step by step, or differ only at a near-tie.
 
@@ -123,11 +123,11 @@ def assert_same_steps(mine: list[int], online: list[int], online_ids: list[int],
     own tokens leave the expected greedy completion at a target near-tie (top-2 logit gap < `tie`:
     a cached block forward rounds differently from a whole-sequence one), or
     the drafter's acceptance differs at an anchor where the draft itself nearly ties (its context
-    features come from those differently rounded verify forwards online). `draft_logprobs(anchor)`
+    features come from those differently rounded verify forwards in the reference loop). `draft_logprobs(anchor)`
     gives the drafter's block log-probs [P, V] there; `budget` says the steps are DDTree ones.
     Steps are compared up to the first such tie. Returns the number of steps compared.
     """
-    diverge = first_difference(online_ids, expected_ids)
+    diverge = first_difference(ref_ids, expected_ids)
     if diverge is not None:
         with torch.no_grad():
             logits = target(torch.tensor([expected_ids[:diverge]])).logits[0, -1]
@@ -136,18 +136,18 @@ def assert_same_steps(mine: list[int], online: list[int], online_ids: list[int],
     else:
         diverge = len(expected_ids) + 1
     start, compared, tied = prompt_len, 0, False
-    for a, b in zip(mine, online):
+    for a, b in zip(mine, ref_steps):
         if start + max(a, b) >= diverge:
             break
         if a != b:
             tied = True
-            assert draft_logprobs is not None, (compared, mine, online)
+            assert draft_logprobs is not None, (compared, mine, ref_steps)
             logprobs = draft_logprobs(start)
             truth = expected_ids[start + 1:start + 1 + logprobs.shape[0]]
             gap = tree_tie_gap(logprobs, truth, budget) if budget else chain_tie_gap(logprobs, truth, (a - 1, b - 1))
-            assert gap < tie, f"step {compared} at anchor {start}: {a} offline vs {b} online, no near-tie (gap {gap:.3g})"
+            assert gap < tie, f"step {compared} at anchor {start}: {a} offline vs {b} in the reference loop, no near-tie (gap {gap:.3g})"
             break
         start, compared = start + a, compared + 1
     if diverge > len(expected_ids) and not tied:
-        assert len(mine) == len(online), (mine, online)
+        assert len(mine) == len(ref_steps), (mine, ref_steps)
     return compared

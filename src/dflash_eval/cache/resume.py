@@ -127,7 +127,7 @@ def append_journal(path: Path, entry: dict[str, Any]) -> None:
     Neither this line nor the shard's bytes are fsynced: a killed process loses nothing the
     kernel already holds, and after a power loss a line whose shard did not reach the disk is
     harmless, because a resuming run keeps a journaled shard only if its size and sha256 still
-    match (`_shard_intact`). Syncing each shard cost the forward 9% on the H200 (see
+    match (`_shard_intact`). Syncing each shard slows the forward measurably (see
     benchmarks/results/extract_speed.md).
     """
     with _JOURNAL_LOCK, open(path, "a", encoding="utf-8") as handle:

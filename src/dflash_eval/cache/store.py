@@ -40,7 +40,7 @@ __all__ = ["CacheError", "CacheWriter", "HiddenCache", "SampleStates"]
 
 log = logging.getLogger(__name__)
 
-WRITER_THREADS = 2  # shards written at once; one thread could not keep up with an H200 (benchmarks/)
+WRITER_THREADS = 2  # shards written at once; one thread falls behind a fast GPU (benchmarks/results/extract_speed.md)
 
 
 def shard_name(index: int) -> str:

@@ -1,7 +1,8 @@
 """Checking the hidden-cache shards an evaluation reads against the sha256 their manifest records.
 
-A few flipped bits in a shard moved a drafter's tau by 0.003 with exit 0: nothing else looks at the
-bytes after extraction. Hashing a shard is one sequential read plus sha256 (about 1 GB/s a core), so
+A few flipped bits in a shard change a drafter's tau without any error: nothing else looks at the
+bytes after extraction. Hashing a shard is one sequential read plus sha256 (its cost:
+benchmarks/results/verify_cost.md), so
 each shard is hashed on a background thread the first time the evaluation touches it: the read also
 fills the page cache that the evaluation's own reads then hit, and the hash runs beside the drafter's
 forwards. Results are checked as they come and all of them before metrics are written, so a damaged

@@ -1,5 +1,6 @@
-"""The independent reference: `dflash.model.dflash_generate` run live, with exact rollback of the hybrid
-target's cache (the demo server's speculation, benchmarks/fidelity.py's online side)."""
+"""The reference loop: `dflash.model.dflash_generate` run live, with exact rollback of the hybrid target's
+cache. The independent reference that offline tau is tested against; the demo server speculates with it, and
+benchmarks/fidelity.py runs it as its live side."""
 
 from __future__ import annotations
 
@@ -17,7 +18,7 @@ def exact_target_rollback(target):
     transformers' `DynamicCache.crop` rewinds attention keys/values and Gated DeltaNet convolution
     states, but not the Gated DeltaNet recurrent states: after a block is verified and partly
     rejected, the live loop's hybrid target keeps the rejected draft tokens in its state and
-    verifies every later block against that (measured on the demo target: logits off by 0.12).
+    verifies every later block against that (tests/evaluate/test_all_anchor.py shows the difference).
     Here every target forward first snapshots the cache; a crop that removes tokens restores the
     snapshot and replays only the kept tokens, which is what an exact server (SGLang keeps
     per-token states for this) computes.
@@ -58,10 +59,10 @@ def exact_target_rollback(target):
         handle.remove()
 
 
-def online_acceptance(drafter, target, prompt_ids: list[int], max_new_tokens: int, stop_ids: list[int],
+def run_reference_loop(drafter, target, prompt_ids: list[int], max_new_tokens: int, stop_ids: list[int],
                       block_size: int | None = None, exact_rollback: bool = True, temperature: float = 0.0,
                       top_p: float = 1.0, top_k: int = 0):
-    """Run the reference online loop (temperature 0 unless given); returns (acceptance_lengths, output ids).
+    """Run the reference loop (temperature 0 unless given); returns (acceptance_lengths, output ids).
 
     At temperature > 0 it is dflash's speculative sampling (drafts from q, accepted with min(1, p/q); top_k 0 is
     off in dflash's spelling), seeded by torch's global generator (the evaluation's rejection scheme tests it).

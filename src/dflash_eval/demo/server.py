@@ -114,7 +114,7 @@ class Engine:
         `drawn` (sampling_request's parameters) says how to sample."""
         import torch
 
-        from dflash_eval.demo.reference import online_acceptance
+        from dflash_eval.demo.reference import run_reference_loop
 
         if drawn is not None:
             from dflash_eval.demo.sampled import sampled_generate
@@ -127,7 +127,7 @@ class Engine:
                                 if self.drafter is not None else None)
         with self.lock, torch.no_grad():
             if self.drafter is not None:
-                steps, output = online_acceptance(self.drafter, self.target, prompt_ids,
+                steps, output = run_reference_loop(self.drafter, self.target, prompt_ids,
                                                   max_new_tokens + self.block_size, self.stops,
                                                   block_size=self.block_size)  # full blocks up to max_new_tokens
                 completion = output[len(prompt_ids):][:max_new_tokens]

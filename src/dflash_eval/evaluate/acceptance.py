@@ -1,4 +1,4 @@
-"""From per-anchor draft results to what the online greedy loop would have accepted.
+"""From per-anchor draft results to what the greedy reference loop would have accepted.
 
 Follows `dflash.model.dflash_generate` at temperature 0 step by step: the first verification
 starts at the first completion token (the target's prefill output); each step accepts the longest
@@ -18,15 +18,15 @@ import torch
 
 @dataclass(frozen=True)
 class SequenceLimits:
-    """Where one sample's online loop starts and must end."""
+    """Where one sample's reference loop starts and must end."""
 
     prompt_len: int       # index of the first completion token (the loop's first anchor)
     total_len: int        # prompt + completion tokens available offline
-    max_length: int       # prompt_len + max_new_tokens, as the online loop computes it
+    max_length: int       # prompt_len + max_new_tokens, as the reference loop computes it
 
 
 def sequence_limits(prompt_len: int, total_len: int, max_new_tokens: int | None, ends_with_stop: bool) -> SequenceLimits:
-    """The online loop's max_length; without a final stop token the completion's end is the limit.
+    """The reference loop's max_length; without a final stop token the completion's end is the limit.
 
     A completion that stopped on a stop token could have run to prompt_len + max_new_tokens; one
     that did not (length limit, or a server-side stop string) gives us no tokens past its end, so
@@ -39,7 +39,7 @@ def sequence_limits(prompt_len: int, total_len: int, max_new_tokens: int | None,
 
 
 def verify_sizes(limits: SequenceLimits, block_size: int) -> np.ndarray:
-    """Block length the online loop uses at each anchor in [prompt_len, total_len - 1)."""
+    """Block length the reference loop uses at each anchor in [prompt_len, total_len - 1)."""
     anchors = np.arange(limits.prompt_len, limits.total_len - 1)
     return np.minimum(block_size, limits.max_length - anchors)
 

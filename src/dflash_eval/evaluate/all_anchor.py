@@ -1,15 +1,15 @@
-"""The all-anchor reference evaluator: one sample's drafts at every anchor, then the online trajectories.
+"""The all-anchor reference evaluator: one sample's drafts at every anchor, then the trajectories on them.
 
-The evaluate stage runs the trajectory evaluator (trajectory.py), which drafts only the blocks the online
+The evaluate stage runs the trajectory evaluator (trajectory.py), which drafts only the blocks the reference
 loops visit; this one drafts every anchor, is simpler, and is the reference the tests hold it to.
 
-For every anchor s of the completion we compute the drafter's block exactly as the online loop
+For every anchor s of the completion we compute the drafter's block exactly as the reference loop
 would run it there (block [x_s, mask...], shortened near the token budget), and from its logits:
 the matched draft length (chain), the deepest matching path of a DDTree of each budget, and top-k
 hits per block position. A smaller chain block size b is its own pass with blocks of b tokens,
 because full-attention drafter layers are non-causal inside the block: a block of b tokens drafts
 differently from the first b - 1 positions of a block of B (this is `dflash_generate(block_size=b)`).
-The trajectories then follow the online loop from the first completion token.
+The trajectories then follow the reference loop from the first completion token.
 
 For a DFlash2DraftModel the chain draft is its candidate selector's path (what `dflash_generate`
 proposes); DDTree and top-k read the per-position logits, as for DFlash.
@@ -95,14 +95,14 @@ class DraftedBlocks:
     part: np.ndarray        # anchor index - prompt_len, on the host
     where: torch.Tensor     # the same on the device
     anchors: torch.Tensor   # absolute positions
-    size: int               # block length (the online loop's verify size there)
+    size: int               # block length (the reference loop's verify size there)
     hidden: torch.Tensor    # [m, size, H]
     logits: torch.Tensor    # [m, size - 1, V]
 
 
 def anchor_blocks(drafter: BlockDrafter, context, tokens: torch.Tensor, limits: SequenceLimits, block: int,
                   chunk: int):
-    """The block the online loop drafts at every anchor for block size `block`, `chunk` anchors at a time.
+    """The block the reference loop drafts at every anchor for block size `block`, `chunk` anchors at a time.
 
     Near the token budget the block is shorter (verify_sizes), and a block of one token drafts nothing, so those
     anchors are left out. The rejection scheme's acceptance probabilities read the same blocks (evaluate.rejection).

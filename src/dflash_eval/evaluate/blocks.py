@@ -1,6 +1,6 @@
 """The drafter's forward for many anchors at once, from cached target states.
 
-The online loop runs the drafter once per verification step: a block [bonus token, mask x (B-1)]
+The reference loop runs the drafter once per verification step: a block [bonus token, mask x (B-1)]
 at positions s..s+B-1 that attends to the projected context of every position < s plus itself.
 The projected context does not depend on the anchor (each layer only applies its k/v projections
 to `hidden_norm(fc(features))`), so we compute the context keys and values once per sample and
@@ -35,7 +35,7 @@ def _around_conv(conv: nn.Module | None, hidden: torch.Tensor, inner) -> torch.T
 
     The convolution runs along the block's positions (the block is the only sequence the drafter's
     layers see; the target context enters through the attention's keys and values), so applying it
-    per row of a batch of blocks is what the online loop computes for each block.
+    per row of a batch of blocks is what the reference loop computes for each block.
     """
     if conv is None:
         return inner(hidden)
@@ -183,7 +183,7 @@ class BlockDrafter(nn.Module):
         return self.drafter.norm(hidden)
 
     def draft_tokens(self, hidden: torch.Tensor, logits: torch.Tensor, anchor_ids: torch.Tensor) -> torch.Tensor:
-        """The greedy draft [m, B-1] the online loop proposes from these block states and logits.
+        """The greedy draft [m, B-1] the reference loop proposes from these block states and logits.
 
         DFlashDraftModel drafts the argmax of each position. DFlash2DraftModel's candidate selector
         walks its top-k candidates left to right, scoring each against the token chosen before it
@@ -196,8 +196,8 @@ class BlockDrafter(nn.Module):
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """Draft logits for the mask positions (block positions 1..B-1), as the reference computes them."""
-        # A contiguous 2-D input makes the LM head one GEMM; on the strided slice cuBLAS chose a
-        # batched kernel that was 7x slower on an H200 (benchmarks/results/evaluator_speed.md).
+        # A contiguous 2-D input makes the LM head one GEMM; on the strided slice cuBLAS chooses a
+        # much slower batched kernel (benchmarks/results/evaluator_speed.md, issue 5's records).
         return self.head_logits(hidden[:, 1:].contiguous())
 
     def head_logits(self, draft: torch.Tensor) -> torch.Tensor:

@@ -133,7 +133,7 @@ class RotaryEmbedding(nn.Module):
         dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
         base = config.rope_parameters["rope_theta"]
         # On the CPU even inside a meta-device skeleton: arange on the meta device imports torch._refs (and sympy),
-        # 2.8 s of the 2-core VM's start-up.
+        # seconds of an evaluation's start-up (benchmarks/results/startup.md).
         exponents = torch.arange(0, dim, 2, dtype=torch.float, device="cpu") / dim
         self.register_buffer("inv_freq", 1.0 / (base ** exponents), persistent=False)
         self.attention_scaling = 1.0

@@ -34,9 +34,9 @@ SPLIT_GAIN = 0.75  # a split is taken where it leaves at most this share of the 
 # Kernels that take an additive mask without storing the scores (CUDA: memory-efficient; CPU: flash); never the
 # math backend, which would store them.
 FUSED_BACKENDS = [SDPBackend.EFFICIENT_ATTENTION, SDPBackend.FLASH_ATTENTION]
-# The fused kernel runs where a group holds at least this many queries. On the H200 (27B shape) it lost with one
-# 16-token block per sample (chain-B: 17.7 against 14.7 ms a round) and won with the default set's ~200 queries
-# per sample (42.3% of the roofline against 38.9%): benchmarks/results/evaluator_speed.md.
+# The fused kernel runs where a group holds at least this many queries: it is slower than the explicit products
+# for one 16-token block per sample (chain-B) and faster for the default set's ~200 queries per sample
+# (benchmarks/results/evaluator_speed.md, "Side by side: the fused kernel").
 FUSED_MIN_QUERIES = 64
 
 
@@ -203,8 +203,8 @@ def fused_attention_for(device: torch.device) -> bool:
 def _score_bias(visible: torch.Tensor, batch: PackedBlocks, parts: list[Part], dtype: torch.dtype,
                 groups: int | None = None) -> list[torch.Tensor]:
     """Per part, 0 where a query sees a key and -inf where not, [p, 1, Q_part, see + Q_part] (shared by every layer
-    of a kind). Added to the (finite) scores it gives what filling them with -inf gives, bit for bit, and on the
-    2-core VM an add ran 23-29x faster than a masked fill (benchmarks/results/score_ops.md). For the fused attention
+    of a kind). Added to the (finite) scores it gives what filling them with -inf gives, bit for bit, and an add is
+    much faster than a masked fill (benchmarks/results/score_ops.md). For the fused attention
     (`groups`: query heads per key head) each query's row is repeated for its group's heads: [p, 1, g * Q_part, K]."""
     ctx, queries = batch.ctx_len, batch.query_gather.shape[1]
     biases = []

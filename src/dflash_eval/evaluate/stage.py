@@ -8,7 +8,7 @@ metrics.json (the report reads it):
   tau_mean_of_samples, tau_token_weighted, ci95{...}, samples, steps, tokens, acceptance_by_position,
   histogram, expected_speedup}}, chain (= methods["chain-B<B>"], the drafter's own block), topk_accuracy{k, counted_on,
   positions_seen, by_position[B-1][k]} (counted on the blocks that chain-B<B>'s trajectory drafts, what its
-  online loop proposes), diagnostics{argmax_agreement, tokens_seen, samples_skipped[], drafter_blocks (computed),
+  reference loop proposes), diagnostics{argmax_agreement, tokens_seen, samples_skipped[], drafter_blocks (computed),
   all_anchor_blocks (what drafting at every anchor would compute)},
   speedup{estimate, available, source, formula, tau, target_source, draft_source, t_ar_ms, t_draft_ms, verify,
   best_ddtree{method, budget, expected_speedup}} (evaluate/speedup.py; an estimate, labelled so),
@@ -308,7 +308,7 @@ SAMPLES_COLUMNS = ("id", "method", "prompt_tokens", "completion_tokens", "steps"
 
 
 def samples_csv(rows: list[dict]) -> str:
-    """samples.csv as pandas' to_csv wrote it (NaN as an empty field), without importing pandas (0.4 s)."""
+    """samples.csv as pandas' to_csv wrote it (NaN as an empty field), without importing pandas (its import is a large share of a job's start-up)."""
     out = io.StringIO()
     writer = csv.writer(out, lineterminator="\n")
     writer.writerow(SAMPLES_COLUMNS)

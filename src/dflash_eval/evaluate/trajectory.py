@@ -1,6 +1,6 @@
-"""Trajectory-following evaluation: the drafter's block only where the online loop drafts one.
+"""Trajectory-following evaluation: the drafter's block only where the reference loop drafts one.
 
-Each method's online loop (`dflash_generate` at temperature 0, or DDTree) drafts one block per
+Each method's reference loop (`dflash_generate` at temperature 0, or DDTree) drafts one block per
 verification step, at the anchor its previous step reached: about one anchor in tau. So instead of
 drafting at every anchor (all_anchor.py, kept as the reference), we follow every (sample, method)
 trajectory in rounds. Each round, every trajectory still running asks for the drafter's block at its
@@ -17,7 +17,7 @@ most of a small block's cost): the first `head_split` positions for all blocks, 
 blocks whose draft still matched all of them; a chain step never reads past its first mismatch.
 
 Top-k accuracy is counted on the blocks that the drafter's own chain (chain-B<B>) trajectory visits,
-the drafts its online loop really makes, not at every anchor.
+the drafts its reference loop really makes, not at every anchor.
 """
 
 from __future__ import annotations
@@ -353,8 +353,8 @@ class TrajectoryEvaluator:
         hit = None
         if self.topk:  # the truth is in the top k iff fewer than k logits beat it (one pass, not a top-k)
             score = logits.gather(-1, truth.clamp(min=0)[..., None])
-            # Counted as bytes into int32: a bool sum first copies every flag to int64 (1.4x the time on the 2-core VM,
-            # benchmarks/results/score_ops.md).
+            # Counted as bytes into int32: a bool sum first copies every flag to int64, which is slower
+            # (benchmarks/results/score_ops.md).
             rank = (logits > score).view(torch.uint8).sum(dim=-1, dtype=torch.int32)
             hit = (rank[..., None] < torch.tensor(self.topk, device=rank.device)) & (truth >= 0)[..., None]
         return matched, depths, hit

@@ -51,8 +51,8 @@ def greedy_tokens(lm_head: torch.nn.Module, hidden: torch.Tensor) -> torch.Tenso
 
     A thinking model's 32k-token completion would otherwise materialize 16 GB of logits at once
     beside a 27B target; chunks bound that to 2 GB and are still large matrix products
-    (4096 x 5120 x 248,320 for Qwen3.6-27B). On an H200 the chunks cost 0.3 ms per 2048 positions more
-    than one product, 0.1% of the forward (benchmarks/results/argmax_speed.md).
+    (4096 x 5120 x 248,320 for Qwen3.6-27B), whose cost beside the forward is negligible
+    (benchmarks/results/argmax_speed.md).
     """
     return torch.cat([lm_head(hidden[start:start + ARGMAX_CHUNK]).argmax(dim=-1)
                       for start in range(0, len(hidden), ARGMAX_CHUNK)])

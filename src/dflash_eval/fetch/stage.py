@@ -446,12 +446,12 @@ def heap_frozen() -> Iterator[None]:
     """Keep the garbage collector off what is alive when the requests start, for the block.
 
     That is mostly imported libraries (transformers brings in torch: ~290k objects), none of them
-    garbage; yet every full collection, about one per 500 records here, walked all of them (~170 ms on
-    the 2-CPU VM, time in which the event loop sends no request). Undone at the end, so that garbage
+    garbage; yet every full collection, about one per 500 records, walks all of them, time in which the
+    event loop sends no request (benchmarks/results/fetch_speed.md). Undone at the end, so that garbage
     made before the block is collected later and repeated in-process runs leave the collector as they
     found it; left alone when the caller has frozen the heap itself (theirs to undo).
     """
-    if gc.get_freeze_count():  # walks the frozen objects (~20 ms for 210k); instant when there are none
+    if gc.get_freeze_count():  # walks the frozen objects (benchmarks/results/fetch_speed.md); instant when there are none
         yield
         return
     gc.freeze()

@@ -11,9 +11,9 @@ answers the same request, and a file compacted to the last output does not grow 
 Appends are whole lines, written with one O_APPEND write per batch and fsynced, so a crash can only
 leave a torn *last* line (a write cut short), which the next run drops with a warning. The write is
 done at once (a killed process loses nothing written); the fsync (against power loss) runs in a worker
-thread, one at a time, and the last one is waited for on close: a loaded disk took ~50 ms per fsync,
-time during which the event loop that adds the records would otherwise send no request. An exclusive
-flock keeps two fetches of the same output from interleaving their appends.
+thread, one at a time, and the last one is waited for on close: on a loaded disk an fsync takes long
+enough (benchmarks/results/fetch_speed.md) that the event loop adding the records would otherwise stall its
+requests. An exclusive flock keeps two fetches of the same output from interleaving their appends.
 """
 
 from __future__ import annotations

@@ -12,7 +12,7 @@ and the profile's own kernels (a tuned server such as SGLang uses CUDA graphs an
 The profile is a checked serving_profile.json (cache/serving_profile.py), already loaded.
 
 Only measured sizes count: serving cost curves are staircases (a fused Gated DeltaNet kernel that caps at
-8 tokens made 9 cost 13% more than 8 in vLLM's DDTree port), so a size the profile does not list gives
+8 tokens makes 9 cost more than 8: docs/speedup.md), so a size the profile does not list gives
 no estimate and says so (`not_measured`), never a value interpolated from its neighbours.
 A DDTree step on a Gated DeltaNet hybrid target (the profile's `hybrid`) is priced as a causal pass of
 N + 1 tokens; such a target cannot verify a tree in one causal pass (its recurrent state is per branch)

@@ -2,8 +2,9 @@
 worth timing.
 
 Extraction times the target with it (extract/profile.py), evaluation the drafter (evaluate/draft_timing.py).
-One profile of a launch-bound HF step moved by 42% between two runs when each size had a fixed 1 s: a
-median is kept only once its 95% confidence interval (distribution-free, stats.median_ci) lies within
+A launch-bound HF step timed for a fixed time per size does not repeat between runs
+(benchmarks/results/serving_profile.md), so a median is kept only once its 95% confidence interval
+(distribution-free, stats.median_ci) lies within
 `tolerance` of it, or the time cap stops it, which the result says (`stable: false`). `compare` says how
 two measurements of the same target differ, size by size, and warns beyond 5%.
 """

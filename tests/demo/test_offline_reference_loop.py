@@ -18,7 +18,7 @@ import pandas as pd
 import pytest
 import torch
 
-from dflash_eval.demo.reference import first_difference, online_acceptance, top2_gap
+from dflash_eval.demo.reference import first_difference, run_reference_loop, top2_gap
 
 REPO = Path(__file__).resolve().parents[2]
 DRAFTER = "demo-step900-pt"
@@ -50,7 +50,7 @@ def demo():
 
 def decision_gaps(target, drafter, ids: list[int], anchor: int, served: list[int]) -> list[float]:
     """Top-2 logit gaps of every decision that shaped the step at `anchor`: the target's greedy
-    choices over the verified block, the drafter's proposals, and the first served/online split."""
+    choices over the verified block, the drafter's proposals, and the first split between the served output and the reference loop's."""
     block = drafter.block_size
     end = min(anchor + block + 1, len(ids))
     with torch.no_grad():
@@ -78,19 +78,19 @@ def test_every_demo_prompt_matches_the_reference_loop(demo):
     for record in records:
         prompt = record["prompt_token_ids"]
         served = prompt + record["completion_token_ids"]
-        online, online_ids = online_acceptance(drafter, target, prompt, record["request"]["max_tokens"], stops)
+        ref_steps, ref_ids = run_reference_loop(drafter, target, prompt, record["request"]["max_tokens"], stops)
         offline_text = rows.loc[str(record["id"])]["acceptance_lengths"]
         offline = [int(x) for x in str(offline_text).split()] if isinstance(offline_text, str) else []
-        step = first_difference(offline, online)
+        step = first_difference(offline, ref_steps)
         if step is None:
             exact += 1
             continue
-        position = len(prompt) + sum(online[:step])  # the anchor of the first differing step
-        gaps = decision_gaps(target, drafter, online_ids, position, served)
+        position = len(prompt) + sum(ref_steps[:step])  # the anchor of the first differing step
+        gaps = decision_gaps(target, drafter, ref_ids, position, served)
         if min(gaps) < NEAR_TIE:
             explained += 1
         else:
-            failures.append((record["id"], step, offline[step:step + 3], online[step:step + 3], min(gaps)))
+            failures.append((record["id"], step, offline[step:step + 3], ref_steps[step:step + 3], min(gaps)))
     print(f"exact {exact}, near-tie {explained}, unexplained {len(failures)} of {len(records)}")
     assert not failures, failures
     assert exact >= 0.9 * len(records)
