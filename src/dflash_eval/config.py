@@ -198,9 +198,14 @@ SAMPLING_OFF = {"top_p": 1.0, "top_k": -1, "min_p": 0.0, "n": 1}
 SAMPLING_KEYS = ("temperature", "top_p", "top_k", "min_p", "n", "sampling_seed")
 
 
+def dataset_samples(spec: dict) -> bool:
+    """Whether a dataset's completions are sampled (temperature > 0); greedy otherwise."""
+    return float(spec.get("temperature") or 0.0) > 0
+
+
 def sampling_problems(spec: dict) -> list[str]:
     """What a dataset's sampling settings (already filled with defaults) cannot be: sampling keys at temperature 0."""
-    if float(spec.get("temperature") or 0.0) > 0:
+    if dataset_samples(spec):
         return []
     given = {key: spec[key] for key, off in SAMPLING_OFF.items() if spec.get(key, off) != off}
     if not given:
@@ -531,14 +536,16 @@ def verify_schemes(verify: str | list[str] | None) -> list[str]:
 
 def extract_params(config: dict, dataset: str, layer_ids: list[int], last_layer: str) -> dict:
     """What decides a hidden-state cache: the Snakemake params of its extract job (target_logprobs only when the
-    rejection scheme is asked for, so that a cache without it keeps its params)."""
+    rejection scheme is asked for and the dataset samples, so that a cache without it keeps its params; at T 0 the
+    scheme is target_only's and needs none: docs/sampling.md)."""
+    rejection = "rejection" in verify_schemes(config["evaluation"].get("verify"))
     return {
         "dataset": dataset,
         "layer_ids": list(layer_ids),
         "last_layer": last_layer,
         "target": dict(config["target"]),
         **config["extraction"],
-        **({"target_logprobs": True} if "rejection" in verify_schemes(config["evaluation"].get("verify")) else {}),
+        **({"target_logprobs": True} if rejection and dataset_samples(config["datasets"][dataset]) else {}),
     }
 
 
