@@ -407,7 +407,9 @@ def stage_schema(stage: str) -> dict:
                         "max_tokens": fetch["max_tokens"], "speedup": top["speedup"], **evaluation},
                        required=("drafter", "dataset", "checkpoint", "target"))
     names = {"type": "array", "items": NAME}
-    return _object({"drafters": {"type": "object"}, "drafter_order": names, "datasets": names, **_properties("report"),
+    return _object({"drafters": {"type": "object"}, "drafter_order": names, "datasets": names,
+                    "dataset_prompts": {"type": "object", "additionalProperties": {"type": "string"}},
+                    **_properties("report"),
                     "transitions": {"type": "string"}, "bootstrap": evaluation["bootstrap"], "seed": evaluation["seed"]})
 
 
@@ -572,12 +574,21 @@ def evaluate_settings(config: dict, drafter: str, dataset: str) -> dict:
     }
 
 
+def prompt_set(spec: dict) -> str:
+    """Which prompts a dataset draws from (its file, or its preset and local copy): datasets of one prompt set at
+    several temperatures are one family, the report's tau against temperature."""
+    if spec.get("prompts"):
+        return f"prompts {Path(spec['prompts']).as_posix()}"
+    return f"preset {spec['preset']}" + (f" ({Path(spec['source']).as_posix()})" if spec.get("source") else "")
+
+
 def report_settings(config: dict) -> dict:
     return {
         "drafters": {name: {"step": spec.get("step"), "run": spec.get("run"), "layer_ids": drafter_layer_ids(config, name)}
                      for name, spec in config["drafters"].items()},
         "drafter_order": list(config["drafters"]),  # the settings JSON sorts keys; the report keeps config order
         "datasets": list(config["datasets"]),
+        "dataset_prompts": {name: prompt_set(spec) for name, spec in config["datasets"].items()},
         **config["report"],
         "transitions": str(Path(config["server"]["log_dir"]) / "transitions.jsonl"),
         "bootstrap": config["evaluation"]["bootstrap"],
