@@ -3,8 +3,9 @@
 Per sample, the drafter's block at every anchor (evaluate.rejection.anchor_alpha) and the cache's target
 log-probs give the step-count distribution given the completion; the section holds both tau conventions as
 exact expectations (the token-weighted one over the dataset's independent samples), percentile bootstrap
-CIs over samples (stats.bootstrap_per_sample, on per-sample expectations: E[N / S] and, for the
-token-weighted one, sum N / sum E[S]), expected acceptance by position and the expected histogram.
+CIs over samples, or over prompts when a prompt has several draws (stats.bootstrap_per_sample, on per-sample
+expectations: E[N / S] and, for the token-weighted one, sum N / sum E[S]), expected acceptance by position and
+the expected histogram, for each evaluated chain block size (the drafter's B and evaluation.block_sizes).
 """
 
 from __future__ import annotations
