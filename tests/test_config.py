@@ -302,3 +302,13 @@ def test_the_gpu_demo_config_overlays_config_yaml_validly():
     assert (config["target"]["backend"], config["target"]["device"], config["evaluation"]["device"]) == (
         "fla", "cuda:0", "cuda")
     assert config["backend_comparison"]["drafters"] == [config["report"]["served_drafter"]]
+
+
+def test_target_log_probs_are_stored_only_for_sampled_datasets_under_rejection():
+    """The demo has a greedy and a sampled dataset: with rejection asked for, only the sampled cache stores them
+    (at T 0 the scheme is target_only's, and extraction would refuse a greedy record); without it, neither."""
+    config = cfg.load_config(REPO / "config.yaml")
+    both = {**config, "evaluation": {**config["evaluation"], "verify": ["target_only", "rejection"]}}
+    assert "target_logprobs" not in cfg.extract_params(both, "demo-code", [1, 2], "final_norm")
+    assert cfg.extract_params(both, "demo-code-t07", [1, 2], "final_norm")["target_logprobs"] is True
+    assert "target_logprobs" not in cfg.extract_params(config, "demo-code-t07", [1, 2], "final_norm")

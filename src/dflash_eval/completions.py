@@ -9,6 +9,7 @@ that names the file, the line and the key, before any stage works on it.
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -86,3 +87,13 @@ def _check_tokens(path: str | Path, number: int, record: dict[str, Any]) -> None
     if not record["prompt_token_ids"]:
         raise CompletionsError(f"{where} has no prompt tokens; the target needs at least one to start from "
                                "(fix that prompt and re-run fetch)")
+
+
+_DRAW = re.compile(r"#s\d+$")
+
+
+def prompt_cluster(sample_id: str, sampled: bool) -> str:
+    """The prompt (turn) a sampled completion answers: its id without the `#s<k>` of draw k, which the n draws of
+    one prompt share (fetch/sampling.py names them); a greedy record is its own. The bootstrap resamples these
+    clusters (stats), since the draws of one prompt share its difficulty."""
+    return _DRAW.sub("", sample_id) if sampled else sample_id

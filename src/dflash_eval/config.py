@@ -198,9 +198,14 @@ SAMPLING_OFF = {"top_p": 1.0, "top_k": -1, "min_p": 0.0, "n": 1}
 SAMPLING_KEYS = ("temperature", "top_p", "top_k", "min_p", "n", "sampling_seed")
 
 
+def dataset_samples(spec: dict) -> bool:
+    """Whether a dataset's completions are sampled (temperature > 0); greedy otherwise."""
+    return float(spec.get("temperature") or 0.0) > 0
+
+
 def sampling_problems(spec: dict) -> list[str]:
     """What a dataset's sampling settings (already filled with defaults) cannot be: sampling keys at temperature 0."""
-    if float(spec.get("temperature") or 0.0) > 0:
+    if dataset_samples(spec):
         return []
     given = {key: spec[key] for key, off in SAMPLING_OFF.items() if spec.get(key, off) != off}
     if not given:
@@ -402,7 +407,9 @@ def stage_schema(stage: str) -> dict:
                         "max_tokens": fetch["max_tokens"], "speedup": top["speedup"], **evaluation},
                        required=("drafter", "dataset", "checkpoint", "target"))
     names = {"type": "array", "items": NAME}
-    return _object({"drafters": {"type": "object"}, "drafter_order": names, "datasets": names, **_properties("report"),
+    return _object({"drafters": {"type": "object"}, "drafter_order": names, "datasets": names,
+                    "dataset_prompts": {"type": "object", "additionalProperties": {"type": "string"}},
+                    **_properties("report"),
                     "transitions": {"type": "string"}, "bootstrap": evaluation["bootstrap"], "seed": evaluation["seed"]})
 
 
@@ -531,14 +538,16 @@ def verify_schemes(verify: str | list[str] | None) -> list[str]:
 
 def extract_params(config: dict, dataset: str, layer_ids: list[int], last_layer: str) -> dict:
     """What decides a hidden-state cache: the Snakemake params of its extract job (target_logprobs only when the
-    rejection scheme is asked for, so that a cache without it keeps its params)."""
+    rejection scheme is asked for and the dataset samples, so that a cache without it keeps its params; at T 0 the
+    scheme is target_only's and needs none: docs/sampling.md)."""
+    rejection = "rejection" in verify_schemes(config["evaluation"].get("verify"))
     return {
         "dataset": dataset,
         "layer_ids": list(layer_ids),
         "last_layer": last_layer,
         "target": dict(config["target"]),
         **config["extraction"],
-        **({"target_logprobs": True} if "rejection" in verify_schemes(config["evaluation"].get("verify")) else {}),
+        **({"target_logprobs": True} if rejection and dataset_samples(config["datasets"][dataset]) else {}),
     }
 
 
@@ -565,12 +574,21 @@ def evaluate_settings(config: dict, drafter: str, dataset: str) -> dict:
     }
 
 
+def prompt_set(spec: dict) -> str:
+    """Which prompts a dataset draws from (its file, or its preset and local copy): datasets of one prompt set at
+    several temperatures are one family, the report's tau against temperature."""
+    if spec.get("prompts"):
+        return f"prompts {Path(spec['prompts']).as_posix()}"
+    return f"preset {spec['preset']}" + (f" ({Path(spec['source']).as_posix()})" if spec.get("source") else "")
+
+
 def report_settings(config: dict) -> dict:
     return {
         "drafters": {name: {"step": spec.get("step"), "run": spec.get("run"), "layer_ids": drafter_layer_ids(config, name)}
                      for name, spec in config["drafters"].items()},
         "drafter_order": list(config["drafters"]),  # the settings JSON sorts keys; the report keeps config order
         "datasets": list(config["datasets"]),
+        "dataset_prompts": {name: prompt_set(spec) for name, spec in config["datasets"].items()},
         **config["report"],
         "transitions": str(Path(config["server"]["log_dir"]) / "transitions.jsonl"),
         "bootstrap": config["evaluation"]["bootstrap"],

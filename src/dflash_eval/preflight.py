@@ -20,6 +20,7 @@ from typing import Any, Self
 from dflash_eval.cache import manifest as cache_manifest
 from dflash_eval.cache.verify import changed_since_extraction, repair_command
 from dflash_eval.checkpoint import check_checkpoint, checkpoint_facts
+from dflash_eval.config import dataset_samples, verify_schemes
 from dflash_eval.errors import DflashEvalError
 from dflash_eval.extract.layers import check_layer_ids
 from dflash_eval.fetch.prompts import load_prompts
@@ -140,6 +141,7 @@ def check_inputs(config: dict[str, Any], source: str, built: Callable[[str], boo
                 f"  {key}.trained_with{blame(key + '.trained_with')}: {spec['trained_with']}, but target.backend is {target['backend']}: the evaluation "
                 "would refuse this drafter's cache after its extraction. Extract with the backend it was trained with "
                 "(target.backend), or set evaluation.allow_backend_mismatch: true to evaluate anyway (flagged)")
+    problems += [f"  {key}{blame(key)}: {why}" for key, why in verify_problems(config)]
     for warning in _load_warnings(config, text):
         sys.stderr.write(f"WARNING: {source}: {warning}\n")
     if problems:
@@ -148,10 +150,59 @@ def check_inputs(config: dict[str, Any], source: str, built: Callable[[str], boo
         raise DflashEvalError(f"{source}: {len(problems)} problem(s), found before any job ran:\n" + "\n".join(shown))
 
 
+def verify_problems(config: dict[str, Any]) -> list[tuple[str, str]]:
+    """(key, why) for each evaluation.verify: rejection that a job would refuse (extraction or evaluation, after the
+    server went down and outputs were removed): a DFlash2 drafter (its proposal is the candidate selector's walk,
+    not independent per position, so the step programme does not hold), DDTree budgets with rejection alone (no
+    rejection-sampled tree has a reference loop to hold it to; SGLang 0.5.23 verifies trees target-only), and
+    min_p on a sampled dataset (dflash_generate has none). docs/sampling.md says why each is refused."""
+    schemes = verify_schemes(config["evaluation"].get("verify"))
+    if "rejection" not in schemes:
+        return []
+    problems = []
+    budgets = sorted(set(config["evaluation"].get("ddtree_budgets") or []))
+    if budgets and "target_only" not in schemes:
+        methods = ", ".join(f"ddtree-{b}" for b in budgets)
+        problems.append(("evaluation.verify", f"rejection alone, but evaluation.ddtree_budgets asks for {methods}: "
+                         "DDTree has no rejection-sampled scheme here (dflash_generate drafts no tree; SGLang 0.5.23 "
+                         "verifies trees target-only). Set evaluation.verify: [target_only, rejection] (trees are "
+                         "then evaluated target_only, chains both ways) or evaluation.ddtree_budgets: []"))
+    for name, spec in config["drafters"].items():
+        if _architecture(spec) == "DFlash2DraftModel":
+            problems.append((f"drafters.{name}", f"drafter {name} is a DFlash2DraftModel, but evaluation.verify asks for "
+                             "rejection: its "
+                             "drafts come from the candidate selector's walk over the block, not independently per "
+                             "position, so dflash_generate's scheme does not apply to it; set evaluation.verify: "
+                             "target_only (or remove this drafter from a rejection run)"))
+    for name, spec in config["datasets"].items():
+        if dataset_samples(spec) and float(spec.get("min_p") or 0.0) > 0:
+            problems.append((f"datasets.{name}.min_p", f"{spec['min_p']}, but evaluation.verify asks for rejection, "
+                             "dflash_generate's scheme, which has no min_p: set min_p: 0.0 or evaluation.verify: "
+                             "target_only"))
+    return problems
+
+
+def _architecture(spec: dict[str, Any]) -> str | None:
+    """The drafter's class from its config.json's architectures, where it can be read now (else None)."""
+    try:
+        facts = checkpoint_facts(spec["path"], spec["layout"], spec.get("config"))
+    except (DflashEvalError, OSError):
+        return None
+    found = facts.config.get("architectures") or []
+    return "DFlash2DraftModel" if "DFlash2DraftModel" in found else (found[0] if found else None)
+
+
 def _load_warnings(config: dict[str, Any], target_text: dict[str, Any] | None) -> list[str]:
     """Settings that run but do less than they say: named at every start (also in `snakemake -n`), not
     only in a job's log."""
     warnings = []
+    if "rejection" in verify_schemes(config["evaluation"].get("verify")):
+        greedy = [name for name, spec in config["datasets"].items() if not dataset_samples(spec)]
+        if greedy:
+            warnings.append(f"evaluation.verify asks for rejection, but datasets {', '.join(greedy)} are greedy "
+                            "(temperature 0), where dflash_generate's scheme is target_only's greedy verification "
+                            "(the drafts and the target are point masses): their tau is both schemes' number, and "
+                            "they get no rejection section (docs/sampling.md)")
     requested = config["evaluation"]["block_sizes"]
     if isinstance(requested, list):
         for name, spec in config["drafters"].items():

@@ -1,6 +1,8 @@
 """The rejection scheme's step chain against brute-force enumeration of dflash_generate's own mechanics.
 
-On a vocabulary of three tokens (one a stop token), blocks of 3 and a budget of 5 new tokens, every run of
+On a vocabulary of three tokens (one a stop token), blocks of 2, 3 and 4 tokens (the drafter's own block and
+the shorter chains dflash_generate runs with a smaller block_size, whose drafts are their own) and a budget of 5
+new tokens, every run of
 the loop is enumerated with its exact probability: the drafts sampled from q, each accepted with
 min(1, p/q) in turn, the residual (p - q)+ after a rejection (p itself when it is empty), the bonus token
 from p, the token budget's cap and the stop token's cut, exactly as `dflash.model.dflash_generate` and
@@ -41,16 +43,16 @@ def p_target(prefix: tuple) -> np.ndarray:
     return _dist(prefix, 0, zero_some=True)
 
 
-def q_draft(context: tuple, position: int) -> np.ndarray:
-    """The drafter's distribution at block position `position` of the block anchored after `context` (parallel:
-    it does not depend on the other drafts)."""
-    return _dist((context, position), 1, zero_some=True)
+def q_draft(context: tuple, position: int, block: int = BLOCK) -> np.ndarray:
+    """The drafter's distribution at block position `position` of the `block`-token block anchored after `context`
+    (parallel: it does not depend on the other drafts; a shorter block drafts differently)."""
+    return _dist((context, position, block), 1, zero_some=True)
 
 
-def _block_outcomes(output: tuple, gamma: int):
+def _block_outcomes(output: tuple, gamma: int, block: int):
     """(tokens written after the anchor, accepted drafts, probability) of one verification step."""
     for drafts in itertools.product(range(V), repeat=gamma):
-        qs = [q_draft(output, j + 1) for j in range(gamma)]
+        qs = [q_draft(output, j + 1, block) for j in range(gamma)]
         prob = float(np.prod([qs[j][d] for j, d in enumerate(drafts)]))
         if prob == 0:
             continue
@@ -73,7 +75,7 @@ def _block_outcomes(output: tuple, gamma: int):
                     yield drafts + (token,), gamma, survive * bonus[token]
 
 
-def enumerate_runs(prompt: tuple) -> dict[tuple, dict[int, float]]:
+def enumerate_runs(prompt: tuple, block: int = BLOCK) -> dict[tuple, dict[int, float]]:
     """output path -> steps -> joint probability, over every run of the loop."""
     runs: dict[tuple, dict[int, float]] = defaultdict(lambda: defaultdict(float))
     max_length = len(prompt) + MAX_NEW
@@ -83,14 +85,14 @@ def enumerate_runs(prompt: tuple) -> dict[tuple, dict[int, float]]:
         if not (start + 1 < max_length) or stopped:
             runs[output[:max_length]][steps] += prob
             return
-        verify = min(BLOCK, max_length - start)
-        for block, accepted, p in _block_outcomes(output, verify - 1):
+        verify = min(block, max_length - start)
+        for written, accepted, p in _block_outcomes(output, verify - 1, block):
             produced, stop = min(accepted + 1, max_length - start - 1), False
             for offset in range(produced):
-                if block[offset] == STOP:
+                if written[offset] == STOP:
                     produced, stop = offset + 1, True
                     break
-            run(output + block[:produced], steps + 1, prob * p, stop)
+            run(output + written[:produced], steps + 1, prob * p, stop)
 
     first = p_target(prompt)
     for token in range(V):
@@ -99,22 +101,23 @@ def enumerate_runs(prompt: tuple) -> dict[tuple, dict[int, float]]:
     return runs
 
 
-def offline(path: tuple, prompt_len: int) -> StepDistribution:
+def offline(path: tuple, prompt_len: int, block: int = BLOCK) -> StepDistribution:
     limits = sequence_limits(prompt_len, len(path), MAX_NEW, path[-1] == STOP)
-    alpha = np.ones((max(0, len(path) - 1 - prompt_len), BLOCK - 1))
+    alpha = np.ones((max(0, len(path) - 1 - prompt_len), block - 1))
     for i in range(alpha.shape[0]):
         anchor = prompt_len + i
-        for j in range(1, BLOCK):
+        for j in range(1, block):
             if anchor + j < len(path):
                 token = path[anchor + j]
-                q, p = q_draft(path[:anchor + 1], j)[token], p_target(path[:anchor + j])[token]
+                q, p = q_draft(path[:anchor + 1], j, block)[token], p_target(path[:anchor + j])[token]
                 alpha[i, j - 1] = min(1.0, q / p)
-    return step_distribution(alpha, limits, [t == STOP for t in path], BLOCK)
+    return step_distribution(alpha, limits, [t == STOP for t in path], block)
 
 
+@pytest.mark.parametrize("block", [2, BLOCK, 4])
 @pytest.mark.parametrize("prompt", [(0, 1), (1, 0), (0, 0)])
-def test_step_distribution_equals_brute_force(prompt):
-    runs = enumerate_runs(prompt)
+def test_step_distribution_equals_brute_force(prompt, block):
+    runs = enumerate_runs(prompt, block)
     assert sum(sum(by_steps.values()) for by_steps in runs.values()) == pytest.approx(1.0, abs=1e-12)
     assert any(p[-1] == STOP for p in runs) and any(len(p) == len(prompt) + MAX_NEW for p in runs)
     checked = 0
@@ -122,7 +125,7 @@ def test_step_distribution_equals_brute_force(prompt):
         total = sum(by_steps.values())
         lossless = np.prod([p_target(path[:t])[path[t]] for t in range(len(prompt), len(path))])
         assert total == pytest.approx(lossless, rel=1e-9), path  # the output is distributed as the target's
-        mine = offline(path, len(prompt))
+        mine = offline(path, len(prompt), block)
         brute = np.zeros(len(mine.steps_pmf))
         for steps, prob in by_steps.items():
             brute[steps] = prob / total

@@ -1,8 +1,10 @@
 """The evaluate stage with `verify: [target_only, rejection]` on a real tiny target, drafter and cache (the CLI):
 its per-sample expected tau equals the step chain run on an independent reference (the target's Hugging Face
 forward and the reference drafter's block recomputed from scratch at every anchor, both renormalised by dflash's
-own `_sampling_probs`); target_only's outputs are the same bytes as without the rejection scheme; a cache
-without target log-probs is refused naming the fix."""
+own `_sampling_probs`), for the drafter's own block and a shorter chain (dflash_generate with block_size 3, its
+blocks drafted as 3-token blocks); target_only's outputs are the same bytes as without the rejection scheme; the
+two draws of each prompt are one cluster of every bootstrap; a cache without target log-probs is refused naming
+the fix."""
 
 from __future__ import annotations
 
@@ -13,14 +15,14 @@ import numpy as np
 import pytest
 import torch
 
-from dflash_eval import cli
+from dflash_eval import cli, stats
 from dflash_eval.evaluate.acceptance import sequence_limits
 from dflash_eval.evaluate.rejection import step_distribution
 from dflash_eval.extract import stage as extract_stage
 from tests.support.reference import _draft_logprobs
 from tests.support.tiny import tiny_drafter, tiny_target
 
-LAYERS, BLOCK, MAX_TOKENS = [0, 2], 4, 9
+LAYERS, BLOCK, SHORT, MAX_TOKENS = [0, 2], 4, 3, 9
 SAMPLING = {"temperature": 1.5, "top_p": 0.95, "top_k": 120, "min_p": 0.0, "seed": 0}
 
 
@@ -33,12 +35,13 @@ def project(tmp_path_factory):
     rng = random.Random(0)
     records = []
     with torch.no_grad():
-        for index in range(3):  # completions sampled from the target itself, so p_T > 0 on them
-            ids = [rng.randrange(2, 290) for _ in range(3)]
+        for index in range(4):  # completions sampled from the target itself, so p_T > 0 on them: 2 prompts x 2
+            if index % 2 == 0:
+                ids = [rng.randrange(2, 290) for _ in range(3)]
             torch.manual_seed(index)
             out = target.generate(torch.tensor([ids]), max_new_tokens=MAX_TOKENS, do_sample=True, temperature=1.5,
                                   top_p=0.95, top_k=120, eos_token_id=1, pad_token_id=1)[0].tolist()
-            records.append({"id": f"s{index}", "prompt_token_ids": ids, "completion_token_ids": out[3:],
+            records.append({"id": f"p{index // 2}#s{index % 2}", "prompt_token_ids": ids, "completion_token_ids": out[3:],
                             "request": {"max_tokens": MAX_TOKENS}, "completion_ids_source": "server",
                             "token_check": {}, "sampling": SAMPLING})
     completions = root / "c.jsonl"
@@ -52,7 +55,7 @@ def project(tmp_path_factory):
                 "checkpoint": {"path": str(root / "drafter"), "layout": "auto", "config": None, "trained_with": "torch",
                                "allow_pickle": False, "step": None, "layer_ids": LAYERS},
                 "device": "cpu", "dtype": "float32", "blocks_per_forward": 16, "bootstrap": 10, "seed": 0,
-                "stop_token_ids": [1], "ddtree_budgets": [4], "topk": [1]}
+                "stop_token_ids": [1], "ddtree_budgets": [4], "topk": [1], "block_sizes": [SHORT]}
     return root, records, evaluate
 
 
@@ -64,7 +67,7 @@ def _evaluate(root, settings, out, hidden="hidden"):
     return code, (out / "log").read_text()
 
 
-def _reference_expected_tau(root, record) -> float:
+def _reference_expected_tau(root, record, block: int) -> float:
     from dflash.model import DFlashDraftModel, _sampling_probs
 
     target = tiny_target()
@@ -75,10 +78,10 @@ def _reference_expected_tau(root, record) -> float:
     with torch.no_grad():
         p = _sampling_probs(target(torch.tensor([ids])).logits[0], *args)
     limits = sequence_limits(prompt_len, len(ids), MAX_TOKENS, ids[-1] == 1)
-    alpha = np.ones((len(ids) - 1 - prompt_len, BLOCK - 1))
+    alpha = np.ones((len(ids) - 1 - prompt_len, block - 1))
     for i in range(alpha.shape[0]):
         anchor = prompt_len + i
-        size = min(BLOCK, limits.max_length - anchor)
+        size = min(block, limits.max_length - anchor)
         if size <= 1:
             continue
         q = _sampling_probs(_draft_logprobs(drafter, target, ids, anchor, size), *args)
@@ -86,7 +89,7 @@ def _reference_expected_tau(root, record) -> float:
             if anchor + j < len(ids):
                 x = ids[anchor + j]
                 alpha[i, j - 1] = min(1.0, float(q[j - 1, x] / p[anchor + j - 1, x]))
-    return step_distribution(alpha, limits, [t == 1 for t in ids], BLOCK).expected_tau
+    return step_distribution(alpha, limits, [t == 1 for t in ids], block).expected_tau
 
 
 def test_rejection_section_equals_the_independent_reference(project, tmp_path):
@@ -96,13 +99,29 @@ def test_rejection_section_equals_the_independent_reference(project, tmp_path):
     metrics = json.loads((tmp_path / "both" / "metrics.json").read_text())
     assert metrics["verify"] == ["target_only", "rejection"] and metrics["sampling"] == [
         {k: v for k, v in SAMPLING.items() if k != "seed"}]
-    chain = metrics["rejection"]["methods"][f"chain-B{BLOCK}"]
-    assert chain["scheme"] == "rejection" and chain["samples"] == 3
-    for row, record in zip(chain["per_sample"], records):
-        assert row["id"] == record["id"]
-        assert row["expected_tau"] == pytest.approx(_reference_expected_tau(root, record), rel=1e-5)
-    assert chain["tau_mean_of_samples"] == pytest.approx(np.mean([r["expected_tau"] for r in chain["per_sample"]]))
-    assert 1.0 < chain["tau_mean_of_samples"] < BLOCK
+    assert sorted(metrics["rejection"]["methods"]) == [f"chain-B{SHORT}", f"chain-B{BLOCK}"]
+    for block in (BLOCK, SHORT):
+        chain = metrics["rejection"]["methods"][f"chain-B{block}"]
+        assert chain["scheme"] == "rejection" and chain["samples"] == 4 and chain["block_size"] == block
+        for row, record in zip(chain["per_sample"], records):
+            assert row["id"] == record["id"]
+            assert row["expected_tau"] == pytest.approx(_reference_expected_tau(root, record, block), rel=1e-5)
+        means = [r["expected_tau"] for r in chain["per_sample"]]
+        assert chain["tau_mean_of_samples"] == pytest.approx(np.mean(means))
+        assert 1.0 < chain["tau_mean_of_samples"] < block
+        prompts = [r["id"].split("#")[0] for r in chain["per_sample"]]  # the CI resamples the 2 prompts
+        assert chain["ci95"] == stats.bootstrap_per_sample(
+            np.array(means), np.array([r["tokens"] for r in chain["per_sample"]], dtype=float),
+            np.array([r["expected_steps"] for r in chain["per_sample"]]), 10, 0, clusters=prompts)
+    served = metrics["methods"][f"chain-B{BLOCK}"]
+    steps = {}
+    for line in (tmp_path / "both" / "samples.csv").read_text().splitlines()[1:]:
+        fields = line.split(",")
+        if fields[1] == f"chain-B{BLOCK}":
+            steps[fields[0]] = [int(x) for x in fields[-1].split()]
+    ids = sorted(steps)
+    assert served["ci95"] == stats.bootstrap_ci([steps[i] for i in ids], 10, 0, clusters=[i[:2] for i in ids])
+    assert served["ci95"] != stats.bootstrap_ci([steps[i] for i in ids], 10, 0)  # not the per-draw bootstrap
     code, log = _evaluate(root, settings, tmp_path / "plain")  # the default: target_only alone
     assert code == 0, log
     plain = json.loads((tmp_path / "plain" / "metrics.json").read_text())

@@ -105,3 +105,36 @@ def test_a_tab_in_config_yaml_names_the_file_line_and_column(case):
     assert f"config.yaml:{number + 1}:1: not valid YAML: found character '\\t' that cannot start any token (YAML " \
            "indents with spaces, never tabs: replace the tab there with spaces)" in text
     assert snapshot(root) == before and not (root / "calls.log").exists(), "nothing ran, nothing was lost"
+
+
+def test_the_rejection_scheme_for_a_dflash2_drafter_is_refused_at_load(case):
+    """Refused before any job (it was refused only by the evaluation job, after extraction and its outage)."""
+    workflow, root = case
+    (root / "ckpt" / "a" / "config.json").write_text('{"block_size": 4, "architectures": ["DFlash2DraftModel"]}')
+    (root / "extra.yaml").write_text("evaluation:\n  verify: [target_only, rejection]\n")
+    out = _refused(workflow, root, "--configfile", str(root / "extra.yaml"))
+    assert "drafters.a (in config.yaml): drafter a is a DFlash2DraftModel, but evaluation.verify asks for rejection" \
+        in out, out
+    assert "set evaluation.verify: target_only" in out and "drafters.b" not in out
+
+
+def test_ddtree_under_the_rejection_scheme_alone_is_refused_at_load_naming_the_methods(case):
+    workflow, root = case
+    (root / "extra.yaml").write_text("evaluation:\n  verify: rejection\n  ddtree_budgets: [8, 32]\n")
+    out = _refused(workflow, root, "--configfile", str(root / "extra.yaml"))
+    assert "evaluation.verify (in extra.yaml): rejection alone, but evaluation.ddtree_budgets asks for ddtree-8, " \
+           "ddtree-32" in out, out
+    assert "Set evaluation.verify: [target_only, rejection]" in out and "evaluation.ddtree_budgets: []" in out
+
+
+def test_the_rejection_scheme_on_greedy_datasets_warns_at_load_and_stores_no_log_probs(case):
+    """At T 0 dflash_generate's scheme is target_only's: a warning, and the caches keep their params (no refetch or
+    re-extraction: only the evaluations, whose settings name the scheme, would rerun)."""
+    workflow, root = case
+    (root / "extra.yaml").write_text("evaluation:\n  verify: [target_only, rejection]\n")
+    run = snakemake(workflow, root, "-n", "--configfile", str(root / "extra.yaml"))
+    text = run.stdout + run.stderr
+    assert run.returncode == 0, text
+    assert ("evaluation.verify asks for rejection, but datasets d1, d2 are greedy (temperature 0), where "
+            "dflash_generate's scheme is target_only's greedy verification") in text
+    assert "rule extract" not in text and "rule fetch" not in text, text

@@ -115,16 +115,21 @@ def expected_token_weighted(samples: Sequence[StepDistribution]) -> float:
 
 @torch.inference_mode()
 def anchor_alpha(drafter, features: torch.Tensor, tokens: torch.Tensor, target_logprob: torch.Tensor,
-                 limits: SequenceLimits, params: SamplingParams, chunk: int = 128) -> np.ndarray:
-    """alpha [n_anchors, B - 1] from the drafter's block at every anchor (as dflash_generate drafts it there).
+                 limits: SequenceLimits, params: SamplingParams, chunk: int = 128, block: int | None = None,
+                 context: torch.Tensor | None = None) -> np.ndarray:
+    """alpha [n_anchors, b - 1] from the drafter's block of b tokens at every anchor (as dflash_generate with
+    block_size b drafts it there; b defaults to the drafter's B, and a shorter block is drafted as a b-token block,
+    not cut from the B-token one: full-attention layers see the whole block).
 
     `target_logprob[t]` is log p_T(x_t | x_<t) under `params` (the cache's `target_logprob`); q is the same
     renormalisation of the drafter's logits. Positions past the sequence get 1 (never read: see step_distribution).
+    `context` is drafter.context(features), when the caller already has it (one per sample for every b).
     """
-    block = drafter.block_size
+    block = drafter.block_size if block is None else int(block)
     n_anchors = max(0, limits.total_len - 1 - limits.prompt_len)
     alpha = np.ones((n_anchors, block - 1))
-    context = drafter.context(features) if n_anchors else None
+    if context is None and n_anchors:
+        context = drafter.context(features)
     for drafted in anchor_blocks(drafter, context, tokens, limits, block, chunk):
         width = drafted.size - 1
         positions = drafted.anchors[:, None] + 1 + torch.arange(width, device=tokens.device)[None]

@@ -3,8 +3,9 @@
 Per sample, the drafter's block at every anchor (evaluate.rejection.anchor_alpha) and the cache's target
 log-probs give the step-count distribution given the completion; the section holds both tau conventions as
 exact expectations (the token-weighted one over the dataset's independent samples), percentile bootstrap
-CIs over samples (stats.bootstrap_per_sample, on per-sample expectations: E[N / S] and, for the
-token-weighted one, sum N / sum E[S]), expected acceptance by position and the expected histogram.
+CIs over samples, or over prompts when a prompt has several draws (stats.bootstrap_per_sample, on per-sample
+expectations: E[N / S] and, for the token-weighted one, sum N / sum E[S]), expected acceptance by position and
+the expected histogram, for each evaluated chain block size (the drafter's B and evaluation.block_sizes).
 """
 
 from __future__ import annotations
@@ -52,23 +53,43 @@ def sample_params(stored: dict, record: dict, completions: str) -> SamplingParam
     return params
 
 
-def sample_distribution(runner, load: Loaded, params: SamplingParams, stops: set[int],
-                        chunk: int) -> tuple[StepDistribution | None, str | None]:
-    """One sample's step distribution, or None and why (a completion token the sampling could not emit)."""
+def sample_distribution(runner, load: Loaded, params: SamplingParams, stops: set[int], chunk: int,
+                        blocks: list[int] | None = None) -> tuple[dict[int, StepDistribution] | None, str | None]:
+    """One sample's step distribution per chain block size b (default: the drafter's B alone), or None and why
+    (a completion token the sampling could not emit). Chain-B<b> is dflash_generate run with block_size b: the same
+    programme over b-token blocks, each drafted as such."""
     features, tokens, logprob, limits = load()
     completion = logprob[limits.prompt_len:]
     if not bool(torch.isfinite(completion).all()):
         return None, ("a completion token has probability 0 under dflash's renormalisation of the target (outside "
                       "its top-k / top-p): dflash_generate could not have produced this completion")
-    alpha = anchor_alpha(runner, features, tokens, logprob, limits, params, chunk)
     is_stop = [t in stops for t in tokens.tolist()]
-    return step_distribution(alpha, limits, is_stop, runner.block_size), None
+    context = runner.context(features) if limits.total_len - 1 > limits.prompt_len else None
+    out = {}
+    for block in blocks or [runner.block_size]:
+        alpha = anchor_alpha(runner, features, tokens, logprob, limits, params, chunk, block, context)
+        out[block] = step_distribution(alpha, limits, is_stop, block)
+    return out, None
 
 
-def section(dists: dict[str, StepDistribution], params: dict[str, SamplingParams], block: int,
-            settings: dict) -> dict:
-    """The `rejection` section of metrics.json from the samples' step distributions (the cache's order)."""
+def section(dists: dict[str, dict[int, StepDistribution]], params: dict[str, SamplingParams], blocks: list[int],
+            settings: dict, clusters: dict[str, str] | None = None) -> dict:
+    """The `rejection` section of metrics.json from the samples' step distributions per chain block size b in
+    `blocks` (the cache's order): one method chain-B<b> each; the bootstrap resamples `clusters` (sample id -> its
+    prompt) when given."""
+    methods = {}
+    for size in sorted(blocks):
+        entry = _method({i: d[size] for i, d in dists.items()}, size, settings, clusters)
+        methods[entry["method"]] = entry
+    return {"scheme": "rejection", "convention": "dflash",
+            "sampling": [dict(t) for t in sorted({tuple(sorted(p.as_dict().items())) for p in params.values()})],
+            "methods": methods}
+
+
+def _method(dists: dict[str, StepDistribution], block: int, settings: dict, clusters: dict[str, str] | None) -> dict:
+    """One chain block size's entry: both tau conventions as exact expectations, CIs, rates and histogram."""
     used = {i: d for i, d in dists.items() if d.tokens}
+    labels = None if clusters is None else [clusters.get(i, i) for i in used]
     means = np.array([d.expected_tau for d in used.values()])
     tokens = np.array([d.tokens for d in used.values()], dtype=float)
     expected_steps = np.array([d.expected_steps for d in used.values()])
@@ -78,7 +99,8 @@ def section(dists: dict[str, StepDistribution], params: dict[str, SamplingParams
         "method": chain_method(block), "scheme": "rejection", "block_size": block,
         "tau_mean_of_samples": float(means.mean()) if len(means) else float("nan"),
         "tau_token_weighted": expected_token_weighted(list(used.values())),
-        "ci95": stats.bootstrap_per_sample(means, tokens, expected_steps, settings["bootstrap"], settings["seed"]),
+        "ci95": stats.bootstrap_per_sample(means, tokens, expected_steps, settings["bootstrap"], settings["seed"],
+                                           clusters=labels),
         "samples": len(used), "expected_steps": total_steps, "tokens": int(tokens.sum()),
         "acceptance_by_position": [float(produced[k:].sum() / total_steps) if total_steps else float("nan")
                                    for k in range(1, block)],
@@ -86,6 +108,4 @@ def section(dists: dict[str, StepDistribution], params: dict[str, SamplingParams
         "per_sample": [{"id": i, "tokens": d.tokens, "expected_steps": d.expected_steps,
                         "expected_tau": d.expected_tau} for i, d in used.items()],
     }
-    return {"scheme": "rejection", "convention": "dflash",
-            "sampling": [dict(t) for t in sorted({tuple(sorted(p.as_dict().items())) for p in params.values()})],
-            "methods": {method["method"]: method}}
+    return method

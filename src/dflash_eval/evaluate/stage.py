@@ -13,11 +13,12 @@ metrics.json (the report reads it):
   speedup{estimate, available, source, formula, tau, target_source, draft_source, t_ar_ms, t_draft_ms, verify,
   best_ddtree{method, budget, expected_speedup}} (evaluate/speedup.py; an estimate, labelled so),
   verify (evaluation.verify as a list), sampling (the completions' distinct {temperature, top_p, top_k, min_p}; null
-  when greedy), and with the rejection scheme rejection{scheme, convention, sampling, methods{"chain-B<B>": {method,
+  when greedy), and with the rejection scheme rejection{scheme, convention, sampling, methods{"chain-B<b>" per chain: {method,
   scheme, block_size, tau_mean_of_samples, tau_token_weighted (both exact expectations), ci95, samples, expected_steps,
   tokens, acceptance_by_position, expected_histogram, per_sample[{id, tokens, expected_steps, expected_tau}]}}}
-  (evaluate/rejection_metrics.py). Every `methods` entry is the target_only scheme (scheme: target_only), computed
-  whatever evaluation.verify says; rejection adds its section.
+  (evaluate/rejection_metrics.py; none on greedy completions, where the scheme is target_only's). Every `methods`
+  entry is the target_only scheme (scheme: target_only), computed whatever evaluation.verify says; rejection adds
+  its section.
 samples.csv: one row per sample x method with its steps, tokens, tau and the acceptance lengths in order.
 """
 
@@ -43,7 +44,7 @@ from dflash_eval.checkpoint import (
     check_against_target,
     checkpoint_facts,
 )
-from dflash_eval.completions import read_completions
+from dflash_eval.completions import prompt_cluster, read_completions
 from dflash_eval.config import evaluate_settings, settings_from_args, verify_schemes
 from dflash_eval.errors import DflashEvalError
 from dflash_eval.evaluate import acceptance, rejection_metrics
@@ -214,15 +215,19 @@ def run_evaluation(settings: dict, hidden: str, completions: str,
                          "tokens": sum(steps), "tau": sum(steps) / len(steps) if steps else float("nan"),
                          "acceptance_lengths": " ".join(map(str, steps))})
     cache_info["shards_verified"] = cache.verified()  # raises for a damaged shard: no metrics from it
-    methods = {method: method_metrics(method, list(by_sample.values()), block, settings)
+    clusters = {sample_id: prompt_cluster(sample_id, records[sample_id].get("sampling") is not None)
+                for sample_id, _entry in order}  # the n draws of a prompt are resampled together
+    methods = {method: method_metrics(method, list(by_sample.values()), block, settings,
+                                      [clusters[i] for i in by_sample])
                for method, by_sample in per_method.items()}
     primary = chain_method(block)
     speedup = estimate_speedup(settings, hidden, methods, lambda blocks: time_drafter_on_cache(
         runner, cache, loaded.layer_ids, device, dtype, settings.get("speedup") or {}, blocks))
-    rejection = None
-    if "rejection" in verify_schemes(settings.get("verify")):
+    rejection, sampling = None, _sampling_of(records, completions)
+    # greedy completions: dflash_generate's scheme at T = 0 is target_only's greedy verification (docs/sampling.md)
+    if "rejection" in verify_schemes(settings.get("verify")) and sampling is not None:
         rejection = _rejection(runner, cache, records, order, completions, loaded.layer_ids, device, dtype, stops,
-                               settings, block, skipped)
+                               settings, block_sizes, skipped, clusters)
         cache_info["shards_verified"] = cache.verified()
     _check_unchanged(loaded.path, sha256_at_load)
     metrics = {
@@ -242,7 +247,7 @@ def run_evaluation(settings: dict, hidden: str, completions: str,
                         "all_anchor_blocks": evaluator.counts.all_anchor_blocks},
         "speedup": speedup,
         "verify": verify_schemes(settings.get("verify")),
-        "sampling": _sampling_of(records, completions),
+        "sampling": sampling,
     }
     if rejection is not None:
         metrics["rejection"] = rejection
@@ -257,9 +262,10 @@ def _sampling_of(records: dict, completions: str) -> list[dict] | None:
     return [dict(t) for t in sorted(found)] or None
 
 
-def _rejection(runner, cache, records, order, completions, layer_ids, device, dtype, stops, settings, block,
-               skipped) -> dict:
-    """The rejection scheme's section (evaluate.rejection_metrics), over the samples the trajectories used."""
+def _rejection(runner, cache, records, order, completions, layer_ids, device, dtype, stops, settings, block_sizes,
+               skipped, clusters) -> dict:
+    """The rejection scheme's section (evaluate.rejection_metrics), over the samples the trajectories used: one
+    chain per evaluated block size (DDTree has no rejection-sampled reference: preflight refuses it alone)."""
     stored = rejection_metrics.check_cache(cache, settings["drafter"], runner)
     dists, params = {}, {}
     for sample_id, _entry in order:
@@ -273,12 +279,12 @@ def _rejection(runner, cache, records, order, completions, layer_ids, device, dt
             limits = acceptance.sequence_limits(states.prompt_len, len(tokens), max_tokens, int(tokens[-1]) in stops)
             return states.features.to(device=device, dtype=dtype), tokens, states.logprob.to(device), limits
         dist, why = rejection_metrics.sample_distribution(runner, load, params[sample_id], set(stops),
-                                                          settings["blocks_per_forward"])
+                                                          settings["blocks_per_forward"], block_sizes)
         if dist is None:
             skipped.append({"id": sample_id, "why": f"rejection scheme: {why}"})
         else:
             dists[sample_id] = dist
-    return rejection_metrics.section(dists, params, block, settings)
+    return rejection_metrics.section(dists, params, block_sizes, settings, clusters)
 
 
 def requested_block_sizes(requested: list[int] | str | None, block: int) -> list[int]:
@@ -292,13 +298,15 @@ def requested_block_sizes(requested: list[int] | str | None, block: int) -> list
     return [b for b in sizes if b <= block]
 
 
-def method_metrics(method: str, per_sample: list[list[int]], block: int, settings: dict) -> dict:
-    """tau (both conventions), bootstrap CI, counts, acceptance by position and histogram of one method."""
+def method_metrics(method: str, per_sample: list[list[int]], block: int, settings: dict,
+                   clusters: list[str] | None = None) -> dict:
+    """tau (both conventions), bootstrap CI (over `clusters`, one per sample, when given), counts, acceptance by
+    position and histogram of one method."""
     parsed = parse_method(method)
     depth = parsed.block_size(block)
     return {"method": method, "kind": parsed.kind.name, "scheme": "target_only", "block_size": depth,
             "budget": parsed.budget, **stats.tau_stats(per_sample),
-            "ci95": stats.bootstrap_ci(per_sample, settings["bootstrap"], settings["seed"]),
+            "ci95": stats.bootstrap_ci(per_sample, settings["bootstrap"], settings["seed"], clusters=clusters),
             "acceptance_by_position": stats.acceptance_by_position(per_sample, depth),
             "histogram": stats.histogram(per_sample, depth)}
 

@@ -496,7 +496,8 @@ def temperature_lines(rows: list[dict], panel: dict) -> list[str]:
     lines = ["## tau against temperature (target_only verification)", "",
              "Each drafter's own chain, z-lab mean with its 95% interval, on each dataset at the sampling it was "
              "fetched with; datasets of the same prompts at several temperatures show how tau falls as the target "
-             "samples (docs/sampling.md).", "",
+             "samples (docs/sampling.md; plots/tau_vs_temperature.png). With n draws per prompt the intervals "
+             "resample prompts, the n draws of one together.", "",
              table_row(["drafter", "dataset", "sampling", "samples", "tau (z-lab mean)"]),
              table_row(["---"] * 5)]
     for row in rows:

@@ -178,6 +178,54 @@ def draw_tau_vs_step(data: PlotData) -> Any:
     return figure
 
 
+def temperature_families(rows: list[dict], settings: dict) -> dict[str, list[dict]]:
+    """Own-chain target_only rows by their dataset's prompt set (report settings' dataset_prompts), only the sets
+    evaluated at two or more temperatures (greedy is T 0), each sorted by temperature: tau against temperature."""
+    sources = settings.get("dataset_prompts") or {}
+    families: dict[str, list[dict]] = {}
+    for row in chain_rows(rows):
+        temperature = row.get("temperature", 0.0)
+        if row.get("scheme", "target_only") != "target_only" or missing(temperature) or row["dataset"] not in sources:
+            continue  # several sampling sets in one dataset (NaN) have no one temperature
+        families.setdefault(sources[row["dataset"]], []).append(row)
+    return {source: sorted(members, key=lambda r: float(r.get("temperature", 0.0)))
+            for source, members in families.items()
+            if len({float(r.get("temperature", 0.0)) for r in members}) >= 2}
+
+
+def draw_tau_vs_temperature(data: PlotData) -> Any:
+    """One panel per prompt set fetched at several temperatures: tau (z-lab mean, own block, SGLang's target_only
+    verification) against the temperature, one line per drafter, the 95% CI as error bars, greedy at T 0."""
+    settings = data.settings
+    families = temperature_families(data.rows, settings)
+    figure = _figure()
+    title = "DFlash drafters: tau (z-lab mean, own block size, target_only verification) against temperature, 95% CI"
+    if not families:
+        _nothing_to_show(figure.subplots(), "No prompt set evaluated at several temperatures: add a dataset of the "
+                                            "same prompts with temperature > 0 (docs/sampling.md)")
+        figure.suptitle(title)
+        return figure
+    drafters = list(settings["drafters"])
+    panels = figure.subplots(1, len(families), squeeze=False, sharey=True)[0]
+    for axes, (source, members) in zip(panels, families.items()):
+        temperatures = sorted({float(r.get("temperature", 0.0)) for r in members})
+        for drafter, color in zip(drafters, _colors(len(drafters))):
+            mine = [r for r in members if r["drafter"] == drafter and not missing(r["tau_mean_of_samples"])]
+            if not mine:
+                continue
+            axes.errorbar([float(r.get("temperature", 0.0)) for r in mine], [r["tau_mean_of_samples"] for r in mine],
+                          yerr=_error_bars(mine), marker="o", capsize=3, color=color,
+                          label=drafter_label(drafter, settings))
+        axes.set_xticks(temperatures, [f"{t:g}" + (" (greedy)" if t == 0 else "") for t in temperatures])
+        axes.set_title(source, fontsize=10)
+        axes.set_xlabel("sampling temperature T")
+        axes.grid(alpha=0.3)
+    panels[0].set_ylabel(TAU_LABEL)
+    figure.suptitle(title)
+    _legend(panels[-1], "drafter")
+    return figure
+
+
 def _dataset_axes(figure: Any, datasets: list[str]) -> list[Any]:
     axes = figure.subplots(1, len(datasets), squeeze=False, sharey=True)[0]
     return list(axes)
@@ -324,6 +372,7 @@ def draw_speedup(data: PlotData) -> Any:
 PLOTS: dict[str, Plot] = {
     "tau": Plot("tau.png", draw_tau, "tau.rst"),
     "tau_vs_step": Plot("tau_vs_step.png", draw_tau_vs_step, "tau_vs_step.rst"),
+    "tau_vs_temperature": Plot("tau_vs_temperature.png", draw_tau_vs_temperature, "tau_vs_temperature.rst"),
     "acceptance_by_position": Plot("acceptance_by_position.png", draw_acceptance_by_position,
                                    "acceptance_by_position.rst"),
     "acceptance_histogram": Plot("acceptance_histogram.png", draw_acceptance_histogram, "acceptance_histogram.rst"),

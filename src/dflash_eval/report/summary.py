@@ -19,6 +19,7 @@ from typing import Any
 import pandas as pd
 
 from dflash_eval import stats
+from dflash_eval.completions import prompt_cluster
 from dflash_eval.errors import DflashEvalError
 from dflash_eval.io_utils import read_json_object
 from dflash_eval.methods import chain_method, sort_key
@@ -275,6 +276,7 @@ def add_verdicts(rows: list[dict], evaluations: list[Evaluation], settings: dict
     if reference is None:
         return
     steps = {e.key: per_sample_steps(e) for e in evaluations}
+    sampled = {e.key[1] for e in evaluations if e.metrics.get("sampling")}  # the n draws of a prompt: one cluster
     for row in rows:
         if row["drafter"] == reference or row["scheme"] != "target_only":  # samples.csv holds target_only steps
             continue
@@ -286,8 +288,10 @@ def add_verdicts(rows: list[dict], evaluations: list[Evaluation], settings: dict
                            and r["primary"]), None)
         if method is None or row["method"] not in mine:
             continue
+        clusters = ({i: prompt_cluster(i, True) for i in mine[row["method"]]} if row["dataset"] in sampled
+                    else None)
         paired = stats.paired_difference(mine[row["method"]], theirs[method], settings["bootstrap"],
-                                              settings["seed"])["tau_mean_of_samples"]
+                                         settings["seed"], clusters=clusters)["tau_mean_of_samples"]
         row.update(diff_vs_reference=paired["difference"], diff_ci_low=paired["ci95"][0],
                    diff_ci_high=paired["ci95"][1], verdict=stats.verdict(paired["ci95"]))
 
