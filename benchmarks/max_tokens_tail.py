@@ -32,7 +32,7 @@ from record import (  # benchmarks/record.py (the script's own folder)
 )
 
 from dflash_eval.completions import read_completions
-from dflash_eval.demo.reference import online_acceptance
+from dflash_eval.demo.reference import run_reference_loop
 from dflash_eval.demo.server import sglang_steps
 from dflash_eval.evaluate.drafter import load_drafter
 from dflash_eval.evaluate.stage import stop_token_ids
@@ -48,10 +48,10 @@ def tail_counts(drafter, target, prompts: list[list[int]], max_tokens: int, stop
     counts = {"requests": len(prompts), "cut": 0, "steps_differ": 0, "drafts_differ": 0, "tokens_differ": 0,
               "tail_steps": 0}
     for prompt in prompts:
-        full_steps, full = online_acceptance(drafter, target, prompt, max_tokens + block, stops, block_size=block)
+        full_steps, full = run_reference_loop(drafter, target, prompt, max_tokens + block, stops, block_size=block)
         served = full[len(prompt):][:max_tokens]
         sglang = sglang_steps(full_steps, len(served))
-        short_steps, short = online_acceptance(drafter, target, prompt, max_tokens, stops, block_size=block)
+        short_steps, short = run_reference_loop(drafter, target, prompt, max_tokens, stops, block_size=block)
         if short[len(prompt):] != served:
             counts["tokens_differ"] += 1
         if len(served) < max_tokens:
