@@ -47,11 +47,12 @@ from record import (  # benchmarks/record.py (the script's own folder)
     smoke_mode,
 )
 
-from dflash_eval.demo.live_loop import LoopRun, is_hybrid, measured_speedup, run_loop
+from dflash_eval.demo.live_loop import is_hybrid, measured_speedup, run_loop
 from dflash_eval.evaluate.blocks import BlockDrafter
 from dflash_eval.evaluate.draft_timing import drafter_step_ms
 from dflash_eval.extract.backends import bind_backend
 from dflash_eval.extract.profile import measure_target
+from dflash_eval.speedup.loop_run import LoopRun
 from dflash_eval.speedup.model import expected_speedup
 from dflash_eval.speedup.timing import compare
 

@@ -80,11 +80,11 @@ def test_the_timed_loops_produce_the_same_tokens_count_and_the_forced_steps(kind
     """run_loop: block 1 is the autoregressive loop (one token a step); forced tau 3 commits 3 a step, on a
     hybrid target (exact rollback) and a pure-attention one (transformers' crop is exact there)."""
     from dflash_eval.demo.live_loop import (
-        LoopRun,
         is_hybrid,
         measured_speedup,
         run_loop,
     )
+    from dflash_eval.speedup.loop_run import LoopRun
 
     target = tiny_target(seed=0) if kind == "hybrid" else _attention_target()
     assert is_hybrid(target) is (kind == "hybrid")

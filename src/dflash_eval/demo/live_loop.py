@@ -15,30 +15,12 @@ from __future__ import annotations
 import time
 from collections.abc import Iterator
 from contextlib import ExitStack, contextmanager
-from dataclasses import dataclass
 
 import torch
 
 from dflash_eval.demo.reference import exact_target_rollback
+from dflash_eval.speedup.loop_run import LoopRun
 from dflash_eval.speedup.simulate import forced_acceptance
-
-
-@dataclass(frozen=True)
-class LoopRun:
-    """One timed generation: its decode seconds, the tokens it produced after the prefill's, its steps."""
-
-    decode_s: float
-    new_tokens: int
-    acceptance_lengths: list[int]
-
-    @property
-    def tau(self) -> float:
-        """Token-weighted (tokens / steps, the bonus included): what throughput counts."""
-        return sum(self.acceptance_lengths) / len(self.acceptance_lengths)
-
-    @property
-    def ms_per_step(self) -> float:
-        return 1e3 * self.decode_s / len(self.acceptance_lengths)
 
 
 def is_hybrid(target: torch.nn.Module) -> bool:

@@ -24,27 +24,17 @@ from dataclasses import dataclass
 
 import torch
 
+from dflash_eval.speedup.loop_run import LoopRun
 from dflash_eval.speedup.simulate import simulated_length
 from dflash_eval.speedup.static_models import StaticDrafter, StaticTarget
 from dflash_eval.speedup.timing import timed_ms
 
 
 @dataclass(frozen=True)
-class StaticRun:
-    """One timed generation: decode seconds, tokens after the prefill's, per-step committed lengths, the ids."""
+class StaticRun(LoopRun):
+    """A LoopRun (per-step committed lengths) with the ids it produced."""
 
-    decode_s: float
-    new_tokens: int
-    acceptance_lengths: list[int]
     output_ids: torch.Tensor
-
-    @property
-    def tau(self) -> float:
-        return sum(self.acceptance_lengths) / len(self.acceptance_lengths)
-
-    @property
-    def ms_per_step(self) -> float:
-        return 1e3 * self.decode_s / len(self.acceptance_lengths)
 
 
 class StaticLoop:
