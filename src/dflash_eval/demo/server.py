@@ -177,7 +177,7 @@ class Engine:
                        received: float) -> tuple[list[int], dict[str, Any] | None, dict[str, float]]:
         """generate() with its meta_info timing (seconds since `received`, the request's arrival): e2e_latency,
         and with --enable-metrics first_token_latency, queue_time and decode_throughput, as 0.5.23 computes them
-        (observability/req_time_stats.py: get_e2e_latency, get_first_token_latency, get_decode_throughput)."""
+        (sglang/srt/observability/req_time_stats.py: get_e2e_latency, get_first_token_latency, get_decode_throughput)."""
         with self.lock:
             started = time.perf_counter()
             self.first_token_at = None
