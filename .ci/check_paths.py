@@ -31,7 +31,7 @@ SKIP_DIRS = {"__pycache__", ".pytest_cache", ".ruff_cache", "results", "dflash_e
 
 # pattern (matched against the whole path) -> why it is not a path of this repository
 ALLOW: dict[str, str] = {
-    r"(entrypoints|managers|models|speculative|arg_groups|utils|srt|layers|sampling)/.*": "a file inside SGLang's wheel (sglang/srt/)",
+    r"(entrypoints|managers|models|speculative|arg_groups|utils|srt|layers|sampling|observability)/.*": "a file inside SGLang's wheel (sglang/srt/)",
     r"sglang/.*": "a file inside SGLang's wheel",
     r"dflash/.*": "a file of z-lab/dflash, the reference implementation",
     r"benchmarks/benchmarker/?": "SpecForge's benchmark directory (sgl-project/SpecForge)",

@@ -5,7 +5,9 @@ answers with them and the tests check fetch against them.
 `sglang/srt` source (its modules do not import without SGLang's own dependencies, so the names are read
 with `ast`): the OpenAI-protocol pydantic models, `/generate`'s input, the server args `/get_server_info`
 reports (the Spec, Model and Serving groups; SGLang flattens every group into that answer), and the keys
-`/model_info` and `/server_info` add themselves. tests/fetch/test_sglang.py re-reads them from the wheel
+`/model_info` and `/server_info` add themselves, and the keys a request's `meta_info` may hold (`MetaInfo`: no
+model defines it; the tokenizer manager and the time stats write them into a dict, `meta_info_keys_from_source`).
+tests/fetch/test_sglang.py re-reads them from the wheel
 (.ci/run downloads it and sets DFLASH_EVAL_SGLANG_SRC) and compares. The demo server checks every answer
 it sends against them (`check_fields`), and that test checks every response field fetch reads.
 """
@@ -31,6 +33,15 @@ SOURCES = {
 }
 # source file -> {snapshot name: the function whose dict literals' string keys are that answer's own keys}
 DICT_SOURCES = {"entrypoints/http_server.py": {"ModelInfo": "model_info", "ServerInfo": "server_info"}}
+# source file -> the Class.method functions that write meta_info (e2e_latency, the spec counters; with
+# --enable-metrics first_token_latency, queue_time, decode_throughput): snapshot name MetaInfo
+META_INFO_SOURCES = {
+    "managers/tokenizer_manager.py": ("TokenizerManager._handle_batch_output",
+                                      "TokenizerManager._calculate_spec_decoding_metrics"),
+    "observability/req_time_stats.py": ("APIServerReqTimeStats.convert_to_output_meta_info",
+                                        "SchedulerReqTimeStats.convert_to_output_meta_info"),
+}
+META_INFO_NAMES = ("meta_info", "meta_data")  # the dicts those functions fill
 # /get_server_info's answer: the flattened server args plus ServerInfo's own keys
 SERVER_INFO = ("Spec", "Model", "Serving", "ServerInfo")
 
@@ -42,7 +53,36 @@ def wheel_fields(srt: Path) -> dict[str, list[str]]:
         out.update(fields_from_source(Path(srt) / relative, classes))
     for relative, functions in DICT_SOURCES.items():
         out.update(dict_keys_from_source(Path(srt) / relative, functions))
+    out["MetaInfo"] = list(dict.fromkeys(key for relative, methods in META_INFO_SOURCES.items()
+                                         for key in meta_info_keys_from_source(Path(srt) / relative, methods)))
     return out
+
+
+def meta_info_keys_from_source(source: Path, methods: tuple[str, ...]) -> list[str]:
+    """The string keys `methods` ("Class.method") write into a META_INFO_NAMES dict: `meta_info["k"] = ...`,
+    `meta_info = {"k": ...}` and `meta_info.update({"k": ...})`, in source order."""
+    tree = ast.parse(Path(source).read_text(encoding="utf-8"))
+    defs = {f"{cls.name}.{node.name}": node for cls in tree.body if isinstance(cls, ast.ClassDef)
+            for node in cls.body if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef))}
+
+    def named(node: ast.AST) -> bool:
+        return isinstance(node, ast.Name) and node.id in META_INFO_NAMES
+
+    keys: list[str] = []
+    for method in methods:
+        for node in ast.walk(defs[method]):
+            literal = None
+            if isinstance(node, ast.Subscript) and isinstance(node.ctx, ast.Store) and named(node.value) \
+                    and isinstance(node.slice, ast.Constant):
+                keys.append(node.slice.value)
+            elif isinstance(node, ast.Assign) and any(named(t) for t in node.targets):
+                literal = node.value
+            elif isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "update" \
+                    and named(node.func.value) and node.args:
+                literal = node.args[0]
+            if isinstance(literal, ast.Dict):
+                keys += [key.value for key in literal.keys if isinstance(key, ast.Constant)]
+    return list(dict.fromkeys(k for k in keys if isinstance(k, str)))
 
 
 def dict_keys_from_source(source: Path, functions: dict[str, str]) -> dict[str, list[str]]:

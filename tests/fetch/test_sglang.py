@@ -41,6 +41,12 @@ def test_fetch_asks_and_reads_only_fields_sglang_defines():
     assert "token_ids" not in PROTOCOL_FIELDS["ChatCompletionResponseChoice"]  # what fetch used to read on chat
     assert "spec_tokens_details" in PROTOCOL_FIELDS["SglExt"] and "sglext" in PROTOCOL_FIELDS["CompletionResponse"]
     assert set(sglang.SPEC_COUNTERS) <= set(PROTOCOL_FIELDS["SpecTokensDetails"])
+    # the engine's timing fetch records: keys SGLang writes into meta_info (renaming one fails here)
+    assert set(sglang.TIMING_FIELDS) <= set(PROTOCOL_FIELDS["MetaInfo"])
+    assert {"e2e_latency", "first_token_latency", "spec_verify_ct", "completion_tokens"} <= set(PROTOCOL_FIELDS["MetaInfo"])
+    assert "return_meta_info" in PROTOCOL_FIELDS["ChatCompletionRequest"]
+    assert "return_meta_info" not in PROTOCOL_FIELDS["CompletionRequest"]  # so fetch cannot time /v1/completions
+    assert "meta_info" not in PROTOCOL_FIELDS["CompletionResponseChoice"]
 
 
 def test_counters_are_sglangs_definitions_by_hand():
@@ -125,6 +131,17 @@ def test_fetch_records_the_servers_ids_and_counters_on_both_endpoints(served, en
         assert record["spec"] == spec_counters(steps, len(record["completion_token_ids"]), BLOCK)
         assert record["spec"]["spec_verify_ct"] == len(steps)
         assert record["spec"]["spec_accept_length"] * len(steps) == pytest.approx(len(record["completion_token_ids"]))
+        # the engine's timing: meta_info's e2e_latency on chat only (0.5.23 has no meta_info on completions); the
+        # server runs without --enable-metrics, so no first_token_latency: absent, never 0
+        engine = record["engine"]
+        assert engine["spec_verify_ct"] == len(steps) and engine["completion_tokens"] == len(record["completion_token_ids"])
+        if endpoint == "chat":
+            assert engine["meta_info"] is True and set(engine) == {"meta_info", "e2e_latency", "spec_verify_ct",
+                                                                   "completion_tokens"}
+            assert 0 < engine["e2e_latency"] <= record["client_timing"]["wall_s"]
+        else:
+            assert engine == {"meta_info": False, "spec_verify_ct": len(steps),
+                              "completion_tokens": len(record["completion_token_ids"])}
 
 
 def test_the_server_refuses_fields_sglang_does_not_define(served):
@@ -190,7 +207,7 @@ ANSWERS = {
     "resp": ("CompletionResponse", "ChatCompletionResponse"), "response": ("CompletionResponse", "ChatCompletionResponse"),
     "choice": ("CompletionResponseChoice", "ChatCompletionResponseChoice"), "message": ("ChatMessage",),
     "usage": ("UsageInfo",), "details": ("SpecTokensDetails",), "meta": ("ModelInfo",), "m": ("ModelCard",),
-    "info": SERVER_INFO, "models": ("ModelList",), "sglext": ("SglExt",),
+    "info": SERVER_INFO, "models": ("ModelList",), "sglext": ("SglExt",), "meta_info": ("MetaInfo",),
 }
 
 

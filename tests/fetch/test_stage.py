@@ -18,7 +18,7 @@ from tests.support import servers as hs
 MAX_TOKENS = 16
 RECORD_FIELDS = {
     "id", "prompt_id", "turn", "dataset", "messages", "prompt_token_ids", "completion_token_ids", "text", "finish_reason", "usage",
-    "request", "server", "completion_ids_source", "token_check", "spec",
+    "request", "server", "completion_ids_source", "token_check", "spec", "engine", "client_timing",
 }
 
 
@@ -157,6 +157,9 @@ def test_fetch_end_to_end(tmp_path, tiny_server, reference):
         assert r["server"]["model"] == str(hs.shared_model_dir()) and r["server"]["base_url"] == tiny_server["base_url"]
         assert r["request"]["endpoint"] == "completions" and r["request"]["temperature"] == 0.0
         assert r["spec"] is None
+        # no meta_info from a plain OpenAI server: no engine timing, recorded as absent (not 0)
+        assert r["engine"] == {"meta_info": False, "completion_tokens": r["usage"]["completion_tokens"]}
+        assert r["client_timing"]["concurrency"] == 2 and r["client_timing"]["wall_s"] > 0
         expected = greedy(reference, ours)
         if r["finish_reason"] == "stop":
             assert expected[-1] == eos and len(expected) < MAX_TOKENS

@@ -31,6 +31,14 @@ managers/schedule_batch.py), where the reference loop shortens the blocks that w
 the loop runs with B tokens to spare (every block that starts before max_tokens full) and is cut as SGLang
 cuts (sglang_steps), the last step's drafts counted raw. One difference remains, stated: at a stop token the
 loop cuts the last step, so there `spec_num_correct_drafts` can be up to B - 1 lower than a real SGLang's.
+
+Timing, as 0.5.23's meta_info holds it (chat with return_meta_info, and /generate; never /v1/completions): every
+finished request has `e2e_latency`, seconds from the request's arrival to its last token, waiting for the engine
+included; with `--enable-metrics` also `first_token_latency` (arrival to the prefill's token), `queue_time` (the
+wait for the engine, SGLang's scheduler queue) and `decode_throughput` ((completion tokens - 1) / the time after
+the first token). `SGLANG_SIMULATE_ACC_LEN` (with `_METHOD` match-expected and `_TOKEN_MODE` fixed or
+real-draft-token) forces the committed length per verification step as 0.5.23's DFlash worker does
+(`simulation_from_env`; docs/server.md gives the semantics and the source lines).
 """
 
 from __future__ import annotations
@@ -38,6 +46,7 @@ from __future__ import annotations
 import argparse
 import hmac
 import json
+import os
 import sys
 import threading
 import time
@@ -52,6 +61,49 @@ from dflash_eval.sglang_protocol import (
     check_fields,
     unknown_fields,
 )
+
+# SGLANG_SIMULATE_ACC_TOKEN_MODE=fixed writes this id for every committed token (dflash_utils.py,
+# apply_dflash_simulated_acceptance's fixed_token_id)
+FIXED_TOKEN_ID = 100
+
+
+def simulation_from_env(environ: dict[str, str]) -> dict[str, Any] | None:
+    """SGLang 0.5.23's simulated acceptance switches (environ.py: LEN float, default -1; METHOD match-expected;
+    TOKEN_MODE fixed), None when off (a length <= 0, as the DFlash worker's `SIMULATE_ACC_LEN > 0`). Stricter
+    than SGLang where it would carry on unnoticed: a length that is no number (SGLang warns and turns it off)
+    and the multinomial method (not reproduced here) stop the server, naming the variable."""
+    from dflash_eval.speedup.simulate import (
+        ENV_LENGTH,
+        ENV_METHOD,
+        ENV_TOKEN_MODE,
+        MATCH_EXPECTED,
+    )
+
+    raw = environ.get(ENV_LENGTH)
+    if raw is None:
+        return None
+    try:
+        length = float(raw)
+    except ValueError:
+        raise SystemExit(f"{ENV_LENGTH}={raw!r} is not a number (SGLang would warn and not simulate)") from None
+    if not length > 0:
+        return None
+    method = environ.get(ENV_METHOD, MATCH_EXPECTED)
+    if method != MATCH_EXPECTED:
+        raise SystemExit(f"{ENV_METHOD}={method!r}: the demo server simulates {MATCH_EXPECTED!r} only (unset it)")
+    mode = environ.get(ENV_TOKEN_MODE, "fixed")
+    if mode not in ("fixed", "real-draft-token"):  # spec_utils.py, check_simulate_acc_token_mode
+        raise SystemExit(f"{ENV_TOKEN_MODE}={mode!r}: expected 'fixed' or 'real-draft-token' (as SGLang)")
+    return {"length": length, "token_mode": mode}
+
+
+def fixed_tokens(completion: list[int], stops: list[int], max_tokens: int) -> list[int]:
+    """The fixed token mode's output: the prefill's token, then FIXED_TOKEN_ID for every committed one, cut at
+    max_tokens, or after the first FIXED_TOKEN_ID when that id is a stop token (schedule_batch.py's finish checks)."""
+    out = (completion[:1] + [FIXED_TOKEN_ID] * (len(completion) - 1))[:max_tokens]
+    if FIXED_TOKEN_ID in stops and FIXED_TOKEN_ID in out[1:]:
+        out = out[:out.index(FIXED_TOKEN_ID, 1) + 1]
+    return out
 
 
 def sglang_steps(steps: list[int], completion_tokens: int) -> list[int]:
@@ -105,27 +157,64 @@ class Engine:
 
             self.drafter = load_drafter(Path(args.speculative_draft_model_path), reference=True).model.eval()
             self.block_size = int(args.speculative_num_draft_tokens or self.drafter.block_size)
+        self.simulate = simulation_from_env(dict(os.environ)) if self.drafter is not None else None
+        vocab = int(self.target.config.vocab_size)
+        if self.simulate and self.simulate["token_mode"] == "fixed" and FIXED_TOKEN_ID >= vocab:
+            raise SystemExit(f"SGLANG_SIMULATE_ACC_TOKEN_MODE fixed writes token {FIXED_TOKEN_ID}, outside this "
+                             f"target's vocabulary of {vocab}: use real-draft-token")
+        self.simulated_requests = 0  # the seed of each request's draws: runs repeat, requests differ
         self.lock = threading.Lock()
         self.released = False
+        self.first_token_at: float | None = None
+        self.target.register_forward_hook(self._first_forward)
+
+    def _first_forward(self, *_: Any) -> None:
+        """The first target forward of a request (its prefill) gives the first token: its time, for meta_info."""
+        if self.first_token_at is None:
+            self.first_token_at = time.perf_counter()
+
+    def timed_generate(self, prompt_ids: list[int], max_new_tokens: int, drawn: dict[str, Any] | None,
+                       received: float) -> tuple[list[int], dict[str, Any] | None, dict[str, float]]:
+        """generate() with its meta_info timing (seconds since `received`, the request's arrival): e2e_latency,
+        and with --enable-metrics first_token_latency, queue_time and decode_throughput, as 0.5.23 computes them
+        (sglang/srt/observability/req_time_stats.py: get_e2e_latency, get_first_token_latency, get_decode_throughput)."""
+        with self.lock:
+            started = time.perf_counter()
+            self.first_token_at = None
+            completion, spec = self.generate(prompt_ids, max_new_tokens, drawn)
+            finished, first = time.perf_counter(), self.first_token_at
+        timing = {"e2e_latency": finished - received}
+        if self.args.enable_metrics:
+            if first is not None and first > received:
+                timing["first_token_latency"] = first - received
+            timing["queue_time"] = started - received
+            if first is not None and len(completion) > 1 and finished > first:
+                timing["decode_throughput"] = (len(completion) - 1) / (finished - first)
+        return completion, spec, timing
 
     def generate(self, prompt_ids: list[int], max_new_tokens: int,
                  drawn: dict[str, Any] | None = None) -> tuple[list[int], dict[str, Any] | None]:
         """Completion ids (the stop token included, as SGLang's output_ids) and the counters; greedy unless
-        `drawn` (sampling_request's parameters) says how to sample."""
+        `drawn` (sampling_request's parameters) says how to sample. Called under the lock (timed_generate)."""
         import torch
 
         from dflash_eval.demo.reference import run_reference_loop
 
+        if drawn is not None and self.simulate is not None:
+            raise ValueError("the demo server simulates acceptance (SGLANG_SIMULATE_ACC_LEN) for greedy requests "
+                             "only; send temperature 0 or unset the variable")
+        if self.simulate is not None:
+            return self.simulated(prompt_ids, max_new_tokens)
         if drawn is not None:
             from dflash_eval.demo.sampled import sampled_generate
 
-            with self.lock, torch.no_grad():
+            with torch.no_grad():
                 completion, steps = sampled_generate(
                     self.drafter, self.target, prompt_ids, max_new_tokens, self.stops, self.block_size or 1, drawn,
                     (self.args.speculative_accept_threshold_single, self.args.speculative_accept_threshold_acc))
             return completion, (spec_counters(steps, len(completion), self.block_size)
                                 if self.drafter is not None else None)
-        with self.lock, torch.no_grad():
+        with torch.no_grad():
             if self.drafter is not None:
                 steps, output = run_reference_loop(self.drafter, self.target, prompt_ids,
                                                   max_new_tokens + self.block_size, self.stops,
@@ -142,6 +231,30 @@ class Engine:
                     break
                 ids = torch.tensor([[token]])
             return completion, None
+
+    def simulated(self, prompt_ids: list[int], max_new_tokens: int) -> tuple[list[int], dict[str, Any] | None]:
+        """A greedy request under SGLANG_SIMULATE_ACC_LEN: the drafter and the target run every step, then each
+        step commits k ~ speedup.simulate.simulated_length(length, B) tokens (forced_acceptance), full blocks
+        cut as SGLang cuts them (sglang_steps), each step's drafts counted as drawn (k - 1, as SGLang's forced
+        accept_len), also the step a stop token cut. real-draft-token: the k - 1 drafts and a bonus from the target
+        (its argmax, or its runner-up where that was the rejected draft); fixed: every committed token is
+        FIXED_TOKEN_ID, so no stop token ends it (unless that id is one)."""
+        import torch
+
+        from dflash_eval.demo.reference import online_acceptance
+        from dflash_eval.speedup.simulate import forced_acceptance
+
+        real = self.simulate["token_mode"] == "real-draft-token"
+        self.simulated_requests += 1
+        with torch.no_grad(), forced_acceptance(self.target, self.simulate["length"], seed=self.simulated_requests) \
+                as drawn:
+            _, output = online_acceptance(self.drafter, self.target, prompt_ids, max_new_tokens + self.block_size,
+                                              self.stops if real else [], block_size=self.block_size)
+        completion = output[len(prompt_ids):][:max_new_tokens]
+        if not real:
+            completion = fixed_tokens(completion, self.stops, max_new_tokens)
+        # counted as drawn: SGLang counts a step's forced k - 1 drafts raw, the step that met a stop token too
+        return completion, spec_counters(sglang_steps(drawn, len(completion)), len(completion), self.block_size)
 
     def server_info(self) -> dict[str, Any]:
         """The resolved server args as 0.5.23 reports them: the algorithm upper-cased, and for DFLASH
@@ -243,6 +356,7 @@ class Handler(BaseHTTPRequestHandler):
     def do_POST(self) -> None:
         if self.refused_key():
             return
+        received = time.perf_counter()  # SGLang's created_time: the request's arrival (serving_base.py)
         path = self.path.split("?", 1)[0]
         try:
             body = self.read_body()
@@ -250,9 +364,9 @@ class Handler(BaseHTTPRequestHandler):
                 self.engine.released = path.startswith("/release")
                 self.send(200, {})
             elif path == "/generate":
-                self.send(*self.native(body))
+                self.send(*self.native(body, received))
             elif path in ("/v1/completions", "/v1/chat/completions"):
-                self.send(*self.openai(body, chat=path.endswith("chat/completions")))
+                self.send(*self.openai(body, chat=path.endswith("chat/completions"), received=received))
             else:
                 self.send(404, {"detail": "Not Found"})
         except Exception as error:  # noqa: BLE001 (every failure answered as SGLang's error object)
@@ -266,7 +380,7 @@ class Handler(BaseHTTPRequestHandler):
                          "type": "BadRequestError", "param": None, "code": 400}
         return None
 
-    def native(self, body: dict[str, Any]) -> tuple[int, dict[str, Any]]:
+    def native(self, body: dict[str, Any], received: float) -> tuple[int, dict[str, Any]]:
         refused = self.refuse(body, "GenerateReqInput")
         if refused:
             return refused
@@ -275,14 +389,16 @@ class Handler(BaseHTTPRequestHandler):
         if prompt is None:
             prompt = engine.tokenizer(body["text"], add_special_tokens=False)["input_ids"]
         max_tokens = int(params.get("max_new_tokens", 128))
-        completion, spec = engine.generate([int(t) for t in prompt], max_tokens,
-                                           sampling_request(params, params.get("sampling_seed")))
-        meta = {"id": "gen-0", "finish_reason": finish(completion, engine.stops, max_tokens),
-                "prompt_tokens": len(prompt), "completion_tokens": len(completion), **(spec or {})}
+        completion, spec, timing = engine.timed_generate([int(t) for t in prompt], max_tokens,
+                                                         sampling_request(params, params.get("sampling_seed")),
+                                                         received)
+        meta = check_fields({"id": "gen-0", "finish_reason": finish(completion, engine.stops, max_tokens),
+                             "prompt_tokens": len(prompt), "completion_tokens": len(completion), **(spec or {}),
+                             **timing}, "MetaInfo")
         return 200, {"text": engine.tokenizer.decode(completion, skip_special_tokens=True),
                      "output_ids": completion, "meta_info": meta}
 
-    def openai(self, body: dict[str, Any], chat: bool) -> tuple[int, dict[str, Any]]:
+    def openai(self, body: dict[str, Any], chat: bool, received: float) -> tuple[int, dict[str, Any]]:
         model = "ChatCompletionRequest" if chat else "CompletionRequest"
         refused = self.refuse(body, model)
         if refused:
@@ -299,7 +415,8 @@ class Handler(BaseHTTPRequestHandler):
                 prompt = engine.tokenizer(prompt, add_special_tokens=False)["input_ids"]
             max_tokens = int(body.get("max_tokens", 16))
         prompt = [int(t) for t in prompt]
-        completion, spec = engine.generate(prompt, max_tokens, sampling_request(body, body.get("seed")))
+        completion, spec, timing = engine.timed_generate(prompt, max_tokens, sampling_request(body, body.get("seed")),
+                                                         received)
         reason = finish(completion, engine.stops, max_tokens)
         text = engine.tokenizer.decode(completion, skip_special_tokens=True)
         ids = bool(body.get("return_token_ids"))
@@ -313,8 +430,9 @@ class Handler(BaseHTTPRequestHandler):
             if ids:
                 choice["response_token_ids"] = completion
             if body.get("return_meta_info"):
-                choice["meta_info"] = {"id": "chat-0", "finish_reason": reason, "prompt_tokens": len(prompt),
-                                       "completion_tokens": len(completion), **(spec or {})}
+                choice["meta_info"] = check_fields({"id": "chat-0", "finish_reason": reason,
+                                                    "prompt_tokens": len(prompt), "completion_tokens": len(completion),
+                                                    **(spec or {}), **timing}, "MetaInfo")
         else:
             choice["text"] = text
             if ids:
@@ -349,6 +467,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--speculative-accept-threshold-acc", type=float, default=1.0,
                         help="SGLang's: accept when coin <= p / this (1.0: lossless)")
     parser.add_argument("--api-key", help="the key every route but /health* wants as a Bearer token")
+    parser.add_argument("--enable-metrics", action="store_true",
+                        help="SGLang's: meta_info also gets first_token_latency, queue_time and decode_throughput")
     parser.add_argument("--threads", type=int, default=1, help="torch threads")
 
 

@@ -24,6 +24,11 @@ log = logging.getLogger(__name__)
 # The per-request counters we record: SpecTokensDetails (protocol.py:456-467) less the capped/ragged extras.
 SPEC_COUNTERS = ("spec_verify_ct", "spec_num_correct_drafts", "spec_num_proposed_drafts",
                  "spec_correct_drafts_histogram", "spec_accept_length", "spec_accept_rate")
+# The engine's own timing of a request, in seconds, as meta_info names it (sglang_protocol's MetaInfo):
+# e2e_latency for every finished request (tokenizer_manager.py, _handle_batch_output: finished - created, so
+# queueing and prefill included); with --enable-metrics also first_token_latency (request received to the
+# prefill's token), queue_time (waiting in the scheduler) and decode_throughput (tokens/s after the first).
+TIMING_FIELDS = ("e2e_latency", "first_token_latency", "queue_time", "decode_throughput")
 # The server args that say how the server speculates (arg_groups/fields/spec.py).
 SPEC_SETTINGS = ("speculative_algorithm", "speculative_draft_model_path", "speculative_num_draft_tokens",
                  "speculative_num_steps", "speculative_eagle_topk")
@@ -36,7 +41,23 @@ def request_flags(endpoint: str) -> dict[str, Any]:
     flags: dict[str, Any] = {"return_token_ids": True, "return_spec_tokens_details": True}
     if endpoint == "chat":
         flags["return_prompt_token_ids"] = True  # also implied by return_token_ids on chat (serving_chat.py:1411)
+        flags["return_meta_info"] = True  # the engine's timing: only chat has it (CompletionRequest lacks the flag)
     return flags
+
+
+def engine_timing(choice: dict[str, Any], completion_tokens: int, spec: dict[str, Any] | None) -> dict[str, Any]:
+    """The engine's own numbers for one request: TIMING_FIELDS as the choice's `meta_info` holds them (a key the
+    server did not send is left out, never 0), beside `spec_verify_ct` (when it speculated) and the completion's
+    token count. `meta_info` says whether the server sent one at all: SGLang 0.5.23 does on chat with
+    return_meta_info (serving_chat.py, choice_meta_info), never on /v1/completions (no meta_info in its choice)."""
+    meta_info = choice.get("meta_info")
+    out: dict[str, Any] = {"meta_info": isinstance(meta_info, dict)}
+    if isinstance(meta_info, dict):
+        out.update({key: float(meta_info[key]) for key in TIMING_FIELDS if meta_info.get(key) is not None})
+    if spec is not None:
+        out["spec_verify_ct"] = int(spec["spec_verify_ct"])
+    out["completion_tokens"] = int(completion_tokens)
+    return out
 
 
 def completion_token_ids(choice: dict[str, Any]) -> list[int] | None:

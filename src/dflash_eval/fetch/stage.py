@@ -249,9 +249,10 @@ def request_params(settings: dict[str, Any], info: ServerInfo) -> dict[str, Any]
 
 
 def build_record(
-    resp: dict[str, Any], r: Rendered, settings: dict[str, Any], info: ServerInfo, tokenizer: Any
+    resp: dict[str, Any], r: Rendered, settings: dict[str, Any], info: ServerInfo, tokenizer: Any,
+    wall_s: float | None = None,
 ) -> dict[str, Any]:
-    """One completions-file record (docs/contracts.md)."""
+    """One completions-file record (docs/contracts.md); `wall_s`: our client-side time of the request."""
     if not resp.get("choices"):
         raise FetchError(f"record {r.id}: response without choices: {resp}")
     choice = resp["choices"][0]
@@ -293,6 +294,10 @@ def build_record(
             "completion_tokens_match": len(ids) == usage["completion_tokens"] if "completion_tokens" in usage else None,
         },
         "spec": spec,
+        # the server's own timing (fetch.sglang.engine_timing), and ours: the client-side wall time of the
+        # request (send to parsed answer, retries included), with how many requests were in flight at most
+        "engine": sglang.engine_timing(choice, usage.get("completion_tokens", len(ids)), spec),
+        "client_timing": {"wall_s": wall_s, "concurrency": int(settings["concurrency"])},
     }
     if r.sampling is not None and info.sampling_warning:
         record["sampling_warning"] = info.sampling_warning  # on every record it concerns, for the report
@@ -413,10 +418,12 @@ async def fetch_all(
                 text, ids = first_rendered.pop(rid, None) or render(tokenizer, messages, settings["chat_template_kwargs"])
                 r = Rendered(rid, prompt.id, turn, messages, text, ids, drawn)
                 async with sem:
+                    sent = time.perf_counter()
                     resp = await with_retries(
                         lambda: request_one(client, settings, info, r), f"record {rid}", retries, backoff_s, retry_counts
                     )
-                rec = build_record(resp, r, settings, info, tokenizer)
+                    wall_s = time.perf_counter() - sent
+                rec = build_record(resp, r, settings, info, tokenizer, wall_s)
                 store.add(rec)
                 progress.update(rec)
             results[rid] = rec

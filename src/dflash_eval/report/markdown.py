@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from dflash_eval.methods import in_main_table, legend, tree_method, verified_legend
+from dflash_eval.report import engine_timing
 from dflash_eval.report import online as online_check
 from dflash_eval.report.labels import DIGITS, drafter_label, fmt, missing
 from dflash_eval.report.summary import Evaluation, dataset_sampling
@@ -526,6 +527,7 @@ def render(rows: list[dict], evaluations: list[Evaluation], settings: dict, pane
     lines += tau_table(rows, settings, "tau_token_weighted", "ci_low_tw", "ci_high_tw") + [""]
     lines += temperature_lines(rows, panel)
     lines += speedup_lines(rows, evaluations, settings)
+    lines += engine_timing.lines(panel.get("engine_timing") or {})  # the real engine's step time beside it
     shorter = [r for r in rows if not headline(r)]
     if shorter:
         lines += ["## Chain drafting with shorter blocks, z-lab mean", "",

@@ -20,7 +20,7 @@ from dflash_eval.io_utils import (
     atomic_write_json,
     atomic_write_text,
 )
-from dflash_eval.report import backends, markdown, plots, summary, trust
+from dflash_eval.report import backends, engine_timing, markdown, plots, summary, trust
 
 log = logging.getLogger(__name__)
 
@@ -50,6 +50,7 @@ def run(args: argparse.Namespace) -> int:
     rows = summary.summary_rows(evaluations, settings)
     panel = trust.panel(evaluations, settings, args.hidden, args.completions,
                         args.transitions or settings.get("transitions"))
+    panel["engine_timing"] = engine_timing.panel({e.key: e.metrics for e in evaluations}, settings, args.completions)
     panel["warnings"] = markdown.trust_warnings(panel)
     comparisons = backends.load(args.backend_comparisons)
     if comparisons:
