@@ -168,3 +168,24 @@ def test_a_shortened_tail_is_judged_by_what_full_blocks_allow(counters, equal):
 def test_without_max_tokens_another_step_count_is_unequal():
     result = online.compare_request(tail_counters(4, 5, [1, 1, 1, 1], max_tokens=None), [3, 2, 2], block_size=4)
     assert result["tail_shortened_from_step"] is None and not result["equal"]
+
+
+def test_a_sampled_datasets_interval_resamples_prompts_not_draws():
+    """The n draws of one prompt (`<id>#s<k>`) are one cluster in the online-offline interval."""
+    from dflash_eval.stats import paired_difference
+
+    equal, longer = record(3, 9, 5, [1, 0, 1, 1]), record(2, 7, 4, [0, 0, 2])   # tau 8/3 each; 3.0 against 2.0
+    records = {f"{prompt}#s{k}": online.request_counters(equal if prompt == "p" else longer)
+               for prompt in ("p", "q", "r") for k in range(3)}
+    offline = {i: ([3, 1, 4] if i.startswith("p") else [2, 2, 2]) for i in records}
+    steps = {"chain-B4": offline}
+
+    clustered = online.compare(records, steps, own_block=4, tolerance=0.05, bootstrap=400, seed=3, sampled=True)
+    by_record = online.compare(records, steps, own_block=4, tolerance=0.05, bootstrap=400, seed=3)
+
+    ids = sorted(records)
+    pseudo = {i: online._pseudo_steps(records[i]["completion_tokens"] - 1, records[i]["verify_ct"]) for i in ids}
+    expected = paired_difference(pseudo, offline, 400, 3, clusters={i: i.split("#")[0] for i in ids})
+    assert clustered["paired_difference"] == expected["tau_mean_of_samples"]
+    assert clustered["paired_difference"]["ci95"] != by_record["paired_difference"]["ci95"]
+    assert clustered["paired_difference"]["difference"] == by_record["paired_difference"]["difference"]

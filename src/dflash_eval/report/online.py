@@ -24,6 +24,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+from dflash_eval.completions import prompt_cluster
 from dflash_eval.methods import chain_method
 from dflash_eval.stats import paired_difference
 
@@ -234,12 +235,14 @@ def _pseudo_steps(total: int, count: int) -> list[int]:
 
 
 def compare(online: dict[str, dict[str, Any]], offline_by_method: dict[str, dict[str, list[int]]] | None,
-            own_block: int | None, tolerance: float, bootstrap: int = 1000, seed: int = 0) -> dict[str, Any]:
+            own_block: int | None, tolerance: float, bootstrap: int = 1000, seed: int = 0,
+            sampled: bool = False) -> dict[str, Any]:
     """Per request and pooled, online (the server's counters) against offline (our steps) on the same samples.
 
     `offline_by_method`: the served drafter's per-sample steps by method ("chain-B<b>"); the served block
     size comes from the records (`speculative_num_draft_tokens`), else the drafter's own `own_block`.
-    Flagged when the pooled tau (ours, z-lab mean) differs by more than `tolerance` (relative).
+    Flagged when the pooled tau (ours, z-lab mean) differs by more than `tolerance` (relative). A `sampled`
+    dataset's interval resamples prompts, not records (its n draws of a prompt share its difficulty).
     """
     result: dict[str, Any] = {"recorded": bool(online), "samples_with_stats": len(online), "tolerance": tolerance,
                               "tau_definition": TAU_OURS, "tau_sglang_definition": TAU_SGLANG}
@@ -268,7 +271,8 @@ def compare(online: dict[str, dict[str, Any]], offline_by_method: dict[str, dict
     online_tau = [per_request[i]["online_tau"] for i in ids]
     offline_tau = [per_request[i]["offline_tau"] for i in ids]
     online_steps = {i: _pseudo_steps(online[i]["completion_tokens"] - 1, online[i]["verify_ct"]) for i in ids}
-    paired = paired_difference(online_steps, {i: steps[i] for i in ids}, bootstrap, seed)
+    clusters = {i: prompt_cluster(i, True) for i in ids} if sampled else None
+    paired = paired_difference(online_steps, {i: steps[i] for i in ids}, bootstrap, seed, clusters=clusters)
     online_mean, offline_mean = sum(online_tau) / len(ids), sum(offline_tau) / len(ids)
     relative = abs(online_mean - offline_mean) / offline_mean if offline_mean else math.nan
     return {**result, "compared": True, "samples_compared": len(ids),

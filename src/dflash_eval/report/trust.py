@@ -133,7 +133,8 @@ def fetch_entry(records: FetchRecords | None) -> dict:
 def online_vs_offline(records: FetchRecords | None, offline_steps: dict[str, dict[str, list[int]]] | None,
                       tolerance: float, own_block: int | None = None) -> dict:
     """The server's own counters beside the offline steps on the same samples (report.online.compare)."""
-    return online_check.compare(records.spec if records is not None else {}, offline_steps, own_block, tolerance)
+    return online_check.compare(records.spec if records is not None else {}, offline_steps, own_block, tolerance,
+                                sampled=bool(records is not None and records.sampling))
 
 
 # -- server outages -------------------------------------------------------------------------------
