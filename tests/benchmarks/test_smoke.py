@@ -46,7 +46,10 @@ def results_state() -> dict[str, int]:
 @pytest.mark.parametrize(("name", "header"), [pytest.param(name, header, marks=marks, id=name)
                                              for name, (header, marks) in SCRIPTS.items()])
 def test_smoke(name: str, header: str) -> None:
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT / "src"), os.environ.get("PYTHONPATH", "")])}
+    # OMP_NUM_THREADS=1: with several processes on 2 cores, torch's OpenMP threads spin-wait; extract_speed's smoke
+    # took 117 s of CPU with the default threads and 21 s with one, on the same loaded machine (its table the same)
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT / "src"), os.environ.get("PYTHONPATH", "")]),
+           "OMP_NUM_THREADS": "1"}
     before = results_state()
     done = subprocess.run([sys.executable, f"benchmarks/{name}.py", "--smoke"], cwd=ROOT, env=env,
                           capture_output=True, text=True, timeout=900)

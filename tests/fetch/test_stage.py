@@ -13,6 +13,7 @@ from dflash_eval.config import stage_settings
 from dflash_eval.fetch import stage as fetch
 from dflash_eval.fetch.prompts import PromptFileError, load_prompts, select_subset
 from dflash_eval.server.control import ServerController
+from dflash_eval.server.http import http_request
 from tests.support import servers as hs
 
 MAX_TOKENS = 16
@@ -207,6 +208,20 @@ def test_eos_as_the_last_allowed_token_is_reported_as_length(tmp_path, tiny_serv
     assert record["completion_token_ids"] == expected[:-1]
     assert record["token_check"]["completion_tokens_match"] is False
 
+
+
+@pytest.mark.skipif(not hs.serve_lists_its_model(), reason=(
+    "transformers serve before 5.24 (5.17 read and seen) lists only the hub cache's models at /v1/models, never "
+    "the local model it serves, and answers HTTP 500 (huggingface_hub CacheNotFound) where there is no hub cache; "
+    "the fetch tests then name the model (server.model)"))
+def test_transformers_serve_lists_the_model_that_fetch_reads(tiny_server):
+    """Where the shared server's settings leave `model` to fetch, /v1/models lists exactly the served local model:
+    the name the end-to-end test sees in every record came from the server."""
+    assert tiny_server["model"] is None
+    ServerController(tiny_server).ensure_up()
+    status, body = http_request(tiny_server["base_url"] + "/v1/models", timeout=30.0)
+    assert status == 200, body[:500]
+    assert [m["id"] for m in json.loads(body)["data"]] == [str(hs.shared_model_dir())]
 
 COUNTERS = {"spec_accept_length": 3.25, "spec_verify_ct": 4, "spec_num_correct_drafts": 8,
             "spec_num_proposed_drafts": 28, "spec_correct_drafts_histogram": [0, 1, 2, 1], "spec_accept_rate": 8 / 28}

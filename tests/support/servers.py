@@ -133,25 +133,46 @@ def check_down_around_extraction(transitions: Path) -> list[dict]:
     return entries
 
 
+def serve_lists_its_model() -> bool:
+    """Whether the installed `transformers serve` lists the model it was started with at /v1/models.
+
+    transformers 5.17's /v1/models (`ModelManager.get_gen_models`, from huggingface/transformers#42146) lists
+    only the generative models of the hub cache (`huggingface_hub.scan_cache_dir`): never a model given by local
+    path, and on a machine without a hub cache (a fresh container) the scan raises `CacheNotFound`, answered as
+    HTTP 500. 5.24's `ModelManager.list_models` catches that and lists the served model. Read in both versions'
+    source and seen on both (5.17: HTTP 500; 5.24: the model); versions between are not known, and take the
+    path that works on every version (server.model set).
+    """
+    from importlib.metadata import version
+
+    from packaging.version import Version
+
+    return Version(version("transformers")) >= Version("5.24")
+
+
 def shared_transformers_server(base: Path) -> dict:
     """Settings of one `transformers serve` of the tiny target, shared by every test of the session.
 
     Built once (the model and the settings; the server itself is launched by whoever first needs it,
     through ServerController), since each start of `transformers serve` costs seconds of imports.
     OMP_NUM_THREADS=1: with two cores shared by several processes, torch's default two OpenMP threads
-    made a 16-token greedy request 100x slower (spin-waiting), 15 s instead of 0.1 s.
+    made a 16-token greedy request 100x slower (spin-waiting), 15 s instead of 0.1 s. HF_HUB_CACHE points at
+    a directory that does not exist, so what /v1/models lists does not depend on this machine's hub cache.
+    `model` is left to fetch (read from /v1/models) where `transformers serve` lists the model it serves
+    (`serve_lists_its_model`), else set to the model's path.
     """
     if "settings" not in _SHARED:
         model_dir = build_tiny_target(base / "tiny-target")
         port = free_port()
         command = (
-            f"HF_HUB_OFFLINE=1 OMP_NUM_THREADS=1 exec {sys.executable} -m transformers.cli.transformers serve "
+            f"HF_HUB_OFFLINE=1 HF_HUB_CACHE={base / 'no-hub-cache'} OMP_NUM_THREADS=1 "
+            f"exec {sys.executable} -m transformers.cli.transformers serve "
             f"--host 127.0.0.1 --port {port} --device cpu {model_dir}"
         )
         _SHARED["settings"] = {
             "kind": "managed",
             "base_url": f"http://127.0.0.1:{port}",
-            "model": None,
+            "model": None if serve_lists_its_model() else str(model_dir),
             "command": command,
             "health_timeout_s": 600.0,
             "stop_grace_s": 10.0,

@@ -1,0 +1,63 @@
+#!/usr/bin/env bash
+# The README's commands, verbatim, on a fresh GPU machine (issue 27), from the repo root, each timed, output tails
+# under $OUT. The machine has no package index: the wheels of .ci/gpu_wheels.sh lie in .whl/ and pip finds them
+# through the environment (PIP_NO_INDEX, PIP_FIND_LINKS), so the commands themselves stay the README's.
+#   .ci/gpu_check.sh tests   install (.[gpu], then the test command: .[test] and the fast suite), and -m gpu
+#   .ci/gpu_check.sh demo    install (.[gpu]), and the GPU demo: snakemake --cores 16 --configfile config/gpu.yaml
+#   .ci/gpu_check.sh all     both, in that order
+# On the GPU machine the README's `pip install torch==2.13.0` is replaced by the image's CUDA torch, as the
+# README's GPU line says; everything after it is verbatim.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+what=${1:-all}
+OUT=${OUT:-/tmp/gpu_check}
+mkdir -p "$OUT"
+export PIP_NO_INDEX=${PIP_NO_INDEX:-1} PIP_FIND_LINKS=${PIP_FIND_LINKS:-$PWD/.whl} PIP_DISABLE_PIP_VERSION_CHECK=1
+export PYTHONUNBUFFERED=1
+# The image has python3 and python3 -m pip; the README says python and pip.
+if ! command -v python > /dev/null || ! command -v pip > /dev/null; then
+    mkdir -p /tmp/gpu_check_bin && export PATH=/tmp/gpu_check_bin:$PATH
+    py=$(command -v python3)
+    printf '#!/bin/sh\nexec %s "$@"\n' "$py" > /tmp/gpu_check_bin/python
+    printf '#!/bin/sh\nexec %s -m pip "$@"\n' "$py" > /tmp/gpu_check_bin/pip
+    chmod +x /tmp/gpu_check_bin/python /tmp/gpu_check_bin/pip
+fi
+summary=$OUT/summary.txt
+
+# step NAME LIMIT_S COMMAND...: run COMMAND with a wall-clock limit, log to $OUT/NAME.log, one summary line
+step() {
+    local name=$1 limit=$2 start rc
+    shift 2
+    start=$(date +%s)
+    timeout "$limit" bash -c "$*" > "$OUT/$name.log" 2>&1
+    rc=$?
+    echo "$name: rc=$rc wall $(($(date +%s) - start)) s: $*" | tee -a "$summary"
+    tail -n 25 "$OUT/$name.log" > "$OUT/$name.tail"
+    return $rc
+}
+
+nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader >> "$summary" 2>&1
+python -c "import sys, torch; print('python', sys.version.split()[0], 'torch', torch.__version__)" >> "$summary" 2>&1
+step install_gpu 240 'pip install -e ".[gpu]"' || grep -B2 -A12 "conflict is caused\|ResolutionImpossible\|No matching" "$OUT/install_gpu.log" | head -40 >> "$summary"
+python -c "import fla, transformers; print('fla', fla.__version__, 'transformers', transformers.__version__)" >> "$summary" 2>&1
+
+if [ "$what" = tests ] || [ "$what" = all ]; then
+    # -m gpu beside the fast suite (it uses the GPU, the suite the CPU cores), in a copy of the checkout so that
+    # neither sees the other's files
+    rm -rf /tmp/gpu_check_copy && cp -r . /tmp/gpu_check_copy && rm -rf /tmp/gpu_check_copy/.whl
+    # the README's test command `pip install -e ".[test]" && python -m pytest`, in two steps so that -m gpu starts
+    # once pytest is installed
+    step install_test 240 'pip install -e ".[test]"'
+    (cd /tmp/gpu_check_copy && step gpu_tests 200 'python -m pytest -q -p no:cacheprovider -m gpu') &
+    gpu=$!
+    step test_command 400 'python -m pytest'
+    wait $gpu
+    grep -E "^(FAILED|ERROR)|passed|failed" "$OUT/test_command.log" | tail -15 >> "$summary"
+    grep -E "^(FAILED|ERROR)|passed|failed" "$OUT/gpu_tests.log" | tail -5 >> "$summary"
+fi
+if [ "$what" = demo ] || [ "$what" = all ]; then
+    step gpu_demo 560 'snakemake --cores 16 --configfile config/gpu.yaml'
+    cp results/summary.md "$OUT/" 2>/dev/null
+    tar czf "$OUT/demo_logs.tgz" results/logs results/benchmarks results/trust.json results/summary.csv 2>/dev/null
+fi
+cat "$summary"
