@@ -137,6 +137,15 @@ def better_node_counts_on_device(values: torch.Tensor, truth_score: torch.Tensor
     return (best[:, None, :] > truth_score[:, :, None]).sum(dim=-1)
 
 
+def tree_host_reads_for(device: torch.device) -> bool:
+    """Whether the DDTree scorer reads the beam's width back to the host each depth (better_node_counts), by device.
+
+    On CUDA the scorer without host reads won: the default set at tau 6 (27B shape, bf16, 8 samples) in 3.93 s
+    against 4.88 s with the same steps on every trajectory (benchmarks/results/evaluator_speed.md). On a CPU there
+    is no wait to save, and the demo's whole evaluation decides (the same file, issue 30's CPU pairs)."""
+    return device.type != "cuda"
+
+
 def tree_accepted(logits: torch.Tensor, truth: torch.Tensor, budgets: Sequence[int],
                   host_reads: bool = True) -> torch.Tensor:
     """Accepted draft length (deepest matching path) for each budget: [len(budgets), m].

@@ -30,7 +30,7 @@ import torch
 
 from dflash_eval.evaluate.acceptance import SequenceLimits
 from dflash_eval.evaluate.blocks import BlockDrafter
-from dflash_eval.evaluate.ddtree import tree_accepted
+from dflash_eval.evaluate.ddtree import tree_accepted, tree_host_reads_for
 from dflash_eval.evaluate.packed import (
     ContextPool,
     fused_attention_for,
@@ -102,9 +102,9 @@ class TrajectoryEvaluator:
     A forward holds at most `blocks_per_forward` blocks; the pool at most `blocks_per_forward` samples (fewer
     when their contexts would take more than `pool_bytes`: default half the free GPU memory, 2 GiB on CPU).
     `fused_attention`: None picks by device (packed.fused_attention_for).
+    `tree_host_reads`: None picks by device (ddtree.tree_host_reads_for: no host reads on CUDA, where it won).
     Levers under measurement (issue 30), each exact by construction and off by default: `flex_attention` (every
-    forward's attention through flex_attention, packed.py), `tree_host_reads` False (the DDTree scorer without a
-    host read, ddtree.py), and `lookahead_below`: a round that needs fewer blocks than this also computes, up to
+    forward's attention through flex_attention, packed.py), and `lookahead_below`: a round that needs fewer blocks than this also computes, up to
     `blocks_per_forward`, the blocks each running trajectory may need next (its anchor plus 1..B, nearest first),
     so that the next round often needs no forward (a late round's forward is launch-bound, not compute-bound).
     """
@@ -113,7 +113,7 @@ class TrajectoryEvaluator:
                  budgets: Sequence[int] = (), topk: Sequence[int] = (), blocks_per_forward: int = 128,
                  pool_slots: int | None = None, head_split: int | None = 4, pool_bytes: int | None = None,
                  attention_groups: str = "slot", fused_attention: bool | None = None,
-                 flex_attention: bool = False, tree_host_reads: bool = True, lookahead_below: int = 0) -> None:
+                 flex_attention: bool = False, tree_host_reads: bool | None = None, lookahead_below: int = 0) -> None:
         self.drafter = drafter
         self.stop_ids = set(stop_ids)
         self.block = drafter.block_size
@@ -138,7 +138,7 @@ class TrajectoryEvaluator:
         self.dtype = drafter.embed.dtype
         self.fused = fused_attention_for(self.device) if fused_attention is None else fused_attention
         self.flex = flex_attention
-        self.tree_host_reads = tree_host_reads
+        self.tree_host_reads = tree_host_reads_for(self.device) if tree_host_reads is None else tree_host_reads
         self.lookahead_below = int(lookahead_below)
         if self.lookahead_below:
             self.counts.read_by_size = {}
