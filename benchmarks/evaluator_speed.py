@@ -22,9 +22,14 @@ Rows, per tau and method set ("chain-B": the drafter's own chain alone; "default
 DDTree 8/16/32/64 and top-k 1/4/16, the stage's defaults):
 - all-anchor: anchors.evaluate_sample per sample (the evaluator before the trajectory one);
 - trajectory: trajectory.TrajectoryEvaluator over all samples (the stage's evaluator);
-- with --speed-levers, the same with each of issue 30's levers (TrajectoryEvaluator options, exact by
-  construction): flex attention, the DDTree scorer without host reads (default set only), lookahead for the
-  rounds of fewer than --lookahead-below blocks; each row's steps are compared with today's (the first row);
+- with --speed-levers, the first row is today's code (for sets with trees the DDTree scorer's old default, with
+  host reads, forced: on CUDA the device now picks it without them), then each of issue 30's levers
+  (TrajectoryEvaluator options, exact by construction): the scorer as the device picks it, lookahead for the
+  rounds of fewer than --lookahead-below blocks, CUDA graphs for forwards of at most max(--cuda-graph-tokens)
+  tokens, the best combination (no host reads + graphs), flex attention (at --flex-taus); each row's steps are
+  compared with today's (the first row); --fp32-samples repeats that comparison in fp32 at the first tau (the
+  exactness rule); the set "ddtree-1024" (budgets 8..1024) against "default" gives the cost of large budgets;
+  --time-cap starts no row after that many seconds, so a bounded call still records what it measured;
 - with --compare-attention, the same with each attention forced: the explicit products alone, and on CUDA
   the fused kernel in every forward (the device's choice mixes them by queries per sample: packed.py);
 - reference loop (chain-B only): `dflash_generate`'s draft phase, batch 1, its KV cache, the host
@@ -296,6 +301,9 @@ def main() -> int:
     parser.add_argument("--fp32-samples", type=int, default=0,
                         help="with --speed-levers: after the first tau, each lever's steps against today's in fp32 "
                              "on this many samples (the exactness rule; 0: none)")
+    parser.add_argument("--flex-taus", type=float, nargs="+", default=None,
+                        help="with --speed-levers: the taus whose sets get a flex attention row (default: all; each "
+                             "new shape compiles on CUDA)")
     parser.add_argument("--time-cap", type=float, default=None,
                         help="seconds from the start after which no further row starts (the record keeps what ran)")
     parser.add_argument("--sets", nargs="+", default=["chain-B", "default"], choices=["chain-B", "default", "ddtree-1024"])
@@ -357,9 +365,11 @@ def main() -> int:
             if args.levers:
                 variants += [(args.rows[0], None, "slot", None, {}), (args.rows[0], args.head_split, "row", None, {})]
             if args.speed_levers:
-                levers = speed_levers(methods, args.lookahead_below, graphs)
+                levers = speed_levers(methods, args.lookahead_below, graphs, flex=False)
                 if name == "ddtree-1024":  # for the cost of large budgets: the device's scorer, and the best combination
-                    levers = [levers[0], levers[-2]]
+                    levers = [levers[0], levers[-1]]
+                elif args.flex_taus is None or tau in args.flex_taus:
+                    levers.append({"flex_attention": True})
                 variants += [(args.rows[0], args.head_split, "slot", None, lever) for lever in levers]
             if args.compare_attention:  # each attention alone (the device's choice mixes them by queries per group)
                 variants += [(args.rows[0], args.head_split, "slot", False, {})]
@@ -459,14 +469,14 @@ def main() -> int:
     return 0
 
 
-def speed_levers(methods: dict, lookahead_below: int, graphs: dict) -> list[dict]:
+def speed_levers(methods: dict, lookahead_below: int, graphs: dict, flex: bool = True) -> list[dict]:
     """The rows after today's: each lever alone, then the best combination measured so far (DDTree without host
     reads, the CUDA default, with CUDA graphs), flex attention last (its first call compiles, on CUDA)."""
     trees = bool(methods.get("budgets"))
     levers = ([{"tree_host_reads": None}] if trees else []) + [{"lookahead_below": lookahead_below}, dict(graphs)]
     if trees:
         levers.append({"tree_host_reads": False, **graphs})
-    return levers + [{"flex_attention": True}]
+    return levers + ([{"flex_attention": True}] if flex else [])
 
 
 def graph_note(counts, tokens: int, seconds: float) -> str:
@@ -489,7 +499,7 @@ def fp32_check(model, embed, lm_head, config, samples, methods: dict, args, grap
     baseline = {"tree_host_reads": True} if methods else {}
     _, _, _, today = trajectory(runner, samples, methods, args.rows[0], args.head_split, lever=baseline)
     lines = []
-    for lever in speed_levers(methods, args.lookahead_below, graphs):
+    for lever in speed_levers(methods, args.lookahead_below, graphs, flex=False):  # flex: tested on the CPU (slow)
         label = lever_label(lever).lstrip(", ")
         if out_of_time():
             lines.append(f"tau {tau:g}, {name}, fp32, {label}: not run (--time-cap {args.time_cap:g} s reached)")
