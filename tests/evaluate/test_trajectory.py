@@ -30,7 +30,7 @@ BLOCK = 6
 BUDGETS = [2, 3, 6]
 TOPK = [1, 3]
 STOPS = {1, 7}
-CPU_HOST_READS = True  # the CPU's choice, from the demo's alternating pairs (benchmarks/results/evaluator_speed.md)
+CPU_HOST_READS = False  # the CPU's choice, from the demo's alternating pairs (benchmarks/results/evaluator_speed.md)
 
 
 def _runner(dflash2=False, window=5, dtype=torch.float32):
@@ -239,10 +239,12 @@ def test_each_speed_lever_takes_todays_steps_and_counts(lever, dflash2):
 
 
 def test_the_ddtree_scorers_host_reads_are_chosen_by_device():
-    """One place decides (ddtree.tree_host_reads_for): none on CUDA, where the scorer without them won; the
-    evaluator takes that choice unless told, and an explicit option wins."""
+    """One place decides (ddtree.tree_host_reads_for): none on CUDA, where the scorer without them won, nor on the
+    CPU, where it was not slower; another device keeps them; the evaluator takes that choice unless told, and an
+    explicit option wins."""
     assert tree_host_reads_for(torch.device("cuda")) is False
     assert tree_host_reads_for(torch.device("cpu")) is CPU_HOST_READS
+    assert tree_host_reads_for(torch.device("meta")) is True
     runner = _runner()
     assert TrajectoryEvaluator(runner, STOPS, budgets=BUDGETS).tree_host_reads is CPU_HOST_READS
     for explicit in (True, False):

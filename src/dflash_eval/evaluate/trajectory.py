@@ -111,7 +111,7 @@ class TrajectoryEvaluator:
     A forward holds at most `blocks_per_forward` blocks; the pool at most `blocks_per_forward` samples (fewer
     when their contexts would take more than `pool_bytes`: default half the free GPU memory, 2 GiB on CPU).
     `fused_attention`: None picks by device (packed.fused_attention_for).
-    `tree_host_reads`: None picks by device (ddtree.tree_host_reads_for: no host reads on CUDA, where it won).
+    `tree_host_reads`: None picks by device (ddtree.tree_host_reads_for: none on CUDA and the CPU, as measured).
     Levers under measurement (issue 30), each exact by construction and off by default: `flex_attention` (every
     forward's attention through flex_attention, packed.py), and `lookahead_below`: a round that needs fewer blocks than this also computes, up to
     `blocks_per_forward`, the blocks each running trajectory may need next (its anchor plus 1..B, nearest first),
