@@ -348,6 +348,10 @@ def main() -> int:
     for index, tau in enumerate(args.taus):
         if tau > block:
             continue
+        if out_of_time():  # no new tau past the cap (each builds its samples and its first rows)
+            checks.append(f"tau {tau:g}: not run (--time-cap {args.time_cap:g} s reached)")
+            print(checks[-1], flush=True)
+            continue
         built = time.perf_counter()
         samples = build_samples(runner, max(args.samples, args.default_samples), args.seq_len, args.prompt_len, tau,
                                 seed=int(tau * 10))
