@@ -22,9 +22,14 @@ Rows, per tau and method set ("chain-B": the drafter's own chain alone; "default
 DDTree 8/16/32/64 and top-k 1/4/16, the stage's defaults):
 - all-anchor: anchors.evaluate_sample per sample (the evaluator before the trajectory one);
 - trajectory: trajectory.TrajectoryEvaluator over all samples (the stage's evaluator);
-- with --speed-levers, the same with each of issue 30's levers (TrajectoryEvaluator options, exact by
-  construction): flex attention, the DDTree scorer without host reads (default set only), lookahead for the
-  rounds of fewer than --lookahead-below blocks; each row's steps are compared with today's (the first row);
+- with --speed-levers, the first row is today's code (for sets with trees the DDTree scorer's old default, with
+  host reads, forced: on CUDA the device now picks it without them), then each of issue 30's levers
+  (TrajectoryEvaluator options, exact by construction): the scorer as the device picks it, lookahead for the
+  rounds of fewer than --lookahead-below blocks, CUDA graphs for forwards of at most max(--cuda-graph-tokens)
+  tokens, the best combination (no host reads + graphs), flex attention (at --flex-taus); each row's steps are
+  compared with today's (the first row); --fp32-samples repeats that comparison in fp32 at the first tau (the
+  exactness rule); the set "ddtree-1024" (budgets 8..1024) against "default" gives the cost of large budgets;
+  --time-cap starts no row after that many seconds, so a bounded call still records what it measured;
 - with --compare-attention, the same with each attention forced: the explicit products alone, and on CUDA
   the fused kernel in every forward (the device's choice mixes them by queries per sample: packed.py);
 - reference loop (chain-B only): `dflash_generate`'s draft phase, batch 1, its KV cache, the host
@@ -84,8 +89,20 @@ SHAPES = {
                  vocab=4096, window=64, num_target_layers=8),
 }
 DEFAULT_METHODS = {"budgets": [8, 16, 32, 64], "topk": [1, 4, 16]}
-LEVER_LABELS = {"flex_attention": "flex attention", "tree_host_reads": "DDTree without host reads",
-                "lookahead_below": "lookahead"}
+LEVER_LABELS = {"flex_attention": "flex attention", "lookahead_below": "lookahead", "cuda_graph_tokens": "CUDA graphs"}
+LARGE_BUDGETS = [8, 16, 32, 64, 128, 256, 512, 1024]  # the "ddtree-1024" set: the default set with budgets to 1024
+
+
+def lever_label(lever: dict) -> str:
+    """A row's lever options in words (tree_host_reads True: the DDTree scorer's old default, with host reads)."""
+    words = []
+    for key, value in lever.items():
+        if key == "tree_host_reads":
+            words.append({True: "DDTree with host reads (the old default)", False: "DDTree without host reads",
+                          None: "DDTree scorer as the device picks (on CUDA: without host reads)"}[value])
+        else:
+            words.append(LEVER_LABELS[key])
+    return "".join(f", {word}" for word in words)
 
 
 def drafter_config(layers: int, hidden: int, heads: int, kv_heads: int, head_dim: int, intermediate: int,
@@ -277,7 +294,19 @@ def main() -> int:
                         help="the lookahead lever: rounds of fewer blocks also compute the next ones (round_profile.md: "
                              "rounds of <= 256 blocks were launch-bound)")
     parser.add_argument("--profile", action="store_true", help="the attention's share of a trajectory evaluation")
-    parser.add_argument("--sets", nargs="+", default=["chain-B", "default"], choices=["chain-B", "default"])
+    parser.add_argument("--cuda-graph-tokens", type=int, nargs="+", default=[512, 1024, 2048, 4096],
+                        help="the CUDA graphs lever: forwards of at most the largest of these flat tokens replay a graph")
+    parser.add_argument("--budgets", type=int, nargs="+", default=DEFAULT_METHODS["budgets"],
+                        help="DDTree budgets of the default set (the ddtree-1024 set: 8..1024)")
+    parser.add_argument("--fp32-samples", type=int, default=0,
+                        help="with --speed-levers: after the first tau, each lever's steps against today's in fp32 "
+                             "on this many samples (the exactness rule; 0: none)")
+    parser.add_argument("--flex-taus", type=float, nargs="+", default=None,
+                        help="with --speed-levers: the taus whose sets get a flex attention row (default: all; each "
+                             "new shape compiles on CUDA)")
+    parser.add_argument("--time-cap", type=float, default=None,
+                        help="seconds from the start after which no further row starts (the record keeps what ran)")
+    parser.add_argument("--sets", nargs="+", default=["chain-B", "default"], choices=["chain-B", "default", "ddtree-1024"])
     parser.add_argument("--note", default="", help="a line for the record (e.g. the machine's load)")
     parser.add_argument("--record", type=Path, default=ROOT / "benchmarks/results/evaluator_speed.md")
     smoke_mode(parser, device="cpu", dtype="float32", shape="demo", taus=[3.0], seq_len=32, prompt_len=16, samples=1,
@@ -299,7 +328,12 @@ def main() -> int:
             lm_head.weight.data *= torch.exp(args.head_spread * torch.randn(config.vocab_size, 1)).to(dtype)
     runner = BlockDrafter(model, embed, lm_head.weight.detach(), config.dflash_config["mask_token_id"]).to(device)
     block = config.block_size
-    default = {"block_sizes": list(range(2, block + 1)), **DEFAULT_METHODS}
+    default = {"block_sizes": list(range(2, block + 1)), **DEFAULT_METHODS, "budgets": args.budgets}
+    started_at = time.perf_counter()
+
+    def out_of_time() -> bool:
+        return args.time_cap is not None and time.perf_counter() - started_at > args.time_cap
+    graphs = {"cuda_graph_tokens": args.cuda_graph_tokens}
     machine = torch.cuda.get_device_name(device) if device.type == "cuda" else \
         f"{platform.processor() or platform.machine()}, {torch.get_num_threads()} threads"
     peak = PEAK_TFLOPS if device.type == "cuda" and args.dtype == "bfloat16" else None
@@ -310,26 +344,36 @@ def main() -> int:
     ratio = "x all-anchor" if args.all_anchor_samples and args.all_anchor_default_samples else "x first row"
     lines += [f"| tau | methods | evaluator | samples | tokens | seconds | tokens/s | {ratio} | x reference loop "
               "| blocks/token | needed TFLOP/s | % of peak |", "|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
-    checks = []
-    for tau in args.taus:
+    checks, rates = [], {}
+    for index, tau in enumerate(args.taus):
         if tau > block:
+            continue
+        if out_of_time():  # no new tau past the cap (each builds its samples and its first rows)
+            checks.append(f"tau {tau:g}: not run (--time-cap {args.time_cap:g} s reached)")
+            print(checks[-1], flush=True)
             continue
         built = time.perf_counter()
         samples = build_samples(runner, max(args.samples, args.default_samples), args.seq_len, args.prompt_len, tau,
                                 seed=int(tau * 10))
         print(f"tau {tau}: samples built in {time.perf_counter() - built:.1f} s", flush=True)
         sets = {"chain-B": ({}, args.samples, args.all_anchor_samples),
-                "default": (default, args.default_samples, args.all_anchor_default_samples)}
+                "default": (default, args.default_samples, args.all_anchor_default_samples),
+                "ddtree-1024": ({**default, "budgets": LARGE_BUDGETS}, args.default_samples, 0)}
         for name in dict.fromkeys(args.sets):  # in the order asked
             methods, n_traj, n_all = sets[name]
             rows = []  # label, samples, tokens, seconds, blocks per token, needed FLOPs per token
-            variants = [(per_forward, args.head_split, "slot", None, {}) for per_forward in args.rows]
+            # With --speed-levers the first row is today's code: for sets with trees, the DDTree scorer's old default
+            # (host reads), forced; the device's choice is now without them on CUDA (ddtree.tree_host_reads_for).
+            baseline = {"tree_host_reads": True} if args.speed_levers and methods else {}
+            variants = [(per_forward, args.head_split, "slot", None, baseline) for per_forward in args.rows]
             if args.levers:
                 variants += [(args.rows[0], None, "slot", None, {}), (args.rows[0], args.head_split, "row", None, {})]
             if args.speed_levers:
-                # flex last: its first call compiles (on CUDA), so a call cut short still has the others
-                levers = ([{"tree_host_reads": False}] if methods else []) + [{"lookahead_below": args.lookahead_below},
-                                                                              {"flex_attention": True}]
+                levers = speed_levers(methods, args.lookahead_below, graphs, flex=False)
+                if name == "ddtree-1024":  # for the cost of large budgets: the device's scorer, and the best combination
+                    levers = [levers[0], levers[-1]]
+                elif args.flex_taus is None or tau in args.flex_taus:
+                    levers.append({"flex_attention": True})
                 variants += [(args.rows[0], args.head_split, "slot", None, lever) for lever in levers]
             if args.compare_attention:  # each attention alone (the device's choice mixes them by queries per group)
                 variants += [(args.rows[0], args.head_split, "slot", False, {})]
@@ -339,7 +383,11 @@ def main() -> int:
                 label = f"trajectory, {per_forward} rows/forward" + ("" if split else ", whole LM head") \
                     + (", attention per block" if groups == "row" else "") \
                     + ("" if fused is None else ", fused attention alone" if fused else ", attention as products alone") \
-                    + "".join(f", {LEVER_LABELS[key]}" for key in lever)
+                    + lever_label(lever)
+                if rows and out_of_time():
+                    checks.append(f"tau {tau:g}, {name}, {label}: not run (--time-cap {args.time_cap:g} s reached)")
+                    print(checks[-1], flush=True)
+                    continue
                 try:
                     trajectory(runner, samples[:2], methods, per_forward, split, groups, fused, lever)  # warm
                     seconds, tokens, counts, traj_steps = trajectory(runner, samples[:n_traj], methods, per_forward,
@@ -355,7 +403,8 @@ def main() -> int:
                 elif lever:
                     checks.append(f"tau {tau:g}, {name}, {label}: steps = today's (first row) on "
                                   f"{agreement(traj_steps, answer):.0%} of the (sample, method) trajectories; "
-                                  f"{counts.forwards} forwards, {counts.lookahead_blocks} blocks computed ahead")
+                                  f"{counts.forwards} forwards, {counts.lookahead_blocks} blocks computed ahead"
+                                  + graph_note(counts, tokens, seconds))
                     print(checks[-1], flush=True)
                 # In bf16 two variants may take different steps (rounding): each counts the work of its own answer
                 # (the distinct blocks it read: under lookahead fewer than it computed).
@@ -364,6 +413,14 @@ def main() -> int:
                 print(f"tau {tau:g}, {name}, {label}: {tokens} tokens in {seconds:.2f} s, {counts.rounds} rounds, "
                       f"{counts.forwards} forwards, {counts.blocks / tokens:.3f} blocks/token", flush=True)
             flops_per_token = rows[0][5]  # the first trajectory variant's answer, for the rows of other evaluators
+            rates.update({(tau, name, row[0]): row[2] / row[3] for row in rows})
+            if name == "ddtree-1024" and (tau, "default", rows[0][0]) in rates:
+                for label, *_ in rows:
+                    if (tau, "default", label) in rates:
+                        ratio = rates[(tau, "default", label)] / rates[(tau, name, label)]  # the same tokens
+                        checks.append(f"tau {tau:g}, {label}: budgets 8..1024 take {ratio:.3f}x the time of the default "
+                                      f"set's budgets {args.budgets} ({ratio - 1:+.1%}; the goal: at most +10%)")
+                        print(checks[-1], flush=True)
             if args.profile:
                 checks.append(f"tau {tau:g}, {name}, profile of the trajectory evaluator: "
                               + attention_share(runner, samples[:n_traj], methods, args.rows[0], args.head_split))
@@ -404,9 +461,64 @@ def main() -> int:
                          f"{tflops:.2f}", f"{100 * tflops / peak:.1f}%" if peak else "-"]
                 lines.append("| " + " | ".join(cells) + " |")
             print("\n".join(lines[-len(rows):]), flush=True)
+            if index == 0 and args.speed_levers and args.fp32_samples and name != "ddtree-1024":
+                if out_of_time():
+                    checks.append(f"tau {tau:g}, fp32 check: not run (--time-cap {args.time_cap:g} s reached)")
+                else:
+                    checks += fp32_check(model, embed, lm_head, config, samples[:args.fp32_samples], methods, args,
+                                         graphs, tau, name, out_of_time)
+                print("\n".join(checks[-4:]), flush=True)
     lines += [""] + [f"- {check}" for check in checks]
     print_and_record(lines, args.record)
     return 0
+
+
+def speed_levers(methods: dict, lookahead_below: int, graphs: dict, flex: bool = True) -> list[dict]:
+    """The rows after today's: each lever alone, then the best combination measured so far (DDTree without host
+    reads, the CUDA default, with CUDA graphs), flex attention last (its first call compiles, on CUDA)."""
+    trees = bool(methods.get("budgets"))
+    levers = ([{"tree_host_reads": None}] if trees else []) + [{"lookahead_below": lookahead_below}, dict(graphs)]
+    if trees:
+        levers.append({"tree_host_reads": False, **graphs})
+    return levers + ([{"flex_attention": True}] if flex else [])
+
+
+def graph_note(counts, tokens: int, seconds: float) -> str:
+    if not counts.graphs:
+        return ""
+    return (f"; {counts.graph_replays} forwards replayed one of {counts.graphs} CUDA graphs, captured in "
+            f"{counts.graph_capture_seconds:.2f} s of the row's time (without the captures: "
+            f"{tokens / max(seconds - counts.graph_capture_seconds, 1e-9):,.0f} tokens/s)")
+
+
+def fp32_check(model, embed, lm_head, config, samples, methods: dict, args, graphs: dict, tau: float, name: str,
+               out_of_time) -> list[str]:
+    """Each lever's steps against today's evaluator (the first row's options) in fp32 on the same device: the
+    issue's exactness rule (bf16 rows may differ by rounding)."""
+    import copy
+
+    runner = BlockDrafter(copy.deepcopy(model).float(), embed.float(), lm_head.weight.detach().float(),
+                          config.dflash_config["mask_token_id"]).to(embed.device)
+    samples = [(f.float(), t, lim) for f, t, lim in samples]
+    baseline = {"tree_host_reads": True} if methods else {}
+    _, _, _, today = trajectory(runner, samples, methods, args.rows[0], args.head_split, lever=baseline)
+    lines = []
+    for lever in speed_levers(methods, args.lookahead_below, graphs, flex=False):  # flex: tested on the CPU (slow)
+        label = lever_label(lever).lstrip(", ")
+        if out_of_time():
+            lines.append(f"tau {tau:g}, {name}, fp32, {label}: not run (--time-cap {args.time_cap:g} s reached)")
+            continue
+        try:
+            _, _, counts, steps = trajectory(runner, samples, methods, args.rows[0], args.head_split, lever=lever)
+        except Exception as error:
+            lines.append(f"tau {tau:g}, {name}, fp32, {label}: failed: {type(error).__name__}: {error}"[:600])
+            continue
+        lines.append(f"tau {tau:g}, {name}, fp32 on {len(samples)} samples, {label}: steps = today's on "
+                     f"{agreement(steps, today):.0%} of the (sample, method) trajectories"
+                     + (f" ({counts.graph_replays} of {counts.forwards} forwards replayed a graph)" if counts.graphs else ""))
+        print(lines[-1], flush=True)
+    del runner
+    return lines
 
 
 def completion_tokens(samples) -> int:

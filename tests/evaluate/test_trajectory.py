@@ -16,6 +16,7 @@ from dflash_eval.bench.accepted import accepted_tokens
 from dflash_eval.evaluate.acceptance import sequence_limits
 from dflash_eval.evaluate.all_anchor import evaluate_sample
 from dflash_eval.evaluate.blocks import BlockDrafter
+from dflash_eval.evaluate.ddtree import tree_host_reads_for
 from dflash_eval.evaluate.trajectory import (
     LoadedSample,
     SampleSpec,
@@ -29,6 +30,7 @@ BLOCK = 6
 BUDGETS = [2, 3, 6]
 TOPK = [1, 3]
 STOPS = {1, 7}
+CPU_HOST_READS = False  # the CPU's choice, from the demo's alternating pairs (benchmarks/results/evaluator_speed.md)
 
 
 def _runner(dflash2=False, window=5, dtype=torch.float32):
@@ -218,7 +220,7 @@ def test_each_speed_lever_takes_todays_steps_and_counts(lever, dflash2):
     runner = _runner(dflash2)
     sequences = _sequences(runner)
     options = dict(blocks_per_forward=lever.pop("blocks_per_forward", 128), pool_slots=4, head_split=2)
-    today = TrajectoryEvaluator(runner, STOPS, range(2, BLOCK + 1), BUDGETS, TOPK, **options)
+    today = TrajectoryEvaluator(runner, STOPS, range(2, BLOCK + 1), BUDGETS, TOPK, tree_host_reads=True, **options)
     expected = dict(today.run(_specs(sequences)))
     evaluator = TrajectoryEvaluator(runner, STOPS, range(2, BLOCK + 1), BUDGETS, TOPK, **{**options, **lever})
     results = dict(evaluator.run(_specs(sequences)))
@@ -234,3 +236,16 @@ def test_each_speed_lever_takes_todays_steps_and_counts(lever, dflash2):
         assert evaluator.counts.blocks > today.counts.blocks
     else:
         assert evaluator.counts.blocks == today.counts.blocks
+
+
+def test_the_ddtree_scorers_host_reads_are_chosen_by_device():
+    """One place decides (ddtree.tree_host_reads_for): none on CUDA, where the scorer without them won, nor on the
+    CPU, where it was not slower; another device keeps them; the evaluator takes that choice unless told, and an
+    explicit option wins."""
+    assert tree_host_reads_for(torch.device("cuda")) is False
+    assert tree_host_reads_for(torch.device("cpu")) is CPU_HOST_READS
+    assert tree_host_reads_for(torch.device("meta")) is True
+    runner = _runner()
+    assert TrajectoryEvaluator(runner, STOPS, budgets=BUDGETS).tree_host_reads is CPU_HOST_READS
+    for explicit in (True, False):
+        assert TrajectoryEvaluator(runner, STOPS, budgets=BUDGETS, tree_host_reads=explicit).tree_host_reads is explicit

@@ -137,6 +137,17 @@ def better_node_counts_on_device(values: torch.Tensor, truth_score: torch.Tensor
     return (best[:, None, :] > truth_score[:, :, None]).sum(dim=-1)
 
 
+def tree_host_reads_for(device: torch.device) -> bool:
+    """Whether the DDTree scorer reads the beam's width back to the host each depth (better_node_counts), by device.
+
+    On CUDA the scorer without host reads won: the default set at tau 6 (27B shape, bf16, 8 samples) in 3.93 s
+    against 4.88 s with the same steps on every trajectory (benchmarks/results/evaluator_speed.md). On the 2-core
+    VM the demo's whole evaluation without them was not slower (median of 4 alternating pairs: 0.976x the CPU
+    time, 0.971x the wall, a loaded machine; the same samples.csv and metrics.json), so no device reads them now;
+    the decision stays here, per device, for the next measurement to change."""
+    return {"cuda": False, "cpu": False}.get(device.type, True)
+
+
 def tree_accepted(logits: torch.Tensor, truth: torch.Tensor, budgets: Sequence[int],
                   host_reads: bool = True) -> torch.Tensor:
     """Accepted draft length (deepest matching path) for each budget: [len(budgets), m].

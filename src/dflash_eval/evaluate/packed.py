@@ -86,12 +86,29 @@ class PackedBlocks:
     group_queries: np.ndarray    # [S] real queries of each group (host)
 
 
-def pack(slot: np.ndarray, anchor: np.ndarray, size: np.ndarray, tokens: np.ndarray, mask_token_id: int,
-         device: torch.device, groups: str = "slot") -> PackedBlocks:
-    """Index tensors for blocks (slot, anchor, size), rows sorted by slot; tokens [slots, width] the token ids.
+@dataclass(frozen=True)
+class Padding:
+    """Fixed shapes for a forward that a CUDA graph replays (cuda_graphs.py): `tokens` flat tokens, one query group
+    per pool slot (`slots` groups, empty ones all padding) of `queries` queries each, `context` context keys."""
 
-    groups "slot": the queries of all blocks of a sample attend together, to one view of its context;
-    "row": each block on its own, to its own gathered copy of its sample's context (padded per block).
+    tokens: int
+    queries: int
+    slots: int
+    context: int
+
+
+FIXED_FIELDS = ["token_ids", "positions", "query_gather", "padded_index", "query_anchor", "query_pos", "query_row"]
+
+
+def pack_arrays(slot: np.ndarray, anchor: np.ndarray, size: np.ndarray, tokens: np.ndarray, mask_token_id: int,
+                groups: str = "slot", padding: Padding | None = None) -> tuple[dict[str, np.ndarray], dict]:
+    """The host arrays of `pack` (by PackedBlocks field) and its host facts (batch_slots, contiguous, ctx_len,
+    group_ctx, group_queries).
+
+    `padding` (groups "slot" only): the FIXED_FIELDS padded to its shapes; group i is pool slot i. A padded flat
+    token (mask token at position 0) is no query or key of any group and its output row is a copy of row 0 (never
+    read); a padded group or query has anchor 0 (no context key visible) and row -1 (it sees only padding); context
+    keys at or past a real query's anchor are hidden from it, so a longer context changes no real output.
     """
     m = len(slot)
     row_start = np.concatenate([[0], np.cumsum(size)[:-1]])
@@ -100,14 +117,21 @@ def pack(slot: np.ndarray, anchor: np.ndarray, size: np.ndarray, tokens: np.ndar
     offset = np.arange(n) - row_start[token_row]
     positions = anchor[token_row] + offset
     token_ids = np.where(offset == 0, tokens[slot, anchor][token_row], mask_token_id)
-    if groups == "slot":
+    if padding is not None and groups == "slot":
+        batch_slots, slot_of_row = np.arange(padding.slots), slot
+    elif groups == "slot":
         batch_slots, slot_of_row = np.unique(slot, return_inverse=True)
-    elif groups == "row":
+    elif groups == "row" and padding is None:
         batch_slots, slot_of_row = slot, np.arange(m)
     else:
-        raise ValueError(f"attention groups {groups!r}: 'slot' or 'row'")
+        raise ValueError(f"attention groups {groups!r}: 'slot' or 'row' (padding: 'slot' only)")
     slot_tokens = np.bincount(slot_of_row, weights=size, minlength=len(batch_slots)).astype(np.int64)
     queries = int(slot_tokens.max())
+    if padding is not None:
+        if n > padding.tokens or queries > padding.queries or int(anchor.max()) > padding.context:
+            raise ValueError(f"{n} tokens, {queries} queries a group, context {int(anchor.max())}: "
+                             f"more than the padding {padding}")
+        queries = padding.queries
     slot_first = np.concatenate([[0], np.cumsum(slot_tokens)[:-1]])
     token_slot = slot_of_row[token_row]
     padded = token_slot * queries + (np.arange(n) - slot_first[token_slot])
@@ -123,19 +147,41 @@ def pack(slot: np.ndarray, anchor: np.ndarray, size: np.ndarray, tokens: np.ndar
     row_flat = token_row * widest + offset
     row_index = np.full(m * widest, n, dtype=np.int64)
     row_index[row_flat] = np.arange(n)
+    if padding is not None:
+        extra = padding.tokens - n
+        token_ids = np.concatenate([token_ids, np.full(extra, mask_token_id)])
+        positions, padded = np.concatenate([positions, np.zeros(extra)]), np.concatenate([padded, np.zeros(extra)])
     lo, hi = int(batch_slots[0]), int(batch_slots[-1]) + 1
-    contiguous = hi - lo == len(batch_slots) and groups == "slot"
-    names = ["token_ids", "positions", "query_gather", "padded_index", "query_anchor", "query_pos", "query_row",
-             "row_index", "row_flat"]
-    arrays = [token_ids, positions, query_gather.reshape(-1, queries), padded, query_anchor.reshape(-1, queries),
-              query_pos.reshape(-1, queries), query_row.reshape(-1, queries), row_index.reshape(m, widest), row_flat]
-    if not contiguous:
-        arrays.append(batch_slots)
-    moved = to_device(arrays, device)
+    arrays = dict(token_ids=token_ids, positions=positions, query_gather=query_gather.reshape(-1, queries),
+                  padded_index=padded, query_anchor=query_anchor.reshape(-1, queries),
+                  query_pos=query_pos.reshape(-1, queries), query_row=query_row.reshape(-1, queries),
+                  row_index=row_index.reshape(m, widest), row_flat=row_flat)
+    if padding is None:
+        group_ctx = np.maximum.reduceat(anchor, np.r_[0, np.flatnonzero(np.diff(slot_of_row)) + 1])
+        ctx_len, group_queries = int(anchor.max()), slot_tokens
+    else:
+        ctx_len = padding.context
+        group_ctx, group_queries = np.full(padding.slots, ctx_len), np.full(padding.slots, queries)
+    facts = dict(batch_slots=batch_slots, contiguous=hi - lo == len(batch_slots) and groups == "slot",
+                 ctx_len=ctx_len, group_ctx=group_ctx, group_queries=group_queries)
+    return arrays, facts
+
+
+def pack(slot: np.ndarray, anchor: np.ndarray, size: np.ndarray, tokens: np.ndarray, mask_token_id: int,
+         device: torch.device, groups: str = "slot") -> PackedBlocks:
+    """Index tensors for blocks (slot, anchor, size), rows sorted by slot; tokens [slots, width] the token ids.
+
+    groups "slot": the queries of all blocks of a sample attend together, to one view of its context;
+    "row": each block on its own, to its own gathered copy of its sample's context (padded per block).
+    """
+    arrays, facts = pack_arrays(slot, anchor, size, tokens, mask_token_id, groups)
+    names = list(arrays)
+    batch_slots = facts["batch_slots"]
+    moved = to_device(list(arrays.values()) + ([] if facts["contiguous"] else [batch_slots]), device)
+    lo, hi = int(batch_slots[0]), int(batch_slots[-1]) + 1
     return PackedBlocks(
-        **dict(zip(names, moved)), slots=slice(lo, hi) if contiguous else moved[-1], ctx_len=int(anchor.max()),
-        group_ctx=np.maximum.reduceat(anchor, np.r_[0, np.flatnonzero(np.diff(slot_of_row)) + 1]),
-        group_queries=slot_tokens,
+        **dict(zip(names, moved)), slots=slice(lo, hi) if facts["contiguous"] else moved[-1],
+        ctx_len=facts["ctx_len"], group_ctx=facts["group_ctx"], group_queries=facts["group_queries"],
     )
 
 

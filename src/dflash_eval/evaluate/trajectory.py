@@ -30,7 +30,13 @@ import torch
 
 from dflash_eval.evaluate.acceptance import SequenceLimits
 from dflash_eval.evaluate.blocks import BlockDrafter
-from dflash_eval.evaluate.ddtree import tree_accepted
+from dflash_eval.evaluate.cuda_graphs import (
+    Capture,
+    GraphedForward,
+    cuda_capture,
+    eager_capture,
+)
+from dflash_eval.evaluate.ddtree import tree_accepted, tree_host_reads_for
 from dflash_eval.evaluate.packed import (
     ContextPool,
     fused_attention_for,
@@ -83,6 +89,9 @@ class Counts:
     by_size: dict[int, int] = field(default_factory=dict)
     lookahead_blocks: int = 0  # blocks computed ahead of a trajectory (lookahead_below), whether read or not
     read_by_size: dict[int, int] | None = None  # distinct blocks a trajectory read (tracked under lookahead)
+    graphs: int = 0  # CUDA graphs captured (cuda_graph_tokens)
+    graph_replays: int = 0  # forwards that replayed one
+    graph_capture_seconds: float = 0.0
 
     @property
     def needed_by_size(self) -> dict[int, int]:
@@ -102,18 +111,22 @@ class TrajectoryEvaluator:
     A forward holds at most `blocks_per_forward` blocks; the pool at most `blocks_per_forward` samples (fewer
     when their contexts would take more than `pool_bytes`: default half the free GPU memory, 2 GiB on CPU).
     `fused_attention`: None picks by device (packed.fused_attention_for).
+    `tree_host_reads`: None picks by device (ddtree.tree_host_reads_for: none on CUDA and the CPU, as measured).
     Levers under measurement (issue 30), each exact by construction and off by default: `flex_attention` (every
-    forward's attention through flex_attention, packed.py), `tree_host_reads` False (the DDTree scorer without a
-    host read, ddtree.py), and `lookahead_below`: a round that needs fewer blocks than this also computes, up to
+    forward's attention through flex_attention, packed.py), and `lookahead_below`: a round that needs fewer blocks than this also computes, up to
     `blocks_per_forward`, the blocks each running trajectory may need next (its anchor plus 1..B, nearest first),
-    so that the next round often needs no forward (a late round's forward is launch-bound, not compute-bound).
+    so that the next round often needs no forward (a late round's forward is launch-bound, not compute-bound);
+    `cuda_graph_tokens`: forwards of at most max(these) flat tokens replay a CUDA graph of the drafter forward
+    captured at the smallest of these sizes that holds them (cuda_graphs.py; `graph_capture` None: a real graph on
+    CUDA, the eager stand-in elsewhere; not with flex attention, "row" groups or DFlash2's convolution).
     """
 
     def __init__(self, drafter: BlockDrafter, stop_ids: set[int], block_sizes: Sequence[int] = (),
                  budgets: Sequence[int] = (), topk: Sequence[int] = (), blocks_per_forward: int = 128,
                  pool_slots: int | None = None, head_split: int | None = 4, pool_bytes: int | None = None,
                  attention_groups: str = "slot", fused_attention: bool | None = None,
-                 flex_attention: bool = False, tree_host_reads: bool = True, lookahead_below: int = 0) -> None:
+                 flex_attention: bool = False, tree_host_reads: bool | None = None, lookahead_below: int = 0,
+                 cuda_graph_tokens: Sequence[int] = (), graph_capture: Capture | None = None) -> None:
         self.drafter = drafter
         self.stop_ids = set(stop_ids)
         self.block = drafter.block_size
@@ -138,10 +151,16 @@ class TrajectoryEvaluator:
         self.dtype = drafter.embed.dtype
         self.fused = fused_attention_for(self.device) if fused_attention is None else fused_attention
         self.flex = flex_attention
-        self.tree_host_reads = tree_host_reads
+        self.tree_host_reads = tree_host_reads_for(self.device) if tree_host_reads is None else tree_host_reads
         self.lookahead_below = int(lookahead_below)
         if self.lookahead_below:
             self.counts.read_by_size = {}
+        self.graph_tokens = list(cuda_graph_tokens)
+        if self.graph_tokens and (flex_attention or attention_groups != "slot" or not GraphedForward.supports(drafter)):
+            raise ValueError("cuda_graph_tokens: not with flex attention, 'row' attention groups or a drafter with "
+                             "DFlash2's block convolution (their shapes vary per round)")
+        self.graph_capture = graph_capture
+        self.graphed: GraphedForward | None = None
 
     # -- the pool ------------------------------------------------------------------------------
     def _slots(self, samples: Sequence[SampleSpec], capacity: int) -> int:
@@ -157,6 +176,10 @@ class TrajectoryEvaluator:
         self.pool = ContextPool(self.drafter, slots, capacity, self.device, self.dtype)
         cos, sin = self.drafter.rotary(width, self.pool.keys[0])
         self.cos, self.sin = cos, sin
+        if self.graph_tokens:
+            capture = self.graph_capture or (cuda_capture(torch.cuda.graph_pool_handle())
+                                             if self.device.type == "cuda" else eager_capture)
+            self.graphed = GraphedForward(self.drafter, self.pool, cos, sin, self.graph_tokens, capture)
         methods = len(self.names)
         self.keys: list[str | None] = [None] * slots
         self.tokens = np.full((slots, width), -1, dtype=np.int64)      # -1 past a sample's end: no true token
@@ -289,8 +312,14 @@ class TrajectoryEvaluator:
 
     def _forward(self, slot: np.ndarray, anchor: np.ndarray, size: np.ndarray, full: np.ndarray) -> None:
         drafter, device = self.drafter, self.device
-        batch = pack(slot, anchor, size, self.tokens, drafter.mask_token_id, device, self.attention_groups)
-        hidden = packed_hidden(drafter, self.pool, batch, self.cos, self.sin, self.fused, self.flex)
+        hidden = None if self.graphed is None else self.graphed(slot, anchor, size, self.tokens, self.fused)
+        if hidden is None:
+            batch = pack(slot, anchor, size, self.tokens, drafter.mask_token_id, device, self.attention_groups)
+            hidden = packed_hidden(drafter, self.pool, batch, self.cos, self.sin, self.fused, self.flex)
+        else:
+            self.counts.graph_replays += 1
+            self.counts.graphs = len(self.graphed.graphs)
+            self.counts.graph_capture_seconds = self.graphed.capture_seconds
         row_start = np.concatenate([[0], np.cumsum(size)[:-1]])
         # One table of outcomes per forward, read back once: matched, tree depths, top-k hits per position.
         wide_rows = full & bool(self.budgets or self.topk)  # full blocks serve trees and top-k when there are any
