@@ -373,6 +373,11 @@ def _object(properties: dict, required: tuple[str, ...] = ()) -> dict:
     return {"type": "object", "additionalProperties": False, "properties": properties, "required": list(required)}
 
 
+# evaluation keys that say how the workflow runs the evaluations (its jobs), not what one computes: no evaluate
+# setting, so changing them changes no evaluation's settings param nor its result-store key
+EVALUATION_JOB_KEYS = ("checkpoints_per_job",)
+
+
 @functools.cache
 def stage_schema(stage: str) -> dict:
     """The schema of one stage's settings dict, made of config.schema.yaml's own key schemas and defaults.
@@ -404,7 +409,8 @@ def stage_schema(stage: str) -> dict:
                              required=("path",))
         return _object({"drafter": NAME, "dataset": NAME, "checkpoint": checkpoint,
                         "target": _object({"path": target_path}, required=("path",)),
-                        "max_tokens": fetch["max_tokens"], "speedup": top["speedup"], **evaluation},
+                        "max_tokens": fetch["max_tokens"], "speedup": top["speedup"],
+                        **{key: value for key, value in evaluation.items() if key not in EVALUATION_JOB_KEYS}},
                        required=("drafter", "dataset", "checkpoint", "target"))
     names = {"type": "array", "items": NAME}
     return _object({"drafters": {"type": "object"}, "drafter_order": names, "datasets": names,
@@ -570,7 +576,7 @@ def evaluate_settings(config: dict, drafter: str, dataset: str) -> dict:
         "target": {"path": config["target"]["path"]},
         "max_tokens": config["fetch"]["max_tokens"],
         "speedup": dict(config["speedup"]),
-        **config["evaluation"],
+        **{key: value for key, value in config["evaluation"].items() if key not in EVALUATION_JOB_KEYS},
     }
 
 

@@ -258,3 +258,29 @@ def report_intermediates() -> list[str]:
         *expand(SAMPLES, drafter=drafters, dataset=datasets),
         *backend_comparisons(),
     ]
+
+
+def evaluation_groups() -> dict[str, list[str]]:
+    """evaluation.checkpoints_per_job > 1: the drafters, per layer set in config order, in runs of that many;
+    each group is one evaluation job per dataset, named by its first drafter (docs/running.md).
+    """
+    size = config["evaluation"]["checkpoints_per_job"]
+    by_layerset: dict[str, list[str]] = {}
+    for name in config["drafters"]:
+        by_layerset.setdefault(drafter_layerset(name), []).append(name)
+    return {
+        names[i]: names[i : i + size]
+        for names in by_layerset.values()
+        for i in range(0, len(names), size)
+    }
+
+
+def evaluation_member(drafter: str, dataset: str) -> str:
+    """One checkpoint of a grouped evaluation job, as its `--member` JSON: its settings and its two outputs."""
+    return cfg.settings_json(
+        {
+            "settings": cfg.evaluate_settings(config, drafter, dataset),
+            "metrics": METRICS.format(drafter=drafter, dataset=dataset),
+            "samples": SAMPLES.format(drafter=drafter, dataset=dataset),
+        }
+    )

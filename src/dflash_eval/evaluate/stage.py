@@ -76,9 +76,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--dataset")
     parser.add_argument("--hidden", required=True, help="hidden-state cache directory")
     parser.add_argument("--completions", required=True, help="completions JSONL the cache was built from")
-    parser.add_argument("--metrics", required=True, help="output metrics.json")
-    parser.add_argument("--samples", required=True, help="output per-sample CSV")
+    parser.add_argument("--metrics", help="output metrics.json (one checkpoint)")
+    parser.add_argument("--samples", help="output per-sample CSV (one checkpoint)")
     parser.add_argument("--placement", help="write which device (GPU) this evaluation claimed, and when, here (JSON)")
+    parser.add_argument("--member", nargs="+", action="extend", metavar="JSON",
+                        help='several checkpoints in this one process, each {"settings": {...}, "metrics": path, '
+                             '"samples": path}, all on this --hidden and --completions (instead of --settings, '
+                             "--metrics, --samples; what evaluation.checkpoints_per_job runs)")
+    parser.add_argument("--store", help="with --member: keep each finished evaluation here, by content, and restore "
+                                        "those whose inputs are unchanged (evaluate/result_store.py)")
 
 
 def stop_token_ids(settings: dict) -> list[int]:
@@ -146,13 +152,12 @@ def check_cache(cache, settings: dict) -> dict:
 
 
 def run_evaluation(settings: dict, hidden: str, completions: str,
-                   placement: str | None = None) -> tuple[dict, list[dict]]:
+                   placement: str | None = None, device: torch.device | None = None) -> tuple[dict, list[dict]]:
+    """One checkpoint on one cache. `device`: one this process claimed already (`run_several`), else claimed here."""
     from dflash_eval.cache.store import HiddenCache
-    from dflash_eval.target_identity import parse_device
 
-    parse_device(settings["device"], "evaluation.device")  # named errors: a CPU-only torch, no such GPU
-    # cuda: a GPU no other evaluation holds; `placement` records which, for `dflash-eval gpu-placements`
-    device = claim_device(settings["device"], record=placement, job=f"evaluate {settings['drafter']} {settings['dataset']}")
+    if device is None:
+        device = claim_settings_device(settings, placement, f"evaluate {settings['drafter']} {settings['dataset']}")
     dtype = DTYPES[settings["dtype"]]
     cache = HiddenCache(hidden, verify=True)  # every shard read is checked against its sha256 (cache.verify)
     cache_info = check_cache(cache, settings)
@@ -336,13 +341,33 @@ def _check_unchanged(path: str, sha256_at_load: str) -> None:
                               "once the file is no longer being written")
 
 
-def run(args: argparse.Namespace) -> int:
-    settings = settings_from_args(args, evaluate_settings, "drafter", "dataset")
-    metrics, rows = run_evaluation(settings, args.hidden, args.completions, args.placement)
+def claim_settings_device(settings: dict, placement: str | None, job: str) -> torch.device:
+    """The evaluation's device: cuda = a GPU no other evaluation holds, held until this process exits;
+    `placement` records which, for `dflash-eval gpu-placements`."""
+    from dflash_eval.target_identity import parse_device
+
+    parse_device(settings["device"], "evaluation.device")  # named errors: a CPU-only torch, no such GPU
+    return claim_device(settings["device"], record=placement, job=job)
+
+
+def write_outputs(metrics: dict, rows: list[dict], metrics_path: str, samples_path: str) -> None:
     for method, numbers in metrics["methods"].items():
         log.info("%s on %s, %s: tau %.3f (z-lab mean), %.3f (token-weighted), %d samples, %d steps",
                  metrics["drafter"], metrics["dataset"], method, numbers["tau_mean_of_samples"],
                  numbers["tau_token_weighted"], numbers["samples"], numbers["steps"])
-    atomic_write_text(args.samples, samples_csv(rows))
-    atomic_write_json(args.metrics, metrics)
+    atomic_write_text(samples_path, samples_csv(rows))
+    atomic_write_json(metrics_path, metrics)
+
+
+def run(args: argparse.Namespace) -> int:
+    if args.member:
+        from dflash_eval.evaluate.several import run_several
+
+        return run_several(args)
+    if not (args.metrics and args.samples):
+        raise DflashEvalError("evaluate: give --metrics and --samples (one checkpoint), or --member JSON ... "
+                              "(several checkpoints in one process)")
+    settings = settings_from_args(args, evaluate_settings, "drafter", "dataset")
+    metrics, rows = run_evaluation(settings, args.hidden, args.completions, args.placement)
+    write_outputs(metrics, rows, args.metrics, args.samples)
     return 0
