@@ -108,13 +108,9 @@ def main() -> None:
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         if args.smoke:
-            from checkpoints_startup import (  # benchmarks/ (the script's own folder)
-                build_checkpoints,
-                tiny_inputs,
-            )
+            from dflash_eval.bench.eval_project import tiny_served
 
-            args.target, args.completions = tiny_inputs(Path(tmp))
-            args.drafter = build_checkpoints(args.target, [1, 5], 1, Path(tmp) / "drafters")[0]
+            args.target, args.completions, args.drafter = tiny_served(Path(tmp))
         run(args)
 
 

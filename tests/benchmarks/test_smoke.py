@@ -29,6 +29,7 @@ SCRIPTS = {
     "serving_profile": ("| tokens verified | run 1 ms |", []),
     "fetch_speed": ("| client | wall seconds per round |", []),
     "fidelity": ("| dtype | samples | equal step for step |", []),  # CPU, torch kernels, fp32, a tiny target
+    "max_tokens_tail": ("| max_tokens | requests | cut at max_tokens |", []),  # tiny random target and drafter
     "checkpoints_startup": ("| code | per-checkpoint wall s, median |", []),
     # issue 30's benchmark: CPU forwards of the trajectory evaluator on the demo shape, about a minute on 2 cores
     "evaluator_speed": ("| tau | methods | evaluator |", []),

@@ -99,3 +99,10 @@ if command in ("fetch", "extract"):
     sys.exit(0)
 os.execv(str(Path(__file__).with_name("recorder")), [str(Path(__file__).with_name("recorder")), *sys.argv[1:]])
 '''
+
+
+def tiny_served(root: Path) -> tuple[Path, Path, Path]:
+    """A tiny random target, its completions and one drafter of the demo's layer taps under `root`: (target,
+    completions, drafter). The smoke modes of the benchmarks that compare a served drafter's loops."""
+    target, completions = tiny_inputs(root)
+    return target, completions, build_checkpoints(target, [1, 5], 1, root / "drafters")[0]
