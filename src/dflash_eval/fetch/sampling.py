@@ -15,18 +15,15 @@ from __future__ import annotations
 import hashlib
 from typing import Any
 
+from dflash_eval.config import dataset_samples
+
 # SGLang's "off" value of each filter (sampling/sampling_params.py defaults).
 OFF = {"top_p": 1.0, "top_k": -1, "min_p": 0.0}
 
 
-def sampled(settings: dict[str, Any]) -> bool:
-    """Whether the dataset samples (temperature > 0); greedy otherwise."""
-    return float(settings.get("temperature") or 0.0) > 0.0
-
-
 def sample_ids(record_id: str, settings: dict[str, Any]) -> list[str]:
     """The ids of one greedy record id's completions: itself when greedy, else `<id>#s<k>` for k < n."""
-    if not sampled(settings):
+    if not dataset_samples(settings):
         return [record_id]
     return [f"{record_id}#s{k}" for k in range(int(settings["n"]))]
 
@@ -40,7 +37,7 @@ def record_seed(base: int, record_id: str) -> int:
 
 def record_sampling(settings: dict[str, Any], record_id: str) -> dict[str, Any] | None:
     """The record's `sampling` key (None when greedy): what this one completion was drawn with."""
-    if not sampled(settings):
+    if not dataset_samples(settings):
         return None
     return {"temperature": float(settings["temperature"]), "top_p": float(settings["top_p"]),
             "top_k": int(settings["top_k"]), "min_p": float(settings["min_p"]),
@@ -64,6 +61,6 @@ def request_fields(sampling: dict[str, Any] | None, sglang: bool) -> tuple[dict[
 def request_identity(settings: dict[str, Any]) -> dict[str, Any]:
     """The sampling part of a record's `request` (what a kept record must match to be reused); empty when greedy,
     so that greedy records stay as they were. The per-record seed follows from `sampling_seed` and the id."""
-    if not sampled(settings):
+    if not dataset_samples(settings):
         return {}
     return {key: settings[key] for key in ("top_p", "top_k", "min_p", "sampling_seed")}  # n: a larger n adds ids
