@@ -241,14 +241,14 @@ class Engine:
         FIXED_TOKEN_ID, so no stop token ends it (unless that id is one)."""
         import torch
 
-        from dflash_eval.demo.reference import online_acceptance
+        from dflash_eval.demo.reference import run_reference_loop
         from dflash_eval.speedup.simulate import forced_acceptance
 
         real = self.simulate["token_mode"] == "real-draft-token"
         self.simulated_requests += 1
         with torch.no_grad(), forced_acceptance(self.target, self.simulate["length"], seed=self.simulated_requests) \
                 as drawn:
-            _, output = online_acceptance(self.drafter, self.target, prompt_ids, max_new_tokens + self.block_size,
+            _, output = run_reference_loop(self.drafter, self.target, prompt_ids, max_new_tokens + self.block_size,
                                               self.stops if real else [], block_size=self.block_size)
         completion = output[len(prompt_ids):][:max_new_tokens]
         if not real:
