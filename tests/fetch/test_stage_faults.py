@@ -94,8 +94,10 @@ def test_server_killed_mid_run_then_rerun_completes_the_rest(tmp_path, tokenizer
 
 def test_sigterm_to_the_fetch_command_keeps_what_it_finished_and_says_so(tmp_path, tokenizer_dir):
     """What scancel or a Snakemake cancel sends: the command flushes its finished records, exits 143 at once
-    with one line (no traceback), and a rerun sends only the prompts without a record."""
-    prompts = fixtures.write_prompts(tmp_path / "p.jsonl", 16)
+    with one line (no traceback), and a rerun sends only the prompts without a record. Enough prompts that the
+    signal lands mid-run on a fast machine too (10 waves of 0.3 s at concurrency 4 after the 6th answer)."""
+    prompt_count = 48
+    prompts = fixtures.write_prompts(tmp_path / "p.jsonl", prompt_count)
     out = tmp_path / "out" / "t.jsonl"
     log = tmp_path / "requests.jsonl"
     with fake_process(tokenizer_dir, log, "--delay-s", "0.3") as (_, url):
@@ -118,8 +120,8 @@ def test_sigterm_to_the_fetch_command_keeps_what_it_finished_and_says_so(tmp_pat
     rerun_log = tmp_path / "rerun.jsonl"
     with fake(tokenizer_dir, rerun_log) as url:
         records = fetch.fetch(settings(tmp_path, url, tokenizer_dir, prompts), out)
-    assert sorted(served(rerun_log)) == sorted(set(range(16)) - set(kept))
-    assert [r["id"] for r in records] == [f"p{i}" for i in range(16)]
+    assert sorted(served(rerun_log)) == sorted(set(range(prompt_count)) - set(kept))
+    assert [r["id"] for r in records] == [f"p{i}" for i in range(prompt_count)]
 
 
 def test_intermittent_500_and_timeouts_are_retried_and_counted(tmp_path, tokenizer_dir, caplog):
