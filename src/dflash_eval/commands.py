@@ -21,7 +21,7 @@ COMMANDS: dict[str, tuple[str, str, str, str]] = {
     "extract": ("dflash_eval.extract.stage", "add_arguments", "run", "extract the target's hidden states"),
     "compare-backends": ("dflash_eval.tools.compare_backends", "add_arguments", "run",
                          "per-layer differences between the fla and torch kernels, and their effect on tau"),
-    "evaluate": ("dflash_eval.evaluate.stage", "add_arguments", "run", "evaluate one drafter on one dataset"),
+    "evaluate": ("dflash_eval.evaluate.command", "add_arguments", "run", "evaluate one drafter on one dataset"),
     "gpu-placements": ("dflash_eval.evaluate.placement", "add_arguments", "run",
                        "check the GPU claims evaluations recorded: which job ran on which GPU, none two at once"),
     "report": ("dflash_eval.report.stage", "add_arguments", "run", "summary tables and plots"),

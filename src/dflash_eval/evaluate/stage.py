@@ -24,7 +24,6 @@ samples.csv: one row per sample x method with its steps, tokens, tau and the acc
 
 from __future__ import annotations
 
-import argparse
 import csv
 import io
 import json
@@ -45,7 +44,7 @@ from dflash_eval.checkpoint import (
     checkpoint_facts,
 )
 from dflash_eval.completions import prompt_cluster, read_completions
-from dflash_eval.config import evaluate_settings, settings_from_args, verify_schemes
+from dflash_eval.config import verify_schemes
 from dflash_eval.errors import DflashEvalError
 from dflash_eval.evaluate import acceptance, rejection_metrics
 from dflash_eval.evaluate.blocks import BlockDrafter
@@ -67,24 +66,6 @@ from dflash_eval.provenance.fingerprint import checkpoint_sha256
 log = logging.getLogger(__name__)
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
-
-
-def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--settings", help="evaluate settings as JSON (what the workflow passes)")
-    parser.add_argument("--config", help="config.yaml, to run by hand with --drafter and --dataset")
-    parser.add_argument("--drafter")
-    parser.add_argument("--dataset")
-    parser.add_argument("--hidden", required=True, help="hidden-state cache directory")
-    parser.add_argument("--completions", required=True, help="completions JSONL the cache was built from")
-    parser.add_argument("--metrics", help="output metrics.json (one checkpoint)")
-    parser.add_argument("--samples", help="output per-sample CSV (one checkpoint)")
-    parser.add_argument("--placement", help="write which device (GPU) this evaluation claimed, and when, here (JSON)")
-    parser.add_argument("--member", nargs="+", action="extend", metavar="JSON",
-                        help='several checkpoints in this one process, each {"settings": {...}, "metrics": path, '
-                             '"samples": path}, all on this --hidden and --completions (instead of --settings, '
-                             "--metrics, --samples; what evaluation.checkpoints_per_job runs)")
-    parser.add_argument("--store", help="with --member: keep each finished evaluation here, by content, and restore "
-                                        "those whose inputs are unchanged (evaluate/result_store.py)")
 
 
 def stop_token_ids(settings: dict) -> list[int]:
@@ -357,17 +338,3 @@ def write_outputs(metrics: dict, rows: list[dict], metrics_path: str, samples_pa
                  numbers["tau_token_weighted"], numbers["samples"], numbers["steps"])
     atomic_write_text(samples_path, samples_csv(rows))
     atomic_write_json(metrics_path, metrics)
-
-
-def run(args: argparse.Namespace) -> int:
-    if args.member:
-        from dflash_eval.evaluate.several import run_several
-
-        return run_several(args)
-    if not (args.metrics and args.samples):
-        raise DflashEvalError("evaluate: give --metrics and --samples (one checkpoint), or --member JSON ... "
-                              "(several checkpoints in one process)")
-    settings = settings_from_args(args, evaluate_settings, "drafter", "dataset")
-    metrics, rows = run_evaluation(settings, args.hidden, args.completions, args.placement)
-    write_outputs(metrics, rows, args.metrics, args.samples)
-    return 0
