@@ -19,10 +19,12 @@ import io
 import logging
 import os
 import random
+import resource
 import runpy
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 import traceback
 import warnings
@@ -44,7 +46,8 @@ _SIGNALS = tuple(s for s in (signal.SIGINT, signal.SIGTERM, getattr(signal, "SIG
 
 @dataclass
 class SmokeRun:
-    """What one run gave: exit code (0 = success), its stdout and stderr, the traceback if it raised, seconds."""
+    """What one run gave: exit code (0 = success), its stdout and stderr, the traceback if it raised, wall seconds,
+    CPU seconds (user + system) of this process and of the child processes it waited for."""
 
     script: Path
     code: int
@@ -52,6 +55,8 @@ class SmokeRun:
     stderr: str
     error: str
     seconds: float
+    cpu_s: float = 0.0
+    children_cpu_s: float = 0.0
 
     def failure(self) -> str:
         """A message for a failed run, naming the script, with the end of its output and its traceback."""
@@ -167,12 +172,44 @@ def isolated(script: Path, argv: Sequence[str]) -> Iterator[None]:
         gc.collect()  # the run's models and tensors, before the next one builds its own
 
 
+def _cpu() -> tuple[float, float]:
+    """CPU seconds so far of this process and of its waited-for children."""
+    own, children = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+    return own.ru_utime + own.ru_stime, children.ru_utime + children.ru_stime
+
+
+@contextlib.contextmanager
+def _captured() -> Iterator[tuple[io.TextIOBase, io.TextIOBase]]:
+    """stdout and stderr into two temporary files, at the file descriptors too: the script's child processes and
+    forked jobs (multi_gpu_scaling's) write there as well, so a failure message shows their tracebacks."""
+    files = tuple(tempfile.TemporaryFile("w+", buffering=1, encoding="utf-8", errors="replace") for _ in range(2))
+    sys.stdout.flush()
+    sys.stderr.flush()
+    saved = os.dup(1), os.dup(2)
+    try:
+        os.dup2(files[0].fileno(), 1)
+        os.dup2(files[1].fileno(), 2)
+        with contextlib.redirect_stdout(files[0]), contextlib.redirect_stderr(files[1]):
+            yield files
+    finally:
+        for fd, copy in zip((1, 2), saved):
+            os.dup2(copy, fd)
+            os.close(copy)
+
+
+def _text(file: io.TextIOBase) -> str:
+    file.flush()
+    file.seek(0)
+    text = file.read()
+    file.close()
+    return text
+
+
 def run_in_process(script: Path, argv: Sequence[str] = ("--smoke",)) -> SmokeRun:
     """`python script argv...` as `__main__` in this process, isolated (see `isolated`); never raises."""
-    out, err = io.StringIO(), io.StringIO()
     code, error = 0, ""
-    started = time.perf_counter()
-    with isolated(script, argv), contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+    started, cpu = time.perf_counter(), _cpu()
+    with isolated(script, argv), _captured() as (out, err):
         try:
             runpy.run_path(str(script), run_name="__main__")
         except SystemExit as done:  # as the interpreter turns it into an exit status
@@ -182,14 +219,40 @@ def run_in_process(script: Path, argv: Sequence[str] = ("--smoke",)) -> SmokeRun
                 code, error = 1, str(done.code)
         except Exception:  # the script's failure, reported with its traceback (Ctrl-C and pytest's timeout pass)
             code, error = 1, traceback.format_exc()
-    return SmokeRun(script, code, out.getvalue(), err.getvalue(), error, time.perf_counter() - started)
+    own, children = (b - a for a, b in zip(cpu, _cpu()))
+    return SmokeRun(script, code, _text(out), _text(err), error, time.perf_counter() - started, own, children)
 
 
 def run_in_subprocess(script: Path, argv: Sequence[str] = ("--smoke",), timeout: float = 900) -> SmokeRun:
     """The fallback: `python script argv...` in a fresh process (its own imports: seconds of CPU more)."""
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT / "src"), os.environ.get("PYTHONPATH", "")]),
            "OMP_NUM_THREADS": "1"}
-    started = time.perf_counter()
+    started, cpu = time.perf_counter(), _cpu()
     done = subprocess.run([sys.executable, str(script), *argv], cwd=ROOT, env=env, capture_output=True, text=True,
                           timeout=timeout)
-    return SmokeRun(script, done.returncode, done.stdout, done.stderr, "", time.perf_counter() - started)
+    own, children = (b - a for a, b in zip(cpu, _cpu()))
+    return SmokeRun(script, done.returncode, done.stdout, done.stderr, "", time.perf_counter() - started, own,
+                    children)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """`python -m tests.benchmarks.runner [--subprocess] [NAME ...]`: every smoke (or the named ones) in one process
+    (or each in its own, the form before issue 27's runner), a table of wall and CPU seconds; exit 1 if one failed."""
+    args = sys.argv[1:] if argv is None else argv
+    fresh = "--subprocess" in args
+    names = [a for a in args if a != "--subprocess"] or sorted(
+        p.stem for p in BENCHMARKS.glob("*.py") if p.stem not in ("record", "multi_gpu_scaling"))
+    torch.set_num_threads(1)  # what OMP_NUM_THREADS=1 gives each fresh process
+    print(f"| script | {'own process' if fresh else 'in process'}: wall s | CPU s, this process | CPU s, children | ok |")
+    print("|---|---:|---:|---:|---|")
+    failed = 0
+    for name in names:
+        done = (run_in_subprocess if fresh else run_in_process)(BENCHMARKS / f"{name}.py")
+        failed += done.code != 0
+        print(f"| {name} | {done.seconds:.1f} | {done.cpu_s:.1f} | {done.children_cpu_s:.1f} | "
+              f"{'yes' if done.code == 0 else 'NO'} |", flush=True)
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -124,3 +124,20 @@ def test_a_smoke_cannot_record_under_benchmarks_results(tmp_path):
         print_and_record(["| a |"], Path({str(tmp_path / 'kept.md')!r}))
         """)
     assert run_in_process(elsewhere).code == 0 and (tmp_path / "kept.md").read_text() == "| a |\n\n"
+
+
+def test_what_its_child_processes_write_is_in_its_output(tmp_path):
+    """Child processes and forked jobs write to file descriptors 1 and 2: their tracebacks reach the failure message."""
+    script = write(tmp_path, "children.py", """
+        import os, subprocess, sys
+        subprocess.run([sys.executable, "-c", "print('from the child')"], check=True)
+        pid = os.fork()
+        if pid == 0:
+            os.write(2, b"from the fork\\n")
+            os._exit(0)
+        os.waitpid(pid, 0)
+        print("from the script")
+        """)
+    done = run_in_process(script)
+    assert done.code == 0, done.failure()
+    assert "from the child" in done.stdout and "from the script" in done.stdout and "from the fork" in done.stderr
