@@ -33,10 +33,10 @@ SCRIPTS = {
     "checkpoints_startup": ("| code | per-checkpoint wall s, median |", False, []),
     "evaluator_speed": ("| tau | methods | evaluator |", False, []),  # issue 30's CPU forwards, the demo shape
     "speedup_validation": ("| block | tau asked | tau realised |", False, []),  # a tiny hybrid target, live loops
-    # its own process: with fake GPUs it os.fork()s its jobs from the running process, and a fork of the test process
-    # (its OpenMP pool after torch ran, pytest's capture) is not what the benchmark forks; run with its placement
-    # checks (claim records, no overlap) by tests/benchmarks/test_multi_gpu_smoke.py
-    "multi_gpu_scaling": ("| K | jobs | wall s |", True, [pytest.mark.skip(reason="run by test_multi_gpu_smoke.py")]),
+    # run with its placement checks (claim records, no overlap) by tests/benchmarks/test_multi_gpu_smoke.py, also in
+    # this process (its forked jobs inherit the imports; safe as torch runs on one thread here, tests/conftest.py)
+    "multi_gpu_scaling": ("| K | jobs | wall s |", False, [pytest.mark.skip(reason="run by test_multi_gpu_smoke.py")]),
+    # (own process = True runs a script through runner.run_in_subprocess: for one that cannot share this process)
 }
 
 
