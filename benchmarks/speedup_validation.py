@@ -156,7 +156,8 @@ def two_profiles(target, context: int, sizes: list[int], args: argparse.Namespac
 def profile_lines(first: dict, second: dict, agreement: dict) -> list[str]:
     ratios = ", ".join(f"{n}: {r:.3f}" for n, r in sorted(agreement["ratios"].items(), key=lambda kv: int(kv[0])))
     unstable = sorted(set(first["spread"]["unstable"]) | set(second["spread"]["unstable"]))
-    return ["", f"Profile repeatability (extract/profile.py twice, run 2 / run 1 per verified size): {ratios}; "
+    return ["", f"Profile repeatability (extract/profile.py twice, method {first['method']}, run 2 / run 1 per "
+            f"verified size): {ratios}; "
             f"beyond 5%: {', '.join(agreement['beyond_5_percent']) or 'none'}; T_AR {first['t_ar_ms']:.2f} / "
             f"{second['t_ar_ms']:.2f} ms; sizes whose median CI stayed wider than ±2% at the cap: "
             f"{', '.join(map(str, unstable)) or 'none'}. Predictions use run 1."]
@@ -199,7 +200,7 @@ def static_rows(name: str, shape: dict, layers: int, target, drafter, prompts, r
             f"captured and warmed in {captured_s:.0f} s; graph replay against the eager static loop at block "
             f"{max(blocks)}, tau 4: {replay_check}), {args.prompts} prompts x {args.prompt_tokens} tokens, "
             f"{args.new_tokens} new tokens, profile context {context}. T_AR: the product's profile "
-            f"{t_ar:.2f} ms (HF eager); the loop's size-1 graph {ar_loop:.2f} ms + accept/host {ar_host:.2f} ms; "
+            f"{t_ar:.2f} ms ({first['method']}); the loop's size-1 graph {ar_loop:.2f} ms + accept/host {ar_host:.2f} ms; "
             f"the loop's autoregressive decode measured {autoregressive.ms_per_step:.2f} ms/token")
     rows = ["", head, *profile_lines(first, second, agreement), "",
             "| block | tau asked | tau realised | T_draft ms product / loop | T_verify(b) ms profile / loop | "

@@ -27,6 +27,8 @@ SCRIPTS = {
     "demo_build": ("| stage | seconds |", []),  # its smoke: 1 target step, 2 training sequences, 3 prompts
     "extract_speed": ("| backend | row | seq len |", []),
     "serving_profile": ("| tokens verified | run 1 ms |", []),
+    # issue 26: the profile twice in one process and once in each of two fresh processes (3 imports: ~25 s)
+    "profile_repeatability": ("| tokens verified | one process: run 1 ms |", []),
     "fetch_speed": ("| client | wall seconds per round |", []),
     "fidelity": ("| dtype | samples | equal step for step |", []),  # CPU, torch kernels, fp32, a tiny target
     "max_tokens_tail": ("| max_tokens | requests | cut at max_tokens |", []),  # tiny random target and drafter

@@ -37,6 +37,18 @@ def _tables(rotary: torch.nn.Module, length: int, like: torch.Tensor) -> tuple[t
     return cos[0], sin[0]
 
 
+def static_unsupported(model: torch.nn.Module) -> str | None:
+    """Why StaticTarget cannot run `model` (None when it can): it is written for Qwen3-style pure attention
+    (q/k RMSNorm, rotary, no recurrent layers); anything else is timed by the HF forward instead."""
+    config = getattr(model, "config", None)
+    if "linear_attention" in (getattr(config, "layer_types", None) or []):
+        return "a Gated DeltaNet hybrid (linear_attention layers): no position rollback of its recurrent state"
+    if getattr(config, "model_type", None) != "qwen3":
+        return (f"model_type {getattr(config, 'model_type', None)!r}: the static cache is written for Qwen3-style "
+                "attention (qwen3) only")
+    return None
+
+
 class StaticTarget:
     """A Qwen3-style pure-attention causal LM (e.g. Qwen3ForCausalLM) over a preallocated KV cache of
     `max_len` positions. `forward(ids, start)` runs ids [1, n] at positions start..start+n-1 (start: a long
@@ -63,12 +75,16 @@ class StaticTarget:
         self.key_index = torch.arange(self.max_len, device=self.device)
 
     @torch.inference_mode()
-    def forward(self, ids: torch.Tensor, start: torch.Tensor,
-                features: bool = True) -> tuple[torch.Tensor, torch.Tensor | None]:
+    def forward(self, ids: torch.Tensor, start: torch.Tensor, features: bool = True,
+                span: int | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """`span`: attend over the first `span` cache positions only (a fixed int, so still capturable): a
+        profile's step then reads about as many keys as its context holds, as a server's paged attention does."""
         inner, n = self.model.model, ids.shape[1]
+        span = self.max_len if span is None else int(span)
+        key_index = self.key_index[:span]
         positions = start + torch.arange(n, device=self.device)
         cos, sin = self.cos[positions][None, None], self.sin[positions][None, None]
-        causal = self.key_index[None, :] <= positions[:, None]
+        causal = key_index[None, :] <= positions[:, None]
         hidden = inner.embed_tokens(ids)
         captured: dict[int, torch.Tensor] = {}
         last = len(self.layers) - 1
@@ -84,8 +100,8 @@ class StaticTarget:
             visible = causal
             window = getattr(attn, "sliding_window", None)
             if window is not None:
-                visible = visible & (positions[:, None] - self.key_index[None, :] < window)
-            hidden = hidden + _attend(attn, q, self.keys[i], self.values[i], visible)
+                visible = visible & (positions[:, None] - key_index[None, :] < window)
+            hidden = hidden + _attend(attn, q, self.keys[i][:, :, :span], self.values[i][:, :, :span], visible)
             hidden = hidden + layer.mlp(layer.post_attention_layernorm(hidden))
             if i in self.layer_ids and i != last:
                 captured[i] = hidden
