@@ -27,6 +27,10 @@ def test_the_tree_is_built_best_first() -> None:
     parents, depths, node_tokens = build_tree(log_probs, tokens, 4)
     assert parents == [-1, 0, 1, 0, 3] and depths == [0, 1, 2, 1, 2] and node_tokens == [-1, 10, 20, 11, 20]
     assert build_tree(log_probs, tokens, 2)[0] == [-1, 0, 1]
+    assert build_tree(log_probs, tokens, 3, spine=True)[0] == [-1, 0, 1, 0]  # the chain first, then b
+    flat = np.full((3, 4), -1.0, dtype=np.float32)  # a random drafter's flat rows: one level deep, unless spine
+    assert build_tree(flat, np.arange(12).reshape(3, 4), 4)[1] == [0, 1, 1, 1, 1]
+    assert build_tree(flat, np.arange(12).reshape(3, 4), 4, spine=True)[1] == [0, 1, 2, 3, 1]
     mask = ancestors(parents)
     assert mask[2].tolist() == [True, True, True, False, False] and mask[4].tolist() == [True, False, False,
                                                                                           True, True]
@@ -88,3 +92,4 @@ def test_simulated_acceptance_forces_k_along_the_best_path(models) -> None:
     assert loop.generate_tree(prompt, 30, 8, simulate_tau=1.0).acceptance_lengths == [1] * 29
     run = loop.generate_tree(prompt, 30, 8, simulate_tau=2.5, seed=4)
     assert set(run.acceptance_lengths[:-1]) <= {2, 3} and 3 in run.acceptance_lengths
+    assert set(loop.generate_tree(prompt, 30, 8, simulate_tau=4.0).acceptance_lengths[:-1]) == {4}

@@ -12,7 +12,10 @@ attention), the drafter projects the path's features.
 
 Simulated acceptance (`simulate_tau`): k - 1 drafts are accepted along the tree's best path (from the root, each
 node's best-scoring child), k drawn as speedup/simulate.py draws it, capped at the path's depth; the bonus is the
-target's argmax at the last node with the path's next token excluded (chain's rule, real-draft-token).
+target's argmax at the last node with the path's next token excluded (chain's rule, real-draft-token). A random
+drafter's distributions are flat, so its best-first tree is one level deep and no k > 2 could be forced; the
+simulated tree therefore takes the drafter's greedy chain as its spine first (its P nodes, then N - P best-first),
+the shape a confident trained drafter's tree has. The verify's cost is the same for any shape of N + 1 nodes.
 
 The drafter's forward and the target's verify are CUDA graphs on CUDA (one per budget); building the tree and
 walking it run on the host, with one device-to-host copy each (their time is reported: `host_s`).
@@ -41,29 +44,42 @@ class TreeRun(LoopRun):
     host_s: float
 
 
-def build_tree(log_probs: np.ndarray, tokens: np.ndarray, budget: int) -> tuple[list[int], list[int], list[int]]:
+def build_tree(log_probs: np.ndarray, tokens: np.ndarray, budget: int,
+               spine: bool = False) -> tuple[list[int], list[int], list[int]]:
     """DDTree's best-first tree from per-position top-k: log_probs, tokens [P, k] (k >= budget or the vocab),
-    sorted best first. Returns parents (node 0 is the root), depths and tokens of the N + 1 nodes, root first."""
+    sorted best first. Returns parents (node 0 is the root), depths and tokens of the N + 1 nodes, root first.
+    `spine`: the drafter's greedy chain (rank 0 at every depth) goes in first, the rest best-first (see
+    TreeLoop.generate_tree's simulate_tau)."""
     positions, width = log_probs.shape
     parents, depths, node_tokens, scores = [-1], [0], [-1], [np.float32(0.0)]
-    heap = [(-float(log_probs[0, 0]), 0, 1, 0, 0)] if positions else []  # (-score, order, depth, rank, parent)
-    order = 1
-    while heap and len(parents) <= budget:
-        _, _, depth, rank, parent = heapq.heappop(heap)
-        score = np.float32(scores[parent] + log_probs[depth - 1, rank])
-        node = len(parents)
+    heap: list[tuple[float, int, int, int, int]] = []  # (-score, order, depth, rank, parent)
+    order = 0
+
+    def push(depth: int, rank: int, parent: int) -> None:
+        nonlocal order
+        heapq.heappush(heap, (-float(np.float32(scores[parent] + log_probs[depth - 1, rank])), order, depth, rank,
+                              parent))
+        order += 1
+
+    def add(depth: int, rank: int, parent: int) -> int:
         parents.append(parent)
         depths.append(depth)
         node_tokens.append(int(tokens[depth - 1, rank]))
-        scores.append(score)
+        scores.append(np.float32(scores[parent] + log_probs[depth - 1, rank]))
         if rank + 1 < width:
-            sibling = np.float32(scores[parent] + log_probs[depth - 1, rank + 1])
-            heapq.heappush(heap, (-float(sibling), order, depth, rank + 1, parent))
-            order += 1
+            push(depth, rank + 1, parent)
+        return len(parents) - 1
+
+    chain = min(positions, budget) if spine else 0
+    for depth in range(1, chain + 1):
+        add(depth, 0, depth - 1)
+    if positions and chain < positions:
+        push(chain + 1, 0, chain)
+    while heap and len(parents) <= budget:
+        _, _, depth, rank, parent = heapq.heappop(heap)
+        node = add(depth, rank, parent)
         if depth < positions:
-            child = np.float32(score + log_probs[depth, 0])
-            heapq.heappush(heap, (-float(child), order, depth + 1, 0, node))
-            order += 1
+            push(depth + 1, 0, node)
     return parents, depths, node_tokens
 
 
@@ -143,7 +159,7 @@ class TreeLoop(StaticLoop):
             top = torch.log_softmax(self.draft_logits.float(), -1).topk(width, -1)
             values, tokens = top.values.cpu().numpy(), top.indices.cpu().numpy()  # host read 1
             clock = time.perf_counter()
-            parents, depths, node_tokens = build_tree(values, tokens, budget)
+            parents, depths, node_tokens = build_tree(values, tokens, budget, spine=simulate_tau is not None)
             size = len(parents)
             node_tokens[0] = out[-1]
             ids = np.zeros(budget + 1, dtype=np.int64)
