@@ -26,8 +26,9 @@ Shapes (random weights): `demo` (the demo's target and drafter shapes), `27b` (Q
 Gated DeltaNet hybrid, `--layers` of its 64 layers, its DFlash drafter's shape), `8b` (Qwen3-8B per-layer
 shape, pure attention, `--layers` of 36), `tiny` and `tiny-attention` (the smoke's). With fewer layers nothing
 is scaled: both sides are of the reduced model, so a cell validates the estimate for that model, and its
-speedup is not the full model's. DDTree: no live tree loop here yet (a pure-attention target could verify a
-tree under a tree mask), so no DDTree cell is measured. Each shape's section is printed (and recorded) as soon
+speedup is not the full model's. DDTree (`--budgets`, pure-attention shapes in the graph loop): the live tree
+loop of speedup/static_tree.py at the drafter's block (one target pass under a tree mask, the accepted path's keys
+compacted), its T_verify(N + 1) from the same profile. Each shape's section is printed (and recorded) as soon
 as it is done; `--max-seconds` starts no new cell past it.
 
     python benchmarks/speedup_validation.py --device cuda --shapes 8b,27b --seconds-per-size 1 --max-seconds 180 \
@@ -156,7 +157,8 @@ def two_profiles(target, context: int, sizes: list[int], args: argparse.Namespac
 def profile_lines(first: dict, second: dict, agreement: dict) -> list[str]:
     ratios = ", ".join(f"{n}: {r:.3f}" for n, r in sorted(agreement["ratios"].items(), key=lambda kv: int(kv[0])))
     unstable = sorted(set(first["spread"]["unstable"]) | set(second["spread"]["unstable"]))
-    return ["", f"Profile repeatability (extract/profile.py twice, run 2 / run 1 per verified size): {ratios}; "
+    return ["", f"Profile repeatability (extract/profile.py twice, method {first['method']}, run 2 / run 1 per "
+            f"verified size): {ratios}; "
             f"beyond 5%: {', '.join(agreement['beyond_5_percent']) or 'none'}; T_AR {first['t_ar_ms']:.2f} / "
             f"{second['t_ar_ms']:.2f} ms; sizes whose median CI stayed wider than ±2% at the cap: "
             f"{', '.join(map(str, unstable)) or 'none'}. Predictions use run 1."]
@@ -191,7 +193,8 @@ def static_rows(name: str, shape: dict, layers: int, target, drafter, prompts, r
         del eager
     autoregressive = pooled([loop.generate(p, args.new_tokens, 1) for p in prompts])
     ar_terms = loop.step_terms(1, args.repeats, args.seconds_per_size, at=context)
-    first, second, agreement = two_profiles(target, context, sorted({1, *blocks}), args)
+    trees = [n + 1 for n in args.budgets]
+    first, second, agreement = two_profiles(target, context, sorted({1, *blocks, *trees}), args)
     t_ar, verify = first["t_ar_ms"], first["t_verify_ms"]
     ar_loop, ar_host = ar_terms["verify"]["ms"], ar_terms["accept_host"]["ms"]
     kind = "CUDA graphs" if graphs else "static cache, eager (no graphs on this device)"
@@ -199,7 +202,7 @@ def static_rows(name: str, shape: dict, layers: int, target, drafter, prompts, r
             f"captured and warmed in {captured_s:.0f} s; graph replay against the eager static loop at block "
             f"{max(blocks)}, tau 4: {replay_check}), {args.prompts} prompts x {args.prompt_tokens} tokens, "
             f"{args.new_tokens} new tokens, profile context {context}. T_AR: the product's profile "
-            f"{t_ar:.2f} ms (HF eager); the loop's size-1 graph {ar_loop:.2f} ms + accept/host {ar_host:.2f} ms; "
+            f"{t_ar:.2f} ms ({first['method']}); the loop's size-1 graph {ar_loop:.2f} ms + accept/host {ar_host:.2f} ms; "
             f"the loop's autoregressive decode measured {autoregressive.ms_per_step:.2f} ms/token")
     rows = ["", head, *profile_lines(first, second, agreement), "",
             "| block | tau asked | tau realised | T_draft ms product / loop | T_verify(b) ms profile / loop | "
@@ -228,6 +231,53 @@ def static_rows(name: str, shape: dict, layers: int, target, drafter, prompts, r
                         f"{verify[str(block)]:.2f} / {check:.2f} | {host:.3f} | {run.ms_per_step:.2f} | "
                         f"{product:.2f} | {product_host:.2f} | {from_loop:.2f} | {with_host:.2f} | {measured:.2f} | "
                         f"{measured / product:.3f} | {measured / with_host:.3f} |")
+    if args.budgets:
+        rows += tree_rows(name, target, drafter, prompts, runner, features, tokens, context, args, autoregressive,
+                          first, deadline, skipped)
+    return rows
+
+
+def tree_rows(name: str, target, drafter, prompts, runner, features, tokens, context: int,
+              args: argparse.Namespace, autoregressive: LoopRun, profile: dict, deadline: float,
+              skipped: list[str]) -> list[str]:
+    """DDTree cells: the live tree loop (speedup/static_tree.py) at the drafter's block, per budget and tau."""
+    from dflash_eval.speedup.static_tree import TreeLoop
+
+    block = max(args.blocks)
+    built = time.perf_counter()
+    loop = TreeLoop(target, drafter, args.prompt_tokens + args.new_tokens + 1, block, args.budgets,
+                    graphs=torch.device(args.device).type == "cuda")
+    for budget in args.budgets:  # warm-up
+        loop.generate_tree(prompts[0], min(8, args.new_tokens), budget, 2.0)
+    t_ar, verify = profile["t_ar_ms"], profile["t_verify_ms"]
+    rows = ["", f"DDTree live loop (speedup/static_tree.py; drafter block {block}, its greedy chain as the "
+            f"simulated tree's spine; target draft and verify {'CUDA graphs' if loop.graphs else 'eager'}, tree "
+            f"built and walked on the host; captured and warmed in {time.perf_counter() - built:.0f} s). "
+            "Predicted (product) = tau x T_AR / (T_draft + T_verify(N + 1)) from the profile above; + host adds "
+            "the loop's measured host time per step (tree build and walk) to the denominator.", "",
+            "| budget N | tau asked | tau realised | T_draft ms | T_verify(N+1) ms | host ms/step | ms/step measured "
+            "| predicted (product) | predicted (product + host) | measured | measured / predicted (product) | "
+            "measured / predicted (+ host) |", "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    for budget in args.budgets:
+        for tau in args.taus:
+            label = f"{name} ddtree-{budget} tau {tau}"
+            if time.perf_counter() > deadline:
+                skipped.append(label)
+                continue
+            asked = None if tau == "live" else float(tau)
+            runs = [loop.generate_tree(p, args.new_tokens, budget, asked, 1000 * budget + i)
+                    for i, p in enumerate(prompts)]
+            run = pooled(runs)
+            host = 1e3 * sum(r.host_s for r in runs) / len(run.acceptance_lengths)
+            draft = product_draft_ms(runner, features, tokens, context, args, block, run.tau)
+            check = verify[str(budget + 1)]
+            product = expected_speedup(run.tau, t_ar, draft, check)
+            with_host = expected_speedup(run.tau, t_ar, draft + host, check)
+            measured = measured_speedup(autoregressive, run)
+            rows.append(f"| {budget} | {tau} | {run.tau:.2f} | {draft:.2f} | {check:.2f} | {host:.3f} | "
+                        f"{run.ms_per_step:.2f} | {product:.2f} | {with_host:.2f} | {measured:.2f} | "
+                        f"{measured / product:.3f} | {measured / with_host:.3f} |")
+    del loop
     return rows
 
 
@@ -318,6 +368,8 @@ def main() -> int:
                         help="graphs: the static-cache loop (CUDA graphs on CUDA; default there); eager: "
                              "dflash_generate (default on a CPU)")
     parser.add_argument("--blocks", type=lambda s: [int(x) for x in s.split(",")], default=[8, 16])
+    parser.add_argument("--budgets", type=lambda s: [int(x) for x in s.split(",") if x], default=[16, 64, 256],
+                        help="DDTree budgets (pure-attention shapes, graph loop; empty: none)")
     parser.add_argument("--taus", type=lambda s: s.split(","), default="2,4,6,8,10".split(","),
                         help="asked tau per cell (comma-separated; `live`: the drafter's own acceptance)")
     parser.add_argument("--prompts", type=int, default=2)
@@ -329,7 +381,7 @@ def main() -> int:
     parser.add_argument("--max-seconds", type=float, default=600.0,
                         help="start no new cell after this long (the skipped cells are listed)")
     parser.add_argument("--record", type=Path, default=ROOT / "benchmarks/results/speedup_validation.md")
-    smoke_mode(parser, device="cpu", shapes="tiny-attention,tiny", loop="graphs", blocks=[4], taus=["2"],
+    smoke_mode(parser, device="cpu", shapes="tiny-attention,tiny", loop="graphs", blocks=[4], taus=["2"], budgets=[6],
                prompts=1, prompt_tokens=12, new_tokens=12, repeats=2, seconds_per_size=0.2, record=None)
     args = parser.parse_args()
     device = torch.device(args.device)
@@ -353,7 +405,7 @@ def main() -> int:
             continue
         print_and_record(shape_rows(shape, args, device, dtype, deadline, skipped), args.record)
     print_and_record(["", f"wall {time.perf_counter() - began:.0f} s; not measured (past --max-seconds "
-                      f"{args.max_seconds:g}): {', '.join(skipped) or 'none'}; DDTree: no live tree loop yet"],
+                      f"{args.max_seconds:g}): {', '.join(skipped) or 'none'}"],
                      args.record)
     return 0
 

@@ -27,6 +27,8 @@ SCRIPTS = {
     "demo_build": ("| stage | seconds |", False, []),  # its smoke: 1 target step, 2 training sequences, 3 prompts
     "extract_speed": ("| backend | row | seq len |", False, []),
     "serving_profile": ("| tokens verified | run 1 ms |", False, []),
+    # issue 26: the profile twice in one process and once in each of two fresh processes (3 imports: ~25 s)
+    "profile_repeatability": ("| tokens verified | one process: run 1 ms |", False, []),
     "fetch_speed": ("| client | wall seconds per round |", False, []),
     "fidelity": ("| dtype | samples | equal step for step |", False, []),  # CPU, torch kernels, fp32, a tiny target
     "max_tokens_tail": ("| max_tokens | requests | cut at max_tokens |", False, []),  # tiny random target and drafter

@@ -4,6 +4,7 @@ import json
 import logging
 
 import pytest
+import torch
 
 from dflash_eval import methods
 from dflash_eval.cache.serving_profile import PROFILE_NAME, load_profile
@@ -65,3 +66,47 @@ def test_a_second_profile_is_compared_with_the_first_and_warned_about(tmp_path, 
     written = json.loads(path.read_text())
     assert written["previous"]["agree"] is False and written["previous"]["beyond_5_percent"] == ["1", "2"]
     assert "differ from the previous measurement by more than 5%" in caplog.text
+
+
+def _attention_target():
+    from transformers import Qwen3Config, Qwen3ForCausalLM
+
+    torch.manual_seed(0)
+    return Qwen3ForCausalLM(Qwen3Config(vocab_size=300, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                                        num_attention_heads=4, num_key_value_heads=2, head_dim=16)).eval()
+
+
+def test_the_static_cache_path_and_the_method_the_profile_names():
+    """On a CPU the default is the HF forward (no graphs); `static` runs the graphs' code path eagerly."""
+    target = _attention_target()
+    assert profiling.timing_method(target) == ("eager", "no CUDA graphs on this device")
+    profile = measure_target(target, context_tokens=40, repeats=2, verify_tokens=[3, 17], method="static")
+    assert profile["method"] == "static" and sorted(profile["t_verify_ms"], key=int) == ["1", "3", "17"]
+    assert all(profile["spread"]["repeats"][n] >= 3 for n in profile["t_verify_ms"])
+    assert profile["target"] == profiling.target_identity(target) and profile["target"].startswith("Qwen3ForCausalLM")
+    with pytest.raises(ValueError, match="one of graphs, static, eager"):
+        measure_target(target, 8, 1, [2], method="compiled")
+
+
+def test_the_total_cap_bounds_the_profile():
+    """With nothing left of the total, each size stops at 3 calls (the fewest a spread needs), unstable."""
+    profile = measure_target(_attention_target(), context_tokens=16, repeats=10, verify_tokens=[2, 4],
+                             total_seconds=0.0)
+    assert profile["spread"]["repeats"] == {"1": 3, "2": 3, "4": 3} and profile["spread"]["unstable"] == [1, 2, 4]
+    assert profile["total_seconds"] == 0.0
+
+
+def test_a_profile_of_another_target_is_not_compared(tmp_path, monkeypatch, caplog):
+    monkeypatch.setattr(profiling, "sizes_to_measure", lambda options: [1])
+    target = tiny_target().eval()
+    options = {"context_tokens": 16, "repeats": 1, "measure": True}
+    other = {"t_ar_ms": 1e-6, "t_verify_ms": {"1": 1e-6}, "device": "cpu", "context_tokens": 16,
+             "target": "another config sha256:0"}
+    (tmp_path / PROFILE_NAME).write_text(json.dumps(other))
+    assert "previous" not in json.loads(write_target_profile(target, tmp_path, options).read_text())
+    same = {**other, "target": profiling.target_identity(target), "method": "eager"}
+    (tmp_path / PROFILE_NAME).write_text(json.dumps(same))
+    with caplog.at_level(logging.WARNING):
+        written = json.loads(write_target_profile(target, tmp_path, options).read_text())
+    assert written["previous"]["found_at"] == str(tmp_path / PROFILE_NAME) and written["previous"]["agree"] is False
+    assert f"serving profile {tmp_path / PROFILE_NAME} (against the one it replaces, found there)" in caplog.text

@@ -119,3 +119,32 @@ def test_graph_replay_equals_the_eager_loop_on_cuda() -> None:
         assert a.acceptance_lengths == b.acceptance_lengths and torch.equal(a.output_ids, b.output_ids)
     expected = _reference(drafter, target, prompt, 30, 4, 2.6, seed=5)
     assert expected.acceptance_lengths == graphs.generate(prompt, 30, 4, 2.6, seed=5).acceptance_lengths
+
+
+def test_a_span_limited_step_equals_the_hf_forward() -> None:
+    """What the profile times (extract/profile.py, `graphs`/`static`): n tokens after a prefilled context over the
+    first ceil64(context + n) cache positions give the HF forward's logits for those tokens (fp32)."""
+    from dflash_eval.speedup.static_models import StaticTarget
+
+    target = _attention_target()
+    ids = torch.randint(0, 300, (1, 80), generator=torch.Generator().manual_seed(4))
+    static = StaticTarget(target, 192)
+    with torch.inference_mode():
+        static.forward(ids[:, :70], torch.zeros(1, dtype=torch.long), features=False)
+        logits, _ = static.forward(ids[:, 70:], torch.tensor([70]), features=False, span=128)
+        expected = target(ids).logits[0, 70:]
+        wrong, _ = static.forward(ids[:, 70:], torch.tensor([70]), features=False, span=64)  # cuts the context
+    torch.testing.assert_close(logits, expected, rtol=1e-4, atol=1e-4)
+    assert not torch.allclose(wrong, expected, rtol=1e-4, atol=1e-4)
+
+
+def test_which_targets_the_static_cache_runs() -> None:
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from dflash_eval.speedup.static_models import static_unsupported
+
+    assert static_unsupported(_attention_target()) is None
+    assert "Gated DeltaNet" in static_unsupported(tiny_target(seed=0))
+    llama = LlamaForCausalLM(LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+                                         num_attention_heads=2, num_key_value_heads=1))
+    assert "'llama'" in static_unsupported(llama)

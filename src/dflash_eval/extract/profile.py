@@ -1,15 +1,25 @@
 """Time one serving step of the target while extraction has it loaded: T_AR and T_verify(n).
 
-Batch 1, a KV cache prefilled with `context_tokens` random tokens; each timed forward appends n
-tokens to a copy of the prefilled cache, made untimed before each call. A DDTree of N nodes verifies N + 1 tokens
-under a tree mask; we time N + 1 tokens under the causal mask, the same matrix work (a tree
-mask's attention differs only in which scores it keeps). The result is written beside the cache
-as `serving_profile.json` (the format of cache/serving_profile.py) with each median's spread.
+Batch 1, a KV cache prefilled with `context_tokens` random tokens, each size n timed as a forward of n tokens at
+positions context..context+n-1, the way servers run decode where we can (`method` in the profile):
+- `graphs` (a pure-attention Qwen3-style target on CUDA): a static KV cache (speedup/static_models.py, the
+  validated loop's), each size captured as a CUDA graph and replayed; attention reads the first
+  ceil64(context + n) cache positions, about what a server's paged attention reads;
+- `eager` (otherwise: a Gated DeltaNet hybrid, another architecture, a CPU): the HF forward over a copy of the
+  prefilled DynamicCache, made untimed before each call.
+Either way each size repeats until the median's 95% CI is within ±2% of it (speedup/timing.py), capped at
+`SECONDS_PER_SIZE` and, over all sizes, `TOTAL_SECONDS` (the bound on the extract job's extra wall time, beside
+the graph captures: one per size, well under a second each); the profile says which sizes stopped at a cap.
+A DDTree of N nodes verifies N + 1 tokens under a tree mask; we time N + 1 tokens under the causal mask, the same
+matrix work. The result is written beside the cache as `serving_profile.json` (cache/serving_profile.py's format)
+with each median's spread, the target's identity, and the comparison with the profile it replaces when that one
+timed the same target on the same device (a warning names the file where they differ by more than 5%).
 """
 
 from __future__ import annotations
 
 import copy
+import hashlib
 import logging
 import time
 from collections.abc import Callable, Sequence
@@ -20,12 +30,15 @@ import torch
 
 from dflash_eval.cache.serving_profile import PROFILE_NAME, load_profile
 from dflash_eval.io_utils import atomic_write_json
+from dflash_eval.speedup.static_loop import capture
+from dflash_eval.speedup.static_models import StaticTarget, static_unsupported
 from dflash_eval.speedup.timing import compare, timed_ms, wanted
 
 log = logging.getLogger(__name__)
 
 CHAIN_BLOCKS = range(2, 17)  # every chain block of a drafter of block <= 16
 SECONDS_PER_SIZE = 4.0  # past this a size stops repeating, unstable (said in the profile)
+TOTAL_SECONDS = 90.0  # all sizes' repeats together: later sizes get what is left, shared evenly (at least 3 calls)
 
 
 def sizes_to_measure(options: dict[str, Any]) -> list[int]:
@@ -44,56 +57,114 @@ def sizes_to_measure(options: dict[str, Any]) -> list[int]:
 DEFAULT_VERIFY_TOKENS = sizes_to_measure({"ddtree_budgets": [8, 16, 32, 64, 128, 256, 512, 1024]})
 
 
-@torch.inference_mode()
-def measure_target(model: torch.nn.Module, context_tokens: int, repeats: int,
-                   verify_tokens: Sequence[int] = DEFAULT_VERIFY_TOKENS, seed: int = 0,
-                   seconds_per_size: float | None = None) -> dict[str, Any]:
-    """The target's step profile: t_ar_ms (= T_verify(1)), t_verify_ms per n, their spread and CIs."""
+def timing_method(model: torch.nn.Module) -> tuple[str, str]:
+    """(`graphs` or `eager`, why): graphs where the static cache runs the target's architecture on CUDA."""
+    device = next(model.parameters()).device
+    if device.type != "cuda":
+        return "eager", "no CUDA graphs on this device"
+    why = static_unsupported(model)
+    return ("eager", why) if why else ("graphs", "pure attention on CUDA: a static cache, one CUDA graph per size")
+
+
+def target_identity(model: torch.nn.Module) -> str:
+    """What makes two profiles comparable: the model's name or path and a hash of its config."""
+    config = model.config
+    text = config.to_json_string(use_diff=False) if hasattr(config, "to_json_string") else repr(config)
+    name = getattr(config, "_name_or_path", "") or type(model).__name__
+    return f"{name} config sha256:{hashlib.sha256(text.encode()).hexdigest()[:16]}"
+
+
+def _eager_steps(model: torch.nn.Module, ids: torch.Tensor, context: int):
+    """step(n) -> (call, setup): the HF forward over a fresh copy (setup) of a DynamicCache prefilled with
+    `context` tokens."""
     from transformers import DynamicCache
 
-    device = next(model.parameters()).device
-    vocab = int(model.get_input_embeddings().weight.shape[0])
-    generator = torch.Generator().manual_seed(seed)
-    ids = torch.randint(0, vocab, (1, context_tokens + max(verify_tokens)), generator=generator).to(device)
     prefilled = DynamicCache(config=model.config)
-    model(ids[:, :context_tokens], past_key_values=prefilled, use_cache=True)
+    model(ids[:, :context], past_key_values=prefilled, use_cache=True)
     cache = [prefilled]
 
     def fresh_cache() -> None:
         cache[0] = copy.deepcopy(prefilled)
 
-    def step(n: int) -> Callable[[], None]:
-        positions = torch.arange(context_tokens, context_tokens + n, device=device)[None]
+    def step(n: int) -> tuple[Callable[[], None], Callable[[], None] | None]:
+        positions = torch.arange(context, context + n, device=ids.device)[None]
 
         def forward() -> None:
-            model(ids[:, context_tokens:context_tokens + n], position_ids=positions, past_key_values=cache[0],
+            model(ids[:, context:context + n], position_ids=positions, past_key_values=cache[0],
                   use_cache=True, logits_to_keep=n)
-        return forward
+        return forward, fresh_cache
+    return step
 
+
+def _static_steps(model: torch.nn.Module, ids: torch.Tensor, context: int, graphs: bool):
+    """step(n): n tokens at context.. over a static cache prefilled with `context` tokens, a CUDA graph's replay
+    (`graphs`) or the same forward eagerly. Each call rewrites the same n cache rows: no copy between calls."""
+    width = -(-(ids.shape[1]) // 64) * 64
+    target = StaticTarget(model, width)
+    device = target.device
+    target.forward(ids[:, :context], torch.zeros(1, dtype=torch.long, device=device), features=False)
+    start = torch.full((1,), context, dtype=torch.long, device=device)
+
+    def step(n: int) -> tuple[Callable[[], None], None]:
+        span = min(width, -(-(context + n) // 64) * 64)
+        return capture(lambda: target.forward(ids[:, context:context + n], start, features=False, span=span),
+                       device, graphs), None
+    return step
+
+
+@torch.inference_mode()
+def measure_target(model: torch.nn.Module, context_tokens: int, repeats: int,
+                   verify_tokens: Sequence[int] = DEFAULT_VERIFY_TOKENS, seed: int = 0,
+                   seconds_per_size: float | None = None, method: str | None = None,
+                   total_seconds: float | None = None) -> dict[str, Any]:
+    """The target's step profile: t_ar_ms (= T_verify(1)), t_verify_ms per n, their spread and CIs.
+    `method`: `graphs`, `static` (the graphs' static cache run eagerly: their code path on a CPU) or `eager`;
+    default timing_method's choice."""
+    device = next(model.parameters()).device
+    chosen, why = timing_method(model)
+    if method is not None and method != chosen:
+        why = "asked"
+    method = method or chosen
+    if method not in ("graphs", "static", "eager"):
+        raise ValueError(f"profile timing method {method!r}: one of graphs, static, eager")
+    vocab = int(model.get_input_embeddings().weight.shape[0])
+    generator = torch.Generator().manual_seed(seed)
+    sizes = sorted({int(n) for n in verify_tokens} | {1})
+    ids = torch.randint(0, vocab, (1, context_tokens + max(sizes)), generator=generator).to(device)
     cap = SECONDS_PER_SIZE if seconds_per_size is None else seconds_per_size
-    verify, spread, ci, counts, unstable = {}, {}, {}, {}, []
+    total = TOTAL_SECONDS if total_seconds is None else total_seconds
     started = time.perf_counter()
-    for n in sorted({int(n) for n in verify_tokens} | {1}):
-        timing = timed_ms(step(n), device, repeats, setup=fresh_cache, budget_s=cap)
+    step = (_eager_steps(model, ids, context_tokens) if method == "eager"
+            else _static_steps(model, ids, context_tokens, graphs=method == "graphs"))
+    verify, spread, ci, counts, unstable = {}, {}, {}, {}, []
+    timing_s = 0.0
+    for i, n in enumerate(sizes):
+        share = max(0.0, total - timing_s) / (len(sizes) - i)  # what is left of the total, shared by the sizes left
+        run, setup = step(n)
+        began = time.perf_counter()
+        timing = timed_ms(run, device, repeats, setup=setup, budget_s=min(cap, share))
+        timing_s += time.perf_counter() - began
+        del run  # a graph's memory pool goes with it
         key = str(n)
         verify[key], spread[key], ci[key], counts[key] = (timing["ms"], [timing["min_ms"], timing["max_ms"]],
                                                           timing["ci95_ms"], timing["repeats"])
         if not timing["stable"]:
             unstable.append(n)
+    wall = time.perf_counter() - started
     name = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
-    log.info("target step profile: %d sizes in %.1f s; T_AR %.2f ms", len(verify), time.perf_counter() - started,
-             verify["1"])
+    log.info("target step profile (%s): %d sizes in %.1f s; T_AR %.3f ms", method, len(verify), wall, verify["1"])
     if unstable:
-        log.warning("target step profile: %d of %d sizes did not reach a median within ±2%% (95%% CI) in %g s each "
-                    "(%s tokens): their estimates are less certain than that", len(unstable), len(verify), cap,
-                    ", ".join(map(str, unstable)))
+        log.warning("target step profile: %d of %d sizes did not reach a median within ±2%% (95%% CI) within their "
+                    "cap (%g s each, %g s in all) (%s tokens): their estimates are less certain than that",
+                    len(unstable), len(verify), cap, total, ", ".join(map(str, unstable)))
     layer_types = getattr(getattr(model, "config", None), "layer_types", None) or []
     return {"source": "measured at extraction (dflash-eval extract/profile.py)", "device": name,
-            "context_tokens": context_tokens, "repeats": repeats, "seconds_per_size": cap,
-            "t_ar_ms": verify["1"], "t_verify_ms": verify, "hybrid": "linear_attention" in layer_types,
+            "target": target_identity(model), "method": method, "method_why": why,
+            "context_tokens": context_tokens, "repeats": repeats, "seconds_per_size": cap, "total_seconds": total,
+            "wall_s": wall, "t_ar_ms": verify["1"], "t_verify_ms": verify, "hybrid": "linear_attention" in layer_types,
             "spread": {"t_verify_ms": spread, "ci95_ms": ci, "repeats": counts, "unstable": unstable,
                        "note": "min and max of the repeats; distribution-free 95% CI of the median; a size is "
-                               "unstable where its CI was wider than ±2% when the time cap stopped it"},
+                               "unstable where its CI was wider than ±2% when a time cap stopped it"},
             "torch": torch.__version__}
 
 
@@ -110,13 +181,16 @@ def write_target_profile(model: torch.nn.Module, out: str | Path, options: dict[
         return None
     previous = _previous(path, profile)
     if previous is not None:  # the same target on the same device, measured before: does it repeat?
-        profile["previous"] = compare(previous["t_verify_ms"], profile["t_verify_ms"], f"serving profile {path}")
+        profile["previous"] = {**compare(previous["t_verify_ms"], profile["t_verify_ms"],
+                                         f"serving profile {path} (against the one it replaces, found there)"),
+                               "found_at": str(path), "method": previous.get("method")}
     atomic_write_json(path, profile)
     return path
 
 
 def _previous(path: Path, profile: dict[str, Any]) -> dict[str, Any] | None:
-    """The profile already at `path` if it timed the same device at the same context (else no comparison)."""
+    """The profile already at `path` if it timed the same target (when it says which) on the same device at the
+    same context (else no comparison)."""
     if not path.is_file():
         return None
     try:
@@ -124,5 +198,7 @@ def _previous(path: Path, profile: dict[str, Any]) -> dict[str, Any] | None:
     except Exception:  # noqa: BLE001  an unreadable old profile is replaced, not compared
         return None
     if old.get("device") != profile["device"] or old.get("context_tokens") != profile["context_tokens"]:
+        return None
+    if old.get("target") not in (None, profile["target"]):
         return None
     return {**old, "t_verify_ms": {str(n): ms for n, ms in old["t_verify_ms"].items()}}

@@ -37,6 +37,35 @@ class StaticRun(LoopRun):
     output_ids: torch.Tensor
 
 
+def capture(step: Callable[[], None], device: torch.device, graphs: bool = True,
+            reset: Callable[[], object] | None = None) -> Callable[[], None]:
+    """`step` as a CUDA graph's replay (its own memory pool: steps meet only through static buffers), or run
+    eagerly where there are no graphs (`graphs` false, or not CUDA). `reset` runs before each warm-up and the
+    capture (the buffers a step advances, e.g. the loop's start), so that the capture records a valid state."""
+    def eager() -> None:
+        with torch.inference_mode():
+            step()
+    if not graphs or device.type != "cuda":
+        return eager
+    with torch.inference_mode():  # the buffers are inference tensors: touched only in inference mode
+        stream = torch.cuda.Stream(device)
+        stream.wait_stream(torch.cuda.current_stream(device))
+        with torch.cuda.stream(stream):
+            for _ in range(2):  # warm-up outside the graph (kernel selection, lazy initialisation)
+                if reset:
+                    reset()
+                step()
+        torch.cuda.current_stream(device).wait_stream(stream)
+        if reset:
+            reset()
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            step()
+        if reset:
+            reset()
+    return graph.replay
+
+
 class StaticLoop:
     """The loop for one target (pure attention) and one DFlash drafter, at the block sizes `blocks` (and 1),
     for sequences of up to `max_len` tokens. `graphs`: capture each step as a CUDA graph (CUDA only)."""
@@ -107,27 +136,7 @@ class StaticLoop:
         block[:1].copy_(bonus)
 
     def _capture(self, step: Callable[[], None]) -> Callable[[], None]:
-        """`step` as a CUDA graph's replay (its own memory pool: steps meet only through the static buffers),
-        or run eagerly where there are no graphs."""
-        def eager() -> None:
-            with torch.inference_mode():
-                step()
-        if not self.graphs:
-            return eager
-        with torch.inference_mode():  # the buffers are inference tensors: touched only in inference mode
-            stream = torch.cuda.Stream(self.device)
-            stream.wait_stream(torch.cuda.current_stream(self.device))
-            with torch.cuda.stream(stream):
-                for _ in range(2):  # warm-up outside the graph (kernel selection, lazy initialisation)
-                    self.start.zero_()
-                    step()
-            torch.cuda.current_stream(self.device).wait_stream(stream)
-            self.start.zero_()
-            graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(graph):
-                step()
-            self.start.zero_()
-        return graph.replay
+        return capture(step, self.device, self.graphs, reset=self.start.zero_)
 
     @torch.inference_mode()
     def prefill(self, prompt: torch.Tensor, block: int) -> int:

@@ -37,6 +37,18 @@ def _tables(rotary: torch.nn.Module, length: int, like: torch.Tensor) -> tuple[t
     return cos[0], sin[0]
 
 
+def static_unsupported(model: torch.nn.Module) -> str | None:
+    """Why StaticTarget cannot run `model` (None when it can): it is written for Qwen3-style pure attention
+    (q/k RMSNorm, rotary, no recurrent layers); anything else is timed by the HF forward instead."""
+    config = getattr(model, "config", None)
+    if "linear_attention" in (getattr(config, "layer_types", None) or []):
+        return "a Gated DeltaNet hybrid (linear_attention layers): no position rollback of its recurrent state"
+    if getattr(config, "model_type", None) != "qwen3":
+        return (f"model_type {getattr(config, 'model_type', None)!r}: the static cache is written for Qwen3-style "
+                "attention (qwen3) only")
+    return None
+
+
 class StaticTarget:
     """A Qwen3-style pure-attention causal LM (e.g. Qwen3ForCausalLM) over a preallocated KV cache of
     `max_len` positions. `forward(ids, start)` runs ids [1, n] at positions start..start+n-1 (start: a long
@@ -63,12 +75,26 @@ class StaticTarget:
         self.key_index = torch.arange(self.max_len, device=self.device)
 
     @torch.inference_mode()
-    def forward(self, ids: torch.Tensor, start: torch.Tensor,
-                features: bool = True) -> tuple[torch.Tensor, torch.Tensor | None]:
+    def forward(self, ids: torch.Tensor, start: torch.Tensor, features: bool = True, span: int | None = None,
+                tree: tuple[torch.Tensor, torch.Tensor] | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """`span`: attend over the first `span` cache positions only (a fixed int, so still capturable): a
+        profile's step then reads about as many keys as its context holds, as a server's paged attention does.
+        `tree` = (depths [n], ancestors [n, n] bool, ancestor-or-self): ids are a tree's nodes in cache slots
+        start..start+n-1 at positions start + depth, each seeing the context before start and its ancestors."""
         inner, n = self.model.model, ids.shape[1]
-        positions = start + torch.arange(n, device=self.device)
+        span = self.max_len if span is None else int(span)
+        key_index = self.key_index[:span]
+        slots = start + torch.arange(n, device=self.device)
+        if tree is None:
+            positions = slots
+            causal = key_index[None, :] <= positions[:, None]
+        else:
+            depths, ancestors = tree
+            positions = start + depths
+            relative = key_index - start
+            inside = (relative >= 0) & (relative < n)
+            causal = (relative < 0)[None, :] | (ancestors[:, relative.clamp(0, n - 1)] & inside[None, :])
         cos, sin = self.cos[positions][None, None], self.sin[positions][None, None]
-        causal = self.key_index[None, :] <= positions[:, None]
         hidden = inner.embed_tokens(ids)
         captured: dict[int, torch.Tensor] = {}
         last = len(self.layers) - 1
@@ -79,13 +105,13 @@ class StaticTarget:
             k = attn.k_norm(attn.k_proj(x).view(1, n, -1, attn.head_dim)).transpose(1, 2)
             v = attn.v_proj(x).view(1, n, -1, attn.head_dim).transpose(1, 2)
             q, k = _rope(q, cos, sin), _rope(k, cos, sin)
-            self.keys[i].index_copy_(2, positions, k)
-            self.values[i].index_copy_(2, positions, v)
+            self.keys[i].index_copy_(2, slots, k)
+            self.values[i].index_copy_(2, slots, v)
             visible = causal
             window = getattr(attn, "sliding_window", None)
-            if window is not None:
-                visible = visible & (positions[:, None] - self.key_index[None, :] < window)
-            hidden = hidden + _attend(attn, q, self.keys[i], self.values[i], visible)
+            if window is not None:  # (a tree's nodes lie within its depth of the root: slots only overestimate)
+                visible = visible & (positions[:, None] - key_index[None, :] < window)
+            hidden = hidden + _attend(attn, q, self.keys[i][:, :, :span], self.values[i][:, :, :span], visible)
             hidden = hidden + layer.mlp(layer.post_attention_layernorm(hidden))
             if i in self.layer_ids and i != last:
                 captured[i] = hidden
@@ -96,6 +122,13 @@ class StaticTarget:
         if not (features and self.layer_ids):
             return logits, None
         return logits, torch.cat([captured[i] for i in self.layer_ids], dim=-1)[0]
+
+
+    def compact(self, start: int, slots: torch.Tensor) -> None:
+        """Move the keys and values of cache `slots` (an accepted tree path, root first) to start, start+1, ..."""
+        target = start + torch.arange(slots.shape[0], device=self.device)
+        for cache in (*self.keys, *self.values):
+            cache.index_copy_(2, target, cache.index_select(2, slots))
 
 
 class StaticDrafter:
@@ -140,6 +173,12 @@ class StaticDrafter:
     @torch.inference_mode()
     def draft(self, features: torch.Tensor, ctx_start: torch.Tensor, bonus: torch.Tensor,
               start: torch.Tensor, block: int) -> torch.Tensor:
+        return self.draft_logits(features, ctx_start, bonus, start, block).argmax(-1)
+
+    @torch.inference_mode()
+    def draft_logits(self, features: torch.Tensor, ctx_start: torch.Tensor, bonus: torch.Tensor,
+                     start: torch.Tensor, block: int) -> torch.Tensor:
+        """The block's logits for positions 1..b-1 [b-1, V] (a DDTree is built from them: static_tree.py)."""
         self._write_context(features, ctx_start)
         ids = torch.full((1, block), self.mask_token_id, device=self.device, dtype=torch.long)
         ids[0, :1] = bonus
@@ -166,4 +205,4 @@ class StaticDrafter:
             hidden = hidden + _attend(attn, _rope(q, cos, sin), self.keys[i], self.values[i], visible)
             hidden = hidden + layer.mlp(layer.post_attention_layernorm(hidden))
         hidden = self.drafter.norm(hidden)[:, 1:]
-        return self.drafter.compute_logits(hidden, self.head)[0].argmax(-1)
+        return self.drafter.compute_logits(hidden, self.head)[0]
