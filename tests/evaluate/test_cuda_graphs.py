@@ -11,8 +11,10 @@ import torch
 from dflash_eval.evaluate import packed
 from dflash_eval.evaluate.blocks import BlockDrafter
 from dflash_eval.evaluate.cuda_graphs import (
+    ROUTES,
     GraphedForward,
     eager_capture,
+    graph_options,
     queries_bucket,
 )
 from dflash_eval.evaluate.packed import (
@@ -143,6 +145,26 @@ def test_an_exact_token_padding_keeps_the_round_s_tokens():
     graphed = GraphedForward(runner, pool, cos, sin, [64], eager_capture, exact_tokens=True)
     assert graphed.padding(SIZE, SLOT).tokens == int(SIZE.sum())
     assert graphed.padding(np.repeat(SIZE, 2), np.repeat(SLOT, 2)) is None  # 80 > 64
+
+
+def test_the_config_key_picks_a_route_on_cuda_only_and_every_route_is_a_valid_evaluator():
+    runner = _runner()
+    cuda = torch.device("cuda")
+    assert graph_options("round_tokens", torch.device("cpu"), runner) == {}  # a CPU evaluation stays eager
+    assert graph_options("none", cuda, runner) == {}
+    assert graph_options("padded", cuda, runner) == ROUTES["padded"]
+    assert graph_options("round_tokens", cuda, _runner(dflash2=True)) == {}  # shapes vary per round: eager
+    with pytest.raises(ValueError, match="evaluation.cuda_graphs: 'on'"):
+        graph_options("on", cuda, runner)
+    for route in ROUTES:
+        TrajectoryEvaluator(runner, STOPS, graph_capture=eager_capture, **ROUTES[route])
+
+
+def test_the_schema_defines_the_key_once_default_none():
+    from dflash_eval import config as cfg
+
+    schema = cfg.stage_schema("evaluate")["properties"]["cuda_graphs"]
+    assert schema["default"] == "none" and set(schema["enum"]) == set(ROUTES)
 
 
 def test_graphs_are_refused_where_shapes_vary():

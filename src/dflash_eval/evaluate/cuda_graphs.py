@@ -35,6 +35,13 @@ from dflash_eval.evaluate.packed import (
 )
 from dflash_eval.evaluate.transfer import to_device
 
+# evaluation.cuda_graphs (the schema's key): the TrajectoryEvaluator options of each route. "padded": graphs at a few
+# size classes (rounds padded up to them); "round_tokens": a graph per round's own flat token count, at most 64.
+ROUTES: dict[str, dict] = {
+    "none": {},
+    "padded": {"cuda_graph_tokens": [512, 1024, 2048, 4096]},
+    "round_tokens": {"cuda_graph_tokens": [4096], "graph_exact_tokens": True, "max_graphs": 64},
+}
 Capture = Callable[[Callable[[], torch.Tensor]], Callable[[], torch.Tensor]]
 MIN_QUERIES = 16  # queries per group are padded to a power of two, at least this (fewer graphs)
 
@@ -58,6 +65,16 @@ def cuda_capture(pool) -> Capture:
             return out
         return replay
     return capture
+
+
+def graph_options(route: str | None, device: torch.device, drafter: BlockDrafter) -> dict:
+    """The evaluator's options for evaluation.cuda_graphs `route`: none off CUDA (a graph is a CUDA feature; the
+    CPU's stand-in would only add copies) and for drafters whose shapes vary per round (GraphedForward.supports)."""
+    if route not in ROUTES:
+        raise ValueError(f"evaluation.cuda_graphs: {route!r} is not one of {sorted(ROUTES)}")
+    if device.type != "cuda" or not GraphedForward.supports(drafter):
+        return {}
+    return dict(ROUTES[route])
 
 
 def eager_capture(forward: Callable[[], torch.Tensor]) -> Callable[[], torch.Tensor]:
