@@ -17,6 +17,7 @@ profiled run).
 from __future__ import annotations
 
 import argparse
+import signal
 import time
 from collections import defaultdict
 from pathlib import Path
@@ -291,6 +292,10 @@ def main(argv: list[str] | None = None) -> None:
              "|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     print("| methods | samples | wall s | (the columns of the table below)", flush=True)
     details: list[str] = []
+
+    def stop(signum, frame) -> None:  # a `timeout` kill: unwind, so that the finally below records what was measured
+        raise SystemExit(f"stopped by signal {signum}")
+    previous = signal.signal(signal.SIGTERM, stop)
     try:  # what was measured is recorded even if a later tau fails or the call is cut
         for index, tau in enumerate(args.taus):
             if out_of_time():
@@ -347,6 +352,7 @@ def main(argv: list[str] | None = None) -> None:
                     details += graph_check(runner, chosen, methods, args.rows, args.graph_tokens, args.max_graphs)
                     details.append("")
     finally:
+        signal.signal(signal.SIGTERM, previous)
         lines += ["", "Kernel seconds are the profiled run's (its samples); the wall, % of peak and the launch-bound "
                   "share are the unprofiled run's (each round timed; a round ends in a read of its results).", *details]
         print_and_record(lines, args.record)
