@@ -29,6 +29,7 @@ from torch.autograd import DeviceType
 from torch.profiler import ProfilerActivity, profile
 
 from dflash_eval.evaluate.blocks import BlockDrafter
+from dflash_eval.evaluate.cuda_graphs import ROUTES
 from dflash_eval.evaluate.trajectory import TrajectoryEvaluator
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -258,8 +259,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--graph-check", action="store_true",
                         help="after the first tau: eager against both CUDA graph routes, bf16 steps and speed")
     parser.add_argument("--graph-samples", type=int, default=None, help="samples of the graph check (default: all)")
-    parser.add_argument("--graph-tokens", type=int, nargs="+", default=[512, 1024, 2048, 4096])
-    parser.add_argument("--max-graphs", type=int, default=64)
+    parser.add_argument("--graph-tokens", type=int, nargs="+", default=ROUTES["padded"]["cuda_graph_tokens"],
+                        help="size classes of the padded route; the largest also bounds the per-round route")
+    parser.add_argument("--max-graphs", type=int, default=ROUTES["round_tokens"]["max_graphs"])
     parser.add_argument("--time-cap", type=float, default=None, help="seconds: no new tau, set or check past it")
     parser.add_argument("--record", type=Path, default=ROOT / "benchmarks/results/round_profile.md")
     smoke_mode(parser, argv, device="cpu", shape="demo", samples=1, seq_len=32, rows=64, sets=["chain-B", "default"],
