@@ -11,8 +11,10 @@ import torch
 from dflash_eval.evaluate import packed
 from dflash_eval.evaluate.blocks import BlockDrafter
 from dflash_eval.evaluate.cuda_graphs import (
+    ROUTES,
     GraphedForward,
     eager_capture,
+    graph_options,
     queries_bucket,
 )
 from dflash_eval.evaluate.packed import (
@@ -108,6 +110,61 @@ def test_the_evaluator_with_graphs_takes_todays_steps(sizes):
         assert evaluator.counts.graph_replays == evaluator.counts.forwards
     else:
         assert evaluator.counts.graph_replays < evaluator.counts.forwards
+
+
+def test_exact_token_graphs_take_todays_steps_one_graph_per_token_count_up_to_the_cap():
+    """exact_tokens: every captured forward has the eager forward's own flat token count (its GEMMs' rows); past
+    max_graphs distinct shapes a round runs eagerly; the steps stay today's."""
+    runner = _runner()
+    sequences = _sequences(runner)
+    options = dict(blocks_per_forward=128, pool_slots=4, head_split=2)
+    today = TrajectoryEvaluator(runner, STOPS, range(2, BLOCK + 1), BUDGETS, TOPK, **options)
+    expected = dict(today.run(_specs(sequences)))
+    seen = []
+
+    def capture(forward):
+        seen.append(None)
+        return forward
+    for cap in (None, 2):
+        evaluator = TrajectoryEvaluator(runner, STOPS, range(2, BLOCK + 1), BUDGETS, TOPK, cuda_graph_tokens=[4096],
+                                        graph_capture=capture, graph_exact_tokens=True, max_graphs=cap, **options)
+        results = dict(evaluator.run(_specs(sequences)))
+        for key in expected:
+            assert results[key].steps == expected[key].steps, key
+        tokens = {padding_tokens for padding_tokens, _, _ in evaluator.graphed.graphs}
+        assert all(t < 4096 for t in tokens)  # no padding to the size class
+        if cap is None:
+            assert evaluator.counts.graph_replays == evaluator.counts.forwards and len(evaluator.graphed.graphs) > 2
+        else:
+            assert len(evaluator.graphed.graphs) == 2 < len(seen) - 2
+            assert 0 < evaluator.counts.graph_replays < evaluator.counts.forwards
+
+
+def test_an_exact_token_padding_keeps_the_round_s_tokens():
+    runner, pool, tokens, cos, sin = _pool(None)
+    graphed = GraphedForward(runner, pool, cos, sin, [64], eager_capture, exact_tokens=True)
+    assert graphed.padding(SIZE, SLOT).tokens == int(SIZE.sum())
+    assert graphed.padding(np.repeat(SIZE, 2), np.repeat(SLOT, 2)) is None  # 80 > 64
+
+
+def test_the_config_key_picks_a_route_on_cuda_only_and_every_route_is_a_valid_evaluator():
+    runner = _runner()
+    cuda = torch.device("cuda")
+    assert graph_options("round_tokens", torch.device("cpu"), runner) == {}  # a CPU evaluation stays eager
+    assert graph_options("none", cuda, runner) == {}
+    assert graph_options("padded", cuda, runner) == ROUTES["padded"]
+    assert graph_options("round_tokens", cuda, _runner(dflash2=True)) == {}  # shapes vary per round: eager
+    with pytest.raises(ValueError, match="evaluation.cuda_graphs: 'on'"):
+        graph_options("on", cuda, runner)
+    for route in ROUTES:
+        TrajectoryEvaluator(runner, STOPS, graph_capture=eager_capture, **ROUTES[route])
+
+
+def test_the_schema_defines_the_key_once_default_none():
+    from dflash_eval import config as cfg
+
+    schema = cfg.stage_schema("evaluate")["properties"]["cuda_graphs"]
+    assert schema["default"] == "none" and set(schema["enum"]) == set(ROUTES)
 
 
 def test_graphs_are_refused_where_shapes_vary():

@@ -35,6 +35,13 @@ from dflash_eval.evaluate.packed import (
 )
 from dflash_eval.evaluate.transfer import to_device
 
+# evaluation.cuda_graphs (the schema's key): the TrajectoryEvaluator options of each route. "padded": graphs at a few
+# size classes (rounds padded up to them); "round_tokens": a graph per round's own flat token count, at most 64.
+ROUTES: dict[str, dict] = {
+    "none": {},
+    "padded": {"cuda_graph_tokens": [512, 1024, 2048, 4096]},
+    "round_tokens": {"cuda_graph_tokens": [4096], "graph_exact_tokens": True, "max_graphs": 64},
+}
 Capture = Callable[[Callable[[], torch.Tensor]], Callable[[], torch.Tensor]]
 MIN_QUERIES = 16  # queries per group are padded to a power of two, at least this (fewer graphs)
 
@@ -60,6 +67,16 @@ def cuda_capture(pool) -> Capture:
     return capture
 
 
+def graph_options(route: str | None, device: torch.device, drafter: BlockDrafter) -> dict:
+    """The evaluator's options for evaluation.cuda_graphs `route`: none off CUDA (a graph is a CUDA feature; the
+    CPU's stand-in would only add copies) and for drafters whose shapes vary per round (GraphedForward.supports)."""
+    if route not in ROUTES:
+        raise ValueError(f"evaluation.cuda_graphs: {route!r} is not one of {sorted(ROUTES)}")
+    if device.type != "cuda" or not GraphedForward.supports(drafter):
+        return {}
+    return dict(ROUTES[route])
+
+
 def eager_capture(forward: Callable[[], torch.Tensor]) -> Callable[[], torch.Tensor]:
     """A stand-in for a graph that runs the forward eagerly on the fixed inputs at each replay: on a CPU it tests
     the padding and the inputs' copies, everything a graph replay adds but the replay itself."""
@@ -81,9 +98,14 @@ class GraphedForward:
     per (token size, queries per group, attention kind); `capture` makes one (cuda_capture on CUDA)."""
 
     def __init__(self, drafter: BlockDrafter, pool: ContextPool, cos: torch.Tensor, sin: torch.Tensor,
-                 token_sizes: Sequence[int], capture: Capture) -> None:
+                 token_sizes: Sequence[int], capture: Capture, exact_tokens: bool = False,
+                 max_graphs: int | None = None) -> None:
         self.drafter, self.pool, self.cos, self.sin = drafter, pool, cos, sin
         self.sizes = sorted({int(s) for s in token_sizes})
+        # exact_tokens: a graph per round's own flat token count (up to max(token_sizes)), so that every GEMM runs
+        # over the eager forward's rows (the same kernels, the same rounding); only the attention's groups, queries
+        # and context are padded. max_graphs: past that many graphs a new shape runs eagerly.
+        self.exact_tokens, self.max_graphs = exact_tokens, max_graphs
         self.capture = capture
         self.graphs: dict[tuple[int, int, bool], Captured] = {}
         self.slots = pool.keys[0].shape[0]
@@ -100,7 +122,10 @@ class GraphedForward:
     def padding(self, size: np.ndarray, slot: np.ndarray) -> Padding | None:
         """The fixed shapes for this round's blocks, or None when no captured size holds its tokens."""
         tokens = int(size.sum())
-        fits = next((s for s in self.sizes if s >= tokens), None)
+        if self.exact_tokens:
+            fits = tokens if tokens <= self.sizes[-1] else None
+        else:
+            fits = next((s for s in self.sizes if s >= tokens), None)
         if fits is None:
             return None
         queries = int(np.bincount(slot, weights=size, minlength=self.slots).max())
@@ -116,6 +141,8 @@ class GraphedForward:
         # The eager path's choice of attention, from the real queries (the padded ones are more)
         fused = fused and int(np.bincount(slot, weights=size).max()) >= packed.FUSED_MIN_QUERIES
         key = (padding.tokens, padding.queries, fused)
+        if key not in self.graphs and self.max_graphs is not None and len(self.graphs) >= self.max_graphs:
+            return None
         if key not in self.graphs:
             started = self._clock()
             self.graphs[key] = self._capture(padding, fused)

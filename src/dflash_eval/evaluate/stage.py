@@ -48,6 +48,7 @@ from dflash_eval.config import verify_schemes
 from dflash_eval.errors import DflashEvalError
 from dflash_eval.evaluate import acceptance, rejection_metrics
 from dflash_eval.evaluate.blocks import BlockDrafter
+from dflash_eval.evaluate.cuda_graphs import graph_options
 from dflash_eval.evaluate.draft_timing import time_on_cache as time_drafter_on_cache
 from dflash_eval.evaluate.drafter import load_drafter
 from dflash_eval.evaluate.gpu import claim_device
@@ -186,7 +187,8 @@ def run_evaluation(settings: dict, hidden: str, completions: str,
             continue
         specs.append(SampleSpec(sample_id, int(entry["length"]), loader(sample_id, record)))
         order.append((sample_id, entry))
-    evaluator = TrajectoryEvaluator(runner, set(stops), block_sizes, budgets, topk, settings["blocks_per_forward"])
+    evaluator = TrajectoryEvaluator(runner, set(stops), block_sizes, budgets, topk, settings["blocks_per_forward"],
+                                    **graph_options(settings.get("cuda_graphs") or "none", device, runner))
     results = dict(tqdm(evaluator.run(specs), total=len(specs), unit="sample",
                         desc=f"evaluate {settings['drafter']} on {settings['dataset']}"))
     agree, seen = agreement["agree"], agreement["seen"]

@@ -118,7 +118,9 @@ class TrajectoryEvaluator:
     so that the next round often needs no forward (a late round's forward is launch-bound, not compute-bound);
     `cuda_graph_tokens`: forwards of at most max(these) flat tokens replay a CUDA graph of the drafter forward
     captured at the smallest of these sizes that holds them (cuda_graphs.py; `graph_capture` None: a real graph on
-    CUDA, the eager stand-in elsewhere; not with flex attention, "row" groups or DFlash2's convolution).
+    CUDA, the eager stand-in elsewhere; not with flex attention, "row" groups or DFlash2's convolution);
+    `graph_exact_tokens`: a graph per forward's own flat token count instead (GEMMs over the eager rows),
+    `max_graphs`: at most that many graphs, later new shapes run eagerly.
     """
 
     def __init__(self, drafter: BlockDrafter, stop_ids: set[int], block_sizes: Sequence[int] = (),
@@ -126,7 +128,8 @@ class TrajectoryEvaluator:
                  pool_slots: int | None = None, head_split: int | None = 4, pool_bytes: int | None = None,
                  attention_groups: str = "slot", fused_attention: bool | None = None,
                  flex_attention: bool = False, tree_host_reads: bool | None = None, lookahead_below: int = 0,
-                 cuda_graph_tokens: Sequence[int] = (), graph_capture: Capture | None = None) -> None:
+                 cuda_graph_tokens: Sequence[int] = (), graph_capture: Capture | None = None,
+                 graph_exact_tokens: bool = False, max_graphs: int | None = None) -> None:
         self.drafter = drafter
         self.stop_ids = set(stop_ids)
         self.block = drafter.block_size
@@ -160,6 +163,7 @@ class TrajectoryEvaluator:
             raise ValueError("cuda_graph_tokens: not with flex attention, 'row' attention groups or a drafter with "
                              "DFlash2's block convolution (their shapes vary per round)")
         self.graph_capture = graph_capture
+        self.graph_exact_tokens, self.max_graphs = graph_exact_tokens, max_graphs
         self.graphed: GraphedForward | None = None
 
     # -- the pool ------------------------------------------------------------------------------
@@ -179,7 +183,8 @@ class TrajectoryEvaluator:
         if self.graph_tokens:
             capture = self.graph_capture or (cuda_capture(torch.cuda.graph_pool_handle())
                                              if self.device.type == "cuda" else eager_capture)
-            self.graphed = GraphedForward(self.drafter, self.pool, cos, sin, self.graph_tokens, capture)
+            self.graphed = GraphedForward(self.drafter, self.pool, cos, sin, self.graph_tokens, capture,
+                                          self.graph_exact_tokens, self.max_graphs)
         methods = len(self.names)
         self.keys: list[str | None] = [None] * slots
         self.tokens = np.full((slots, width), -1, dtype=np.int64)      # -1 past a sample's end: no true token
