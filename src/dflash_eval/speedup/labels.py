@@ -6,6 +6,7 @@ FORMULA = "tau_token_weighted x T_AR / (T_draft + T_verify(n))"
 TAU_CONVENTION = "token-weighted tau (tokens / verification steps, the bonus token included)"
 # the `source` of an estimate, short (summary.csv's speedup_source): who measured the target's and the drafter's step
 USER, MEASURED = "user profile", "measured by us"
+USER_SGLANG = "user profile (SGLang)"  # a user profile that dflash-eval profile-server measured on their SGLang
 NO_PROFILE, NO_DRAFT_TIME = "no profile", "no drafter step time"
 
 
