@@ -23,6 +23,9 @@ from pathlib import Path
 from typing import Any
 
 from dflash_eval import completions
+from dflash_eval.cache.serving_profile import check_profile
+from dflash_eval.errors import DflashEvalError
+from dflash_eval.io_utils import read_json_object
 from dflash_eval.methods import chain_method
 from dflash_eval.speedup import labels
 
@@ -166,6 +169,15 @@ def lines(entries: dict[str, dict[str, Any]]) -> list[str]:
         if engine["requests_without_timing"]:
             notes.append(f"- {dataset}: {engine['requests_without_timing']} request(s) without timing left out.")
     return out + [""] + notes + ([""] if notes else [])
+
+
+def load_profile(path: str | Path) -> dict[str, Any]:
+    """A profile-server file, checked as a serving profile (errors name the file and field) and by its format."""
+    data = read_json_object(Path(path))
+    if data.get("format") != labels.SERVER_PROFILE_FORMAT:
+        raise DflashEvalError(f"{path}: not a dflash-eval profile-server file (format {data.get('format')!r}, want "
+                              f"{labels.SERVER_PROFILE_FORMAT!r})")
+    return check_profile(data, path)
 
 
 def _tau(metrics: dict[str, Any] | None, method: str) -> float | None:

@@ -21,7 +21,6 @@ from dflash_eval.io_utils import (
     atomic_write_text,
 )
 from dflash_eval.report import backends, engine_timing, markdown, plots, summary, trust
-from dflash_eval.server.profile import load as load_server_profile
 
 log = logging.getLogger(__name__)
 
@@ -55,7 +54,7 @@ def run(args: argparse.Namespace) -> int:
                         args.transitions or settings.get("transitions"))
     panel["engine_timing"] = engine_timing.panel({e.key: e.metrics for e in evaluations}, settings, args.completions)
     if args.server_profile:
-        panel["server_profile"] = engine_timing.profile_panel(load_server_profile(args.server_profile),
+        panel["server_profile"] = engine_timing.profile_panel(engine_timing.load_profile(args.server_profile),
                                                               {e.key: e.metrics for e in evaluations}, settings)
     panel["warnings"] = markdown.trust_warnings(panel)
     comparisons = backends.load(args.backend_comparisons)

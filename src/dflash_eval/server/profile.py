@@ -55,11 +55,12 @@ from dflash_eval.server.control import ServerController, server_paused
 from dflash_eval.server.http import auth_headers, http_request
 from dflash_eval.server.kinds import Managed
 from dflash_eval.server.signals import sigterm_raises
+from dflash_eval.speedup.labels import SERVER_PROFILE_FORMAT
 from dflash_eval.stats import median_ci
 
 log = logging.getLogger(__name__)
 
-FORMAT = "dflash-eval server profile 1"
+FORMAT = SERVER_PROFILE_FORMAT
 ENGINE = "sglang"
 SWITCH = "SGLANG_SIMULATE_ACC_LEN"  # speculative/spec_utils.py, read once at import: each value is a restart
 SPEC_FLAG = "--speculative-"
@@ -306,16 +307,6 @@ def prompts_from(path: str | Path, count: int) -> list[list[int]]:
     if not out:
         raise DflashEvalError(f"{path}: no completion records, so no prompt to time the server with")
     return out
-
-
-def load(path: str | Path) -> dict[str, Any]:
-    """A profile-server file, checked as a serving profile (its errors name the file and field) and by its format."""
-    from dflash_eval.io_utils import read_json_object
-
-    data = read_json_object(Path(path))
-    if data.get("format") != FORMAT:
-        raise DflashEvalError(f"{path}: not a profile-server file (format {data.get('format')!r}, want {FORMAT!r})")
-    return check_profile(data, path)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
