@@ -61,6 +61,7 @@ include: "workflow/rules/fetch.smk"
 include: "workflow/rules/extract.smk"
 include: "workflow/rules/evaluate.smk"
 include: "workflow/rules/backends.smk"
+include: "workflow/rules/profile.smk"
 include: "workflow/rules/report.smk"
 
 

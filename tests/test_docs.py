@@ -29,7 +29,7 @@ def _names(schema: dict) -> set[str]:
     return names
 
 
-@pytest.mark.parametrize("stage", ["server", "fetch", "extract", "evaluate"])
+@pytest.mark.parametrize("stage", ["server", "fetch", "extract", "evaluate", "profile_server"])
 def test_every_setting_of_a_stage_is_documented_and_nothing_else(stage):
     schema = cfg.stage_schema(stage)
     quoted = set(re.findall(r'"(\w+)"', _bullet(stage)))

@@ -353,7 +353,7 @@ def drafter_layer_ids(config: dict, drafter: str) -> list[int]:
 NAME = {"type": "string", "minLength": 1}
 LAYER_IDS = {"type": "array", "items": {"type": "integer", "minimum": 0}, "minItems": 1}
 CHECKPOINT_KEYS = ("path", "layout", "config", "trained_with", "allow_pickle", "step")  # + layer_ids, last_layer: resolved
-STAGES = ("server", "fetch", "extract", "evaluate", "report")
+STAGES = ("server", "fetch", "extract", "evaluate", "report", "profile_server")
 
 
 def _properties(section: str) -> dict:
@@ -394,6 +394,8 @@ def stage_schema(stage: str) -> dict:
     server = {"type": "object", "description": "server settings (see the server section)"}
     if stage == "server":
         return top["server"]
+    if stage == "profile_server":  # dflash-eval profile-server: the server it restarts and how it times it
+        return _object({"server": server, **_properties("profile_server")}, required=("server",))
     if stage == "fetch":
         return _object({"dataset": NAME, "tokenizer": target_path, "server": server, **_dataset_properties(), **fetch},
                        required=("dataset", "server", "tokenizer"))
@@ -602,9 +604,13 @@ def report_settings(config: dict) -> dict:
     }
 
 
+def profile_server_settings(config: dict) -> dict:
+    return {"server": server_settings(config), **config["profile_server"]}
+
+
 # the builder of each stage's settings from config.yaml, for settings_from_args
 _BUILDERS = {server_settings: "server", fetch_settings: "fetch", extract_settings: "extract",
-             evaluate_settings: "evaluate", report_settings: "report"}
+             evaluate_settings: "evaluate", report_settings: "report", profile_server_settings: "profile_server"}
 
 
 def settings_json(settings: dict) -> str:

@@ -29,6 +29,7 @@ rule report:
         hidden=report_caches,
         completions=expand(COMPLETIONS, dataset=list(config["datasets"])),
         backends=backend_comparisons,
+        server_profile=server_profile_inputs,
     output:
         **REPORT_OUTPUTS,
     log:
@@ -40,8 +41,9 @@ rule report:
         plot_dir=plot_dir,
         code=code_fingerprint("report"),
         failed=REPORT_FAILED,
+        server_profile=server_profile_arg,
     shell:
         "dflash-eval --log {log} report --settings {params.settings:q} --metrics {input.metrics}"
         " --hidden {input.hidden} --completions {input.completions} --csv {output.csv} --md {output.md}"
-        " --trust {output.trust} --plot-dir {params.plot_dir} --backend-comparisons {input.backends} 2>> {log}"
+        " --trust {output.trust} --plot-dir {params.plot_dir} --backend-comparisons {input.backends} {params.server_profile} 2>> {log}"
         " || {{ date -u +%Y-%m-%dT%H:%M:%SZ > {params.failed}; exit 1; }}"

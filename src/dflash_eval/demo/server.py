@@ -39,6 +39,7 @@ wait for the engine, SGLang's scheduler queue) and `decode_throughput` ((complet
 the first token). `SGLANG_SIMULATE_ACC_LEN` (with `_METHOD` match-expected and `_TOKEN_MODE` fixed or
 real-draft-token) forces the committed length per verification step as 0.5.23's DFlash worker does
 (`simulation_from_env`; docs/server.md gives the semantics and the source lines).
+/generate honours `sampling_params.ignore_eos` (SGLang's: decode to max_new_tokens; dflash-eval profile-server sends it).
 """
 
 from __future__ import annotations
@@ -174,14 +175,20 @@ class Engine:
             self.first_token_at = time.perf_counter()
 
     def timed_generate(self, prompt_ids: list[int], max_new_tokens: int, drawn: dict[str, Any] | None,
-                       received: float) -> tuple[list[int], dict[str, Any] | None, dict[str, float]]:
+                       received: float, ignore_eos: bool = False
+                       ) -> tuple[list[int], dict[str, Any] | None, dict[str, float]]:
         """generate() with its meta_info timing (seconds since `received`, the request's arrival): e2e_latency,
         and with --enable-metrics first_token_latency, queue_time and decode_throughput, as 0.5.23 computes them
         (sglang/srt/observability/req_time_stats.py: get_e2e_latency, get_first_token_latency, get_decode_throughput)."""
         with self.lock:
             started = time.perf_counter()
             self.first_token_at = None
-            completion, spec = self.generate(prompt_ids, max_new_tokens, drawn)
+            stops = self.stops
+            self.stops = [] if ignore_eos else stops  # SGLang's sampling_params.ignore_eos: run to max_new_tokens
+            try:
+                completion, spec = self.generate(prompt_ids, max_new_tokens, drawn)
+            finally:
+                self.stops = stops
             finished, first = time.perf_counter(), self.first_token_at
         timing = {"e2e_latency": finished - received}
         if self.args.enable_metrics:
@@ -391,8 +398,9 @@ class Handler(BaseHTTPRequestHandler):
         max_tokens = int(params.get("max_new_tokens", 128))
         completion, spec, timing = engine.timed_generate([int(t) for t in prompt], max_tokens,
                                                          sampling_request(params, params.get("sampling_seed")),
-                                                         received)
-        meta = check_fields({"id": "gen-0", "finish_reason": finish(completion, engine.stops, max_tokens),
+                                                         received, ignore_eos=bool(params.get("ignore_eos")))
+        stops = [] if params.get("ignore_eos") else engine.stops
+        meta = check_fields({"id": "gen-0", "finish_reason": finish(completion, stops, max_tokens),
                              "prompt_tokens": len(prompt), "completion_tokens": len(completion), **(spec or {}),
                              **timing}, "MetaInfo")
         return 200, {"text": engine.tokenizer.decode(completion, skip_special_tokens=True),

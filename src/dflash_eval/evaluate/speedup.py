@@ -13,8 +13,9 @@ from typing import Any
 
 from dflash_eval.cache.serving_profile import PROFILE_NAME, load_profile
 from dflash_eval.methods import chain_method
-from dflash_eval.speedup.labels import MEASURED, USER, source_label
+from dflash_eval.speedup.labels import MEASURED, source_label
 from dflash_eval.speedup.model import speedup_section
+from dflash_eval.speedup.model import target_kind as kind_of
 
 
 def profiles_for(settings: dict[str, Any], hidden: str | Path) -> tuple[dict | None, str]:
@@ -51,7 +52,7 @@ def estimate(settings: dict[str, Any], hidden: str | Path, methods: dict[str, di
     `time_drafter(projections(methods))` times the step at each block size the methods draft
     ({"by_block": {b: timing}, "device", "context_tokens"}; None where speedup.measure says not to)."""
     target, target_source = profiles_for(settings, hidden)
-    target_kind = None if target is None else USER if (settings.get("speedup") or {}).get("profile") else MEASURED
+    target_kind = None if target is None else kind_of(target, bool((settings.get("speedup") or {}).get("profile")))
     timing, draft_ms, draft_kind = None, None, None
     if target is not None and target.get("t_draft_ms") is not None:
         draft_ms, draft_source, draft_kind = target["t_draft_ms"], target_source, target_kind

@@ -528,6 +528,7 @@ def render(rows: list[dict], evaluations: list[Evaluation], settings: dict, pane
     lines += temperature_lines(rows, panel)
     lines += speedup_lines(rows, evaluations, settings)
     lines += engine_timing.lines(panel.get("engine_timing") or {})  # the real engine's step time beside it
+    lines += engine_timing.profile_lines(panel.get("server_profile"))  # profile-server's, beside the estimate
     shorter = [r for r in rows if not headline(r)]
     if shorter:
         lines += ["## Chain drafting with shorter blocks, z-lab mean", "",

@@ -39,6 +39,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--trust", help="output JSON: the trust panel, machine-readable")
     parser.add_argument("--backend-comparisons", nargs="*", default=[],
                         help="compare-backends results (results/backends/{drafter}/{dataset}/{dtype}.json)")
+    parser.add_argument("--server-profile", help="dflash-eval profile-server's JSON (results/server_profile.json), "
+                                                 "set beside the estimate (profile_server.enabled)")
     parser.add_argument("--plot-dir", required=True, help="output folder of the plots: " + ", ".join(
         plot.file for plot in plots.PLOTS.values()))
 
@@ -51,6 +53,9 @@ def run(args: argparse.Namespace) -> int:
     panel = trust.panel(evaluations, settings, args.hidden, args.completions,
                         args.transitions or settings.get("transitions"))
     panel["engine_timing"] = engine_timing.panel({e.key: e.metrics for e in evaluations}, settings, args.completions)
+    if args.server_profile:
+        panel["server_profile"] = engine_timing.profile_panel(engine_timing.load_profile(args.server_profile),
+                                                              {e.key: e.metrics for e in evaluations}, settings)
     panel["warnings"] = markdown.trust_warnings(panel)
     comparisons = backends.load(args.backend_comparisons)
     if comparisons:

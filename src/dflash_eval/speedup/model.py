@@ -25,12 +25,26 @@ import math
 from typing import Any
 
 from dflash_eval import methods
-from dflash_eval.speedup.labels import FORMULA, TAU_CONVENTION
+from dflash_eval.speedup.labels import (
+    FORMULA,
+    MEASURED,
+    TAU_CONVENTION,
+    USER,
+    USER_SGLANG,
+)
 
 HYBRID_TREE_NOTE = ("DDTree on this Gated DeltaNet hybrid target is priced as a causal pass of N + 1 tokens: "
                     "such a target cannot verify a tree in one causal pass (its recurrent state is per branch), "
                     "and as of SGLang 0.5.23 no engine we know verifies trees on GDN hybrids; an upper bound on "
                     "what a tree could give there, not a served configuration")
+
+
+def target_kind(profile: dict[str, Any], named_by_user: bool) -> str:
+    """Who measured a target profile: the user (their `speedup.profile`; USER_SGLANG when dflash-eval profile-server
+    measured it on their SGLang, its `engine: sglang`) or us at extraction (MEASURED)."""
+    if not named_by_user:
+        return MEASURED
+    return USER_SGLANG if profile.get("engine") == "sglang" else USER
 
 
 def verify_ms(profile: dict[str, Any], tokens: int) -> float | None:
