@@ -24,7 +24,7 @@ COMMANDS: dict[str, tuple[str, str, str, str]] = {
     "evaluate": ("dflash_eval.evaluate.command", "add_arguments", "run", "evaluate one drafter on one dataset"),
     "gpu-placements": ("dflash_eval.evaluate.placement", "add_arguments", "run",
                        "check the GPU claims evaluations recorded: which job ran on which GPU, none two at once"),
-    "profile-server": ("dflash_eval.server.profile", "add_arguments", "run",
+    "profile-server": ("dflash_eval.tools.profile_server", "add_arguments", "run",
                        "measure T_AR and T_step at forced acceptance lengths on the managed SGLang server"),
     "report": ("dflash_eval.report.stage", "add_arguments", "run", "summary tables and plots"),
 }

@@ -10,6 +10,7 @@ from dflash_eval.fetch.prompts import load_prompts, order_free_digest
 from dflash_eval.report.plots import PLOTS
 from dflash_eval.provenance.code_version import code_fingerprint
 from dflash_eval.provenance.fingerprint import FingerprintCache
+from dflash_eval.tools import profile_server as server_profile
 
 RESULTS = "results"
 LOGS = f"{RESULTS}/logs"
@@ -284,3 +285,20 @@ def evaluation_member(drafter: str, dataset: str) -> str:
             "samples": SAMPLES.format(drafter=drafter, dataset=dataset),
         }
     )
+
+
+# profile.smk, opt-in: the server profile's path, its load-time checks, and how the report takes the file.
+SERVER_PROFILE = f"{RESULTS}/server_profile.json"  # profile_server -> report
+
+_profile_problems = server_profile.problems(config)
+if _profile_problems:
+    raise DflashEvalError(f"{CONFIG_SOURCE}: " + "; ".join(_profile_problems))
+
+
+def server_profile_inputs(wildcards=None) -> list[str]:
+    """The report's profile-server input: the file when profile_server.enabled, else none."""
+    return [SERVER_PROFILE] if config["profile_server"]["enabled"] else []
+
+
+def server_profile_arg(wildcards, input) -> str:
+    return f"--server-profile {input.server_profile}" if input.server_profile else ""

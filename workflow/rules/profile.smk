@@ -2,24 +2,6 @@
 # on the managed server, restarting it once per setting (the configured server is paused meanwhile and restored
 # after). Its JSON feeds the report (the profile beside the estimate). server_lock keeps it apart from fetch and
 # extraction. docs/speedup.md, "The real engine's own numbers".
-from dflash_eval.server import profile as server_profile
-
-SERVER_PROFILE = f"{RESULTS}/server_profile.json"  # profile_server -> report
-
-_profile_problems = server_profile.problems(config)
-if _profile_problems:
-    raise DflashEvalError(f"{CONFIG_SOURCE}: " + "; ".join(_profile_problems))
-
-
-def server_profile_inputs(wildcards=None) -> list[str]:
-    """The report's profile-server input: the file when profile_server.enabled, else none."""
-    return [SERVER_PROFILE] if config["profile_server"]["enabled"] else []
-
-
-def server_profile_arg(wildcards, input) -> str:
-    return f"--server-profile {input.server_profile}" if input.server_profile else ""
-
-
 if config["profile_server"]["enabled"]:
 
     rule profile_server:

@@ -7,7 +7,7 @@ TAU_CONVENTION = "token-weighted tau (tokens / verification steps, the bonus tok
 # the `source` of an estimate, short (summary.csv's speedup_source): who measured the target's and the drafter's step
 USER, MEASURED = "user profile", "measured by us"
 USER_SGLANG = "user profile (SGLang)"  # a user profile that dflash-eval profile-server measured on their SGLang
-SERVER_PROFILE_FORMAT = "dflash-eval server profile 1"  # that file's `format` (server/profile.py writes it)
+SERVER_PROFILE_FORMAT = "dflash-eval server profile 1"  # that file's `format` (tools/profile_server.py writes it)
 NO_PROFILE, NO_DRAFT_TIME = "no profile", "no drafter step time"
 
 

@@ -13,8 +13,8 @@ from dflash_eval.bench import fixtures
 from dflash_eval.cache.serving_profile import check_profile
 from dflash_eval.config import stage_settings
 from dflash_eval.errors import DflashEvalError
-from dflash_eval.server import profile as sp
 from dflash_eval.server.control import ServerController
+from dflash_eval.tools import profile_server as sp
 from tests.fetch.test_sglang import tiny_drafter_dir
 from tests.support import servers as hs
 
