@@ -53,9 +53,11 @@ def evaluate(out: Path, max_tokens: int, drafter_names: list[str], prompts: int 
     from dflash_eval.evaluate.all_anchor import evaluate_sample
     from dflash_eval.evaluate.blocks import BlockDrafter
     from dflash_eval.evaluate.drafter import load_drafter
+    from dflash_eval.extract.backends import bind_backend
     from dflash_eval.fetch.prompts import load_prompts
     from dflash_eval.stats import tau_stats
 
+    bind_backend("torch", "cpu")  # the target runs on the CPU: never fla's Triton kernels, wherever fla imports
     tokenizer = AutoTokenizer.from_pretrained(out / "target")
     target = AutoModelForCausalLM.from_pretrained(out / "target", dtype=torch.float32).eval()
     eos = int(target.generation_config.eos_token_id)

@@ -111,22 +111,41 @@ def run_jobs(args: argparse.Namespace, k: int, records: Path) -> tuple[float, li
     os.environ["DFLASH_EVAL_GPU_LOCKS"] = environment["DFLASH_EVAL_GPU_LOCKS"]  # forked jobs read it here
 
     def one(index: int) -> dict:
-        record, out = records / f"job{index}{placement.SUFFIX}", records / f"job{index}.out.json"
-        if args.fake_gpus:
-            status = os.waitpid(_forked(args, str(record), str(out)), 0)[1]
-            if os.waitstatus_to_exitcode(status) != 0:
-                raise RuntimeError(f"job {index} failed (exit status {status}; its traceback is above)")
-            return json.loads(out.read_text())
+        record = records / f"job{index}{placement.SUFFIX}"
         done = subprocess.run([*command, "--worker", str(record)], capture_output=True, text=True, env=environment)
         if done.returncode != 0:
             raise RuntimeError(f"job {index} failed:\n{done.stderr[-3000:]}")
         return json.loads(done.stdout.strip().splitlines()[-1])
 
+    if args.fake_gpus:  # fake GPUs have no utilisation to sample: no sampler thread beside the forks
+        sampler = placement.UtilisationSampler(command=["nvidia-smi-not-sampled-for-fake-gpus"])
+        started = time.perf_counter()
+        outputs = _run_forked(args, k, records)
+        return time.perf_counter() - started, outputs, sampler
     with placement.UtilisationSampler(interval_s=args.sample_s) as sampler, ThreadPoolExecutor(k) as pool:
         started = time.perf_counter()
         outputs = list(pool.map(one, range(args.jobs)))
         wall = time.perf_counter() - started
     return wall, outputs, sampler
+
+
+def _run_forked(args: argparse.Namespace, k: int, records: Path) -> list[dict]:
+    """The jobs forked from this thread, at most `k` at once, none while another thread runs: filelock (4.x, which
+    huggingface_hub imports) refuses an os.fork made while another thread is inside one."""
+    paths = [(str(records / f"job{i}{placement.SUFFIX}"), records / f"job{i}.out.json") for i in range(args.jobs)]
+    pending, running = list(range(args.jobs)), {}
+    while pending or running:
+        while pending and len(running) < k:
+            index = pending.pop(0)
+            running[_forked(args, paths[index][0], str(paths[index][1]))] = index
+        for pid in list(running):
+            done, status = os.waitpid(pid, os.WNOHANG)
+            if done:
+                index = running.pop(pid)
+                if os.waitstatus_to_exitcode(status) != 0:
+                    raise RuntimeError(f"job {index} failed (exit status {status}; its traceback is above)")
+        time.sleep(0.01)
+    return [json.loads(out.read_text()) for _, out in paths]
 
 
 def visible_gpus(args: argparse.Namespace) -> int:

@@ -30,6 +30,7 @@ from evaluator_speed import SHAPES, drafter_config
 
 from dflash_eval.evaluate.blocks import BlockDrafter
 from dflash_eval.evaluate.draft_timing import drafter_step_ms
+from dflash_eval.extract.backends import bind_backend
 from dflash_eval.extract.profile import DEFAULT_VERIFY_TOKENS, measure_target
 from dflash_eval.speedup.timing import compare
 
@@ -54,8 +55,7 @@ def main() -> int:
                seconds_per_size=0.05, sizes=[1, 2, 9], dtype="float32", record=None)
     args = parser.parse_args()
     device = torch.device(args.device)
-    if device.type == "cuda":
-        import fla  # noqa: F401  transformers binds Gated DeltaNet to fla's kernels when it imports
+    bind_backend("fla" if device.type == "cuda" else "torch", device)  # chosen here, not by what imports
     started = time.perf_counter()
     model = build_target(target_config(args.layers, args.hidden, args.vocab), device, getattr(torch, args.dtype))
     built = time.perf_counter() - started

@@ -11,6 +11,7 @@ import pandas as pd
 
 from dflash_eval.config import stage_settings
 from dflash_eval.io_utils import atomic_write_json, sha256_file
+from dflash_eval.report import stage as report_stage
 
 SETTINGS = stage_settings("report", {  # as the workflow hands them: the schema's defaults filled in
     "drafters": {"step-1000": {"step": 1000, "layer_ids": [1, 3]},
@@ -153,12 +154,17 @@ def write_trust_inputs(root: Path, draft_path: str = "/srv/step-1000") -> tuple[
 
 def report_args(root: Path, metrics: list[Path], settings: dict = SETTINGS, hidden: list[Path] = (),
                 completions: list[Path] = (), transitions: Path | None = None,
-                backend_comparisons: list[Path] = ()) -> argparse.Namespace:
-    return argparse.Namespace(settings=json.dumps(settings), config=None, metrics=[str(p) for p in metrics],
-                              hidden=[str(p) for p in hidden], completions=[str(p) for p in completions],
-                              transitions=None if transitions is None else str(transitions),
-                              csv=str(root / "summary.csv"), md=str(root / "summary.md"), trust=str(root / "trust.json"),
-                              plot_dir=str(root / "plots"), backend_comparisons=[str(p) for p in backend_comparisons])
+                backend_comparisons: list[Path] = (), server_profile: Path | None = None) -> argparse.Namespace:
+    """The report's arguments as its own parser reads them (so every option it has gets its default here too)."""
+    argv = ["--settings", json.dumps(settings), "--metrics", *map(str, metrics), "--hidden", *map(str, hidden),
+            "--completions", *map(str, completions), "--csv", str(root / "summary.csv"),
+            "--md", str(root / "summary.md"), "--trust", str(root / "trust.json"), "--plot-dir", str(root / "plots"),
+            "--backend-comparisons", *map(str, backend_comparisons)]
+    argv += ["--transitions", str(transitions)] if transitions is not None else []
+    argv += ["--server-profile", str(server_profile)] if server_profile is not None else []
+    parser = argparse.ArgumentParser()
+    report_stage.add_arguments(parser)
+    return parser.parse_args(argv)
 
 
 # -- reading the markdown back

@@ -69,6 +69,7 @@ def build_tiny_target(out_dir: Path, seed: int = 0) -> Path:
 
 
 HELPER_SCRIPT = Path(__file__).resolve()
+TORCH_SERVE = Path(__file__).resolve().with_name("torch_serve.py")  # transformers serve, torch Gated DeltaNet bound
 BUSY_MIB, FREE_MIB = 80000, 1000
 _SHARED: dict[str, object] = {}
 
@@ -155,6 +156,7 @@ def shared_transformers_server(base: Path) -> dict:
 
     Built once (the model and the settings; the server itself is launched by whoever first needs it,
     through ServerController), since each start of `transformers serve` costs seconds of imports.
+    It runs with the torch Gated DeltaNet path bound (tests/support/torch_serve.py), also where fla imports.
     OMP_NUM_THREADS=1: with two cores shared by several processes, torch's default two OpenMP threads
     made a 16-token greedy request 100x slower (spin-waiting), 15 s instead of 0.1 s. HF_HUB_CACHE points at
     a directory that does not exist, so what /v1/models lists does not depend on this machine's hub cache.
@@ -166,7 +168,7 @@ def shared_transformers_server(base: Path) -> dict:
         port = free_port()
         command = (
             f"HF_HUB_OFFLINE=1 HF_HUB_CACHE={base / 'no-hub-cache'} OMP_NUM_THREADS=1 "
-            f"exec {sys.executable} -m transformers.cli.transformers serve "
+            f"exec {sys.executable} {TORCH_SERVE} serve "
             f"--host 127.0.0.1 --port {port} --device cpu {model_dir}"
         )
         _SHARED["settings"] = {

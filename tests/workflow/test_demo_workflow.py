@@ -13,7 +13,11 @@ import pandas as pd
 import pytest
 import yaml
 
-from tests.support.servers import check_down_around_extraction, group_members
+from tests.support.servers import (
+    TORCH_SERVE,
+    check_down_around_extraction,
+    group_members,
+)
 from tests.support.tiny import build_demo_target, tiny_drafter_config
 
 REPO = Path(__file__).resolve().parents[2]
@@ -55,7 +59,8 @@ def workdir(tmp_path_factory):
     settings.pop("demo")
     settings["target"]["path"] = str(target_dir)
     settings["server"].update(base_url=f"http://127.0.0.1:{port}", health_timeout_s=600,
-                              command=f"transformers serve --port {port} --device cpu --dtype float32 {target_dir}")
+                              command=f"{sys.executable} {TORCH_SERVE} serve --port {port} --device cpu --dtype float32 "
+                                      f"{target_dir}")
     settings["fetch"].update(max_tokens=12, concurrency=2)
     settings["datasets"] = {"tiny": {"prompts": str(root / "prompts.jsonl")}}
     settings["evaluation"]["bootstrap"] = 50
