@@ -51,6 +51,7 @@ from record import (  # benchmarks/record.py (the script's own folder)
 from dflash_eval.demo.live_loop import is_hybrid, measured_speedup, run_loop
 from dflash_eval.evaluate.blocks import BlockDrafter
 from dflash_eval.evaluate.draft_timing import drafter_step_ms
+from dflash_eval.evaluate.draft_timing import timing_method as draft_timing_method
 from dflash_eval.extract.backends import bind_backend
 from dflash_eval.extract.profile import measure_target
 from dflash_eval.speedup.loop_run import LoopRun
@@ -165,10 +166,12 @@ def profile_lines(first: dict, second: dict, agreement: dict) -> list[str]:
 
 
 def product_draft_ms(runner, features, tokens, context: int, args: argparse.Namespace, block: int,
-                     tau: float) -> float:
-    """T_draft as evaluation times it (evaluate/draft_timing.py): block b, round(tau) new context rows."""
+                     tau: float, target_method: str) -> float:
+    """T_draft as evaluation times it (evaluate/draft_timing.py): block b, round(tau) new context rows, the
+    method chosen as evaluation chooses it from the target profile's (graphs beside a graph-timed T_AR)."""
+    method, why = draft_timing_method(runner, tokens.device, target_method)
     return drafter_step_ms(runner, features, tokens[:context + 1], context, args.repeats, block,
-                           max(1, round(tau)))["ms"]
+                           max(1, round(tau)), method, why)["ms"]
 
 
 def static_rows(name: str, shape: dict, layers: int, target, drafter, prompts, runner, features, tokens,
@@ -203,7 +206,8 @@ def static_rows(name: str, shape: dict, layers: int, target, drafter, prompts, r
             f"{max(blocks)}, tau 4: {replay_check}), {args.prompts} prompts x {args.prompt_tokens} tokens, "
             f"{args.new_tokens} new tokens, profile context {context}. T_AR: the product's profile "
             f"{t_ar:.2f} ms ({first['method']}); the loop's size-1 graph {ar_loop:.2f} ms + accept/host {ar_host:.2f} ms; "
-            f"the loop's autoregressive decode measured {autoregressive.ms_per_step:.2f} ms/token")
+            f"the loop's autoregressive decode measured {autoregressive.ms_per_step:.2f} ms/token; the product's "
+            f"T_draft timed {draft_timing_method(runner, device, first['method'])[0]} (evaluate/draft_timing.py)")
     rows = ["", head, *profile_lines(first, second, agreement), "",
             "| block | tau asked | tau realised | T_draft ms product / loop | T_verify(b) ms profile / loop | "
             "accept+host ms | ms/step measured | predicted (product) | predicted (product + host) | "
@@ -221,7 +225,8 @@ def static_rows(name: str, shape: dict, layers: int, target, drafter, prompts, r
             asked = None if tau == "live" else float(tau)
             run = pooled([loop.generate(p, args.new_tokens, block, asked, 1000 * block + i)
                           for i, p in enumerate(prompts)])
-            product_draft = product_draft_ms(runner, features, tokens, context, args, block, run.tau)
+            product_draft = product_draft_ms(runner, features, tokens, context, args, block, run.tau,
+                                             first["method"])
             product = expected_speedup(run.tau, t_ar, product_draft, verify[str(block)])
             product_host = expected_speedup(run.tau, t_ar + ar_host, product_draft + host, verify[str(block)])
             from_loop = expected_speedup(run.tau, ar_loop, draft, check)
@@ -269,7 +274,7 @@ def tree_rows(name: str, target, drafter, prompts, runner, features, tokens, con
                     for i, p in enumerate(prompts)]
             run = pooled(runs)
             host = 1e3 * sum(r.host_s for r in runs) / len(run.acceptance_lengths)
-            draft = product_draft_ms(runner, features, tokens, context, args, block, run.tau)
+            draft = product_draft_ms(runner, features, tokens, context, args, block, run.tau, profile["method"])
             check = verify[str(budget + 1)]
             product = expected_speedup(run.tau, t_ar, draft, check)
             with_host = expected_speedup(run.tau, t_ar, draft + host, check)
@@ -308,7 +313,7 @@ def eager_rows(name: str, shape: dict, layers: int, target, drafter, prompts, ru
                 continue
             asked = None if tau == "live" else float(tau)
             run = pooled(loops(drafter, target, prompts, args.new_tokens, block, asked, 1000 * block))
-            draft = product_draft_ms(runner, features, tokens, context, args, block, run.tau)
+            draft = product_draft_ms(runner, features, tokens, context, args, block, run.tau, first["method"])
             predicted = expected_speedup(run.tau, t_ar, draft, verify[str(block)])
             replay = replay_ms(run, block, verify) if hybrid else 0.0
             with_replay = expected_speedup(run.tau, t_ar, draft + replay, verify[str(block)]) if hybrid else None

@@ -6,7 +6,12 @@ import pytest
 import torch
 
 from dflash_eval.evaluate.blocks import BlockDrafter
-from dflash_eval.evaluate.draft_timing import drafter_step_ms, time_on_cache
+from dflash_eval.evaluate.draft_timing import (
+    drafter_step_ms,
+    static_step,
+    time_on_cache,
+    timing_method,
+)
 from tests.support.tiny import MASK_ID, tiny_drafter, tiny_target
 
 LAYERS = [0, 2]
@@ -63,3 +68,71 @@ def test_not_timed_on_a_cpu_with_measure_auto_or_false():
     for measure in ("auto", False):
         assert time_on_cache(None, cache, LAYERS, torch.device("cpu"), torch.float32, {"measure": measure},
                              {4: 1}) is None
+
+
+def _sample():
+    tokens = torch.randint(2, 290, (20,), generator=torch.Generator().manual_seed(0))
+    features = torch.randn(20, 64 * len(LAYERS), generator=torch.Generator().manual_seed(1))
+    return features, tokens
+
+
+@pytest.mark.parametrize(("anchor", "block", "project"), [(12, 4, 1), (12, 3, 5), (19, 2, 2), (3, 4, 4)])
+def test_the_static_step_drafts_what_the_evaluators_step_drafts(anchor, block, project):
+    """The graphs' step (the validated loop's static drafter) does the evaluator's work: the same drafts at the
+    same anchor, block and projection, in fp32 on the CPU (its code path, run eagerly)."""
+    runner = _runner()
+    features, tokens = _sample()
+    with torch.inference_mode():
+        context = runner.context(features[:anchor + 1])
+        hidden = runner.block_hidden(context, tokens[:anchor + 1], torch.tensor([anchor]), block, ctx_len=anchor)
+        expected = runner.logits(hidden).argmax(-1)[0]
+    step, drafts = static_step(runner, features, tokens, anchor, block, project, graphs=True)  # no graphs on a CPU
+    step()
+    assert torch.equal(drafts(), expected)
+
+
+def test_the_method_follows_the_target_profile_and_the_device():
+    runner = _runner()
+    assert timing_method(runner, torch.device("cpu"), "graphs") == ("eager", "no CUDA graphs on this device")
+    cuda = torch.device("cuda")
+    assert timing_method(runner, cuda, "graphs")[0] == "graphs" and timing_method(runner, cuda, None)[0] == "graphs"
+    method, why = timing_method(runner, cuda, "eager")
+    assert method == "eager" and "timed eagerly" in why
+    dflash2 = SimpleNamespace(drafter=SimpleNamespace(candidate_selector=object(), layers=[]))
+    assert "DFlash2" in timing_method(dflash2, cuda, "graphs")[1]
+
+
+def test_each_method_is_timed_and_recorded():
+    runner = _runner()
+    features, tokens = _sample()
+    for method in ("static", "eager"):
+        timing = drafter_step_ms(runner, features, tokens, 12, repeats=2, block_size=3, project_tokens=2,
+                                 method=method, method_why="test")
+        assert timing["method"] == method and timing["ms"] > 0 and timing["project_tokens"] == 2
+    with pytest.raises(ValueError, match="one of graphs, static, eager"):
+        drafter_step_ms(runner, features, tokens, 12, repeats=1, method="compiled")
+    cache = SimpleNamespace(samples=[{"id": "0", "length": 20}],
+                            load_sample=lambda _id, _layers: SimpleNamespace(features=features, input_ids=tokens))
+    timing = time_on_cache(runner, cache, LAYERS, torch.device("cpu"), torch.float32,
+                           {"measure": True, "context_tokens": 12, "repeats": 1}, {4: 3}, target_method="graphs")
+    assert timing["method"] == "eager" and timing["by_block"][4]["method"] == "eager"  # a CPU has no graphs
+
+
+@pytest.mark.gpu
+def test_the_graph_step_replays_the_static_steps_drafts_on_cuda():
+    """On CUDA the captured step's replay drafts what the same step run eagerly drafts, and is timed as graphs."""
+    if not torch.cuda.is_available():
+        pytest.skip("needs CUDA")
+    runner = _runner().to("cuda")
+    features, tokens = (t.to("cuda") for t in _sample())
+    eager, eager_drafts = static_step(runner, features, tokens, 12, 4, 3, graphs=False)
+    replay, replay_drafts = static_step(runner, features, tokens, 12, 4, 3, graphs=True)
+    eager()
+    replay()
+    torch.cuda.synchronize()
+    assert torch.equal(eager_drafts(), replay_drafts())
+    cache = SimpleNamespace(samples=[{"id": "0", "length": 20}],
+                            load_sample=lambda _id, _layers: SimpleNamespace(features=features, input_ids=tokens))
+    timing = time_on_cache(runner, cache, LAYERS, torch.device("cuda"), torch.float32,
+                           {"measure": True, "context_tokens": 12, "repeats": 3}, {4: 3}, target_method="graphs")
+    assert timing["method"] == "graphs" and timing["by_block"][4]["ms"] > 0

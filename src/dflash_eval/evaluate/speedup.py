@@ -45,25 +45,27 @@ def projections(methods: dict[str, dict]) -> dict[int, int]:
 
 
 def estimate(settings: dict[str, Any], hidden: str | Path, methods: dict[str, dict],
-             time_drafter: Callable[[dict[int, int]], dict[str, Any] | None]) -> dict[str, Any]:
+             time_drafter: Callable[[dict[int, int], str | None], dict[str, Any] | None]) -> dict[str, Any]:
     """metrics.json's `speedup` section (and each method's expected_speedup) for one evaluation.
 
     T_draft comes from the user's profile when it gives one (one value for every block), else
-    `time_drafter(projections(methods))` times the step at each block size the methods draft
-    ({"by_block": {b: timing}, "device", "context_tokens"}; None where speedup.measure says not to)."""
+    `time_drafter(projections(methods), the target profile's method)` times the step at each block size the
+    methods draft, the way the target was timed ({"by_block": {b: timing}, "device", "context_tokens", "method"};
+    None where speedup.measure says not to)."""
     target, target_source = profiles_for(settings, hidden)
     target_kind = None if target is None else kind_of(target, bool((settings.get("speedup") or {}).get("profile")))
     timing, draft_ms, draft_kind = None, None, None
     if target is not None and target.get("t_draft_ms") is not None:
         draft_ms, draft_source, draft_kind = target["t_draft_ms"], target_source, target_kind
     elif target is not None:
-        timing = time_drafter(projections(methods))  # None where speedup.measure says not to
+        timing = time_drafter(projections(methods), target.get("method"))  # None where speedup.measure says not
     if timing is not None:
         draft_ms, draft_kind = {int(b): t["ms"] for b, t in timing["by_block"].items()}, MEASURED
         spread = ", ".join(f"b{b} {t['ms']:.3g} ({t['min_ms']:.3g}..{t['max_ms']:.3g})"
                            for b, t in timing["by_block"].items())
-        draft_source = (f"timed at evaluation on {timing['device']}, context {timing['context_tokens']}, per block "
-                        f"with the step's context projection, median ms (min..max): {spread}")
+        draft_source = (f"timed at evaluation on {timing['device']} ({timing.get('method', 'eager')}), context "
+                        f"{timing['context_tokens']}, per block with the step's context projection, median ms "
+                        f"(min..max): {spread}")
     if draft_ms is None:
         draft_source = ("not timed (speedup.measure false, or auto on a CPU; no t_draft_ms in the profile)"
                         if target else "not timed")
