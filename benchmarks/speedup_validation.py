@@ -38,6 +38,7 @@ as it is done; `--max-seconds` starts no new cell past it.
 from __future__ import annotations
 
 import argparse
+import subprocess
 import time
 import traceback
 from pathlib import Path
@@ -54,6 +55,8 @@ from dflash_eval.evaluate.draft_timing import drafter_step_ms
 from dflash_eval.evaluate.draft_timing import timing_method as draft_timing_method
 from dflash_eval.extract.backends import bind_backend
 from dflash_eval.extract.profile import measure_target
+from dflash_eval.speedup import validation
+from dflash_eval.speedup.labels import MEASURED
 from dflash_eval.speedup.loop_run import LoopRun
 from dflash_eval.speedup.model import expected_speedup
 from dflash_eval.speedup.timing import compare
@@ -174,6 +177,29 @@ def product_draft_ms(runner, features, tokens, context: int, args: argparse.Name
                            max(1, round(tau)), method, why)["ms"]
 
 
+def add_cell(args: argparse.Namespace, shape: str, target: str, kind: str, ratio: float, profile_method: str,
+             runner, device: torch.device) -> None:
+    """One cell's measured / estimated (the product's estimate), for the validation record."""
+    args.cells.append({"shape": shape, "target": target, "kind": kind, "ratio": ratio,
+                       "profile_method": profile_method,
+                       "draft_method": draft_timing_method(runner, device, profile_method)[0]})
+
+
+def record_validation(args: argparse.Namespace, device_name: str) -> None:
+    """The cells, one entry per shape x kind, into the package's validation record (speedup/validation.py)."""
+    if args.validation_record is None or not args.cells:
+        return
+    commit = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"], capture_output=True,
+                            text=True).stdout.strip() or None
+    groups: dict[tuple[str, str], list[dict]] = {}
+    for cell in args.cells:
+        groups.setdefault((cell["shape"], cell["kind"]), []).append(cell)
+    validation.update([validation.entry(cells, MEASURED, device_name, time.strftime("%Y-%m-%d"), commit,
+                                        "benchmarks/results/speedup_validation.md") for cells in groups.values()],
+                      args.validation_record)
+    print(f"validation record updated: {args.validation_record} ({len(groups)} entries)")
+
+
 def static_rows(name: str, shape: dict, layers: int, target, drafter, prompts, runner, features, tokens,
                 context: int, args: argparse.Namespace, device: torch.device, deadline: float,
                 skipped: list[str]) -> list[str]:
@@ -232,6 +258,7 @@ def static_rows(name: str, shape: dict, layers: int, target, drafter, prompts, r
             from_loop = expected_speedup(run.tau, ar_loop, draft, check)
             with_host = expected_speedup(run.tau, ar_loop + ar_host, draft + check + host, 0.0)
             measured = measured_speedup(autoregressive, run)
+            add_cell(args, name, "pure attention", "chain", measured / product, first["method"], runner, device)
             rows.append(f"| {block} | {tau} | {run.tau:.2f} | {product_draft:.2f} / {draft:.2f} | "
                         f"{verify[str(block)]:.2f} / {check:.2f} | {host:.3f} | {run.ms_per_step:.2f} | "
                         f"{product:.2f} | {product_host:.2f} | {from_loop:.2f} | {with_host:.2f} | {measured:.2f} | "
@@ -279,6 +306,8 @@ def tree_rows(name: str, target, drafter, prompts, runner, features, tokens, con
             product = expected_speedup(run.tau, t_ar, draft, check)
             with_host = expected_speedup(run.tau, t_ar, draft + host, check)
             measured = measured_speedup(autoregressive, run)
+            add_cell(args, name, "pure attention", "ddtree", measured / product, profile["method"], runner,
+                     tokens.device)
             rows.append(f"| {budget} | {tau} | {run.tau:.2f} | {draft:.2f} | {check:.2f} | {host:.3f} | "
                         f"{run.ms_per_step:.2f} | {product:.2f} | {with_host:.2f} | {measured:.2f} | "
                         f"{measured / product:.3f} | {measured / with_host:.3f} |")
@@ -318,6 +347,8 @@ def eager_rows(name: str, shape: dict, layers: int, target, drafter, prompts, ru
             replay = replay_ms(run, block, verify) if hybrid else 0.0
             with_replay = expected_speedup(run.tau, t_ar, draft + replay, verify[str(block)]) if hybrid else None
             measured = measured_speedup(autoregressive, run)
+            add_cell(args, name, "Gated DeltaNet hybrid" if hybrid else "pure attention", "chain",
+                     measured / predicted, first["method"], runner, tokens.device)
             rows.append(f"| {block} | {tau} | {run.tau:.2f} | {draft:.2f} | {verify[str(block)]:.2f} | "
                         f"{draft + verify[str(block)] + replay:.2f} | {run.ms_per_step:.2f} | {predicted:.2f} | "
                         + ("-" if with_replay is None else f"{with_replay:.2f}")
@@ -386,9 +417,14 @@ def main() -> int:
     parser.add_argument("--max-seconds", type=float, default=600.0,
                         help="start no new cell after this long (the skipped cells are listed)")
     parser.add_argument("--record", type=Path, default=ROOT / "benchmarks/results/speedup_validation.md")
+    parser.add_argument("--validation-record", type=Path, default=validation.RECORD,
+                        help="the package's record of measured / estimated per shape and kind, which the report "
+                             "prints beside each estimate (speedup/validation.py); commit it with the .md record")
     smoke_mode(parser, device="cpu", shapes="tiny-attention,tiny", loop="graphs", blocks=[4], taus=["2"], budgets=[6],
-               prompts=1, prompt_tokens=12, new_tokens=12, repeats=2, seconds_per_size=0.2, record=None)
+               prompts=1, prompt_tokens=12, new_tokens=12, repeats=2, seconds_per_size=0.2, record=None,
+               validation_record=None)
     args = parser.parse_args()
+    args.cells = []
     device = torch.device(args.device)
     args.loop = args.loop or ("graphs" if device.type == "cuda" else "eager")
     dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
@@ -409,6 +445,7 @@ def main() -> int:
             skipped.append(f"{shape} (all cells)")
             continue
         print_and_record(shape_rows(shape, args, device, dtype, deadline, skipped), args.record)
+    record_validation(args, name)
     print_and_record(["", f"wall {time.perf_counter() - began:.0f} s; not measured (past --max-seconds "
                       f"{args.max_seconds:g}): {', '.join(skipped) or 'none'}"],
                      args.record)

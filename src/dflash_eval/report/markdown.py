@@ -19,6 +19,7 @@ from dflash_eval.report.labels import DIGITS, drafter_label, fmt, missing
 from dflash_eval.report.summary import Evaluation, dataset_sampling
 from dflash_eval.report.trust import NOT_RECORDED
 from dflash_eval.speedup import labels as speedup
+from dflash_eval.speedup import validation
 
 LOW_AGREEMENT = 0.95                 # below this the cached target is likely not the one that served
 MAX_LISTED_SKIPS = 5
@@ -222,9 +223,11 @@ SPEEDUP_INTRO = (
     f"Expected speedup (estimate) = {speedup.FORMULA}, with n = {verified_legend()}, T_AR the target's one-token decode step, T_draft the drafter's block forward with the LM head "
     "(batch 1). tau here is the token-weighted one (tokens / steps, the bonus token included). It is a model of one "
     "serving step from a cost profile, not a measured throughput. Source: **user profile** (`speedup.profile`, "
-    "measured on your deployment: the one to decide with) or **measured by us** (the target timed at extraction "
-    "through HF transformers, the drafter step at evaluation: eager, batch 1, launch-bound on a GPU, so not a tuned "
-    "server's; README, \"Expected speedup\"). **Bold**: best in its column."
+    "measured on your deployment: the one to decide with) or **measured by us** (the target timed at extraction, "
+    "the drafter step at evaluation, batch 1: as CUDA graphs over a static cache for a pure-attention target on "
+    "CUDA, else HF transformers' eager forward, launch-bound on a GPU, so not a tuned server's; docs/speedup.md). "
+    "\"Made from\" below says how far such estimates were measured to be from a real speedup. **Bold**: best in "
+    "its column."
 )
 
 
@@ -281,7 +284,20 @@ def speedup_sources(evaluations: list[Evaluation]) -> list[str]:
         grouped.setdefault(key, []).append("{} on {}".format(*evaluation.key))
     lines = [f"- target step: {target}; drafter step: {draft} ({', '.join(names)})"
              for (target, draft), names in grouped.items()]
-    return lines + speedup_caveats(evaluations)
+    return lines + speedup_caveats(evaluations) + validation_lines(evaluations)
+
+
+def validation_lines(evaluations: list[Evaluation]) -> list[str]:
+    """Per estimate source shown, how far such estimates were measured to be from a real speedup, and on which
+    code (speedup/validation.py: benchmarks/speedup_validation.py's record)."""
+    sources: list[str] = []
+    for evaluation in evaluations:
+        section = evaluation.metrics.get("speedup") or {}
+        if section.get("available"):
+            for source in str(section.get("source")).split("; drafter step "):
+                if source not in sources:
+                    sources.append(source)
+    return [f"- {validation.describe(source)}" for source in sources]
 
 
 def speedup_caveats(evaluations: list[Evaluation]) -> list[str]:

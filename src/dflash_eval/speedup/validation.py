@@ -1,0 +1,81 @@
+"""How far each kind of expected speedup has been measured to be from a real one, shipped with the package.
+
+benchmarks/speedup_validation.py sets the product's estimate beside the measured wall-clock speedup of a live loop
+on the same device; what it found (measured / estimated per cell: above 1 the estimate is pessimistic) is kept in
+speedup_validation.json beside this module, one entry per device x shape x method kind, with a hash of the code
+that makes the estimate. The report prints the entries for each estimate's source and says whether they were
+measured on this version of that code: an estimate is only as validated as the code it was validated on.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+from typing import Any
+
+from dflash_eval.errors import DflashEvalError
+from dflash_eval.io_utils import atomic_write_json
+
+RECORD = Path(__file__).with_name("speedup_validation.json")
+FORMAT = "dflash-eval speedup validation 1"
+PACKAGE = Path(__file__).resolve().parents[1]
+# the code that makes the estimate (dflash_eval/...): the profile's timing, the drafter step's, the formula
+ESTIMATE_CODE = ("extract/profile.py", "speedup/model.py", "speedup/timing.py", "speedup/static_models.py",
+                 "speedup/static_loop.py", "evaluate/draft_timing.py", "evaluate/speedup.py")
+KEY = ("source", "device", "shape", "kind")  # an entry replaces the one with the same key
+
+
+def code_hash(read=lambda relative: (PACKAGE / relative).read_bytes()) -> str:
+    """sha256 over ESTIMATE_CODE's files (`read(relative path) -> bytes`: this checkout's by default)."""
+    digest = hashlib.sha256()
+    for relative in ESTIMATE_CODE:
+        digest.update(relative.encode() + b"\n" + read(relative) + b"\n")
+    return "sha256:" + digest.hexdigest()[:16]
+
+
+def load(path: Path = RECORD) -> list[dict[str, Any]]:
+    if not path.is_file():
+        return []
+    data = json.loads(path.read_text())
+    if not isinstance(data, dict) or data.get("format") != FORMAT or not isinstance(data.get("entries"), list):
+        raise DflashEvalError(f"{path}: not a speedup validation record (format {FORMAT!r} with entries [])")
+    return data["entries"]
+
+
+def update(entries: list[dict[str, Any]], path: Path = RECORD) -> None:
+    """Add `entries`, each replacing a recorded one of the same source, device, shape and kind."""
+    new = {tuple(e[k] for k in KEY) for e in entries}
+    kept = [e for e in load(path) if tuple(e[k] for k in KEY) not in new]
+    atomic_write_json(path, {"format": FORMAT, "entries": kept + entries})
+
+
+def entry(cells: list[dict[str, Any]], source: str, device: str, date: str, commit: str | None,
+          record: str) -> dict[str, Any]:
+    """One entry from a benchmark's cells of one shape and kind ({"shape", "target", "kind", "ratio",
+    "profile_method", "draft_method"} each)."""
+    ratios = [float(c["ratio"]) for c in cells]
+    first = cells[0]
+    return {"source": source, "device": device, "date": date, "shape": first["shape"], "target": first["target"],
+            "kind": first["kind"], "cells": len(ratios), "ratio_min": round(min(ratios), 3),
+            "ratio_max": round(max(ratios), 3), "profile_method": first["profile_method"],
+            "draft_method": first["draft_method"], "estimate_code": code_hash(), "code_commit": commit,
+            "record": record}
+
+
+def describe(source: str, entries: list[dict[str, Any]] | None = None) -> str:
+    """A line for the summary: what was measured for estimates of `source`, and on which code."""
+    entries = load() if entries is None else entries
+    mine = [e for e in entries if e["source"] == source]
+    if not mine:
+        return (f"'{source}' estimates: not validated (no benchmark has set one beside a measured speedup; "
+                "benchmarks/speedup_validation.py does it for our profile)")
+    current = code_hash()
+    parts = []
+    for e in mine:
+        code = "this version's estimate code" if e["estimate_code"] == current else (
+            f"earlier estimate code ({e.get('code_commit') or e['estimate_code']}), not this version's")
+        parts.append(f"{e['device']} {e['date']}, {e['shape']} ({e['target']}) {e['kind']}: measured / estimated "
+                     f"{e['ratio_min']:.2f}-{e['ratio_max']:.2f} over {e['cells']} cells (target timed "
+                     f"{e['profile_method']}, drafter {e['draft_method']}; {code})")
+    return f"'{source}' estimates, validated ({mine[0]['record']}): " + "; ".join(parts)
