@@ -14,7 +14,7 @@ CELL = {"shape": "8b", "target": "pure attention", "kind": "chain", "profile_met
 
 def test_an_entry_spans_its_cells_and_names_this_code():
     made = validation.entry([{**CELL, "ratio": 0.98}, {**CELL, "ratio": 1.0412}, {**CELL, "ratio": 1.01}],
-                            labels.MEASURED, "NVIDIA H200", "2026-12-03", "abc1234", "benchmarks/results/x.md")
+                            labels.MEASURED, "NVIDIA H200", "2026-12-03", "abc1234", "benchmarks/results/speedup_validation.md")
     assert (made["cells"], made["ratio_min"], made["ratio_max"]) == (3, 0.98, 1.041)
     assert made["estimate_code"] == validation.code_hash()
     text = validation.describe(labels.MEASURED, [made])
