@@ -65,6 +65,7 @@ def workdir(tmp_path_factory):
     settings["datasets"] = {"tiny": {"prompts": str(root / "prompts.jsonl")}}
     settings["evaluation"]["bootstrap"] = 50
     settings["report"]["served_drafter"] = None  # transformers serve does not speculate (a third-party server)
+    settings["profile_server"]["enabled"] = False  # it needs a speculating server; test_profile_rule.py runs it
     settings["drafters"] = {
         "hf": {"path": str(root / "drafters" / "hf"), "trained_with": "torch"},
         "pt": {"path": str(root / "drafters" / "d.pt"), "config": str(root / "drafters" / "hf" / "config.json"),
