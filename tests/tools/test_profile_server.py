@@ -5,20 +5,18 @@ from __future__ import annotations
 
 import json
 import math
-import sys
 
 import pytest
 
-from dflash_eval.bench import fixtures
 from dflash_eval.cache.serving_profile import check_profile
 from dflash_eval.config import stage_settings
 from dflash_eval.errors import DflashEvalError
 from dflash_eval.server.control import ServerController
 from dflash_eval.tools import profile_server as sp
-from tests.fetch.test_sglang import tiny_drafter_dir
-from tests.support import servers as hs
+from tests.demo.test_server_simulate import BLOCK as SIMULATED_BLOCK
+from tests.demo.test_server_simulate import launch
 
-BLOCK, NEW = 4, 13  # 12 tokens after the prefill's: k = 1, 2, 4 take 12, 6 and 3 steps
+BLOCK, NEW = SIMULATED_BLOCK, 13  # 12 tokens after the prefill's: k = 1, 2, 4 take 12, 6 and 3 steps (block 4)
 
 
 def test_the_command_without_speculation_by_hand():
@@ -73,14 +71,7 @@ def test_profile_against_the_demo_server_restarted_per_setting(tmp_path):
     are ceil(12 / k); the demo server runs the drafter and a full-block verify every step whatever k commits, so
     its step time stays put while its decode time per token falls as 1 / k; the configured server is up again
     afterwards, relaunched."""
-    target = hs.build_tiny_target(tmp_path / "target")
-    drafter = tiny_drafter_dir(target, tmp_path / "drafter")
-    port = fixtures.free_port()
-    command = (f"OMP_NUM_THREADS=1 exec {sys.executable} -m dflash_eval.cli demo-server --model-path {target} "
-               f"--port {port} --speculative-algorithm DFLASH --speculative-draft-model-path {drafter} "
-               f"--speculative-num-draft-tokens {BLOCK} --enable-metrics")
-    server = {"kind": "managed", "base_url": f"http://127.0.0.1:{port}", "command": command,
-              "health_timeout_s": 120.0, "stop_grace_s": 5.0, "log_dir": str(tmp_path / "logs")}
+    server, _target = launch(tmp_path, "", "--enable-metrics")  # the demo server at block 4, as the simulate tests
     settings = stage_settings("profile_server", {"server": server, "acceptance_lengths": [1, 2, 4], "requests": 6,
                                                  "max_new_tokens": NEW})
     ctl = ServerController(server)
