@@ -177,6 +177,15 @@ def product_draft_ms(runner, features, tokens, context: int, args: argparse.Name
                            max(1, round(tau)), method, why)["ms"]
 
 
+def due_taus(taus: list[str], cell: str, deadline: float, skipped: list[str]):
+    """(tau, the simulated tau or None for live) per tau of a cell, those past the deadline listed as skipped."""
+    for tau in taus:
+        if time.perf_counter() > deadline:
+            skipped.append(f"{cell} tau {tau}")
+            continue
+        yield tau, None if tau == "live" else float(tau)
+
+
 def add_cell(args: argparse.Namespace, shape: str, target: str, kind: str, ratio: float, profile_method: str,
              runner, device: torch.device) -> None:
     """One cell's measured / estimated (the product's estimate), for the validation record."""
@@ -243,12 +252,7 @@ def static_rows(name: str, shape: dict, layers: int, target, drafter, prompts, r
     for block in blocks:
         terms = loop.step_terms(block, args.repeats, args.seconds_per_size, at=context)
         draft, check, host = terms["draft"]["ms"], terms["verify"]["ms"], terms["accept_host"]["ms"]
-        for tau in args.taus:
-            label = f"{name} b{block} tau {tau}"
-            if time.perf_counter() > deadline:
-                skipped.append(label)
-                continue
-            asked = None if tau == "live" else float(tau)
+        for tau, asked in due_taus(args.taus, f"{name} b{block}", deadline, skipped):
             run = pooled([loop.generate(p, args.new_tokens, block, asked, 1000 * block + i)
                           for i, p in enumerate(prompts)])
             product_draft = product_draft_ms(runner, features, tokens, context, args, block, run.tau,
@@ -291,12 +295,7 @@ def tree_rows(name: str, target, drafter, prompts, runner, features, tokens, con
             "| predicted (product) | predicted (product + host) | measured | measured / predicted (product) | "
             "measured / predicted (+ host) |", "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for budget in args.budgets:
-        for tau in args.taus:
-            label = f"{name} ddtree-{budget} tau {tau}"
-            if time.perf_counter() > deadline:
-                skipped.append(label)
-                continue
-            asked = None if tau == "live" else float(tau)
+        for tau, asked in due_taus(args.taus, f"{name} ddtree-{budget}", deadline, skipped):
             runs = [loop.generate_tree(p, args.new_tokens, budget, asked, 1000 * budget + i)
                     for i, p in enumerate(prompts)]
             run = pooled(runs)
@@ -335,12 +334,7 @@ def eager_rows(name: str, shape: dict, layers: int, target, drafter, prompts, ru
             "ms/step measured | predicted | predicted + replay | measured | measured / predicted |",
             "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for block in blocks:
-        for tau in args.taus:
-            label = f"{name} b{block} tau {tau}"
-            if time.perf_counter() > deadline:
-                skipped.append(label)
-                continue
-            asked = None if tau == "live" else float(tau)
+        for tau, asked in due_taus(args.taus, f"{name} b{block}", deadline, skipped):
             run = pooled(loops(drafter, target, prompts, args.new_tokens, block, asked, 1000 * block))
             draft = product_draft_ms(runner, features, tokens, context, args, block, run.tau, first["method"])
             predicted = expected_speedup(run.tau, t_ar, draft, verify[str(block)])
