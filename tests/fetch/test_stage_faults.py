@@ -93,8 +93,11 @@ def test_server_killed_mid_run_then_rerun_completes_the_rest(tmp_path, tokenizer
 
 
 # Quarantined from the default run: in two full-suite runs on fresh clones (2026-12-02) the command either
-# finished before the signal (16 prompts, exit 0) or did not exit within 30 s after it (48 prompts), while it
-# passes alone and with all of tests/fetch; the cause is not found yet. `python -m pytest -m slow -k sigterm`.
+# exited 0 (16 prompts) or did not exit within 30 s of the signal (48 prompts), while it passed alone. A likely
+# cause, found since: SIGTERM raised Terminated from a Python handler, and where that landed inside one of asyncio's
+# callbacks the loop caught and logged it (the signal lost: the fetch ran on, or a request was left half read);
+# tests/server/test_signals.py shows it. Fetch now takes SIGTERM through the loop (signals.sigterm_cancels). Not
+# yet seen passing in a full-suite run, so it stays out of it: `python -m pytest -m slow -k sigterm`.
 @pytest.mark.slow
 def test_sigterm_to_the_fetch_command_keeps_what_it_finished_and_says_so(tmp_path, tokenizer_dir):
     """What scancel or a Snakemake cancel sends: the command flushes its finished records, exits 143 at once

@@ -1,20 +1,25 @@
 """SIGTERM (what `scancel` and Snakemake's cancel send) as an exception, so that `finally` blocks restore the
 server and flush records; SIGINT and SIGTERM deferred while the server is half-way through a transition, and
-only logged once the restore has begun (a second Ctrl-C must not cut a restore short: issue 32)."""
+only logged once the restore has begun (a second Ctrl-C must not cut a restore short: issue 32). Inside an asyncio
+event loop SIGTERM is the loop's own (`sigterm_cancels`): an exception raised by a signal handler while the loop
+runs one of its callbacks is caught and only logged by asyncio (events.Handle._run catches every BaseException but
+SystemExit and KeyboardInterrupt), so the signal would be lost."""
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import logging
 import os
 import signal
 import threading
-from collections.abc import Iterator
-from typing import Any
+from collections.abc import Awaitable, Iterator
+from typing import Any, TypeVar
 
 from dflash_eval.errors import Terminated
 
 log = logging.getLogger(__name__)
+T = TypeVar("T")
 
 SHIELDED = (signal.SIGINT, signal.SIGTERM)
 
@@ -84,6 +89,38 @@ def sigterm_raises(sigint: bool = False) -> Iterator[SigtermGuard]:
     finally:
         for signum, handler in previous.items():
             signal.signal(signum, handler)
+
+
+async def sigterm_cancels(work: Awaitable[T], guard: SigtermGuard) -> T:
+    """`work` with SIGTERM handled by the running loop, at a safe point between its callbacks: the signal cancels
+    `work` (a TaskGroup inside cancels its tasks; `finally` blocks run), then Terminated is raised, with `guard` in
+    cleanup mode (a second SIGTERM only logs) as `sigterm_raises` leaves it. The handler in place before
+    (`sigterm_raises`') is back afterwards. Where the loop cannot take signals (not the main thread), `work` runs
+    as it is."""
+    loop = asyncio.get_running_loop()
+    task = asyncio.ensure_future(work)
+    received: list[int] = []
+
+    def cancel() -> None:
+        if received:
+            log.warning("SIGTERM received again while the fetch is being cancelled: finishing that first")
+        received.append(signal.SIGTERM)
+        guard.cleanup()
+        task.cancel()
+
+    if threading.current_thread() is not threading.main_thread():
+        return await task
+    previous = signal.getsignal(signal.SIGTERM)
+    loop.add_signal_handler(signal.SIGTERM, cancel)
+    try:
+        return await task
+    except asyncio.CancelledError:
+        if received:
+            raise Terminated("SIGTERM") from None
+        raise
+    finally:
+        loop.remove_signal_handler(signal.SIGTERM)
+        signal.signal(signal.SIGTERM, signal.SIG_DFL if previous is None else previous)
 
 
 @contextlib.contextmanager
