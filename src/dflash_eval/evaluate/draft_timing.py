@@ -96,10 +96,9 @@ def static_step(runner: BlockDrafter, features: torch.Tensor, tokens: torch.Tens
     where `graphs` and CUDA) and a reader of the b - 1 drafts its last call wrote."""
     device = tokens.device
     first = anchor + 1 - project  # the first row the step projects (rows anchor+1-project .. anchor)
-    static = StaticDrafter(runner.drafter, runner.embed, lambda hidden: F.linear(hidden, runner.lm_head),
-                           anchor + block,
-                           mask_token_id=runner.mask_token_id)
-    with torch.inference_mode():
+    with torch.inference_mode():  # as the validated loop builds it (static_loop.StaticLoop)
+        static = StaticDrafter(runner.drafter, runner.embed, lambda hidden: F.linear(hidden, runner.lm_head),
+                               anchor + block, mask_token_id=runner.mask_token_id)
         if first > 0:
             static.context(features[:first], torch.zeros(1, dtype=torch.long, device=device))
         rows = features[first:anchor + 1].clone()
