@@ -57,6 +57,21 @@ def test_the_panel_by_hand(tmp_path):
     assert engine_timing.profile_lines(None) == []
 
 
+def test_a_sampled_dataset_is_not_set_beside_the_greedy_engine_figure(tmp_path):
+    """profile-server's requests are greedy, so the engine's served acceptance says nothing of a dataset sampled at
+    T = 0.7: its prediction is shown, the engine / predicted ratio is not (the demo's demo-code-t07 gave 5.84x)."""
+    profile = engine_timing.load_profile(profile_file(tmp_path))
+    metrics = {"methods": {"chain-B8": {"tau_token_weighted": 1.5, "expected_speedup": None}},
+               "sampling": [{"temperature": 0.7, "top_p": 1.0}],
+               "speedup": {"available": False, "source": labels.NO_PROFILE, "why": "no target profile"}}
+    panel = engine_timing.profile_panel(profile, {("zlab", "t07"): metrics},
+                                        {"served_drafter": "zlab", "datasets": ["t07"]})
+    e = panel["datasets"]["t07"]
+    assert e["predicted_speedup"] == pytest.approx(0.6) and "engine_over_predicted" not in e
+    assert e["engine_comparable"] == "no: the profile's requests are greedy, this dataset samples at T = 0.7"
+    assert "| n/a (greedy profile, sampled dataset) |" in "\n".join(engine_timing.profile_lines(panel))
+
+
 def test_a_file_that_is_not_profile_server_s_is_refused_naming_it(tmp_path):
     with pytest.raises(DflashEvalError, match="not a dflash-eval profile-server file"):
         engine_timing.load_profile(profile_file(tmp_path, format="something else"))

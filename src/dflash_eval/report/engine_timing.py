@@ -27,6 +27,7 @@ from dflash_eval.cache.serving_profile import check_profile
 from dflash_eval.errors import DflashEvalError
 from dflash_eval.io_utils import read_json_object
 from dflash_eval.methods import chain_method
+from dflash_eval.report.summary import dataset_sampling
 from dflash_eval.speedup import labels
 
 INCLUDES = ("e2e_latency (SGLang meta_info) runs from the request's arrival to its last token: the engine step "
@@ -211,7 +212,11 @@ def profile_panel(profile: dict[str, Any], metrics_by_key: dict[tuple[str, str],
                   "predicted_speedup": None if tau is None else tau * t_ar / t_step}
         entry_["predicted_tokens_per_s"] = (None if entry_["predicted_speedup"] is None
                                             else entry_["predicted_speedup"] * 1e3 / t_ar)
-        if entry_["predicted_tokens_per_s"] and engine["tokens_per_s"]:
+        temperature = float(dataset_sampling(metrics or {}).get("temperature") or 0.0)
+        if temperature != 0.0:  # the profile's requests are greedy: the engine's acceptance is not this dataset's
+            entry_["engine_comparable"] = (f"no: the profile's requests are greedy, this dataset samples at T = "
+                                           f"{temperature:g}")
+        elif entry_["predicted_tokens_per_s"] and engine["tokens_per_s"]:
             entry_["engine_over_predicted"] = engine["tokens_per_s"] / entry_["predicted_tokens_per_s"]
         if metrics is not None:
             entry_["our_estimate"] = estimate(metrics, block)
@@ -273,6 +278,7 @@ def profile_lines(panel: dict[str, Any] | None) -> list[str]:
             f"{e['tau_token_weighted']:.3f}", _x(e["predicted_speedup"]),
             "–" if e["predicted_tokens_per_s"] is None else f"{e['predicted_tokens_per_s']:.4g}",
             "–" if engine["tokens_per_s"] is None else f"{engine['tokens_per_s']:.4g}", _x(engine["speedup"]),
-            "–" if "engine_over_predicted" not in e else f"{e['engine_over_predicted']:.3g}×", mine,
+            f"{e['engine_over_predicted']:.3g}×" if "engine_over_predicted" in e else
+            "n/a (greedy profile, sampled dataset)" if "engine_comparable" in e else "–", mine,
             ours.get("source", "–")]) + " |")
     return out + [""]
