@@ -29,14 +29,14 @@ from dflash_eval.config import (
     settings_from_args,
     stage_settings,
 )
-from dflash_eval.errors import DflashEvalError
+from dflash_eval.errors import DflashEvalError, Terminated
 from dflash_eval.fetch import sampling, sglang
 from dflash_eval.fetch.prompts import Prompt, load_prompts, record_ids, select_subset
 from dflash_eval.fetch.retry import FetchError, with_retries
 from dflash_eval.fetch.store import PartialStore, pick_kept
 from dflash_eval.server.control import ServerController
 from dflash_eval.server.http import api_key, auth_refusal, http_request
-from dflash_eval.server.signals import sigterm_cancels, sigterm_raises
+from dflash_eval.server.signals import sigterm_raises
 
 log = logging.getLogger(__name__)
 
@@ -434,7 +434,9 @@ async def fetch_all(
             for prompt in prompts:
                 for rids in conversations(prompt, settings):
                     group.create_task(conversation(prompt, rids))
-    except BaseExceptionGroup as errors:  # (SIGTERM is the loop's: signals.sigterm_cancels, never in a task)
+    except BaseExceptionGroup as errors:
+        if errors.subgroup(Terminated) is not None:  # SIGTERM landed inside a request's task
+            raise Terminated("SIGTERM") from None
         failures = [e for e in errors.exceptions if isinstance(e, DflashEvalError)]  # FetchError, AuthError
         if len(failures) < len(errors.exceptions):
             raise
@@ -506,14 +508,13 @@ def fetch(settings: dict[str, Any], out: Path) -> list[dict[str, Any]]:
                     "and in the report)", settings["dataset"], info.sampling_warning)
     retry_counts: Counter[str] = Counter()
     started = time.monotonic()
-    with PartialStore(Path(out)) as store, sigterm_raises() as guard:
+    with PartialStore(Path(out)) as store, sigterm_raises():
         kept = pick_kept(store.load(), set(expected), request_params(settings, info))
         log.info("fetching %d records (%d prompts) of %s from %s (model %s, endpoint %s); %d kept from an earlier run",
                  len(expected), len(prompts), settings["dataset"], info.base_url, info.model, settings["endpoint"], len(kept))
         try:
             with heap_frozen():
-                by_id = asyncio.run(sigterm_cancels(
-                    fetch_all(prompts, settings, info, tokenizer, kept, store, retry_counts), guard))
+                by_id = asyncio.run(fetch_all(prompts, settings, info, tokenizer, kept, store, retry_counts))
         finally:
             log.info("fetch %s: retries %s", settings["dataset"], json.dumps(dict(retry_counts)))
         records = [by_id[rid] for rid in expected]

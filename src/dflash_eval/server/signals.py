@@ -1,9 +1,10 @@
 """SIGTERM (what `scancel` and Snakemake's cancel send) as an exception, so that `finally` blocks restore the
 server and flush records; SIGINT and SIGTERM deferred while the server is half-way through a transition, and
-only logged once the restore has begun (a second Ctrl-C must not cut a restore short: issue 32). Inside an asyncio
-event loop SIGTERM is the loop's own (`sigterm_cancels`): an exception raised by a signal handler while the loop
-runs one of its callbacks is caught and only logged by asyncio (events.Handle._run catches every BaseException but
-SystemExit and KeyboardInterrupt), so the signal would be lost."""
+only logged once the restore has begun (a second Ctrl-C must not cut a restore short: issue 32). While an asyncio
+event loop runs (fetch's requests) the handler does not raise: an exception raised by a signal handler inside one
+of the loop's callbacks is caught and only logged by asyncio (events.Handle._run catches every BaseException but
+SystemExit and KeyboardInterrupt), so the signal would be lost. It cancels the loop's tasks instead, at the loop's
+next safe point, and the cancellation leaving the block is raised as the signal's exception."""
 
 from __future__ import annotations
 
@@ -13,13 +14,12 @@ import logging
 import os
 import signal
 import threading
-from collections.abc import Awaitable, Iterator
-from typing import Any, TypeVar
+from collections.abc import Iterator
+from typing import Any
 
 from dflash_eval.errors import Terminated
 
 log = logging.getLogger(__name__)
-T = TypeVar("T")
 
 SHIELDED = (signal.SIGINT, signal.SIGTERM)
 
@@ -36,11 +36,18 @@ class SigtermGuard:
     def __init__(self) -> None:
         self.mode = "raise"
         self.pending: int | None = None
+        self.cancelled_by: int | None = None  # the signal that cancelled a running event loop's tasks
 
     def handle(self, signum: int, frame: Any) -> None:
         if self.mode == "raise":
             self.mode = "cleanup"
-            raise _exception(signum)
+            try:
+                loop = asyncio.get_running_loop()  # the loop this (the main) thread is running, if any
+            except RuntimeError:
+                raise _exception(signum) from None
+            self.cancelled_by = signum
+            loop.call_soon_threadsafe(_cancel_all, loop)
+            return
         if self.mode == "defer":
             self.pending = self.pending or signum
             log.warning("%s received during a server transition: acting on it once the transition is complete",
@@ -69,6 +76,11 @@ class SigtermGuard:
         self.mode = "cleanup"
 
 
+def _cancel_all(loop: asyncio.AbstractEventLoop) -> None:
+    for task in asyncio.all_tasks(loop):
+        task.cancel()
+
+
 def _exception(signum: int, note: str = "") -> BaseException:
     return KeyboardInterrupt(f"SIGINT{note}") if signum == signal.SIGINT else Terminated(f"SIGTERM{note}")
 
@@ -86,41 +98,13 @@ def sigterm_raises(sigint: bool = False) -> Iterator[SigtermGuard]:
     previous = {signum: signal.signal(signum, guard.handle) for signum in signums}
     try:
         yield guard
+    except asyncio.CancelledError:
+        if guard.cancelled_by is None:
+            raise
+        raise _exception(guard.cancelled_by) from None  # the loop's tasks were cancelled for this signal
     finally:
         for signum, handler in previous.items():
             signal.signal(signum, handler)
-
-
-async def sigterm_cancels(work: Awaitable[T], guard: SigtermGuard) -> T:
-    """`work` with SIGTERM handled by the running loop, at a safe point between its callbacks: the signal cancels
-    `work` (a TaskGroup inside cancels its tasks; `finally` blocks run), then Terminated is raised, with `guard` in
-    cleanup mode (a second SIGTERM only logs) as `sigterm_raises` leaves it. The handler in place before
-    (`sigterm_raises`') is back afterwards. Where the loop cannot take signals (not the main thread), `work` runs
-    as it is."""
-    loop = asyncio.get_running_loop()
-    task = asyncio.ensure_future(work)
-    received: list[int] = []
-
-    def cancel() -> None:
-        if received:
-            log.warning("SIGTERM received again while the fetch is being cancelled: finishing that first")
-        received.append(signal.SIGTERM)
-        guard.cleanup()
-        task.cancel()
-
-    if threading.current_thread() is not threading.main_thread():
-        return await task
-    previous = signal.getsignal(signal.SIGTERM)
-    loop.add_signal_handler(signal.SIGTERM, cancel)
-    try:
-        return await task
-    except asyncio.CancelledError:
-        if received:
-            raise Terminated("SIGTERM") from None
-        raise
-    finally:
-        loop.remove_signal_handler(signal.SIGTERM)
-        signal.signal(signal.SIGTERM, signal.SIG_DFL if previous is None else previous)
 
 
 @contextlib.contextmanager
