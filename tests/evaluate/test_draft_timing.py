@@ -98,8 +98,13 @@ def test_the_method_follows_the_target_profile_and_the_device():
     assert timing_method(runner, cuda, "graphs")[0] == "graphs" and timing_method(runner, cuda, None)[0] == "graphs"
     method, why = timing_method(runner, cuda, "eager")
     assert method == "eager" and "timed eagerly" in why
-    dflash2 = SimpleNamespace(drafter=SimpleNamespace(candidate_selector=object(), layers=[]))
+    dflash2 = SimpleNamespace(drafter=SimpleNamespace(candidate_selector=object(), layers=[], mask_token_id=5),
+                              mask_token_id=5)
     assert "DFlash2" in timing_method(dflash2, cuda, "graphs")[1]
+    other_mask = SimpleNamespace(drafter=SimpleNamespace(layers=[], mask_token_id=None), mask_token_id=5)
+    assert timing_method(other_mask, cuda, "graphs") == (
+        "eager", "the drafter's config names mask token None and evaluation uses 5: the static drafter reads the "
+        "config's")
 
 
 def test_each_method_is_timed_and_recorded():

@@ -36,6 +36,9 @@ def static_unsupported(runner: BlockDrafter) -> str | None:
     """Why the static drafter cannot run this drafter's step (None when it can): it runs DFlashDraftModel's
     layers; DFlash2's block convolutions and candidate selector are the evaluator's alone."""
     drafter = runner.drafter
+    if getattr(drafter, "mask_token_id", None) != runner.mask_token_id:
+        return (f"the drafter's config names mask token {getattr(drafter, 'mask_token_id', None)!r} and evaluation "
+                f"uses {runner.mask_token_id}: the static drafter reads the config's")
     if getattr(drafter, "candidate_selector", None) is not None or any(
             getattr(layer, name, None) is not None for layer in drafter.layers
             for name in ("attention_conv", "mlp_conv")):
@@ -88,6 +91,18 @@ def _eager_step(runner: BlockDrafter, features: torch.Tensor, tokens: torch.Tens
     return step
 
 
+class _LinearHead(torch.nn.Module):
+    """The LM head as the evaluator applies it (a plain product: dflash's compute_logits adds the multiplier and
+    softcap, as BlockDrafter.head_logits does)."""
+
+    def __init__(self, weight: torch.Tensor) -> None:
+        super().__init__()
+        self.weight = weight
+
+    def forward(self, hidden: torch.Tensor) -> torch.Tensor:
+        return F.linear(hidden, self.weight)
+
+
 def static_step(runner: BlockDrafter, features: torch.Tensor, tokens: torch.Tensor, anchor: int, block: int,
                 project: int, graphs: bool) -> tuple[Callable[[], None], Callable[[], torch.Tensor]]:
     """The same step on the static drafter (as the validated loop runs it): context rows before the last
@@ -97,8 +112,7 @@ def static_step(runner: BlockDrafter, features: torch.Tensor, tokens: torch.Tens
     device = tokens.device
     first = anchor + 1 - project  # the first row the step projects (rows anchor+1-project .. anchor)
     with torch.inference_mode():  # as the validated loop builds it (static_loop.StaticLoop)
-        static = StaticDrafter(runner.drafter, runner.embed, lambda hidden: F.linear(hidden, runner.lm_head),
-                               anchor + block, mask_token_id=runner.mask_token_id)
+        static = StaticDrafter(runner.drafter, runner.embed, _LinearHead(runner.lm_head), anchor + block)
         if first > 0:
             static.context(features[:first], torch.zeros(1, dtype=torch.long, device=device))
         rows = features[first:anchor + 1].clone()

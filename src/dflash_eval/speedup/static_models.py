@@ -11,8 +11,6 @@ as dflash's loop keeps them (its DynamicCache, cropped back to the block start a
 
 from __future__ import annotations
 
-from collections.abc import Callable
-
 import torch
 from torch.nn import functional as F
 
@@ -140,13 +138,12 @@ class StaticDrafter:
     block's own keys: the block starts where the accepted rows end), then runs the block [bonus, mask x
     (b-1)] at start..start+b-1 and returns its b-1 greedy drafts."""
 
-    def __init__(self, drafter: torch.nn.Module, embed: torch.Tensor, head: Callable[[torch.Tensor], torch.Tensor],
-                 max_len: int, mask_token_id: int | None = None):
+    def __init__(self, drafter: torch.nn.Module, embed: torch.Tensor, head: torch.nn.Module, max_len: int):
         self.drafter, self.embed, self.head, self.max_len = drafter, embed, head, int(max_len)
         config = drafter.config
         settings = getattr(config, "dflash_config", {}) or {}
         self.scale = float(settings.get("input_embedding_scale", getattr(config, "input_embedding_scale", 1.0)))
-        self.mask_token_id = int(drafter.mask_token_id if mask_token_id is None else mask_token_id)
+        self.mask_token_id = int(drafter.mask_token_id)
         self.layers = list(drafter.layers)
         weight = drafter.fc.weight
         self.device, self.dtype = weight.device, weight.dtype
