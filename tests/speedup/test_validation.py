@@ -56,3 +56,12 @@ def test_the_summary_validates_each_source_an_estimate_was_made_from():
     lines = validation_lines(evaluations)
     assert len(lines) == 2 and lines[0].startswith("- 'user profile' estimates: not validated")
     assert lines[1].startswith("- 'measured by us' estimates, validated (benchmarks/results/speedup_validation.md)")
+
+
+def test_trust_json_carries_each_sources_entries_and_whether_they_ran_this_code():
+    made = validation.entry([{**CELL, "ratio": 1.0}], labels.MEASURED, "H200", "d", None, "r.md")
+    old = {**made, "date": "d0", "shape": "27b", "estimate_code": "sha256:0000000000000000"}
+    panel = validation.panel([labels.MEASURED, labels.USER], [made, old])
+    assert panel["estimate_code"] == validation.code_hash()
+    assert [e["this_code"] for e in panel["sources"][labels.MEASURED]["entries"]] == [True, False]
+    assert panel["sources"][labels.USER] == {"summary": validation.describe(labels.USER, []), "entries": []}

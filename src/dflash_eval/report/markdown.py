@@ -287,9 +287,8 @@ def speedup_sources(evaluations: list[Evaluation]) -> list[str]:
     return lines + speedup_caveats(evaluations) + validation_lines(evaluations)
 
 
-def validation_lines(evaluations: list[Evaluation]) -> list[str]:
-    """Per estimate source shown, how far such estimates were measured to be from a real speedup, and on which
-    code (speedup/validation.py: benchmarks/speedup_validation.py's record)."""
+def estimate_sources(evaluations: list[Evaluation]) -> list[str]:
+    """The sources the evaluations' estimates were made from (each part of a "target; drafter step" label)."""
     sources: list[str] = []
     for evaluation in evaluations:
         section = evaluation.metrics.get("speedup") or {}
@@ -297,7 +296,13 @@ def validation_lines(evaluations: list[Evaluation]) -> list[str]:
             for source in str(section.get("source")).split("; drafter step "):
                 if source not in sources:
                     sources.append(source)
-    return [f"- {validation.describe(source)}" for source in sources]
+    return sources
+
+
+def validation_lines(evaluations: list[Evaluation]) -> list[str]:
+    """Per estimate source shown, how far such estimates were measured to be from a real speedup, and on which
+    code (speedup/validation.py: benchmarks/speedup_validation.py's record)."""
+    return [f"- {validation.describe(source)}" for source in estimate_sources(evaluations)]
 
 
 def speedup_caveats(evaluations: list[Evaluation]) -> list[str]:

@@ -79,3 +79,15 @@ def describe(source: str, entries: list[dict[str, Any]] | None = None) -> str:
                      f"{e['ratio_min']:.2f}-{e['ratio_max']:.2f} over {e['cells']} cells (target timed "
                      f"{e['profile_method']}, drafter {e['draft_method']}; {code})")
     return f"'{source}' estimates, validated ({mine[0]['record']}): " + "; ".join(parts)
+
+
+def panel(sources: list[str], entries: list[dict[str, Any]] | None = None) -> dict[str, Any]:
+    """trust.json's `speedup_validation`: per estimate source, the summary's line and the recorded entries, each
+    with `this_code` (measured on this version of the estimate's code)."""
+    entries = load() if entries is None else entries
+    current = code_hash()
+    return {"estimate_code": current, "sources": {
+        source: {"summary": describe(source, entries),
+                 "entries": [{**e, "this_code": e["estimate_code"] == current} for e in entries
+                             if e["source"] == source]}
+        for source in sources}}
