@@ -141,3 +141,25 @@ def test_the_graph_step_replays_the_static_steps_drafts_on_cuda():
     timing = time_on_cache(runner, cache, LAYERS, torch.device("cuda"), torch.float32,
                            {"measure": True, "context_tokens": 12, "repeats": 3}, {4: 3}, target_method="graphs")
     assert timing["method"] == "graphs" and timing["by_block"][4]["ms"] > 0
+
+
+def test_a_graph_timing_that_fails_falls_back_to_eager_and_says_why(monkeypatch, caplog):
+    """An untested CUDA configuration must not fail the evaluation: the step is timed eagerly, and the record says
+    why (here the graphs path forced on the CPU, its capture made to raise as CUDA would)."""
+    from dflash_eval.evaluate import draft_timing
+
+    runner = _runner()
+    features, tokens = _sample()
+    monkeypatch.setattr(draft_timing, "timing_method", lambda *_: ("graphs", "forced"))
+
+    def refuse(*_args, **_kwargs):
+        raise RuntimeError("CUDA error: operation not permitted when stream is capturing")
+
+    monkeypatch.setattr(draft_timing, "capture", refuse)
+    cache = SimpleNamespace(samples=[{"id": "0", "length": 20}],
+                            load_sample=lambda _id, _layers: SimpleNamespace(features=features, input_ids=tokens))
+    timing = time_on_cache(runner, cache, LAYERS, torch.device("cpu"), torch.float32,
+                           {"measure": True, "context_tokens": 12, "repeats": 1}, {2: 1, 4: 3}, "graphs")
+    assert timing["method"] == "eager" and timing["method_why"].startswith("CUDA graph timing failed: CUDA error")
+    assert all(t["method"] == "eager" and t["ms"] > 0 for t in timing["by_block"].values())
+    assert "timed eagerly instead" in caplog.text
