@@ -10,9 +10,13 @@ from dflash_eval.fetch.prompts import load_prompts, order_free_digest
 from dflash_eval.report.plots import PLOTS
 from dflash_eval.provenance.code_version import code_fingerprint
 from dflash_eval.provenance.fingerprint import FingerprintCache
+from dflash_eval.io_utils import sha256_file
+from dflash_eval.speedup import validation
 from dflash_eval.tools import profile_server as server_profile
 
 RESULTS = "results"
+# the packaged validation record the summary quotes (speedup/validation.py): a new one reruns the report
+VALIDATION_RECORD = sha256_file(validation.RECORD)
 LOGS = f"{RESULTS}/logs"
 BENCH = f"{RESULTS}/benchmarks"
 DEMO_DIR = "resources/demo"

@@ -40,6 +40,7 @@ rule report:
         settings=checked_report_settings,
         plot_dir=plot_dir,
         code=code_fingerprint("report"),
+        validation=VALIDATION_RECORD,
         failed=REPORT_FAILED,
         server_profile=server_profile_arg,
     shell:
