@@ -118,7 +118,8 @@ def run_jobs(args: argparse.Namespace, k: int, records: Path) -> tuple[float, li
         return json.loads(done.stdout.strip().splitlines()[-1])
 
     if args.fake_gpus:  # fake GPUs have no utilisation to sample: no sampler thread beside the forks
-        sampler = placement.UtilisationSampler(command=["nvidia-smi-not-sampled-for-fake-gpus"])
+        sampler = placement.UtilisationSampler()  # never entered: no thread
+        sampler.error = "fake GPUs: no utilisation to sample"
         started = time.perf_counter()
         outputs = _run_forked(args, k, records)
         return time.perf_counter() - started, outputs, sampler

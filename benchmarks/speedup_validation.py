@@ -168,13 +168,15 @@ def profile_lines(first: dict, second: dict, agreement: dict) -> list[str]:
             f"{', '.join(map(str, unstable)) or 'none'}. Predictions use run 1."]
 
 
-def product_draft_ms(runner, features, tokens, context: int, args: argparse.Namespace, block: int,
-                     tau: float, target_method: str) -> float:
+def product_draft_step(runner, features, tokens, context: int, args: argparse.Namespace, block: int,
+                  tau: float, target_method: str) -> tuple[float, str]:
     """T_draft as evaluation times it (evaluate/draft_timing.py): block b, round(tau) new context rows, the
-    method chosen as evaluation chooses it from the target profile's (graphs beside a graph-timed T_AR)."""
+    method chosen as evaluation chooses it from the target profile's (graphs beside a graph-timed T_AR);
+    (ms, that method)."""
     method, why = draft_timing_method(runner, tokens.device, target_method)
-    return drafter_step_ms(runner, features, tokens[:context + 1], context, args.repeats, block,
-                           max(1, round(tau)), method, why)["ms"]
+    timing = drafter_step_ms(runner, features, tokens[:context + 1], context, args.repeats, block,
+                             max(1, round(tau)), method, why)
+    return timing["ms"], timing["method"]
 
 
 def due_taus(taus: list[str], cell: str, deadline: float, skipped: list[str]):
@@ -187,11 +189,10 @@ def due_taus(taus: list[str], cell: str, deadline: float, skipped: list[str]):
 
 
 def add_cell(args: argparse.Namespace, shape: str, target: str, kind: str, ratio: float, profile_method: str,
-             runner, device: torch.device) -> None:
+             draft_method: str) -> None:
     """One cell's measured / estimated (the product's estimate), for the validation record."""
     args.cells.append({"shape": shape, "target": target, "kind": kind, "ratio": ratio,
-                       "profile_method": profile_method,
-                       "draft_method": draft_timing_method(runner, device, profile_method)[0]})
+                       "profile_method": profile_method, "draft_method": draft_method})
 
 
 def record_validation(args: argparse.Namespace, device_name: str) -> None:
@@ -255,14 +256,14 @@ def static_rows(name: str, shape: dict, layers: int, target, drafter, prompts, r
         for tau, asked in due_taus(args.taus, f"{name} b{block}", deadline, skipped):
             run = pooled([loop.generate(p, args.new_tokens, block, asked, 1000 * block + i)
                           for i, p in enumerate(prompts)])
-            product_draft = product_draft_ms(runner, features, tokens, context, args, block, run.tau,
-                                             first["method"])
+            product_draft, draft_method = product_draft_step(runner, features, tokens, context, args, block,
+                                                             run.tau, first["method"])
             product = expected_speedup(run.tau, t_ar, product_draft, verify[str(block)])
             product_host = expected_speedup(run.tau, t_ar + ar_host, product_draft + host, verify[str(block)])
             from_loop = expected_speedup(run.tau, ar_loop, draft, check)
             with_host = expected_speedup(run.tau, ar_loop + ar_host, draft + check + host, 0.0)
             measured = measured_speedup(autoregressive, run)
-            add_cell(args, name, "pure attention", "chain", measured / product, first["method"], runner, device)
+            add_cell(args, name, "pure attention", "chain", measured / product, first["method"], draft_method)
             rows.append(f"| {block} | {tau} | {run.tau:.2f} | {product_draft:.2f} / {draft:.2f} | "
                         f"{verify[str(block)]:.2f} / {check:.2f} | {host:.3f} | {run.ms_per_step:.2f} | "
                         f"{product:.2f} | {product_host:.2f} | {from_loop:.2f} | {with_host:.2f} | {measured:.2f} | "
@@ -300,13 +301,13 @@ def tree_rows(name: str, target, drafter, prompts, runner, features, tokens, con
                     for i, p in enumerate(prompts)]
             run = pooled(runs)
             host = 1e3 * sum(r.host_s for r in runs) / len(run.acceptance_lengths)
-            draft = product_draft_ms(runner, features, tokens, context, args, block, run.tau, profile["method"])
+            draft, draft_method = product_draft_step(runner, features, tokens, context, args, block, run.tau,
+                                                     profile["method"])
             check = verify[str(budget + 1)]
             product = expected_speedup(run.tau, t_ar, draft, check)
             with_host = expected_speedup(run.tau, t_ar, draft + host, check)
             measured = measured_speedup(autoregressive, run)
-            add_cell(args, name, "pure attention", "ddtree", measured / product, profile["method"], runner,
-                     tokens.device)
+            add_cell(args, name, "pure attention", "ddtree", measured / product, profile["method"], draft_method)
             rows.append(f"| {budget} | {tau} | {run.tau:.2f} | {draft:.2f} | {check:.2f} | {host:.3f} | "
                         f"{run.ms_per_step:.2f} | {product:.2f} | {with_host:.2f} | {measured:.2f} | "
                         f"{measured / product:.3f} | {measured / with_host:.3f} |")
@@ -336,13 +337,14 @@ def eager_rows(name: str, shape: dict, layers: int, target, drafter, prompts, ru
     for block in blocks:
         for tau, asked in due_taus(args.taus, f"{name} b{block}", deadline, skipped):
             run = pooled(loops(drafter, target, prompts, args.new_tokens, block, asked, 1000 * block))
-            draft = product_draft_ms(runner, features, tokens, context, args, block, run.tau, first["method"])
+            draft, draft_method = product_draft_step(runner, features, tokens, context, args, block, run.tau,
+                                                     first["method"])
             predicted = expected_speedup(run.tau, t_ar, draft, verify[str(block)])
             replay = replay_ms(run, block, verify) if hybrid else 0.0
             with_replay = expected_speedup(run.tau, t_ar, draft + replay, verify[str(block)]) if hybrid else None
             measured = measured_speedup(autoregressive, run)
             add_cell(args, name, "Gated DeltaNet hybrid" if hybrid else "pure attention", "chain",
-                     measured / predicted, first["method"], runner, tokens.device)
+                     measured / predicted, first["method"], draft_method)
             rows.append(f"| {block} | {tau} | {run.tau:.2f} | {draft:.2f} | {verify[str(block)]:.2f} | "
                         f"{draft + verify[str(block)] + replay:.2f} | {run.ms_per_step:.2f} | {predicted:.2f} | "
                         + ("-" if with_replay is None else f"{with_replay:.2f}")
@@ -377,6 +379,8 @@ def shape_rows(name: str, args: argparse.Namespace, device: torch.device, dtype:
         try:
             rows = static_rows(*common, device, deadline, skipped)
         except Exception as error:  # noqa: BLE001  recorded, and the shape still gets the eager loop's cells
+            if args.smoke:  # the smoke is the graph loop's test on the CPU: a failure there must fail it
+                raise
             traceback.print_exc()
             rows = eager_rows(*common, f"the graph loop failed: {type(error).__name__}: {error}", deadline, skipped)
     else:

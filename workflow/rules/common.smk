@@ -30,6 +30,7 @@ HIDDEN = f"{RESULTS}/hidden/{{dataset}}/{{layerset}}"  # extract -> evaluate, re
 METRICS = f"{RESULTS}/eval/{{drafter}}/{{dataset}}/metrics.json"  # evaluate -> report
 BACKENDS = f"{RESULTS}/backends/{{drafter}}/{{dataset}}/{{dtype}}.json"  # compare_backends -> report
 SAMPLES = f"{RESULTS}/eval/{{drafter}}/{{dataset}}/samples.csv"  # evaluate -> report
+SERVER_PROFILE = f"{RESULTS}/server_profile.json"  # profile_server -> report (opt-in)
 
 
 def settings_param(settings: dict) -> str:
@@ -291,9 +292,7 @@ def evaluation_member(drafter: str, dataset: str) -> str:
     )
 
 
-# profile.smk, opt-in: the server profile's path, its load-time checks, and how the report takes the file.
-SERVER_PROFILE = f"{RESULTS}/server_profile.json"  # profile_server -> report
-
+# profile.smk, opt-in: its load-time checks, and how the report takes its file.
 _profile_problems = server_profile.problems(config)
 if _profile_problems:
     raise DflashEvalError(f"{CONFIG_SOURCE}: " + "; ".join(_profile_problems))

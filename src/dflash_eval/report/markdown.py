@@ -302,7 +302,8 @@ def estimate_sources(evaluations: list[Evaluation]) -> list[str]:
 def validation_lines(evaluations: list[Evaluation]) -> list[str]:
     """Per estimate source shown, how far such estimates were measured to be from a real speedup, and on which
     code (speedup/validation.py: benchmarks/speedup_validation.py's record)."""
-    return [f"- {validation.describe(source)}" for source in estimate_sources(evaluations)]
+    entries = validation.load()
+    return [f"- {validation.describe(source, entries)}" for source in estimate_sources(evaluations)]
 
 
 def speedup_caveats(evaluations: list[Evaluation]) -> list[str]:
