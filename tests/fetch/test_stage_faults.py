@@ -96,7 +96,7 @@ def test_server_killed_mid_run_then_rerun_completes_the_rest(tmp_path, tokenizer
 # exited 0 (16 prompts) or did not exit within 30 s of the signal (48 prompts), while it passed alone. A likely
 # cause, found since: SIGTERM raised Terminated from a Python handler, and where that landed inside one of asyncio's
 # callbacks the loop caught and logged it (the signal lost: the fetch ran on, or a request was left half read);
-# tests/server/test_signals.py shows it. Fetch now takes SIGTERM through the loop (signals.sigterm_cancels). Not
+# tests/server/test_signals.py shows it. While a loop runs, sigterm_raises now cancels its tasks instead. Not
 # yet seen passing in a full-suite run, so it stays out of it: `python -m pytest -m slow -k sigterm`.
 @pytest.mark.slow
 def test_sigterm_to_the_fetch_command_keeps_what_it_finished_and_says_so(tmp_path, tokenizer_dir):
