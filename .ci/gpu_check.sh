@@ -7,7 +7,8 @@
 #   .ci/gpu_check.sh all     both, in that order
 #   .ci/gpu_check.sh tests-start    the same tests, the fast suite detached (setsid) so that it outlives this
 #                                   call (one device call runs at most 600 s; the suite took 888 s on an H200);
-#   .ci/gpu_check.sh tests-collect  in the next call (within the machine's idle release): wait for it, copy its logs
+#   .ci/gpu_check.sh tests-collect  in the next call (within the machine's idle release): wait for it (at most
+#                                   COLLECT_WAIT_S, default 540 s), copy its logs
 # On the GPU machine the README's `pip install torch==2.13.0` is replaced by the image's CUDA torch, as the
 # README's GPU line says; everything after it is verbatim.
 set -uo pipefail
@@ -71,7 +72,7 @@ if [ "$what" = tests-start ]; then
 fi
 if [ "$what" = tests-collect ]; then
     waited=0
-    while [ ! -f "$BG/done" ] && [ $waited -lt 540 ]; do sleep 5; waited=$((waited + 5)); done
+    while [ ! -f "$BG/done" ] && [ $waited -lt "${COLLECT_WAIT_S:-540}" ]; do sleep 5; waited=$((waited + 5)); done
     cat "$BG/done" >> "$summary" 2>/dev/null || echo "test_command: still running after ${waited} s more" >> "$summary"
     cp "$BG/test_command.log" "$OUT/" 2>/dev/null
     grep -E "^(FAILED|ERROR)|passed|failed" "$BG/test_command.log" | tail -15 >> "$summary"
