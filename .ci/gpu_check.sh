@@ -18,8 +18,11 @@ OUT=${OUT:-/tmp/gpu_check}
 mkdir -p "$OUT"
 export PIP_NO_INDEX=${PIP_NO_INDEX:-1} PIP_FIND_LINKS=${PIP_FIND_LINKS:-$PWD/.whl} PIP_DISABLE_PIP_VERSION_CHECK=1
 export PYTHONUNBUFFERED=1
-# The image has python3 and python3 -m pip; the README says python and pip.
-if ! command -v python > /dev/null || ! command -v pip > /dev/null; then
+# The image has python3 (its torch venv) and python3 -m pip; the README says python and pip, and a `pip` or `python`
+# on PATH may belong to another interpreter (the system's, without torch: pip then finds no torch to satisfy ours).
+py_prefix=$(python3 -c "import sys; print(sys.prefix)")
+if [ "$(python -c 'import sys; print(sys.prefix)' 2> /dev/null)" != "$py_prefix" ] \
+    || ! pip --version 2> /dev/null | grep -q "from $py_prefix/"; then
     mkdir -p /tmp/gpu_check_bin && export PATH=/tmp/gpu_check_bin:$PATH
     py=$(command -v python3)
     printf '#!/bin/sh\nexec %s "$@"\n' "$py" > /tmp/gpu_check_bin/python
@@ -27,6 +30,7 @@ if ! command -v python > /dev/null || ! command -v pip > /dev/null; then
     chmod +x /tmp/gpu_check_bin/python /tmp/gpu_check_bin/pip
 fi
 summary=$OUT/summary.txt
+echo "python: $(command -v python); $(pip --version)" >> "$summary"
 
 # step NAME LIMIT_S COMMAND...: run COMMAND with a wall-clock limit, log to $OUT/NAME.log, one summary line
 step() {
