@@ -71,7 +71,7 @@ if [ "$what" = tests-start ]; then
     rm -rf /tmp/gpu_check_copy/.whl
     (cd /tmp/gpu_check_copy && setsid -f bash -c "start=\$(date +%s); timeout 1500 python -m pytest > $BG/test_command.log 2>&1; \
         echo \"test_command: rc=\$? wall \$((\$(date +%s) - start)) s: python -m pytest\" > $BG/done")
-    step gpu_tests 300 'python -m pytest -q -p no:cacheprovider -m gpu'
+    step gpu_tests 300 "python -m pytest -q -p no:cacheprovider -m gpu ${GPU_TESTS_ARGS:-}"
     grep -E "^(FAILED|ERROR)|passed|failed" "$OUT/gpu_tests.log" | tail -5 >> "$summary"
 fi
 if [ "$what" = tests-collect ]; then
