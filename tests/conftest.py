@@ -4,8 +4,10 @@ The test models are far too small to gain from intra-op threads, and OpenMP work
 spin on a busy 2-core machine can stall a forward for minutes.
 """
 
+import gc
 import os
 
+import pytest
 import torch
 
 torch.set_num_threads(1)
@@ -19,3 +21,16 @@ os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 from dflash_eval.extract.backends import bind_backend  # noqa: E402
 
 bind_backend("torch", "cpu")
+
+
+@pytest.fixture(autouse=True)
+def _heap_left_as_found(request):
+    """A test that leaves the collector's heap more frozen than it found it fails here, by name: what is frozen
+    is never collected, and fetch's heap_frozen (rightly) leaves a heap it finds frozen alone, so a leak would
+    surface later, in another test, as that test's failure."""
+    before = gc.get_freeze_count()
+    yield
+    after = gc.get_freeze_count()
+    if after > before:
+        gc.unfreeze()
+        pytest.fail(f"{request.node.nodeid} left {after - before} objects frozen (gc.freeze without gc.unfreeze)")

@@ -123,6 +123,31 @@ def test_each_method_is_timed_and_recorded():
     assert timing["method"] == "eager" and timing["by_block"][4]["method"] == "eager"  # a CPU has no graphs
 
 
+def test_a_captured_step_keeps_the_drafter_and_buffers_it_replays_on_alive(monkeypatch):
+    """A CUDA graph's replay holds none of the memory it reads: the step static_step returns must hold the
+    captured closure (and so its drafter and buffers), or a replay reads freed memory. Here a stand-in for
+    capture that, like graph.replay, keeps nothing of the closure it was given."""
+    import gc
+    import weakref
+
+    from dflash_eval.evaluate import draft_timing
+
+    captured = []
+
+    def like_a_graph(step, _device, _graphs):
+        captured.append(weakref.ref(step))
+        return lambda: None
+
+    monkeypatch.setattr(draft_timing, "capture", like_a_graph)
+    features, tokens = _sample()
+    step, _drafts = static_step(_runner(), features, tokens, 12, 4, 3, graphs=True)
+    gc.collect()
+    assert captured[0]() is not None, "the captured step (its drafter and buffers) was freed while replayable"
+    del step
+    gc.collect()
+    assert captured[0]() is None
+
+
 @pytest.mark.gpu
 def test_the_graph_step_replays_the_static_steps_drafts_on_cuda():
     """On CUDA the captured step's replay drafts what the same step run eagerly drafts, and is timed as graphs."""

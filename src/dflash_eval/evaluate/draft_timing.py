@@ -126,7 +126,19 @@ def static_step(runner: BlockDrafter, features: torch.Tensor, tokens: torch.Tens
     def step() -> None:
         drafts.copy_(static.draft(rows, ctx_start, bonus, start, block))
 
-    return capture(step, device, graphs), lambda: drafts.clone()
+    return _Holding(capture(step, device, graphs), step), lambda: drafts.clone()
+
+
+class _Holding:
+    """A step that holds what it runs on. A CUDA graph reads and writes the memory of the drafter and buffers
+    `step` closes over without holding them: freed once `step` is, their memory is reused, and a replay
+    gathers from garbage (CUDA's device-side index assert)."""
+
+    def __init__(self, run: Callable[[], None], step: Callable[[], None]) -> None:
+        self.run, self.step = run, step
+
+    def __call__(self) -> None:
+        self.run()
 
 
 def time_on_cache(runner: BlockDrafter, cache, layer_ids: list[int], device: torch.device, dtype: torch.dtype,
