@@ -34,3 +34,16 @@ def _heap_left_as_found(request):
     if after > before:
         gc.unfreeze()
         pytest.fail(f"{request.node.nodeid} left {after - before} objects frozen (gc.freeze without gc.unfreeze)")
+
+
+_FROZEN_AT_START: list[int] = []
+
+
+def pytest_sessionstart(session):
+    _FROZEN_AT_START.append(gc.get_freeze_count())
+
+
+def pytest_terminal_summary(terminalreporter):
+    if _FROZEN_AT_START and _FROZEN_AT_START[0]:
+        terminalreporter.write_line(f"the heap had {_FROZEN_AT_START[0]} frozen objects when the session started "
+                                    "(frozen by what ran before the tests: the interpreter's start, a plugin)")

@@ -260,7 +260,9 @@ def test_requests_run_with_the_heap_frozen_and_repeated_runs_leave_it_as_found(t
     """The collector skips what was alive before the requests (full collections walked torch's ~290k objects,
     ~170 ms each, as long as the requests ran); afterwards the freeze is undone, run after run, and a heap
     frozen by the caller stays frozen."""
-    assert gc.get_freeze_count() == 0, "the heap is frozen before the test (tests/conftest.py names who froze it)"
+    # from an unfrozen heap: on the GPU image (python 3.12.3) 375 objects were frozen before the first test ran
+    # (tests/conftest.py's guard saw no test freeze them; the session's summary prints the count it started with)
+    gc.unfreeze()
     prompts = fixtures.write_prompts(tmp_path / "p.jsonl", 4)
     request_one = fetch.request_one
     frozen_during: list[int] = []
