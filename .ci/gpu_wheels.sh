@@ -9,8 +9,9 @@
 # Left out, because the GPU image has them (docs/testing.md): torch, triton and the CUDA wheels (nvidia-*, but
 # nvidia-ml-py), and the big compiled wheels that a CUDA torch + transformers image ships and that were on the
 # image in the 2026-12-01 run (benchmarks/results/gpu_demo.md): numpy, pandas, pyarrow, matplotlib and its
-# compiled deps, tokenizers, hf-xet, sympy; and the dependencies of torch, transformers (5.17 there satisfies our
-# >=5.15; our tests pass on it), its serving extra and aiohttp, which that run's install found on the image.
+# compiled deps, scipy (on the image too: its tau_ci_coverage smoke passed there, 2026-12-03), tokenizers, hf-xet,
+# sympy; and the dependencies of torch, transformers (5.17 there satisfies our >=5.15; our tests pass on it), its
+# serving extra and aiohttp, which that run's install found on the image.
 # Pinned where the image's own versions conflict with ours (pip's error there): packaging<26 (snakemake 9.27.1)
 # and fsspec<=2026.6.0 (datasets 5.0.1, which dflash 0.1.0 pins): both are in the closure at versions that fit.
 # Usage: .ci/gpu_wheels.sh [DEST]   (DEST defaults to .whl)
@@ -28,7 +29,7 @@ from importlib.metadata import PackageNotFoundError, distribution
 from packaging.requirements import Requirement
 
 SKIP = re.compile(r"^(torch|triton|nvidia-(?!ml-py).*|cuda-.*|numpy|pandas|pyarrow|matplotlib|contourpy|fonttools"
-                  r"|kiwisolver|pillow|cycler|pyparsing|python-dateutil|six|tokenizers|hf-xet|sympy|mpmath|networkx"
+                  r"|kiwisolver|pillow|scipy|cycler|pyparsing|python-dateutil|six|tokenizers|hf-xet|sympy|mpmath|networkx"
                   r"|jinja2|markupsafe|typing-extensions|filelock|transformers|huggingface-hub|safetensors|regex|pyyaml"
                   r"|accelerate|psutil|typer|rich|markdown-it-py|mdurl|pygments|shellingham|click|certifi|idna"
                   r"|charset-normalizer|urllib3|h11|httpcore|httpx|anyio|aiohttp|aiosignal|aiohappyeyeballs|attrs"
