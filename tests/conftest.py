@@ -22,13 +22,15 @@ from dflash_eval.extract.backends import bind_backend  # noqa: E402
 
 bind_backend("torch", "cpu")
 
+from tests.support.heap import interpreter_frozen_count  # noqa: E402
+
 
 @pytest.fixture(autouse=True)
 def _heap_left_as_found(request):
     """A test that leaves the collector's heap more frozen than it found it fails here, by name: what is frozen
     is never collected, and fetch's heap_frozen (rightly) leaves a heap it finds frozen alone, so a leak would
     surface later, in another test, as that test's failure."""
-    before = gc.get_freeze_count()
+    before = max(gc.get_freeze_count(), interpreter_frozen_count())
     yield
     after = gc.get_freeze_count()
     if after > before:
@@ -41,6 +43,7 @@ _FROZEN_AT_START: list[int] = []
 
 def pytest_sessionstart(session):
     _FROZEN_AT_START.append(gc.get_freeze_count())
+    interpreter_frozen_count()  # measured before any test runs (it unfreezes the heap)
 
 
 def pytest_terminal_summary(terminalreporter):

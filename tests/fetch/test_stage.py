@@ -135,11 +135,22 @@ def fetch_settings(tmp_path: Path, server: dict, n: int, endpoint: str = "comple
     }
 
 
+def failure_logs(log: Path, server: dict) -> str:
+    """The fetch log and the ends of the server's logs, for a failure's message (the GPU machine's full-suite run
+    of 2026-12-03 saw exit code 2 here once, beside the GPU demo, and nothing more)."""
+    parts = [f"--- {log} ---", log.read_text() if log.exists() else "(none)"]
+    for path in sorted(Path(server["log_dir"]).glob("*")):
+        if path.is_file():
+            parts += [f"--- {path} (end) ---", path.read_text(errors="replace")[-3000:]]
+    return "\n".join(parts)
+
+
 def test_fetch_end_to_end(tmp_path, tiny_server, reference):
     settings = fetch_settings(tmp_path, tiny_server, 4)
     out = tmp_path / "completions" / "tiny.jsonl"
     log = tmp_path / "fetch.log"
-    assert cli.main(["--log", str(log), "fetch", "--settings", json.dumps(settings), "--out", str(out)]) == 0
+    code = cli.main(["--log", str(log), "fetch", "--settings", json.dumps(settings), "--out", str(out)])
+    assert code == 0, failure_logs(log, tiny_server)
     records = [json.loads(line) for line in out.read_text().splitlines()]
     assert [r["id"] for r in records] == ["p0", "p1", "p2", "p3"]
     assert sorted(out.parent.iterdir()) == [out, out.with_name("tiny.jsonl.partial")]  # no temp file left behind
