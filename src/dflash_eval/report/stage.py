@@ -20,7 +20,15 @@ from dflash_eval.io_utils import (
     atomic_write_json,
     atomic_write_text,
 )
-from dflash_eval.report import backends, engine_timing, markdown, plots, summary, trust
+from dflash_eval.report import (
+    backends,
+    engine_timing,
+    markdown,
+    plots,
+    profile_agreement,
+    summary,
+    trust,
+)
 from dflash_eval.speedup import validation
 
 log = logging.getLogger(__name__)
@@ -58,6 +66,7 @@ def run(args: argparse.Namespace) -> int:
         panel["server_profile"] = engine_timing.profile_panel(engine_timing.load_profile(args.server_profile),
                                                               {e.key: e.metrics for e in evaluations}, settings)
     panel["speedup_validation"] = validation.panel(markdown.estimate_sources(evaluations))
+    panel["serving_profiles"] = profile_agreement.panel(evaluations)
     panel["warnings"] = markdown.trust_warnings(panel)
     comparisons = backends.load(args.backend_comparisons)
     if comparisons:
