@@ -93,3 +93,62 @@ def test_simulated_acceptance_forces_k_along_the_best_path(models) -> None:
     run = loop.generate_tree(prompt, 30, 8, simulate_tau=2.5, seed=4)
     assert set(run.acceptance_lengths[:-1]) <= {2, 3} and 3 in run.acceptance_lengths
     assert set(loop.generate_tree(prompt, 30, 8, simulate_tau=4.0).acceptance_lengths[:-1]) == {4}
+
+
+def _reference_tree_run(loop: TreeLoop, prompt: torch.Tensor, new_tokens: int, budget: int,
+                        tau: float | None, seed: int) -> tuple[list[int], list[int]]:
+    """The loop as first written (host-side top-k, walk, bonus and compaction, eager): its output ids and
+    acceptance lengths, the expectation the server-like loop (device-side bookkeeping) must meet exactly."""
+    import random
+
+    from dflash_eval.speedup.simulate import simulated_length
+
+    b = loop.block
+    with torch.inference_mode():
+        n = loop.prefill(prompt, b)
+        out, lengths, start, rng = loop.out[:n + 1].tolist(), [], n, random.Random(seed)
+        while start + 1 < n + new_tokens:
+            forced = simulated_length(tau, b, rng) if tau is not None else None
+            logits = loop.drafter.draft_logits(loop.features[b], loop.ctx_start, loop.ids[b][0, :1], loop.start, b)
+            top = torch.log_softmax(logits.float(), -1).topk(min(budget, logits.shape[1]), -1)
+            parents, depths, tokens = build_tree(top.values.numpy(), top.indices.numpy(), budget, tau is not None)
+            size, mask = len(parents), np.eye(budget + 1, dtype=bool)
+            mask[:size, :size] = ancestors(parents)
+            ids, depth = torch.zeros(1, budget + 1, dtype=torch.long), torch.zeros(budget + 1, dtype=torch.long)
+            ids[0, :size], depth[:size] = torch.tensor([out[-1], *tokens[1:]]), torch.tensor(depths)
+            logits, features = loop.target.forward(ids, loop.start, tree=(depth, torch.from_numpy(mask)))
+            children: dict[int, list[int]] = {}
+            for node, parent in enumerate(parents[1:], start=1):
+                children.setdefault(parent, []).append(node)
+            path = [0]
+            while (forced is None and any(tokens[c] == int(logits[path[-1]].argmax()) for c in children.get(
+                    path[-1], []))) or (forced is not None and len(path) < forced and children.get(path[-1])):
+                path.append(next(c for c in children[path[-1]] if forced is not None
+                                 or tokens[c] == int(logits[path[-1]].argmax())))
+            row = logits[path[-1]].float().clone()
+            if forced is not None and children.get(path[-1]):
+                row[tokens[children[path[-1]][0]]] = float("-inf")
+            out.extend([tokens[i] for i in path[1:]] + [int(row.argmax())])
+            loop.target.compact(start, torch.tensor(path) + start)
+            loop.features[b].zero_()
+            loop.features[b][:len(path)] = features[torch.tensor(path)]
+            loop.ctx_start.fill_(start)
+            lengths.append(min(len(path), n + new_tokens - start - 1))
+            start += len(path)
+            loop.start.fill_(start)
+            loop.ids[b][0, 0] = out[-1]
+    return out[:n + new_tokens], lengths
+
+
+@pytest.mark.parametrize(("budget", "tau", "seed"), [(3, None, 0), (8, None, 1), (6, 2.5, 2), (8, 3.7, 3),
+                                                     (16, 1.6, 4), (2, 4.0, 5)])
+def test_the_loop_equals_its_first_host_side_version(models, budget: int, tau: float | None, seed: int) -> None:
+    """Device-side top-k, walk upload and accept graph change nothing: the same tokens and the same steps as the
+    host-side loop it replaced (greedy and simulated; budgets above and below the block's positions)."""
+    target, drafter = models
+    prompt = torch.randint(2, 290, (1, 9), generator=torch.Generator().manual_seed(10 + seed))
+    loop = TreeLoop(target, drafter, 64, 4, sorted({budget, 16}), graphs=False)
+    expected_ids, expected_lengths = _reference_tree_run(loop, prompt, 30, budget, tau, seed)
+    run = loop.generate_tree(prompt, 30, budget, tau, seed)
+    assert run.acceptance_lengths == expected_lengths
+    assert run.output_ids[0].tolist() == expected_ids
