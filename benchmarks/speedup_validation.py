@@ -295,6 +295,7 @@ def tree_rows(name: str, target, drafter, prompts, runner, features, tokens, con
             "| budget N | tau asked | tau realised | T_draft ms | T_verify(N+1) ms | host ms/step | ms/step measured "
             "| predicted (product) | predicted (product + host) | measured | measured / predicted (product) | "
             "measured / predicted (+ host) |", "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    phases: list[str] = []
     for budget in args.budgets:
         for tau, asked in due_taus(args.taus, f"{name} ddtree-{budget}", deadline, skipped):
             runs = [loop.generate_tree(p, args.new_tokens, budget, asked, 1000 * budget + i)
@@ -311,8 +312,38 @@ def tree_rows(name: str, target, drafter, prompts, runner, features, tokens, con
             rows.append(f"| {budget} | {tau} | {run.tau:.2f} | {draft:.2f} | {check:.2f} | {host:.3f} | "
                         f"{run.ms_per_step:.2f} | {product:.2f} | {with_host:.2f} | {measured:.2f} | "
                         f"{measured / product:.3f} | {measured / with_host:.3f} |")
+            phases.append(phase_row(loop, prompts, args, budget, tau, asked, run, draft + check))
     del loop
-    return rows
+    return rows + phase_table(phases)
+
+
+def phase_row(loop, prompts, args: argparse.Namespace, budget: int, tau: str, asked: float | None, run: LoopRun,
+              terms_ms: float) -> str:
+    """One untimed-for-speedup pass with the loop's breakdown (each phase synchronised and clocked): ms/step per
+    phase, and what the timed run paid beyond the product's T_draft + T_verify(N + 1)."""
+    from dflash_eval.speedup.static_tree import PHASES
+
+    runs = [loop.generate_tree(p, args.new_tokens, budget, asked, 1000 * budget + i, breakdown=True)
+            for i, p in enumerate(prompts)]
+    steps = sum(len(r.acceptance_lengths) for r in runs)
+    ms = {phase: 1e3 * sum(r.phases_s[phase] for r in runs) / steps for phase in PHASES}
+    cells = " | ".join(f"{ms[phase]:.3f}" for phase in PHASES)
+    return (f"| {budget} | {tau} | {cells} | {sum(ms.values()):.2f} | {run.ms_per_step:.2f} | {terms_ms:.2f} | "
+            f"{run.ms_per_step - terms_ms:.2f} |")
+
+
+def phase_table(phases: list[str]) -> list[str]:
+    """Where a DDTree step's time goes, by phase (TreeLoop.generate_tree's breakdown)."""
+    if not phases:
+        return []
+    return ["", "DDTree step by phase (a separate pass with breakdown=True, each phase synchronised and clocked on "
+            "the host, ms/step; not the timed runs above, which sync once per step): draft graph + its top-k read, "
+            "host tree build + its upload, verify graph + its argmax read (greedy only; simulated: a sync), host "
+            "walk, the walk's upload + accept graph. Beyond = the timed run's ms/step - (T_draft + T_verify(N+1)) "
+            "of the product.", "",
+            "| budget N | tau asked | draft + read ms | build + upload ms | verify + read ms | walk ms | accept ms | "
+            "phases sum ms | ms/step measured | T_draft + T_verify(N+1) ms | beyond ms |",
+            "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|", *phases]
 
 
 def eager_rows(name: str, shape: dict, layers: int, target, drafter, prompts, runner, features, tokens,
