@@ -118,6 +118,18 @@ def test_equals_dflash_generate_step_for_step(models, prompt_len: int, tau: floa
         assert all(k in (int(tau), int(tau) + 1) for k in run.acceptance_lengths[:-1])
 
 
+def test_one_loop_at_two_block_sizes_keeps_a_record_per_size(models) -> None:
+    """Blocks 2 and 4 in one loop (each its own verify record), alternating: each equals the reference."""
+    target, drafter = models
+    prompt = torch.randint(2, 290, (1, 9), generator=torch.Generator().manual_seed(9))
+    loop = StaticHybridLoop(target, drafter, 64, [2, 4], graphs=False)
+    for block, tau in [(2, 1.5), (4, 2.6), (2, None)]:
+        run = loop.generate(prompt, 25, block, tau, seed=4)
+        expected = _reference(drafter, target, prompt, 25, block, tau, seed=4)
+        assert run.acceptance_lengths == expected.acceptance_lengths
+        assert torch.equal(run.output_ids, expected.output_ids)
+
+
 def test_without_the_rollback_the_output_differs(models, monkeypatch) -> None:
     """The comparison above can fail: a loop that keeps all b tokens in the GDN states drifts from the reference."""
     target, drafter = models
@@ -165,8 +177,16 @@ def test_what_the_hybrid_target_refuses(models) -> None:
 
     attention = Qwen3ForCausalLM(Qwen3Config(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
                                              num_attention_heads=2, num_key_value_heads=1, head_dim=16))
+    from transformers import Qwen3NextConfig, Qwen3NextForCausalLM
+
+    nxt = Qwen3NextForCausalLM(Qwen3NextConfig(
+        vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=2,
+        num_key_value_heads=1, head_dim=16, linear_num_key_heads=1, linear_num_value_heads=2, linear_key_head_dim=16,
+        linear_value_head_dim=16, num_experts=2, num_experts_per_tok=1, moe_intermediate_size=16,
+        shared_expert_intermediate_size=16, layer_types=["linear_attention", "full_attention"]))
     assert hybrid_unsupported(models[0]) is None
     assert "StaticLoop" in hybrid_unsupported(attention)
+    assert "Qwen3NextGatedDeltaNet" in hybrid_unsupported(nxt)  # its fused in_proj_qkvz is not written here
     with pytest.raises(DflashEvalError, match="pure-attention"):
         StaticHybridTarget(attention, 64)
     static = StaticHybridTarget(models[0], 64)

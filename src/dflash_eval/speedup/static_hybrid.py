@@ -67,8 +67,9 @@ def hybrid_unsupported(model: torch.nn.Module) -> str | None:
     layers = getattr(getattr(model, "model", None), "layers", [])
     for layer in layers:
         gdn = getattr(layer, "linear_attn", None)
-        if gdn is not None and not type(gdn).__name__.endswith("GatedDeltaNet"):
-            return f"linear layer {type(gdn).__name__}: only Qwen3.5's Gated DeltaNet is written here"
+        if gdn is not None and not (type(gdn).__name__.endswith("GatedDeltaNet") and hasattr(gdn, "in_proj_qkv")):
+            return (f"linear layer {type(gdn).__name__}: only Qwen3.5's Gated DeltaNet (separate in_proj_qkv/z/b/a) "
+                    "is written here")
     if getattr(config, "hidden_act", "silu") != "silu":
         return f"hidden_act {config.hidden_act!r}: the conv activation is silu in Qwen3.5"
     return None
