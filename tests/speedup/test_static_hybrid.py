@@ -190,6 +190,8 @@ def test_what_the_hybrid_target_refuses(models) -> None:
     with pytest.raises(DflashEvalError, match="pure-attention"):
         StaticHybridTarget(attention, 64)
     static = StaticHybridTarget(models[0], 64)
+    with pytest.raises(DflashEvalError, match=r"prepare\(3\)"):
+        static.forward(torch.zeros(1, 3, dtype=torch.long), torch.zeros(1, dtype=torch.long), commit=False)
     tree = (torch.zeros(2, dtype=torch.long), torch.ones(2, 2, dtype=torch.bool))
     with pytest.raises(DflashEvalError, match="tree"):
         static.forward(torch.zeros(1, 2, dtype=torch.long), torch.zeros(1, dtype=torch.long), tree=tree)

@@ -138,7 +138,9 @@ class _GdnLayer:
             self.recurrent.copy_(final[0])
             self.conv.copy_(window[:, -self.width:])
         else:
-            record = self.records[n]
+            record = self.records.get(n)
+            if record is None:  # a buffer first made inside a capture would not outlive it
+                raise DflashEvalError(f"no record for a verify of {n} tokens: call prepare({n}) first")
             for buffer, value in ((record.window, window), (record.q, q), (record.k, k), (record.v, v),
                                   (record.g, g), (record.beta, beta)):
                 buffer.copy_(value)
