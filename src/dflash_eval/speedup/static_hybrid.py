@@ -1,0 +1,348 @@
+"""The static-cache loop (static_loop.py) for a Gated DeltaNet hybrid target (Qwen3.5/3.6, `Qwen3_5ForCausalLM`,
+whose `layer_types` mix "linear_attention" and "full_attention"), so that its speedup can be measured the way a
+server runs it: fixed shapes, every position a device tensor, each step capturable as a CUDA graph.
+
+The full-attention layers keep their keys in a static cache and roll back by position, as StaticTarget does. A
+Gated DeltaNet layer's state (its conv state, the last K-1 pre-conv inputs, and its recurrent state [H, dk, dv]
+in fp32) cannot be rolled back by position, so a verify of n tokens leaves both untouched (they are the snapshot)
+and records what they need: the window [old conv state | the n pre-conv inputs] and the n tokens' post-conv
+q, k, v, g and beta. Acceptance then keeps k of them (k a device tensor) by replaying the recurrence from the
+snapshot over the same n tokens with g and beta set to 0 past k (a token with beta = 0 and g = 0 leaves the state
+as it was), and gathers the conv state as the K-1 window columns that end at token k: fixed shapes, no host read.
+
+The delta-rule kernels are chosen explicitly, never by what imports: fla's `chunk_gated_delta_rule` (a block) and
+`fused_recurrent_gated_delta_rule` (one token, and the replay) on CUDA; transformers' torch functions elsewhere.
+The weights and per-token modules are the Hugging Face model's own.
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+from torch.nn import functional as F
+
+from dflash_eval.errors import DflashEvalError
+from dflash_eval.speedup.static_loop import StaticLoop
+from dflash_eval.speedup.static_models import StaticDrafter, _rope, _tables
+from dflash_eval.speedup.timing import timed_ms
+
+MODELING = "transformers.models.qwen3_5.modeling_qwen3_5"
+Rule = Callable[..., tuple[torch.Tensor, torch.Tensor | None]]
+
+
+@dataclass(frozen=True)
+class GdnKernels:
+    """The delta-rule implementations a target runs: `chunk` for a block, `recurrent` for one token and the
+    rollback's replay (both take transformers'/fla's arguments: [B, T, H, D] inputs, initial_state, ...)."""
+
+    name: str
+    chunk: Rule
+    recurrent: Rule
+
+
+def gdn_kernels(backend: str | None, device: torch.device) -> GdnKernels:
+    """`backend` ("fla" or "torch"; None: fla on CUDA, torch elsewhere): named, so the numbers never depend on
+    whether fla happens to import (extract/backends.py says why that matters)."""
+    from dflash_eval.extract.backends import _fla_kernels, torch_function
+
+    name = backend or ("fla" if device.type == "cuda" else "torch")
+    if name == "fla":
+        found = _fla_kernels(device)  # raises BackendUnavailable with the fix where fla cannot run
+        return GdnKernels("fla", found["chunk"], found["recurrent"])
+    if name == "torch":
+        module = importlib.import_module(MODELING)
+        return GdnKernels("torch", torch_function(module, "chunk"), torch_function(module, "recurrent"))
+    raise DflashEvalError(f"unknown Gated DeltaNet backend {name!r}: fla or torch")
+
+
+def hybrid_unsupported(model: torch.nn.Module) -> str | None:
+    """Why StaticHybridTarget cannot run `model` (None when it can): Qwen3.5-style hybrids only."""
+    config = getattr(model, "config", None)
+    types = list(getattr(config, "layer_types", None) or [])
+    if "linear_attention" not in types:
+        return "no linear_attention layers: a pure-attention target runs StaticLoop (static_loop.py)"
+    layers = getattr(getattr(model, "model", None), "layers", [])
+    for layer in layers:
+        gdn = getattr(layer, "linear_attn", None)
+        if gdn is not None and not (type(gdn).__name__.endswith("GatedDeltaNet") and hasattr(gdn, "in_proj_qkv")):
+            return (f"linear layer {type(gdn).__name__}: only Qwen3.5's Gated DeltaNet (separate in_proj_qkv/z/b/a) "
+                    "is written here")
+    if getattr(config, "hidden_act", "silu") != "silu":
+        return f"hidden_act {config.hidden_act!r}: the conv activation is silu in Qwen3.5"
+    return None
+
+
+@dataclass(frozen=True)
+class _Record:
+    """One GDN layer's verify of n tokens, kept for `keep`: the conv window and the delta rule's inputs."""
+
+    window: torch.Tensor  # [conv_dim, K-1+n] pre-conv: old conv state, then the n tokens
+    q: torch.Tensor       # [1, n, Hk, dk] post-conv (not l2-normed: the kernels norm them)
+    k: torch.Tensor       # [1, n, Hk, dk]
+    v: torch.Tensor       # [1, n, Hv, dv]
+    g: torch.Tensor       # [1, n, Hv] fp32, log decay
+    beta: torch.Tensor    # [1, n, Hv]
+
+
+class _GdnLayer:
+    """One Gated DeltaNet layer over static state buffers (conv [conv_dim, K-1], recurrent [Hv, dk, dv] fp32)."""
+
+    def __init__(self, gdn: torch.nn.Module, kernels: GdnKernels):
+        self.gdn, self.kernels = gdn, kernels
+        weight = gdn.in_proj_qkv.weight
+        self.width = int(gdn.conv_kernel_size) - 1
+        self.conv = torch.zeros(gdn.conv_dim, self.width, device=weight.device, dtype=weight.dtype)
+        self.recurrent = torch.zeros(gdn.num_v_heads, gdn.head_k_dim, gdn.head_v_dim, device=weight.device,
+                                     dtype=torch.float32)
+        self.records: dict[int, _Record] = {}
+
+    def prepare(self, n: int) -> None:
+        """Allocate the record of an n-token verify (before any capture: a graph's buffers must not move)."""
+        if n in self.records:
+            return
+        gdn, like = self.gdn, self.conv
+        self.records[n] = _Record(
+            window=torch.zeros(gdn.conv_dim, self.width + n, device=like.device, dtype=like.dtype),
+            q=torch.zeros(1, n, gdn.num_k_heads, gdn.head_k_dim, device=like.device, dtype=like.dtype),
+            k=torch.zeros(1, n, gdn.num_k_heads, gdn.head_k_dim, device=like.device, dtype=like.dtype),
+            v=torch.zeros(1, n, gdn.num_v_heads, gdn.head_v_dim, device=like.device, dtype=like.dtype),
+            g=torch.zeros(1, n, gdn.num_v_heads, device=like.device, dtype=torch.float32),
+            beta=torch.zeros(1, n, gdn.num_v_heads, device=like.device, dtype=like.dtype))
+
+    def reset(self) -> None:
+        self.conv.zero_()
+        self.recurrent.zero_()
+
+    def forward(self, x: torch.Tensor, commit: bool) -> torch.Tensor:
+        """The layer's mixer output for x [1, n, hidden] (normed), after the current state. `commit`: advance
+        the state over all n tokens; else leave it and record the n tokens for `keep`."""
+        gdn, n = self.gdn, x.shape[1]
+        mixed = gdn.in_proj_qkv(x)[0].transpose(0, 1)  # [conv_dim, n]
+        window = torch.cat([self.conv, mixed.to(self.conv.dtype)], dim=1)
+        weight = gdn.conv1d.weight  # [conv_dim, 1, K]: depthwise
+        conv = F.conv1d(window[None].to(weight.dtype), weight, gdn.conv1d.bias, groups=gdn.conv_dim)
+        post = F.silu(conv).to(x.dtype)[0].transpose(0, 1)  # [n, conv_dim]
+        q, k, v = torch.split(post, [gdn.key_dim, gdn.key_dim, gdn.value_dim], dim=-1)
+        q = q.reshape(1, n, gdn.num_k_heads, gdn.head_k_dim)
+        k = k.reshape(1, n, gdn.num_k_heads, gdn.head_k_dim)
+        v = v.reshape(1, n, gdn.num_v_heads, gdn.head_v_dim)
+        beta = gdn.in_proj_b(x).sigmoid()
+        g = -gdn.A_log.float().exp() * F.softplus(gdn.in_proj_a(x).float() + gdn.dt_bias)
+        rule = self.kernels.recurrent if n == 1 else self.kernels.chunk  # as transformers picks for a cached step
+        out, final = rule(q, k, v, g=g, beta=beta, initial_state=self.recurrent[None], output_final_state=commit,
+                          use_qk_l2norm_in_kernel=True)
+        if commit:
+            self.recurrent.copy_(final[0])
+            self.conv.copy_(window[:, -self.width:])
+        else:
+            record = self.records.get(n)
+            if record is None:  # a buffer first made inside a capture would not outlive it
+                raise DflashEvalError(f"no record for a verify of {n} tokens: call prepare({n}) first")
+            for buffer, value in ((record.window, window), (record.q, q), (record.k, k), (record.v, v),
+                                  (record.g, g), (record.beta, beta)):
+                buffer.copy_(value)
+        z = gdn.in_proj_z(x).reshape(-1, gdn.head_v_dim)
+        normed = gdn.norm(out.reshape(-1, gdn.head_v_dim), z).reshape(1, n, -1)
+        return gdn.out_proj(normed)
+
+    def keep(self, kept: torch.Tensor, n: int) -> None:
+        """After a recorded verify of n tokens, the state after its first `kept` ([1] long, 0..n): the replay
+        from the untouched state with g = beta = 0 past kept, and the conv window's columns ending at token kept."""
+        record = self.records[n]
+        live = (torch.arange(n, device=kept.device) < kept)[None, :, None]
+        g = torch.where(live, record.g, torch.zeros_like(record.g))
+        beta = torch.where(live, record.beta, torch.zeros_like(record.beta))
+        _, final = self.kernels.recurrent(record.q, record.k, record.v, g=g, beta=beta,
+                                          initial_state=self.recurrent[None], output_final_state=True,
+                                          use_qk_l2norm_in_kernel=True)
+        self.recurrent.copy_(final[0])
+        columns = kept + torch.arange(self.width, device=kept.device)
+        self.conv.copy_(record.window.index_select(1, columns))
+
+
+def _rope_partial(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """Rotary on the first cos.shape[-1] dims of each head (Qwen3.5's partial rotary), the rest as they are."""
+    rotary = cos.shape[-1]
+    return torch.cat([_rope(x[..., :rotary], cos, sin), x[..., rotary:]], dim=-1)
+
+
+class StaticHybridTarget:
+    """A Qwen3.5-style hybrid causal LM over static caches, StaticTarget's interface as the loop uses it:
+    `forward(ids, start)` runs ids [1, n] at positions start..start+n-1 (start: a long tensor [1]) and returns the
+    logits [n, V] and the concatenated features of `layer_ids` [n, F]. Unlike StaticTarget, a forward either
+    commits its n tokens to the GDN states (`commit=True`: a prefill, an autoregressive step) or leaves them
+    and records the tokens, and `keep(kept, n)` then commits the first `kept` (a device tensor)."""
+
+    def __init__(self, model: torch.nn.Module, max_len: int, layer_ids: list[int] | None = None,
+                 backend: str | None = None):
+        why = hybrid_unsupported(model)
+        if why is not None:
+            raise DflashEvalError(f"StaticHybridTarget cannot run this target: {why}")
+        self.model, self.max_len = model, int(max_len)
+        inner = model.model
+        self.layers = list(inner.layers)
+        self.layer_ids = list(layer_ids or [])
+        weight = inner.embed_tokens.weight
+        self.device, self.dtype = weight.device, weight.dtype
+        self.kernels = gdn_kernels(backend, self.device)
+        self.cos, self.sin = _tables(inner.rotary_emb, self.max_len, weight[:1])
+        self.gdn: dict[int, _GdnLayer] = {}
+        self.keys: dict[int, torch.Tensor] = {}
+        self.values: dict[int, torch.Tensor] = {}
+        kv_heads = model.config.num_key_value_heads
+        for i, layer in enumerate(self.layers):
+            if getattr(layer, "linear_attn", None) is not None:
+                self.gdn[i] = _GdnLayer(layer.linear_attn, self.kernels)
+                continue
+            shape = (1, kv_heads, self.max_len, layer.self_attn.head_dim)
+            self.keys[i] = torch.zeros(shape, device=self.device, dtype=self.dtype)
+            self.values[i] = torch.zeros(shape, device=self.device, dtype=self.dtype)
+        self.key_index = torch.arange(self.max_len, device=self.device)
+
+    def prepare(self, n: int) -> None:
+        """Allocate the records of an n-token verify (call before capturing a step that records)."""
+        for layer in self.gdn.values():
+            layer.prepare(n)
+
+    def reset(self) -> None:
+        """Empty GDN states: a new sequence (the attention caches need none: their masks go by position)."""
+        for layer in self.gdn.values():
+            layer.reset()
+
+    def keep(self, kept: torch.Tensor, n: int) -> None:
+        """Commit the first `kept` ([1] long) tokens of the last recorded n-token verify to the GDN states."""
+        for layer in self.gdn.values():
+            layer.keep(kept, n)
+
+    def _attention(self, i: int, attn: torch.nn.Module, x: torch.Tensor, slots: torch.Tensor,
+                   cos: torch.Tensor, sin: torch.Tensor, visible: torch.Tensor, span: int) -> torch.Tensor:
+        """Qwen3.5's gated attention (q/k RMSNorm, partial rotary, sigmoid output gate) over the static cache."""
+        n, d = x.shape[1], attn.head_dim
+        query, gate = torch.chunk(attn.q_proj(x).view(1, n, -1, 2 * d), 2, dim=-1)
+        q = _rope_partial(attn.q_norm(query).transpose(1, 2), cos, sin)
+        k = _rope_partial(attn.k_norm(attn.k_proj(x).view(1, n, -1, d)).transpose(1, 2), cos, sin)
+        v = attn.v_proj(x).view(1, n, -1, d).transpose(1, 2)
+        self.keys[i].index_copy_(2, slots, k)
+        self.values[i].index_copy_(2, slots, v)
+        keys, values = self.keys[i][:, :, :span], self.values[i][:, :, :span]
+        out = F.scaled_dot_product_attention(q, keys, values, attn_mask=visible[None, None], scale=attn.scaling,
+                                             enable_gqa=q.shape[1] != keys.shape[1])
+        out = out.transpose(1, 2).reshape(1, n, -1) * torch.sigmoid(gate.reshape(1, n, -1))
+        return attn.o_proj(out)
+
+    @torch.inference_mode()
+    def forward(self, ids: torch.Tensor, start: torch.Tensor, features: bool = True, span: int | None = None,
+                tree: tuple[torch.Tensor, torch.Tensor] | None = None,
+                commit: bool = True) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """`span`: attend over the first `span` cache positions only (as StaticTarget). `commit`: see the class.
+        A tree verify has no GDN equivalent here (its branches would need a state each)."""
+        if tree is not None:
+            raise DflashEvalError("a tree verify is not supported on a Gated DeltaNet hybrid target")
+        inner, n = self.model.model, ids.shape[1]
+        span = self.max_len if span is None else int(span)
+        slots = start + torch.arange(n, device=self.device)
+        visible = self.key_index[:span][None, :] <= slots[:, None]
+        cos, sin = self.cos[slots][None, None], self.sin[slots][None, None]
+        hidden = inner.embed_tokens(ids)
+        captured: dict[int, torch.Tensor] = {}
+        last = len(self.layers) - 1
+        for i, layer in enumerate(self.layers):
+            x = layer.input_layernorm(hidden)
+            if i in self.gdn:
+                hidden = hidden + self.gdn[i].forward(x, commit)
+            else:
+                hidden = hidden + self._attention(i, layer.self_attn, x, slots, cos, sin, visible, span)
+            hidden = hidden + layer.mlp(layer.post_attention_layernorm(hidden))
+            if i in self.layer_ids and i != last:
+                captured[i] = hidden
+        normed = inner.norm(hidden)
+        if last in self.layer_ids:  # as StaticTarget: the last layer's feature is the final-norm output
+            captured[last] = normed
+        logits = self.model.lm_head(normed)[0]
+        if not (features and self.layer_ids):
+            return logits, None
+        return logits, torch.cat([captured[i] for i in self.layer_ids], dim=-1)[0]
+
+
+class StaticHybridLoop(StaticLoop):
+    """StaticLoop for a Gated DeltaNet hybrid target (StaticHybridTarget) and one DFlash drafter: the same steps
+    and API (`generate`, `step_terms`), except that the verify of a block b > 1 leaves the GDN states as they
+    were (its snapshot) and the captured accept step commits the accepted tokens to them (`keep`). Block 1 (the
+    autoregressive baseline) commits in its verify, as a server's decode step does. `backend`: gdn_kernels'."""
+
+    def __init__(self, target: torch.nn.Module, drafter: torch.nn.Module | None, max_len: int,
+                 blocks: list[int], graphs: bool, backend: str | None = None):
+        # StaticLoop.__init__ builds a StaticTarget (which refuses a hybrid): the same buffers, built here
+        self.blocks = sorted({1} | {int(b) for b in blocks})
+        width = -(-(int(max_len) + 2 * max(self.blocks) + 1) // 64) * 64  # as StaticLoop: a full last block fits
+        self.max_len = int(max_len)
+        with torch.inference_mode():
+            layer_ids = list(drafter.target_layer_ids) if drafter is not None else []
+            self.target = StaticHybridTarget(target, width, layer_ids, backend)
+            for b in self.blocks:
+                if b > 1:
+                    self.target.prepare(b)
+            self.drafter = None if drafter is None else StaticDrafter(
+                drafter, target.get_input_embeddings().weight, target.lm_head, width)
+            self._buffers(target, width, layer_ids)
+        self.graphs = bool(graphs) and self.device.type == "cuda"
+        self.steps: dict[tuple[str, int], Callable[[], None]] = {}
+        for b in self.blocks:
+            if b > 1 and self.drafter is None:
+                raise ValueError(f"block {b} needs a drafter")
+            self.steps[("verify", b)] = self._capture(lambda b=b: self._verify(b))
+            self.steps[("accept", b)] = self._capture(lambda b=b: self._accept(b))
+            if b > 1:
+                self.steps[("draft", b)] = self._capture(lambda b=b: self._draft(b))
+                self.steps[("keep", b)] = self._capture(lambda b=b: self.target.keep(self.acc + 1, b))
+
+    def _buffers(self, target: torch.nn.Module, width: int, layer_ids: list[int]) -> None:
+        """StaticLoop's static buffers: positions, acceptance, output, and each block's ids, logits, features."""
+        device = self.device = self.target.device
+        self.mask_id = -1 if self.drafter is None else int(self.drafter.mask_token_id)
+        long = dict(device=device, dtype=torch.long)
+        self.start, self.ctx_start = torch.zeros(1, **long), torch.zeros(1, **long)
+        self.sim, self.acc = torch.zeros(1, **long), torch.zeros(1, **long)
+        self.out = torch.full((width + max(self.blocks) + 1,), max(self.mask_id, 0), **long)
+        vocab = int(target.get_input_embeddings().weight.shape[0])
+        self.ids = {b: torch.zeros(1, b, **long) for b in self.blocks}
+        self.logits = {b: torch.zeros(b, vocab, device=device, dtype=self.target.dtype) for b in self.blocks}
+        feature_width = len(layer_ids) * int(target.config.hidden_size)
+        self.features = {b: torch.zeros(b, feature_width, device=device, dtype=self.target.dtype)
+                         for b in self.blocks if b > 1}
+
+    def _verify(self, b: int) -> None:
+        logits, features = self.target.forward(self.ids[b], self.start, features=b > 1, commit=b == 1)
+        self.logits[b].copy_(logits)
+        if features is not None:
+            self.features[b].copy_(features)
+
+    def _accept(self, b: int) -> None:
+        super()._accept(b)
+        if b > 1:  # the bonus and the acc accepted drafts are the block's kept tokens
+            self.target.keep(self.acc + 1, b)
+
+    @torch.inference_mode()
+    def prefill(self, prompt: torch.Tensor, block: int) -> int:
+        """StaticLoop's prefill from empty GDN states (the captures and the last sequence left theirs)."""
+        self.target.reset()
+        return super().prefill(prompt, block)
+
+    @torch.inference_mode()
+    def step_terms(self, block: int, repeats: int, budget_s: float = 1.0, at: int | None = None) -> dict[str, dict]:
+        """StaticLoop's terms (`accept_host` includes the GDN rollback, as the loop pays it), and for b > 1
+        `rollback`: the GDN replay and conv gather alone (what a verify of a hybrid costs beyond its forward)."""
+        terms = super().step_terms(block, repeats, budget_s, at)
+        if block > 1:
+            position = self.max_len // 2 if at is None else int(at)
+
+            def reset() -> None:
+                self.start.fill_(position)
+                self.acc.fill_(block - 1)
+
+            terms["rollback"] = timed_ms(self.steps[("keep", block)], self.device, repeats, setup=reset,
+                                         budget_s=budget_s)
+        return terms
