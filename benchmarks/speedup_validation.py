@@ -3,8 +3,10 @@
 Two live loops (`--loop`, `graphs` by default on CUDA):
 - `graphs`: a loop that runs like a server (dflash_eval/speedup/static_loop.py): static KV caches, the target's
   forward captured as a CUDA graph at size 1 (autoregressive) and b (a chain verify), the drafter's at block b,
-  greedy acceptance on the device, one host sync per step (on a CPU the same loop runs eagerly). Pure-attention
-  targets only: a Gated DeltaNet hybrid runs the eager loop, and its section says why.
+  greedy acceptance on the device, one host sync per step (on a CPU the same loop runs eagerly). A Gated DeltaNet
+  hybrid runs speedup/static_hybrid.py's loop: its recurrent and conv states after the kept prefix of a verify
+  are replayed from the untouched pre-verify state inside the captured accept step (SGLang instead writes
+  per-token states in its verify kernel), a per-step term of this loop that `accept+host` holds.
 - `eager`: `dflash.model.dflash_generate` (batch 1, temperature 0; exact rollback on a hybrid target) against the
   same function at block size 1 (the same cache, the same host sync per step), HF transformers + fla on CUDA.
 Speedup = decode time of the autoregressive loop / decode time of the speculative one for the same number of
@@ -213,19 +215,25 @@ def record_validation(args: argparse.Namespace, device_name: str) -> None:
 def static_rows(name: str, shape: dict, layers: int, target, drafter, prompts, runner, features, tokens,
                 context: int, args: argparse.Namespace, device: torch.device, deadline: float,
                 skipped: list[str]) -> list[str]:
-    """The graph loop's section: the product's prediction, the loop's own terms, and the measured speedup."""
+    """The graph loop's section: the product's prediction, the loop's own terms, and the measured speedup. A Gated
+    DeltaNet hybrid runs speedup/static_hybrid.py's loop (fla on CUDA, chosen by name; the recurrent state after
+    the kept prefix replayed inside the accept graph), a pure-attention target static_loop.py's."""
+    from dflash_eval.speedup.static_hybrid import StaticHybridLoop
     from dflash_eval.speedup.static_loop import StaticLoop
 
     blocks = sorted(args.blocks)
     graphs = device.type == "cuda"
+    hybrid = is_hybrid(target)
+    loop_class = StaticHybridLoop if hybrid else StaticLoop
+    target_kind = "Gated DeltaNet hybrid" if hybrid else "pure attention"
     built = time.perf_counter()
-    loop = StaticLoop(target, drafter, args.prompt_tokens + args.new_tokens + 1, blocks, graphs=graphs)
+    loop = loop_class(target, drafter, args.prompt_tokens + args.new_tokens + 1, blocks, graphs=graphs)
     for block in blocks:  # warm-up
         loop.generate(prompts[0], min(8, args.new_tokens), block, 2.0)
     captured_s = time.perf_counter() - built
     replay_check = "not checked (no graphs on this device)"
     if graphs:  # the graphs' tokens and steps against the same loop run eagerly (tests/speedup holds it in fp32)
-        eager = StaticLoop(target, drafter, args.prompt_tokens + args.new_tokens + 1, blocks, graphs=False)
+        eager = loop_class(target, drafter, args.prompt_tokens + args.new_tokens + 1, blocks, graphs=False)
         a, b = (each.generate(prompts[0], args.new_tokens, max(blocks), 4.0, seed=7) for each in (loop, eager))
         same = a.acceptance_lengths == b.acceptance_lengths and torch.equal(a.output_ids, b.output_ids)
         replay_check = "equal" if same else "DIFFERENT"
@@ -237,7 +245,7 @@ def static_rows(name: str, shape: dict, layers: int, target, drafter, prompts, r
     t_ar, verify = first["t_ar_ms"], first["t_verify_ms"]
     ar_loop, ar_host = ar_terms["verify"]["ms"], ar_terms["accept_host"]["ms"]
     kind = "CUDA graphs" if graphs else "static cache, eager (no graphs on this device)"
-    head = (f"### {name}: {layers} of {shape['full_layers']} layers (pure attention), loop `graphs` ({kind}; "
+    head = (f"### {name}: {layers} of {shape['full_layers']} layers ({target_kind}), loop `graphs` ({kind}; "
             f"captured and warmed in {captured_s:.0f} s; graph replay against the eager static loop at block "
             f"{max(blocks)}, tau 4: {replay_check}), {args.prompts} prompts x {args.prompt_tokens} tokens, "
             f"{args.new_tokens} new tokens, profile context {context}. T_AR: the product's profile "
@@ -263,12 +271,12 @@ def static_rows(name: str, shape: dict, layers: int, target, drafter, prompts, r
             from_loop = expected_speedup(run.tau, ar_loop, draft, check)
             with_host = expected_speedup(run.tau, ar_loop + ar_host, draft + check + host, 0.0)
             measured = measured_speedup(autoregressive, run)
-            add_cell(args, name, "pure attention", "chain", measured / product, first["method"], draft_method)
+            add_cell(args, name, target_kind, "chain", measured / product, first["method"], draft_method)
             rows.append(f"| {block} | {tau} | {run.tau:.2f} | {product_draft:.2f} / {draft:.2f} | "
                         f"{verify[str(block)]:.2f} / {check:.2f} | {host:.3f} | {run.ms_per_step:.2f} | "
                         f"{product:.2f} | {product_host:.2f} | {from_loop:.2f} | {with_host:.2f} | {measured:.2f} | "
                         f"{measured / product:.3f} | {measured / with_host:.3f} |")
-    if args.budgets:
+    if args.budgets and not hybrid:  # no tree verify on a hybrid (static_hybrid.py refuses it; docs/speedup.md)
         rows += tree_rows(name, target, drafter, prompts, runner, features, tokens, context, args, autoregressive,
                           first, deadline, skipped)
     return rows
@@ -383,14 +391,6 @@ def eager_rows(name: str, shape: dict, layers: int, target, drafter, prompts, ru
     return rows
 
 
-GDN_STATIC = ("a graph loop needs the target's state after the accepted prefix of a verify: attention has it by "
-              "position; transformers' Qwen3.5 Gated DeltaNet layer keeps one conv and one recurrent state per layer "
-              "and fla's chunked kernel returns only the state after all b tokens, so it needs per-token states "
-              "(SGLang 0.5.23 writes them to an intermediate_states_buffer in its GDN verify kernel, "
-              "layers/attention/linear/kernels/gdn_triton.py, and keeps the one at the last accepted step) or a "
-              "snapshot and a captured replay of the k kept tokens at every k; neither is built yet")
-
-
 def shape_rows(name: str, args: argparse.Namespace, device: torch.device, dtype: torch.dtype, deadline: float,
                skipped: list[str]) -> list[str]:
     shape = SHAPES[name]
@@ -406,7 +406,7 @@ def shape_rows(name: str, args: argparse.Namespace, device: torch.device, dtype:
     features = torch.randn(context + 1, len(drafter.target_layer_ids) * shape["hidden"], generator=generator)
     features, tokens = features.to(device=device, dtype=dtype), prompts[0][0].repeat(context // args.prompt_tokens + 2)
     common = (name, shape, layers, target, drafter, prompts, runner, features, tokens, context, args)
-    if args.loop == "graphs" and not is_hybrid(target):
+    if args.loop == "graphs":
         try:
             rows = static_rows(*common, device, deadline, skipped)
         except Exception as error:  # noqa: BLE001  recorded, and the shape still gets the eager loop's cells
@@ -415,8 +415,7 @@ def shape_rows(name: str, args: argparse.Namespace, device: torch.device, dtype:
             traceback.print_exc()
             rows = eager_rows(*common, f"the graph loop failed: {type(error).__name__}: {error}", deadline, skipped)
     else:
-        why = GDN_STATIC if args.loop == "graphs" else "asked"
-        rows = eager_rows(*common, why, deadline, skipped)
+        rows = eager_rows(*common, "asked", deadline, skipped)
     rows[1] += f" (model built in {time.perf_counter() - started:.0f} s with everything above)"
     del target, drafter, runner
     if device.type == "cuda":
