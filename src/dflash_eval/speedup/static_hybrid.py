@@ -26,7 +26,7 @@ from torch.nn import functional as F
 
 from dflash_eval.errors import DflashEvalError
 from dflash_eval.speedup.static_loop import StaticLoop
-from dflash_eval.speedup.static_models import StaticDrafter, _rope, _tables
+from dflash_eval.speedup.static_models import StaticDrafter, _rope
 from dflash_eval.speedup.timing import timed_ms
 
 MODELING = "transformers.models.qwen3_5.modeling_qwen3_5"
@@ -106,8 +106,8 @@ class _GdnLayer:
         gdn, like = self.gdn, self.conv
         self.records[n] = _Record(
             window=torch.zeros(gdn.conv_dim, self.width + n, device=like.device, dtype=like.dtype),
-            q=torch.zeros(1, n, gdn.num_k_heads, gdn.head_k_dim, device=like.device, dtype=like.dtype),
-            k=torch.zeros(1, n, gdn.num_k_heads, gdn.head_k_dim, device=like.device, dtype=like.dtype),
+            q=torch.zeros(1, n, gdn.num_v_heads, gdn.head_k_dim, device=like.device, dtype=like.dtype),
+            k=torch.zeros(1, n, gdn.num_v_heads, gdn.head_k_dim, device=like.device, dtype=like.dtype),
             v=torch.zeros(1, n, gdn.num_v_heads, gdn.head_v_dim, device=like.device, dtype=like.dtype),
             g=torch.zeros(1, n, gdn.num_v_heads, device=like.device, dtype=torch.float32),
             beta=torch.zeros(1, n, gdn.num_v_heads, device=like.device, dtype=like.dtype))
@@ -126,8 +126,11 @@ class _GdnLayer:
         conv = F.conv1d(window[None].to(weight.dtype), weight, gdn.conv1d.bias, groups=gdn.conv_dim)
         post = F.silu(conv).to(x.dtype)[0].transpose(0, 1)  # [n, conv_dim]
         q, k, v = torch.split(post, [gdn.key_dim, gdn.key_dim, gdn.value_dim], dim=-1)
-        q = q.reshape(1, n, gdn.num_k_heads, gdn.head_k_dim)
-        k = k.reshape(1, n, gdn.num_k_heads, gdn.head_k_dim)
+        # q and k per value head (head i reads key head i // r), as transformers 5.17 passes them: its torch kernel
+        # (and the H200 image's) needs equal head counts; kernels that group heads themselves compute the same
+        r = gdn.num_v_heads // gdn.num_k_heads
+        q = q.reshape(1, n, gdn.num_k_heads, gdn.head_k_dim).repeat_interleave(r, dim=2)
+        k = k.reshape(1, n, gdn.num_k_heads, gdn.head_k_dim).repeat_interleave(r, dim=2)
         v = v.reshape(1, n, gdn.num_v_heads, gdn.head_v_dim)
         beta = gdn.in_proj_b(x).sigmoid()
         g = -gdn.A_log.float().exp() * F.softplus(gdn.in_proj_a(x).float() + gdn.dt_bias)
@@ -163,6 +166,15 @@ class _GdnLayer:
         self.conv.copy_(record.window.index_select(1, columns))
 
 
+def _text_tables(rotary: torch.nn.Module, length: int, like: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos, sin [L, rotary dim] for text positions 0..L-1. Qwen3.5's rotary is multimodal (one position row per
+    grid axis, all equal for text): transformers 5.17 indexes them as [3, batch, L] and fails on [batch, L] (the
+    H200 image's version); 5.24 expands either, so the three rows are passed."""
+    positions = torch.arange(length, device=like.device)[None, None].expand(3, 1, length)
+    cos, sin = rotary(like, positions)
+    return cos[0], sin[0]
+
+
 def _rope_partial(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
     """Rotary on the first cos.shape[-1] dims of each head (Qwen3.5's partial rotary), the rest as they are."""
     rotary = cos.shape[-1]
@@ -188,7 +200,7 @@ class StaticHybridTarget:
         weight = inner.embed_tokens.weight
         self.device, self.dtype = weight.device, weight.dtype
         self.kernels = gdn_kernels(backend, self.device)
-        self.cos, self.sin = _tables(inner.rotary_emb, self.max_len, weight[:1])
+        self.cos, self.sin = _text_tables(inner.rotary_emb, self.max_len, weight[:1])
         self.gdn: dict[int, _GdnLayer] = {}
         self.keys: dict[int, torch.Tensor] = {}
         self.values: dict[int, torch.Tensor] = {}
