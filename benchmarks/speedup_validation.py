@@ -454,6 +454,12 @@ def main() -> int:
     args = parser.parse_args()
     args.cells = []
     device = torch.device(args.device)
+    if device.type != "cuda" and not args.smoke:  # a CPU's timings say nothing about serving: printed, never kept
+        if args.record == parser.get_default("record"):
+            args.record = None
+        args.validation_record = None
+        print("on a CPU nothing is recorded by default (the .md record needs --record; the validation record is "
+              "never written)")
     args.loop = args.loop or ("graphs" if device.type == "cuda" else "eager")
     dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
     import transformers.models.qwen3_5.modeling_qwen3_5  # noqa: F401  loaded, so that the binding reaches it
