@@ -55,7 +55,7 @@ from dflash_eval.demo.live_loop import is_hybrid, measured_speedup, run_loop
 from dflash_eval.evaluate.blocks import BlockDrafter
 from dflash_eval.evaluate.draft_timing import drafter_step_ms
 from dflash_eval.evaluate.draft_timing import timing_method as draft_timing_method
-from dflash_eval.extract.backends import bind_backend
+from dflash_eval.extract.backends import bind_backend, gdn_kernels
 from dflash_eval.extract.profile import measure_target
 from dflash_eval.speedup import validation
 from dflash_eval.speedup.labels import MEASURED
@@ -227,13 +227,14 @@ def static_rows(name: str, shape: dict, layers: int, target, drafter, prompts, r
     loop_class = StaticHybridLoop if hybrid else StaticLoop
     target_kind = "Gated DeltaNet hybrid" if hybrid else "pure attention"
     built = time.perf_counter()
-    loop = loop_class(target, drafter, args.prompt_tokens + args.new_tokens + 1, blocks, graphs=graphs)
+    kernels = {"kernels": gdn_kernels(None, device)} if hybrid else {}  # fla on CUDA, torch elsewhere: by name
+    loop = loop_class(target, drafter, args.prompt_tokens + args.new_tokens + 1, blocks, graphs=graphs, **kernels)
     for block in blocks:  # warm-up
         loop.generate(prompts[0], min(8, args.new_tokens), block, 2.0)
     captured_s = time.perf_counter() - built
     replay_check = "not checked (no graphs on this device)"
     if graphs:  # the graphs' tokens and steps against the same loop run eagerly (tests/speedup holds it in fp32)
-        eager = loop_class(target, drafter, args.prompt_tokens + args.new_tokens + 1, blocks, graphs=False)
+        eager = loop_class(target, drafter, args.prompt_tokens + args.new_tokens + 1, blocks, graphs=False, **kernels)
         a, b = (each.generate(prompts[0], args.new_tokens, max(blocks), 4.0, seed=7) for each in (loop, eager))
         same = a.acceptance_lengths == b.acceptance_lengths and torch.equal(a.output_ids, b.output_ids)
         replay_check = "equal" if same else "DIFFERENT"

@@ -9,6 +9,7 @@ import torch
 from dflash_eval import methods
 from dflash_eval.cache.serving_profile import PROFILE_NAME, load_profile
 from dflash_eval.extract import profile as profiling
+from dflash_eval.extract.backends import BackendUnavailable
 from dflash_eval.extract.profile import (
     measure_target,
     sizes_to_measure,
@@ -88,6 +89,26 @@ def test_the_static_cache_path_and_the_method_the_profile_names():
         measure_target(target, 8, 1, [2], method="compiled")
 
 
+def test_a_hybrid_target_has_the_static_path_too_with_its_kernels_named(monkeypatch):
+    """A Gated DeltaNet hybrid runs the validated hybrid loop's forward (speedup/static_hybrid.py): its one-token
+    step commits the states as a decode step does, an n-token verify leaves them and records its tokens."""
+    from dflash_eval.speedup import static_hybrid
+
+    target, made = tiny_target(seed=0), []
+    real = static_hybrid.StaticHybridTarget.__init__
+
+    def spy(self, model, max_len, kernels, layer_ids=None):
+        made.append(kernels.name)
+        real(self, model, max_len, kernels, layer_ids)
+    monkeypatch.setattr(static_hybrid.StaticHybridTarget, "__init__", spy)
+    profile = measure_target(target, context_tokens=40, repeats=2, verify_tokens=[3, 17], method="static",
+                             backend="torch")
+    assert made == ["torch"] and profile["hybrid"] is True and profile["method"] == "static"
+    assert sorted(profile["t_verify_ms"], key=int) == ["1", "3", "17"] and profile["t_ar_ms"] > 0
+    with pytest.raises(BackendUnavailable, match="cannot run on device 'cpu'"):  # named: never silently another
+        measure_target(target, context_tokens=8, repeats=1, verify_tokens=[2], method="static", backend="fla")
+
+
 def test_the_total_cap_bounds_the_profile():
     """With nothing left of the total, each size stops at 3 calls (the fewest a spread needs), unstable."""
     profile = measure_target(_attention_target(), context_tokens=16, repeats=10, verify_tokens=[2, 4],
@@ -110,3 +131,14 @@ def test_a_profile_of_another_target_is_not_compared(tmp_path, monkeypatch, capl
         written = json.loads(write_target_profile(target, tmp_path, options).read_text())
     assert written["previous"]["found_at"] == str(tmp_path / PROFILE_NAME) and written["previous"]["agree"] is False
     assert f"serving profile {tmp_path / PROFILE_NAME} (against the one it replaces, found there)" in caplog.text
+
+
+@pytest.mark.gpu
+def test_a_hybrid_target_on_cuda_is_timed_as_graphs_with_fla():
+    """On a GPU with fla: the hybrid's profile is graph-timed (the validated hybrid loop's forward), by default."""
+    target = tiny_target(seed=0).to("cuda", torch.bfloat16)
+    method, why = profiling.timing_method(target)
+    assert method == "graphs" and "Gated DeltaNet hybrid" in why
+    profile = measure_target(target, context_tokens=40, repeats=3, verify_tokens=[3, 17], backend="fla")
+    assert profile["method"] == "graphs" and profile["hybrid"] is True and profile["t_ar_ms"] > 0
+    assert sorted(profile["t_verify_ms"], key=int) == ["1", "3", "17"]

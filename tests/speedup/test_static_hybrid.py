@@ -12,18 +12,18 @@ import torch
 from dflash_eval.demo.live_loop import _host_clock_on_cpu
 from dflash_eval.demo.reference import exact_target_rollback
 from dflash_eval.errors import DflashEvalError
-from dflash_eval.extract.backends import BackendUnavailable, use_backend
+from dflash_eval.extract.backends import BackendUnavailable, gdn_kernels, use_backend
 from dflash_eval.speedup.simulate import forced_acceptance
 from dflash_eval.speedup.static_hybrid import (
     StaticHybridLoop,
     StaticHybridTarget,
     _GdnLayer,
-    gdn_kernels,
     hybrid_unsupported,
 )
 from tests.support.tiny import tiny_drafter, tiny_target
 
 LAYERS = [0, 3]  # a GDN layer's output, and the last layer's (the final-norm output, as dflash takes it)
+TORCH = gdn_kernels("torch", torch.device("cpu"))  # the CPU's kernels, named (extract/backends.py)
 
 
 @pytest.fixture(scope="module")
@@ -47,7 +47,7 @@ def test_verify_blocks_with_any_kept_count_equal_the_hf_forward_over_the_kept_to
     every row of every block equals the HF forward of everything kept so far plus the block."""
     target, _ = models
     ids = torch.randint(2, 290, (1, 64), generator=torch.Generator().manual_seed(2))
-    static = StaticHybridTarget(target, 128, LAYERS)
+    static = StaticHybridTarget(target, 128, TORCH, LAYERS)
     static.prepare(4)
     kept, cursor = ids[:, :11], 11
     with torch.inference_mode():
@@ -70,7 +70,7 @@ def test_verify_blocks_with_any_kept_count_equal_the_hf_forward_over_the_kept_to
 def test_a_verify_leaves_the_states_and_keep_all_equals_a_commit(models) -> None:
     target, _ = models
     ids = torch.randint(2, 290, (1, 14), generator=torch.Generator().manual_seed(3))
-    recorded, committed = StaticHybridTarget(target, 64), StaticHybridTarget(target, 64)
+    recorded, committed = StaticHybridTarget(target, 64, TORCH), StaticHybridTarget(target, 64, TORCH)
     recorded.prepare(4)
     zero = torch.zeros(1, dtype=torch.long)
     with torch.inference_mode():
@@ -108,7 +108,7 @@ def test_equals_dflash_generate_step_for_step(models, prompt_len: int, tau: floa
     rejected draft would change the output); a prompt shorter than the block pads the first context."""
     target, drafter = models
     prompt = torch.randint(2, 290, (1, prompt_len), generator=torch.Generator().manual_seed(prompt_len))
-    loop = StaticHybridLoop(target, drafter, 64, [4], graphs=False)
+    loop = StaticHybridLoop(target, drafter, 64, [4], graphs=False, kernels=TORCH)
     run = loop.generate(prompt, 30, 4, tau, seed=3)
     expected = _reference(drafter, target, prompt, 30, 4, tau, seed=3)
     assert run.acceptance_lengths == expected.acceptance_lengths
@@ -122,7 +122,7 @@ def test_one_loop_at_two_block_sizes_keeps_a_record_per_size(models) -> None:
     """Blocks 2 and 4 in one loop (each its own verify record), alternating: each equals the reference."""
     target, drafter = models
     prompt = torch.randint(2, 290, (1, 9), generator=torch.Generator().manual_seed(9))
-    loop = StaticHybridLoop(target, drafter, 64, [2, 4], graphs=False)
+    loop = StaticHybridLoop(target, drafter, 64, [2, 4], graphs=False, kernels=TORCH)
     for block, tau in [(2, 1.5), (4, 2.6), (2, None)]:
         run = loop.generate(prompt, 25, block, tau, seed=4)
         expected = _reference(drafter, target, prompt, 25, block, tau, seed=4)
@@ -136,7 +136,7 @@ def test_without_the_rollback_the_output_differs(models, monkeypatch) -> None:
     prompt = torch.randint(2, 290, (1, 9), generator=torch.Generator().manual_seed(9))
     original = _GdnLayer.keep
     monkeypatch.setattr(_GdnLayer, "keep", lambda self, kept, n: original(self, torch.full_like(kept, n), n))
-    run = StaticHybridLoop(target, drafter, 64, [4], graphs=False).generate(prompt, 30, 4, 2.6, seed=3)
+    run = StaticHybridLoop(target, drafter, 64, [4], graphs=False, kernels=TORCH).generate(prompt, 30, 4, 2.6, seed=3)
     monkeypatch.undo()
     assert not torch.equal(run.output_ids, _reference(drafter, target, prompt, 30, 4, 2.6, seed=3).output_ids)
 
@@ -144,7 +144,7 @@ def test_without_the_rollback_the_output_differs(models, monkeypatch) -> None:
 def test_the_autoregressive_loop_is_the_targets_greedy_output(models) -> None:
     target, drafter = models
     prompt = torch.randint(2, 290, (1, 7), generator=torch.Generator().manual_seed(1))
-    loop = StaticHybridLoop(target, drafter, 64, [4], graphs=False)
+    loop = StaticHybridLoop(target, drafter, 64, [4], graphs=False, kernels=TORCH)
     loop.generate(prompt, 12, 4, 2.0)  # a previous sequence's states must not leak into the next
     run = loop.generate(prompt, 20, 1)
     with torch.no_grad():
@@ -155,7 +155,7 @@ def test_the_autoregressive_loop_is_the_targets_greedy_output(models) -> None:
 
 def test_step_terms_add_the_rollback(models) -> None:
     target, drafter = models
-    loop = StaticHybridLoop(target, drafter, 64, [4], graphs=False)
+    loop = StaticHybridLoop(target, drafter, 64, [4], graphs=False, kernels=TORCH)
     terms = loop.step_terms(4, repeats=2, budget_s=0.05)
     assert set(terms) == {"verify", "draft", "accept_host", "rollback"} and all(t["ms"] > 0 for t in terms.values())
     assert set(loop.step_terms(1, repeats=2, budget_s=0.05)) == {"verify", "accept_host"}
@@ -188,8 +188,8 @@ def test_what_the_hybrid_target_refuses(models) -> None:
     assert "StaticLoop" in hybrid_unsupported(attention)
     assert "Qwen3NextGatedDeltaNet" in hybrid_unsupported(nxt)  # its fused in_proj_qkvz is not written here
     with pytest.raises(DflashEvalError, match="pure-attention"):
-        StaticHybridTarget(attention, 64)
-    static = StaticHybridTarget(models[0], 64)
+        StaticHybridTarget(attention, 64, TORCH)
+    static = StaticHybridTarget(models[0], 64, TORCH)
     with pytest.raises(DflashEvalError, match=r"prepare\(3\)"):
         static.forward(torch.zeros(1, 3, dtype=torch.long), torch.zeros(1, dtype=torch.long), commit=False)
     tree = (torch.zeros(2, dtype=torch.long), torch.ones(2, 2, dtype=torch.bool))
@@ -218,8 +218,9 @@ def test_graph_replay_equals_the_eager_loop_on_cuda() -> None:
     target = _gpu_target(torch.bfloat16)
     drafter = tiny_drafter(LAYERS, block_size=4, hidden=256).to("cuda", torch.bfloat16)
     prompt = torch.randint(2, 290, (1, 9), generator=torch.Generator().manual_seed(0)).cuda()
-    eager = StaticHybridLoop(target, drafter, 64, [4], graphs=False, backend="fla")
-    graphs = StaticHybridLoop(target, drafter, 64, [4], graphs=True, backend="fla")
+    fla = gdn_kernels("fla", torch.device("cuda"))
+    eager = StaticHybridLoop(target, drafter, 64, [4], graphs=False, kernels=fla)
+    graphs = StaticHybridLoop(target, drafter, 64, [4], graphs=True, kernels=fla)
     assert graphs.graphs and graphs.target.kernels.name == "fla"
     for block, tau in [(1, None), (4, None), (4, 2.6), (4, 3.7)]:
         a = eager.generate(prompt, 30, block, tau, seed=5)
@@ -236,7 +237,7 @@ def test_fla_kernels_give_the_hf_forward_with_fla_bound() -> None:
     within bf16 noise (relative error of the logits under 3%)."""
     target = _gpu_target(torch.bfloat16)
     ids = torch.randint(2, 290, (1, 48), generator=torch.Generator().manual_seed(2)).cuda()
-    static = StaticHybridTarget(target, 128, LAYERS, backend="fla")
+    static = StaticHybridTarget(target, 128, gdn_kernels("fla", torch.device("cuda")), LAYERS)
     static.prepare(4)
 
     def near(actual: torch.Tensor, expected: torch.Tensor) -> None:

@@ -27,6 +27,7 @@ from typing import Any, Literal
 import torch
 
 from dflash_eval.errors import DflashEvalError
+from dflash_eval.speedup.static_hybrid import GdnKernels
 
 log = logging.getLogger(__name__)
 
@@ -179,6 +180,18 @@ def _fla_kernels(device: torch.device) -> dict[str, Callable]:
                 f"kernel backend 'fla' on device '{device}': `import {package}` failed ({error}). {fix}"
             ) from error
     return {role: getattr(modules[KERNELS[role][0]], KERNELS[role][1]) for role in ("chunk", "recurrent")}
+
+
+def gdn_kernels(backend: str | None, device: torch.device) -> GdnKernels:
+    """The delta-rule kernels a static hybrid target (speedup/static_hybrid.py) runs, by name (`fla` or `torch`;
+    None: fla on CUDA, torch elsewhere), never by what happens to import."""
+    name = backend or ("fla" if device.type == "cuda" else "torch")
+    _check_name(name)
+    if name == "fla":
+        found = _fla_kernels(device)  # raises BackendUnavailable with the fix where fla cannot run
+        return GdnKernels("fla", found["chunk"], found["recurrent"])
+    module = importlib.import_module(MODELING_MODULES[0])  # Qwen3.5's: the static hybrid target's architecture
+    return GdnKernels("torch", torch_function(module, "chunk"), torch_function(module, "recurrent"))
 
 
 @functools.cache

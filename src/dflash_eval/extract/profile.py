@@ -2,11 +2,14 @@
 
 Batch 1, a KV cache prefilled with `context_tokens` random tokens, each size n timed as a forward of n tokens at
 positions context..context+n-1, the way servers run decode where we can (`method` in the profile):
-- `graphs` (a pure-attention Qwen3-style target on CUDA): a static KV cache (speedup/static_models.py, the
-  validated loop's), each size captured as a CUDA graph and replayed; attention reads the first
-  ceil64(context + n) cache positions, about what a server's paged attention reads;
-- `eager` (otherwise: a Gated DeltaNet hybrid, another architecture, a CPU): the HF forward over a copy of the
-  prefilled DynamicCache, made untimed before each call.
+- `graphs` (on CUDA, a pure-attention Qwen3-style target or a Qwen3.5-style Gated DeltaNet hybrid): a static KV
+  cache (speedup/static_models.py, or speedup/static_hybrid.py with static conv and recurrent states and fla's
+  kernels), the validated loops' own forwards, each size captured as a CUDA graph and replayed; attention reads
+  the first ceil64(context + n) cache positions, about what a server's paged attention reads. A hybrid's
+  one-token step advances its states, as a decode step does; its n-token verify leaves them and records the
+  tokens that a partial acceptance replays, as the validated loop's verify does;
+- `eager` (otherwise: another architecture, a CPU): the HF forward over a copy of the prefilled DynamicCache,
+  made untimed before each call.
 Either way each size repeats until the median's 95% CI is within ±2% of it (speedup/timing.py), capped at
 `SECONDS_PER_SIZE` and, over all sizes, `TOTAL_SECONDS` (the bound on the extract job's extra wall time, beside
 the graph captures: one per size, well under a second each); the profile says which sizes stopped at a cap.
@@ -29,7 +32,9 @@ from typing import Any
 import torch
 
 from dflash_eval.cache.serving_profile import PROFILE_NAME, load_profile
+from dflash_eval.extract.backends import gdn_kernels
 from dflash_eval.io_utils import atomic_write_json
+from dflash_eval.speedup.static_hybrid import StaticHybridTarget, hybrid_unsupported
 from dflash_eval.speedup.static_loop import capture
 from dflash_eval.speedup.static_models import StaticTarget, static_unsupported
 from dflash_eval.speedup.timing import compare, timed_ms, wanted
@@ -62,8 +67,16 @@ def timing_method(model: torch.nn.Module) -> tuple[str, str]:
     device = next(model.parameters()).device
     if device.type != "cuda":
         return "eager", "no CUDA graphs on this device"
+    if _is_hybrid(model):
+        why = hybrid_unsupported(model)
+        return ("eager", why) if why else ("graphs", "a Gated DeltaNet hybrid on CUDA: a static cache and static "
+                                           "GDN states (extraction's kernels), one CUDA graph per size")
     why = static_unsupported(model)
     return ("eager", why) if why else ("graphs", "pure attention on CUDA: a static cache, one CUDA graph per size")
+
+
+def _is_hybrid(model: torch.nn.Module) -> bool:
+    return "linear_attention" in (getattr(getattr(model, "config", None), "layer_types", None) or [])
 
 
 def target_identity(model: torch.nn.Module) -> str:
@@ -96,19 +109,27 @@ def _eager_steps(model: torch.nn.Module, ids: torch.Tensor, context: int):
     return step
 
 
-def _static_steps(model: torch.nn.Module, ids: torch.Tensor, context: int, graphs: bool):
+def _static_steps(model: torch.nn.Module, ids: torch.Tensor, context: int, graphs: bool, backend: str | None):
     """step(n): n tokens at context.. over a static cache prefilled with `context` tokens, a CUDA graph's replay
     (`graphs`) or the same forward eagerly. Each call rewrites the same n cache rows: no copy between calls."""
     width = -(-(ids.shape[1]) // 64) * 64
-    target = StaticTarget(model, width)
+    hybrid = _is_hybrid(model)
+    target = (StaticHybridTarget(model, width, gdn_kernels(backend, next(model.parameters()).device)) if hybrid
+              else StaticTarget(model, width))
     device = target.device
     target.forward(ids[:, :context], torch.zeros(1, dtype=torch.long, device=device), features=False)
     start = torch.full((1,), context, dtype=torch.long, device=device)
 
     def step(n: int) -> tuple[Callable[[], None], None]:
         span = min(width, -(-(context + n) // 64) * 64)
-        return capture(lambda: target.forward(ids[:, context:context + n], start, features=False, span=span),
-                       device, graphs), None
+        if not hybrid:
+            return capture(lambda: target.forward(ids[:, context:context + n], start, features=False, span=span),
+                           device, graphs), None
+        commit = n == 1  # as the validated loop: a decode step advances the states, a verify records (see above)
+        if not commit:
+            target.prepare(n)
+        return capture(lambda: target.forward(ids[:, context:context + n], start, features=False, span=span,
+                                              commit=commit), device, graphs), None
     return step
 
 
@@ -116,10 +137,11 @@ def _static_steps(model: torch.nn.Module, ids: torch.Tensor, context: int, graph
 def measure_target(model: torch.nn.Module, context_tokens: int, repeats: int,
                    verify_tokens: Sequence[int] = DEFAULT_VERIFY_TOKENS, seed: int = 0,
                    seconds_per_size: float | None = None, method: str | None = None,
-                   total_seconds: float | None = None) -> dict[str, Any]:
+                   total_seconds: float | None = None, backend: str | None = None) -> dict[str, Any]:
     """The target's step profile: t_ar_ms (= T_verify(1)), t_verify_ms per n, their spread and CIs.
     `method`: `graphs`, `static` (the graphs' static cache run eagerly: their code path on a CPU) or `eager`;
-    default timing_method's choice."""
+    default timing_method's choice. `backend`: a hybrid's Gated DeltaNet kernels on the static path (`fla` or
+    `torch`, extraction's; None: fla on CUDA, torch elsewhere); the eager path runs whatever is bound."""
     device = next(model.parameters()).device
     chosen, why = timing_method(model)
     if method is not None and method != chosen:
@@ -135,7 +157,7 @@ def measure_target(model: torch.nn.Module, context_tokens: int, repeats: int,
     total = TOTAL_SECONDS if total_seconds is None else total_seconds
     started = time.perf_counter()
     step = (_eager_steps(model, ids, context_tokens) if method == "eager"
-            else _static_steps(model, ids, context_tokens, graphs=method == "graphs"))
+            else _static_steps(model, ids, context_tokens, graphs=method == "graphs", backend=backend))
     verify, spread, ci, counts, unstable = {}, {}, {}, {}, []
     timing_s = 0.0
     for i, n in enumerate(sizes):
@@ -175,7 +197,7 @@ def write_target_profile(model: torch.nn.Module, out: str | Path, options: dict[
     path = Path(out) / PROFILE_NAME
     try:
         profile = measure_target(model, int(options["context_tokens"]), int(options["repeats"]),
-                                 sizes_to_measure(options))
+                                 sizes_to_measure(options), backend=options.get("kernel_backend"))
     except Exception as error:  # noqa: BLE001  the cache is what took hours: a profile is never worth losing it
         log.warning("no serving profile: timing the target failed (%s: %s)", type(error).__name__, error)
         return None

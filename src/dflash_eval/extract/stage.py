@@ -309,7 +309,8 @@ def _extract_on_device(settings: dict[str, Any], records: list[dict[str, Any]], 
         seconds = time.perf_counter() - started
         profiled = time.perf_counter()
         write_target_profile(model, path, {**(settings.get("speedup") or {}),  # same kernels; every size methods verify
-                                           **{key: settings.get(key) for key in ("block_sizes", "ddtree_budgets")}})
+                                           **{key: settings.get(key) for key in ("block_sizes", "ddtree_budgets")},
+                                           "kernel_backend": target["backend"]})
         profiled = time.perf_counter() - profiled
     kept = {s["id"] for index in resume.kept for s in resume.kept[index]["samples"]} | set(reuse.usable if reuse else ())
     tokens = sum(s["length"] for s in writer.samples if s["id"] not in kept)

@@ -10,14 +10,14 @@ q, k, v, g and beta. Acceptance then keeps k of them (k a device tensor) by repl
 snapshot over the same n tokens with g and beta set to 0 past k (a token with beta = 0 and g = 0 leaves the state
 as it was), and gathers the conv state as the K-1 window columns that end at token k: fixed shapes, no host read.
 
-The delta-rule kernels are chosen explicitly, never by what imports: fla's `chunk_gated_delta_rule` (a block) and
-`fused_recurrent_gated_delta_rule` (one token, and the replay) on CUDA; transformers' torch functions elsewhere.
+The delta-rule kernels are chosen explicitly, never by what imports: the caller passes them (GdnKernels, made by
+extract/backends.py's `gdn_kernels`): fla's `chunk_gated_delta_rule` (a block) and
+`fused_recurrent_gated_delta_rule` (one token, and the replay), or transformers' torch functions.
 The weights and per-token modules are the Hugging Face model's own.
 """
 
 from __future__ import annotations
 
-import importlib
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -29,7 +29,6 @@ from dflash_eval.speedup.static_loop import StaticLoop
 from dflash_eval.speedup.static_models import StaticDrafter, _rope
 from dflash_eval.speedup.timing import timed_ms
 
-MODELING = "transformers.models.qwen3_5.modeling_qwen3_5"
 Rule = Callable[..., tuple[torch.Tensor, torch.Tensor | None]]
 
 
@@ -41,21 +40,6 @@ class GdnKernels:
     name: str
     chunk: Rule
     recurrent: Rule
-
-
-def gdn_kernels(backend: str | None, device: torch.device) -> GdnKernels:
-    """`backend` ("fla" or "torch"; None: fla on CUDA, torch elsewhere): named, so the numbers never depend on
-    whether fla happens to import (extract/backends.py says why that matters)."""
-    from dflash_eval.extract.backends import _fla_kernels, torch_function
-
-    name = backend or ("fla" if device.type == "cuda" else "torch")
-    if name == "fla":
-        found = _fla_kernels(device)  # raises BackendUnavailable with the fix where fla cannot run
-        return GdnKernels("fla", found["chunk"], found["recurrent"])
-    if name == "torch":
-        module = importlib.import_module(MODELING)
-        return GdnKernels("torch", torch_function(module, "chunk"), torch_function(module, "recurrent"))
-    raise DflashEvalError(f"unknown Gated DeltaNet backend {name!r}: fla or torch")
 
 
 def hybrid_unsupported(model: torch.nn.Module) -> str | None:
@@ -188,8 +172,8 @@ class StaticHybridTarget:
     commits its n tokens to the GDN states (`commit=True`: a prefill, an autoregressive step) or leaves them
     and records the tokens, and `keep(kept, n)` then commits the first `kept` (a device tensor)."""
 
-    def __init__(self, model: torch.nn.Module, max_len: int, layer_ids: list[int] | None = None,
-                 backend: str | None = None):
+    def __init__(self, model: torch.nn.Module, max_len: int, kernels: GdnKernels,
+                 layer_ids: list[int] | None = None):
         why = hybrid_unsupported(model)
         if why is not None:
             raise DflashEvalError(f"StaticHybridTarget cannot run this target: {why}")
@@ -199,7 +183,7 @@ class StaticHybridTarget:
         self.layer_ids = list(layer_ids or [])
         weight = inner.embed_tokens.weight
         self.device, self.dtype = weight.device, weight.dtype
-        self.kernels = gdn_kernels(backend, self.device)
+        self.kernels = kernels
         self.cos, self.sin = _text_tables(inner.rotary_emb, self.max_len, weight[:1])
         self.gdn: dict[int, _GdnLayer] = {}
         self.keys: dict[int, torch.Tensor] = {}
@@ -283,17 +267,17 @@ class StaticHybridLoop(StaticLoop):
     """StaticLoop for a Gated DeltaNet hybrid target (StaticHybridTarget) and one DFlash drafter: the same steps
     and API (`generate`, `step_terms`), except that the verify of a block b > 1 leaves the GDN states as they
     were (its snapshot) and the captured accept step commits the accepted tokens to them (`keep`). Block 1 (the
-    autoregressive baseline) commits in its verify, as a server's decode step does. `backend`: gdn_kernels'."""
+    autoregressive baseline) commits in its verify, as a server's decode step does."""
 
     def __init__(self, target: torch.nn.Module, drafter: torch.nn.Module | None, max_len: int,
-                 blocks: list[int], graphs: bool, backend: str | None = None):
+                 blocks: list[int], graphs: bool, kernels: GdnKernels):
         # StaticLoop.__init__ builds a StaticTarget (which refuses a hybrid): the same buffers, built here
         self.blocks = sorted({1} | {int(b) for b in blocks})
         width = -(-(int(max_len) + 2 * max(self.blocks) + 1) // 64) * 64  # as StaticLoop: a full last block fits
         self.max_len = int(max_len)
         with torch.inference_mode():
             layer_ids = list(drafter.target_layer_ids) if drafter is not None else []
-            self.target = StaticHybridTarget(target, width, layer_ids, backend)
+            self.target = StaticHybridTarget(target, width, kernels, layer_ids)
             for b in self.blocks:
                 if b > 1:
                     self.target.prepare(b)
