@@ -26,7 +26,7 @@ from torch.nn import functional as F
 
 from dflash_eval.errors import DflashEvalError
 from dflash_eval.speedup.static_loop import StaticLoop
-from dflash_eval.speedup.static_models import StaticDrafter, _rope
+from dflash_eval.speedup.static_models import _rope
 from dflash_eval.speedup.timing import timed_ms
 
 Rule = Callable[..., tuple[torch.Tensor, torch.Tensor | None]]
@@ -271,44 +271,19 @@ class StaticHybridLoop(StaticLoop):
 
     def __init__(self, target: torch.nn.Module, drafter: torch.nn.Module | None, max_len: int,
                  blocks: list[int], graphs: bool, kernels: GdnKernels):
-        # StaticLoop.__init__ builds a StaticTarget (which refuses a hybrid): the same buffers, built here
-        self.blocks = sorted({1} | {int(b) for b in blocks})
-        width = -(-(int(max_len) + 2 * max(self.blocks) + 1) // 64) * 64  # as StaticLoop: a full last block fits
-        self.max_len = int(max_len)
-        with torch.inference_mode():
-            layer_ids = list(drafter.target_layer_ids) if drafter is not None else []
-            self.target = StaticHybridTarget(target, width, kernels, layer_ids)
-            for b in self.blocks:
-                if b > 1:
-                    self.target.prepare(b)
-            self.drafter = None if drafter is None else StaticDrafter(
-                drafter, target.get_input_embeddings().weight, target.lm_head, width)
-            self._buffers(target, width, layer_ids)
-        self.graphs = bool(graphs) and self.device.type == "cuda"
-        self.steps: dict[tuple[str, int], Callable[[], None]] = {}
+        self.kernels = kernels
+        super().__init__(target, drafter, max_len, blocks, graphs)
         for b in self.blocks:
-            if b > 1 and self.drafter is None:
-                raise ValueError(f"block {b} needs a drafter")
-            self.steps[("verify", b)] = self._capture(lambda b=b: self._verify(b))
-            self.steps[("accept", b)] = self._capture(lambda b=b: self._accept(b))
-            if b > 1:
-                self.steps[("draft", b)] = self._capture(lambda b=b: self._draft(b))
+            if b > 1:  # the rollback alone, for step_terms
                 self.steps[("keep", b)] = self._capture(lambda b=b: self.target.keep(self.acc + 1, b))
 
-    def _buffers(self, target: torch.nn.Module, width: int, layer_ids: list[int]) -> None:
-        """StaticLoop's static buffers: positions, acceptance, output, and each block's ids, logits, features."""
-        device = self.device = self.target.device
-        self.mask_id = -1 if self.drafter is None else int(self.drafter.mask_token_id)
-        long = dict(device=device, dtype=torch.long)
-        self.start, self.ctx_start = torch.zeros(1, **long), torch.zeros(1, **long)
-        self.sim, self.acc = torch.zeros(1, **long), torch.zeros(1, **long)
-        self.out = torch.full((width + max(self.blocks) + 1,), max(self.mask_id, 0), **long)
-        vocab = int(target.get_input_embeddings().weight.shape[0])
-        self.ids = {b: torch.zeros(1, b, **long) for b in self.blocks}
-        self.logits = {b: torch.zeros(b, vocab, device=device, dtype=self.target.dtype) for b in self.blocks}
-        feature_width = len(layer_ids) * int(target.config.hidden_size)
-        self.features = {b: torch.zeros(b, feature_width, device=device, dtype=self.target.dtype)
-                         for b in self.blocks if b > 1}
+    def _static_target(self, model: torch.nn.Module, width: int, layer_ids: list[int]) -> StaticHybridTarget:
+        """The hybrid over static caches and states, each block's verify record made before any capture."""
+        static = StaticHybridTarget(model, width, self.kernels, layer_ids)
+        for b in self.blocks:
+            if b > 1:
+                static.prepare(b)
+        return static
 
     def _verify(self, b: int) -> None:
         logits, features = self.target.forward(self.ids[b], self.start, features=b > 1, commit=b == 1)

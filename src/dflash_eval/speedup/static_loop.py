@@ -78,7 +78,7 @@ class StaticLoop:
         self.max_len = int(max_len)
         with torch.inference_mode():
             layer_ids = list(drafter.target_layer_ids) if drafter is not None else []
-            self.target = StaticTarget(target, width, layer_ids)
+            self.target = self._static_target(target, width, layer_ids)
             self.drafter = None if drafter is None else StaticDrafter(
                 drafter, target.get_input_embeddings().weight, target.lm_head, width)
             device = self.target.device
@@ -103,6 +103,10 @@ class StaticLoop:
             self.steps[("accept", b)] = self._capture(lambda b=b: self._accept(b))
             if b > 1:
                 self.steps[("draft", b)] = self._capture(lambda b=b: self._draft(b))
+
+    def _static_target(self, model: torch.nn.Module, width: int, layer_ids: list[int]) -> StaticTarget:
+        """The target over static caches of `width` positions (static_hybrid.py's loop runs a hybrid's)."""
+        return StaticTarget(model, width, layer_ids)
 
     # the three steps, on static buffers only (no host read: capturable)
     def _verify(self, b: int) -> None:
