@@ -48,6 +48,21 @@ def test_a_failed_timing_only_warns_and_writes_nothing(tmp_path, monkeypatch, ca
     assert not (tmp_path / PROFILE_NAME).exists() and "timing the target failed (RuntimeError: out of memory)" in caplog.text
 
 
+def test_a_failed_graph_timing_is_timed_eagerly_and_says_why(tmp_path, monkeypatch, caplog):
+    """The graph path (new for hybrids) must never cost a profile: where it fails, the HF forward times it."""
+    from dflash_eval.extract import profile
+
+    def no_graphs(*args, **kwargs):
+        raise RuntimeError("operation not permitted when stream is capturing")
+    monkeypatch.setattr(profile, "timing_method", lambda model: ("graphs", "as on CUDA"))
+    monkeypatch.setattr(profile, "_static_steps", no_graphs)
+    written = write_target_profile(tiny_target(), tmp_path, {"measure": True, "context_tokens": 16, "repeats": 2,
+                                                             "ddtree_budgets": [], "block_sizes": []})
+    saved = json.loads(written.read_text())
+    assert saved["method"] == "eager" and "RuntimeError: operation not permitted" in saved["method_why"]
+    assert "the graph-timed profile failed (RuntimeError" in caplog.text
+
+
 def test_every_size_a_method_verifies_is_measured():
     """Chain blocks 2..16, the evaluation's larger block_sizes, N + 1 per DDTree budget, and 1 (T_AR)."""
     sizes = sizes_to_measure({"block_sizes": [24], "ddtree_budgets": [8, 100]})

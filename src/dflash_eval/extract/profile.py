@@ -22,6 +22,7 @@ timed the same target on the same device (a warning names the file where they di
 from __future__ import annotations
 
 import copy
+import functools
 import hashlib
 import logging
 import time
@@ -195,9 +196,18 @@ def write_target_profile(model: torch.nn.Module, out: str | Path, options: dict[
     if not wanted(options, next(model.parameters()).device):
         return None
     path = Path(out) / PROFILE_NAME
+    measure = functools.partial(measure_target, model, int(options["context_tokens"]), int(options["repeats"]),
+                                sizes_to_measure(options), backend=options.get("kernel_backend"))
     try:
-        profile = measure_target(model, int(options["context_tokens"]), int(options["repeats"]),
-                                 sizes_to_measure(options), backend=options.get("kernel_backend"))
+        try:
+            profile = measure()
+        except Exception as error:  # noqa: BLE001  a failed graph timing is timed eagerly instead, saying why
+            if timing_method(model)[0] != "graphs":
+                raise
+            log.warning("the graph-timed profile failed (%s: %s); timing the target eagerly instead",
+                        type(error).__name__, error)
+            profile = measure(method="eager")
+            profile["method_why"] = f"the graph timing failed: {type(error).__name__}: {error}"
     except Exception as error:  # noqa: BLE001  the cache is what took hours: a profile is never worth losing it
         log.warning("no serving profile: timing the target failed (%s: %s)", type(error).__name__, error)
         return None
