@@ -64,8 +64,8 @@ class _Record:
     """One GDN layer's verify of n tokens, kept for `keep`: the conv window and the delta rule's inputs."""
 
     window: torch.Tensor  # [conv_dim, K-1+n] pre-conv: old conv state, then the n tokens
-    q: torch.Tensor       # [1, n, Hk, dk] post-conv (not l2-normed: the kernels norm them)
-    k: torch.Tensor       # [1, n, Hk, dk]
+    q: torch.Tensor       # [1, n, Hv, dk] post-conv, per value head (not l2-normed: the kernels norm them)
+    k: torch.Tensor       # [1, n, Hv, dk]
     v: torch.Tensor       # [1, n, Hv, dv]
     g: torch.Tensor       # [1, n, Hv] fp32, log decay
     beta: torch.Tensor    # [1, n, Hv]
