@@ -127,6 +127,7 @@ def _static_steps(model: torch.nn.Module, ids: torch.Tensor, context: int, graph
             return capture(lambda: target.forward(ids[:, context:context + n], start, features=False, span=span),
                            device, graphs), None
         commit = n == 1  # as the validated loop: a decode step advances the states, a verify records (see above)
+        target.drop_records()  # the last size's graph is gone (measure_target deletes it before the next size)
         if not commit:
             target.prepare(n)
         return capture(lambda: target.forward(ids[:, context:context + n], start, features=False, span=span,

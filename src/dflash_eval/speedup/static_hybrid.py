@@ -203,6 +203,12 @@ class StaticHybridTarget:
         for layer in self.gdn.values():
             layer.prepare(n)
 
+    def drop_records(self) -> None:
+        """Free every verify record (none may be in a live graph): a profile times one size at a time, and the
+        records of all its sizes together would take gigabytes on a 27B target."""
+        for layer in self.gdn.values():
+            layer.records.clear()
+
     def reset(self) -> None:
         """Empty GDN states: a new sequence (the attention caches need none: their masks go by position)."""
         for layer in self.gdn.values():
