@@ -56,29 +56,31 @@ def test_greedy_tree_loop_is_the_targets_output_and_the_offline_evaluators_steps
     assert len(loop.trace) == len(run.acceptance_lengths)
 
 
+def favoured_loop(models, seed: int, budget: int) -> tuple[torch.Tensor, torch.Tensor, TreeLoop]:
+    """A prompt, the target's greedy 24 tokens after it, and a tree loop (block 4) whose drafter favours them at
+    every drafted position, except that position 2's rank 0 is wrong (its rank 1 right): the tree must branch."""
+    target, drafter = models
+    prompt = torch.randint(2, 290, (1, 9), generator=torch.Generator().manual_seed(seed))
+    with torch.no_grad():
+        greedy = target.generate(prompt, max_new_tokens=24, do_sample=False, min_new_tokens=24)
+    loop = TreeLoop(target, drafter, 64, 4, [budget], graphs=False)
+    original = loop.drafter.draft_logits
+
+    def favoured(features, ctx_start, bonus, start, block):
+        logits, s = original(features, ctx_start, bonus, start, block).clone(), int(start)
+        for d in range(block - 1):
+            if s + 1 + d < greedy.shape[1]:
+                logits[d, greedy[0, s + 1 + d]] += 49.0 if d == 1 else 50.0
+                logits[d, (int(greedy[0, s + 1 + d]) + 1) % 300] += 50.0 if d == 1 else 0.0
+        return logits
+    loop.drafter.draft_logits = favoured
+    return prompt, greedy, loop
+
+
 def test_a_trained_like_drafter_accepts_along_the_tree(models) -> None:
     """A drafter whose logits favour the target's own continuation: the tree accepts more than one token a step
     (the walk and the compaction are exercised, and the output is still the target's)."""
-    target, drafter = models
-    prompt = torch.randint(2, 290, (1, 9), generator=torch.Generator().manual_seed(0))
-    with torch.no_grad():
-        greedy = target.generate(prompt, max_new_tokens=24, do_sample=False, min_new_tokens=24)
-    loop = TreeLoop(target, drafter, 64, 4, [6], graphs=False)
-    original = loop.drafter.draft_logits
-    state = {"start": prompt.shape[1]}
-
-    def cheat(features, ctx_start, bonus, start, block):
-        logits = original(features, ctx_start, bonus, start, block).clone()
-        s = int(start)
-        for d in range(block - 1):
-            if s + 1 + d < greedy.shape[1] and d != 1:  # position 2 is wrong at rank 0: the tree must branch
-                logits[d, greedy[0, s + 1 + d]] += 50.0
-            elif s + 1 + d < greedy.shape[1]:
-                logits[d, greedy[0, s + 1 + d]] += 49.0
-                logits[d, (int(greedy[0, s + 1 + d]) + 1) % 300] += 50.0
-        state["start"] = s
-        return logits
-    loop.drafter.draft_logits = cheat
+    prompt, greedy, loop = favoured_loop(models, seed=0, budget=6)
     run = loop.generate_tree(prompt, 24, 6)
     assert torch.equal(run.output_ids, greedy)
     assert max(run.acceptance_lengths) == 4 and run.tau > 2
@@ -159,21 +161,7 @@ def test_the_loop_equals_its_first_host_side_version(models, budget: int, tau: f
 def test_a_greedy_walk_past_the_root_equals_the_first_version(models) -> None:
     """A drafter that favours the target's continuation (the greedy walk accepts, the path's keys move): the
     same tokens and steps as the host-side loop."""
-    target, drafter = models
-    prompt = torch.randint(2, 290, (1, 9), generator=torch.Generator().manual_seed(7))
-    with torch.no_grad():
-        greedy = target.generate(prompt, max_new_tokens=24, do_sample=False, min_new_tokens=24)
-    loop = TreeLoop(target, drafter, 64, 4, [5], graphs=False)
-    original = loop.drafter.draft_logits
-
-    def cheat(features, ctx_start, bonus, start, block):
-        logits, s = original(features, ctx_start, bonus, start, block).clone(), int(start)
-        for d in range(block - 1):
-            if s + 1 + d < greedy.shape[1]:
-                logits[d, greedy[0, s + 1 + d]] += 49.0 if d == 1 else 50.0
-                logits[d, (int(greedy[0, s + 1 + d]) + 1) % 300] += 50.0 if d == 1 else 0.0
-        return logits
-    loop.drafter.draft_logits = cheat
+    prompt, greedy, loop = favoured_loop(models, seed=7, budget=5)
     expected_ids, expected_lengths = _reference_tree_run(loop, prompt, 24, 5, None, 0)
     run = loop.generate_tree(prompt, 24, 5)
     assert run.acceptance_lengths == expected_lengths and max(expected_lengths) > 1
