@@ -219,7 +219,7 @@ class TreeLoop(StaticLoop):
         row = self.tree_logits[n].index_select(0, path.index_select(0, (length - 1).clamp(min=0)))[0].float()
         vocab = torch.arange(row.shape[0], device=self.device)
         bonus = row.masked_fill(vocab == excluded, float("-inf")).argmax(-1).view(1)
-        self._compact(torch.where(on_path, start + path, start + offsets), start + offsets)
+        self.target.move_slots(torch.where(on_path, start + path, start + offsets), start + offsets)
         rows = self.tree_features[n].index_select(0, path)
         self.features[b].copy_(rows.masked_fill(~on_path[:, None], 0.0))
         tokens = self.tree_ids[n][0].index_select(0, path)
@@ -228,11 +228,6 @@ class TreeLoop(StaticLoop):
         self.ctx_start.copy_(start)
         self.start.add_(length)
         self.ids[b][0, :1].copy_(bonus)
-
-    def _compact(self, source: torch.Tensor, target: torch.Tensor) -> None:
-        """StaticTarget.compact with device-side slots of a fixed count (its own takes a Python start)."""
-        for cache in (*self.target.keys, *self.target.values):
-            cache.index_copy_(2, target, cache.index_select(2, source))
 
     @torch.inference_mode()
     def generate_tree(self, prompt: torch.Tensor, max_new_tokens: int, budget: int,
