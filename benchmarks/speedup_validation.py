@@ -171,13 +171,13 @@ def profile_lines(first: dict, second: dict, agreement: dict) -> list[str]:
 
 
 def product_draft_step(runner, features, tokens, context: int, args: argparse.Namespace, block: int,
-                  tau: float, target_method: str) -> tuple[float, str]:
-    """T_draft as evaluation times it (evaluate/draft_timing.py): block b, round(tau) new context rows, the
-    method chosen as evaluation chooses it from the target profile's (graphs beside a graph-timed T_AR);
-    (ms, that method)."""
+                       tau: float, target_method: str, budget: int | None = None) -> tuple[float, str]:
+    """T_draft as evaluation times it (evaluate/draft_timing.py): block b (a DDTree's `budget`: its whole drafting
+    step, top-N, read and tree build included), round(tau) new context rows, the method chosen as evaluation
+    chooses it from the target profile's (graphs beside a graph-timed T_AR); (ms, that method)."""
     method, why = draft_timing_method(runner, tokens.device, target_method)
     timing = drafter_step_ms(runner, features, tokens[:context + 1], context, args.repeats, block,
-                             max(1, round(tau)), method, why)
+                             max(1, round(tau)), method, why, budget=budget)
     return timing["ms"], timing["method"]
 
 
@@ -299,9 +299,12 @@ def tree_rows(name: str, target, drafter, prompts, runner, features, tokens, con
     rows = ["", f"DDTree live loop (speedup/static_tree.py; drafter block {block}, its greedy chain as the "
             f"simulated tree's spine; target draft and verify {'CUDA graphs' if loop.graphs else 'eager'}, tree "
             f"built and walked on the host; captured and warmed in {time.perf_counter() - built:.0f} s). "
-            "Predicted (product) = tau x T_AR / (T_draft + T_verify(N + 1)) from the profile above; + host adds "
-            "the loop's measured host time per step (tree build and walk) to the denominator.", "",
-            "| budget N | tau asked | tau realised | T_draft ms | T_verify(N+1) ms | host ms/step | ms/step measured "
+            "Predicted (product) = tau x T_AR / (T_draft(N) + T_verify(N + 1)) from the profile above, T_draft(N) "
+            "the product's DDTree drafting step (the drafter's block, the top-N of its positions, their read, the "
+            "tree's build and upload: evaluate/draft_timing.py); + host adds the loop's measured host time per "
+            "step (tree build and walk) to the denominator, counting the build twice (kept for comparison with "
+            "the earlier rounds).", "",
+            "| budget N | tau asked | tau realised | T_draft(N) ms | T_verify(N+1) ms | host ms/step | ms/step measured "
             "| predicted (product) | predicted (product + host) | measured | measured / predicted (product) | "
             "measured / predicted (+ host) |", "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     phases: list[str] = []
@@ -312,7 +315,7 @@ def tree_rows(name: str, target, drafter, prompts, runner, features, tokens, con
             run = pooled(runs)
             host = 1e3 * sum(r.host_s for r in runs) / len(run.acceptance_lengths)
             draft, draft_method = product_draft_step(runner, features, tokens, context, args, block, run.tau,
-                                                     profile["method"])
+                                                     profile["method"], budget)
             check = verify[str(budget + 1)]
             product = expected_speedup(run.tau, t_ar, draft, check)
             with_host = expected_speedup(run.tau, t_ar, draft + host, check)

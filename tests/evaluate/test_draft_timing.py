@@ -7,11 +7,14 @@ import torch
 
 from dflash_eval.evaluate.blocks import BlockDrafter
 from dflash_eval.evaluate.draft_timing import (
+    TreeWork,
+    _eager_step,
     drafter_step_ms,
     static_step,
     time_on_cache,
     timing_method,
 )
+from dflash_eval.speedup.static_tree import ancestors, build_tree, tree_views
 from tests.support.tiny import MASK_ID, tiny_drafter, tiny_target
 
 LAYERS = [0, 2]
@@ -91,6 +94,44 @@ def test_the_static_step_drafts_what_the_evaluators_step_drafts(anchor, block, p
     assert torch.equal(drafts(), expected)
 
 
+@pytest.mark.parametrize("budget", [3, 10, 400])  # 400: beyond the tiny vocab (the top-k takes all of it)
+def test_a_ddtree_step_builds_the_tree_ddtree_would_from_the_evaluators_logits(budget):
+    """The DDTree drafting step, static and eager, ends with the tree the evaluator's own logits give: built
+    here by hand from a plain log-softmax top-k of runner.logits (the reference), and compared node for node."""
+    runner = _runner()
+    features, tokens = _sample()
+    anchor, block, project = 12, 4, 2
+    with torch.inference_mode():
+        context = runner.context(features[:anchor + 1])
+        hidden = runner.block_hidden(context, tokens[:anchor + 1], torch.tensor([anchor]), block, ctx_len=anchor)
+        top = torch.log_softmax(runner.logits(hidden)[0].float(), -1).topk(min(budget, runner.lm_head.shape[0]), -1)
+    parents, depths, node_tokens = build_tree(top.values.numpy(), top.indices.numpy(), budget)
+    assert len(parents) == budget + 1  # the tiny vocab (and 3 positions) hold every budget asked
+    for make in (lambda tree: static_step(runner, features, tokens, anchor, block, project, graphs=True, tree=tree)[0],
+                 lambda tree: _eager_step(runner, features, tokens, anchor, block, project, tree)):
+        tree = TreeWork(budget, block - 1, runner.lm_head.shape[0], torch.device("cpu"))
+        with torch.inference_mode():  # as drafter_step_ms runs it
+            tree.after(make(tree))()
+        ids, depth, mask = tree_views(tree.tree, budget)
+        assert ids[0, 1:].tolist() == node_tokens[1:] and depth.tolist() == depths
+        assert torch.equal(mask, torch.from_numpy(ancestors(parents)))
+
+
+def test_a_ddtree_step_is_timed_per_budget_at_the_drafters_own_block():
+    runner = _runner()
+    features, tokens = _sample()
+    timing = drafter_step_ms(runner, features, tokens, 12, repeats=2, budget=16, project_tokens=3, method="static")
+    assert timing["budget"] == 16 and timing["block_size"] == 4 and timing["ms"] > 0
+    with pytest.raises(ValueError, match="drafter's own block"):
+        drafter_step_ms(runner, features, tokens, 12, repeats=1, block_size=3, budget=16)
+    cache = SimpleNamespace(samples=[{"id": "0", "length": 20}],
+                            load_sample=lambda _id, _layers: SimpleNamespace(features=features, input_ids=tokens))
+    timing = time_on_cache(runner, cache, LAYERS, torch.device("cpu"), torch.float32,
+                           {"measure": True, "context_tokens": 12, "repeats": 1}, {4: 3}, None, {16: 2, 64: 5})
+    assert sorted(timing["by_budget"]) == [16, 64] and sorted(timing["by_block"]) == [4]
+    assert timing["by_budget"][64]["project_tokens"] == 5 and timing["by_budget"][64]["budget"] == 64
+
+
 def test_the_method_follows_the_target_profile_and_the_device():
     runner = _runner()
     assert timing_method(runner, torch.device("cpu"), "graphs") == ("eager", "no CUDA graphs on this device")
@@ -164,8 +205,14 @@ def test_the_graph_step_replays_the_static_steps_drafts_on_cuda():
     cache = SimpleNamespace(samples=[{"id": "0", "length": 20}],
                             load_sample=lambda _id, _layers: SimpleNamespace(features=features, input_ids=tokens))
     timing = time_on_cache(runner, cache, LAYERS, torch.device("cuda"), torch.float32,
-                           {"measure": True, "context_tokens": 12, "repeats": 3}, {4: 3}, target_method="graphs")
-    assert timing["method"] == "graphs" and timing["by_block"][4]["ms"] > 0
+                           {"measure": True, "context_tokens": 12, "repeats": 3}, {4: 3}, "graphs", {16: 2})
+    assert timing["method"] == "graphs" and timing["by_block"][4]["ms"] > 0 and timing["by_budget"][16]["ms"] > 0
+    trees = [TreeWork(16, 3, runner.lm_head.shape[0], torch.device("cuda")) for _ in range(2)]
+    with torch.inference_mode():
+        for graphs, tree in zip((False, True), trees):  # the DDTree step's top-k inside the graph, then the host's
+            tree.after(static_step(runner, features, tokens, 12, 4, 3, graphs=graphs, tree=tree)[0])()
+    torch.cuda.synchronize()
+    assert torch.equal(trees[0].tree, trees[1].tree) and torch.equal(trees[0].top, trees[1].top)
 
 
 def test_a_graph_timing_that_fails_falls_back_to_eager_and_says_why(monkeypatch, caplog):

@@ -72,7 +72,7 @@ def test_user_profile_wins_and_its_draft_time_is_used(tmp_path):
     user.write_text(json.dumps({**PROFILE, "t_draft_ms": 6.0}))
     methods = {"chain-B16": _method("chain", 16, 5.0)}
 
-    def never(_blocks, _method):
+    def never(_blocks, _trees, _method):
         raise AssertionError("the drafter must not be timed when the profile gives t_draft_ms")
     section = speedup.estimate({"speedup": {"profile": str(user)}}, tmp_path, methods, never)
     assert section["target_source"] == f"user profile {user}" and section["t_ar_ms"] == 20.0
@@ -82,24 +82,30 @@ def test_user_profile_wins_and_its_draft_time_is_used(tmp_path):
 
 def test_measured_profile_and_timed_drafter(tmp_path):
     (tmp_path / PROFILE_NAME).write_text(json.dumps({**PROFILE, "device": "cpu", "method": "graphs"}))
-    methods = {"chain-B16": _method("chain", 16, 5.0)}
-    timing = {"by_block": {16: {"ms": 6.0, "min_ms": 5.0, "max_ms": 7.0}}, "device": "cpu", "context_tokens": 100,
+    methods = {"chain-B16": _method("chain", 16, 5.0), "ddtree-16": _method("ddtree", 16, 6.4)}
+    timing = {"by_block": {16: {"ms": 6.0, "min_ms": 5.0, "max_ms": 7.0}},
+              "by_budget": {16: {"ms": 7.0, "min_ms": 6.5, "max_ms": 8.0}}, "device": "cpu", "context_tokens": 100,
               "method": "graphs"}
     asked = []
     section = speedup.estimate({"speedup": {}}, tmp_path, methods,
-                               lambda blocks, method: asked.append((blocks, method)) or timing)
-    # block 16, projecting round(tau) = 5 new context rows per step; timed the way the target profile was
-    assert asked == [({16: 5}, "graphs")]
+                               lambda blocks, trees, method: asked.append((blocks, trees, method)) or timing)
+    # block 16, projecting round(tau) = 5 new context rows per step; the DDTree's step round(6.4) = 6; timed the
+    # way the target profile was
+    assert asked == [({16: 5}, {16: 6}, "graphs")]
     assert "(graphs)" in section["draft_source"]
     assert section["target_source"].startswith("measured at extraction on cpu") and section["t_draft_ms"] == {16: 6.0}
-    assert "b16 6 (5..7)" in section["draft_source"]
+    assert "b16 6 (5..7)" in section["draft_source"] and "ddtree-16 7 (6.5..8)" in section["draft_source"]
     assert section["source"] == labels.MEASURED == "measured by us"
     assert methods["chain-B16"]["expected_speedup"] == pytest.approx(5 * 20 / 30)
+    # the DDTree is priced at its own drafting step (top-N, read, tree build), not at the chain's block step
+    assert methods["ddtree-16"]["expected_speedup"] == pytest.approx(6.4 * 20 / (7 + PROFILE["t_verify_ms"]["17"]))
+    assert section["verify"]["ddtree-16"]["t_draft_ms"] == 7.0 and "t_draft_step" in section["verify"]["ddtree-16"]
+    assert "t_draft_step" not in section["verify"]["chain-B16"]
 
 
 def test_no_profile_gives_no_estimate(tmp_path):
     methods = {"chain-B16": _method("chain", 16, 5.0)}
-    section = speedup.estimate({"speedup": {}}, tmp_path, methods, lambda _blocks, _method: None)
+    section = speedup.estimate({"speedup": {}}, tmp_path, methods, lambda _blocks, _trees, _method: None)
     assert section["available"] is False and methods["chain-B16"]["expected_speedup"] is None
     assert section["source"] == "no profile"
 
@@ -109,11 +115,11 @@ def test_user_profile_without_draft_time_and_an_untimed_drafter_are_labelled(tmp
     user.write_text(json.dumps(PROFILE))
     timing = {"by_block": {16: {"ms": 6.0, "min_ms": 5.0, "max_ms": 7.0}}, "device": "cuda:0", "context_tokens": 100}
     section = speedup.estimate({"speedup": {"profile": str(user)}}, tmp_path, {"chain-B16": _method("chain", 16, 5.0)},
-                               lambda _blocks, _method: timing)
+                               lambda _blocks, _trees, _method: timing)
     assert section["source"] == "user profile; drafter step measured by us"
     (tmp_path / PROFILE_NAME).write_text(json.dumps(PROFILE))
     methods = {"chain-B16": _method("chain", 16, 5.0)}
-    section = speedup.estimate({"speedup": {}}, tmp_path, methods, lambda _blocks, _method: None)  # speedup.measure false
+    section = speedup.estimate({"speedup": {}}, tmp_path, methods, lambda _blocks, _trees, _method: None)  # speedup.measure false
     assert section["source"] == "no drafter step time" and methods["chain-B16"]["expected_speedup"] is None
 
 
@@ -123,7 +129,7 @@ def test_a_whole_step_measured_on_the_users_server_is_used_as_is(tmp_path):
     user.write_text(json.dumps({"t_ar_ms": 10.0, "t_verify_ms": {"1": 10.0}, "t_step_ms": {"16": 16.0}}))
     methods = {"chain-B16": _method("chain", 16, 5.0), "chain-B8": _method("chain", 8, 4.0),
                "ddtree-16": _method("ddtree", 16, 6.0)}
-    section = speedup.estimate({"speedup": {"profile": str(user)}}, tmp_path, methods, lambda _blocks, _method: None)
+    section = speedup.estimate({"speedup": {"profile": str(user)}}, tmp_path, methods, lambda _blocks, _trees, _method: None)
     assert methods["chain-B16"]["expected_speedup"] == pytest.approx(5 * 10 / 16)
     assert section["verify"]["chain-B16"]["t_step_ms"] == 16.0 and section["source"] == labels.USER
     assert methods["chain-B8"]["expected_speedup"] is None and methods["ddtree-16"]["expected_speedup"] is None

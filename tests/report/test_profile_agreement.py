@@ -35,7 +35,7 @@ def evaluated(root: Path, profiles: dict[str, dict], user_profile: Path | None =
         (cache / "serving_profile.json").write_text(json.dumps(profiles[metrics["dataset"]]))
         settings = {"speedup": {"profile": str(user_profile)}} if user_profile else {}
         metrics["speedup"] = speedup.estimate(settings, cache, metrics["methods"],
-                                              lambda _blocks, _method: pytest.fail("the profile gives t_draft_ms"))
+                                              lambda _blocks, _trees, _method: pytest.fail("the profile gives t_draft_ms"))
         atomic_write_json(path, metrics)
     return paths
 

@@ -67,7 +67,7 @@ def profiled(tmp_path_factory):
         metrics = json.loads(path.read_text())
         metrics["methods"] = _with_trees(metrics["drafter"], metrics["dataset"])["methods"]
         metrics["speedup"] = speedup.estimate({"speedup": {"profile": str(profile)}}, root, metrics["methods"],
-                                              lambda _blocks, _method: pytest.fail("the profile gives t_draft_ms"))
+                                              lambda _blocks, _trees, _method: pytest.fail("the profile gives t_draft_ms"))
         atomic_write_json(path, metrics)
     assert report.run(report_args(root, paths)) == 0
     return root
@@ -152,7 +152,7 @@ def test_unmeasured_sizes_and_the_hybrid_tree_assumption_are_said(tmp_path):
         metrics = json.loads(path.read_text())
         metrics["methods"] = _with_trees(metrics["drafter"], metrics["dataset"])["methods"]
         metrics["speedup"] = speedup.estimate({"speedup": {"profile": str(profile)}}, root, metrics["methods"],
-                                              lambda _blocks, _method: pytest.fail("the profile gives t_draft_ms"))
+                                              lambda _blocks, _trees, _method: pytest.fail("the profile gives t_draft_ms"))
         atomic_write_json(path, metrics)
     assert report.run(report_args(root, paths)) == 0
     text = (root / "summary.md").read_text()

@@ -11,6 +11,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from dflash_eval import methods as method_names
 from dflash_eval.cache.serving_profile import PROFILE_NAME, load_profile
 from dflash_eval.methods import chain_method
 from dflash_eval.speedup.labels import MEASURED, source_label
@@ -44,32 +45,48 @@ def projections(methods: dict[str, dict]) -> dict[int, int]:
     return dict(sorted(blocks.items()))
 
 
+def tree_projections(methods: dict[str, dict]) -> dict[int, int]:
+    """DDTree budget -> the context rows its drafting step projects: round(tau) of that DDTree (1 where unknown)."""
+    trees: dict[int, int] = {}
+    for name, stats in methods.items():
+        budget = method_names.parse(name).budget
+        if budget is not None:
+            tau = stats.get("tau_token_weighted")
+            trees[int(budget)] = max(1, round(tau)) if tau is not None and tau == tau else 1
+    return dict(sorted(trees.items()))
+
+
 def estimate(settings: dict[str, Any], hidden: str | Path, methods: dict[str, dict],
-             time_drafter: Callable[[dict[int, int], str | None], dict[str, Any] | None]) -> dict[str, Any]:
+             time_drafter: Callable[[dict[int, int], dict[int, int], str | None], dict[str, Any] | None]
+             ) -> dict[str, Any]:
     """metrics.json's `speedup` section (and each method's expected_speedup) for one evaluation.
 
-    T_draft comes from the user's profile when it gives one (one value for every block), else
-    `time_drafter(projections(methods), the target profile's method)` times the step at each block size the
-    methods draft, the way the target was timed ({"by_block": {b: timing}, "device", "context_tokens", "method"};
-    None where speedup.measure says not to)."""
+    T_draft comes from the user's profile when it gives one (one value for every block and budget), else
+    `time_drafter(projections(methods), tree_projections(methods), the target profile's method)` times the step at
+    each block size and DDTree budget the methods draft, the way the target was timed ({"by_block": {b: timing},
+    "by_budget": {N: timing}, "device", "context_tokens", "method"}; None where speedup.measure says not to)."""
     target, target_source = profiles_for(settings, hidden)
     target_kind = None if target is None else kind_of(target, bool((settings.get("speedup") or {}).get("profile")))
-    timing, draft_ms, draft_kind = None, None, None
+    timing, draft_ms, tree_ms, draft_kind = None, None, None, None
     if target is not None and target.get("t_draft_ms") is not None:
         draft_ms, draft_source, draft_kind = target["t_draft_ms"], target_source, target_kind
     elif target is not None:
-        timing = time_drafter(projections(methods), target.get("method"))  # None where speedup.measure says not
+        # None where speedup.measure says not to
+        timing = time_drafter(projections(methods), tree_projections(methods), target.get("method"))
     if timing is not None:
         draft_ms, draft_kind = {int(b): t["ms"] for b, t in timing["by_block"].items()}, MEASURED
-        spread = ", ".join(f"b{b} {t['ms']:.3g} ({t['min_ms']:.3g}..{t['max_ms']:.3g})"
-                           for b, t in timing["by_block"].items())
+        tree_ms = {int(n): t["ms"] for n, t in (timing.get("by_budget") or {}).items()}
+        spread = ", ".join([f"b{b} {t['ms']:.3g} ({t['min_ms']:.3g}..{t['max_ms']:.3g})"
+                            for b, t in timing["by_block"].items()] +
+                           [f"ddtree-{n} {t['ms']:.3g} ({t['min_ms']:.3g}..{t['max_ms']:.3g})"
+                            for n, t in (timing.get("by_budget") or {}).items()])
         draft_source = (f"timed at evaluation on {timing['device']} ({timing.get('method', 'eager')}), context "
-                        f"{timing['context_tokens']}, per block with the step's context projection, median ms "
-                        f"(min..max): {spread}")
+                        f"{timing['context_tokens']}, per block with the step's context projection (a DDTree's "
+                        f"with its top-N, read and tree build), median ms (min..max): {spread}")
     if draft_ms is None:
         draft_source = ("not timed (speedup.measure false, or auto on a CPU; no t_draft_ms in the profile)"
                         if target else "not timed")
-    section = speedup_section(methods, target, target_source, draft_ms, draft_source)
+    section = speedup_section(methods, target, target_source, draft_ms, draft_source, tree_ms)
     if draft_kind is None and target is not None and target.get("t_step_ms"):
         draft_kind = target_kind  # the profile's whole steps stand in for T_draft + T_verify at their blocks
     section["source"] = source_label(target_kind, draft_kind)

@@ -209,8 +209,8 @@ def run_evaluation(settings: dict, hidden: str, completions: str,
                                       [clusters[i] for i in by_sample])
                for method, by_sample in per_method.items()}
     primary = chain_method(block)
-    speedup = estimate_speedup(settings, hidden, methods, lambda blocks, target_method: time_drafter_on_cache(
-        runner, cache, loaded.layer_ids, device, dtype, settings.get("speedup") or {}, blocks, target_method))
+    speedup = estimate_speedup(settings, hidden, methods, lambda blocks, trees, target_method: time_drafter_on_cache(
+        runner, cache, loaded.layer_ids, device, dtype, settings.get("speedup") or {}, blocks, target_method, trees))
     rejection, sampling = None, _sampling_of(records, completions)
     # greedy completions: dflash_generate's scheme at T = 0 is target_only's greedy verification (docs/sampling.md)
     if "rejection" in verify_schemes(settings.get("verify")) and sampling is not None:

@@ -62,12 +62,15 @@ def draft_ms(t_draft_ms: float | dict[int, float], block: int) -> float | None:
 
 
 def speedup_section(by_method: dict[str, dict], target: dict[str, Any] | None, target_source: str,
-                    t_draft_ms: float | dict[int, float] | None, draft_source: str) -> dict[str, Any]:
+                    t_draft_ms: float | dict[int, float] | None, draft_source: str,
+                    t_tree_draft_ms: dict[int, float] | None = None) -> dict[str, Any]:
     """Adds `expected_speedup` to each method (None where it cannot be estimated) and returns
     metrics.json's `speedup` section: the inputs, their sources and the best DDTree budget.
 
     `t_draft_ms` is one value, or one per drafted block size (each method drafts its `block_size`:
-    b for chain-B<b>, the drafter's own block for a DDTree)."""
+    b for chain-B<b>, the drafter's own block for a DDTree). `t_tree_draft_ms` (budget N -> ms) is a DDTree's
+    whole drafting step where it was timed: the drafter's block, the top-N of its positions, their read, the
+    tree's build and upload (evaluate/draft_timing.py); a DDTree without one is priced at its block's T_draft."""
     for stats in by_method.values():
         stats["expected_speedup"] = None
     if target is None or (t_draft_ms is None and not target.get("t_step_ms")):
@@ -87,12 +90,19 @@ def speedup_section(by_method: dict[str, dict], target: dict[str, Any] | None, t
             not_measured[name] = "no drafter step time and no t_step_ms at this block"
             continue
         t_verify = verify_ms(target, tokens)
-        t_draft = draft_ms(t_draft_ms, block) if block is not None or not isinstance(t_draft_ms, dict) else None
+        budget = methods.parse(name).budget
+        tree_step = budget is not None and int(budget) in (t_tree_draft_ms or {})
+        if tree_step:
+            t_draft = t_tree_draft_ms[int(budget)]
+        else:
+            t_draft = draft_ms(t_draft_ms, block) if block is not None or not isinstance(t_draft_ms, dict) else None
         if t_verify is None or t_draft is None:
             not_measured[name] = (f"{tokens} verified tokens: not in the profile" if t_verify is None else
                                   f"the drafter step at block {block} was not timed")
             continue
-        verify[name] = {"tokens": tokens, "t_verify_ms": t_verify, "block_size": block, "t_draft_ms": t_draft}
+        verify[name] = {"tokens": tokens, "t_verify_ms": t_verify, "block_size": block, "t_draft_ms": t_draft,
+                        **({"t_draft_step": "DDTree drafting step (block, top-N, read, tree build)"}
+                           if tree_step else {})}
         if tau is not None and not math.isnan(tau):
             stats["expected_speedup"] = expected_speedup(float(tau), target["t_ar_ms"], t_draft, t_verify)
     trees = [(s["expected_speedup"], methods.parse(name).budget, name) for name, s in by_method.items()

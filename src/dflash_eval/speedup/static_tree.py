@@ -102,7 +102,45 @@ def ancestors(parents: list[int]) -> np.ndarray:
 PHASES = ("draft", "build", "verify", "walk", "accept")
 
 
-def _host_buffer(like: torch.Tensor) -> torch.Tensor:
+def tree_buffer(budget: int, device: torch.device | str = "cpu") -> torch.Tensor:
+    """The bytes of one budget's tree (tree_views): uploaded with one copy."""
+    return torch.zeros(16 * (budget + 1) + (budget + 1) ** 2, device=device, dtype=torch.uint8)
+
+
+def tree_views(buffer: torch.Tensor, n: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """ids [1, n + 1], depths [n + 1] (int64) and the ancestor mask [n + 1, n + 1] (bool) over one buffer."""
+    m = n + 1
+    return (buffer[:8 * m].view(torch.int64).view(1, m), buffer[8 * m:16 * m].view(torch.int64),
+            buffer[16 * m:].view(torch.bool).view(m, m))
+
+
+def draft_top(logits: torch.Tensor, out: torch.Tensor) -> None:
+    """The float32 log-softmax top-k of each drafted position (logits [P, V]), sorted, into out [2, P, k]
+    (float64: log-probs and token ids both exact there, so one buffer holds both and the host reads it once)."""
+    top = torch.log_softmax(logits.float(), -1).topk(out.shape[-1], -1)
+    out[0].copy_(top.values)
+    out[1].copy_(top.indices)
+
+
+def fill_tree(top: np.ndarray, budget: int, host: torch.Tensor, spine: bool = False) -> tuple[list[int], list[int]]:
+    """A DDTree's per-step host work: build the tree from a read top-k (draft_top's [2, P, k]) and write its
+    ids, depths and ancestor mask into `host` (tree_buffer's bytes; the root's id is left 0: a verify puts the
+    last bonus there on the device). Returns the tree's parents and node tokens (for the walk)."""
+    parents, depths, node_tokens = build_tree(top[0].astype(np.float32), top[1].astype(np.int64), budget,
+                                              spine=spine)
+    size = len(parents)
+    ids, depth, mask = (t.numpy() for t in tree_views(host, budget))
+    ids[0, :] = 0
+    ids[0, 1:size] = node_tokens[1:]
+    depth[:] = 0
+    depth[:size] = depths
+    mask[:] = False
+    mask[:size, :size] = ancestors(parents)
+    np.fill_diagonal(mask, True)  # unused slots (a vocab smaller than the budget) see only themselves
+    return parents, node_tokens
+
+
+def host_buffer(like: torch.Tensor) -> torch.Tensor:
     """A host twin of a device buffer: pinned on CUDA, so that a copy to or from it is one DMA (and may be
     asynchronous), plain elsewhere (a CPU has nothing to pin)."""
     return torch.zeros(like.shape, dtype=like.dtype, pin_memory=like.device.type == "cuda")
@@ -160,11 +198,10 @@ class TreeLoop(StaticLoop):
         # log-probs and token ids in float64 (both exact there): one buffer, one read
         self.top = {n: torch.zeros(2, b - 1, self.widths[n], device=device, dtype=torch.float64)
                     for n in self.budgets}
-        self.tree_bytes = {n: torch.zeros(16 * (n + 1) + (n + 1) ** 2, device=device, dtype=torch.uint8)
-                           for n in self.budgets}
-        self.tree_ids = {n: self._tree_views(self.tree_bytes[n], n)[0] for n in self.budgets}
-        self.depths = {n: self._tree_views(self.tree_bytes[n], n)[1] for n in self.budgets}
-        self.masks = {n: self._tree_views(self.tree_bytes[n], n)[2] for n in self.budgets}
+        self.tree_bytes = {n: tree_buffer(n, device) for n in self.budgets}
+        self.tree_ids = {n: tree_views(self.tree_bytes[n], n)[0] for n in self.budgets}
+        self.depths = {n: tree_views(self.tree_bytes[n], n)[1] for n in self.budgets}
+        self.masks = {n: tree_views(self.tree_bytes[n], n)[2] for n in self.budgets}
         for mask in self.masks.values():
             mask.copy_(torch.eye(mask.shape[0], dtype=torch.bool))
         self.tree_logits = {n: torch.zeros(n + 1, vocab, device=device, dtype=dtype) for n in self.budgets}
@@ -174,17 +211,10 @@ class TreeLoop(StaticLoop):
         # the walk: its path (node indices, root first, padded with 0 to the block), its length, the token the
         # bonus excludes (-1: none)
         self.walk = torch.zeros(b + 2, device=device, dtype=torch.long)
-        self.top_host = {n: _host_buffer(t) for n, t in self.top.items()}
-        self.tree_host = {n: _host_buffer(t) for n, t in self.tree_bytes.items()}
-        self.argmax_host = {n: _host_buffer(t) for n, t in self.tree_argmax.items()}
-        self.walk_host = _host_buffer(self.walk)
-
-    @staticmethod
-    def _tree_views(buffer: torch.Tensor, n: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """ids [1, n + 1], depths [n + 1] (int64) and the ancestor mask [n + 1, n + 1] (bool) over one buffer."""
-        m = n + 1
-        return (buffer[:8 * m].view(torch.int64).view(1, m), buffer[8 * m:16 * m].view(torch.int64),
-                buffer[16 * m:].view(torch.bool).view(m, m))
+        self.top_host = {n: host_buffer(t) for n, t in self.top.items()}
+        self.tree_host = {n: host_buffer(t) for n, t in self.tree_bytes.items()}
+        self.argmax_host = {n: host_buffer(t) for n, t in self.tree_argmax.items()}
+        self.walk_host = host_buffer(self.walk)
 
     def _reset_walk(self) -> None:
         """A valid walk (the root alone, no exclusion) at start 0: what the accept step's capture runs."""
@@ -197,9 +227,7 @@ class TreeLoop(StaticLoop):
         b = self.block
         self.draft_logits.copy_(self.drafter.draft_logits(self.features[b], self.ctx_start, self.ids[b][0, :1],
                                                           self.start, b))
-        top = torch.log_softmax(self.draft_logits.float(), -1).topk(self.widths[n], -1)
-        self.top[n][0].copy_(top.values)
-        self.top[n][1].copy_(top.indices)
+        draft_top(self.draft_logits, self.top[n])
 
     def _tree_verify(self, n: int) -> None:
         self.tree_ids[n][0, :1].copy_(self.ids[self.block][0, :1])  # the root: the bonus the last accept left
@@ -281,17 +309,7 @@ class TreeLoop(StaticLoop):
     def _upload_tree(self, top: np.ndarray, budget: int, spine: bool) -> tuple[list[int], list[int]]:
         """Build the tree from the read top-k and upload its ids, depths and mask with one copy (from a pinned
         buffer: asynchronous; the host writes the buffer again only after the next step's read)."""
-        parents, depths, node_tokens = build_tree(top[0].astype(np.float32), top[1].astype(np.int64), budget,
-                                                  spine=spine)
-        size = len(parents)
-        ids, depth, mask = (t.numpy() for t in self._tree_views(self.tree_host[budget], budget))
-        ids[0, :] = 0  # (the root's token is the last bonus: the verify takes it on the device)
-        ids[0, 1:size] = node_tokens[1:]
-        depth[:] = 0
-        depth[:size] = depths
-        mask[:] = False
-        mask[:size, :size] = ancestors(parents)
-        np.fill_diagonal(mask, True)  # unused slots (a vocab smaller than the budget) see only themselves
+        parents, node_tokens = fill_tree(top, budget, self.tree_host[budget], spine)
         self.tree_bytes[budget].copy_(self.tree_host[budget], non_blocking=True)
         return parents, node_tokens
 

@@ -22,8 +22,8 @@ FORMAT = "dflash-eval speedup validation 1"
 PACKAGE = Path(__file__).resolve().parents[1]
 # the code that makes the estimate (dflash_eval/...): the profile's timing, the drafter step's, the formula
 ESTIMATE_CODE = ("extract/profile.py", "speedup/model.py", "speedup/timing.py", "speedup/static_models.py",
-                 "speedup/static_loop.py", "speedup/static_hybrid.py", "evaluate/draft_timing.py",
-                 "evaluate/speedup.py")
+                 "speedup/static_loop.py", "speedup/static_hybrid.py", "speedup/static_tree.py",
+                 "evaluate/draft_timing.py", "evaluate/speedup.py")
 KEY = ("source", "device", "shape", "kind")  # an entry replaces the one with the same key
 
 
