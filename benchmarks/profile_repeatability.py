@@ -3,7 +3,8 @@ fresh processes, per verified size: the two medians and their ratio (the issue's
 
 Random weights, batch 1, a cache prefilled with `--context` tokens, the shapes of benchmarks/speedup_validation.py
 (`8b`: pure attention, timed as `graphs` on CUDA: a static cache and one CUDA graph per size; `27b`: a Gated
-DeltaNet hybrid, timed `eager`: HF + fla, synchronised repeats until the median's 95% CI is within ±2% or a cap).
+DeltaNet hybrid, timed as `graphs` too, over static GDN states with extraction's kernels; each size synchronised
+repeats until the median's 95% CI is within ±2% or a cap).
 A fresh process rebuilds the same model from the same seed: it repeats what a second extraction of the same target
 would see (a new allocator, new kernel selection, new clocks). `--max-seconds` starts no new shape past it.
 
