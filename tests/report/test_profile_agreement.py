@@ -80,3 +80,16 @@ def test_one_user_profile_behind_every_estimate_has_nothing_to_compare(tmp_path)
     paths = evaluated(tmp_path, {"gsm8k": profile(15.5, 16.0), "humaneval": profile(7.33, 15.9)}, user)
     assert profile_agreement.panel([read_metrics(p) for p in paths]) == {
         "tolerance": 0.05, "context_ratio": 1.25, "profiles": [], "disagreements": []}
+
+
+def test_many_disagreeing_profiles_of_one_target_are_one_line():
+    """Three datasets' profiles all apart: one line for the target, naming the pair furthest apart, not three."""
+    profiles = [{"path": name, "target": TARGET, "device": "NVIDIA H200", "method": "graphs", "context_tokens": 176,
+                 "t_ar_ms": t_ar, "t_verify_ms": {4: 12.0}} for name, t_ar in (("a", 10.0), ("b", 15.0), ("c", 7.0))]
+    other = {**profiles[0], "path": "d", "target": "another target", "t_ar_ms": 30.0}
+    section_ = {"tolerance": 0.05, "profiles": [*profiles, other],
+                "disagreements": profile_agreement.disagreements([*profiles, other])}
+    assert len(section_["disagreements"]) == 3  # every pair of the three; the other target has no pair
+    [line] = profile_agreement.warnings(section_)
+    assert line.startswith(f"**Step profiles disagree**: {TARGET} on NVIDIA H200: 3 pairs of profiles disagree, "
+                           "T_AR 7-15 ms across 3; the furthest apart: T_AR 15 ms (b) against 7 ms (c), 2.14x apart")

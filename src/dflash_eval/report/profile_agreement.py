@@ -81,11 +81,22 @@ def panel(evaluations: list[Evaluation]) -> dict[str, Any]:
 
 
 def warnings(section: dict[str, Any]) -> list[str]:
-    """One markdown line per disagreeing pair."""
-    return [f"**Step profiles disagree**: {d['target']} on {d['device']}: {d['worst']} "
+    """One markdown line per target and device whose profiles disagree (N datasets could make N(N-1)/2 pairs):
+    the pair furthest apart, and how many pairs disagree where there are several."""
+    groups: dict[tuple[str, str], list[dict[str, Any]]] = {}
+    for pair in section["disagreements"]:
+        groups.setdefault((pair["target"], pair["device"]), []).append(pair)
+    lines = []
+    for (target, device), pairs in groups.items():
+        d = max(pairs, key=lambda pair: pair["worst_ratio"])
+        t_ar = sorted(p["t_ar_ms"] for p in section["profiles"] if (p["target"], p["device"]) == (target, device))
+        several = (f" {len(pairs)} pairs of profiles disagree, T_AR {t_ar[0]:.3g}-{t_ar[-1]:.3g} ms across "
+                   f"{len(t_ar)}; the furthest apart:" if len(pairs) > 1 else "")
+        lines.append(
+            f"**Step profiles disagree**: {target} on {device}:{several} {d['worst']} "
             f"{d['worst_ms'][0]:.3g} ms ({d['paths'][0]}) against {d['worst_ms'][1]:.3g} ms ({d['paths'][1]}), "
             f"{d['worst_ratio']:.2f}x apart ({len(d['sizes_beyond'])} of {d['sizes_compared']} sizes beyond "
             f"{section['tolerance']:.0%}; T_AR {d['t_ar_ms'][0]:.3g} / {d['t_ar_ms'][1]:.3g} ms). The expected "
             "speedups made from them cannot be ranked against each other: re-profile on an idle device (rerun "
-            "those extractions), or measure the deployment once and name it as speedup.profile (docs/speedup.md)."
-            for d in section["disagreements"]]
+            "those extractions), or measure the deployment once and name it as speedup.profile (docs/speedup.md).")
+    return lines
