@@ -1,5 +1,6 @@
 """T_draft: the drafter step timed as the evaluator runs it, on a tiny drafter; not timed where measure says not."""
 
+import tempfile
 from types import SimpleNamespace
 
 import pytest
@@ -14,6 +15,7 @@ from dflash_eval.evaluate.draft_timing import (
     time_on_cache,
     timing_method,
 )
+from dflash_eval.evaluate.drafter import load_drafter
 from dflash_eval.speedup.static_tree import ancestors, build_tree, tree_views
 from tests.support.tiny import MASK_ID, tiny_drafter, tiny_target
 
@@ -21,8 +23,13 @@ LAYERS = [0, 2]
 
 
 def _runner():
+    """The drafter as evaluation loads it (evaluate/drafter.py: the evaluator's own class, no forward and no
+    compute_logits), from a saved checkpoint: a GPU demo once failed on a path these tests ran on dflash's class."""
     target = tiny_target(seed=0)
-    drafter = tiny_drafter(LAYERS, block_size=4).eval()
+    with tempfile.TemporaryDirectory() as root:
+        tiny_drafter(LAYERS, block_size=4).save_pretrained(root, safe_serialization=True)
+        drafter = load_drafter(root).model.eval()
+    assert not hasattr(drafter, "compute_logits")
     return BlockDrafter(drafter, target.model.embed_tokens.weight.detach(), target.lm_head.weight.detach(), MASK_ID)
 
 

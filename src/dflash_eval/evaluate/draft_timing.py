@@ -28,7 +28,6 @@ from collections.abc import Callable
 from typing import Any
 
 import torch
-from torch.nn import functional as F
 
 from dflash_eval.evaluate.blocks import BlockDrafter
 from dflash_eval.speedup.static_loop import capture
@@ -141,18 +140,6 @@ def _eager_step(runner: BlockDrafter, features: torch.Tensor, tokens: torch.Tens
     return step
 
 
-class _LinearHead(torch.nn.Module):
-    """The LM head as the evaluator applies it (a plain product: dflash's compute_logits adds the multiplier and
-    softcap, as BlockDrafter.head_logits does)."""
-
-    def __init__(self, weight: torch.Tensor) -> None:
-        super().__init__()
-        self.weight = weight
-
-    def forward(self, hidden: torch.Tensor) -> torch.Tensor:
-        return F.linear(hidden, self.weight)
-
-
 def static_step(runner: BlockDrafter, features: torch.Tensor, tokens: torch.Tensor, anchor: int, block: int,
                 project: int, graphs: bool,
                 tree: TreeWork | None = None) -> tuple[Callable[[], None], Callable[[], torch.Tensor]]:
@@ -164,7 +151,7 @@ def static_step(runner: BlockDrafter, features: torch.Tensor, tokens: torch.Tens
     device = tokens.device
     first = anchor + 1 - project  # the first row the step projects (rows anchor+1-project .. anchor)
     with torch.inference_mode():  # as the validated loop builds it (static_loop.StaticLoop)
-        static = StaticDrafter(runner.drafter, runner.embed, _LinearHead(runner.lm_head), anchor + block)
+        static = StaticDrafter(runner.drafter, runner.embed, runner.head_logits, anchor + block)
         if first > 0:
             static.context(features[:first], torch.zeros(1, dtype=torch.long, device=device))
         rows = features[first:anchor + 1].clone()

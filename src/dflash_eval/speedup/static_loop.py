@@ -80,7 +80,8 @@ class StaticLoop:
             layer_ids = list(drafter.target_layer_ids) if drafter is not None else []
             self.target = self._static_target(target, width, layer_ids)
             self.drafter = None if drafter is None else StaticDrafter(
-                drafter, target.get_input_embeddings().weight, target.lm_head, width)
+                drafter, target.get_input_embeddings().weight,
+                lambda hidden: drafter.compute_logits(hidden, target.lm_head), width)  # dflash's class
             device = self.target.device
             self.device = device
             self.mask_id = -1 if drafter is None else int(drafter.mask_token_id)

@@ -11,6 +11,8 @@ as dflash's loop keeps them (its DynamicCache, cropped back to the block start a
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 from torch.nn import functional as F
 
@@ -144,10 +146,15 @@ class StaticDrafter:
     context rows [m, F] at positions start.. into the buffer; `draft(features, ctx_start, block, start)`
     projects the b rows of the last verify at ctx_start.. (the rejected ones among them are overwritten by the
     block's own keys: the block starts where the accepted rows end), then runs the block [bonus, mask x
-    (b-1)] at start..start+b-1 and returns its b-1 greedy drafts."""
+    (b-1)] at start..start+b-1 and returns its b-1 greedy drafts.
 
-    def __init__(self, drafter: torch.nn.Module, embed: torch.Tensor, head: torch.nn.Module, max_len: int):
-        self.drafter, self.embed, self.head, self.max_len = drafter, embed, head, int(max_len)
+    `head_logits` maps the final drafter states [1, b-1, H] to logits [1, b-1, V] as dflash's compute_logits does
+    (the LM head, then its multiplier and softcap): the drafter may be dflash's class, which has compute_logits,
+    or the evaluator's own (evaluate/drafter_model.py: the same parameters, no forward), which has not."""
+
+    def __init__(self, drafter: torch.nn.Module, embed: torch.Tensor,
+                 head_logits: Callable[[torch.Tensor], torch.Tensor], max_len: int):
+        self.drafter, self.embed, self.head_logits, self.max_len = drafter, embed, head_logits, int(max_len)
         config = drafter.config
         settings = getattr(config, "dflash_config", {}) or {}
         self.scale = float(settings.get("input_embedding_scale", getattr(config, "input_embedding_scale", 1.0)))
@@ -213,4 +220,4 @@ class StaticDrafter:
             hidden = hidden + _attend(attn, _rope(q, cos, sin), self.keys[i], self.values[i], visible)
             hidden = hidden + layer.mlp(layer.post_attention_layernorm(hidden))
         hidden = self.drafter.norm(hidden)[:, 1:]
-        return self.drafter.compute_logits(hidden, self.head)[0]
+        return self.head_logits(hidden)[0]
