@@ -22,12 +22,15 @@ from tests.support.tiny import MASK_ID, tiny_drafter, tiny_target
 LAYERS = [0, 2]
 
 
-def _runner():
+def _runner(**settings):
     """The drafter as evaluation loads it (evaluate/drafter.py: the evaluator's own class, no forward and no
-    compute_logits), from a saved checkpoint: a GPU demo once failed on a path these tests ran on dflash's class."""
+    compute_logits), from a saved checkpoint: a GPU demo once failed on a path these tests ran on dflash's class.
+    `settings` go into its dflash_config (input_embedding_scale, output_multiplier, final_logit_softcapping)."""
     target = tiny_target(seed=0)
     with tempfile.TemporaryDirectory() as root:
-        tiny_drafter(LAYERS, block_size=4).save_pretrained(root, safe_serialization=True)
+        drafter = tiny_drafter(LAYERS, block_size=4)
+        drafter.config.dflash_config.update(settings)
+        drafter.save_pretrained(root, safe_serialization=True)
         drafter = load_drafter(root).model.eval()
     assert not hasattr(drafter, "compute_logits")
     return BlockDrafter(drafter, target.model.embed_tokens.weight.detach(), target.lm_head.weight.detach(), MASK_ID)
@@ -86,11 +89,16 @@ def _sample():
     return features, tokens
 
 
-@pytest.mark.parametrize(("anchor", "block", "project"), [(12, 4, 1), (12, 3, 5), (19, 2, 2), (3, 4, 4)])
-def test_the_static_step_drafts_what_the_evaluators_step_drafts(anchor, block, project):
+SCALED = {"input_embedding_scale": 1.7, "output_multiplier": 0.5, "final_logit_softcapping": 0.3}
+
+
+@pytest.mark.parametrize(("anchor", "block", "project", "settings"),
+                         [(12, 4, 1, {}), (12, 3, 5, {}), (19, 2, 2, {}), (3, 4, 4, {}), (12, 4, 2, SCALED)])
+def test_the_static_step_drafts_what_the_evaluators_step_drafts(anchor, block, project, settings):
     """The graphs' step (the validated loop's static drafter) does the evaluator's work: the same drafts at the
-    same anchor, block and projection, in fp32 on the CPU (its code path, run eagerly)."""
-    runner = _runner()
+    same anchor, block and projection, in fp32 on the CPU (its code path, run eagerly); with the embedding scale,
+    output multiplier and softcap a checkpoint may set, the same logits too."""
+    runner = _runner(**settings)
     features, tokens = _sample()
     with torch.inference_mode():
         context = runner.context(features[:anchor + 1])
@@ -99,6 +107,14 @@ def test_the_static_step_drafts_what_the_evaluators_step_drafts(anchor, block, p
     step, drafts = static_step(runner, features, tokens, anchor, block, project, graphs=True)  # no graphs on a CPU
     step()
     assert torch.equal(drafts(), expected)
+    if settings:  # the logits themselves, through a DDTree step's top-k (a softcap of 0.3 leaves argmax ties rare)
+        tree = TreeWork(8, block - 1, runner.lm_head.shape[0], torch.device("cpu"))
+        with torch.inference_mode():
+            static_step(runner, features, tokens, anchor, block, project, graphs=True, tree=tree)[0]()
+            logits = runner.logits(hidden)[0].float()
+        reference = torch.log_softmax(logits, -1).topk(8, -1)
+        assert torch.allclose(tree.top[0], reference.values.double(), atol=1e-5)
+        assert runner.softcap == 0.3 and logits.abs().max() <= 0.3  # the settings reached the evaluator
 
 
 @pytest.mark.parametrize("budget", [3, 10, 400])  # 400: beyond the tiny vocab (the top-k takes all of it)
