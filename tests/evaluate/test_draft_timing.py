@@ -22,13 +22,13 @@ from tests.support.tiny import MASK_ID, tiny_drafter, tiny_target
 LAYERS = [0, 2]
 
 
-def _runner(**settings):
+def _runner(dflash2: bool = False, **settings):
     """The drafter as evaluation loads it (evaluate/drafter.py: the evaluator's own class, no forward and no
     compute_logits), from a saved checkpoint: a GPU demo once failed on a path these tests ran on dflash's class.
     `settings` go into its dflash_config (input_embedding_scale, output_multiplier, final_logit_softcapping)."""
     target = tiny_target(seed=0)
     with tempfile.TemporaryDirectory() as root:
-        drafter = tiny_drafter(LAYERS, block_size=4)
+        drafter = tiny_drafter(LAYERS, block_size=4, dflash2=dflash2)
         drafter.config.dflash_config.update(settings)
         drafter.save_pretrained(root, safe_serialization=True)
         drafter = load_drafter(root).model.eval()
@@ -153,6 +153,19 @@ def test_a_ddtree_step_is_timed_per_budget_at_the_drafters_own_block():
                            {"measure": True, "context_tokens": 12, "repeats": 1}, {4: 3}, None, {16: 2, 64: 5})
     assert sorted(timing["by_budget"]) == [16, 64] and sorted(timing["by_block"]) == [4]
     assert timing["by_budget"][64]["project_tokens"] == 5 and timing["by_budget"][64]["budget"] == 64
+
+
+def test_a_dflash2_drafters_steps_are_timed_eagerly_trees_included():
+    """DFlash2's block convolutions and selector are the evaluator's alone: its steps, a DDTree's too, run eagerly
+    on CUDA as on a CPU (the method is chosen for CUDA here; the timing itself runs on the CPU)."""
+    runner = _runner(dflash2=True)
+    assert timing_method(runner, torch.device("cuda"), "graphs")[0] == "eager"
+    features, tokens = _sample()
+    cache = SimpleNamespace(samples=[{"id": "0", "length": 20}],
+                            load_sample=lambda _id, _layers: SimpleNamespace(features=features, input_ids=tokens))
+    timing = time_on_cache(runner, cache, LAYERS, torch.device("cpu"), torch.float32,
+                           {"measure": True, "context_tokens": 12, "repeats": 1}, {4: 2}, "graphs", {16: 2})
+    assert timing["by_budget"][16]["ms"] > 0 and timing["by_budget"][16]["method"] == "eager"
 
 
 def test_the_method_follows_the_target_profile_and_the_device():
