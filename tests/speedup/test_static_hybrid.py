@@ -9,17 +9,15 @@ from __future__ import annotations
 import pytest
 import torch
 
-from dflash_eval.demo.live_loop import _host_clock_on_cpu
-from dflash_eval.demo.reference import exact_target_rollback
 from dflash_eval.errors import DflashEvalError
 from dflash_eval.extract.backends import BackendUnavailable, gdn_kernels, use_backend
-from dflash_eval.speedup.simulate import forced_acceptance
 from dflash_eval.speedup.static_hybrid import (
     StaticHybridLoop,
     StaticHybridTarget,
     _GdnLayer,
     hybrid_unsupported,
 )
+from tests.support.reference import assert_autoregressive_is_greedy, dflash_reference
 from tests.support.tiny import tiny_drafter, tiny_target
 
 LAYERS = [0, 3]  # a GDN layer's output, and the last layer's (the final-norm output, as dflash takes it)
@@ -91,15 +89,7 @@ def test_a_verify_leaves_the_states_and_keep_all_equals_a_commit(models) -> None
 def _reference(drafter, target, prompt, new_tokens: int, block: int, tau: float | None, seed: int):
     """dflash's loop with an exact hybrid rollback (demo/reference.py: transformers' crop keeps rejected tokens
     in the GDN states), the torch delta rule bound (conftest)."""
-    import dflash.model as reference
-
-    with exact_target_rollback(target), _host_clock_on_cpu(prompt.device):
-        if tau is None:
-            return reference.dflash_generate(drafter, target, prompt, new_tokens, None, block_size=block,
-                                             return_stats=True)
-        with forced_acceptance(target, tau, seed=seed):
-            return reference.dflash_generate(drafter, target, prompt, new_tokens, None, block_size=block,
-                                             return_stats=True)
+    return dflash_reference(drafter, target, prompt, new_tokens, block, tau, seed, exact_rollback=True)
 
 
 @pytest.mark.parametrize(("prompt_len", "tau"), [(9, None), (9, 2.6), (9, 4.0), (3, 3.3)])
@@ -146,11 +136,7 @@ def test_the_autoregressive_loop_is_the_targets_greedy_output(models) -> None:
     prompt = torch.randint(2, 290, (1, 7), generator=torch.Generator().manual_seed(1))
     loop = StaticHybridLoop(target, drafter, 64, [4], graphs=False, kernels=TORCH)
     loop.generate(prompt, 12, 4, 2.0)  # a previous sequence's states must not leak into the next
-    run = loop.generate(prompt, 20, 1)
-    with torch.no_grad():
-        greedy = target.generate(prompt, max_new_tokens=20, do_sample=False, min_new_tokens=20)
-    assert run.acceptance_lengths == [1] * 19
-    assert torch.equal(run.output_ids, greedy)
+    assert_autoregressive_is_greedy(loop, target, prompt, 20)
 
 
 def test_step_terms_add_the_rollback(models) -> None:

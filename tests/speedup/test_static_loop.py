@@ -7,10 +7,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from dflash_eval.demo.live_loop import _host_clock_on_cpu
 from dflash_eval.errors import DflashEvalError
-from dflash_eval.speedup.simulate import forced_acceptance
 from dflash_eval.speedup.static_loop import StaticLoop
+from tests.support.reference import assert_autoregressive_is_greedy, dflash_reference
 from tests.support.tiny import tiny_drafter, tiny_target
 
 
@@ -24,15 +23,7 @@ def _attention_target(layers: int = 3):
 
 
 def _reference(drafter, target, prompt, new_tokens: int, block: int, tau: float | None, seed: int):
-    import dflash.model as reference
-
-    with _host_clock_on_cpu(prompt.device):
-        if tau is None:
-            return reference.dflash_generate(drafter, target, prompt, new_tokens, None, block_size=block,
-                                             return_stats=True)
-        with forced_acceptance(target, tau, seed=seed):
-            return reference.dflash_generate(drafter, target, prompt, new_tokens, None, block_size=block,
-                                             return_stats=True)
+    return dflash_reference(drafter, target, prompt, new_tokens, block, tau, seed)
 
 
 @pytest.fixture(scope="module")
@@ -61,11 +52,7 @@ def test_the_autoregressive_loop_is_the_targets_greedy_output(models) -> None:
     target, drafter = models
     prompt = torch.randint(2, 290, (1, 7), generator=torch.Generator().manual_seed(1))
     loop = StaticLoop(target, drafter, 64, [4], graphs=False)
-    run = loop.generate(prompt, 20, 1)
-    with torch.no_grad():
-        greedy = target.generate(prompt, max_new_tokens=20, do_sample=False, min_new_tokens=20)
-    assert run.acceptance_lengths == [1] * 19
-    assert torch.equal(run.output_ids, greedy)
+    assert_autoregressive_is_greedy(loop, target, prompt, 20)
 
 
 def test_device_side_acceptance_on_hand_made_logits(models) -> None:

@@ -151,3 +151,36 @@ def assert_same_steps(mine: list[int], ref_steps: list[int], ref_ids: list[int],
     if diverge > len(expected_ids) and not tied:
         assert len(mine) == len(ref_steps), (mine, ref_steps)
     return compared
+
+
+def assert_autoregressive_is_greedy(loop, target, prompt: torch.Tensor, new_tokens: int = 20) -> None:
+    """A static loop at block 1 (its autoregressive baseline) gives the HF target's own greedy output, one token a
+    step: the reference is `target.generate`."""
+    run = loop.generate(prompt, new_tokens, 1)
+    with torch.no_grad():
+        greedy = target.generate(prompt, max_new_tokens=new_tokens, do_sample=False, min_new_tokens=new_tokens)
+    assert run.acceptance_lengths == [1] * (new_tokens - 1)
+    assert torch.equal(run.output_ids, greedy)
+
+
+def dflash_reference(drafter, target, prompt: torch.Tensor, new_tokens: int, block: int, tau: float | None,
+                     seed: int, exact_rollback: bool = False):
+    """dflash's own `dflash_generate` (return_stats), greedy or with acceptance forced at `tau` as SGLang's
+    SGLANG_SIMULATE_ACC_LEN does; `exact_rollback` for a Gated DeltaNet hybrid (demo/reference.py: transformers'
+    crop keeps rejected tokens in the GDN states). The reference the static loops are held to."""
+    import contextlib
+
+    import dflash.model as reference
+
+    from dflash_eval.demo.live_loop import _host_clock_on_cpu
+    from dflash_eval.demo.reference import exact_target_rollback
+    from dflash_eval.speedup.simulate import forced_acceptance
+
+    with contextlib.ExitStack() as stack:
+        if exact_rollback:
+            stack.enter_context(exact_target_rollback(target))
+        stack.enter_context(_host_clock_on_cpu(prompt.device))
+        if tau is not None:
+            stack.enter_context(forced_acceptance(target, tau, seed=seed))
+        return reference.dflash_generate(drafter, target, prompt, new_tokens, None, block_size=block,
+                                         return_stats=True)
