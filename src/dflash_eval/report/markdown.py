@@ -224,8 +224,9 @@ SPEEDUP_INTRO = (
     "(batch 1). tau here is the token-weighted one (tokens / steps, the bonus token included). It is a model of one "
     "serving step from a cost profile, not a measured throughput. Source: **user profile** (`speedup.profile`, "
     "measured on your deployment: the one to decide with) or **measured by us** (the target timed at extraction, "
-    "the drafter step at evaluation, batch 1: as CUDA graphs over a static cache for a pure-attention target on "
-    "CUDA, else HF transformers' eager forward, launch-bound on a GPU, so not a tuned server's; docs/speedup.md). "
+    "the drafter step at evaluation, batch 1: on CUDA, as CUDA graphs over a static cache (and static Gated DeltaNet "
+    "states for a hybrid) where the target's architecture supports it, else HF transformers' eager forward, "
+    "launch-bound on a GPU, so not a tuned server's; serving_profile.json names the method; docs/speedup.md). "
     "\"Made from\" below says how far such estimates were measured to be from a real speedup. **Bold**: best in "
     "its column."
 )
