@@ -26,7 +26,7 @@ from torch.nn import functional as F
 
 from dflash_eval.errors import DflashEvalError
 from dflash_eval.speedup.static_loop import StaticLoop
-from dflash_eval.speedup.static_models import _rope
+from dflash_eval.speedup.static_models import _rope, bind_target
 from dflash_eval.speedup.timing import timed_ms
 
 Rule = Callable[..., tuple[torch.Tensor, torch.Tensor | None]]
@@ -177,12 +177,7 @@ class StaticHybridTarget:
         why = hybrid_unsupported(model)
         if why is not None:
             raise DflashEvalError(f"StaticHybridTarget cannot run this target: {why}")
-        self.model, self.max_len = model, int(max_len)
-        inner = model.model
-        self.layers = list(inner.layers)
-        self.layer_ids = list(layer_ids or [])
-        weight = inner.embed_tokens.weight
-        self.device, self.dtype = weight.device, weight.dtype
+        inner, weight = bind_target(self, model, max_len, layer_ids)
         self.kernels = kernels
         self.cos, self.sin = _text_tables(inner.rotary_emb, self.max_len, weight[:1])
         self.gdn: dict[int, _GdnLayer] = {}

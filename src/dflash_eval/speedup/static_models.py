@@ -51,6 +51,19 @@ def static_unsupported(model: torch.nn.Module) -> str | None:
     return None
 
 
+def bind_target(target: object, model: torch.nn.Module, max_len: int,
+                layer_ids: list[int] | None) -> tuple[torch.nn.Module, torch.Tensor]:
+    """Set what every static target reads of its HF model (model, max_len, layers, layer_ids, device, dtype) on
+    `target`; returns the inner decoder and the embedding weight, which the caches and tables are made from."""
+    target.model, target.max_len = model, int(max_len)
+    inner = model.model
+    target.layers = list(inner.layers)
+    target.layer_ids = list(layer_ids or [])
+    weight = inner.embed_tokens.weight
+    target.device, target.dtype = weight.device, weight.dtype
+    return inner, weight
+
+
 class StaticTarget:
     """A Qwen3-style pure-attention causal LM (e.g. Qwen3ForCausalLM) over a preallocated KV cache of
     `max_len` positions. `forward(ids, start)` runs ids [1, n] at positions start..start+n-1 (start: a long
@@ -62,12 +75,7 @@ class StaticTarget:
             raise DflashEvalError("the static-cache loop runs pure-attention targets only: this one has Gated "
                                   "DeltaNet (linear_attention) layers, whose recurrent state a position rollback "
                                   "cannot undo; run it with the eager loop (--loop eager)")
-        self.model, self.max_len = model, int(max_len)
-        inner = model.model
-        self.layers = list(inner.layers)
-        self.layer_ids = list(layer_ids or [])
-        weight = inner.embed_tokens.weight
-        self.device, self.dtype = weight.device, weight.dtype
+        inner, weight = bind_target(self, model, max_len, layer_ids)
         self.cos, self.sin = _tables(inner.rotary_emb, self.max_len, weight[:1])
         attn = self.layers[0].self_attn
         kv_heads = model.config.num_key_value_heads

@@ -21,7 +21,7 @@ As a server runs it, the per-step bookkeeping lives in three CUDA graphs per bud
 drafter's forward with its top-k, the verify with its per-node argmax, and the accept step that applies the walk
 (the bonus, the compaction, the next feature rows and start). The host builds the tree and walks it, between
 one read of the top-k and (greedy only) one read of the argmax, and uploads each with one copy (their host time
-is reported: `host_s`; `breakdown` clocks each phase of a step, synchronised: `phases_s`).
+is reported: `build_s`, `walk_s`; `breakdown` clocks each phase of a step, synchronised: `phases_s`).
 """
 
 from __future__ import annotations
@@ -42,10 +42,12 @@ from dflash_eval.speedup.static_loop import StaticLoop, capture
 
 @dataclass(frozen=True)
 class TreeRun(LoopRun):
-    """A LoopRun with the ids it produced and the host's share of the decode (tree building and walking)."""
+    """A LoopRun with the ids it produced and the host's share of the decode: building the trees (with their
+    upload; a DDTree drafting step's own part, timed with it by evaluate/draft_timing.py) and walking them."""
 
     output_ids: torch.Tensor
-    host_s: float
+    build_s: float
+    walk_s: float
     phases_s: dict[str, float] | None = None  # breakdown=True: seconds per phase (PHASES), summed over the steps
 
 
@@ -272,7 +274,7 @@ class TreeLoop(StaticLoop):
             raise ValueError(f"{n} + {max_new_tokens} tokens do not fit a loop of max_len {self.max_len}")
         rng = random.Random(seed)
         lengths: list[int] = []
-        host_s = 0.0
+        build_s = walk_s = 0.0
         start = n
         self._sync()
         phases = _Phases(self._sync if breakdown else None)
@@ -286,14 +288,14 @@ class TreeLoop(StaticLoop):
             phases.lap("draft")
             clock = time.perf_counter()
             parents, node_tokens = self._upload_tree(top, budget, simulate_tau is not None)
-            host_s += time.perf_counter() - clock
+            build_s += time.perf_counter() - clock
             phases.lap("build")
             self.tree_verify[budget]()
             argmax = None if forced is not None else self.argmax_host[budget].copy_(self.tree_argmax[budget])
             phases.lap("verify")
             clock = time.perf_counter()
             path, excluded = _walk(parents, node_tokens, None if argmax is None else argmax.numpy(), forced)
-            host_s += time.perf_counter() - clock
+            walk_s += time.perf_counter() - clock
             phases.lap("walk")
             self._upload_walk(path, excluded)
             self.tree_accept[budget]()
@@ -303,7 +305,7 @@ class TreeLoop(StaticLoop):
         self._sync()
         decode_s = time.perf_counter() - began
         output = self.out[:max_length].clone().cpu()[None]
-        return TreeRun(decode_s, 1 + sum(lengths), lengths, output, host_s,
+        return TreeRun(decode_s, 1 + sum(lengths), lengths, output, build_s, walk_s,
                        phases.seconds if breakdown else None)
 
     def _upload_tree(self, top: np.ndarray, budget: int, spine: bool) -> tuple[list[int], list[int]]:
