@@ -21,8 +21,10 @@ measured twice: the two runs' ratio per size shows whether it repeats within 5%)
 it (evaluate/draft_timing.py, block b, projecting round(tau) new context rows), and the tau the loop realised
 (token-weighted). Beside it, for the graph loop, the same formula from the terms that loop pays, each timed
 alone (StaticLoop.step_terms): its T_AR (the size-1 graph), T_draft and T_verify(b) graphs, and then with the
-per-step accept + host round trip added to both sides (also added to the product's terms, a column of its own). On a hybrid target (eager loop) a second prediction
-adds the measured exact-rollback replay (a forward of the k kept tokens after each partial acceptance).
+per-step accept + host round trip added to both sides (also added to the product's terms, a column of its own,
+less a hybrid's state commit, which the profile's hybrid verify holds since the fifth H200 round). On a hybrid
+target (eager loop) a second prediction adds the measured exact-rollback replay (a forward of the k kept tokens
+after each partial acceptance).
 
 Shapes (random weights): `demo` (the demo's target and drafter shapes), `27b` (Qwen3.6-27B per-layer shape: a
 Gated DeltaNet hybrid, `--layers` of its 64 layers, its DFlash drafter's shape), `8b` (Qwen3-8B per-layer
@@ -244,6 +246,7 @@ def static_rows(name: str, shape: dict, layers: int, target, drafter, prompts, r
     trees = [n + 1 for n in args.budgets]
     first, second, agreement = two_profiles(target, context, sorted({1, *blocks, *trees}), args)
     t_ar, verify = first["t_ar_ms"], first["t_verify_ms"]
+    committed = bool(first.get("verify_includes_state_commit"))  # a hybrid's static profile (extract/profile.py)
     ar_loop, ar_host = ar_terms["verify"]["ms"], ar_terms["accept_host"]["ms"]
     kind = "CUDA graphs" if graphs else "static cache, eager (no graphs on this device)"
     head = (f"### {name}: {layers} of {shape['full_layers']} layers ({target_kind}), loop `graphs` ({kind}; "
@@ -254,7 +257,8 @@ def static_rows(name: str, shape: dict, layers: int, target, drafter, prompts, r
             f"the loop's autoregressive decode measured {autoregressive.ms_per_step:.2f} ms/token; the product's "
             f"T_draft timed {draft_timing_method(runner, device, first['method'])[0]} (evaluate/draft_timing.py)")
     rows = ["", head, *profile_lines(first, second, agreement), "",
-            "| block | tau asked | tau realised | T_draft ms product / loop | T_verify(b) ms profile / loop | "
+            "| block | tau asked | tau realised | T_draft ms product / loop | T_verify(b) ms profile / loop"
+            f"{' (with the state commit)' if committed else ''} | "
             "accept+host ms | ms/step measured | predicted (product) | predicted (product + host) | "
             "predicted (loop terms) | predicted (loop terms + host) | measured | measured / predicted (product) | "
             "measured / predicted (loop + host) |",
@@ -262,19 +266,22 @@ def static_rows(name: str, shape: dict, layers: int, target, drafter, prompts, r
     for block in blocks:
         terms = loop.step_terms(block, args.repeats, args.seconds_per_size, at=context)
         draft, check, host = terms["draft"]["ms"], terms["verify"]["ms"], terms["accept_host"]["ms"]
+        # the profile's hybrid verify holds its state commit (extract/profile.py); the loop's is the rollback term
+        loop_verify = check + (terms["rollback"]["ms"] if committed else 0.0)
         for tau, asked in due_taus(args.taus, f"{name} b{block}", deadline, skipped):
             run = pooled([loop.generate(p, args.new_tokens, block, asked, 1000 * block + i)
                           for i, p in enumerate(prompts)])
             product_draft, draft_method = product_draft_step(runner, features, tokens, context, args, block,
                                                              run.tau, first["method"])
             product = expected_speedup(run.tau, t_ar, product_draft, verify[str(block)])
-            product_host = expected_speedup(run.tau, t_ar + ar_host, product_draft + host, verify[str(block)])
+            beyond = host - (loop_verify - check)  # the host and accept terms the profile's verify does not hold
+            product_host = expected_speedup(run.tau, t_ar + ar_host, product_draft + beyond, verify[str(block)])
             from_loop = expected_speedup(run.tau, ar_loop, draft, check)
             with_host = expected_speedup(run.tau, ar_loop + ar_host, draft + check + host, 0.0)
             measured = measured_speedup(autoregressive, run)
             add_cell(args, name, target_kind, "chain", measured / product, first["method"], draft_method)
             rows.append(f"| {block} | {tau} | {run.tau:.2f} | {product_draft:.2f} / {draft:.2f} | "
-                        f"{verify[str(block)]:.2f} / {check:.2f} | {host:.3f} | {run.ms_per_step:.2f} | "
+                        f"{verify[str(block)]:.2f} / {loop_verify:.2f} | {host:.3f} | {run.ms_per_step:.2f} | "
                         f"{product:.2f} | {product_host:.2f} | {from_loop:.2f} | {with_host:.2f} | {measured:.2f} | "
                         f"{measured / product:.3f} | {measured / with_host:.3f} |")
     if args.budgets and not hybrid:  # no tree verify on a hybrid (static_hybrid.py refuses it; docs/speedup.md)

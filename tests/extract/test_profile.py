@@ -124,6 +124,39 @@ def test_a_hybrid_target_has_the_static_path_too_with_its_kernels_named(monkeypa
         measure_target(target, context_tokens=8, repeats=1, verify_tokens=[2], method="static", backend="fla")
 
 
+def test_a_hybrid_verify_is_timed_with_its_state_commit_which_leaves_the_states(monkeypatch):
+    """The estimate's T_verify(n > 1) of a hybrid is the validated loop's whole verify: the recording forward and
+    the commit's replay (its accept step's GDN term, 4-12% of a step on the H200 shapes), at 0 kept: the states
+    after each timed verify are those before it. T_AR's one-token step commits in its forward, no replay."""
+    from dflash_eval.speedup import static_hybrid
+
+    calls: list[tuple[str, int, int | bool]] = []
+    before: list[torch.Tensor] = []
+    real_forward, real_keep = static_hybrid.StaticHybridTarget.forward, static_hybrid.StaticHybridTarget.keep
+
+    def gdn_states(target) -> list[torch.Tensor]:
+        return [t.clone() for layer in target.gdn.values() for t in (layer.conv, layer.recurrent)]
+
+    def forward(self, ids, start, features=True, span=None, tree=None, commit=True):
+        calls.append(("forward", ids.shape[1], commit))
+        if not commit:
+            before[:] = gdn_states(self)
+        return real_forward(self, ids, start, features, span, tree, commit)
+
+    def keep(self, kept, n):
+        calls.append(("keep", n, int(kept)))
+        real_keep(self, kept, n)
+        assert all(torch.allclose(a, b, atol=1e-6) for a, b in zip(before, gdn_states(self), strict=True))
+    monkeypatch.setattr(static_hybrid.StaticHybridTarget, "forward", forward)
+    monkeypatch.setattr(static_hybrid.StaticHybridTarget, "keep", keep)
+    profile = measure_target(tiny_target(seed=0), context_tokens=40, repeats=2, verify_tokens=[3], method="static",
+                             backend="torch")
+    assert profile["verify_includes_state_commit"] is True
+    assert ("forward", 1, True) in calls and not any(c[0] == "keep" and c[1] == 1 for c in calls)
+    verifies = [c for c in calls if c[1] == 3]
+    assert len(verifies) >= 4 and verifies == [("forward", 3, False), ("keep", 3, 0)] * (len(verifies) // 2)
+
+
 def test_the_total_cap_bounds_the_profile():
     """With nothing left of the total, each size stops at 3 calls (the fewest a spread needs), unstable."""
     profile = measure_target(_attention_target(), context_tokens=16, repeats=10, verify_tokens=[2, 4],

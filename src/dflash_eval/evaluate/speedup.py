@@ -27,7 +27,11 @@ def profiles_for(settings: dict[str, Any], hidden: str | Path) -> tuple[dict | N
     measured = Path(hidden) / PROFILE_NAME
     if measured.is_file():
         profile = load_profile(measured)
-        return profile, f"measured at extraction on {profile.get('device', '?')} ({measured})"
+        method = profile.get("method")
+        how = f", timed {method}" if method else ""
+        if profile.get("verify_includes_state_commit"):
+            how += ", each verify with its Gated DeltaNet state commit"
+        return profile, f"measured at extraction on {profile.get('device', '?')}{how} ({measured})"
     return None, f"no {PROFILE_NAME} beside the cache and no speedup.profile"
 
 
