@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import subprocess
 import sys
 from pathlib import Path
 
@@ -24,3 +25,14 @@ def smoke_mode(parser: argparse.ArgumentParser, argv: list[str] | None = None, *
     parser.add_argument("--smoke", action="store_true", help="seconds on a tiny CPU shape; records nothing")
     if "--smoke" in (sys.argv[1:] if argv is None else argv):
         parser.set_defaults(**tiny)
+
+
+def checkout_commit(root: Path) -> str | None:
+    """The checkout's short HEAD, with "+changes" where tracked files differ from it: a copied work tree (the GPU
+    machine's) can sit on an older .git, and a record must not name a commit whose code it did not run."""
+    def git(*args: str) -> str:
+        return subprocess.run(["git", "-C", str(root), *args], capture_output=True, text=True).stdout.strip()
+    head = git("rev-parse", "--short", "HEAD")
+    if not head:
+        return None
+    return head + ("+changes" if git("status", "--porcelain", "--untracked-files=no") else "")

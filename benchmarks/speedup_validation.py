@@ -42,13 +42,13 @@ as it is done; `--max-seconds` starts no new cell past it.
 from __future__ import annotations
 
 import argparse
-import subprocess
 import time
 import traceback
 from pathlib import Path
 
 import torch
 from record import (  # benchmarks/record.py (the script's own folder)
+    checkout_commit,
     print_and_record,
     smoke_mode,
 )
@@ -203,8 +203,7 @@ def record_validation(args: argparse.Namespace, device_name: str) -> None:
     """The cells, one entry per shape x kind, into the package's validation record (speedup/validation.py)."""
     if args.validation_record is None or not args.cells:
         return
-    commit = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"], capture_output=True,
-                            text=True).stdout.strip() or None
+    commit = checkout_commit(ROOT)
     groups: dict[tuple[str, str], list[dict]] = {}
     for cell in args.cells:
         groups.setdefault((cell["shape"], cell["kind"]), []).append(cell)
