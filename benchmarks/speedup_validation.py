@@ -265,22 +265,23 @@ def static_rows(name: str, shape: dict, layers: int, target, drafter, prompts, r
     for block in blocks:
         terms = loop.step_terms(block, args.repeats, args.seconds_per_size, at=context)
         draft, check, host = terms["draft"]["ms"], terms["verify"]["ms"], terms["accept_host"]["ms"]
-        # the profile's hybrid verify holds its state commit (extract/profile.py); the loop's is the rollback term
-        loop_verify = check + (terms["rollback"]["ms"] if committed else 0.0)
+        # the profile's hybrid verify holds its state commit (extract/profile.py); the loop's is the rollback term,
+        # which its accept + host time holds too
+        commit = terms["rollback"]["ms"] if committed else 0.0
         for tau, asked in due_taus(args.taus, f"{name} b{block}", deadline, skipped):
             run = pooled([loop.generate(p, args.new_tokens, block, asked, 1000 * block + i)
                           for i, p in enumerate(prompts)])
             product_draft, draft_method = product_draft_step(runner, features, tokens, context, args, block,
                                                              run.tau, first["method"])
             product = expected_speedup(run.tau, t_ar, product_draft, verify[str(block)])
-            beyond = host - (loop_verify - check)  # the host and accept terms the profile's verify does not hold
-            product_host = expected_speedup(run.tau, t_ar + ar_host, product_draft + beyond, verify[str(block)])
+            product_host = expected_speedup(run.tau, t_ar + ar_host, product_draft + host - commit,
+                                            verify[str(block)])
             from_loop = expected_speedup(run.tau, ar_loop, draft, check)
             with_host = expected_speedup(run.tau, ar_loop + ar_host, draft + check + host, 0.0)
             measured = measured_speedup(autoregressive, run)
             add_cell(args, name, target_kind, "chain", measured / product, first["method"], draft_method)
             rows.append(f"| {block} | {tau} | {run.tau:.2f} | {product_draft:.2f} / {draft:.2f} | "
-                        f"{verify[str(block)]:.2f} / {loop_verify:.2f} | {host:.3f} | {run.ms_per_step:.2f} | "
+                        f"{verify[str(block)]:.2f} / {check + commit:.2f} | {host:.3f} | {run.ms_per_step:.2f} | "
                         f"{product:.2f} | {product_host:.2f} | {from_loop:.2f} | {with_host:.2f} | {measured:.2f} | "
                         f"{measured / product:.3f} | {measured / with_host:.3f} |")
     if args.budgets and not hybrid:  # no tree verify on a hybrid (static_hybrid.py refuses it; docs/speedup.md)
