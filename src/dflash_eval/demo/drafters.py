@@ -15,8 +15,10 @@ import argparse
 import json
 import logging
 import math
+import multiprocessing
 import random
 import time
+from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -67,24 +69,59 @@ class TrainingSequence:
     prompt_len: int
 
 
-@torch.inference_mode()
-def greedy_sequences(target, tokenizer, layer_ids: list[int], count: int, max_new_tokens: int,
-                     seed: int) -> list[TrainingSequence]:
-    """The target's own greedy completions to stdlib-derived prompts (not the evaluation prompts)."""
+def training_prompts(tokenizer, count: int, seed: int) -> list[torch.Tensor]:
+    """The prompts of the drafters' training sequences: stdlib-derived, never the evaluation prompts."""
     examples = chat_examples(select_sources(seed=seed + 101, max_bytes=400_000), seed=seed + 101)
+    prompts = []
+    for _ in range(count):
+        text = tokenizer.apply_chat_template(next(examples)[:1], add_generation_prompt=True, tokenize=False)
+        prompts.append(tokenizer(text, add_special_tokens=False, return_tensors="pt").input_ids[:, -192:])
+    return prompts
+
+
+@torch.inference_mode()
+def greedy_sequence(target, prompt: torch.Tensor, layer_ids: list[int], max_new_tokens: int,
+                    eos: int) -> TrainingSequence:
+    """One prompt's greedy completion and the target's features along it (batch 1: no padding)."""
+    tokens = target.generate(prompt, max_new_tokens=max_new_tokens, do_sample=False, eos_token_id=eos,
+                             pad_token_id=eos)[0]
+    hidden = target(tokens[None], output_hidden_states=True).hidden_states
+    features = torch.cat([hidden[i + 1][0] for i in layer_ids], dim=-1)
+    return TrainingSequence(tokens=tokens, features=features, prompt_len=prompt.shape[1])
+
+
+_worker_target = None
+
+
+def _load_worker_target(target_dir: str, threads: int) -> None:
+    """A worker process's own copy of the target, with the build's thread count (it decides the bits)."""
+    global _worker_target
+    torch.set_num_threads(threads)
+    bind_backend("torch", "cpu")
+    _worker_target = AutoModelForCausalLM.from_pretrained(target_dir, dtype=torch.float32).eval()
+
+
+def _worker_sequence(args: tuple[torch.Tensor, list[int], int, int]) -> TrainingSequence:
+    return greedy_sequence(_worker_target, *args)
+
+
+def greedy_sequences(target, target_dir: Path, tokenizer, layer_ids: list[int], count: int, max_new_tokens: int,
+                     seed: int, workers: int = 1) -> list[TrainingSequence]:
+    """The target's own greedy completions of the training prompts, in `workers` processes.
+
+    Each sequence is computed alone (batch 1) with the same thread count in every process, so the
+    result is bit-identical whatever `workers` is (tests/demo/test_drafter_build.py); more workers only
+    use more cores.
+    """
     eos = tokenizer.convert_tokens_to_ids("<|im_end|>")
-    sequences = []
-    for _ in tqdm(range(count), desc="target greedy completions", unit="seq"):
-        messages = next(examples)[:1]
-        prompt = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
-        ids = tokenizer(prompt, add_special_tokens=False, return_tensors="pt").input_ids[:, -192:]
-        out = target.generate(ids, max_new_tokens=max_new_tokens, do_sample=False, eos_token_id=eos,
-                              pad_token_id=eos)
-        tokens = out[0]
-        hidden = target(tokens[None], output_hidden_states=True).hidden_states
-        features = torch.cat([hidden[i + 1][0] for i in layer_ids], dim=-1)
-        sequences.append(TrainingSequence(tokens=tokens, features=features, prompt_len=ids.shape[1]))
-    return sequences
+    jobs = [(prompt, layer_ids, max_new_tokens, eos) for prompt in training_prompts(tokenizer, count, seed)]
+    progress = dict(total=count, desc="target greedy completions", unit="seq")
+    if workers <= 1:
+        return [greedy_sequence(target, *job) for job in tqdm(jobs, **progress)]
+    context = multiprocessing.get_context("spawn")
+    with ProcessPoolExecutor(workers, mp_context=context, initializer=_load_worker_target,
+                             initargs=(str(target_dir), torch.get_num_threads())) as pool:
+        return list(tqdm(pool.map(_worker_sequence, jobs), **progress))
 
 
 def block_loss(runner: BlockDrafter, sequence: TrainingSequence, anchors_per_seq: int, rng: random.Random,
@@ -121,7 +158,7 @@ def save_checkpoint(model, out_dir: Path, name: str, step: int, epoch: float) ->
 
 
 def build_drafters(target_dir: Path, out_dir: Path, steps: list[int], seed: int = 0, sequences: int = 48,
-                   max_new_tokens: int = 128, anchors_per_seq: int = 32, lr: float = 2e-3) -> dict:
+                   max_new_tokens: int = 128, anchors_per_seq: int = 32, lr: float = 2e-3, workers: int = 1) -> dict:
     """Train one drafter, saving the untrained start and a checkpoint at each of `steps`."""
     torch.manual_seed(seed)
     rng = random.Random(seed)
@@ -133,7 +170,7 @@ def build_drafters(target_dir: Path, out_dir: Path, steps: list[int], seed: int 
     config = target.config
     layer_ids = default_layer_ids(config.num_hidden_layers, DRAFT_LAYERS)
     mask_id = tokenizer.convert_tokens_to_ids("<|mask|>")
-    data = greedy_sequences(target, tokenizer, layer_ids, sequences, max_new_tokens, seed)
+    data = greedy_sequences(target, target_dir, tokenizer, layer_ids, sequences, max_new_tokens, seed, workers)
     data = [TrainingSequence(s.tokens.clone(), s.features.clone(), s.prompt_len) for s in data]
     from dflash import DFlashDraftModel
 
@@ -178,11 +215,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--steps", type=int, nargs="+", required=True, help="training steps to save")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--sequences", type=int, default=48)
-    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--threads", type=int, default=2, help="torch CPU threads per process (decides the bits)")
+    parser.add_argument("--workers", type=int, default=1,
+                        help="processes for the target's greedy completions (same result for any number)")
 
 
 def run(args: argparse.Namespace) -> int:
     torch.set_num_threads(args.threads)
     bind_backend("torch", "cpu")  # the target's features for training come from CPU forwards
-    build_drafters(args.target, args.out, args.steps, seed=args.seed, sequences=args.sequences)
+    build_drafters(args.target, args.out, args.steps, seed=args.seed, sequences=args.sequences,
+                   workers=args.workers)
     return 0
