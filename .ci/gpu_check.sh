@@ -5,6 +5,7 @@
 #   .ci/gpu_check.sh tests   install (.[gpu], then the test command: .[test] and the fast suite), and -m gpu
 #   .ci/gpu_check.sh demo    install (.[gpu]), and the GPU demo: snakemake --cores 16 --configfile config/gpu.yaml
 #   .ci/gpu_check.sh all     both, in that order
+#   .ci/gpu_check.sh demo-warm   the demo again on the same machine: results/ made anew, the demo models kept
 #   .ci/gpu_check.sh tests-start    the same tests, the fast suite detached (setsid) so that it outlives this
 #                                   call (one device call runs at most 600 s; the suite took 888 s on an H200);
 #   .ci/gpu_check.sh tests-collect  in the next call (within the machine's idle release): wait for it (at most
@@ -81,9 +82,13 @@ if [ "$what" = tests-collect ]; then
     cp "$BG/test_command.log" "$OUT/" 2>/dev/null
     grep -E "^(FAILED|ERROR)|passed|failed" "$BG/test_command.log" | tail -15 >> "$summary"
 fi
-if [ "$what" = demo ] || [ "$what" = all ]; then
+if [ "$what" = demo ] || [ "$what" = all ] || [ "$what" = demo-warm ]; then
+    # demo-warm: the same machine again (pip's install and Triton's cache warm, the demo models of resources/demo
+    # kept), every output under results/ made anew
+    [ "$what" = demo-warm ] && rm -rf results
     step gpu_demo 560 'snakemake --cores 16 --configfile config/gpu.yaml'
     cp results/summary.md "$OUT/" 2>/dev/null
+    python3 .ci/rule_times.py results/benchmarks > "$OUT/rule_times.md" 2>&1; cat "$OUT/rule_times.md" >> "$summary"
     tar czf "$OUT/demo_logs.tgz" results/logs results/benchmarks results/trust.json results/summary.csv 2>/dev/null
 fi
 cat "$summary"
