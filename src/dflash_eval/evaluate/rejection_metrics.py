@@ -22,6 +22,7 @@ from dflash_eval.evaluate.acceptance import SequenceLimits
 from dflash_eval.evaluate.rejection import (
     StepDistribution,
     anchor_alpha,
+    read_positions,
     expected_token_weighted,
     step_distribution,
 )
@@ -54,36 +55,46 @@ def sample_params(stored: dict, record: dict, completions: str) -> SamplingParam
 
 
 def sample_distribution(runner, load: Loaded, params: SamplingParams, stops: set[int], chunk: int,
-                        blocks: list[int] | None = None) -> tuple[dict[int, StepDistribution] | None, str | None]:
-    """One sample's step distribution per chain block size b (default: the drafter's B alone), or None and why
-    (a completion token the sampling could not emit). Chain-B<b> is dflash_generate run with block_size b: the same
-    programme over b-token blocks, each drafted as such."""
+                        blocks: list[int] | None = None) -> tuple[dict[int, StepDistribution], int, int]:
+    """One sample's step distribution per chain block size b (default: the drafter's B alone), how many tokens the
+    chain reads, and how many of them lie outside dflash's support of the target (p_T = 0: scored as rejected drafts, see
+    rejection.anchor_alpha). Chain-B<b> is dflash_generate run with block_size b: the same programme over b-token
+    blocks, each drafted as such. The first completion token is taken as given: it was drawn at prefill (by
+    SGLang from flashinfer's joint top-k/top-p filter, whose support can be wider than dflash's) and never verified."""
     features, tokens, logprob, limits = load()
-    completion = logprob[limits.prompt_len:]
-    if not bool(torch.isfinite(completion).all()):
-        return None, ("a completion token has probability 0 under dflash's renormalisation of the target (outside "
-                      "its top-k / top-p): dflash_generate could not have produced this completion")
     is_stop = [t in stops for t in tokens.tolist()]
+    read = read_positions(limits, is_stop)
+    outside = int((~torch.isfinite(logprob[read.start:read.stop])).sum()) if len(read) else 0
     context = runner.context(features) if limits.total_len - 1 > limits.prompt_len else None
     out = {}
     for block in blocks or [runner.block_size]:
         alpha = anchor_alpha(runner, features, tokens, logprob, limits, params, chunk, block, context)
         out[block] = step_distribution(alpha, limits, is_stop, block)
-    return out, None
+    return out, outside, len(read)
+
+
+def outside_support(outside: dict[str, int], tokens: dict[str, int]) -> dict:
+    """How many samples and read tokens had a token outside dflash's support (scored at its anchor as a rejection,
+    not dropped), with their shares: beside the rejection tau, so a bf16 target's or a tie rule's gaps are seen."""
+    hit = sum(1 for n in outside.values() if n)
+    read = sum(tokens.values())
+    return {"samples": hit, "samples_scored": len(outside), "share_of_samples": hit / len(outside) if outside else 0.0,
+            "tokens": int(sum(outside.values())), "tokens_read": int(read),
+            "share_of_tokens": sum(outside.values()) / read if read else 0.0}
 
 
 def section(dists: dict[str, dict[int, StepDistribution]], params: dict[str, SamplingParams], blocks: list[int],
-            settings: dict, clusters: dict[str, str] | None = None) -> dict:
+            settings: dict, clusters: dict[str, str] | None = None, outside: dict | None = None) -> dict:
     """The `rejection` section of metrics.json from the samples' step distributions per chain block size b in
     `blocks` (the cache's order): one method chain-B<b> each; the bootstrap resamples `clusters` (sample id -> its
-    prompt) when given."""
+    prompt) when given; `outside`: outside_support's counts."""
     methods = {}
     for size in sorted(blocks):
         entry = _method({i: d[size] for i, d in dists.items()}, size, settings, clusters)
         methods[entry["method"]] = entry
     return {"scheme": "rejection", "convention": "dflash",
             "sampling": [dict(t) for t in sorted({tuple(sorted(p.as_dict().items())) for p in params.values()})],
-            "methods": methods}
+            "outside_support": outside or outside_support({}, {}), "methods": methods}
 
 
 def _method(dists: dict[str, StepDistribution], block: int, settings: dict, clusters: dict[str, str] | None) -> dict:

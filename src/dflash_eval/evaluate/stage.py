@@ -13,7 +13,8 @@ metrics.json (the report reads it):
   speedup{estimate, available, source, formula, tau, target_source, draft_source, t_ar_ms, t_draft_ms, verify,
   best_ddtree{method, budget, expected_speedup}} (evaluate/speedup.py; an estimate, labelled so),
   verify (evaluation.verify as a list), sampling (the completions' distinct {temperature, top_p, top_k, min_p}; null
-  when greedy), and with the rejection scheme rejection{scheme, convention, sampling, methods{"chain-B<b>" per chain: {method,
+  when greedy), and with the rejection scheme rejection{scheme, convention, sampling, outside_support{samples, samples_scored,
+  share_of_samples, tokens, tokens_read, share_of_tokens}, methods{"chain-B<b>" per chain: {method,
   scheme, block_size, tau_mean_of_samples, tau_token_weighted (both exact expectations), ci95, samples, expected_steps,
   tokens, acceptance_by_position, expected_histogram, per_sample[{id, tokens, expected_steps, expected_tau}]}}}
   (evaluate/rejection_metrics.py; none on greedy completions, where the scheme is target_only's). Every `methods`
@@ -215,7 +216,7 @@ def run_evaluation(settings: dict, hidden: str, completions: str,
     # greedy completions: dflash_generate's scheme at T = 0 is target_only's greedy verification (docs/sampling.md)
     if "rejection" in verify_schemes(settings.get("verify")) and sampling is not None:
         rejection = _rejection(runner, cache, records, order, completions, loaded.layer_ids, device, dtype, stops,
-                               settings, block_sizes, skipped, clusters)
+                               settings, block_sizes, clusters)
         cache_info["shards_verified"] = cache.verified()
     _check_unchanged(loaded.path, sha256_at_load)
     metrics = {
@@ -251,11 +252,11 @@ def _sampling_of(records: dict, completions: str) -> list[dict] | None:
 
 
 def _rejection(runner, cache, records, order, completions, layer_ids, device, dtype, stops, settings, block_sizes,
-               skipped, clusters) -> dict:
+               clusters) -> dict:
     """The rejection scheme's section (evaluate.rejection_metrics), over the samples the trajectories used: one
     chain per evaluated block size (DDTree has no rejection-sampled reference: preflight refuses it alone)."""
     stored = rejection_metrics.check_cache(cache, settings["drafter"], runner)
-    dists, params = {}, {}
+    dists, params, outside, read = {}, {}, {}, {}
     for sample_id, _entry in order:
         record = records[sample_id]
         params[sample_id] = rejection_metrics.sample_params(stored, record, completions)
@@ -266,13 +267,10 @@ def _rejection(runner, cache, records, order, completions, layer_ids, device, dt
             max_tokens = record.get("request", {}).get("max_tokens", settings.get("max_tokens"))
             limits = acceptance.sequence_limits(states.prompt_len, len(tokens), max_tokens, int(tokens[-1]) in stops)
             return states.features.to(device=device, dtype=dtype), tokens, states.logprob.to(device), limits
-        dist, why = rejection_metrics.sample_distribution(runner, load, params[sample_id], set(stops),
-                                                          settings["blocks_per_forward"], block_sizes)
-        if dist is None:
-            skipped.append({"id": sample_id, "why": f"rejection scheme: {why}"})
-        else:
-            dists[sample_id] = dist
-    return rejection_metrics.section(dists, params, block_sizes, settings, clusters)
+        dists[sample_id], outside[sample_id], read[sample_id] = rejection_metrics.sample_distribution(
+            runner, load, params[sample_id], set(stops), settings["blocks_per_forward"], block_sizes)
+    return rejection_metrics.section(dists, params, block_sizes, settings, clusters,
+                                     rejection_metrics.outside_support(outside, read))
 
 
 def requested_block_sizes(requested: list[int] | str | None, block: int) -> list[int]:
