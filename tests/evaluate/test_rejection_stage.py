@@ -183,3 +183,16 @@ def test_no_sample_is_dropped_for_a_token_outside_dflash_support(project, tmp_pa
         assert chain["samples"] == 4
         for row, record in zip(chain["per_sample"], changed + records[2:]):
             assert row["expected_tau"] == pytest.approx(_reference_expected_tau(odd, record, block), rel=1e-5)
+
+
+def test_a_penalized_record_is_refused_by_the_rejection_scheme():
+    """The cache's p_T applies no penalty, SGLang's verify does: a record served penalized cannot be scored."""
+    from dflash_eval.errors import DflashEvalError
+    from dflash_eval.evaluate import rejection_metrics
+
+    record = {"id": "p0#s0", "sampling": SAMPLING, "request": {"repetition_penalty": 1.1, "presence_penalty": 0.0}}
+    stored = {"sampling": {"p0#s0": {k: v for k, v in SAMPLING.items() if k != "seed"}}}
+    with pytest.raises(DflashEvalError, match=r"repetition_penalty.*1\.1.*verify: target_only"):
+        rejection_metrics.sample_params(stored, record, "c.jsonl")
+    record["request"]["repetition_penalty"] = 1.0
+    assert rejection_metrics.sample_params(stored, record, "c.jsonl").top_k == SAMPLING["top_k"]

@@ -17,13 +17,14 @@ import torch
 
 from dflash_eval import stats
 from dflash_eval.cache.sampling import SamplingParams, from_record
+from dflash_eval.completions import PENALTY_OFF
 from dflash_eval.errors import DflashEvalError
 from dflash_eval.evaluate.acceptance import SequenceLimits
 from dflash_eval.evaluate.rejection import (
     StepDistribution,
     anchor_alpha,
-    read_positions,
     expected_token_weighted,
+    read_positions,
     step_distribution,
 )
 from dflash_eval.methods import chain_method
@@ -47,6 +48,12 @@ def check_cache(cache, drafter_name: str, runner) -> dict:
 def sample_params(stored: dict, record: dict, completions: str) -> SamplingParams:
     """The record's sampling parameters, which must be those the cache's log-probs were computed with."""
     params = from_record(record, completions)
+    penalized = {key: value for key, value in (record.get("request") or {}).items()
+                 if key in PENALTY_OFF and float(value) != PENALTY_OFF[key]}
+    if penalized:
+        raise DflashEvalError(f"{completions}: record {record['id']!r} was served with {penalized}, which the rejection "
+                              "scheme's target distribution does not apply (SGLang's verify does); evaluate it with "
+                              "evaluation.verify: target_only, or fetch without penalties")
     cached = stored["sampling"].get(str(record["id"]))
     if params is None or cached != params.as_dict():
         raise DflashEvalError(f"{completions}: record {record['id']!r} has sampling {record.get('sampling')!r}, but the "
