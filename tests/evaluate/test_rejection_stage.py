@@ -196,3 +196,12 @@ def test_a_penalized_record_is_refused_by_the_rejection_scheme():
         rejection_metrics.sample_params(stored, record, "c.jsonl")
     record["request"]["repetition_penalty"] = 1.0
     assert rejection_metrics.sample_params(stored, record, "c.jsonl").top_k == SAMPLING["top_k"]
+
+
+def test_a_dflash2_drafter_on_sampled_completions_is_refused_by_the_stage(project, tmp_path):
+    """Under either scheme: its target_only number would be the greedy selector's, which no engine serves at T > 0."""
+    root, _, settings = project
+    tiny_drafter(LAYERS, block_size=BLOCK, dflash2=True).save_pretrained(tmp_path / "d2", safe_serialization=True)
+    checkpoint = {**settings["checkpoint"], "path": str(tmp_path / "d2")}
+    code, log = _evaluate(root, {**settings, "checkpoint": checkpoint}, tmp_path / "out")
+    assert code != 0 and "is a DFlash2DraftModel, and datasets toy sample" in log, log

@@ -47,7 +47,7 @@ from dflash_eval.checkpoint import (
 from dflash_eval.completions import prompt_cluster, read_completions
 from dflash_eval.config import verify_schemes
 from dflash_eval.errors import DflashEvalError
-from dflash_eval.evaluate import acceptance, rejection_metrics
+from dflash_eval.evaluate import acceptance, drafter_kind, rejection_metrics
 from dflash_eval.evaluate.blocks import BlockDrafter
 from dflash_eval.evaluate.cuda_graphs import graph_options
 from dflash_eval.evaluate.draft_timing import time_on_cache as time_drafter_on_cache
@@ -152,6 +152,7 @@ def run_evaluation(settings: dict, hidden: str, completions: str,
     loaded = load_drafter(checkpoint["path"], checkpoint["layout"], checkpoint.get("config"),
                           checkpoint["layer_ids"], checkpoint["allow_pickle"], vocab_size=head.embed.shape[0])
     check_against_target(loaded.path, loaded.config.hidden_size, None, head.embed.shape[1], None)
+    drafter_kind.check_sampled(settings["drafter"], loaded.model, settings["dataset"], _sampling_of(records, completions))
     runner = BlockDrafter(loaded.model, head.embed, head.lm_head, loaded.mask_token_id).to(device=device, dtype=dtype)
     stops = stop_token_ids(settings)
     block = loaded.block_size
