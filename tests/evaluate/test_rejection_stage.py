@@ -205,3 +205,25 @@ def test_a_dflash2_drafter_on_sampled_completions_is_refused_by_the_stage(projec
     checkpoint = {**settings["checkpoint"], "path": str(tmp_path / "d2")}
     code, log = _evaluate(root, {**settings, "checkpoint": checkpoint}, tmp_path / "out")
     assert code != 0 and "is a DFlash2DraftModel, and datasets toy sample" in log, log
+
+
+def test_a_cache_of_another_model_is_flagged_at_t_above_0(project, tmp_path):
+    """Argmax agreement checks nothing at T > 0; the support share does: the served tokens lie inside the serving
+    target's top-k/top-p support, and far less often inside another model's (same config, other weights)."""
+    root, _, settings = project
+    code, log = _evaluate(root, {**settings, "verify": ["target_only", "rejection"]}, tmp_path / "same")
+    assert code == 0, log
+    same = json.loads((tmp_path / "same" / "metrics.json").read_text())["diagnostics"]["sampled_check"]
+    assert same["support_share"] == 1.0 and same["suspect"] == []
+    other = tmp_path / "other"
+    tiny_target(seed=3).save_pretrained(other / "target")
+    extract = {"dataset": "toy", "layer_ids": LAYERS, "shard_tokens": 24, "store_argmax": True, "strict_tokens": False,
+               "server": None, "target_logprobs": True,
+               "target": {"path": str(other / "target"), "dtype": "float32", "device": "cpu", "backend": "torch"}}
+    extract_stage.extract(extract, root / "c.jsonl", other / "hidden")
+    (other / "c.jsonl").symlink_to(root / "c.jsonl")
+    code, log = _evaluate(other, {**settings, "verify": ["target_only", "rejection"],
+                                  "target": {"path": str(other / "target")}}, tmp_path / "out")
+    assert code == 0, log
+    check = json.loads((tmp_path / "out" / "metrics.json").read_text())["diagnostics"]["sampled_check"]
+    assert check["support_share"] < 0.95 and "support" in check["suspect"][0], check

@@ -8,7 +8,8 @@ metrics.json (the report reads it):
   tau_mean_of_samples, tau_token_weighted, ci95{...}, samples, steps, tokens, acceptance_by_position,
   histogram, expected_speedup}}, chain (= methods["chain-B<B>"], the drafter's own block), topk_accuracy{k, counted_on,
   positions_seen, by_position[B-1][k]} (counted on the blocks that chain-B<B>'s trajectory drafts, what its
-  reference loop proposes), diagnostics{argmax_agreement, tokens_seen, samples_skipped[], drafter_blocks (computed),
+  reference loop proposes), diagnostics{argmax_agreement, tokens_seen, samples_skipped[], sampled_check{support_share,
+  argmax_agreement, argmax_floor, tokens_seen, suspect[]} | null (evaluate/sampled_check.py), drafter_blocks (computed),
   all_anchor_blocks (what drafting at every anchor would compute)},
   speedup{estimate, available, source, formula, tau, target_source, draft_source, t_ar_ms, t_draft_ms, verify,
   best_ddtree{method, budget, expected_speedup}} (evaluate/speedup.py; an estimate, labelled so),
@@ -47,7 +48,7 @@ from dflash_eval.checkpoint import (
 from dflash_eval.completions import prompt_cluster, read_completions
 from dflash_eval.config import verify_schemes
 from dflash_eval.errors import DflashEvalError
-from dflash_eval.evaluate import acceptance, drafter_kind, rejection_metrics
+from dflash_eval.evaluate import acceptance, drafter_kind, rejection_metrics, sampled_check
 from dflash_eval.evaluate.blocks import BlockDrafter
 from dflash_eval.evaluate.cuda_graphs import graph_options
 from dflash_eval.evaluate.draft_timing import time_on_cache as time_drafter_on_cache
@@ -234,6 +235,7 @@ def run_evaluation(settings: dict, hidden: str, completions: str,
                                           for hits, s in zip(topk_hits.tolist(), topk_seen.tolist())]},
         "diagnostics": {"argmax_agreement": agree / seen if seen else None, "tokens_seen": seen,
                         "samples_skipped": skipped, "drafter_blocks": evaluator.counts.blocks,
+                        "sampled_check": sampled_check.check(agree / seen if seen else None, seen, sampling, rejection),
                         "all_anchor_blocks": evaluator.counts.all_anchor_blocks},
         "speedup": speedup,
         "verify": verify_schemes(settings.get("verify")),

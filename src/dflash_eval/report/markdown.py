@@ -166,6 +166,9 @@ def evaluation_warnings(evaluations: list[Evaluation]) -> list[str]:
         if agreement_is_low(metrics):
             found.append(f"**Low argmax agreement**: {drafter} on {dataset}: {agreement:.1%} of completion tokens "
                          "are the cached target's own greedy choice; the cache may not come from the served model.")
+        for why in (diagnostics.get("sampled_check") or {}).get("suspect", []):
+            found.append(f"**Sampled cache check**: {drafter} on {dataset}: {why}; the cache may not come from the "
+                         "served model.")
         if diagnostics.get("samples_skipped"):
             found.append(f"**Skipped samples**: {drafter} on {dataset}: {len(diagnostics['samples_skipped'])} "
                          "sample(s) not evaluated (see Diagnostics).")
@@ -187,6 +190,18 @@ def _skipped_summary(skipped: list[dict]) -> str:
     return f"**{len(skipped)}**: {listed}{more}"
 
 
+def _sampled_check_text(diagnostics: dict) -> str:
+    """The T > 0 cache check beside the argmax agreement (evaluate/sampled_check.py)."""
+    check = diagnostics.get("sampled_check") or {}
+    parts = []
+    if check.get("argmax_floor") is not None:
+        parts.append(f"floor {check['argmax_floor']:.1%}")
+    if check.get("support_share") is not None:
+        parts.append(f"{check['support_share']:.2%} of tokens in the top-k/top-p support")
+    text = "; ".join(parts) or "not a check without top_k or target log-probs"
+    return f"**{text} ⚠️ SUSPECT**" if check.get("suspect") else text
+
+
 def _checkpoint_summary(checkpoint: dict) -> str:
     name = Path(str(checkpoint.get("path", "?"))).name
     digest = checkpoint.get("sha256")
@@ -206,7 +221,7 @@ def diagnostics_table(evaluations: list[Evaluation], fetch: dict[str, dict]) -> 
         if agreement_is_low(metrics):
             agreement_text = f"**{agreement_text} ⚠️ LOW**"
         elif agreement is not None and sampled_at(metrics) != 0:
-            agreement_text += f" (sampled at T {sampled_at(metrics):g}: not a check)"
+            agreement_text += f" (sampled at T {sampled_at(metrics):g}: {_sampled_check_text(diagnostics)})"
         mismatch = "**⚠️ YES (allowed)**" if cache["backend_mismatch_allowed"] else "no"
         lines.append(table_row([
             metrics["drafter"], metrics["dataset"], cache["backend"], cache.get("trained_with", "?"), mismatch,
