@@ -88,5 +88,9 @@ def test_every_number_names_its_scheme_and_sampling(tmp_path):
     table = "\n".join(markdown.rejection_table(rows, SETTINGS))
     assert "| tau target_only | samples | tau rejection (expected) | 95% CI | samples | outside support |" in table
     assert "| T 0.7, top-p 0.8, top-k 20 |" in table and "| 2.20..2.80 | 10 | 1 (10.0%) |" in table
+    warned = [w for w in markdown.evaluation_warnings(evaluations) if "outside dflash's support" in w]
+    assert warned == ["**Tokens outside dflash's support**: step-1000 on gsm8k: 1 of 10 samples (10.0%; 1 tokens) hold "
+                      "a verified token dflash's top-k/top-p filter excludes, scored as a rejection at its anchor: their "
+                      "expected tau under `rejection` is a lower bound."]
     greedy = [e for e in evaluations[1:]]
     assert markdown.intro(summary.summary_rows(greedy, SETTINGS), greedy) == markdown.INTRO  # greedy-only: unchanged

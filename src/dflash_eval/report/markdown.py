@@ -204,6 +204,12 @@ def evaluation_warnings(evaluations: list[Evaluation]) -> list[str]:
         if agreement_is_low(metrics):
             found.append(f"**Low argmax agreement**: {drafter} on {dataset}: {agreement:.1%} of completion tokens "
                          "are the cached target's own greedy choice; the cache may not come from the served model.")
+        outside = (metrics.get("rejection") or {}).get("outside_support") or {}
+        if outside.get("samples"):
+            found.append(f"**Tokens outside dflash's support**: {drafter} on {dataset}: {outside['samples']} of "
+                         f"{outside['samples_scored']} samples ({outside['share_of_samples']:.1%}; {outside['tokens']} "
+                         "tokens) hold a verified token dflash's top-k/top-p filter excludes, scored as a rejection at "
+                         "its anchor: their expected tau under `rejection` is a lower bound.")
         for why in (diagnostics.get("sampled_check") or {}).get("suspect", []):
             found.append(f"**Sampled cache check**: {drafter} on {dataset}: {why}; the cache may not come from the "
                          "served model.")
