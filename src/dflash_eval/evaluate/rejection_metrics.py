@@ -124,6 +124,6 @@ def _method(dists: dict[str, StepDistribution], block: int, settings: dict, clus
                                    for k in range(1, block)],
         "expected_histogram": {str(m): float(produced[m - 1]) for m in range(1, block + 1)},
         "per_sample": [{"id": i, "tokens": d.tokens, "expected_steps": d.expected_steps,
-                        "expected_tau": d.expected_tau} for i, d in used.items()],
+                        "expected_tau": d.expected_tau, "tau_variance": d.tau_variance} for i, d in used.items()],
     }
     return method

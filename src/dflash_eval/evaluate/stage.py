@@ -17,7 +17,8 @@ metrics.json (the report reads it):
   when greedy), and with the rejection scheme rejection{scheme, convention, sampling, outside_support{samples, samples_scored,
   share_of_samples, tokens, tokens_read, share_of_tokens}, methods{"chain-B<b>" per chain: {method,
   scheme, block_size, tau_mean_of_samples, tau_token_weighted (both exact expectations), ci95, samples, expected_steps,
-  tokens, acceptance_by_position, expected_histogram, per_sample[{id, tokens, expected_steps, expected_tau}]}}}
+  tokens, acceptance_by_position, expected_histogram, per_sample[{id, tokens, expected_steps, expected_tau,
+  tau_variance}]}}}
   (evaluate/rejection_metrics.py; none on greedy completions, where the scheme is target_only's). Every `methods`
   entry is the target_only scheme (scheme: target_only), computed whatever evaluation.verify says; rejection adds
   its section.
