@@ -49,7 +49,12 @@ from dflash_eval.checkpoint import (
 from dflash_eval.completions import prompt_cluster, read_completions
 from dflash_eval.config import verify_schemes
 from dflash_eval.errors import DflashEvalError
-from dflash_eval.evaluate import acceptance, drafter_kind, rejection_metrics, sampled_check
+from dflash_eval.evaluate import (
+    acceptance,
+    drafter_kind,
+    rejection_metrics,
+    sampled_check,
+)
 from dflash_eval.evaluate.blocks import BlockDrafter
 from dflash_eval.evaluate.cuda_graphs import graph_options
 from dflash_eval.evaluate.draft_timing import time_on_cache as time_drafter_on_cache

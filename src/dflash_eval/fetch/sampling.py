@@ -23,7 +23,7 @@ OFF = {"top_p": 1.0, "top_k": -1, "min_p": 0.0}
 # The penalties (completions.PENALTY_OFF) decide the served distribution greedy or sampled (the DFlash verify
 # applies them once per step: speculative/dflash_utils.py:236-262). On /v1/chat/completions an unset repetition_penalty is the model's generation_config.json value
 # (ChatCompletionRequest.to_sampling_params, protocol.py:1198-1224, under --sampling-defaults model, the default:
-# arg_groups/fields/serving.py:232-238; configs/model_config.py:2210-2240), so each is always sent to SGLang.
+# arg_groups/fields/serving.py:232-238; sglang/srt/configs/model_config.py:2210-2240), so each is always sent to SGLang.
 OPENAI_FIELDS = ("top_p", "seed", "frequency_penalty", "presence_penalty")  # the rest go in the extra body
 
 

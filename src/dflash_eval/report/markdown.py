@@ -12,7 +12,14 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
-from dflash_eval.methods import TREE, in_main_table, legend, parse, tree_method, verified_legend
+from dflash_eval.methods import (
+    TREE,
+    in_main_table,
+    legend,
+    parse,
+    tree_method,
+    verified_legend,
+)
 from dflash_eval.report import engine_timing, profile_agreement
 from dflash_eval.report import online as online_check
 from dflash_eval.report.labels import DIGITS, drafter_label, fmt, missing
