@@ -17,6 +17,9 @@ from typing import Any
 from dflash_eval.errors import DflashEvalError
 
 TOKEN_KEYS = ("prompt_token_ids", "completion_token_ids")
+# The penalties a record's `request` names, with SGLang's "off" values (entrypoints/openai/protocol.py:1062-1068
+# and the request models' defaults); a record served with another value was served penalized.
+PENALTY_OFF = {"repetition_penalty": 1.0, "frequency_penalty": 0.0, "presence_penalty": 0.0}
 _DAMAGED = "the file is damaged: delete it and re-run fetch"
 
 

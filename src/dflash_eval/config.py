@@ -195,7 +195,8 @@ def _check_dataset(name: str, spec: dict, source: str) -> None:
 # A dataset's sampling keys with their "off" values (SGLang's: top_k -1, top_p 1.0, min_p 0.0): at temperature 0
 # any other value would be silently ignored by a greedy server, so it is refused.
 SAMPLING_OFF = {"top_p": 1.0, "top_k": -1, "min_p": 0.0, "n": 1}
-SAMPLING_KEYS = ("temperature", "top_p", "top_k", "min_p", "n", "sampling_seed")
+SAMPLING_KEYS = ("temperature", "top_p", "top_k", "min_p", "n", "sampling_seed", "repetition_penalty", "frequency_penalty",
+                 "presence_penalty")
 
 
 def dataset_samples(spec: dict) -> bool:

@@ -22,6 +22,7 @@ from dflash_eval.cache.verify import changed_since_extraction, repair_command
 from dflash_eval.checkpoint import check_checkpoint, checkpoint_facts
 from dflash_eval.config import dataset_samples, verify_schemes
 from dflash_eval.errors import DflashEvalError
+from dflash_eval.evaluate import drafter_kind
 from dflash_eval.extract.layers import check_layer_ids
 from dflash_eval.fetch.prompts import load_prompts
 from dflash_eval.target_identity import check_target_dir, cuda_build_problem
@@ -142,6 +143,7 @@ def check_inputs(config: dict[str, Any], source: str, built: Callable[[str], boo
                 "would refuse this drafter's cache after its extraction. Extract with the backend it was trained with "
                 "(target.backend), or set evaluation.allow_backend_mismatch: true to evaluate anyway (flagged)")
     problems += [f"  {key}{blame(key)}: {why}" for key, why in verify_problems(config)]
+    problems += [f"  {key}{blame(key)}: {why}" for key, why in drafter_kind.sampled_problems(config, _architecture)]
     for warning in _load_warnings(config, text):
         sys.stderr.write(f"WARNING: {source}: {warning}\n")
     if problems:

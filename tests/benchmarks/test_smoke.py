@@ -32,6 +32,8 @@ SCRIPTS = {
     "profile_repeatability": ("| tokens verified | one process: run 1 ms |", False, []),
     "fetch_speed": ("| client | wall seconds per round |", False, []),
     "fidelity": ("| dtype | samples | equal step for step |", False, []),  # CPU, torch kernels, fp32, a tiny target
+    # T > 0: the demo server (a subprocess) on a tiny target, extract + evaluate under both schemes, 4 live runs
+    "fidelity_sampled": ("| dtype | served requests | offline target_only = counters per request |", False, []),
     "max_tokens_tail": ("| max_tokens | requests | cut at max_tokens |", False, []),  # tiny random target and drafter
     "checkpoints_startup": ("| code | per-checkpoint wall s, median |", False, []),
     "evaluator_speed": ("| tau | methods | evaluator |", False, []),  # issue 30's CPU forwards, the demo shape

@@ -1,8 +1,10 @@
 """The demo server's sampling pieces against SGLang 0.5.23's own code, dflash's `_sampling_probs`, and by hand.
 
-SGLang's functions are run from its source (sglang/srt, read with ast and executed alone: their modules do not
-import without SGLang's dependencies), on its torch paths: flashinfer's top_k/top_p_renorm_prob absent, no NPU,
-as on a machine without those kernels. The verify kernel itself (sgl-kernel's CUDA
+SGLang's torch functions are run from its source (sglang/srt, read with ast and executed alone: their modules do
+not import without SGLang's dependencies), with flashinfer's top_k/top_p_renorm_prob absent, against the demo's
+`backend="torch"` (SGLang's fallback). What a CUDA server computes is flashinfer's (the demo's default backend):
+no kernel runs here, so it is held to hand-made ties and to its definition read from the kernel source (a token
+is kept iff the mass, and for top-k the count, strictly above its value is below top_p, below k). The verify kernel itself (sgl-kernel's CUDA
 tree_speculative_sampling_target_only) is not in the wheel: it is checked by hand-made cases and by the one
 property that makes it lossless, the emitted token's distribution.
 """
@@ -72,7 +74,7 @@ def test_verify_probs_equal_sglangs_build_speculative_verify_target_probs(sglang
     build = sglang_code["build_speculative_verify_target_probs"]
     theirs = build(next_token_logits=LOGITS, sampling_info=_info(1, temperature, top_p, top_k),
                    draft_token_num=LOGITS.shape[0], bs=1, use_sparse_topk=sparse)[0]
-    assert torch.allclose(verify_probs(LOGITS, temperature, top_p, top_k), theirs, atol=1e-6)
+    assert torch.allclose(verify_probs(LOGITS, temperature, top_p, top_k, backend="torch"), theirs, atol=1e-6)
 
 
 @pytest.mark.parametrize("min_p", [0.0, 0.3])
@@ -86,7 +88,7 @@ def test_sampler_probs_equal_sglangs_sampler(sglang_code, temperature, top_p, to
                                   torch.zeros(rows, dtype=torch.long), return_filtered_probs=True)
     theirs = torch.zeros_like(probs).scatter_(-1, order.long(), weights)
     theirs = theirs / theirs.sum(dim=-1, keepdim=True)
-    assert torch.allclose(sampler_probs(LOGITS, temperature, top_p, top_k, min_p), theirs, atol=1e-6)
+    assert torch.allclose(sampler_probs(LOGITS, temperature, top_p, top_k, min_p, backend="torch"), theirs, atol=1e-6)
 
 
 @pytest.mark.parametrize("temperature,top_p,top_k", SETTINGS)
@@ -94,25 +96,70 @@ def test_verify_probs_equal_dflash_sampling_probs_where_they_agree(temperature, 
     """dflash 0.1.0 `_sampling_probs` (top_k 0 = off) is the same top-k-then-top-p renormalisation."""
     from dflash.model import _sampling_probs
 
-    ours = verify_probs(LOGITS, temperature, top_p, top_k)
-    assert torch.allclose(ours, _sampling_probs(LOGITS, temperature, top_p, max(top_k, 0)), atol=1e-6)
+    theirs = _sampling_probs(LOGITS, temperature, top_p, max(top_k, 0))
+    assert torch.allclose(verify_probs(LOGITS, temperature, top_p, top_k, backend="torch"), theirs, atol=1e-6)
+    # flashinfer's value cut agrees on the rows of distinct values; row 3's tie can straddle the cut
+    assert torch.allclose(verify_probs(LOGITS[:3], temperature, top_p, top_k), theirs[:3], atol=1e-6)
 
 
 def test_where_dflash_and_sglang_differ_by_hand():
-    """A cumulative mass exactly at top_p: SGLang keeps the next token (`cumsum - p <= top_p`), dflash drops it
-    (`< top_p`); and with top-k and top-p both set the sampler's first token cuts top-p before renormalising."""
+    """A cumulative mass exactly at top_p: SGLang's torch fallback keeps the next token (`cumsum - p <= top_p`),
+    dflash and flashinfer drop it (`< top_p`, by value); and with top-k and top-p both set the sampler's first token
+    cuts top-p before renormalising."""
     from dflash.model import _sampling_probs
 
     logits = torch.log(torch.tensor([[0.5, 0.25, 0.25]]))
     assert float(torch.softmax(logits, dim=-1)[0, 0]) == 0.5  # the tie is exact
-    # exclusive cumulative mass [0, 0.5, 0.75]: SGLang keeps 0.5 <= 0.5 (the second token), dflash does not
-    assert torch.allclose(verify_probs(logits, 1.0, 0.5), torch.tensor([[2 / 3, 1 / 3, 0.0]]), atol=1e-6)
+    # exclusive cumulative mass [0, 0.5, 0.75]: the fallback keeps 0.5 <= 0.5 (the second token), dflash does not
+    assert torch.allclose(verify_probs(logits, 1.0, 0.5, backend="torch"), torch.tensor([[2 / 3, 1 / 3, 0.0]]),
+                          atol=1e-6)
     assert torch.allclose(_sampling_probs(logits, 1.0, 0.5), torch.tensor([[1.0, 0.0, 0.0]]), atol=1e-6)
+    assert torch.allclose(verify_probs(logits, 1.0, 0.5), torch.tensor([[1.0, 0.0, 0.0]]), atol=1e-6)
     logits = torch.log(torch.tensor([[0.4, 0.3, 0.2, 0.1]]))
     # verify: top-2 renormalised to [4/7, 3/7], then top-p 0.5 keeps only the first (4/7 > 0.5)
     assert torch.allclose(verify_probs(logits, 1.0, 0.5, 2), torch.tensor([[1.0, 0.0, 0.0, 0.0]]), atol=1e-6)
     # sampler: top-p 0.5 on the unfiltered mass keeps ranks 0 and 1 (0.4 <= 0.5), top-2 keeps both
     assert torch.allclose(sampler_probs(logits, 1.0, 0.5, 2), torch.tensor([[4 / 7, 3 / 7, 0.0, 0.0]]), atol=1e-6)
+
+
+def _by_definition(probs: torch.Tensor, top_p: float, top_k: int) -> torch.Tensor:
+    """flashinfer's kept set as its kernels define it, token by token: fewer than k tokens and less than top_p of
+    the mass strictly above this token's value (TopPRenormProbKernel's `probs > low`, the joint kernel's
+    `count < k && value < p`)."""
+    out = torch.zeros_like(probs)
+    for r, row in enumerate(probs.tolist()):
+        for t, value in enumerate(row):
+            above = [v for v in row if v > value]
+            if len(above) < (top_k if top_k > 0 else len(row)) and sum(above) < top_p:
+                out[r, t] = value
+    return out / out.sum(dim=-1, keepdim=True)
+
+
+def test_flashinfer_top_p_keeps_tied_probabilities_together():
+    """[0.4, 0.3, 0.3] at top_p 0.5: 0.4 < 0.5 lies above either 0.3, so flashinfer keeps both (the cut is by
+    value); SGLang's torch fallback splits the tie by sort order (exclusive mass 0.7 > 0.5 drops the second)."""
+    logits = torch.log(torch.tensor([[0.4, 0.3, 0.3]]))
+    assert torch.allclose(verify_probs(logits, 1.0, 0.5), torch.tensor([[0.4, 0.3, 0.3]]), atol=1e-6)
+    assert sorted(verify_probs(logits, 1.0, 0.5, backend="torch")[0].tolist()) == pytest.approx([0.0, 3 / 7, 4 / 7])
+    # the first token, joint filter: top_k 2 keeps both tied 0.3s (one token above each), top_p too
+    assert torch.allclose(sampler_probs(logits, 1.0, 0.9, 2), torch.tensor([[0.4, 0.3, 0.3]]), atol=1e-6)
+    assert sorted(sampler_probs(logits, 1.0, 0.9, 2, backend="torch")[0].tolist()) == pytest.approx(
+        [0.0, 3 / 7, 4 / 7])
+
+
+@pytest.mark.parametrize("temperature,top_p,top_k", SETTINGS)
+def test_flashinfer_filters_equal_their_definition(temperature, top_p, top_k):
+    """verify: exactly k by torch.topk, then the value cut on the renormalised top-k; the first token: the joint
+    filter on the unfiltered distribution (its support contains the verify's)."""
+    probs = torch.softmax(LOGITS / temperature, dim=-1)
+    k = LOGITS.shape[1] if top_k < 1 else top_k
+    values, indices = torch.topk(probs, k, dim=-1)
+    verify = torch.zeros_like(probs).scatter_(-1, indices, _by_definition(values / values.sum(-1, keepdim=True),
+                                                                          top_p, -1))
+    assert torch.allclose(verify_probs(LOGITS, temperature, top_p, top_k), verify, atol=1e-6)
+    first = sampler_probs(LOGITS, temperature, top_p, top_k)
+    assert torch.allclose(first, _by_definition(probs, top_p, top_k), atol=1e-6)
+    assert bool(((verify > 0) <= (first > 0)).all())
 
 
 def test_target_only_verify_by_hand():

@@ -21,15 +21,30 @@ REPO = Path(__file__).resolve().parents[2]
 DRAWN = {"temperature": 0.7, "top_p": 0.95, "top_k": -1, "min_p": 0.0, "n": 2, "sampling_seed": 5}
 
 
+OFF_PENALTIES = {"repetition_penalty": 1.0, "frequency_penalty": 0.0, "presence_penalty": 0.0}
+
+
 def test_the_request_fields_are_sglangs():
-    """seed, top_p, top_k, min_p, temperature on both OpenAI request models (protocol.py), as fetch sends them."""
-    drawn = sampling.record_sampling(DRAWN, "q#s0")
-    common, extra = sampling.request_fields(drawn, sglang=True)
+    """seed, top_p, top_k, min_p, the penalties, temperature on both OpenAI request models (protocol.py), as fetch
+    sends them: every field that decides the served distribution, off ones too, greedy requests the penalties."""
+    settings = {**DRAWN, **OFF_PENALTIES}
+    drawn = sampling.record_sampling(settings, "q#s0")
+    common, extra = sampling.request_fields(settings, drawn, sglang=True)
     for model in ("CompletionRequest", "ChatCompletionRequest"):
         assert {"temperature", *common, *extra} <= set(PROTOCOL_FIELDS[model]), model
-    assert extra == {"top_k": -1, "min_p": 0.0}  # sent "off" explicitly: unset would be generation_config's
-    assert sampling.request_fields(drawn, sglang=False)[1] == {}  # a plain OpenAI server: only what filters
-    assert sampling.request_fields(None, sglang=True) == ({}, {})  # greedy: nothing new
+    # sent "off" explicitly: unset would be generation_config's (repetition_penalty on the chat endpoint)
+    assert extra == {"top_k": -1, "min_p": 0.0, "repetition_penalty": 1.0}
+    assert common == {"top_p": 0.95, "seed": drawn["seed"], "frequency_penalty": 0.0, "presence_penalty": 0.0}
+    assert sampling.request_fields(settings, drawn, sglang=False)[1] == {}  # a plain OpenAI server: what filters
+    greedy = {"temperature": 0.0, **OFF_PENALTIES}
+    assert sampling.request_fields(greedy, None, sglang=True) == (
+        {"frequency_penalty": 0.0, "presence_penalty": 0.0}, {"repetition_penalty": 1.0})
+    penalized = {**greedy, "repetition_penalty": 1.1}
+    assert sampling.request_fields(penalized, None, sglang=False) == ({}, {"repetition_penalty": 1.1})
+    assert "not SGLang" in sampling.defaults_warning(greedy, sglang=False)
+    assert "repetition_penalty" in sampling.defaults_warning(greedy, sglang=False)
+    assert sampling.defaults_warning(greedy, sglang=True) is None
+    assert sampling.request_identity(greedy) == OFF_PENALTIES  # a record fetched without them is fetched again
 
 
 def test_ids_and_seeds():
@@ -51,6 +66,10 @@ def test_params_name_every_sampling_key():
     greedy, sampled = fetch_params(config, "demo-code"), fetch_params(config, "demo-code-t07")
     keys = ("temperature", "top_p", "top_k", "min_p", "n")
     assert {k: greedy[k] for k in keys} == {"temperature": 0.0, "top_p": 1.0, "top_k": -1, "min_p": 0.0, "n": 1}
+    assert {k: greedy[k] for k in OFF_PENALTIES} == OFF_PENALTIES  # the schema's off values, a dataset may set them
+    penalized = validate_config({**_repo_config(), "datasets": {"d": {"prompts": "resources/prompts/demo_code.jsonl",
+                                                                      "repetition_penalty": 1.05}}})
+    assert fetch_params(penalized, "d")["repetition_penalty"] == 1.05
     assert {k: sampled[k] for k in keys} == {"temperature": 0.7, "top_p": 0.95, "top_k": -1, "min_p": 0.0, "n": 1}
 
 
@@ -107,6 +126,9 @@ def test_sampled_fetch_end_to_end_keying_and_refetch(served, tmp_path, caplog): 
         assert r["sampling"] == {"temperature": 0.7, "top_p": 0.95, "top_k": -1, "min_p": 0.0,
                                  "seed": sampling.record_seed(5, r["id"])}
         assert "sampling_warning" not in r  # the demo server is lossless
+        assert r["sampling_sent"] == {"top_p": 0.95, "seed": r["sampling"]["seed"], "top_k": -1, "min_p": 0.0,
+                                      **OFF_PENALTIES}  # what was sent, off values included
+        assert {k: r["request"][k] for k in OFF_PENALTIES} == OFF_PENALTIES
         with torch.no_grad():
             completion, steps = sampled_generate(drafter, target, r["prompt_token_ids"], 10, [eos], BLOCK, r["sampling"])
         assert r["completion_token_ids"] == completion, r["id"]
@@ -121,3 +143,5 @@ def test_sampled_fetch_end_to_end_keying_and_refetch(served, tmp_path, caplog): 
     changed = _fetch(served, tmp_path, out, **{**DRAWN, "top_p": 0.9})  # another top_p: every record refetched
     assert all(r["sampling"]["top_p"] == 0.9 and r["request"]["top_p"] == 0.9 for r in changed)
     assert [r["sampling"]["seed"] for r in changed] == [r["sampling"]["seed"] for r in records]
+    with pytest.raises(Exception, match="applies no penalties"):  # the demo does not serve what it cannot compute
+        _fetch(served, tmp_path, tmp_path / "p.jsonl", **{**DRAWN, "repetition_penalty": 1.1})

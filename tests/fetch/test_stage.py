@@ -19,7 +19,7 @@ from tests.support import servers as hs
 MAX_TOKENS = 16
 RECORD_FIELDS = {
     "id", "prompt_id", "turn", "dataset", "messages", "prompt_token_ids", "completion_token_ids", "text", "finish_reason", "usage",
-    "request", "server", "completion_ids_source", "token_check", "spec", "engine", "client_timing",
+    "request", "server", "completion_ids_source", "token_check", "spec", "engine", "client_timing", "sampling_sent",
 }
 
 

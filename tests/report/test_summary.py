@@ -127,7 +127,9 @@ def test_a_sampled_evaluation_adds_its_scheme_and_parameters_and_a_greedy_one_ke
     # the reference's (step-1000's) rejection row is no baseline for step-2000's target_only rows
     assert other[other.primary].tau_vs_reference.iloc[0] == pytest.approx(5.25 / 4.1)
     lines = markdown.rejection_table(rows, SETTINGS)
-    assert "| step-1000 (reference) | gsm8k | chain-B4 | 0.70 | 4.10 | 2.50 | 2.20..2.80 |" in lines
+    served = mine[(mine.scheme == "target_only") & (mine.method == "chain-B4")].iloc[0]
+    assert (f"| step-1000 (reference) | gsm8k | chain-B4 | T 0.7, top-p 0.95 | 4.10 | {served.samples} | 2.50 | "
+            "2.20..2.80 | 10 | – |") in lines  # each scheme's samples; no outside_support in this metrics.json
 
 
 def test_low_argmax_agreement_is_flagged_for_greedy_completions_only():

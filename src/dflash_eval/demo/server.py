@@ -55,6 +55,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
+from dflash_eval.completions import PENALTY_OFF
 from dflash_eval.extract.backends import bind_backend
 from dflash_eval.sglang_protocol import (
     SERVER_INFO,
@@ -279,6 +280,12 @@ class Engine:
                 "version": VERSION, "frontend": "python"}
 
 
+def penalties_set(params: dict[str, Any] | None) -> dict[str, float]:
+    """The request's penalties that are not off (SGLang's off values: repetition 1.0, frequency and presence 0)."""
+    return {key: params[key] for key, off in PENALTY_OFF.items()
+            if (params or {}).get(key) is not None and float(params[key]) != off}
+
+
 def sampling_request(params: dict[str, Any], seed: Any) -> dict[str, Any] | None:
     """The request's sampling as SGLang resolves it, None when greedy: temperature 0 (or below SGLang's
     _SAMPLING_EPS, 1e-6) or top_k 1 (sampling_params.py; is_all_greedy is every top_k <= 1)."""
@@ -385,6 +392,11 @@ class Handler(BaseHTTPRequestHandler):
         if unknown:
             return 400, {"object": "error", "message": f"fields {unknown} are not in SGLang 0.5.23's {model}",
                          "type": "BadRequestError", "param": None, "code": 400}
+        penalized = penalties_set(body.get("sampling_params") if model == "GenerateReqInput" else body)
+        if penalized:
+            return 400, {"object": "error", "message": f"{penalized}: the demo server applies no penalties (SGLang "
+                         "would), so it refuses them rather than serve another distribution", "type": "BadRequestError",
+                         "param": None, "code": 400}
         return None
 
     def native(self, body: dict[str, Any], received: float) -> tuple[int, dict[str, Any]]:

@@ -1,28 +1,42 @@
-"""SGLang 0.5.23's DFlash sampling at temperature > 0, as its source computes it, for the demo server.
+"""SGLang 0.5.23's DFlash sampling at temperature > 0, as its source computes it on CUDA, for the demo server.
 
-Three pieces, each from one place in SGLang's source (read at /tmp/sgl/wheel/sglang/srt; docs/sampling.md):
+SGLang's filters on CUDA are flashinfer 0.7.2's kernels (`sglang/kernels/ops/sampling/renorm.py:9-13` binds
+`top_k_renorm_prob` / `top_p_renorm_prob` to `flashinfer.sampling.top_k_renorm_probs` / `top_p_renorm_probs`);
+the torch functions beside them are fallbacks CUDA never takes. Each piece here has a `backend`: "flashinfer"
+(the default: what a CUDA server computes) or "torch" (SGLang's fallback, kept to test against its source).
 
-- `sampler_probs`: the first token (prefill) comes from the ordinary sampler, `layers/sampler.py`
-  `top_k_top_p_min_p_sampling_from_probs_torch`: softmax(logits / T); ranks >= top_k zeroed; top-p cut on the
-  cumulative mass of the *unfiltered* sorted probabilities (`(cumsum - p) > top_p` removed); min-p against the
-  top probability; the rest sampled in proportion.
-- `verify_probs`: what verification accepts against, `speculative/dflash_utils.py`
-  `build_speculative_verify_target_probs` (its sparse top-k path, or softmax then the torch fallbacks
-  `_dflash_top_k_renorm_prob` and `layers/sampler.py` `top_p_normalize_probs_torch`): softmax over the top-k
-  of logits / T (renormalised), then top-p on those renormalised probabilities, renormalised again. No min-p.
+- `verify_probs`: what verification accepts against, `speculative/dflash_utils.py:1038`
+  `build_speculative_verify_target_probs`: softmax over the top-k of logits / T (`torch.topk`, exactly k), then
+  top-p on those renormalised probabilities. flashinfer's `top_p_renorm_probs` (csrc/renorm.cu:26-58: below 2048
+  entries, which a top-k of 20 is, `TopPRenormProbKernel`, include/flashinfer/sampling.cuh:1691-1860) cuts by
+  *value*: a ternary search for the largest probability v with mass(probs >= v) >= top_p, keeping every token at
+  or above it (`probs > low`), so tied probabilities stay together and a token is kept iff the mass strictly
+  above its value is below top_p. The torch fallback (`top_p_normalize_probs_torch`) keeps a token while the
+  mass before it *in sort order* is at most top_p, splitting ties. No min-p in the verify.
+- `sampler_probs`: the first token (prefill), `layers/sampler.py:434-440`: without min_p flashinfer's
+  `top_k_top_p_sampling_from_probs(..., filter_apply_order="joint")` on softmax(logits / T), whose rejection loop
+  (`TopKTopPSamplingFromProbKernel`, sampling.cuh:1214, the `count < k && value < p` test) accepts a token iff
+  fewer than k tokens and less than top_p of the *unfiltered* mass lie strictly above its value: both filters on
+  the unfiltered distribution, ties kept, a support that contains the verify's top-k-then-top-p one. With min_p
+  (`sampler.py:407-411`): top_k_renorm_probs, then top_p_renorm_probs on the renormalised result, then
+  min_p_sampling_from_probs (keep p >= min_p x max). The torch fallback
+  (`top_k_top_p_min_p_sampling_from_probs_torch`) cuts top-p on the unfiltered cumulative mass in sort order.
 - `target_only_verify`: `compute_dflash_sampling_correct_drafts_and_bonus`, i.e. sgl-kernel's
   `tree_speculative_sampling_target_only` on a chain: draft i is accepted when coin_i <= p(d_i) / threshold_acc
   or p(d_i) >= threshold_single (coin_i is the uniform of the previous accepted node); the first rejection
   stops the chain and the bonus is drawn from relu(p - p(d_i) one-hot), i.e. p with the rejected draft's mass
   removed, by inverse CDF with the final coin; when every draft is accepted, from p at the last position.
 
-So the top-k + top-p distribution differs between the first token and the verified ones when both filters are
-set (the sampler cuts top-p before renormalising top-k, the verify after), and min_p filters only the first.
-dflash 0.1.0's `_sampling_probs` agrees with `verify_probs` (top-k, softmax, top-p on the renormalised
-probabilities) except at an exact tie of the cumulative mass with top_p (dflash keeps `cumsum - p < top_p`,
-SGLang `<=`) and in the "off" value of top_k (dflash 0, SGLang -1). Coins come from a seeded generator here;
-a real SGLang draws them from the device's global RNG (`torch.rand`), so its sampled output is seeded only
-under --enable-deterministic-inference, and then only at the sampler.
+What was run: none of flashinfer's kernels (no GPU here); their semantics are modelled from the CUDA source
+above and held to hand-made cases and a by-definition reference (tests/demo/test_sglang_sampling.py). Not read
+line by line: the AIR radix path of top_p_renorm_probs (vocabularies of 2048 and more: its kept set is `val >=
+threshold`, air_top_p.cuh:438-454, described as the same cut), and top_k_renorm_probs' tie rule (modelled as
+the joint kernel's: fewer than k strictly above). Float sums in the kernels run in another order than here, so
+a mass within rounding of top_p can fall either way. dflash 0.1.0's `_sampling_probs` (top_k 0 = off) keeps a
+token while the mass before it in sort order is strictly below top_p: equal to the flashinfer verify except at
+tied probabilities across the cut. Coins come from a seeded generator here; a real SGLang draws them from the
+device's global RNG (`torch.rand`), so its sampled output is seeded only under --enable-deterministic-inference,
+and then only at the sampler.
 """
 
 from __future__ import annotations
@@ -36,7 +50,39 @@ def _filtered_top_k(scaled: torch.Tensor, top_k: int) -> int:
     return vocab if top_k < 1 or top_k > vocab else int(top_k)
 
 
-def _top_p_renorm(probs: torch.Tensor, top_p: float) -> torch.Tensor:
+def _mass_above(probs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per token: the probability mass and the count of tokens strictly above its value (ties excluded)."""
+    ordered, order = probs.sort(dim=-1, descending=True)
+    exclusive = torch.cumsum(ordered, dim=-1) - ordered
+    first = torch.searchsorted(-ordered.contiguous(), -ordered.contiguous())  # the first rank of each tie group
+    mass = torch.zeros_like(probs).scatter_(-1, order, exclusive.gather(-1, first))
+    count = torch.zeros_like(order).scatter_(-1, order, first)
+    return mass, count
+
+
+def _flashinfer_top_p_renorm(probs: torch.Tensor, top_p: float) -> torch.Tensor:
+    """top_p_renorm_probs: keep a token iff the mass strictly above its value is below top_p (ties together)."""
+    if top_p >= 1.0:
+        return probs / probs.sum(dim=-1, keepdim=True)
+    mass, _ = _mass_above(probs)
+    kept = probs.masked_fill(mass >= float(top_p), 0.0)
+    return kept / kept.sum(dim=-1, keepdim=True)
+
+
+def _flashinfer_top_k_renorm(probs: torch.Tensor, top_k: int) -> torch.Tensor:
+    """top_k_renorm_probs, modelled as the joint kernel's count: keep a token iff fewer than k lie above it."""
+    _, count = _mass_above(probs)
+    kept = probs.masked_fill(count >= _filtered_top_k(probs, top_k), 0.0)
+    return kept / kept.sum(dim=-1, keepdim=True)
+
+
+def _top_p_renorm(probs: torch.Tensor, top_p: float, backend: str = "flashinfer") -> torch.Tensor:
+    if backend == "flashinfer":
+        return _flashinfer_top_p_renorm(probs, top_p)
+    return _torch_top_p_renorm(probs, top_p)
+
+
+def _torch_top_p_renorm(probs: torch.Tensor, top_p: float) -> torch.Tensor:
     """top_p_normalize_probs_torch: sort, drop what comes after top_p of mass (`cumsum - p > top_p`), renormalise.
     The sort is torch's own (equal probabilities keep its order), as SGLang's."""
     ordered, order = probs.sort(dim=-1, descending=True)
@@ -45,7 +91,8 @@ def _top_p_renorm(probs: torch.Tensor, top_p: float) -> torch.Tensor:
     return torch.zeros_like(ordered).scatter_(-1, order, ordered)
 
 
-def verify_probs(logits: torch.Tensor, temperature: float, top_p: float = 1.0, top_k: int = -1) -> torch.Tensor:
+def verify_probs(logits: torch.Tensor, temperature: float, top_p: float = 1.0, top_k: int = -1,
+                 backend: str = "flashinfer") -> torch.Tensor:
     """build_speculative_verify_target_probs for one request: rows of logits -> rows of the distribution that
     verification accepts drafts against (temperature > 0). A top-k that filters takes SGLang's sparse path
     (torch.topk, softmax over the kept logits, top-p among them); otherwise softmax and top-p over the vocabulary."""
@@ -55,17 +102,31 @@ def verify_probs(logits: torch.Tensor, temperature: float, top_p: float = 1.0, t
         values, indices = torch.topk(scaled, k=k, dim=-1)
         probs = torch.softmax(values, dim=-1)
         if top_p < 1.0:
-            probs = _top_p_renorm(probs, top_p)
+            probs = _top_p_renorm(probs, top_p, backend)
         return torch.zeros_like(scaled).scatter_(-1, indices, probs)
     probs = torch.softmax(scaled, dim=-1)
-    return _top_p_renorm(probs, top_p) if top_p < 1.0 else probs
+    return _top_p_renorm(probs, top_p, backend) if top_p < 1.0 else probs
 
 
 def sampler_probs(logits: torch.Tensor, temperature: float, top_p: float = 1.0, top_k: int = -1,
-                  min_p: float = 0.0) -> torch.Tensor:
-    """top_k_top_p_min_p_sampling_from_probs_torch's distribution (renormalised here; SGLang samples the
-    unnormalised weights in proportion, which is the same distribution): the prefill token's."""
+                  min_p: float = 0.0, backend: str = "flashinfer") -> torch.Tensor:
+    """The prefill token's distribution (renormalised here; SGLang samples the filtered weights in proportion,
+    which is the same distribution): flashinfer's joint filter, or its sequential one with min_p (see above)."""
     probs = torch.softmax(logits.float() / float(temperature), dim=-1)
+    if backend == "torch":
+        return _torch_sampler_probs(probs, top_p, top_k, min_p)
+    if min_p > 0.0:
+        probs = _flashinfer_top_p_renorm(_flashinfer_top_k_renorm(probs, top_k), top_p)
+        kept = probs.masked_fill(probs < probs.max(dim=-1, keepdim=True).values * float(min_p), 0.0)
+    else:
+        mass, count = _mass_above(probs)
+        kept = probs.masked_fill((count >= _filtered_top_k(probs, top_k)) | (mass >= float(top_p)), 0.0)
+    return kept / kept.sum(dim=-1, keepdim=True)
+
+
+def _torch_sampler_probs(probs: torch.Tensor, top_p: float, top_k: int, min_p: float) -> torch.Tensor:
+    """top_k_top_p_min_p_sampling_from_probs_torch's distribution: top-p on the unfiltered cumulative mass in
+    sort order (`(cumsum - p) > top_p` removed), ranks >= top_k zeroed, min-p against the top probability."""
     ordered, order = probs.sort(dim=-1, descending=True)
     cumulative = torch.cumsum(ordered, dim=-1)  # before the top-k cut, as SGLang's
     ranks = torch.arange(ordered.shape[-1]).expand_as(ordered)

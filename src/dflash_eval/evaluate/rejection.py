@@ -62,6 +62,15 @@ def _end(limits: SequenceLimits, is_stop: Sequence[bool]) -> int:
     return limits.max_length - 1
 
 
+def read_positions(limits: SequenceLimits, is_stop: Sequence[bool]) -> range:
+    """The positions whose p_T the chain reads: after the first completion token (drawn at prefill, never verified)
+    and before the trajectory's end (the last token is produced whatever the coins, so its probability is not read)."""
+    start = limits.prompt_len
+    if start >= limits.total_len or is_stop[start] or start + 1 >= limits.max_length:
+        return range(0)
+    return range(start + 1, _end(limits, is_stop))
+
+
 def step_distribution(alpha: np.ndarray, limits: SequenceLimits, is_stop: Sequence[bool],
                       block_size: int) -> StepDistribution:
     """The chain over anchors for one sample (dflash_generate's step rule: acceptance.chain_steps).
@@ -123,6 +132,9 @@ def anchor_alpha(drafter, features: torch.Tensor, tokens: torch.Tensor, target_l
 
     `target_logprob[t]` is log p_T(x_t | x_<t) under `params` (the cache's `target_logprob`); q is the same
     renormalisation of the drafter's logits. Positions past the sequence get 1 (never read: see step_distribution).
+    A token outside dflash's support (p_T = 0: log-prob -inf), which dflash_generate could not have emitted, gets
+    alpha 0: the step ends at its anchor's draft of it, the token taken as that step's correction (a lower bound;
+    no loop can say more, and the sample is kept: rejection_metrics counts such tokens).
     `context` is drafter.context(features), when the caller already has it (one per sample for every b).
     """
     block = drafter.block_size if block is None else int(block)
@@ -137,6 +149,8 @@ def anchor_alpha(drafter, features: torch.Tensor, tokens: torch.Tensor, target_l
         clamped = positions.clamp(max=tokens.shape[0] - 1)
         log_q = token_logprobs(drafted.logits.float(), tokens[clamped], params)
         log_p = target_logprob.to(log_q.device)[clamped]
-        values = torch.where(inside, torch.exp(torch.clamp(log_q - log_p, max=0.0)), torch.ones_like(log_q))
+        ratio = torch.exp(torch.clamp(log_q - log_p, max=0.0))
+        values = torch.where(inside, torch.where(torch.isneginf(log_p), torch.zeros_like(ratio), ratio),
+                             torch.ones_like(log_q))
         alpha[drafted.part, :width] = values.double().cpu().numpy()
     return alpha

@@ -17,12 +17,14 @@ import torch
 
 from dflash_eval import stats
 from dflash_eval.cache.sampling import SamplingParams, from_record
+from dflash_eval.completions import PENALTY_OFF
 from dflash_eval.errors import DflashEvalError
 from dflash_eval.evaluate.acceptance import SequenceLimits
 from dflash_eval.evaluate.rejection import (
     StepDistribution,
     anchor_alpha,
     expected_token_weighted,
+    read_positions,
     step_distribution,
 )
 from dflash_eval.methods import chain_method
@@ -46,6 +48,12 @@ def check_cache(cache, drafter_name: str, runner) -> dict:
 def sample_params(stored: dict, record: dict, completions: str) -> SamplingParams:
     """The record's sampling parameters, which must be those the cache's log-probs were computed with."""
     params = from_record(record, completions)
+    penalized = {key: value for key, value in (record.get("request") or {}).items()
+                 if key in PENALTY_OFF and float(value) != PENALTY_OFF[key]}
+    if penalized:
+        raise DflashEvalError(f"{completions}: record {record['id']!r} was served with {penalized}, which the rejection "
+                              "scheme's target distribution does not apply (SGLang's verify does); evaluate it with "
+                              "evaluation.verify: target_only, or fetch without penalties")
     cached = stored["sampling"].get(str(record["id"]))
     if params is None or cached != params.as_dict():
         raise DflashEvalError(f"{completions}: record {record['id']!r} has sampling {record.get('sampling')!r}, but the "
@@ -54,36 +62,46 @@ def sample_params(stored: dict, record: dict, completions: str) -> SamplingParam
 
 
 def sample_distribution(runner, load: Loaded, params: SamplingParams, stops: set[int], chunk: int,
-                        blocks: list[int] | None = None) -> tuple[dict[int, StepDistribution] | None, str | None]:
-    """One sample's step distribution per chain block size b (default: the drafter's B alone), or None and why
-    (a completion token the sampling could not emit). Chain-B<b> is dflash_generate run with block_size b: the same
-    programme over b-token blocks, each drafted as such."""
+                        blocks: list[int] | None = None) -> tuple[dict[int, StepDistribution], int, int]:
+    """One sample's step distribution per chain block size b (default: the drafter's B alone), how many tokens the
+    chain reads, and how many of them lie outside dflash's support of the target (p_T = 0: scored as rejected drafts, see
+    rejection.anchor_alpha). Chain-B<b> is dflash_generate run with block_size b: the same programme over b-token
+    blocks, each drafted as such. The first completion token is taken as given: it was drawn at prefill (by
+    SGLang from flashinfer's joint top-k/top-p filter, whose support can be wider than dflash's) and never verified."""
     features, tokens, logprob, limits = load()
-    completion = logprob[limits.prompt_len:]
-    if not bool(torch.isfinite(completion).all()):
-        return None, ("a completion token has probability 0 under dflash's renormalisation of the target (outside "
-                      "its top-k / top-p): dflash_generate could not have produced this completion")
     is_stop = [t in stops for t in tokens.tolist()]
+    read = read_positions(limits, is_stop)
+    outside = int((~torch.isfinite(logprob[read.start:read.stop])).sum()) if len(read) else 0
     context = runner.context(features) if limits.total_len - 1 > limits.prompt_len else None
     out = {}
     for block in blocks or [runner.block_size]:
         alpha = anchor_alpha(runner, features, tokens, logprob, limits, params, chunk, block, context)
         out[block] = step_distribution(alpha, limits, is_stop, block)
-    return out, None
+    return out, outside, len(read)
+
+
+def outside_support(outside: dict[str, int], tokens: dict[str, int]) -> dict:
+    """How many samples and read tokens had a token outside dflash's support (scored at its anchor as a rejection,
+    not dropped), with their shares: beside the rejection tau, so a bf16 target's or a tie rule's gaps are seen."""
+    hit = sum(1 for n in outside.values() if n)
+    read = sum(tokens.values())
+    return {"samples": hit, "samples_scored": len(outside), "share_of_samples": hit / len(outside) if outside else 0.0,
+            "tokens": int(sum(outside.values())), "tokens_read": int(read),
+            "share_of_tokens": sum(outside.values()) / read if read else 0.0}
 
 
 def section(dists: dict[str, dict[int, StepDistribution]], params: dict[str, SamplingParams], blocks: list[int],
-            settings: dict, clusters: dict[str, str] | None = None) -> dict:
+            settings: dict, clusters: dict[str, str] | None = None, outside: dict | None = None) -> dict:
     """The `rejection` section of metrics.json from the samples' step distributions per chain block size b in
     `blocks` (the cache's order): one method chain-B<b> each; the bootstrap resamples `clusters` (sample id -> its
-    prompt) when given."""
+    prompt) when given; `outside`: outside_support's counts."""
     methods = {}
     for size in sorted(blocks):
         entry = _method({i: d[size] for i, d in dists.items()}, size, settings, clusters)
         methods[entry["method"]] = entry
     return {"scheme": "rejection", "convention": "dflash",
             "sampling": [dict(t) for t in sorted({tuple(sorted(p.as_dict().items())) for p in params.values()})],
-            "methods": methods}
+            "outside_support": outside or outside_support({}, {}), "methods": methods}
 
 
 def _method(dists: dict[str, StepDistribution], block: int, settings: dict, clusters: dict[str, str] | None) -> dict:
@@ -106,6 +124,6 @@ def _method(dists: dict[str, StepDistribution], block: int, settings: dict, clus
                                    for k in range(1, block)],
         "expected_histogram": {str(m): float(produced[m - 1]) for m in range(1, block + 1)},
         "per_sample": [{"id": i, "tokens": d.tokens, "expected_steps": d.expected_steps,
-                        "expected_tau": d.expected_tau} for i, d in used.items()],
+                        "expected_tau": d.expected_tau, "tau_variance": d.tau_variance} for i, d in used.items()],
     }
     return method

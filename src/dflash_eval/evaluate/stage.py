@@ -8,14 +8,17 @@ metrics.json (the report reads it):
   tau_mean_of_samples, tau_token_weighted, ci95{...}, samples, steps, tokens, acceptance_by_position,
   histogram, expected_speedup}}, chain (= methods["chain-B<B>"], the drafter's own block), topk_accuracy{k, counted_on,
   positions_seen, by_position[B-1][k]} (counted on the blocks that chain-B<B>'s trajectory drafts, what its
-  reference loop proposes), diagnostics{argmax_agreement, tokens_seen, samples_skipped[], drafter_blocks (computed),
+  reference loop proposes), diagnostics{argmax_agreement, tokens_seen, samples_skipped[], sampled_check{support_share,
+  argmax_agreement, argmax_floor, tokens_seen, suspect[]} | null (evaluate/sampled_check.py), drafter_blocks (computed),
   all_anchor_blocks (what drafting at every anchor would compute)},
   speedup{estimate, available, source, formula, tau, target_source, draft_source, t_ar_ms, t_draft_ms, verify,
   best_ddtree{method, budget, expected_speedup}} (evaluate/speedup.py; an estimate, labelled so),
   verify (evaluation.verify as a list), sampling (the completions' distinct {temperature, top_p, top_k, min_p}; null
-  when greedy), and with the rejection scheme rejection{scheme, convention, sampling, methods{"chain-B<b>" per chain: {method,
+  when greedy), and with the rejection scheme rejection{scheme, convention, sampling, outside_support{samples, samples_scored,
+  share_of_samples, tokens, tokens_read, share_of_tokens}, methods{"chain-B<b>" per chain: {method,
   scheme, block_size, tau_mean_of_samples, tau_token_weighted (both exact expectations), ci95, samples, expected_steps,
-  tokens, acceptance_by_position, expected_histogram, per_sample[{id, tokens, expected_steps, expected_tau}]}}}
+  tokens, acceptance_by_position, expected_histogram, per_sample[{id, tokens, expected_steps, expected_tau,
+  tau_variance}]}}}
   (evaluate/rejection_metrics.py; none on greedy completions, where the scheme is target_only's). Every `methods`
   entry is the target_only scheme (scheme: target_only), computed whatever evaluation.verify says; rejection adds
   its section.
@@ -46,7 +49,12 @@ from dflash_eval.checkpoint import (
 from dflash_eval.completions import prompt_cluster, read_completions
 from dflash_eval.config import verify_schemes
 from dflash_eval.errors import DflashEvalError
-from dflash_eval.evaluate import acceptance, rejection_metrics
+from dflash_eval.evaluate import (
+    acceptance,
+    drafter_kind,
+    rejection_metrics,
+    sampled_check,
+)
 from dflash_eval.evaluate.blocks import BlockDrafter
 from dflash_eval.evaluate.cuda_graphs import graph_options
 from dflash_eval.evaluate.draft_timing import time_on_cache as time_drafter_on_cache
@@ -151,6 +159,7 @@ def run_evaluation(settings: dict, hidden: str, completions: str,
     loaded = load_drafter(checkpoint["path"], checkpoint["layout"], checkpoint.get("config"),
                           checkpoint["layer_ids"], checkpoint["allow_pickle"], vocab_size=head.embed.shape[0])
     check_against_target(loaded.path, loaded.config.hidden_size, None, head.embed.shape[1], None)
+    drafter_kind.check_sampled(settings["drafter"], loaded.model, settings["dataset"], _sampling_of(records, completions))
     runner = BlockDrafter(loaded.model, head.embed, head.lm_head, loaded.mask_token_id).to(device=device, dtype=dtype)
     stops = stop_token_ids(settings)
     block = loaded.block_size
@@ -215,7 +224,7 @@ def run_evaluation(settings: dict, hidden: str, completions: str,
     # greedy completions: dflash_generate's scheme at T = 0 is target_only's greedy verification (docs/sampling.md)
     if "rejection" in verify_schemes(settings.get("verify")) and sampling is not None:
         rejection = _rejection(runner, cache, records, order, completions, loaded.layer_ids, device, dtype, stops,
-                               settings, block_sizes, skipped, clusters)
+                               settings, block_sizes, clusters)
         cache_info["shards_verified"] = cache.verified()
     _check_unchanged(loaded.path, sha256_at_load)
     metrics = {
@@ -232,6 +241,7 @@ def run_evaluation(settings: dict, hidden: str, completions: str,
                                           for hits, s in zip(topk_hits.tolist(), topk_seen.tolist())]},
         "diagnostics": {"argmax_agreement": agree / seen if seen else None, "tokens_seen": seen,
                         "samples_skipped": skipped, "drafter_blocks": evaluator.counts.blocks,
+                        "sampled_check": sampled_check.check(agree / seen if seen else None, seen, sampling, rejection),
                         "all_anchor_blocks": evaluator.counts.all_anchor_blocks},
         "speedup": speedup,
         "verify": verify_schemes(settings.get("verify")),
@@ -251,11 +261,11 @@ def _sampling_of(records: dict, completions: str) -> list[dict] | None:
 
 
 def _rejection(runner, cache, records, order, completions, layer_ids, device, dtype, stops, settings, block_sizes,
-               skipped, clusters) -> dict:
+               clusters) -> dict:
     """The rejection scheme's section (evaluate.rejection_metrics), over the samples the trajectories used: one
     chain per evaluated block size (DDTree has no rejection-sampled reference: preflight refuses it alone)."""
     stored = rejection_metrics.check_cache(cache, settings["drafter"], runner)
-    dists, params = {}, {}
+    dists, params, outside, read = {}, {}, {}, {}
     for sample_id, _entry in order:
         record = records[sample_id]
         params[sample_id] = rejection_metrics.sample_params(stored, record, completions)
@@ -266,13 +276,10 @@ def _rejection(runner, cache, records, order, completions, layer_ids, device, dt
             max_tokens = record.get("request", {}).get("max_tokens", settings.get("max_tokens"))
             limits = acceptance.sequence_limits(states.prompt_len, len(tokens), max_tokens, int(tokens[-1]) in stops)
             return states.features.to(device=device, dtype=dtype), tokens, states.logprob.to(device), limits
-        dist, why = rejection_metrics.sample_distribution(runner, load, params[sample_id], set(stops),
-                                                          settings["blocks_per_forward"], block_sizes)
-        if dist is None:
-            skipped.append({"id": sample_id, "why": f"rejection scheme: {why}"})
-        else:
-            dists[sample_id] = dist
-    return rejection_metrics.section(dists, params, block_sizes, settings, clusters)
+        dists[sample_id], outside[sample_id], read[sample_id] = rejection_metrics.sample_distribution(
+            runner, load, params[sample_id], set(stops), settings["blocks_per_forward"], block_sizes)
+    return rejection_metrics.section(dists, params, block_sizes, settings, clusters,
+                                     rejection_metrics.outside_support(outside, read))
 
 
 def requested_block_sizes(requested: list[int] | str | None, block: int) -> list[int]:

@@ -197,7 +197,7 @@ async def request_one(client: Any, settings: dict[str, Any], info: ServerInfo, r
 async def _request_one(client: Any, settings: dict[str, Any], info: ServerInfo, r: Rendered) -> dict[str, Any]:
     """request_one's request and parse."""
     common = {"model": info.model, "max_tokens": settings["max_tokens"], "temperature": settings["temperature"]}
-    drawn, extra = sampling.request_fields(r.sampling, info.sglang)
+    drawn, extra = sampling.request_fields(settings, r.sampling, info.sglang)
     common.update(drawn)
     if info.sglang:
         extra.update(sglang.request_flags(settings["endpoint"]))
@@ -287,6 +287,7 @@ def build_record(
         "usage": {k: usage.get(k) for k in ("prompt_tokens", "completion_tokens", "total_tokens")},
         "request": request_params(settings, info),
         **({"sampling": r.sampling} if r.sampling is not None else {}),
+        "sampling_sent": sampling.sent_fields(settings, r.sampling, info.sglang),  # temperature: request's
         "server": info.as_record(),
         "completion_ids_source": source,
         "token_check": {
@@ -503,6 +504,8 @@ def fetch(settings: dict[str, Any], out: Path) -> list[dict[str, Any]]:
                            controller.settings["api_key_env"])
     info.sampling_warning = sglang.sampling_warning(info.speculative, info.accept_thresholds,
                                                     sampling.record_sampling(settings, "any"))
+    if (defaults := sampling.defaults_warning(settings, info.sglang)) is not None:
+        log.warning("%s: %s", settings["dataset"], defaults)
     if info.sampling_warning:
         log.warning("SAMPLING IS NOT LOSSLESS on this server for %s: %s (kept in every record's sampling_warning "
                     "and in the report)", settings["dataset"], info.sampling_warning)

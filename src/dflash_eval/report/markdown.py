@@ -12,7 +12,14 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
-from dflash_eval.methods import in_main_table, legend, tree_method, verified_legend
+from dflash_eval.methods import (
+    TREE,
+    in_main_table,
+    legend,
+    parse,
+    tree_method,
+    verified_legend,
+)
 from dflash_eval.report import engine_timing, profile_agreement
 from dflash_eval.report import online as online_check
 from dflash_eval.report.labels import DIGITS, drafter_label, fmt, missing
@@ -48,6 +55,34 @@ def _columns(rows: list[dict], settings: dict, keep: Any = headline) -> list[tup
     return columns
 
 
+def samples(row: dict) -> bool:
+    """Whether a row's completions were sampled (T > 0; NaN: several samplings, all sampled)."""
+    return missing(row["temperature"]) or row["temperature"] > 0
+
+
+def _sampled_rows(rows: list[dict], dataset: str) -> list[dict]:
+    return [r for r in rows if r["dataset"] == dataset and samples(r)]
+
+
+def _column_label(rows: list[dict], dataset: str, method: str) -> str:
+    """A main-table column: the dataset with its sampling when it samples (target_only, SGLang's scheme, on the
+    served completions), and a DDTree method at T > 0 marked hypothetical (HYPOTHETICAL_TREE)."""
+    sampled = _sampled_rows(rows, dataset)
+    if not sampled:
+        return f"{dataset}<br>{method}"
+    drawn = drawn_label({key: sampled[0][key] for key in ("temperature", "top_p", "top_k", "min_p")})
+    tree = " †" if is_tree(method) else ""
+    return f"{dataset} ({drawn}, target_only)<br>{method}{tree}"
+
+
+def is_tree(method: str) -> bool:
+    return parse(method).kind.name == TREE.name
+
+
+HYPOTHETICAL_TREE = ("†: DDTree at T > 0 is hypothetical: SGLang 0.5.23 serves no DDTree, and the tree is built "
+                     "from the untempered drafter, each child accepted iff it is the served token (docs/sampling.md).")
+
+
 def _best(rows: list[dict], column: tuple[str, str], value: str) -> float | None:
     """Best value at the shown precision, so that equal-looking numbers are bold together."""
     shown = [round(r[value], DIGITS) for r in rows if (r["dataset"], r["method"]) == column and not missing(r[value])]
@@ -77,7 +112,7 @@ def _method_grid(rows: list[dict], settings: dict, value: str, cell: Any, keep: 
     by_key = {(r["drafter"], r["dataset"], r["method"]): r for r in rows}
     best = {column: _best(rows, column, value) for column in columns}
     lead = ["drafter", "training step"] if steps else ["drafter"]
-    lines = [table_row(lead + [f"{d}<br>{m}" for d, m in columns]),
+    lines = [table_row(lead + [_column_label(rows, d, m) for d, m in columns]),
              table_row(["---"] * len(lead) + ["---:"] * len(columns))]
     for drafter in settings["drafters"]:
         cells = [drafter_label(drafter, settings)] + ([steps.get(drafter, "")] if steps else [])
@@ -95,7 +130,8 @@ def reference_table(rows: list[dict], settings: dict) -> list[str]:
     """tau (z-lab mean) of each drafter as a percentage of the reference drafter's (main-table methods)."""
     columns = _columns(rows, settings)
     by_key = {(r["drafter"], r["dataset"], r["method"]): r for r in rows}
-    lines = [table_row(["drafter"] + [f"{d}<br>{m}" for d, m in columns]), table_row(["---"] + ["---:"] * len(columns))]
+    lines = [table_row(["drafter"] + [_column_label(rows, d, m) for d, m in columns]),
+             table_row(["---"] + ["---:"] * len(columns))]
     for drafter in settings["drafters"]:
         cells = [drafter_label(drafter, settings)]
         for column in columns:
@@ -120,23 +156,32 @@ def verdict_table(rows: list[dict], settings: dict) -> list[str]:
 
 
 def rejection_table(rows: list[dict], settings: dict) -> list[str]:
-    """dflash_generate's scheme beside SGLang's (issue 25): expected tau given each sampled completion, with its
-    interval, next to the target_only tau of the same drafter, dataset and block; empty when none was asked for."""
+    """dflash_generate's scheme beside SGLang's: expected tau given each sampled completion, with its interval and
+    the samples it covers, next to the target_only tau and samples of the same drafter, dataset and block, and the
+    share of samples holding a token outside dflash's support (scored at its anchor, not dropped); empty when none
+    was asked for."""
     rejection = [r for r in rows if r["scheme"] == "rejection"]
     if not rejection:
         return []
     served = {(r["drafter"], r["dataset"], r["method"]): r for r in rows if r["scheme"] == "target_only"}
     lines = ["## Under dflash_generate's speculative sampling (verify: rejection)", "",
              "Expected tau given each sampled completion (docs/sampling_rejection.md), beside SGLang's target-only "
-             "verification on the same completions.", "",
-             table_row(["drafter", "dataset", "method", "temperature", "tau target_only", "tau rejection (expected)",
-                        "95% CI"]), table_row(["---"] * 3 + ["---:"] * 4)]
+             "verification on the same completions; each with the samples it covers. Outside support: samples "
+             "with a verified token that dflash's top-k/top-p filter excludes (flashinfer's tie rule, or a bf16 "
+             "server's logits near the cut), scored as a rejection at its anchor.", "",
+             table_row(["drafter", "dataset", "method", "sampling", "tau target_only", "samples",
+                        "tau rejection (expected)", "95% CI", "samples", "outside support"]),
+             table_row(["---"] * 4 + ["---:"] * 6)]
     for row in rejection:
         other = served.get((row["drafter"], row["dataset"], row["method"]))
-        lines.append(table_row([drafter_label(row["drafter"], settings), row["dataset"], row["method"], fmt(row["temperature"], 2),
+        drawn = drawn_label({key: row[key] for key in ("temperature", "top_p", "top_k", "min_p")})
+        outside = row.get("outside_support_samples")
+        share = "–" if outside is None else f"{outside} ({row['outside_support_share']:.1%})"
+        lines.append(table_row([drafter_label(row["drafter"], settings), row["dataset"], row["method"], drawn,
                                 fmt(other["tau_mean_of_samples"]) if other else "-",
+                                other["samples"] if other else "-",
                                 fmt(row["tau_mean_of_samples"]),
-                                f"{fmt(row['ci_low'])}..{fmt(row['ci_high'])}"]))
+                                f"{fmt(row['ci_low'])}..{fmt(row['ci_high'])}", row["samples"], share]))
     return [*lines, ""]
 
 
@@ -166,6 +211,15 @@ def evaluation_warnings(evaluations: list[Evaluation]) -> list[str]:
         if agreement_is_low(metrics):
             found.append(f"**Low argmax agreement**: {drafter} on {dataset}: {agreement:.1%} of completion tokens "
                          "are the cached target's own greedy choice; the cache may not come from the served model.")
+        outside = (metrics.get("rejection") or {}).get("outside_support") or {}
+        if outside.get("samples"):
+            found.append(f"**Tokens outside dflash's support**: {drafter} on {dataset}: {outside['samples']} of "
+                         f"{outside['samples_scored']} samples ({outside['share_of_samples']:.1%}; {outside['tokens']} "
+                         "tokens) hold a verified token dflash's top-k/top-p filter excludes, scored as a rejection at "
+                         "its anchor: their expected tau under `rejection` is a lower bound.")
+        for why in (diagnostics.get("sampled_check") or {}).get("suspect", []):
+            found.append(f"**Sampled cache check**: {drafter} on {dataset}: {why}; the cache may not come from the "
+                         "served model.")
         if diagnostics.get("samples_skipped"):
             found.append(f"**Skipped samples**: {drafter} on {dataset}: {len(diagnostics['samples_skipped'])} "
                          "sample(s) not evaluated (see Diagnostics).")
@@ -187,6 +241,18 @@ def _skipped_summary(skipped: list[dict]) -> str:
     return f"**{len(skipped)}**: {listed}{more}"
 
 
+def _sampled_check_text(diagnostics: dict) -> str:
+    """The T > 0 cache check beside the argmax agreement (evaluate/sampled_check.py)."""
+    check = diagnostics.get("sampled_check") or {}
+    parts = []
+    if check.get("argmax_floor") is not None:
+        parts.append(f"floor {check['argmax_floor']:.1%}")
+    if check.get("support_share") is not None:
+        parts.append(f"{check['support_share']:.2%} of tokens in the top-k/top-p support")
+    text = "; ".join(parts) or "not a check without top_k or target log-probs"
+    return f"**{text} ⚠️ SUSPECT**" if check.get("suspect") else text
+
+
 def _checkpoint_summary(checkpoint: dict) -> str:
     name = Path(str(checkpoint.get("path", "?"))).name
     digest = checkpoint.get("sha256")
@@ -206,7 +272,7 @@ def diagnostics_table(evaluations: list[Evaluation], fetch: dict[str, dict]) -> 
         if agreement_is_low(metrics):
             agreement_text = f"**{agreement_text} ⚠️ LOW**"
         elif agreement is not None and sampled_at(metrics) != 0:
-            agreement_text += f" (sampled at T {sampled_at(metrics):g}: not a check)"
+            agreement_text += f" (sampled at T {sampled_at(metrics):g}: {_sampled_check_text(diagnostics)})"
         mismatch = "**⚠️ YES (allowed)**" if cache["backend_mismatch_allowed"] else "no"
         lines.append(table_row([
             metrics["drafter"], metrics["dataset"], cache["backend"], cache.get("trained_with", "?"), mismatch,
@@ -268,7 +334,8 @@ def best_budget_table(rows: list[dict], settings: dict) -> list[str]:
                 lines.append(table_row([drafter_label(drafter, settings), dataset, "–", "–", "–", own,
                                         mine[0]["speedup_source"]]))
                 continue
-            lines.append(table_row([drafter_label(drafter, settings), dataset, f"**{int(budget)}**",
+            lines.append(table_row([drafter_label(drafter, settings), dataset,
+                                    f"**{int(budget)}**" + (" †" if samples(tree) else ""),
                                     _speedup_text(tree["expected_speedup"]), fmt(tree["tau_token_weighted"]), own,
                                     tree["speedup_source"]]))
     return lines
@@ -499,18 +566,22 @@ INTRO = (
 )
 
 
+def drawn_label(d: dict) -> str:
+    """One sampling setting, e.g. "T 0.7, top-p 0.95"; "greedy (T 0)" at temperature 0."""
+    if missing(d.get("temperature")):
+        return "several samplings"
+    if not d.get("temperature"):
+        return "greedy (T 0)"
+    parts = [f"T {d['temperature']:g}"] + [f"{name} {d[key]:g}" for key, name, off in
+                                           (("top_p", "top-p", 1.0), ("top_k", "top-k", -1), ("min_p", "min-p", 0.0))
+                                           if d.get(key) is not None and not missing(d[key]) and d[key] != off]
+    return ", ".join(parts)
+
+
 def sampling_label(fetch: dict) -> str:
     """A dataset's sampling as fetched (trust.fetch_entry), e.g. "T 0.7, top-p 0.95"; "greedy" without any."""
     drawn = fetch.get("sampling") or []
-    if not drawn:
-        return "greedy (T 0)"
-    labels = []
-    for d in drawn:
-        parts = [f"T {d['temperature']:g}"] + [f"{name} {d[key]:g}" for key, name, off in
-                                               (("top_p", "top-p", 1.0), ("top_k", "top-k", -1), ("min_p", "min-p", 0.0))
-                                               if d.get(key, off) != off]
-        labels.append(", ".join(parts))
-    return "; ".join(labels)
+    return "; ".join(drawn_label(d) for d in drawn) if drawn else "greedy (T 0)"
 
 
 def temperature_lines(rows: list[dict], panel: dict) -> list[str]:
@@ -533,9 +604,31 @@ def temperature_lines(rows: list[dict], panel: dict) -> list[str]:
     return lines + [""]
 
 
+SAMPLED_INTRO = (
+    "tau (acceptance length) = accepted draft tokens + 1 (the bonus token) per verification step. Every tau above "
+    "the rejection section is **target_only** verification, SGLang 0.5.23's DFlash scheme, on the served "
+    "completions: on a greedy dataset (T 0) the target's own greedy completions; on a sampled one (its column names "
+    "the sampling) the served sampled completions, a greedy draft accepted iff it is the served token. "
+)
+
+
+def intro(rows: list[dict], evaluations: list[Evaluation]) -> str:
+    """The page's first paragraph: what each number is under. With a sampled dataset, the scheme of each table,
+    the rejection scheme when asked for, and DDTree at T > 0 marked hypothetical."""
+    if not any(samples(r) for r in rows):
+        return INTRO
+    text = SAMPLED_INTRO + INTRO.split("completions. ", 1)[1]
+    if any(e.metrics.get("rejection") for e in evaluations):
+        text += (" The last section is dflash_generate's scheme (verify: rejection): its expected tau given each "
+                 "sampled completion, with the samples it covers.")
+    if any(is_tree(r["method"]) and samples(r) for r in rows):
+        text += " " + HYPOTHETICAL_TREE
+    return text
+
+
 def render(rows: list[dict], evaluations: list[Evaluation], settings: dict, panel: dict) -> str:
     """The whole summary.md: warnings first (loud), the main table, verdicts, then diagnostics and trust."""
-    lines = ["# DFlash drafter evaluation", "", INTRO, ""]
+    lines = ["# DFlash drafter evaluation", "", intro(rows, evaluations), ""]
     found = evaluation_warnings(evaluations) + panel["warnings"]
     if found:
         lines += ["## ⚠️ Warnings", ""] + [f"- {w}" for w in found] + [""]

@@ -36,7 +36,9 @@ COLUMNS = [
     "expected_speedup", "speedup_source", "best_ddtree_budget",
 ]
 # Appended only when an evaluation sampled (issue 25): a greedy-only summary.csv keeps its columns and bytes.
-SAMPLING_COLUMNS = ["scheme", "temperature", "top_p", "top_k", "min_p"]
+SAMPLING_COLUMNS = ["scheme", "temperature", "top_p", "top_k", "min_p",
+                    # the rejection scheme's samples with a token outside dflash's support (evaluate/rejection.py)
+                    "outside_support_samples", "outside_support_share"]
 
 
 @dataclass(frozen=True)
@@ -223,6 +225,7 @@ def rejection_rows(evaluation: Evaluation, spec: dict) -> list[dict]:
     method it covers; its step count is an expectation, so `steps` is left empty."""
     metrics = evaluation.metrics
     section = metrics.get("rejection") or {}
+    outside = section.get("outside_support") or {}
     rows = []
     for method, numbers in sorted((section.get("methods") or {}).items()):
         ci, ci_tw = _pair(numbers["ci95"].get("tau_mean_of_samples")), _pair(numbers["ci95"].get("tau_token_weighted"))
@@ -239,6 +242,7 @@ def rejection_rows(evaluation: Evaluation, spec: dict) -> list[dict]:
             "argmax_agreement": math.nan, "tau_vs_reference": math.nan, "diff_vs_reference": math.nan,
             "diff_ci_low": math.nan, "diff_ci_high": math.nan, "verdict": "", "expected_speedup": math.nan,
             "speedup_source": "", "best_ddtree_budget": None, **sampling_fields(metrics, "rejection"),
+            "outside_support_samples": outside.get("samples"), "outside_support_share": outside.get("share_of_samples"),
         })
     return rows
 
