@@ -10,9 +10,11 @@ Two conventions, checked against their sources in tests/cache/test_sampling.py:
 - "dflash" (dflash 0.1.0 `model.py: _sampling_probs`, what `dflash_generate` samples and verifies with):
   logits / T in float32; the top k logits kept (k = 0 or k >= V: all); softmax; top-p keeps a token while the
   mass *before* it is strictly below top_p; renormalise. No min-p.
-- "sglang" (SGLang 0.5.23 `speculative/dflash_utils.py: build_speculative_verify_target_probs`, its DFlash
-  verify at T > 0): the same top-k-first order, but top-p keeps a token while the mass before it is at most
-  top_p (`top_p_normalize_probs_torch`: `(cumsum - p) > top_p` is dropped). min_p is not applied in that verify.
+- "sglang" (SGLang 0.5.23's torch fallback of its DFlash verify at T > 0, `speculative/dflash_utils.py:
+  build_speculative_verify_target_probs` with `top_p_normalize_probs_torch`: `(cumsum - p) > top_p` is dropped):
+  the same top-k-first order, top-p keeping a token while the mass before it is at most top_p. A CUDA server
+  never takes it: there the filters are flashinfer's, which cut by value and keep ties together
+  (demo/sglang_sampling.py models them; docs/sampling.md).
 
 So the two differ only where the mass before a token equals top_p exactly (a tie at float rounding), and in
 their top-k spelling: SGLang's -1 (off) is dflash's 0. `SamplingParams` holds SGLang's spelling (the
