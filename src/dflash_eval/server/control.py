@@ -25,6 +25,7 @@ from dflash_eval.server import outage
 from dflash_eval.server.kinds import POLL_S, ServerError, server_kind
 from dflash_eval.server.lock import host_lock
 from dflash_eval.server.outage import Outage
+from dflash_eval.server.runs import current_run
 from dflash_eval.server.signals import signals_deferred, sigterm_raises
 from dflash_eval.server.transitions import Transitions
 
@@ -177,13 +178,15 @@ class ServerController:
         while True:
             if not self.outage_file.exists() and self.is_healthy():
                 self.server.check_ours()  # managed: this checkout's own launch, not another's on the same port
-                return  # the common case: nothing to restore, nothing to wait for, no lock needed
+                self._use()
+                return  # the common case: nothing to restore, nothing to wait for
             with host_lock(self.lock_file):
                 current = self.current_outage()
                 if current is None or not current.holders:
                     if current is not None:
                         self._end_outage(current)
                     self.server.start(None)
+                    self._use()
                     return
             waited = time.monotonic() - started
             if waited > float(self.settings["outage_wait_s"]):
@@ -196,6 +199,33 @@ class ServerController:
                 log.info("server %s is held down by %s for their extraction: waiting", self.base_url, current.holders)
                 announced = time.monotonic()
             time.sleep(4 * POLL_S)
+
+    def _use(self) -> None:
+        """Put this workflow run on the launch's record as a user, so that another run's end does not stop the
+        server under its fetch."""
+        run = current_run()
+        if run is not None:
+            with host_lock(self.lock_file):
+                self.server.add_user(run)
+
+    def went_down_since(self, unix: float) -> str:
+        """Who stopped the server since `unix` (from transitions.jsonl), in words for a failed fetch; "" if none."""
+        try:
+            lines = self.transitions.path.read_text().splitlines()
+        except OSError:
+            return ""
+        stops = []
+        for line in lines:
+            with contextlib.suppress(ValueError):
+                entry = json.loads(line)
+                if entry.get("event") == "stop_requested" and float(entry.get("unix", 0)) >= unix:
+                    stops.append(entry)
+        if not stops:
+            return ""
+        last = stops[-1]
+        run = f" of workflow run {last['by_run']}" if last.get("by_run") else ""
+        return (f"; the server was stopped meanwhile, at {last.get('time')}, by pid {last.get('by_pid')}{run} "
+                f"(`{last.get('by_command') or '?'}`: {last.get('reason') or 'an outage'}; see {self.transitions.path})")
 
     # ----- end of run -----
 
@@ -222,8 +252,7 @@ class ServerController:
                     self.record("resume", restored=False, reason="end of run: a launched server is not kept")
                 else:
                     self._end_outage(current)
-        self.stop_if_launched()
-
+        self.server.finish_launched()
 
     def reclaim(self, act: bool = True) -> str | None:
         """At the start of a workflow run (the Snakefile, when it loads): end what a run that died without its
@@ -235,8 +264,15 @@ class ServerController:
         say what a real run would do.
         """
         with host_lock(self.lock_file):
-            found, done = [], []
+            found, done, orphan_found, orphan_done = [], [], [], []
             current = self.current_outage()
+            if not (current is not None and current.holders):  # never under a live outage: the server is down
+                orphan = self.server.orphan()  # first: a variant left on the port would pass for the restored server
+                if orphan is not None:
+                    orphan_found.append(orphan)
+                    if act:
+                        self.server.stop_orphan()
+                        orphan_done.append("stopped that server with its process group")
             if current is not None and not current.holders:
                 since = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(current.since))
                 found.append(f"an outage that no live job holds (recorded in {self.outage_file} since {since})")
@@ -253,13 +289,7 @@ class ServerController:
                         except ServerError as error:
                             done.append(f"could not restore the server ({str(error).splitlines()[0][:300]}); the "
                                         f"record stays, and `{UP_COMMAND}` retries")
-            if not (current is not None and current.holders):  # never under a live outage: the server is down
-                orphan = self.server.orphan()
-                if orphan is not None:
-                    found.append(orphan)
-                    if act:
-                        self.server.stop_orphan()
-                        done.append("stopped that server with its process group")
+        found, done = found + orphan_found, done + orphan_done
         if not found:
             return None
         if not act:
@@ -361,6 +391,6 @@ def run(args: argparse.Namespace) -> int:
     healthy = ctl.is_healthy()
     current = ctl.current_outage()
     status = {"base_url": ctl.base_url, "kind": ctl.kind, "healthy": healthy, "launched_pid": ctl.launched_pid(),
-              "outage": None if current is None else vars(current)}
+              "launch": ctl.server.launch_facts(), "outage": None if current is None else vars(current)}
     print(json.dumps(status))
     return 0 if healthy else 3

@@ -21,7 +21,9 @@ requests), min and max, and how long its restart took. The file is a serving pro
 
 The server's state is restored afterwards, always: the variants run while the configured server is paused
 through control.server_paused (stopped if it was up, brought back after, also on SIGTERM and Ctrl-C); each
-variant is a Managed launch of its own (log under `<server.log_dir>/profile/<setting>/`) stopped in `finally`;
+variant is a Managed launch of its own on the configured server's record, `server.pid`, marked as a variant (its log
+under `<server.log_dir>/profile/<setting>/`), stopped in `finally` (and, after a SIGKILL, by the end-of-run hook or the
+next run's start);
 a server that was down before is stopped again after the served setting.
 """
 
@@ -53,7 +55,7 @@ from dflash_eval.errors import DflashEvalError
 from dflash_eval.io_utils import atomic_write_json
 from dflash_eval.server.control import ServerController, server_paused
 from dflash_eval.server.http import auth_headers, http_request
-from dflash_eval.server.kinds import Managed
+from dflash_eval.server.kinds import Managed, Variant
 from dflash_eval.server.signals import sigterm_raises
 from dflash_eval.speedup.labels import SERVER_PROFILE_FORMAT
 from dflash_eval.stats import median_ci
@@ -221,15 +223,20 @@ def server_version(base_url: str, key_env: str | None) -> str | None:
 
 
 def variant(server: dict[str, Any], name: str, command: str, env: dict[str, str]) -> dict[str, Any]:
-    """Managed settings for one setting: its command (with `env` exported first, so that a compound command gets it
-    too) and a log directory of its own, so that its pid file never names the configured server's launch."""
+    """Managed settings for one setting: its command, with `env` exported first so that a compound command gets it
+    too. Its log_dir stays the configured server's: the variant goes on the same record (server.pid), marked as a
+    variant, so that every cleanup path finds it and none takes it for the configured server (kinds.Variant); only
+    its server.log is its own (`<log_dir>/profile/<setting>/`)."""
     exports = "".join(f"export {key}={shlex.quote(value)}; " for key, value in env.items())
-    return {**server, "command": exports + command, "log_dir": str(Path(server["log_dir"]) / "profile" / name)}
+    return {**server, "command": exports + command}
 
 
-def run_variant(settings: dict[str, Any], ctl: ServerController, work: Any) -> tuple[Any, float]:
-    """Launch one variant, wait for health, run `work(base_url)`, stop it (always); the result and the restart's s."""
-    server = Managed(settings, ctl.transitions)
+def run_variant(settings: dict[str, Any], ctl: ServerController, work: Any, name: str,
+                env: dict[str, str]) -> tuple[Any, float]:
+    """Launch one variant, wait for health, run `work(base_url)`, stop it (always); the result and the restart's s.
+    A SIGKILL skips the stop: the record then names the variant and its dead launcher, and the end-of-run hook or
+    the next run's start stops it."""
+    server = Managed(settings, ctl.transitions, Variant(name, env))
     started = time.monotonic()
     try:
         server.start(None)
@@ -266,7 +273,7 @@ def profile(settings: dict[str, Any], prompts: list[list[int]]) -> dict[str, Any
                 return measure(base, prompts, options, key_env, speculates=forced is not None, forced=forced,
                                block=block)
 
-            numbers, restart_s = run_variant(launch, paused, work)
+            numbers, restart_s = run_variant(launch, paused, work, name, env)
             settings_out.append({"name": name, SWITCH: None if forced is None else forced, "command": launch["command"],
                                  "restart_s": restart_s, **numbers})
             log.info("profile-server %s: %s", name, json.dumps(numbers["decode_ms_per_token"]))
