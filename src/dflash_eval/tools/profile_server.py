@@ -33,6 +33,7 @@ import argparse
 import json
 import logging
 import math
+import re
 import shlex
 import statistics
 import time
@@ -46,14 +47,17 @@ from typing import Any
 from dflash_eval import completions
 from dflash_eval.cache.serving_profile import check_profile
 from dflash_eval.config import (
+    RUNTIME_HELP,
     load_config,
     profile_server_settings,
+    server_settings,
     settings_from_args,
     stage_settings,
 )
 from dflash_eval.errors import DflashEvalError
 from dflash_eval.io_utils import atomic_write_json
 from dflash_eval.server.control import ServerController, server_paused
+from dflash_eval.server.foreign import SIMULATE_ENV
 from dflash_eval.server.http import auth_headers, http_request
 from dflash_eval.server.kinds import Managed, Variant
 from dflash_eval.server.signals import sigterm_raises
@@ -64,7 +68,7 @@ log = logging.getLogger(__name__)
 
 FORMAT = SERVER_PROFILE_FORMAT
 ENGINE = "sglang"
-SWITCH = "SGLANG_SIMULATE_ACC_LEN"  # speculative/spec_utils.py, read once at import: each value is a restart
+SWITCH = SIMULATE_ENV  # speculative/spec_utils.py, read once at import: each value is a restart
 SPEC_FLAG = "--speculative-"
 METRICS_FLAG = "--enable-metrics"  # without it 0.5.23's meta_info has no first_token_latency
 
@@ -86,6 +90,27 @@ def command_without_speculation(command: str) -> str:
         raise DflashEvalError(f"server.command has no {SPEC_FLAG}* flags, so it does not speculate and there is no "
                               "step time to measure: profile_server needs the speculating server's command")
     return shlex.join(kept)
+
+
+RUNTIME_ENV = "DFLASH_EVAL_PROFILE_SERVER_RUNTIME"  # the rule's --runtime, read by its shell command
+RUNTIME_KEYS = ("timeout_s",)  # profile_server keys that bound how long it waits, not what it measures
+PORT_FLAG = re.compile(r"(--port[= ]+)\d+")
+
+
+def measurement_params(config: dict[str, Any]) -> dict[str, Any]:
+    """What decides the profile, the profile_server rule's params (so Snakemake reruns it when they change): the
+    server's command, its port left out, and model, and profile_server's keys but RUNTIME_KEYS. How the server is
+    reached and handled (base_url, the port, health_timeout_s, stop_grace_s, ...) is `runtime`'s: changing it
+    re-profiles nothing (a restart per setting, minutes on a large target)."""
+    server = config["server"]
+    return {**{k: v for k, v in config["profile_server"].items() if k not in RUNTIME_KEYS},
+            "server": {"command": PORT_FLAG.sub(r"\1PORT", server.get("command") or ""), "model": server.get("model")}}
+
+
+def runtime(config: dict[str, Any]) -> dict[str, Any]:
+    """How the rule's job runs, passed as `--runtime` beside measurement_params: the whole server settings and
+    RUNTIME_KEYS (merged over --settings)."""
+    return {"server": server_settings(config), **{k: config["profile_server"][k] for k in RUNTIME_KEYS}}
 
 
 def problems(config: dict[str, Any]) -> list[str]:
@@ -321,6 +346,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     src.add_argument("--settings", help="profile_server's keys and `server` as JSON (what the workflow passes; "
                                         "docs/contracts.md)")
     src.add_argument("--config", help="config.yaml, to run by hand")
+    parser.add_argument("--runtime", help=RUNTIME_HELP)
     parser.add_argument("--completions", required=True,
                         help="a completions JSONL (results/completions/{dataset}.jsonl) whose prompts the requests send")
     parser.add_argument("--out", required=True, help="the profile JSON to write")
