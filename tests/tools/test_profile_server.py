@@ -84,6 +84,14 @@ def test_profile_against_the_demo_server_restarted_per_setting(tmp_path):
     finally:
         ctl.stop_if_launched()
     check_profile(json.loads(json.dumps(result)), "profile.json")
+    # the report's outage table counts this pause as a profile-server run, not as an extraction
+    from dflash_eval.report.markdown import outage_lines
+    from dflash_eval.report.trust import server_outages
+
+    outages = server_outages(f"{server['log_dir']}/transitions.jsonl")
+    assert [(o["extractions"], o["profiles"], o["restored"]) for o in outages["outages"]] == [(0, 1, True)]
+    table = outage_lines(outages)
+    assert table[2].endswith("| extractions | profile-server runs |") and table[4].endswith("| 0 | 1 |"), table
     by_name = {s["name"]: s for s in result["settings"]}
     assert list(by_name) == ["no-speculation", "acc-len-1", "acc-len-2", "acc-len-4", "served"]
     assert "--speculative" not in by_name["no-speculation"]["command"]

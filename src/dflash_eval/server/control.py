@@ -301,7 +301,7 @@ class ServerController:
 
 
 @contextlib.contextmanager
-def server_paused(settings: dict[str, Any]) -> Iterator[ServerController]:
+def server_paused(settings: dict[str, Any], work: str = "extraction") -> Iterator[ServerController]:
     """Free the server's GPU for the block, and bring the server back after it if it was up.
 
     Jobs that pause at the same time share one outage: the server goes down once, their blocks run
@@ -321,6 +321,8 @@ def server_paused(settings: dict[str, Any]) -> Iterator[ServerController]:
     up`) retries the restore, and the end-of-run hook retries it or, for a launched server that the run stops
     anyway, says that it did not come back. A restore that fails after a failed block raises (the job fails
     either way), its message saying the same.
+    `work` names the block in transitions.jsonl (`<work>_start`, `<work>_end`): "extraction", or "profile" for
+    profile-server, so that the report's outage table counts each for what it was.
     """
     ctl = ServerController(settings)
     block_ok = False
@@ -329,13 +331,13 @@ def server_paused(settings: dict[str, Any]) -> Iterator[ServerController]:
             with guard.deferred():
                 ctl.join_outage()
             with host_lock(ctl.gpu_lock_file):  # one extraction at a time; the server stays down between them
-                ctl.record("extraction_start")
+                ctl.record(f"{work}_start")
                 try:
                     yield ctl
                 except BaseException as error:
-                    ctl.record("extraction_end", ok=False, error=type(error).__name__)
+                    ctl.record(f"{work}_end", ok=False, error=type(error).__name__)
                     raise
-                ctl.record("extraction_end", ok=True)
+                ctl.record(f"{work}_end", ok=True)
                 block_ok = True
         finally:
             guard.cleanup()

@@ -287,7 +287,7 @@ def profile(settings: dict[str, Any], prompts: list[list[int]]) -> dict[str, Any
     settings_out, block = [], None
     ctl = ServerController(server)
     was_up = ctl.is_healthy()
-    with server_paused(server) as paused:
+    with server_paused(server, work="profile") as paused:
         for name, command, env, forced in variants:
             launch = variant(server, name, command, env)
 
