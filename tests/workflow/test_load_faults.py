@@ -138,3 +138,25 @@ def test_the_rejection_scheme_on_greedy_datasets_warns_at_load_and_stores_no_log
     assert ("evaluation.verify asks for rejection, but datasets d1, d2 are greedy (temperature 0), where "
             "dflash_generate's scheme is target_only's greedy verification") in text
     assert "rule extract" not in text and "rule fetch" not in text, text
+
+
+def test_a_training_run_of_bare_safetensors_steps_expands_to_one_drafter_per_step(case):
+    """docs/reruns.md's bare `step_N.safetensors` steps beside one config.json (before: refused as an HF drafter
+    directory without model.safetensors). The finished results stay; only the new steps' jobs are planned."""
+    from dflash_eval.bench.workflow import job, load_config, plan, save_config, write_bytes
+
+    workflow, root = case
+    run = root / "ckpt" / "run"
+    for step in (100, 200):
+        write_bytes(run / f"step_{step}.safetensors", 2048, seed=step)
+    (run / "config.json").write_text('{"block_size": 4}')
+    config = load_config(root)
+    config["drafters"]["run"] = {"path": "ckpt/run", "layer_ids": [1, 2], "trained_with": "torch"}
+    save_config(root, config)
+    before = snapshot(root)
+    assert plan(workflow, root) == {job("evaluate", f"run-step{s}", d) for s in (100, 200) for d in ("d1", "d2")} \
+        | {job("report")}
+    assert snapshot(root) == before
+    write_bytes(run / "model.safetensors", 2048, seed=1)  # the variation: an HF directory with steps beside it
+    out = _refused(workflow, root)
+    assert "drafters.run: ckpt/run: holds model.safetensors and also step_100.safetensors, step_200.safetensors" in out
