@@ -51,7 +51,7 @@ def _drafter(target: Path, out: Path) -> Path:
 def project(tmp_path_factory):
     root = tmp_path_factory.mktemp("by-hand")
     target = hs.build_tiny_target(root / "target")
-    drafter = _drafter(target, root / "drafter")
+    _drafter(target, root / "drafter")
     fixtures.write_prompts(root / "prompts.jsonl", 3)
     port = fixtures.free_port()
     config = {

@@ -5,7 +5,9 @@
 # Only what decides the measurement is a param (server_profile.measurement_params: the command without its port, the
 # model, the acceptance lengths and request shape); how the server is reached and handled goes in --runtime, through
 # the environment as fetch's and extract's does, so that changing it re-profiles nothing.
-os.environ[server_profile.RUNTIME_ENV] = cfg.settings_json(server_profile.runtime(config))
+os.environ[server_profile.RUNTIME_ENV] = cfg.settings_json(
+    server_profile.runtime(config)
+)
 
 if config["profile_server"]["enabled"]:
 

@@ -235,7 +235,8 @@ class ServerController:
 
     def finish(self) -> None:
         """End of a run (Snakemake's onsuccess/onerror): restore what a job that died left down, then stop
-        the server the run launched unless keep_running. Idempotent; leaves live outages to their holders."""
+        the server the run launched unless keep_running or another live run launched or uses it (Managed's
+        finish_launched). Idempotent; leaves live outages to their holders."""
         with host_lock(self.lock_file):
             current = self.current_outage()
             if current is not None and current.holders:
@@ -358,12 +359,13 @@ ACTIONS = {
           "went down), then launch it (managed), run start_command (external) or wait for it; while an "
           "extraction holds it down, wait for that job (at most outage_wait_s)",
     "down": "take the server down (stop it, or release its GPU memory) until `up` or `finish` brings it back",
-    "status": "print the state as JSON (base_url, kind, healthy, launched_pid, outage); exits 0 when the server "
+    "status": "print the state as JSON (base_url, kind, healthy, launched_pid, launch, outage); exits 0 when the server "
               "is healthy, 3 when it is not (as systemctl does)",
     "stop-launched": "stop the managed server that dflash-eval launched, with its whole process group, unless "
                      "keep_running; a server it did not launch is left alone",
     "finish": "the end-of-run hook (the Snakefile's onsuccess/onerror): restore what a job that died left down, "
-              "then stop-launched",
+              "then stop the server this run launched, unless keep_running or another live run launched or uses "
+              "it (a profile variant whose launcher is gone always)",
 }
 EXIT_STATUS = ("exit status: 0 done (status: healthy); 2 the settings are wrong or the server did not reach the "
                "state (the message says why); 3 from status: the server is not healthy")
