@@ -118,3 +118,44 @@ def test_a_fetch_whose_server_was_stopped_by_another_is_told_who(tmp_path, contr
     said = ctl.went_down_since(since)
     assert f"stopped meanwhile, at {stop['time']}, by pid {stop['by_pid']}" in said, said
     assert "`cli.py server stop-launched --settings JSON`: stop-launched; see" in said  # its command, the reason
+
+
+def test_a_real_fetch_whose_server_another_process_stopped_says_who(tmp_path, controllers):
+    """The real `dflash-eval fetch` from a managed server (the fake OpenAI server, each answer 0.3 s late); another
+    process stops the server mid-fetch (`dflash-eval server stop-launched`). The fetch fails saying who stopped it
+    (before: a bare "Connection error" after the retries), and the records it already had are kept."""
+    from dflash_eval.bench import fixtures
+    from tests.support.fake_fetch import FAKE, served
+
+    tokenizer = tmp_path / "tok"
+    fixtures.build_tokenizer(tokenizer)
+    port = fixtures.free_port()
+    log = tmp_path / "requests.jsonl"
+    server = {"kind": "managed", "base_url": f"http://127.0.0.1:{port}", "health_timeout_s": 30, "stop_grace_s": 5,
+              "log_dir": str(tmp_path / "logs"), "command": f"exec {sys.executable} {FAKE} --port {port} --tokenizer "
+                                                            f"{tokenizer} --model {tokenizer} --delay-s 0.3 --request-log {log}"}
+    make(controllers, server)
+    settings = {"dataset": "t", "prompts": str(fixtures.write_prompts(tmp_path / "p.jsonl", 30)), "server": server,
+                "tokenizer": str(tokenizer), "max_tokens": 8, "concurrency": 1, "timeout_s": 10.0, "retries": 1,
+                "backoff_s": 0.05}
+    out = tmp_path / "t.jsonl"
+    fetch = subprocess.Popen([sys.executable, "-m", "dflash_eval.cli", "fetch", "--settings", json.dumps(settings),
+                              "--out", str(out)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 120
+        while len(served(log)) < 3:
+            assert fetch.poll() is None and time.monotonic() < deadline, fetch.communicate()[1][-3000:]
+            time.sleep(0.05)
+        stop = subprocess.run([sys.executable, "-m", "dflash_eval.cli", "server", "stop-launched", "--settings",
+                               json.dumps(server)], capture_output=True, text=True, timeout=60)
+        assert stop.returncode == 0, stop.stderr
+        _, err = fetch.communicate(timeout=120)
+    finally:
+        if fetch.poll() is None:
+            fetch.kill()
+    assert fetch.returncode != 0 and "Traceback" not in err, err[-3000:]
+    said = next(line for line in err.splitlines() if "stopped meanwhile" in line)
+    entry = [e for e in entries(tmp_path / "logs") if e["event"] == "stop_requested"][-1]
+    assert f"by pid {entry['by_pid']} (`cli.py server stop-launched --settings JSON`: stop-launched" in said, said
+    kept = (tmp_path / "t.jsonl.partial").read_text().splitlines()
+    assert len(kept) >= 3 and not out.exists()  # what was fetched is kept for the rerun
