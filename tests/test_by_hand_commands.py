@@ -120,6 +120,15 @@ def test_3_extract_by_hand_with_comma_separated_layers(project):
     manifest = json.loads((project / "results/hidden/tiny/L0-1/manifest.json").read_text())
     assert manifest["layer_ids"] == [0, 1] and manifest["samples"]
     assert _status(project)["healthy"]  # restored after the extraction
+    # the variation: the cache directory's layer-set name, as the workflow names it
+    by_hand(project, "dflash-eval extract --config config.yaml --dataset tiny --layers L0-1 "
+                     "--completions results/completions/tiny.jsonl --out results/hidden/tiny/by-name")
+    again = json.loads((project / "results/hidden/tiny/by-name/manifest.json").read_text())
+    assert again["layer_ids"] == [0, 1] and [s["sha256"] for s in again["shards"]] == \
+        [s["sha256"] for s in manifest["shards"]]
+    bad = by_hand(project, "dflash-eval extract --config config.yaml --dataset tiny --layers 0,x "
+                           "--completions results/completions/tiny.jsonl --out results/hidden/tiny/bad", ok=False)
+    assert bad.returncode == 2 and "--layers '0,x': expected comma-separated integers" in bad.stderr, bad.stderr
 
 
 def test_4_evaluate_by_hand(project):
