@@ -8,6 +8,7 @@ disagree about what a checkpoint is.
 
 from __future__ import annotations
 
+import zipfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -91,6 +92,35 @@ def weight_files(path: Path, layout: str) -> list[Path]:
     raise DflashEvalError(f"{path}: HF drafter directory has no model.safetensors (or index)")
 
 
+ZIP_LOCAL_HEADER = 30  # bytes of a zip member's local header before its name (PKWARE APPNOTE 4.3.7)
+
+
+def pt_archive_problem(path: Path) -> str | None:
+    """Why a .pt file cannot be a whole torch checkpoint, from its size and zip directory alone (no tensor read),
+    or None. torch.save writes a zip archive: its central directory sits at the end of the file, so a copy that
+    stopped early has none, and each member must end inside the file. A legacy pickle file (not a zip) can only
+    be checked by loading it."""
+    size = path.stat().st_size
+    if size == 0:
+        return "0 bytes: the file is empty (a save or copy that never wrote it)"
+    with open(path, "rb") as handle:
+        if not b"PK".startswith(handle.read(2)):  # a zip's signature (or what a cut left of it)
+            return None
+    try:
+        with zipfile.ZipFile(path) as archive:
+            members = archive.infolist()
+    except (zipfile.BadZipFile, OSError) as error:
+        return (f"{size} bytes, and its zip directory (the index torch.save writes at the end of the file) cannot be "
+                f"read ({error}): the file is truncated or damaged")
+    for member in members:
+        end = member.header_offset + ZIP_LOCAL_HEADER + len(member.filename.encode()) + member.compress_size
+        if end > size:
+            return f"{size} bytes, but its member {member.filename} ends at byte {end} or later: the file is truncated"
+    if not any(member.filename.endswith("data.pkl") for member in members):
+        return "a zip archive without data.pkl: not a torch.save checkpoint"
+    return None
+
+
 def checkpoint_facts(path: str | Path, layout: str = "auto", config: str | Path | None = None) -> CheckpointFacts:
     """Layout, config.json and safetensors header shapes of a drafter checkpoint; no weight is read."""
     path = Path(path)
@@ -99,7 +129,11 @@ def checkpoint_facts(path: str | Path, layout: str = "auto", config: str | Path 
     layout = detect_layout(path) if layout == "auto" else layout
     file = config_file(path, layout, config)
     shapes = None
-    if layout != "pt":
+    if layout == "pt":
+        problem = pt_archive_problem(path)
+        if problem:
+            raise DflashEvalError(f"{path}: {problem}; {_FIX}")
+    else:
         shapes = {}
         for weights in weight_files(path, layout):
             shapes.update({name: list(entry["shape"]) for name, entry in safetensors_header(weights, _FIX).items()})

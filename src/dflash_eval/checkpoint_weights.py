@@ -15,7 +15,7 @@ import torch
 from safetensors import SafetensorError
 from safetensors.torch import load_file
 
-from dflash_eval.checkpoint import weight_files
+from dflash_eval.checkpoint import pt_archive_problem, weight_files
 from dflash_eval.errors import DflashEvalError
 
 STATE_KEYS = ("model_state_dict", "state_dict", "model")
@@ -35,6 +35,9 @@ def _read_pt(path: Path, allow_pickle: bool) -> tuple[dict[str, torch.Tensor], d
     if allow_pickle:
         warnings.warn(f"{path}: loading with weights_only=False runs pickled code from the file (allow_pickle: true)",
                       stacklevel=2)
+    problem = pt_archive_problem(path)  # a truncated file is no question of trust
+    if problem:
+        raise DflashEvalError(f"{path}: {problem}; copy the checkpoint again")
     try:
         checkpoint = torch.load(path, map_location="cpu", weights_only=not allow_pickle)
     except Exception as error:  # torch raises UnpicklingError and others

@@ -229,12 +229,14 @@ _STEP_NAME = re.compile(r"^(?:step|checkpoint|global_step)[_-]?(\d+)(\.pt|\.pth|
 
 
 def step_checkpoints(path: str | Path) -> list[tuple[int, Path]]:
-    """(step, checkpoint) of a training run's directory: `step_N.pt` files or `step_N/`, `checkpoint-N/` HF dirs.
+    """(step, checkpoint) of a training run's directory: `step_N.pt` / `step_N.safetensors` files or `step_N/`,
+    `checkpoint-N/` HF dirs.
 
-    Empty when `path` is not such a directory (a single checkpoint, or not there yet).
+    Empty when `path` is not such a directory (a single checkpoint, or not there yet): an HF directory holds
+    weights under another name (model.safetensors, its shards), while step-named files are a run's steps.
     """
     root = Path(path)
-    if not root.is_dir() or any(root.glob("*.safetensors")):
+    if not root.is_dir() or any(not _STEP_NAME.match(f.name) for f in root.glob("*.safetensors")):
         return []
     found = []
     for child in root.iterdir():

@@ -20,7 +20,7 @@ from typing import Any, Self
 from dflash_eval.cache import manifest as cache_manifest
 from dflash_eval.cache.verify import changed_since_extraction, repair_command
 from dflash_eval.checkpoint import check_checkpoint, checkpoint_facts
-from dflash_eval.config import dataset_samples, verify_schemes
+from dflash_eval.config import dataset_samples, select, verify_schemes
 from dflash_eval.errors import DflashEvalError
 from dflash_eval.evaluate import drafter_kind
 from dflash_eval.extract.layers import check_layer_ids
@@ -132,11 +132,18 @@ def check_inputs(config: dict[str, Any], source: str, built: Callable[[str], boo
         if present(f"datasets.{name}.prompts", spec.get("prompts")):
             attempt(f"datasets.{name}.prompts", load_prompts, spec["prompts"])
         present(f"datasets.{name}.source", spec.get("source"))
+    unusable: list[str] = []  # drafters whose checkpoint cannot be evaluated as it is
+    chosen = set(select(config.get("only"), list(config["drafters"]), "only"))  # `--config only=`: the rest never runs
     for name, spec in config["drafters"].items():
+        if name not in chosen:
+            continue
         key = f"drafters.{name}"
+        listed = len(problems)
         readable = [present(f"{key}.{field}", spec[field]) for field in ("path", "config") if spec.get(field)]
         if all(readable):
             attempt(key, _check_drafter, spec, text)
+        if len(problems) > listed:
+            unusable.append(name)
         if spec["trained_with"] != target["backend"] and not config["evaluation"]["allow_backend_mismatch"]:
             problems.append(
                 f"  {key}.trained_with{blame(key + '.trained_with')}: {spec['trained_with']}, but target.backend is {target['backend']}: the evaluation "
@@ -149,6 +156,10 @@ def check_inputs(config: dict[str, Any], source: str, built: Callable[[str], boo
     if problems:
         shown = problems[:_MAX_LISTED] + ([f"  ... and {len(problems) - _MAX_LISTED} more"]
                                           if len(problems) > _MAX_LISTED else [])
+        others = [name for name in config["drafters"] if name not in unusable]
+        if unusable and others and len(unusable) == len(problems):  # only checkpoints: the rest can run meanwhile
+            shown.append(f"To evaluate the other drafters meanwhile, leave {', '.join(unusable)} out: "
+                         f"snakemake --config only={','.join(others)}")
         raise DflashEvalError(f"{source}: {len(problems)} problem(s), found before any job ran:\n" + "\n".join(shown))
 
 

@@ -62,7 +62,7 @@ def test_what_stops_the_rule_at_load():
 def test_a_variant_exports_its_switch_before_a_compound_command(tmp_path):
     out = sp.variant({"log_dir": str(tmp_path), "command": "x"}, "acc-len-2", "cd a && serve", {sp.SWITCH: "2"})
     assert out["command"] == "export SGLANG_SIMULATE_ACC_LEN=2; cd a && serve"
-    assert out["log_dir"] == str(tmp_path / "profile" / "acc-len-2")
+    assert out["log_dir"] == str(tmp_path)  # the configured server's record: every cleanup path reads it
 
 
 @pytest.mark.slow
@@ -84,6 +84,14 @@ def test_profile_against_the_demo_server_restarted_per_setting(tmp_path):
     finally:
         ctl.stop_if_launched()
     check_profile(json.loads(json.dumps(result)), "profile.json")
+    # the report's outage table counts this pause as a profile-server run, not as an extraction
+    from dflash_eval.report.markdown import outage_lines
+    from dflash_eval.report.trust import server_outages
+
+    outages = server_outages(f"{server['log_dir']}/transitions.jsonl")
+    assert [(o["extractions"], o["profiles"], o["restored"]) for o in outages["outages"]] == [(0, 1, True)]
+    table = outage_lines(outages)
+    assert table[2].endswith("| extractions | profile-server runs |") and table[4].endswith("| 0 | 1 |"), table
     by_name = {s["name"]: s for s in result["settings"]}
     assert list(by_name) == ["no-speculation", "acc-len-1", "acc-len-2", "acc-len-4", "served"]
     assert "--speculative" not in by_name["no-speculation"]["command"]

@@ -10,7 +10,16 @@ import json
 import shutil
 from pathlib import Path
 
-from dflash_eval.bench.workflow import snakemake
+import torch
+
+from dflash_eval.bench.workflow import (
+    job,
+    load_config,
+    plan,
+    save_config,
+    snakemake,
+    write_bytes,
+)
 from tests.support.finished_project import snapshot
 
 
@@ -138,3 +147,66 @@ def test_the_rejection_scheme_on_greedy_datasets_warns_at_load_and_stores_no_log
     assert ("evaluation.verify asks for rejection, but datasets d1, d2 are greedy (temperature 0), where "
             "dflash_generate's scheme is target_only's greedy verification") in text
     assert "rule extract" not in text and "rule fetch" not in text, text
+
+
+def test_a_training_run_of_bare_safetensors_steps_expands_to_one_drafter_per_step(case):
+    """docs/reruns.md's bare `step_N.safetensors` steps beside one config.json (before: refused as an HF drafter
+    directory without model.safetensors). The finished results stay; only the new steps' jobs are planned."""
+    workflow, root = case
+    run = root / "ckpt" / "run"
+    for step in (100, 200):
+        write_bytes(run / f"step_{step}.safetensors", 2048, seed=step)
+    (run / "config.json").write_text('{"block_size": 4}')
+    config = load_config(root)
+    config["drafters"]["run"] = {"path": "ckpt/run", "layer_ids": [1, 2], "trained_with": "torch"}
+    save_config(root, config)
+    before = snapshot(root)
+    assert plan(workflow, root) == {job("evaluate", f"run-step{s}", d) for s in (100, 200) for d in ("d1", "d2")} \
+        | {job("report")}
+    assert snapshot(root) == before
+    write_bytes(run / "model.safetensors", 2048, seed=1)  # the variation: an HF directory with steps beside it
+    out = _refused(workflow, root)
+    assert "drafters.run: ckpt/run: holds model.safetensors and also step_100.safetensors, step_200.safetensors" in out
+
+
+def test_a_truncated_training_checkpoint_is_refused_at_load_with_its_reason_and_the_others_still_run(case):
+    """A .pt whose copy stopped early: found at load from its zip directory (before: only at its evaluation, with
+    the advice to set allow_pickle), named with the right reason, and the message says how to evaluate the other
+    drafters meanwhile; that command runs them (a changed checkpoint's evaluations) and loses nothing."""
+    workflow, root = case
+    config = load_config(root)
+    saved = root / "ckpt" / "t.pt"
+    torch.save({"model_state_dict": {"fc.weight": torch.zeros(64, 64)}, "global_step": 5}, saved)
+    whole = saved.stat().st_size
+    saved.write_bytes(saved.read_bytes()[: whole // 2])
+    config["drafters"]["t"] = {"path": "ckpt/t.pt", "config": "ckpt/a/config.json", "layer_ids": [1, 2],
+                               "trained_with": "torch"}
+    save_config(root, config)
+    out = _refused(workflow, root)
+    assert (f"drafters.t: ckpt/t.pt: {whole // 2} bytes, and its zip directory (the index torch.save writes at the "
+            "end of the file) cannot be read (File is not a zip file): the file is truncated or damaged") in out
+    assert "allow_pickle" not in out
+    assert "To evaluate the other drafters meanwhile, leave t out: snakemake --config only=a,b" in out
+
+    write_bytes(root / "ckpt" / "a" / "model.safetensors", 2048, seed=98)  # a's evaluations must rerun
+    before = snapshot(root)
+    run = snakemake(workflow, root, "--config", "only=a,b")
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
+    calls = (root / "calls.log").read_text().splitlines()
+    assert sorted(calls) == ["evaluate results/eval/a/d1/metrics.json", "evaluate results/eval/a/d2/metrics.json"]
+    after = snapshot(root)
+    changed = sorted(k for k, v in before.items() if after.get(k) != v)
+    assert changed and all("/a/" in k for k in changed), changed  # only drafter a's results and benchmarks
+    assert saved.stat().st_size == whole // 2
+
+
+def test_an_empty_training_checkpoint_is_refused_at_load(case):
+    """The variation: a save that never wrote its file (0 bytes)."""
+    workflow, root = case
+    (root / "ckpt" / "t.pt").write_bytes(b"")
+    config = load_config(root)
+    config["drafters"]["t"] = {"path": "ckpt/t.pt", "config": "ckpt/a/config.json", "layer_ids": [1, 2],
+                               "trained_with": "torch"}
+    save_config(root, config)
+    out = _refused(workflow, root)
+    assert "drafters.t: ckpt/t.pt: 0 bytes: the file is empty (a save or copy that never wrote it)" in out

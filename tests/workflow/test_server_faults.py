@@ -149,3 +149,69 @@ def test_a_second_signal_during_the_restore_ends_in_a_known_state_that_the_next_
     assert completions.read_bytes() == written
     assert (root / "calls.log").read_text().count("fetch ") == 1  # the completions were not fetched again
     assert not (log_dir / "outage.json").exists()
+
+
+TWO_RUNS_STAND_IN = r'''#!{python}
+"""dflash-eval for the two-runs test: fetch makes the server healthy (real server control), holds it for
+FETCH_SECONDS, then says whether it is still up; everything else is the recorder's."""
+import json, os, runpy, sys, time
+
+args = sys.argv[1:]
+rest = args[2:] if args[:1] == ["--log"] else args
+if rest[0] == "server":
+    from dflash_eval.cli import main
+    sys.exit(main(rest))
+if rest[0] == "fetch":
+    from dflash_eval.server.control import ServerController
+    ctl = ServerController(json.loads(rest[rest.index("--runtime") + 1])["server"])
+    ctl.ensure_up()
+    with open(os.environ["FETCH_LOG"], "a") as log:
+        log.write("fetching\n")
+    time.sleep(float(os.environ.get("FETCH_SECONDS", "0")))
+    with open(os.environ["FETCH_LOG"], "a") as log:
+        log.write(f"still up: {{ctl.is_healthy()}}\n")
+runpy.run_path(os.path.join(os.path.dirname(os.path.abspath(__file__)), "recorder"), run_name="__main__")
+'''
+
+
+def test_a_second_run_s_end_does_not_stop_the_first_run_s_server_mid_fetch(tmp_path):
+    """Issue 45's BAD case with two real `snakemake` runs in one checkout (disjoint targets, which Snakemake's lock
+    lets through): the long run launches the server and fetches; the short run fetches from it and ends; its
+    end-of-run hook leaves the server to the long run, whose fetch finds it still up; the long run's end stops it,
+    and no process of it is left."""
+    workflow = copy_workflow_with_stand_in(tmp_path / "workflow", TWO_RUNS_STAND_IN)
+    root = tmp_path / "project"
+    config = tiny_project(root, drafters=1, datasets=2)
+    server = hs.tiny_helper_settings(Path("unused"))
+    config["server"] = {key: server[key] for key in ("kind", "base_url", "command", "health_timeout_s", "stop_grace_s")}
+    (root / "config.yaml").write_text(yaml.safe_dump(config, sort_keys=False))
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(workflow / "src"),
+           "PATH": f"{workflow / 'bin'}{os.pathsep}{os.environ['PATH']}"}
+    env.pop("DFLASH_EVAL_RUN", None)
+    argv = [sys.executable, "-m", "snakemake", "--snakefile", str(workflow / "Snakefile"), "--directory", str(root),
+            "--configfile", str(root / "config.yaml"), "--workflow-profile", str(workflow / "profiles" / "default"),
+            "--cores", "1"]
+    long_log, short_log = tmp_path / "long.txt", tmp_path / "short.txt"
+    with open(tmp_path / "long.out", "w") as out:
+        long_run = subprocess.Popen([*argv, "results/completions/d1.jsonl"], cwd=root, stdout=out,
+                                    stderr=subprocess.STDOUT, env={**env, "FETCH_SECONDS": "25",
+                                                                   "FETCH_LOG": str(long_log)})
+    try:
+        _wait_for(lambda: long_log.exists(), 120, "the long run's fetch")
+        short = subprocess.run([*argv, "results/completions/d2.jsonl"], cwd=root, capture_output=True, text=True,
+                               timeout=300, env={**env, "FETCH_SECONDS": "0", "FETCH_LOG": str(short_log)})
+        assert short.returncode == 0, short.stdout[-3000:] + short.stderr[-3000:]
+        assert short_log.read_text().splitlines() == ["fetching", "still up: True"]
+        assert f"workflow run {long_run.pid}, still running, launched or uses it" in short.stdout + short.stderr
+        record = json.loads((root / "results" / "logs" / "server" / "server.pid").read_text())
+        assert record["owner"]["pid"] == long_run.pid and hs.group_members(record["pgid"])
+        assert long_run.wait(timeout=300) == 0, (tmp_path / "long.out").read_text()[-3000:]
+    finally:
+        if long_run.poll() is None:
+            long_run.kill()
+    assert long_log.read_text().splitlines() == ["fetching", "still up: True"], "the short run stopped it mid-fetch"
+    assert hs.group_members(record["pgid"]) == []  # the long run's end stopped it
+    assert (root / "results" / "completions" / "d1.jsonl").exists()
+    assert (root / "results" / "completions" / "d2.jsonl").exists()
+    stop = [e for e in _entries(root) if e["event"] == "stop_requested"]
+    assert len(stop) == 1 and stop[0]["by_run"] == long_run.pid and stop[0]["reason"] == "end of run"

@@ -263,6 +263,7 @@ def report_intermediates() -> list[str]:
         *expand(METRICS, drafter=drafters, dataset=datasets),
         *expand(SAMPLES, drafter=drafters, dataset=datasets),
         *backend_comparisons(),
+        *server_profile_inputs(),  # a missing server_profile.json is rebuilt by a plain run, as the rest is
     ]
 
 

@@ -10,6 +10,7 @@ format, its writing and its checks on reading are cache.manifest's.
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import json
 import logging
@@ -187,6 +188,17 @@ def _write_shard(path: Path, buffer: _ShardBuffer, journal: Path | None = None, 
     if journal is not None:  # written after the file, checked against it on resume (no fsync needed)
         append_journal(journal, {**entry, "index": index, "samples": list(samples)})
     return entry
+
+
+DISK_FULL = (errno.ENOSPC, errno.EDQUOT)  # no space left, quota exceeded
+
+
+def _gib(size: float) -> str:
+    """A size for a person: GiB, MiB or KiB."""
+    for unit, scale in (("GiB", 2**30), ("MiB", 2**20)):
+        if size >= scale:
+            return f"{size / scale:.2f} {unit}"
+    return f"{size / 2**10:.1f} KiB"
 
 
 def _done(value: dict[str, Any]) -> Future:
@@ -375,8 +387,37 @@ class CacheWriter:
         journal = self.tmp / JOURNAL if self.resume else None
         samples = self.samples[self._unsubmitted:]
         self._unsubmitted = len(self.samples)
-        buffer.write = self._pool.submit(self.write_shard, path, buffer, journal, index, samples, self._pending_copies())
+        buffer.write = self._pool.submit(self._write_or_explain, path, buffer, journal, index, samples,
+                                         self._pending_copies())
         self._shards.append(buffer.write)
+
+    def _write_or_explain(self, path: Path, buffer: _ShardBuffer, *args: Any) -> dict[str, Any]:
+        """write_shard, a full disk said as which path filled, what the cache still needs and what a rerun keeps."""
+        try:
+            return self.write_shard(path, buffer, *args)
+        except OSError as error:
+            if error.errno not in DISK_FULL:
+                raise
+            shard = sum(t.numel() * t.element_size() for t in buffer.filled().values())
+            index = int(args[1]) if len(args) > 1 else len(self._shards) - 1
+            raise CacheError(self.disk_full(path, error, shard, index)) from None
+
+    def disk_full(self, path: Path, error: OSError, shard_bytes: int, index: int) -> str:
+        """What a full disk at shard `index` means: the path, the space the rest of the cache needs, the rerun."""
+        free = shutil.disk_usage(path.parent).free
+        if not shard_bytes:
+            need = "only the manifest (a few KiB) is left to write"
+            rerun = "a rerun resumes from the shards written" if self.resume else "a rerun starts this cache again"
+        elif self.resume is not None:
+            left = len([i for i in self.resume.todo if i >= index])
+            need = (f"this cache needs about {_gib(left * shard_bytes)} more ({left} shard(s) of about "
+                    f"{_gib(shard_bytes)} still to write, this one included)")
+            rerun = f"a rerun resumes from the shards already journaled in {self.tmp} (kept) and writes only the rest"
+        else:
+            need = f"this shard needs {_gib(shard_bytes)}"
+            rerun = "a rerun starts this cache again"
+        return (f"{path}: the disk is full ({error.strerror}): {_gib(free)} free there, and {need}. Free that space "
+                f"(or give results/hidden a larger disk) and rerun; {rerun}. Nothing published before is touched.")
 
     def close_shard(self) -> None:
         """End the shard being filled here, as the plan says (cache.resume.plan_shards); no-op when empty."""
@@ -412,7 +453,12 @@ class CacheWriter:
                                         self.samples, shards)
         if self.resume:
             manifest.update(plan_key=self.resume.key, resumed_shards=self.adopted)
-        cache_manifest.write(self.tmp, manifest)
+        try:
+            cache_manifest.write(self.tmp, manifest)
+        except OSError as error:
+            if error.errno not in DISK_FULL:
+                raise
+            raise CacheError(self.disk_full(self.tmp / "manifest.json", error, 0, len(self._shards))) from None
         self._publish()
         for name in (JOURNAL, PLAN):  # bookkeeping of the partial directory, not part of the cache
             (self.out / name).unlink(missing_ok=True)

@@ -40,10 +40,32 @@ def read_records(paths: list[Path]) -> list[dict]:
             record = json.loads(file.read_text())
         except (OSError, json.JSONDecodeError) as error:
             raise DflashEvalError(f"{file}: not a GPU claim record ({error}); delete it and rerun its job") from error
-        if not isinstance(record, dict) or "start" not in record or "device" not in record:
-            raise DflashEvalError(f"{file}: a GPU claim record needs 'device' and 'start'; delete it and rerun its job")
+        problem = record_problem(record)
+        if problem:
+            raise DflashEvalError(f"{file}: not a GPU claim record ({problem}); delete it and rerun its job")
         records.append({**record, "file": str(file)})
+    if not records:
+        raise DflashEvalError(f"no GPU claim records (*{SUFFIX}) in {', '.join(map(str, paths))}: nothing to check "
+                              "(an evaluation writes one per job next to its benchmark, results/benchmarks/evaluate/)")
     return records
+
+
+def record_problem(record: object) -> str | None:
+    """What makes `record` unusable (a missing key, a time that is not a number), or None."""
+    if not isinstance(record, dict):
+        return f"a JSON {type(record).__name__}, not an object"
+    for key in ("device", "start"):
+        if key not in record:
+            return f"no {key!r}"
+    if not isinstance(record["device"], str):
+        return f"'device' is {record['device']!r}, not a device name"
+    for key in ("start", "end"):
+        value = record.get(key)
+        if (value is not None or key == "start") and (isinstance(value, bool) or not isinstance(value, int | float)):
+            return f"{key!r} is {value!r}, not seconds since the epoch"
+    if record["device"].startswith("cuda") and "gpu" not in record:
+        return f"a {record['device']} claim without 'gpu', the GPU it held"
+    return None
 
 
 @dataclass
@@ -173,6 +195,7 @@ def run(args: argparse.Namespace) -> int:
     check = check_placements(read_records(args.paths))
     print("\n".join(report_lines(check)))
     if args.json:
+        args.json.parent.mkdir(parents=True, exist_ok=True)
         args.json.write_text(json.dumps(check.__dict__, indent=1) + "\n")
     if not check.ok:
         raise DflashEvalError(f"{len(check.overlaps)} overlap(s) and {len(check.unfinished)} unfinished claim(s) "

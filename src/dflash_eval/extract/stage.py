@@ -75,8 +75,14 @@ def parse_layers(text: str) -> list[int]:
 
 
 def settings_from_cli(args: argparse.Namespace) -> dict[str, Any]:
-    """--settings JSON (and --runtime), or settings built from --config, --dataset and --layers."""
-    layers = None if args.layers is None else parse_layers(args.layers)
+    """--settings JSON (and --runtime), or settings built from --config, --dataset and --layers: comma-separated
+    ids (1,16,31: the last layer as the final norm gives it, the default) or the cache directory's layer-set name
+    (L1-16-31, L1-16-31-prenorm), which config.extract_settings takes."""
+    from dflash_eval.config import layerset_name
+
+    layers = args.layers
+    if layers is not None and not layers.strip().startswith("L"):
+        layers = layerset_name(parse_layers(layers), "final_norm")
     return settings_from_args(argparse.Namespace(**{**vars(args), "layers": layers}), extract_settings, "dataset", "layers")
 
 

@@ -510,7 +510,7 @@ def fetch(settings: dict[str, Any], out: Path) -> list[dict[str, Any]]:
         log.warning("SAMPLING IS NOT LOSSLESS on this server for %s: %s (kept in every record's sampling_warning "
                     "and in the report)", settings["dataset"], info.sampling_warning)
     retry_counts: Counter[str] = Counter()
-    started = time.monotonic()
+    started, began = time.monotonic(), time.time()
     with PartialStore(Path(out)) as store, sigterm_raises():
         kept = pick_kept(store.load(), set(expected), request_params(settings, info))
         log.info("fetching %d records (%d prompts) of %s from %s (model %s, endpoint %s); %d kept from an earlier run",
@@ -518,6 +518,8 @@ def fetch(settings: dict[str, Any], out: Path) -> list[dict[str, Any]]:
         try:
             with heap_frozen():
                 by_id = asyncio.run(fetch_all(prompts, settings, info, tokenizer, kept, store, retry_counts))
+        except FetchError as error:  # a server stopped under the fetch: say who stopped it
+            raise FetchError(f"{error}{controller.went_down_since(began)}") from error
         finally:
             log.info("fetch %s: retries %s", settings["dataset"], json.dumps(dict(retry_counts)))
         records = [by_id[rid] for rid in expected]

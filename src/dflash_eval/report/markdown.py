@@ -545,13 +545,16 @@ def outage_lines(server: dict) -> list[str]:
     if not server["outages"]:
         return [f"No server outage in `{server['path']}` (the server was never paused while up)."]
     longest = "n/a" if server["longest_s"] is None else f"{server['longest_s']:.1f} s"
+    profiled = any(outage.get("profiles") for outage in server["outages"])  # profile-server's pauses, apart
     lines = [f"{server['count']} outage(s) in `{server['path']}`, {server['total_s']:.1f} s in all, longest {longest}.",
-             "", table_row(["paused at", "back at", "outage", "restored", "extractions"]),
-             table_row(["---", "---", "---:", "---", "---:"])]
+             "", table_row(["paused at", "back at", "outage", "restored", "extractions"]
+                           + (["profile-server runs"] if profiled else [])),
+             table_row(["---", "---", "---:", "---", "---:"] + (["---:"] if profiled else []))]
     for outage in server["outages"]:
         seconds = "**never ended ⚠️**" if outage["seconds"] is None else f"{outage['seconds']:.1f} s"
         lines.append(table_row([outage["start"], outage["end"] or "–", seconds,
-                                "yes" if outage["restored"] else "**no ⚠️**", outage.get("extractions", 0)]))
+                                "yes" if outage["restored"] else "**no ⚠️**", outage.get("extractions", 0)]
+                               + ([outage.get("profiles", 0)] if profiled else [])))
     return lines
 
 

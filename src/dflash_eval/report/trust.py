@@ -143,14 +143,15 @@ def server_outages(path: str | Path | None) -> dict:
     """Outages from transitions.jsonl: each `pause` with the server up, until its `resume`.
 
     Extraction jobs that overlap share one outage (later ones log `joined`), so an outage counts the
-    extractions it served. A pause without a resume is an outage that never ended (the server may
-    still be down). Stopping a launched server at the end of a run is not an outage: nobody waits for it.
+    extractions it served, and apart from them the profile-server runs (`profile_start`) it served. A pause
+    without a resume is an outage that never ended (the server may still be down). Stopping a launched server
+    at the end of a run is not an outage: nobody waits for it.
     """
     if path is None or not Path(path).is_file():
         return {"recorded": False, "path": None if path is None else str(path)}
     outages: list[dict] = []
     open_pause: dict | None = None
-    extractions = 0
+    extractions = profiles = 0
     with Path(path).open(encoding="utf-8") as handle:
         for number, line in enumerate(handle, 1):
             if not line.strip():
@@ -162,26 +163,29 @@ def server_outages(path: str | Path | None) -> dict:
                 raise DflashEvalError(f"{path}:{number}: not a server transition ({error!r})") from error
             if name == "pause" and event.get("was_up"):
                 if open_pause is not None:
-                    outages.append(_outage(open_pause, None, extractions))
-                open_pause, extractions = event, 0
+                    outages.append(_outage(open_pause, None, extractions, profiles))
+                open_pause, extractions, profiles = event, 0, 0
             elif name == "extraction_start" and open_pause is not None:
                 extractions += 1
+            elif name == "profile_start" and open_pause is not None:
+                profiles += 1
             elif name == "resume" and open_pause is not None:
-                outages.append(_outage(open_pause, event, extractions))
+                outages.append(_outage(open_pause, event, extractions, profiles))
                 open_pause = None
     if open_pause is not None:
-        outages.append(_outage(open_pause, None, extractions))
+        outages.append(_outage(open_pause, None, extractions, profiles))
     ended = [o["seconds"] for o in outages if o["seconds"] is not None]
     return {"recorded": True, "path": str(path), "outages": outages, "count": len(outages),
             "total_s": sum(ended), "longest_s": max(ended) if ended else None,
             "unrestored": sum(o["seconds"] is None or not o["restored"] for o in outages)}
 
 
-def _outage(pause: dict, resume: dict | None, extractions: int) -> dict:
+def _outage(pause: dict, resume: dict | None, extractions: int, profiles: int = 0) -> dict:
     restored = bool(resume and resume.get("restored"))
     seconds = None if resume is None else round(float(resume["unix"]) - float(pause["unix"]), 3)
     return {"start": pause.get("time"), "end": None if resume is None else resume.get("time"),
-            "seconds": seconds, "restored": restored, "by_pid": pause.get("by_pid"), "extractions": extractions}
+            "seconds": seconds, "restored": restored, "by_pid": pause.get("by_pid"), "extractions": extractions,
+            "profiles": profiles}
 
 
 # -- the panel ------------------------------------------------------------------------------------

@@ -25,6 +25,7 @@ from dflash_eval.server import outage
 from dflash_eval.server.kinds import POLL_S, ServerError, server_kind
 from dflash_eval.server.lock import host_lock
 from dflash_eval.server.outage import Outage
+from dflash_eval.server.runs import current_run
 from dflash_eval.server.signals import signals_deferred, sigterm_raises
 from dflash_eval.server.transitions import Transitions
 
@@ -177,13 +178,15 @@ class ServerController:
         while True:
             if not self.outage_file.exists() and self.is_healthy():
                 self.server.check_ours()  # managed: this checkout's own launch, not another's on the same port
-                return  # the common case: nothing to restore, nothing to wait for, no lock needed
+                self._use()
+                return  # the common case: nothing to restore, nothing to wait for
             with host_lock(self.lock_file):
                 current = self.current_outage()
                 if current is None or not current.holders:
                     if current is not None:
                         self._end_outage(current)
                     self.server.start(None)
+                    self._use()
                     return
             waited = time.monotonic() - started
             if waited > float(self.settings["outage_wait_s"]):
@@ -197,6 +200,33 @@ class ServerController:
                 announced = time.monotonic()
             time.sleep(4 * POLL_S)
 
+    def _use(self) -> None:
+        """Put this workflow run on the launch's record as a user, so that another run's end does not stop the
+        server under its fetch."""
+        run = current_run()
+        if run is not None:
+            with host_lock(self.lock_file):
+                self.server.add_user(run)
+
+    def went_down_since(self, unix: float) -> str:
+        """Who stopped the server since `unix` (from transitions.jsonl), in words for a failed fetch; "" if none."""
+        try:
+            lines = self.transitions.path.read_text().splitlines()
+        except OSError:
+            return ""
+        stops = []
+        for line in lines:
+            with contextlib.suppress(ValueError):
+                entry = json.loads(line)
+                if entry.get("event") == "stop_requested" and float(entry.get("unix", 0)) >= unix:
+                    stops.append(entry)
+        if not stops:
+            return ""
+        last = stops[-1]
+        run = f" of workflow run {last['by_run']}" if last.get("by_run") else ""
+        return (f"; the server was stopped meanwhile, at {last.get('time')}, by pid {last.get('by_pid')}{run} "
+                f"(`{last.get('by_command') or '?'}`: {last.get('reason') or 'an outage'}; see {self.transitions.path})")
+
     # ----- end of run -----
 
     def stop_if_launched(self) -> bool:
@@ -205,7 +235,8 @@ class ServerController:
 
     def finish(self) -> None:
         """End of a run (Snakemake's onsuccess/onerror): restore what a job that died left down, then stop
-        the server the run launched unless keep_running. Idempotent; leaves live outages to their holders."""
+        the server the run launched unless keep_running or another live run launched or uses it (Managed's
+        finish_launched). Idempotent; leaves live outages to their holders."""
         with host_lock(self.lock_file):
             current = self.current_outage()
             if current is not None and current.holders:
@@ -222,8 +253,7 @@ class ServerController:
                     self.record("resume", restored=False, reason="end of run: a launched server is not kept")
                 else:
                     self._end_outage(current)
-        self.stop_if_launched()
-
+        self.server.finish_launched()
 
     def reclaim(self, act: bool = True) -> str | None:
         """At the start of a workflow run (the Snakefile, when it loads): end what a run that died without its
@@ -235,8 +265,15 @@ class ServerController:
         say what a real run would do.
         """
         with host_lock(self.lock_file):
-            found, done = [], []
+            found, done, orphan_found, orphan_done = [], [], [], []
             current = self.current_outage()
+            if not (current is not None and current.holders):  # never under a live outage: the server is down
+                orphan = self.server.orphan()  # first: a variant left on the port would pass for the restored server
+                if orphan is not None:
+                    orphan_found.append(orphan)
+                    if act:
+                        self.server.stop_orphan()
+                        orphan_done.append("stopped that server with its process group")
             if current is not None and not current.holders:
                 since = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(current.since))
                 found.append(f"an outage that no live job holds (recorded in {self.outage_file} since {since})")
@@ -253,13 +290,7 @@ class ServerController:
                         except ServerError as error:
                             done.append(f"could not restore the server ({str(error).splitlines()[0][:300]}); the "
                                         f"record stays, and `{UP_COMMAND}` retries")
-            if not (current is not None and current.holders):  # never under a live outage: the server is down
-                orphan = self.server.orphan()
-                if orphan is not None:
-                    found.append(orphan)
-                    if act:
-                        self.server.stop_orphan()
-                        done.append("stopped that server with its process group")
+        found, done = found + orphan_found, done + orphan_done
         if not found:
             return None
         if not act:
@@ -271,7 +302,7 @@ class ServerController:
 
 
 @contextlib.contextmanager
-def server_paused(settings: dict[str, Any]) -> Iterator[ServerController]:
+def server_paused(settings: dict[str, Any], work: str = "extraction") -> Iterator[ServerController]:
     """Free the server's GPU for the block, and bring the server back after it if it was up.
 
     Jobs that pause at the same time share one outage: the server goes down once, their blocks run
@@ -291,6 +322,8 @@ def server_paused(settings: dict[str, Any]) -> Iterator[ServerController]:
     up`) retries the restore, and the end-of-run hook retries it or, for a launched server that the run stops
     anyway, says that it did not come back. A restore that fails after a failed block raises (the job fails
     either way), its message saying the same.
+    `work` names the block in transitions.jsonl (`<work>_start`, `<work>_end`): "extraction", or "profile" for
+    profile-server, so that the report's outage table counts each for what it was.
     """
     ctl = ServerController(settings)
     block_ok = False
@@ -299,13 +332,13 @@ def server_paused(settings: dict[str, Any]) -> Iterator[ServerController]:
             with guard.deferred():
                 ctl.join_outage()
             with host_lock(ctl.gpu_lock_file):  # one extraction at a time; the server stays down between them
-                ctl.record("extraction_start")
+                ctl.record(f"{work}_start")
                 try:
                     yield ctl
                 except BaseException as error:
-                    ctl.record("extraction_end", ok=False, error=type(error).__name__)
+                    ctl.record(f"{work}_end", ok=False, error=type(error).__name__)
                     raise
-                ctl.record("extraction_end", ok=True)
+                ctl.record(f"{work}_end", ok=True)
                 block_ok = True
         finally:
             guard.cleanup()
@@ -326,12 +359,13 @@ ACTIONS = {
           "went down), then launch it (managed), run start_command (external) or wait for it; while an "
           "extraction holds it down, wait for that job (at most outage_wait_s)",
     "down": "take the server down (stop it, or release its GPU memory) until `up` or `finish` brings it back",
-    "status": "print the state as JSON (base_url, kind, healthy, launched_pid, outage); exits 0 when the server "
+    "status": "print the state as JSON (base_url, kind, healthy, launched_pid, launch, outage); exits 0 when the server "
               "is healthy, 3 when it is not (as systemctl does)",
     "stop-launched": "stop the managed server that dflash-eval launched, with its whole process group, unless "
                      "keep_running; a server it did not launch is left alone",
     "finish": "the end-of-run hook (the Snakefile's onsuccess/onerror): restore what a job that died left down, "
-              "then stop-launched",
+              "then stop the server this run launched, unless keep_running or another live run launched or uses "
+              "it (a profile variant whose launcher is gone always)",
 }
 EXIT_STATUS = ("exit status: 0 done (status: healthy); 2 the settings are wrong or the server did not reach the "
                "state (the message says why); 3 from status: the server is not healthy")
@@ -361,6 +395,6 @@ def run(args: argparse.Namespace) -> int:
     healthy = ctl.is_healthy()
     current = ctl.current_outage()
     status = {"base_url": ctl.base_url, "kind": ctl.kind, "healthy": healthy, "launched_pid": ctl.launched_pid(),
-              "outage": None if current is None else vars(current)}
+              "launch": ctl.server.launch_facts(), "outage": None if current is None else vars(current)}
     print(json.dumps(status))
     return 0 if healthy else 3

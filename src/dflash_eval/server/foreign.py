@@ -17,6 +17,8 @@ from pathlib import Path
 from dflash_eval.server.processes import port_holder, process_facts
 from dflash_eval.server.runs import RUN_ENV, run_alive
 
+SIMULATE_ENV = "SGLANG_SIMULATE_ACC_LEN"  # SGLang 0.5.23 speculative/spec_utils.py: forces the acceptance length
+
 
 def whose(port: int, log_dir: str | Path) -> tuple[str, str]:
     """(who holds the port, what to do about it), in words for the error message."""
@@ -25,7 +27,10 @@ def whose(port: int, log_dir: str | Path) -> tuple[str, str]:
         return ("a process this host does not show (another user's, or one in a container behind a forwarded port)",
                 "stop it where it runs")
     facts = process_facts(pid)
+    switch = (facts["environ"] or {}).get(SIMULATE_ENV)  # SGLang's fake acceptance: never to be measured from
     who = f"pid {pid}" + (f" (`{facts['cmdline'][:200]}`)" if facts["cmdline"] else "")
+    if switch is not None:
+        who += f" with {SIMULATE_ENV}={switch} in its environment (a simulated-acceptance server)"
     cwd = facts["cwd"]
     if cwd is not None:
         who += f", started in {cwd}"

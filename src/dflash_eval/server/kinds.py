@@ -20,15 +20,16 @@ import logging
 import os
 import signal
 import subprocess
+import sys
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any, ClassVar
 
 from dflash_eval.errors import DflashEvalError
 from dflash_eval.io_utils import atomic_write_text
-from dflash_eval.server import foreign, gpu_memory
+from dflash_eval.server import foreign, gpu_memory, outage
 from dflash_eval.server.http import http_request, port_open, url_port
 from dflash_eval.server.processes import (
     group_alive,
@@ -93,6 +94,18 @@ class Server:
     def stop_launched(self) -> bool:
         """Stop the server dflash-eval launched, unless keep_running; True if one was stopped."""
         return False
+
+    def finish_launched(self) -> bool:
+        """End of a run: stop the server dflash-eval launched unless keep_running or another live run launched or
+        uses it (that run stops it at its own end); True if one was stopped."""
+        return False
+
+    def add_user(self, run: dict | None) -> None:
+        """Put workflow run `run` on record as one that fetches from the launched server (only managed)."""
+
+    def launch_facts(self) -> dict | None:
+        """The launch on record, for `server status` (only a managed server is launched)."""
+        return None
 
     def stop_leftovers(self) -> None:
         """Stop what is left of a launched server whose own process is gone (nothing for other kinds)."""
@@ -160,6 +173,35 @@ class Launch:
     command: str
     base_url: str
     owner: dict | None = None  # the workflow run that launched it (runs.py), None when launched by hand
+    launcher: dict | None = None  # the process that launched it (outage.this_process())
+    users: list[dict] = field(default_factory=list)  # other workflow runs that fetch from it (ensure_up)
+    variant: str | None = None  # a profile-server setting (e.g. acc-len-4): never the configured server
+    env: dict[str, str] = field(default_factory=dict)  # what the variant exports before `command`
+
+    def describe(self) -> str:
+        """What this launch is, in words for a message (a variant's switch and launcher named)."""
+        if self.variant is None:
+            return f"the managed server (pid {self.pid}, process group {self.pgid})"
+        exports = " ".join(f"{k}={v}" for k, v in self.env.items())
+        by = self.launcher or {}
+        state = "running" if by and outage.holder_alive(by) else "gone"
+        return (f"profile-server's variant {self.variant} (pid {self.pid}, process group {self.pgid}"
+                + (f", {exports}: a simulated-acceptance server, not the configured one" if exports else
+                   ": the configured command without speculation, not the configured server")
+                + f"), launched by profile-server pid {by.get('pid')} ({state}); its command: {self.command}")
+
+    def runs_using(self) -> list[dict]:
+        """The workflow runs that launched or use this server (the owner first)."""
+        return ([self.owner] if self.owner else []) + [u for u in self.users if not same_run(u, self.owner)]
+
+
+@dataclass(frozen=True)
+class Variant:
+    """A profile-server setting launched on the configured server's port and record (server.pid), so that every
+    cleanup path (the end-of-run hook, the next run's start, `server status`, `server finish`) sees it."""
+
+    name: str
+    env: dict[str, str]
 
 
 class Managed(Server):
@@ -168,9 +210,12 @@ class Managed(Server):
 
     kind = "managed"
 
-    def __init__(self, settings: dict[str, Any], transitions: Transitions) -> None:
+    def __init__(self, settings: dict[str, Any], transitions: Transitions, variant: Variant | None = None) -> None:
         super().__init__(settings, transitions)
-        self.pid_file = self.log_dir / "server.pid"
+        self.pid_file = self.log_dir / "server.pid"  # one record for every server this checkout launches
+        self.variant = variant
+        if variant is not None:
+            self.server_log = self.log_dir / "profile" / variant.name / "server.log"
         self._proc: subprocess.Popen[bytes] | None = None
 
     def launched(self) -> Launch | None:
@@ -185,7 +230,10 @@ class Managed(Server):
             launch = Launch(pid=pid, start_ticks=info.get("start_ticks"), pgid=int(info.get("pgid", pid)),
                             group_start_ticks=info.get("group_start_ticks", info.get("start_ticks")),
                             command=str(info.get("command")), base_url=str(info.get("base_url")),
-                            owner=info.get("owner") if isinstance(info.get("owner"), dict) else None)
+                            owner=info.get("owner") if isinstance(info.get("owner"), dict) else None,
+                            launcher=info.get("launcher") if isinstance(info.get("launcher"), dict) else None,
+                            users=[u for u in info.get("users") or [] if isinstance(u, dict)],
+                            variant=info.get("variant"), env=dict(info.get("env") or {}))
         except (OSError, ValueError, KeyError, TypeError):
             return None
         if self._proc is not None:
@@ -212,7 +260,27 @@ class Managed(Server):
         note("stopped")
         self._stop_group(launch)
 
+    @property
+    def _variant_name(self) -> str | None:
+        return None if self.variant is None else self.variant.name
+
+    def _clear_other(self, launch: Launch) -> None:
+        """The record names a launch other than this one (a profile variant, or the configured server while a
+        variant is to start): stop it when its launcher is gone, else say who holds the port."""
+        if launch.variant is None:
+            raise ServerError(f"{self.base_url}: {launch.describe()} is on record in {self.pid_file}; a profile "
+                              "variant starts only while the configured server is paused (profile-server pauses it)")
+        if launch.launcher is not None and outage.holder_alive(launch.launcher) \
+                and not same_run(launch.launcher, outage.this_process()):
+            raise ServerError(f"the port of {self.base_url} is held by {launch.describe()}: profile-server is "
+                              "measuring with it, and brings the configured server back when it ends; wait for it")
+        self._stop_group(launch, reason=f"{launch.variant} left running by profile-server pid "
+                                        f"{(launch.launcher or {}).get('pid')}, which is gone", variant=launch.variant)
+
     def start(self, how: str | None) -> None:
+        launch = self.launched()
+        if launch is not None and launch.variant != self._variant_name:
+            self._clear_other(launch)
         if self.is_up():
             self.check_ours()
             return
@@ -228,9 +296,25 @@ class Managed(Server):
         self._record_server_pid()
 
     def check_ours(self) -> None:
-        """A managed server is the one this checkout launched (its server.pid), never another's on the same port."""
-        if self.launched() is None:
+        """A managed server is the one this checkout launched (its server.pid), never another's on the same port,
+        and never a profile variant (a simulated acceptance length) taken for the configured server."""
+        launch = self.launched()
+        if launch is None:
             raise ServerError(self._not_ours())
+        if launch.variant != self._variant_name:
+            gone = launch.launcher is None or not outage.holder_alive(launch.launcher)
+            raise ServerError(
+                f"the server at {self.base_url} is {launch.describe()}, not "
+                + ("the configured server" if self.variant is None else f"variant {self.variant.name}") + ". "
+                + ("Its launcher is gone: `dflash-eval server finish --config config.yaml` stops it, and so does the "
+                   "next workflow run's start" if gone else
+                   "profile-server brings the configured server back when it ends: wait for it"))
+
+    def add_user(self, run: dict | None) -> None:
+        launch = self.launched()
+        if run is None or launch is None or any(same_run(run, r) for r in launch.runs_using()):
+            return
+        self._write(replace(launch, users=[u for u in launch.users if run_alive(u)] + [run]))
 
     def _not_ours(self) -> str:
         who, fix = foreign.whose(url_port(self.base_url), self.log_dir)
@@ -250,6 +334,36 @@ class Managed(Server):
         self._stop_group(launch, reason="stop-launched")
         return True
 
+    def finish_launched(self) -> bool:
+        launch = self.launched()
+        if launch is None:
+            return False
+        if launch.variant is not None:  # whatever keep_running says: a variant never outlives its profile-server
+            if launch.launcher is not None and outage.holder_alive(launch.launcher) \
+                    and not same_run(launch.launcher, outage.this_process()):
+                log.info("%s left running: profile-server still measures with it", launch.describe())
+                return False
+            self._stop_group(launch, reason=f"end of run: {launch.variant} outlived its profile-server",
+                             variant=launch.variant)
+            return True
+        if self.settings["keep_running"]:
+            log.info("server %s (pid %d) left running: keep_running is set", self.base_url, launch.pid)
+            return False
+        me = current_run()
+        others = [r for r in launch.runs_using() if not same_run(r, me) and run_alive(r)]
+        if others:  # their fetch would fail mid-request: the last run out stops it (the owner's end hands it on)
+            users = [u for u in launch.users if not same_run(u, me)]
+            owner = users.pop(0) if same_run(launch.owner, me) and users else launch.owner
+            self._write(replace(launch, owner=owner, users=users))
+            pids = ", ".join(str(r.get("pid")) for r in others)
+            log.warning("server %s (pid %d) left running: workflow run %s, still running, launched or uses it and "
+                        "stops it at its own end", self.base_url, launch.pid, pids)
+            self.transitions.record("kept", pid=launch.pid, runs=[r.get("pid") for r in others],
+                                    reason="another live run launched or uses it")
+            return False
+        self._stop_group(launch, reason="end of run")
+        return True
+
     def stop_leftovers(self) -> None:
         """A server killed by hand can leave processes of its group behind (workers holding the GPU)."""
         launch = self.launched()
@@ -261,9 +375,14 @@ class Managed(Server):
 
     def _orphan_launch(self) -> Launch | None:
         launch = self.launched()
-        if launch is None or launch.owner is None or self.settings["keep_running"]:
+        if launch is None:
             return None
-        if same_run(launch.owner, current_run()) or run_alive(launch.owner):
+        if launch.variant is not None:  # left by a profile-server that died (SIGKILL skips its `finally`)
+            return launch if launch.launcher is None or not outage.holder_alive(launch.launcher) else None
+        if launch.owner is None or self.settings["keep_running"]:
+            return None
+        me = current_run()
+        if any(same_run(r, me) or run_alive(r) for r in launch.runs_using()):
             return None
         return launch
 
@@ -271,14 +390,31 @@ class Managed(Server):
         launch = self._orphan_launch()
         if launch is None:
             return None
+        if launch.variant is not None:
+            return f"{launch.describe()}, still running at {self.base_url} after its launcher died"
         return (f"the managed server at {self.base_url} (pid {launch.pid}, process group {launch.pgid}) that run "
                 f"{launch.owner['pid']} launched is still running, and that run is gone without its end-of-run "
                 "hook (`dflash-eval server finish`)")
 
     def stop_orphan(self) -> None:
         launch = self._orphan_launch()
-        if launch is not None:
+        if launch is None:
+            return
+        if launch.variant is not None:
+            self._stop_group(launch, reason=f"{launch.variant} left running by profile-server pid "
+                                            f"{(launch.launcher or {}).get('pid')}, which is gone",
+                             variant=launch.variant)
+        else:
             self._stop_group(launch, reason=f"left running by run {launch.owner['pid']}, which is gone")
+
+    def launch_facts(self) -> dict | None:
+        """The launch on record, for `server status`: its pid, variant, owner and users, and whether they run."""
+        launch = self.launched()
+        if launch is None:
+            return None
+        return {"pid": launch.pid, "pgid": launch.pgid, "variant": launch.variant, "env": launch.env,
+                "launcher": launch.launcher and {**launch.launcher, "alive": outage.holder_alive(launch.launcher)},
+                "runs": [{**r, "alive": run_alive(r)} for r in launch.runs_using()], "command": launch.command}
 
     @property
     def stopped_at_end_of_run(self) -> bool:
@@ -296,7 +432,7 @@ class Managed(Server):
                 f"({self.settings['health_path']} does not answer 200) and that dflash-eval did not launch; "
                 "stop it or choose another port"
             )
-        self.log_dir.mkdir(parents=True, exist_ok=True)
+        self.server_log.parent.mkdir(parents=True, exist_ok=True)
         command = self.settings["command"]
         # Ctrl-C or SIGTERM between the fork and the record would leave a server that no server.pid names (issue
         # 32): they wait until it is written. The child starts with the default handlers (exec resets caught signals).
@@ -314,8 +450,10 @@ class Managed(Server):
             pid = self._proc.pid
             ticks = process_start_ticks(pid)
             self._write(Launch(pid=pid, start_ticks=ticks, pgid=pid, group_start_ticks=ticks, command=command,
-                               base_url=self.base_url, owner=current_run()))
-            self.transitions.record("launched", pid=pid, command=command)
+                               base_url=self.base_url, owner=current_run(), launcher=outage.this_process(),
+                               variant=self._variant_name, env=dict(self.variant.env) if self.variant else {}))
+            self.transitions.record("launched", pid=pid, command=command,
+                                    **({"variant": self._variant_name} if self.variant else {}))
 
     def _record_server_pid(self) -> None:
         """Once healthy, put the process that serves the port on record instead of the shell around it
@@ -333,7 +471,9 @@ class Managed(Server):
     def _stop_group(self, launch: Launch, **details: Any) -> None:
         """SIGTERM every process of the launch's group, SIGKILL them after stop_grace_s, then wait for the port
         to close; recorded before and after."""
-        self.transitions.record("stop_requested", pid=launch.pid, **details)
+        by_run = current_run()
+        self.transitions.record("stop_requested", pid=launch.pid, by_command=argv_text(),
+                                by_run=None if by_run is None else by_run.get("pid"), **details)
         grace = float(self.settings["stop_grace_s"])
         _signal_group(launch.pgid, signal.SIGTERM)
         if not self._wait_group_gone(launch.pgid, grace):
@@ -359,6 +499,13 @@ class Managed(Server):
             if time.monotonic() >= deadline:
                 return False
             time.sleep(POLL_S / 2)
+
+
+def argv_text() -> str:
+    """This process's command line (what stopped a server, in the transitions log), JSON arguments elided."""
+    words = [Path(sys.argv[0]).name] + ["JSON" if before in ("--settings", "--runtime") else word
+                                        for before, word in zip(sys.argv, sys.argv[1:])]
+    return " ".join(words)[:300]
 
 
 def _signal_group(pgid: int, signum: int) -> None:

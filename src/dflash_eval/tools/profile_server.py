@@ -21,7 +21,9 @@ requests), min and max, and how long its restart took. The file is a serving pro
 
 The server's state is restored afterwards, always: the variants run while the configured server is paused
 through control.server_paused (stopped if it was up, brought back after, also on SIGTERM and Ctrl-C); each
-variant is a Managed launch of its own (log under `<server.log_dir>/profile/<setting>/`) stopped in `finally`;
+variant is a Managed launch of its own on the configured server's record, `server.pid`, marked as a variant (its log
+under `<server.log_dir>/profile/<setting>/`), stopped in `finally` (and, after a SIGKILL, by the end-of-run hook or the
+next run's start);
 a server that was down before is stopped again after the served setting.
 """
 
@@ -31,6 +33,7 @@ import argparse
 import json
 import logging
 import math
+import re
 import shlex
 import statistics
 import time
@@ -44,16 +47,19 @@ from typing import Any
 from dflash_eval import completions
 from dflash_eval.cache.serving_profile import check_profile
 from dflash_eval.config import (
+    RUNTIME_HELP,
     load_config,
     profile_server_settings,
+    server_settings,
     settings_from_args,
     stage_settings,
 )
 from dflash_eval.errors import DflashEvalError
 from dflash_eval.io_utils import atomic_write_json
 from dflash_eval.server.control import ServerController, server_paused
+from dflash_eval.server.foreign import SIMULATE_ENV
 from dflash_eval.server.http import auth_headers, http_request
-from dflash_eval.server.kinds import Managed
+from dflash_eval.server.kinds import Managed, Variant
 from dflash_eval.server.signals import sigterm_raises
 from dflash_eval.speedup.labels import SERVER_PROFILE_FORMAT
 from dflash_eval.stats import median_ci
@@ -62,7 +68,7 @@ log = logging.getLogger(__name__)
 
 FORMAT = SERVER_PROFILE_FORMAT
 ENGINE = "sglang"
-SWITCH = "SGLANG_SIMULATE_ACC_LEN"  # speculative/spec_utils.py, read once at import: each value is a restart
+SWITCH = SIMULATE_ENV  # speculative/spec_utils.py, read once at import: each value is a restart
 SPEC_FLAG = "--speculative-"
 METRICS_FLAG = "--enable-metrics"  # without it 0.5.23's meta_info has no first_token_latency
 
@@ -84,6 +90,27 @@ def command_without_speculation(command: str) -> str:
         raise DflashEvalError(f"server.command has no {SPEC_FLAG}* flags, so it does not speculate and there is no "
                               "step time to measure: profile_server needs the speculating server's command")
     return shlex.join(kept)
+
+
+RUNTIME_ENV = "DFLASH_EVAL_PROFILE_SERVER_RUNTIME"  # the rule's --runtime, read by its shell command
+RUNTIME_KEYS = ("timeout_s",)  # profile_server keys that bound how long it waits, not what it measures
+PORT_FLAG = re.compile(r"(--port[= ]+)\d+")
+
+
+def measurement_params(config: dict[str, Any]) -> dict[str, Any]:
+    """What decides the profile, the profile_server rule's params (so Snakemake reruns it when they change): the
+    server's command, its port left out, and model, and profile_server's keys but RUNTIME_KEYS. How the server is
+    reached and handled (base_url, the port, health_timeout_s, stop_grace_s, ...) is `runtime`'s: changing it
+    re-profiles nothing (a restart per setting, minutes on a large target)."""
+    server = config["server"]
+    return {**{k: v for k, v in config["profile_server"].items() if k not in RUNTIME_KEYS},
+            "server": {"command": PORT_FLAG.sub(r"\1PORT", server.get("command") or ""), "model": server.get("model")}}
+
+
+def runtime(config: dict[str, Any]) -> dict[str, Any]:
+    """How the rule's job runs, passed as `--runtime` beside measurement_params: the whole server settings and
+    RUNTIME_KEYS (merged over --settings)."""
+    return {"server": server_settings(config), **{k: config["profile_server"][k] for k in RUNTIME_KEYS}}
 
 
 def problems(config: dict[str, Any]) -> list[str]:
@@ -221,15 +248,20 @@ def server_version(base_url: str, key_env: str | None) -> str | None:
 
 
 def variant(server: dict[str, Any], name: str, command: str, env: dict[str, str]) -> dict[str, Any]:
-    """Managed settings for one setting: its command (with `env` exported first, so that a compound command gets it
-    too) and a log directory of its own, so that its pid file never names the configured server's launch."""
+    """Managed settings for one setting: its command, with `env` exported first so that a compound command gets it
+    too. Its log_dir stays the configured server's: the variant goes on the same record (server.pid), marked as a
+    variant, so that every cleanup path finds it and none takes it for the configured server (kinds.Variant); only
+    its server.log is its own (`<log_dir>/profile/<setting>/`)."""
     exports = "".join(f"export {key}={shlex.quote(value)}; " for key, value in env.items())
-    return {**server, "command": exports + command, "log_dir": str(Path(server["log_dir"]) / "profile" / name)}
+    return {**server, "command": exports + command}
 
 
-def run_variant(settings: dict[str, Any], ctl: ServerController, work: Any) -> tuple[Any, float]:
-    """Launch one variant, wait for health, run `work(base_url)`, stop it (always); the result and the restart's s."""
-    server = Managed(settings, ctl.transitions)
+def run_variant(settings: dict[str, Any], ctl: ServerController, work: Any, name: str,
+                env: dict[str, str]) -> tuple[Any, float]:
+    """Launch one variant, wait for health, run `work(base_url)`, stop it (always); the result and the restart's s.
+    A SIGKILL skips the stop: the record then names the variant and its dead launcher, and the end-of-run hook or
+    the next run's start stops it."""
+    server = Managed(settings, ctl.transitions, Variant(name, env))
     started = time.monotonic()
     try:
         server.start(None)
@@ -255,7 +287,7 @@ def profile(settings: dict[str, Any], prompts: list[list[int]]) -> dict[str, Any
     settings_out, block = [], None
     ctl = ServerController(server)
     was_up = ctl.is_healthy()
-    with server_paused(server) as paused:
+    with server_paused(server, work="profile") as paused:
         for name, command, env, forced in variants:
             launch = variant(server, name, command, env)
 
@@ -266,7 +298,7 @@ def profile(settings: dict[str, Any], prompts: list[list[int]]) -> dict[str, Any
                 return measure(base, prompts, options, key_env, speculates=forced is not None, forced=forced,
                                block=block)
 
-            numbers, restart_s = run_variant(launch, paused, work)
+            numbers, restart_s = run_variant(launch, paused, work, name, env)
             settings_out.append({"name": name, SWITCH: None if forced is None else forced, "command": launch["command"],
                                  "restart_s": restart_s, **numbers})
             log.info("profile-server %s: %s", name, json.dumps(numbers["decode_ms_per_token"]))
@@ -314,6 +346,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     src.add_argument("--settings", help="profile_server's keys and `server` as JSON (what the workflow passes; "
                                         "docs/contracts.md)")
     src.add_argument("--config", help="config.yaml, to run by hand")
+    parser.add_argument("--runtime", help=RUNTIME_HELP)
     parser.add_argument("--completions", required=True,
                         help="a completions JSONL (results/completions/{dataset}.jsonl) whose prompts the requests send")
     parser.add_argument("--out", required=True, help="the profile JSON to write")
