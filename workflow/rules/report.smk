@@ -18,6 +18,47 @@ if date_kept_report_before_inputs(
     )
 
 
+# What users hand on from each evaluation, beside its metrics.json: the speculation profile and a reproducible
+# record (dflash-eval export, src/dflash_eval/report/export.py), made from the evaluation's own files.
+PROFILE = f"{RESULTS}/eval/{{drafter}}/{{dataset}}/speculation_profile.json"  # export -> report
+RECORD = f"{RESULTS}/eval/{{drafter}}/{{dataset}}/record.json"  # export
+
+
+def export_settings(wildcards) -> str:
+    """The profile's buckets and bootstrap, and the settings the record keeps (the evaluation's and its fetch's)."""
+    return settings_param(
+        {
+            "context_buckets": config["report"]["context_buckets"],
+            "bootstrap": config["evaluation"]["bootstrap"],
+            "seed": config["evaluation"]["seed"],
+            "evaluate": cfg.evaluate_settings(
+                config, wildcards.drafter, wildcards.dataset
+            ),
+            "fetch": cfg.fetch_params(config, wildcards.dataset),
+        }
+    )
+
+
+rule export:
+    input:
+        metrics=METRICS,
+        samples=SAMPLES,
+        completions=COMPLETIONS,
+        hidden=lambda w: hidden_cache(w.drafter, w.dataset),
+    output:
+        profile=PROFILE,
+        record=RECORD,
+    log:
+        f"{LOGS}/export/{{drafter}}/{{dataset}}.log",
+    params:
+        settings=export_settings,
+        code=code_fingerprint("export"),
+    shell:
+        "dflash-eval --log {log} export --settings {params.settings:q} --metrics {input.metrics}"
+        " --samples {input.samples} --completions {input.completions} --hidden {input.hidden}"
+        " --profile {output.profile} --record {output.record} 2>> {log}"
+
+
 rule report:
     input:
         metrics=expand(
@@ -30,6 +71,11 @@ rule report:
         completions=expand(COMPLETIONS, dataset=list(config["datasets"])),
         backends=backend_comparisons,
         server_profile=server_profile_inputs,
+        exports=expand(
+            [PROFILE, RECORD],
+            drafter=list(config["drafters"]),
+            dataset=list(config["datasets"]),
+        ),
     output:
         **REPORT_OUTPUTS,
     log:
