@@ -19,9 +19,8 @@ if date_kept_report_before_inputs(
 
 
 # What users hand on from each evaluation, beside its metrics.json: the speculation profile and a reproducible
-# record (dflash-eval export, src/dflash_eval/report/export.py), made from the evaluation's own files.
-PROFILE = f"{RESULTS}/eval/{{drafter}}/{{dataset}}/speculation_profile.json"  # export -> report
-RECORD = f"{RESULTS}/eval/{{drafter}}/{{dataset}}/record.json"  # export
+# record (dflash-eval export, src/dflash_eval/report/export.py), made from the evaluation's own files. Not an input
+# of the report (summary.csv names each profile's path): `rule all` asks for them (common.smk's report_intermediates).
 
 
 def export_settings(wildcards) -> str:
@@ -71,11 +70,6 @@ rule report:
         completions=expand(COMPLETIONS, dataset=list(config["datasets"])),
         backends=backend_comparisons,
         server_profile=server_profile_inputs,
-        exports=expand(
-            [PROFILE, RECORD],
-            drafter=list(config["drafters"]),
-            dataset=list(config["datasets"]),
-        ),
     output:
         **REPORT_OUTPUTS,
     log:
