@@ -23,21 +23,6 @@ if date_kept_report_before_inputs(
 # of the report (summary.csv names each profile's path): `rule all` asks for them (common.smk's report_intermediates).
 
 
-def export_settings(wildcards) -> str:
-    """The profile's buckets and bootstrap, and the settings the record keeps (the evaluation's and its fetch's)."""
-    return settings_param(
-        {
-            "context_buckets": config["report"]["context_buckets"],
-            "bootstrap": config["evaluation"]["bootstrap"],
-            "seed": config["evaluation"]["seed"],
-            "evaluate": cfg.evaluate_settings(
-                config, wildcards.drafter, wildcards.dataset
-            ),
-            "fetch": cfg.fetch_params(config, wildcards.dataset),
-        }
-    )
-
-
 rule export:
     input:
         metrics=METRICS,
@@ -50,7 +35,16 @@ rule export:
     log:
         f"{LOGS}/export/{{drafter}}/{{dataset}}.log",
     params:
-        settings=export_settings,
+        # the profile's buckets and bootstrap, and the settings the record keeps (the evaluation's and its fetch's)
+        settings=lambda w: settings_param(
+            {
+                "context_buckets": config["report"]["context_buckets"],
+                "bootstrap": config["evaluation"]["bootstrap"],
+                "seed": config["evaluation"]["seed"],
+                "evaluate": cfg.evaluate_settings(config, w.drafter, w.dataset),
+                "fetch": cfg.fetch_params(config, w.dataset),
+            }
+        ),
         code=code_fingerprint("export"),
     shell:
         "dflash-eval --log {log} export --settings {params.settings:q} --metrics {input.metrics}"
