@@ -47,7 +47,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--profile", help="output: speculation_profile.json")
     parser.add_argument("--record", help="output: record.json")
     parser.add_argument("--check", metavar="RECORD", help="re-read a record.json and check it against the files it "
-                                                          "names; exit 1 and list what differs")
+                                                          "names (relative paths: from the project directory, as "
+                                                          "the workflow wrote them); exit 1 and list what differs")
 
 
 def installed_versions() -> dict[str, str]:
