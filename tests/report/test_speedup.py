@@ -76,7 +76,7 @@ def profiled(tmp_path_factory):
 def test_csv_appends_the_estimate_after_the_earlier_columns(out):
     assert summary.COLUMNS[:len(EARLIER_COLUMNS)] == EARLIER_COLUMNS
     assert summary.COLUMNS[len(EARLIER_COLUMNS):] == ["expected_speedup", "speedup_source", "best_ddtree_budget"]
-    assert list(pd.read_csv(out / "summary.csv").columns) == summary.COLUMNS
+    assert list(pd.read_csv(out / "summary.csv").columns) == summary.COLUMNS + summary.HANDOFF_COLUMNS
 
 
 def test_no_profile_leaves_the_estimate_empty_and_says_so(out):

@@ -24,7 +24,7 @@ from tests.report.fixtures import (
 
 def test_csv_numbers_equal_the_metrics(out):
     table = pd.read_csv(out / "summary.csv")
-    assert list(table.columns) == summary.COLUMNS
+    assert list(table.columns) == summary.COLUMNS + summary.HANDOFF_COLUMNS
     assert list(zip(table.drafter, table.dataset, table.method)) == [
         (*key, method) for key in TAUS for method in ("chain-B2", "chain-B4", "ddtree-8")]   # config order
     for row in table.itertuples():
@@ -104,7 +104,7 @@ def test_a_sampled_evaluation_adds_its_scheme_and_parameters_and_a_greedy_one_ke
     the columns it had, so its bytes do not change."""
     greedy = [summary.read_metrics(path) for path in write_metrics(tmp_path)]  # in TAUS order, samples.csv beside
     frame = summary.summary_frame(summary.summary_rows(greedy, SETTINGS))
-    assert list(frame.columns) == summary.COLUMNS
+    assert list(frame.columns) == summary.COLUMNS + summary.HANDOFF_COLUMNS
     sampled = metrics_dict("step-1000", "gsm8k")
     sampled["sampling"] = [{"temperature": 0.7, "top_p": 0.95, "top_k": -1, "min_p": 0.0}]  # as evaluate writes it
     sampled["rejection"] = {"scheme": "rejection", "methods": {"chain-B4": {
@@ -114,7 +114,7 @@ def test_a_sampled_evaluation_adds_its_scheme_and_parameters_and_a_greedy_one_ke
     evaluations = [summary.Evaluation(greedy[0].path, sampled), *greedy[1:]]
     rows = summary.summary_rows(evaluations, SETTINGS)
     frame = summary.summary_frame(rows)
-    assert list(frame.columns) == summary.COLUMNS + summary.SAMPLING_COLUMNS
+    assert list(frame.columns) == summary.COLUMNS + summary.SAMPLING_COLUMNS + summary.HANDOFF_COLUMNS
     mine = frame[(frame.drafter == "step-1000") & (frame.dataset == "gsm8k")]
     assert list(zip(mine.method, mine.scheme)) == [("chain-B2", "target_only"), ("chain-B4", "target_only"),
                                                    ("ddtree-8", "target_only"), ("chain-B4", "rejection")]

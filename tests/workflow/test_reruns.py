@@ -14,13 +14,14 @@ from pathlib import Path
 
 import pytest
 
+from dflash_eval.bench import workflow as bench
 from dflash_eval.bench.workflow import (
     add_hf_drafter,
     check,
     copy_workflow,
+    fold_exports,
     job,
     load_config,
-    plan,
     save_config,
     snakemake,
     tiny_project,
@@ -28,6 +29,11 @@ from dflash_eval.bench.workflow import (
 )
 
 ALL_EVALS = {job("evaluate", d, s) for d in "ab" for s in ("d1", "d2")}
+
+
+def plan(workflow: Path, root: Path, *args: str) -> set[str]:
+    """The dry-run plan, each evaluation's export folded into it (test_an_evaluations_export_follows_it unfolded)."""
+    return fold_exports(bench.plan(workflow, root, *args))
 
 
 @pytest.fixture(scope="module")
@@ -95,7 +101,7 @@ def test_layer_list_change_extracts_the_new_set_and_keeps_the_old_cache(case):
                 job("evaluate", "b", "d1"), job("evaluate", "b", "d2"), job("report")}
     assert plan(workflow, root) == expected
     check(snakemake(workflow, root))
-    ran = set((root / "calls.log").read_text().splitlines())
+    ran = fold_exports(set((root / "calls.log").read_text().splitlines()))
     assert ran == expected, "the real run ran exactly the planned jobs"
     assert (root / "results" / "hidden" / "d1" / "L1-2" / "manifest.json").exists(), "old layer set's cache kept"
     assert (root / "results" / "hidden" / "d1" / "L1-3" / "manifest.json").exists()
@@ -234,7 +240,7 @@ def test_step_directory_expands_to_one_evaluation_per_step_and_new_steps_add_onl
     config["drafters"]["run"] = {"path": "ckpt/run", "layer_ids": [1, 2], "trained_with": "torch"}
     save_config(root, config)
     check(snakemake(workflow, root))
-    ran = set((root / "calls.log").read_text().splitlines())
+    ran = fold_exports(set((root / "calls.log").read_text().splitlines()))
     assert ran == {job("evaluate", f"run-step{s}", d) for s in (100, 200) for d in ("d1", "d2")} | {job("report")}
     stamp = json.loads((root / "results" / "eval" / "run-step200" / "d1" / "metrics.json").read_text())
     settings = json.loads(stamp["settings"])  # what the evaluate stage received
@@ -247,3 +253,15 @@ def test_step_directory_expands_to_one_evaluation_per_step_and_new_steps_add_onl
     new_step = {job("evaluate", "run-step300", "d1"), job("evaluate", "run-step300", "d2")}
     assert plan(workflow, root) == new_step | {job("report")}
     assert plan(workflow, root, "--config", "only=run") == new_step  # the directory's name selects its steps
+
+
+def test_an_evaluations_export_follows_it_and_the_profiles_buckets_rerun_only_the_exports(case):
+    workflow, root = case
+    write_bytes(root / "ckpt" / "a" / "model.safetensors", 2048, seed=96)
+    a = {job(rule, "a", s) for rule in ("evaluate", "export") for s in ("d1", "d2")}
+    assert bench.plan(workflow, root) == a | {job("report")}
+    write_bytes(root / "ckpt" / "a" / "model.safetensors", 2048, seed=10)  # back to the base run's bytes
+    config = load_config(root)
+    config["report"] = {**config.get("report", {}), "context_buckets": [64, 4096]}
+    save_config(root, config)
+    assert bench.plan(workflow, root) == {job("export", d, s) for d in "ab" for s in ("d1", "d2")} | {job("report")}

@@ -30,6 +30,8 @@ HIDDEN = f"{RESULTS}/hidden/{{dataset}}/{{layerset}}"  # extract -> evaluate, re
 METRICS = f"{RESULTS}/eval/{{drafter}}/{{dataset}}/metrics.json"  # evaluate -> report
 BACKENDS = f"{RESULTS}/backends/{{drafter}}/{{dataset}}/{{dtype}}.json"  # compare_backends -> report
 SAMPLES = f"{RESULTS}/eval/{{drafter}}/{{dataset}}/samples.csv"  # evaluate -> report
+PROFILE = f"{RESULTS}/eval/{{drafter}}/{{dataset}}/speculation_profile.json"  # export (report.smk)
+RECORD = f"{RESULTS}/eval/{{drafter}}/{{dataset}}/record.json"  # export (report.smk)
 SERVER_PROFILE = f"{RESULTS}/server_profile.json"  # profile_server -> report (opt-in)
 
 
@@ -255,13 +257,14 @@ def backend_comparisons(wildcards=None) -> list[str]:
 
 
 def report_intermediates() -> list[str]:
-    """Every file and cache the report is made from (the report rule's inputs, resolved)."""
+    """Every file and cache the report is made from (the report rule's inputs, resolved), and each evaluation's export."""
     drafters, datasets = list(config["drafters"]), list(config["datasets"])
     return [
         *expand(COMPLETIONS, dataset=datasets),
         *report_caches(),
         *expand(METRICS, drafter=drafters, dataset=datasets),
         *expand(SAMPLES, drafter=drafters, dataset=datasets),
+        *expand([PROFILE, RECORD], drafter=drafters, dataset=datasets),
         *backend_comparisons(),
         *server_profile_inputs(),  # a missing server_profile.json is rebuilt by a plain run, as the rest is
     ]

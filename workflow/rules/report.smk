@@ -18,6 +18,40 @@ if date_kept_report_before_inputs(
     )
 
 
+# What users hand on from each evaluation, beside its metrics.json: the speculation profile and a reproducible
+# record (dflash-eval export, src/dflash_eval/report/export.py), made from the evaluation's own files. Not an input
+# of the report (summary.csv names each profile's path): `rule all` asks for them (common.smk's report_intermediates).
+
+
+rule export:
+    input:
+        metrics=METRICS,
+        samples=SAMPLES,
+        completions=COMPLETIONS,
+        hidden=lambda w: hidden_cache(w.drafter, w.dataset),
+    output:
+        profile=PROFILE,
+        record=RECORD,
+    log:
+        f"{LOGS}/export/{{drafter}}/{{dataset}}.log",
+    params:
+        # the profile's buckets and bootstrap, and the settings the record keeps (the evaluation's and its fetch's)
+        settings=lambda w: settings_param(
+            {
+                "context_buckets": config["report"]["context_buckets"],
+                "bootstrap": config["evaluation"]["bootstrap"],
+                "seed": config["evaluation"]["seed"],
+                "evaluate": cfg.evaluate_settings(config, w.drafter, w.dataset),
+                "fetch": cfg.fetch_params(config, w.dataset),
+            }
+        ),
+        code=code_fingerprint("export"),
+    shell:
+        "dflash-eval --log {log} export --settings {params.settings:q} --metrics {input.metrics}"
+        " --samples {input.samples} --completions {input.completions} --hidden {input.hidden}"
+        " --profile {output.profile} --record {output.record} 2>> {log}"
+
+
 rule report:
     input:
         metrics=expand(

@@ -35,7 +35,7 @@ command, rest = args[0], args[1:]
 opts = {{rest[i]: rest[i + 1] for i in range(len(rest) - 1) if rest[i].startswith("--")}}
 stamp = json.dumps({{"command": command, "settings": opts.get("--settings")}}, sort_keys=True)
 outputs = {{"fetch": ["--out"], "extract": ["--out"], "evaluate": ["--metrics", "--samples"],
-           "report": ["--csv", "--md", "--trust"]}}.get(command, [])
+           "export": ["--profile", "--record"], "report": ["--csv", "--md", "--trust"]}}.get(command, [])
 if outputs:
     with open("calls.log", "a") as log:
         log.write(f"{{command}} {{opts[outputs[0]]}}\n")
@@ -241,6 +241,16 @@ def job(rule: str, *parts: str) -> str:
         "fetch": lambda dataset: f"results/completions/{dataset}.jsonl",
         "extract": lambda dataset, layers: f"results/hidden/{dataset}/{layers}",
         "evaluate": lambda drafter, dataset: f"results/eval/{drafter}/{dataset}/metrics.json",
+        "export": lambda drafter, dataset: f"results/eval/{drafter}/{dataset}/speculation_profile.json",
         "report": lambda: "results/summary.csv",
     }
     return f"{rule} {paths[rule](*parts)}"
+
+
+def fold_exports(jobs: set[str]) -> set[str]:
+    """`jobs` without the export job of each evaluation that is among them: an export follows exactly its
+    evaluation, so the rerun tests state the evaluations (an export planned alone stays)."""
+    evaluated = {j.removesuffix("/metrics.json") for j in jobs if j.startswith("evaluate ")}
+    return {j for j in jobs if not (j.startswith("export ") and
+                                    "evaluate " + j.removeprefix("export ").removesuffix("/speculation_profile.json")
+                                    in evaluated)}

@@ -165,6 +165,9 @@ def draw_tau_vs_step(data: PlotData) -> Any:
         axes.plot(steps, [r["tau_mean_of_samples"] for r in points], marker="o", color=color, label=label)
         axes.fill_between(steps, [r["ci_low"] for r in points], [r["ci_high"] for r in points], color=color,
                           alpha=0.2)
+        for best in (r for r in points if r.get("best_step") is True):  # report/best_checkpoint.py's choice
+            axes.plot([int(best["training_step"])], [best["tau_mean_of_samples"]], marker="*", markersize=18,
+                      color=color, markeredgecolor="black", linestyle="none")
         drawn += 1
     if not drawn:
         _nothing_to_show(axes, "No training run with two or more checkpoints of known step:\n"
@@ -174,7 +177,8 @@ def draw_tau_vs_step(data: PlotData) -> Any:
         axes.set_ylabel(TAU_LABEL)
         axes.grid(alpha=0.3)
         _legend(axes, "training run / dataset" if several_runs else "dataset")
-    axes.set_title("DFlash drafters: tau (z-lab mean, own block size) against training step, 95% CI band")
+    axes.set_title("DFlash drafters: tau (z-lab mean, own block size) against training step, 95% CI band\n"
+                   "★ best step of its run (paired against the runner-up in summary.md)")
     return figure
 
 

@@ -22,7 +22,9 @@ from dflash_eval.io_utils import (
 )
 from dflash_eval.report import (
     backends,
+    best_checkpoint,
     engine_timing,
+    export,
     markdown,
     plots,
     profile_agreement,
@@ -59,6 +61,7 @@ def run(args: argparse.Namespace) -> int:
     summary.check_settings(settings)
     evaluations = summary.collect(settings, args.metrics)
     rows = summary.summary_rows(evaluations, settings)
+    best = best_checkpoint.mark(rows, evaluations, settings)
     panel = trust.panel(evaluations, settings, args.hidden, args.completions,
                         args.transitions or settings.get("transitions"))
     panel["engine_timing"] = engine_timing.panel({e.key: e.metrics for e in evaluations}, settings, args.completions)
@@ -67,6 +70,7 @@ def run(args: argparse.Namespace) -> int:
                                                               {e.key: e.metrics for e in evaluations}, settings)
     panel["speedup_validation"] = validation.panel(markdown.estimate_sources(evaluations))
     panel["serving_profiles"] = profile_agreement.panel(evaluations)
+    panel["best_checkpoints"] = [b.as_dict() for b in best]
     panel["warnings"] = markdown.trust_warnings(panel)
     comparisons = backends.load(args.backend_comparisons)
     if comparisons:
@@ -77,6 +81,7 @@ def run(args: argparse.Namespace) -> int:
     page = markdown.render(served, evaluations, settings, panel)
     if len(served) < len(rows):
         page = page.rstrip("\n") + "\n\n" + "\n".join(markdown.rejection_table(rows, settings))
+    page = page.rstrip("\n") + "\n\n" + "\n".join(best_checkpoint.lines(best) + export.lines())
     if comparisons:  # after the diagnostics: what the other kernel backend would have done to tau
         page = page.rstrip("\n") + "\n\n" + "\n".join(backends.lines(comparisons))
     pngs = {Path(args.plot_dir) / plot.file: plots.png(plot, data) for plot in plots.PLOTS.values()}

@@ -23,6 +23,7 @@ from dflash_eval.completions import prompt_cluster
 from dflash_eval.errors import DflashEvalError
 from dflash_eval.io_utils import read_json_object
 from dflash_eval.methods import chain_method, sort_key
+from dflash_eval.report import speculation_profile
 from dflash_eval.speedup import labels as speedup
 
 log = logging.getLogger(__name__)
@@ -39,6 +40,11 @@ COLUMNS = [
 SAMPLING_COLUMNS = ["scheme", "temperature", "top_p", "top_k", "min_p",
                     # the rejection scheme's samples with a token outside dflash's support (evaluate/rejection.py)
                     "outside_support_samples", "outside_support_share"]
+# Appended last: the evaluation's speculation profile (beside its metrics.json) and, on the own-chain rows of a
+# training run's checkpoints, whether it is the run's best step and its paired difference to the runner-up
+# (report/best_checkpoint.py); the columns before them keep their values.
+HANDOFF_COLUMNS = ["speculation_profile", "best_step", "runner_up", "diff_vs_runner_up", "runner_up_ci_low",
+                   "runner_up_ci_high"]
 
 
 @dataclass(frozen=True)
@@ -199,6 +205,7 @@ def method_rows(evaluation: Evaluation, spec: dict) -> list[dict]:
             "diff_vs_reference": math.nan, "diff_ci_low": math.nan, "diff_ci_high": math.nan, "verdict": "",
             "expected_speedup": _float(numbers.get("expected_speedup")), "speedup_source": source,
             "best_ddtree_budget": best, **sampling_fields(metrics, "target_only"),
+            "speculation_profile": str(evaluation.path.with_name(speculation_profile.FILE)),
         })
     return rows + rejection_rows(evaluation, spec)
 
@@ -317,7 +324,7 @@ def summary_rows(evaluations: list[Evaluation], settings: dict) -> list[dict]:
 def summary_frame(rows: list[dict]) -> pd.DataFrame:
     """The CSV's table; the nullable integer step keeps "1000" from becoming "1000.0"."""
     sampled = any(row["scheme"] != "target_only" or row["temperature"] != 0 for row in rows)  # NaN: several
-    frame = pd.DataFrame(rows, columns=COLUMNS + (SAMPLING_COLUMNS if sampled else []))
+    frame = pd.DataFrame(rows, columns=COLUMNS + (SAMPLING_COLUMNS if sampled else []) + HANDOFF_COLUMNS)
     for column in ("training_step", "steps", *(["top_k"] if sampled else [])):
         frame[column] = frame[column].astype("Int64")
     frame["budget"] = frame["budget"].astype("Int64")
