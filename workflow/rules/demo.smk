@@ -56,12 +56,17 @@ rule demo_drafters:
         f"{LOGS}/demo/drafters.log",
     benchmark:
         f"{BENCH}/demo/drafters.tsv"
-    threads: 2
+    # every core it is given: two torch threads per process (they decide the bits) and one worker process per
+    # two cores for the target's greedy training completions (the same bits for any number of workers)
+    threads: workflow.cores
     params:
         seed=DEMO["seed"],
         steps=" ".join(str(s) for s in DEMO_STEPS),
+        torch_threads=lambda w, threads: min(threads, 2),
+        workers=lambda w, threads: max(1, threads // 2),
         target=lambda w, input: os.path.dirname(input[0]),
         out=lambda w, output: os.path.dirname(os.path.dirname(output.checkpoints[0])),
     shell:
         "dflash-eval --log {log} demo-drafters --target {params.target} --out {params.out}"
-        " --steps {params.steps} --seed {params.seed} --threads {threads} > /dev/null 2>> {log}"
+        " --steps {params.steps} --seed {params.seed} --threads {params.torch_threads} --workers {params.workers}"
+        " > /dev/null 2>> {log}"
