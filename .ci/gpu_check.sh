@@ -5,6 +5,7 @@
 #   .ci/gpu_check.sh tests   install (.[gpu], then the test command: .[test] and the fast suite), and -m gpu
 #   .ci/gpu_check.sh demo    install (.[gpu]), and the GPU demo: snakemake --cores 16 --configfile config/gpu.yaml
 #   .ci/gpu_check.sh all     both, in that order
+#   .ci/gpu_check.sh sampled     the demo's models (timed per rule), then benchmarks/fidelity_sampled.py at T 0.7
 #   .ci/gpu_check.sh demo-warm   the demo again on the same machine: results/ made anew, the demo models kept
 #   .ci/gpu_check.sh tests-start    the same tests, the fast suite detached (setsid) so that it outlives this
 #                                   call (one device call runs at most 600 s; the suite took 888 s on an H200);
@@ -90,5 +91,15 @@ if [ "$what" = demo ] || [ "$what" = all ] || [ "$what" = demo-warm ]; then
     cp results/summary.md "$OUT/" 2>/dev/null
     python3 .ci/rule_times.py results/benchmarks > "$OUT/rule_times.md" 2>&1; cat "$OUT/rule_times.md" >> "$summary"
     tar czf "$OUT/demo_logs.tgz" results/logs results/benchmarks results/trust.json results/summary.csv 2>/dev/null
+fi
+if [ "$what" = sampled ]; then
+    # the demo's models through the workflow's own rules (each timed), then the check at T > 0 on them
+    step demo_build 250 'snakemake --cores 16 --configfile config/gpu.yaml resources/demo/drafters/step900/config.json'
+    python3 .ci/rule_times.py results/benchmarks > "$OUT/build_times.md" 2>&1; cat "$OUT/build_times.md" >> "$summary"
+    step fidelity_sampled 290 "python benchmarks/fidelity_sampled.py --target resources/demo/target \
+        --drafter resources/demo/drafters/step900 --prompts resources/prompts/demo_code.jsonl --device cuda:0 \
+        --backend fla --dtypes bfloat16 float32 --samples 16 --n 2 --runs 200 --mc-dtypes bfloat16 \
+        --server-threads 8 --record $OUT/fidelity_sampled.md --json $OUT/fidelity_sampled.json"
+    tail -n 40 "$OUT/fidelity_sampled.log" >> "$summary"
 fi
 cat "$summary"
