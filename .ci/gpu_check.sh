@@ -94,7 +94,7 @@ if [ "$what" = demo ] || [ "$what" = all ] || [ "$what" = demo-warm ]; then
 fi
 if [ "$what" = sampled ]; then
     # the demo's models through the workflow's own rules (each timed), then the check at T > 0 on them
-    step demo_build 250 'snakemake --cores 16 --configfile config/gpu.yaml resources/demo/drafters/step900/config.json'
+    step demo_build 250 'snakemake resources/demo/drafters/step900/config.json --cores 16 --configfile config/gpu.yaml'
     python3 .ci/rule_times.py results/benchmarks > "$OUT/build_times.md" 2>&1; cat "$OUT/build_times.md" >> "$summary"
     step fidelity_sampled 290 "python benchmarks/fidelity_sampled.py --target resources/demo/target \
         --drafter resources/demo/drafters/step900 --prompts resources/prompts/demo_code.jsonl --device cuda:0 \
