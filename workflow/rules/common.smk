@@ -8,7 +8,7 @@ from dflash_eval import config as cfg
 from dflash_eval.errors import DflashEvalError
 from dflash_eval.fetch.prompts import load_prompts, order_free_digest
 from dflash_eval.report.plots import PLOTS
-from dflash_eval.provenance.code_version import code_fingerprint
+from dflash_eval.provenance.identity import stage_identity
 from dflash_eval.provenance.fingerprint import FingerprintCache
 from dflash_eval.io_utils import sha256_file
 from dflash_eval.speedup import validation
@@ -31,6 +31,15 @@ METRICS = f"{RESULTS}/eval/{{drafter}}/{{dataset}}/metrics.json"  # evaluate -> 
 BACKENDS = f"{RESULTS}/backends/{{drafter}}/{{dataset}}/{{dtype}}.json"  # compare_backends -> report
 SAMPLES = f"{RESULTS}/eval/{{drafter}}/{{dataset}}/samples.csv"  # evaluate -> report
 SERVER_PROFILE = f"{RESULTS}/server_profile.json"  # profile_server -> report (opt-in)
+
+
+def code_prefix(stage: str) -> str:
+    """The stage's code identity at the head of its rule's shell command: Snakemake's own `code` rerun trigger compares
+    a rule's shell command, so a change of the code that decides the stage's outputs reruns it (not a param: a
+    campaign pins its code with `--rerun-triggers mtime params input software-env`, settings still counting).
+    The stage reads it as DFLASH_EVAL_CODE to tell whether it runs the code that was planned (docs/reruns.md).
+    """
+    return f"DFLASH_EVAL_CODE={stage_identity(stage)} "
 
 
 def settings_param(settings: dict) -> str:

@@ -21,7 +21,7 @@ if config["profile_server"]["enabled"]:
             server_lock=1,
         params:
             settings=settings_param(cfg.profile_server_settings(config)),
-            code=code_fingerprint("profile-server"),
         shell:
-            "dflash-eval --log {log} profile-server --settings {params.settings:q}"
+            code_prefix("profile-server")
+            + "dflash-eval --log {log} profile-server --settings {params.settings:q}"
             " --completions {input.completions} --out {output} 2>> {log}"

@@ -39,12 +39,12 @@ rule report:
     params:
         settings=checked_report_settings,
         plot_dir=plot_dir,
-        code=code_fingerprint("report"),
         validation=VALIDATION_RECORD,
         failed=REPORT_FAILED,
         server_profile=server_profile_arg,
     shell:
-        "dflash-eval --log {log} report --settings {params.settings:q} --metrics {input.metrics}"
+        code_prefix("report")
+        + "dflash-eval --log {log} report --settings {params.settings:q} --metrics {input.metrics}"
         " --hidden {input.hidden} --completions {input.completions} --csv {output.csv} --md {output.md}"
         " --trust {output.trust} --plot-dir {params.plot_dir} --backend-comparisons {input.backends} {params.server_profile} 2>> {log}"
         " || {{ date -u +%Y-%m-%dT%H:%M:%SZ > {params.failed}; exit 1; }}"

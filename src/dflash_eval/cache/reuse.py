@@ -32,10 +32,10 @@ from dflash_eval.io_utils import sha256_file
 
 log = logging.getLogger(__name__)
 
-# The modules whose code decides the states' values (the forward, its hooks, the kernels, the loading):
-# a change of any of them makes the kept states another computation's.
-STATE_CODE = ("extract/capture.py", "extract/backends.py", "extract/target.py")
 _PACKAGE = Path(__file__).resolve().parents[1]
+# STATE_CODE's key as it was made before code identities (raw bytes of these files), accepted once so that the
+# first rerun after the upgrade copies kept states instead of computing them (docs/reruns.md, "Upgrading").
+_LEGACY_STATE_FILES = ("extract/capture.py", "extract/backends.py", "extract/target.py")
 _HASH_THREADS = 4  # sha256 releases the GIL; a few threads keep up with a fast disk
 
 
@@ -44,10 +44,10 @@ def kept_dir(out: Path) -> Path:
     return out.with_name(f"{out.name}.kept")
 
 
-def state_code_hash() -> str:
-    """sha256 of the source of the modules in STATE_CODE."""
+def legacy_state_code_hash() -> str:
+    """The kept states' code key of the releases before code identities: sha256 of the three files' bytes."""
     digest = hashlib.sha256()
-    for name in STATE_CODE:
+    for name in _LEGACY_STATE_FILES:
         digest.update(name.encode() + b"\n" + (_PACKAGE / name).read_bytes())
     return digest.hexdigest()
 
@@ -80,7 +80,8 @@ def keep_published(out: Path) -> None:
 class KeptStates:
     """The samples of `<out>.kept/` that a rerun with `state_key` may copy instead of computing."""
 
-    def __init__(self, out: Path, state_key: str) -> None:
+    def __init__(self, out: Path, state_key: str, also: Sequence[str] = ()) -> None:
+        """`also`: other state keys that name the same states (the key as the previous release made it)."""
         self.directory = kept_dir(out)
         self.manifest: dict[str, Any] | None = None
         self.usable: dict[str, dict[str, Any]] = {}  # sample id -> kept manifest entry, tokens and shard checked
@@ -90,11 +91,14 @@ class KeptStates:
             return
         if manifest is None:
             return
-        if manifest.get("state_key") != state_key:
+        if manifest.get("state_key") not in (state_key, *also):
             log.info("%s: kept states are from other inputs (target, layers, backend, versions or code); not reused",
                      self.directory)
             return
         self.manifest = manifest
+        if manifest.get("state_key") != state_key:
+            log.info("%s: kept states were made by the previous release's state code key; the code is the same, so "
+                     "they are reused (once: the new cache carries this release's key)", self.directory)
 
     def find(self, records: Sequence[dict[str, Any]], store_argmax: bool) -> int:
         """Mark each record whose kept sample has the same token ids in an intact shard; how many."""

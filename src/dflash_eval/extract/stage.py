@@ -22,7 +22,7 @@ from tqdm import tqdm
 
 from dflash_eval.cache import completions_check
 from dflash_eval.cache.resume import ResumeState, plan_key, plan_shards, prepare_resume
-from dflash_eval.cache.reuse import KeptStates, keep_published, state_code_hash
+from dflash_eval.cache.reuse import KeptStates, keep_published, legacy_state_code_hash
 from dflash_eval.cache.sampling import SamplingParams
 from dflash_eval.cache.store import CacheWriter
 from dflash_eval.completions import read_completions
@@ -52,6 +52,7 @@ from dflash_eval.extract.target import (
 )
 from dflash_eval.extract.target_logprobs import completion_logprobs, sampling_by_id
 from dflash_eval.provenance.fingerprint import FingerprintCache
+from dflash_eval.provenance.identity import state_code_hash
 
 log = logging.getLogger(__name__)
 
@@ -219,15 +220,16 @@ def _planned(records: list[dict[str, Any]], plan: list[list[int]], resume: Resum
         writer.close_shard()  # runs once the consumer has added the shard's last record
 
 
-def _state_key(settings: dict[str, Any], header: dict[str, Any]) -> str:
+def _state_key(settings: dict[str, Any], header: dict[str, Any], code: str | None = None) -> str:
     """Everything that decides a sample's states besides its own token ids (cache.reuse); header["target"]
-    holds last_layer, so a kept cache under the other last-layer convention is not reused."""
+    holds last_layer, so a kept cache under the other last-layer convention is not reused. `code`: the state
+    code's key (this release's, provenance.identity.state_code_hash, by default)."""
     target = settings["target"]
     weights = sorted(str(p) for p in Path(target["path"]).glob("*.safetensors"))
     return plan_key({"target": header["target"], "weights": FingerprintCache().files(weights, "target.path"),
                      "layer_ids": list(settings["layer_ids"]), "store_argmax": bool(settings["store_argmax"]),
                      "device": torch.device(target["device"]).type, "backend": target["backend"],
-                     "versions": package_versions(), "code": state_code_hash(),
+                     "versions": package_versions(), "code": code or state_code_hash(),
                      **({"target_logprobs": header["target_logprobs"]} if "target_logprobs" in header else {})})
 
 
@@ -364,7 +366,7 @@ def extract(settings: dict[str, Any], completions: str | Path, out: str | Path) 
         path = _publish_resumed(settings, header, out, resume, planned)
     else:
         todo = [records[i] for index in resume.todo for i in plan[index]]
-        reuse = KeptStates(out, state_key)
+        reuse = KeptStates(out, state_key, also=[_state_key(settings, header, legacy_state_code_hash())])
         if "target_logprobs" not in header and reuse.find(todo, bool(settings["store_argmax"])):  # (reuse copies no
             # log-probs: a cache with them is computed afresh, or resumed shard by shard)
             log.info("%d of the %d samples still to do have unchanged token ids in %s: their states are copied, "

@@ -2,37 +2,30 @@
 
 benchmarks/speedup_validation.py sets the product's estimate beside the measured wall-clock speedup of a live loop
 on the same device; what it found (measured / estimated per cell: above 1 the estimate is pessimistic) is kept in
-speedup_validation.json beside this module, one entry per device x shape x method kind, with a hash of the code
-that makes the estimate. The report prints the entries for each estimate's source and says whether they were
+speedup_validation.json beside this module, one entry per device x shape x method kind, with the identity of the
+code that makes the estimate (provenance/identity.py's ESTIMATE_CODE: comments and docstrings do not count). The report prints the entries for each estimate's source and says whether they were
 measured on this version of that code: an estimate is only as validated as the code it was validated on.
 """
 
 from __future__ import annotations
 
-import hashlib
 import json
 from pathlib import Path
 from typing import Any
 
 from dflash_eval.errors import DflashEvalError
 from dflash_eval.io_utils import atomic_write_json
+from dflash_eval.provenance.identity import estimate_code_hash
 
 RECORD = Path(__file__).with_name("speedup_validation.json")
 FORMAT = "dflash-eval speedup validation 1"
-PACKAGE = Path(__file__).resolve().parents[1]
-# the code that makes the estimate (dflash_eval/...): the profile's timing, the drafter step's, the formula
-ESTIMATE_CODE = ("extract/profile.py", "speedup/model.py", "speedup/timing.py", "speedup/static_models.py",
-                 "speedup/static_loop.py", "speedup/static_hybrid.py", "speedup/static_tree.py",
-                 "evaluate/draft_timing.py", "evaluate/speedup.py")
 KEY = ("source", "device", "shape", "kind")  # an entry replaces the one with the same key
 
 
-def code_hash(read=lambda relative: (PACKAGE / relative).read_bytes()) -> str:
-    """sha256 over ESTIMATE_CODE's files (`read(relative path) -> bytes`: this checkout's by default)."""
-    digest = hashlib.sha256()
-    for relative in ESTIMATE_CODE:
-        digest.update(relative.encode() + b"\n" + read(relative) + b"\n")
-    return "sha256:" + digest.hexdigest()[:16]
+def code_hash() -> str:
+    """The estimate code's identity (provenance.identity.ESTIMATE_CODE, hashed by the one rule): what an entry,
+    a serving profile and a metrics.json are stamped with."""
+    return estimate_code_hash()
 
 
 def load(path: Path = RECORD) -> list[dict[str, Any]]:
