@@ -27,8 +27,9 @@ from safetensors import SafetensorError, safe_open
 
 from dflash_eval.cache import manifest as cache_manifest
 from dflash_eval.cache.manifest import MANIFEST, CacheError
-from dflash_eval.cache.serving_profile import PROFILE_NAME
-from dflash_eval.io_utils import sha256_file
+from dflash_eval.cache.serving_profile import ESTIMATE_STAMP, PROFILE_NAME
+from dflash_eval.io_utils import read_json_object, sha256_file
+from dflash_eval.provenance.identity import estimate_code_hash
 
 log = logging.getLogger(__name__)
 
@@ -146,6 +147,11 @@ class KeptStates:
             os.link(source, out / PROFILE_NAME)
         except OSError:
             shutil.copy2(source, out / PROFILE_NAME)
+        timed_by, current = read_json_object(source).get(ESTIMATE_STAMP), estimate_code_hash()
+        if timed_by != current:
+            log.warning("%s: the carried serving profile was timed by %s, not this estimate code (%s): its stamp "
+                        "stays, and the report's validation line says which code timed it", out / PROFILE_NAME,
+                        f"estimate code {timed_by}" if timed_by else "code older than stamps", current)
         return True
 
     def __contains__(self, sample_id: str) -> bool:

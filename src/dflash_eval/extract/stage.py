@@ -24,6 +24,7 @@ from dflash_eval.cache import completions_check
 from dflash_eval.cache.resume import ResumeState, plan_key, plan_shards, prepare_resume
 from dflash_eval.cache.reuse import KeptStates, keep_published, legacy_state_code_hash
 from dflash_eval.cache.sampling import SamplingParams
+from dflash_eval.cache.serving_profile import stamp_profile
 from dflash_eval.cache.store import CacheWriter
 from dflash_eval.completions import read_completions
 from dflash_eval.config import (
@@ -53,6 +54,7 @@ from dflash_eval.extract.target import (
 from dflash_eval.extract.target_logprobs import completion_logprobs, sampling_by_id
 from dflash_eval.provenance.fingerprint import FingerprintCache
 from dflash_eval.provenance.identity import state_code_hash
+from dflash_eval.provenance.stamps import STAMP, stage_stamp
 
 log = logging.getLogger(__name__)
 
@@ -310,9 +312,10 @@ def _extract_on_device(settings: dict[str, Any], records: list[dict[str, Any]], 
                              reused_samples=len(reuse.usable) if reuse else 0)
         seconds = time.perf_counter() - started
         profiled = time.perf_counter()
-        write_target_profile(model, path, {**(settings.get("speedup") or {}),  # same kernels; every size methods verify
-                                           **{key: settings.get(key) for key in ("block_sizes", "ddtree_budgets")},
-                                           "kernel_backend": target["backend"]})
+        stamp_profile(write_target_profile(model, path, {
+            **(settings.get("speedup") or {}),  # same kernels; every size methods verify
+            **{key: settings.get(key) for key in ("block_sizes", "ddtree_budgets")},
+            "kernel_backend": target["backend"]}))
         profiled = time.perf_counter() - profiled
     kept = {s["id"] for index in resume.kept for s in resume.kept[index]["samples"]} | set(reuse.usable if reuse else ())
     tokens = sum(s["length"] for s in writer.samples if s["id"] not in kept)
@@ -339,6 +342,7 @@ def extract(settings: dict[str, Any], completions: str | Path, out: str | Path) 
     planned = select_backend(target["backend"], target["device"])  # fails here, before the server stops
     log.info("kernel backend %s will bind %s", planned.name, planned.implementation)
     header = {
+        STAMP: stage_stamp("extract"),  # the code that made the cache (`dflash-eval status` reads it)
         "dataset": settings.get("dataset"),
         "target": {
             "path": str(target["path"]),

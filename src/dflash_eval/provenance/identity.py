@@ -60,7 +60,8 @@ class StageCode:
 _EVALUATE_DECIDES = ("evaluate.stage", "evaluate.acceptance", "evaluate.all_anchor", "evaluate.blocks",
                      "evaluate.ddtree", "evaluate.drafter", "evaluate.drafter_model", "evaluate.packed",
                      "evaluate.rejection", "evaluate.rejection_metrics", "evaluate.target_head",
-                     "evaluate.trajectory", "evaluate.draft_timing", "evaluate.speedup", "checkpoint",
+                     "evaluate.trajectory", "evaluate.draft_timing", "evaluate.speedup", "evaluate.speedup_stamps",
+                     "checkpoint",
                      "checkpoint_weights", "methods", "stats", "cache.sampling", "speedup.model", "speedup.labels",
                      "speedup.timing", "speedup.static_models", "speedup.static_loop", "speedup.static_tree")
 _EXTRACT_DECIDES = (*STATE_CODE, "extract.stage", "extract.layers", "extract.positions", "extract.target_logprobs",
