@@ -27,4 +27,6 @@ COMMANDS: dict[str, tuple[str, str, str, str]] = {
     "profile-server": ("dflash_eval.tools.profile_server", "add_arguments", "run",
                        "measure T_AR and T_step at forced acceptance lengths on the managed SGLang server"),
     "report": ("dflash_eval.report.stage", "add_arguments", "run", "summary tables and plots"),
+    "status": ("dflash_eval.provenance.status", "add_arguments", "run",
+               "name the outputs that older code made, from their stamps (one line)"),
 }
