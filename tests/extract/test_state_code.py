@@ -12,7 +12,12 @@ from dflash_eval.cache.reuse import legacy_state_code_hash
 from dflash_eval.cache.store import HiddenCache
 from dflash_eval.extract import stage as extract_stage
 from dflash_eval.provenance import identity
-from tests.support.extract_runs import Counting, extract_settings, tiny_records, write_records
+from tests.support.extract_runs import (
+    Counting,
+    extract_settings,
+    tiny_records,
+    write_records,
+)
 from tests.support.tiny import tiny_target
 
 LENGTHS = [7, 5, 9, 4]

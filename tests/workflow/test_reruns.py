@@ -292,7 +292,7 @@ def test_a_report_only_table_and_its_option_rerun_the_report_only(base, tmp_path
     code, root, src = _code_case(base, tmp_path)
     (src / "report" / "new_table.py").write_text('"""A new table."""\n\n\ndef rows():\n    return []\n')
     _edit(src / "report" / "stage.py", "\nfrom dflash_eval.report import new_table  # noqa: E402,F401\n")
-    _replace(src / "config.py", '        "bootstrap": config["evaluation"]["bootstrap"],\n',
+    _replace(src / "report" / "settings.py", '        "bootstrap": config["evaluation"]["bootstrap"],\n',
              '        "bootstrap": config["evaluation"]["bootstrap"],\n        "new_table": True,\n')
     _planned_then_ran(code, root, {job("report")})
 

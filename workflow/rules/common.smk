@@ -8,6 +8,7 @@ from dflash_eval import config as cfg
 from dflash_eval.errors import DflashEvalError
 from dflash_eval.fetch.prompts import load_prompts, order_free_digest
 from dflash_eval.report.plots import PLOTS
+from dflash_eval.report.settings import report_settings
 from dflash_eval.provenance.identity import stage_identity
 from dflash_eval.provenance.fingerprint import FingerprintCache
 from dflash_eval.io_utils import sha256_file
@@ -227,7 +228,7 @@ def checked_report_settings(wildcards=None) -> str:
                     f"the report needs {metrics} (drafter {drafter!r} on dataset {dataset!r}), "
                     f"which does not exist and cannot be made: {error}"
                 ) from None
-    return settings_param(cfg.report_settings(config))
+    return settings_param(report_settings(config))
 
 
 def report_output(path: str, caption: str, category: str):

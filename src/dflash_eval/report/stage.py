@@ -14,7 +14,7 @@ import argparse
 import logging
 from pathlib import Path
 
-from dflash_eval.config import report_settings, settings_from_args
+from dflash_eval.config import settings_from_args
 from dflash_eval.io_utils import (
     atomic_write_bytes,
     atomic_write_json,
@@ -30,6 +30,7 @@ from dflash_eval.report import (
     summary,
     trust,
 )
+from dflash_eval.report.settings import report_settings
 from dflash_eval.report.stamps import stamps_panel
 from dflash_eval.speedup import validation
 
