@@ -350,3 +350,12 @@ def _status(code: Path, root: Path) -> str:
                           timeout=120)
     assert done.returncode == 0, done.stderr
     return done.stdout.strip()
+
+
+def test_a_change_to_the_target_timing_code_reruns_extraction_and_what_follows(base, tmp_path):
+    """Until the target is timed in its own rule, its timing is extraction's output (serving_profile.json): the
+    rerun copies every state and times the target again (tests/extract/test_profile_stamps.py), and the
+    evaluations and the report that read the profile follow. No fetch."""
+    code, root, src = _code_case(base, tmp_path)
+    _edit(src / "extract" / "profile.py", "\n_TIMING_CHANGED = True\n")
+    _planned_then_ran(code, root, EXTRACTS | ALL_EVALS | {job("report")})

@@ -137,22 +137,26 @@ class KeptStates:
             log.warning("%s: damaged (size or sha256 differs from its manifest); its samples are computed again", path)
         return ok
 
-    def carry_profile(self, out: Path) -> bool:
-        """Link the kept cache's serving profile into `out` (same state key: same target, device and kernels);
-        False when it has none. For a rerun that loads no target, which therefore times nothing."""
+    def carry_profile(self, out: Path) -> str | None:
+        """Link the kept cache's serving profile into `out` (same state key: same target, device and kernels) when
+        this estimate code timed it, or code older than stamps (then it says so): "carried"; "other code" when
+        other stamped estimate code timed it (not carried: the rerun times the target again); None when there is
+        none. For a rerun that loads no target for its states."""
         source = self.directory / PROFILE_NAME
         if self.manifest is None or not source.is_file():
-            return False
+            return None
+        timed_by, current = read_json_object(source).get(ESTIMATE_STAMP), estimate_code_hash()
+        if timed_by is not None and timed_by != current:
+            log.info("%s: timed by estimate code %s, not this one (%s): not carried", source, timed_by, current)
+            return "other code"
         try:
             os.link(source, out / PROFILE_NAME)
         except OSError:
             shutil.copy2(source, out / PROFILE_NAME)
-        timed_by, current = read_json_object(source).get(ESTIMATE_STAMP), estimate_code_hash()
-        if timed_by != current:
-            log.warning("%s: the carried serving profile was timed by %s, not this estimate code (%s): its stamp "
-                        "stays, and the report's validation line says which code timed it", out / PROFILE_NAME,
-                        f"estimate code {timed_by}" if timed_by else "code older than stamps", current)
-        return True
+        if timed_by is None:
+            log.warning("%s: the carried serving profile was timed by code older than stamps, so not known to be this "
+                        "estimate code (%s); the report's validation line says so", out / PROFILE_NAME, current)
+        return "carried"
 
     def __contains__(self, sample_id: str) -> bool:
         return sample_id in self.usable
