@@ -20,7 +20,7 @@ from dflash_eval.io_utils import (
     atomic_write_json,
     atomic_write_text,
 )
-from dflash_eval.provenance.stamps import STAMP
+from dflash_eval.provenance.stamps import STAMP, stage_stamp
 from dflash_eval.report import (
     backends,
     engine_timing,
@@ -69,7 +69,7 @@ def run(args: argparse.Namespace) -> int:
         panel["server_profile"] = engine_timing.profile_panel(engine_timing.load_profile(args.server_profile),
                                                               {e.key: e.metrics for e in evaluations}, settings)
     panel["speedup_validation"] = validation.panel(markdown.estimate_stamps(evaluations))
-    panel[STAMP] = stamps_panel(evaluations, args.hidden)
+    panel[STAMP], panel["inputs_code_identity"] = stage_stamp("report"), stamps_panel(evaluations, args.hidden)
     panel["serving_profiles"] = profile_agreement.panel(evaluations)
     panel["warnings"] = markdown.trust_warnings(panel)
     comparisons = backends.load(args.backend_comparisons)
