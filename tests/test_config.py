@@ -15,6 +15,7 @@ from dflash_eval import config as cfg
 from dflash_eval.config import expand_step_directories, select
 from dflash_eval.errors import DflashEvalError
 from dflash_eval.provenance import code_version
+from dflash_eval.report.settings import report_settings
 from dflash_eval.server.control import ServerController
 
 REPO = Path(__file__).resolve().parents[1]
@@ -239,7 +240,7 @@ def test_workflow_built_settings_pass_unchanged_and_filling_is_idempotent():
     drafter, dataset = next(iter(config["drafters"])), next(iter(config["datasets"]))
     built = {"server": cfg.server_settings(config), "fetch": cfg.fetch_settings(config, dataset),
              "extract": cfg.extract_settings(config, dataset, "L1-5"),
-             "evaluate": cfg.evaluate_settings(config, drafter, dataset), "report": cfg.report_settings(config)}
+             "evaluate": cfg.evaluate_settings(config, drafter, dataset), "report": report_settings(config)}
     for stage, settings in built.items():
         filled = cfg.stage_settings(stage, copy.deepcopy(settings))
         assert {key: value for key, value in filled.items() if key in settings} == settings, stage

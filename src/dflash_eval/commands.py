@@ -29,4 +29,6 @@ COMMANDS: dict[str, tuple[str, str, str, str]] = {
     "report": ("dflash_eval.report.stage", "add_arguments", "run", "summary tables and plots"),
     "export": ("dflash_eval.report.export", "add_arguments", "run",
                "one evaluation's speculation profile and reproducible record, beside its metrics.json"),
+    "status": ("dflash_eval.provenance.status", "add_arguments", "run",
+               "name the outputs that older code made, from their stamps (one line)"),
 }

@@ -2,7 +2,7 @@
 
 The Snakefile and the CLI both go through here, so a stage run by hand gets exactly the settings
 the workflow would pass. What decides a stage's output (`fetch_params`, `extract_params`,
-`evaluate_settings`, `report_settings`) is a rule param, which is what makes Snakemake rerun a stage
+`evaluate_settings`, report/settings.py's `report_settings`) is a rule param, which is what makes Snakemake rerun a stage
 when (and only when) it changes; how fetch and extract run (`fetch_runtime`, `extract_runtime`:
 the server, concurrency, timeouts) reaches them as `--runtime` JSON and reruns nothing. The
 `*_settings` functions join the two for running a stage by hand from config.yaml.
@@ -10,7 +10,8 @@ the server, concurrency, timeouts) reaches them as `--runtime` JSON and reruns n
 Every default lives in the schema, src/dflash_eval/config.schema.yaml (shipped with the package). A stage's settings dict, however
 it was made (built here from config.yaml, or written by hand in a test or a `--settings` JSON), goes
 through `stage_settings`, which fills it from the same schema sections and checks it the same way.
-This module imports no stage, so a stage's code fingerprint (provenance.code_version) holds only its own code.
+This module imports no stage; no stage's code identity (provenance/identity.py) covers it: settings reach a stage as
+its params, so an edit here reruns only the stages whose settings it changes.
 """
 
 from __future__ import annotations
@@ -593,27 +594,22 @@ def prompt_set(spec: dict) -> str:
     return f"preset {spec['preset']}" + (f" ({Path(spec['source']).as_posix()})" if spec.get("source") else "")
 
 
-def report_settings(config: dict) -> dict:
-    return {
-        "drafters": {name: {"step": spec.get("step"), "run": spec.get("run"), "layer_ids": drafter_layer_ids(config, name)}
-                     for name, spec in config["drafters"].items()},
-        "drafter_order": list(config["drafters"]),  # the settings JSON sorts keys; the report keeps config order
-        "datasets": list(config["datasets"]),
-        "dataset_prompts": {name: prompt_set(spec) for name, spec in config["datasets"].items()},
-        **config["report"],
-        "transitions": str(Path(config["server"]["log_dir"]) / "transitions.jsonl"),
-        "bootstrap": config["evaluation"]["bootstrap"],
-        "seed": config["evaluation"]["seed"],
-    }
-
-
 def profile_server_settings(config: dict) -> dict:
     return {"server": server_settings(config), **config["profile_server"]}
 
 
-# the builder of each stage's settings from config.yaml, for settings_from_args
+# the builder of each stage's settings from config.yaml, for settings_from_args; a builder that lives beside its
+# stage (report/settings.py) registers itself with stage_builder
 _BUILDERS = {server_settings: "server", fetch_settings: "fetch", extract_settings: "extract",
-             evaluate_settings: "evaluate", report_settings: "report", profile_server_settings: "profile_server"}
+             evaluate_settings: "evaluate", profile_server_settings: "profile_server"}
+
+
+def stage_builder(stage: str) -> Any:
+    """Register a settings builder that lives beside its stage, so that `settings_from_args` takes it."""
+    def register(build: Any) -> Any:
+        _BUILDERS[build] = stage
+        return build
+    return register
 
 
 def settings_json(settings: dict) -> str:
@@ -640,7 +636,8 @@ def settings_from_args(args: Any, build: Any, *selectors: str) -> dict:
     `build`, one of the `*_settings` functions above); then `--runtime`, then stage_settings."""
     stage = _BUILDERS.get(build)
     if stage is None:
-        raise TypeError(f"settings_from_args: {build!r} is not one of the stage builders of dflash_eval.config")
+        raise TypeError(f"settings_from_args: {build!r} is not one of the stage builders (dflash_eval.config's, or "
+                        "one registered with config.stage_builder)")
     if getattr(args, "settings", None):
         text = args.settings
         if not text.lstrip().startswith("{") and Path(text).is_file():

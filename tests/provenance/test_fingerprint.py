@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import hashlib
 import os
-import shutil
 
 import pytest
 
@@ -60,36 +59,3 @@ def test_stage_fingerprints_cover_the_shared_ground_they_run():
     assert {"methods", "stats", "speedup.labels"} <= report and not {"speedup.model", "evaluate.stage"} & report
     assert {"speedup.timing", "target_identity"} <= extract and "methods" not in extract
     assert "cli" not in set().union(*(code_version.stage_modules(s) for s in code_version.STAGE_MODULES))
-
-
-@pytest.mark.parametrize("stage", ["fetch", "extract"])
-def test_server_code_is_how_a_stage_runs_not_what_it_writes(stage, tmp_path, monkeypatch):
-    """An edit of a server module leaves the fingerprint alone; an edit of the stage's own code does not."""
-    modules = code_version.stage_modules(stage)
-    assert any(name.startswith("server.") for name in modules)  # imported, so the exclusion is what keeps it out
-    assert not any(name.startswith("server.") for name in code_version.fingerprinted_modules(stage))
-    copy = tmp_path / "dflash_eval"
-    shutil.copytree(code_version.PACKAGE_DIR, copy)
-    monkeypatch.setattr(code_version, "PACKAGE_DIR", copy)
-
-    def fingerprint() -> str:
-        code_version.stage_modules.cache_clear()
-        code_version.code_fingerprint.cache_clear()
-        return code_version.code_fingerprint(stage)
-    try:
-        before = fingerprint()
-        (copy / "server" / "kinds.py").write_text((copy / "server" / "kinds.py").read_text() + "\nEDITED = 1\n")
-        assert fingerprint() == before
-        stage_file = copy / stage / "stage.py"
-        stage_file.write_text(stage_file.read_text() + "\nEDITED = 1\n")
-        assert fingerprint() != before
-    finally:
-        monkeypatch.undo()
-        code_version.stage_modules.cache_clear()
-        code_version.code_fingerprint.cache_clear()
-
-
-def test_normalized_source_ignores_blank_lines_and_comments_only():
-    base = "x = 1\ny = 2  # inline\n"
-    assert code_version._normalized(base) == code_version._normalized("# note\n\nx = 1   \n\ny = 2  # inline\n")
-    assert code_version._normalized(base) != code_version._normalized("x = 1\ny = 3  # inline\n")

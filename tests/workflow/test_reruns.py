@@ -265,3 +265,115 @@ def test_an_evaluations_export_follows_it_and_the_profiles_buckets_rerun_only_th
     config["report"] = {**config.get("report", {}), "context_buckets": [64, 4096]}
     save_config(root, config)
     assert bench.plan(workflow, root) == {job("export", d, s) for d in "ab" for s in ("d1", "d2")} | {job("report")}
+
+
+# ----- code identities: each stage reruns on the code declared as deciding its outputs (provenance/identity.py) ---
+
+PIN = ("--rerun-triggers", "mtime", "params", "input", "software-env")  # code out of the decision (docs/reruns.md)
+EXTRACTS = {job("extract", d, "L1-2") for d in ("d1", "d2")}
+
+
+def _replace(path: Path, old: str, new: str) -> None:
+    text = path.read_text()
+    assert old in text, f"{path}: {old!r} not found"
+    path.write_text(text.replace(old, new, 1))
+
+
+def _code_case(base, tmp_path: Path) -> tuple[Path, Path, Path]:
+    code, root = _private_copies(base, tmp_path)
+    (root / "calls.log").unlink()
+    return code, root, code / "src" / "dflash_eval"
+
+
+def _planned_then_ran(code: Path, root: Path, expected: set[str], *args: str) -> None:
+    """`snakemake -n` plans exactly `expected`, and the run then runs exactly that."""
+    assert plan(code, root, *args) == expected
+    check(snakemake(code, root, *args))
+    log = root / "calls.log"
+    assert (set(log.read_text().splitlines()) if log.exists() else set()) == expected
+    if log.exists():
+        log.unlink()
+    assert plan(code, root, *args) == set()
+
+
+def test_docstrings_comments_and_the_settings_modules_code_rerun_nothing(base, tmp_path):
+    code, root, src = _code_case(base, tmp_path)
+    for module in ("evaluate/acceptance.py", "extract/capture.py", "fetch/sglang.py", "report/summary.py",
+                   "speedup/model.py"):
+        _replace(src / module, '"""', '"""Reworded, with a new first sentence. ')
+        _edit(src / module, "\n\n# a comment, and blank lines\n\n")
+    _edit(src / "config.py", "\n_A_REFACTOR_OF_THE_SETTINGS_MODULE = True\n")  # settings decide, not config.py
+    _planned_then_ran(code, root, set())
+
+
+def test_a_report_only_table_and_its_option_rerun_the_report_only(base, tmp_path):
+    code, root, src = _code_case(base, tmp_path)
+    (src / "report" / "new_table.py").write_text('"""A new table."""\n\n\ndef rows():\n    return []\n')
+    _edit(src / "report" / "stage.py", "\nfrom dflash_eval.report import new_table  # noqa: E402,F401\n")
+    _replace(src / "report" / "settings.py", '        "bootstrap": config["evaluation"]["bootstrap"],\n',
+             '        "bootstrap": config["evaluation"]["bootstrap"],\n        "new_table": True,\n')
+    _planned_then_ran(code, root, {job("report")})
+
+
+def test_a_change_to_the_chains_accepted_length_reruns_the_evaluations_and_the_report(base, tmp_path):
+    code, root, src = _code_case(base, tmp_path)
+    _edit(src / "evaluate" / "acceptance.py", "\n_ACCEPTED_LENGTH_CHANGED = True\n")
+    _planned_then_ran(code, root, ALL_EVALS | {job("report")})
+
+
+def test_a_change_to_the_hidden_state_capture_reruns_extraction_and_what_follows(base, tmp_path):
+    """No fetch. That the rerun computes the states instead of copying the kept ones:
+    tests/extract/test_state_code.py."""
+    code, root, src = _code_case(base, tmp_path)
+    _edit(src / "extract" / "capture.py", "\n_CAPTURE_CHANGED = True\n")
+    _planned_then_ran(code, root, EXTRACTS | ALL_EVALS | {job("report")})
+
+
+def test_a_change_to_the_speedup_validation_loops_reruns_nothing(base, tmp_path):
+    """speedup/simulate.py and loop_run.py run only in benchmarks/speedup_validation.py's live loops."""
+    code, root, src = _code_case(base, tmp_path)
+    _edit(src / "speedup" / "simulate.py", "\n_LOOP_CHANGED = True\n")
+    _edit(src / "speedup" / "loop_run.py", "\n_LOOP_CHANGED = True\n")
+    _planned_then_ran(code, root, set())
+
+
+def test_the_pin_keeps_any_code_edit_out_of_the_rerun_and_status_names_what_older_code_made(base, tmp_path):
+    code, root, src = _code_case(base, tmp_path)
+    before = _status(code, root)
+    assert "were made by this code" in before, before
+    for module in ("evaluate/acceptance.py", "extract/capture.py", "fetch/sglang.py", "report/summary.py"):
+        _edit(src / module, "\n_CHANGED = True\n")
+    assert plan(code, root) == {job("fetch", d) for d in ("d1", "d2")} | EXTRACTS | ALL_EVALS | {job("report")}
+    _planned_then_ran(code, root, set(), *PIN)
+    line = _status(code, root)
+    assert line.startswith("dflash-eval status: 7 of 7 stamped outputs were made by older code (")
+    for output in ("results/hidden/d1/L1-2", "results/eval/a/d1/metrics.json", "results/eval/b/d2/metrics.json",
+                   "results/trust.json"):
+        assert output in line
+    config = load_config(root)  # settings still count under the pin
+    config["datasets"]["d1"]["max_samples"] = 1
+    save_config(root, config)
+    d1 = {job("fetch", "d1"), job("extract", "d1", "L1-2"), job("evaluate", "a", "d1"), job("evaluate", "b", "d1"),
+          job("report")}
+    _planned_then_ran(code, root, d1, *PIN)
+    assert "results/eval/a/d1/metrics.json" not in _status(code, root), "rerun by the new code: its stamp"
+
+
+def _status(code: Path, root: Path) -> str:
+    import subprocess
+    import sys
+
+    done = subprocess.run([sys.executable, "-c", "from dflash_eval.cli import entry; entry()", "status"], cwd=root,
+                          env={**os.environ, "PYTHONPATH": str(code / "src")}, capture_output=True, text=True,
+                          timeout=120)
+    assert done.returncode == 0, done.stderr
+    return done.stdout.strip()
+
+
+def test_a_change_to_the_target_timing_code_reruns_extraction_and_what_follows(base, tmp_path):
+    """Until the target is timed in its own rule, its timing is extraction's output (serving_profile.json): the
+    rerun copies every state and times the target again (tests/extract/test_profile_stamps.py), and the
+    evaluations and the report that read the profile follow. No fetch."""
+    code, root, src = _code_case(base, tmp_path)
+    _edit(src / "extract" / "profile.py", "\n_TIMING_CHANGED = True\n")
+    _planned_then_ran(code, root, EXTRACTS | ALL_EVALS | {job("report")})

@@ -31,9 +31,9 @@ rule compare_backends:
         last_layer=lambda w: cfg.drafter_last_layer(config, w.drafter),
         device=config["target"]["device"],
         max_samples=config["backend_comparison"]["max_samples"],
-        code=code_fingerprint("compare-backends"),
     shell:
-        "dflash-eval --log {log} compare-backends --target {params.target} --completions {input.completions}"
+        code_prefix("compare-backends")
+        + "dflash-eval --log {log} compare-backends --target {params.target} --completions {input.completions}"
         " --layers {params.layers} --last-layer {params.last_layer} --drafter {params.checkpoint}"
         " {params.drafter_config} --device {params.device} --dtype {wildcards.dtype}"
         " --max-samples {params.max_samples} --out {output} > /dev/null 2>> {log}"

@@ -8,7 +8,8 @@ from dflash_eval import config as cfg
 from dflash_eval.errors import DflashEvalError
 from dflash_eval.fetch.prompts import load_prompts, order_free_digest
 from dflash_eval.report.plots import PLOTS
-from dflash_eval.provenance.code_version import code_fingerprint
+from dflash_eval.report.settings import report_settings
+from dflash_eval.provenance.identity import stage_identity
 from dflash_eval.provenance.fingerprint import FingerprintCache
 from dflash_eval.io_utils import sha256_file
 from dflash_eval.speedup import validation
@@ -33,6 +34,15 @@ SAMPLES = f"{RESULTS}/eval/{{drafter}}/{{dataset}}/samples.csv"  # evaluate -> r
 PROFILE = f"{RESULTS}/eval/{{drafter}}/{{dataset}}/speculation_profile.json"  # export (report.smk)
 RECORD = f"{RESULTS}/eval/{{drafter}}/{{dataset}}/record.json"  # export (report.smk)
 SERVER_PROFILE = f"{RESULTS}/server_profile.json"  # profile_server -> report (opt-in)
+
+
+def code_prefix(stage: str) -> str:
+    """The stage's code identity at the head of its rule's shell command: Snakemake's own `code` rerun trigger compares
+    a rule's shell command, so a change of the code that decides the stage's outputs reruns it (not a param: a
+    campaign pins its code with `--rerun-triggers mtime params input software-env`, settings still counting).
+    The stage reads it as DFLASH_EVAL_CODE to tell whether it runs the code that was planned (docs/reruns.md).
+    """
+    return f"DFLASH_EVAL_CODE={stage_identity(stage)} "
 
 
 def settings_param(settings: dict) -> str:
@@ -220,7 +230,7 @@ def checked_report_settings(wildcards=None) -> str:
                     f"the report needs {metrics} (drafter {drafter!r} on dataset {dataset!r}), "
                     f"which does not exist and cannot be made: {error}"
                 ) from None
-    return settings_param(cfg.report_settings(config))
+    return settings_param(report_settings(config))
 
 
 def report_output(path: str, caption: str, category: str):

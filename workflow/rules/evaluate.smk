@@ -36,10 +36,10 @@ if config["evaluation"]["checkpoints_per_job"] == 1:
             ),
             checkpoint=lambda w: checkpoint_fingerprint(w.drafter),
             target=target_fingerprint,
-            code=code_fingerprint("evaluate"),
             placement=lambda w: f"{BENCH}/evaluate/{w.drafter}/{w.dataset}.gpu.json",
         shell:
-            "dflash-eval --log {log} evaluate --settings {params.settings:q} --hidden {input.hidden}"
+            code_prefix("evaluate")
+            + "dflash-eval --log {log} evaluate --settings {params.settings:q} --hidden {input.hidden}"
             " --completions {input.completions} --metrics {output.metrics} --samples {output.samples}"
             " --placement {params.placement} 2>> {log}"
 
@@ -76,10 +76,10 @@ else:
                 ],
                 checkpoint=lambda w, m=_members: [checkpoint_fingerprint(d) for d in m],
                 target=target_fingerprint,
-                code=code_fingerprint("evaluate"),
                 store=EVAL_STORE,
                 placement=lambda w, f=_first: f"{BENCH}/evaluate/group-{f}/{w.dataset}.gpu.json",
             shell:
-                "dflash-eval --log {log} evaluate --member {params.members:q} --hidden {input.hidden}"
+                code_prefix("evaluate")
+                + "dflash-eval --log {log} evaluate --member {params.members:q} --hidden {input.hidden}"
                 " --completions {input.completions} --store {params.store}"
                 " --placement {params.placement} 2>> {log}"

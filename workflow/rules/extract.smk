@@ -25,8 +25,8 @@ rule extract:
             )
         ),
         target=target_fingerprint,
-        code=code_fingerprint("extract"),
     shell:
-        'dflash-eval --log {log} extract --settings {params.settings:q} --runtime "$DFLASH_EVAL_EXTRACT_RUNTIME"'
+        code_prefix("extract")
+        + 'dflash-eval --log {log} extract --settings {params.settings:q} --runtime "$DFLASH_EVAL_EXTRACT_RUNTIME"'
         " --completions {input.completions}"
         " --out {output} 2>> {log}"

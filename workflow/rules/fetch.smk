@@ -19,7 +19,7 @@ rule fetch:
         settings=lambda w: settings_param(cfg.fetch_params(config, w.dataset)),
         prompts=lambda w: prompts_fingerprint(w.dataset),
         target=target_fingerprint,
-        code=code_fingerprint("fetch"),
     shell:
-        'dflash-eval --log {log} fetch --settings {params.settings:q} --runtime "$DFLASH_EVAL_FETCH_RUNTIME"'
+        code_prefix("fetch")
+        + 'dflash-eval --log {log} fetch --settings {params.settings:q} --runtime "$DFLASH_EVAL_FETCH_RUNTIME"'
         " --out {output} 2>> {log}"

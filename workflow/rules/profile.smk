@@ -28,8 +28,8 @@ if config["profile_server"]["enabled"]:
             server_lock=1,
         params:
             settings=settings_param(server_profile.measurement_params(config)),
-            code=code_fingerprint("profile-server"),
         shell:
-            "dflash-eval --log {log} profile-server --settings {params.settings:q}"
+            code_prefix("profile-server")
+            + "dflash-eval --log {log} profile-server --settings {params.settings:q}"
             ' --runtime "$DFLASH_EVAL_PROFILE_SERVER_RUNTIME"'
             " --completions {input.completions} --out {output} 2>> {log}"

@@ -34,6 +34,8 @@ rule export:
         record=RECORD,
     log:
         f"{LOGS}/export/{{drafter}}/{{dataset}}.log",
+    benchmark:
+        f"{BENCH}/export/{{drafter}}/{{dataset}}.tsv"
     params:
         # the profile's buckets and bootstrap, and the settings the record keeps (the evaluation's and its fetch's)
         settings=lambda w: settings_param(
@@ -45,9 +47,9 @@ rule export:
                 "fetch": cfg.fetch_params(config, w.dataset),
             }
         ),
-        code=code_fingerprint("export"),
     shell:
-        "dflash-eval --log {log} export --settings {params.settings:q} --metrics {input.metrics}"
+        code_prefix("export")
+        + "dflash-eval --log {log} export --settings {params.settings:q} --metrics {input.metrics}"
         " --samples {input.samples} --completions {input.completions} --hidden {input.hidden}"
         " --profile {output.profile} --record {output.record} 2>> {log}"
 
@@ -73,12 +75,12 @@ rule report:
     params:
         settings=checked_report_settings,
         plot_dir=plot_dir,
-        code=code_fingerprint("report"),
         validation=VALIDATION_RECORD,
         failed=REPORT_FAILED,
         server_profile=server_profile_arg,
     shell:
-        "dflash-eval --log {log} report --settings {params.settings:q} --metrics {input.metrics}"
+        code_prefix("report")
+        + "dflash-eval --log {log} report --settings {params.settings:q} --metrics {input.metrics}"
         " --hidden {input.hidden} --completions {input.completions} --csv {output.csv} --md {output.md}"
         " --trust {output.trust} --plot-dir {params.plot_dir} --backend-comparisons {input.backends} {params.server_profile} 2>> {log}"
         " || {{ date -u +%Y-%m-%dT%H:%M:%SZ > {params.failed}; exit 1; }}"

@@ -33,7 +33,8 @@ if args[:1] == ["--log"]:
     args = args[2:]
 command, rest = args[0], args[1:]
 opts = {{rest[i]: rest[i + 1] for i in range(len(rest) - 1) if rest[i].startswith("--")}}
-stamp = json.dumps({{"command": command, "settings": opts.get("--settings")}}, sort_keys=True)
+stamp = json.dumps({{"command": command, "settings": opts.get("--settings"),  # and the code the rule planned with
+                    "code_identity": os.environ.get("DFLASH_EVAL_CODE")}}, sort_keys=True)
 outputs = {{"fetch": ["--out"], "extract": ["--out"], "evaluate": ["--metrics", "--samples"],
            "export": ["--profile", "--record"], "report": ["--csv", "--md", "--trust"]}}.get(command, [])
 if outputs:

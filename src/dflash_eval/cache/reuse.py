@@ -27,15 +27,16 @@ from safetensors import SafetensorError, safe_open
 
 from dflash_eval.cache import manifest as cache_manifest
 from dflash_eval.cache.manifest import MANIFEST, CacheError
-from dflash_eval.cache.serving_profile import PROFILE_NAME
-from dflash_eval.io_utils import sha256_file
+from dflash_eval.cache.serving_profile import ESTIMATE_STAMP, PROFILE_NAME
+from dflash_eval.io_utils import read_json_object, sha256_file
+from dflash_eval.provenance.identity import estimate_code_hash
 
 log = logging.getLogger(__name__)
 
-# The modules whose code decides the states' values (the forward, its hooks, the kernels, the loading):
-# a change of any of them makes the kept states another computation's.
-STATE_CODE = ("extract/capture.py", "extract/backends.py", "extract/target.py")
 _PACKAGE = Path(__file__).resolve().parents[1]
+# STATE_CODE's key as it was made before code identities (raw bytes of these files), accepted once so that the
+# first rerun after the upgrade copies kept states instead of computing them (docs/reruns.md, "Upgrading").
+_LEGACY_STATE_FILES = ("extract/capture.py", "extract/backends.py", "extract/target.py")
 _HASH_THREADS = 4  # sha256 releases the GIL; a few threads keep up with a fast disk
 
 
@@ -44,10 +45,10 @@ def kept_dir(out: Path) -> Path:
     return out.with_name(f"{out.name}.kept")
 
 
-def state_code_hash() -> str:
-    """sha256 of the source of the modules in STATE_CODE."""
+def legacy_state_code_hash() -> str:
+    """The kept states' code key of the releases before code identities: sha256 of the three files' bytes."""
     digest = hashlib.sha256()
-    for name in STATE_CODE:
+    for name in _LEGACY_STATE_FILES:
         digest.update(name.encode() + b"\n" + (_PACKAGE / name).read_bytes())
     return digest.hexdigest()
 
@@ -80,7 +81,8 @@ def keep_published(out: Path) -> None:
 class KeptStates:
     """The samples of `<out>.kept/` that a rerun with `state_key` may copy instead of computing."""
 
-    def __init__(self, out: Path, state_key: str) -> None:
+    def __init__(self, out: Path, state_key: str, also: Sequence[str] = ()) -> None:
+        """`also`: other state keys that name the same states (the key as the previous release made it)."""
         self.directory = kept_dir(out)
         self.manifest: dict[str, Any] | None = None
         self.usable: dict[str, dict[str, Any]] = {}  # sample id -> kept manifest entry, tokens and shard checked
@@ -90,11 +92,14 @@ class KeptStates:
             return
         if manifest is None:
             return
-        if manifest.get("state_key") != state_key:
+        if manifest.get("state_key") not in (state_key, *also):
             log.info("%s: kept states are from other inputs (target, layers, backend, versions or code); not reused",
                      self.directory)
             return
         self.manifest = manifest
+        if manifest.get("state_key") != state_key:
+            log.info("%s: kept states were made by the previous release's state code key; the code is the same, so "
+                     "they are reused (once: the new cache carries this release's key)", self.directory)
 
     def find(self, records: Sequence[dict[str, Any]], store_argmax: bool) -> int:
         """Mark each record whose kept sample has the same token ids in an intact shard; how many."""
@@ -132,17 +137,26 @@ class KeptStates:
             log.warning("%s: damaged (size or sha256 differs from its manifest); its samples are computed again", path)
         return ok
 
-    def carry_profile(self, out: Path) -> bool:
-        """Link the kept cache's serving profile into `out` (same state key: same target, device and kernels);
-        False when it has none. For a rerun that loads no target, which therefore times nothing."""
+    def carry_profile(self, out: Path) -> str | None:
+        """Link the kept cache's serving profile into `out` (same state key: same target, device and kernels) when
+        this estimate code timed it, or code older than stamps (then it says so): "carried"; "other code" when
+        other stamped estimate code timed it (not carried: the rerun times the target again); None when there is
+        none. For a rerun that loads no target for its states."""
         source = self.directory / PROFILE_NAME
         if self.manifest is None or not source.is_file():
-            return False
+            return None
+        timed_by, current = read_json_object(source).get(ESTIMATE_STAMP), estimate_code_hash()
+        if timed_by is not None and timed_by != current:
+            log.info("%s: timed by estimate code %s, not this one (%s): not carried", source, timed_by, current)
+            return "other code"
         try:
             os.link(source, out / PROFILE_NAME)
         except OSError:
             shutil.copy2(source, out / PROFILE_NAME)
-        return True
+        if timed_by is None:
+            log.warning("%s: the carried serving profile was timed by code older than stamps, so not known to be this "
+                        "estimate code (%s); the report's validation line says so", out / PROFILE_NAME, current)
+        return "carried"
 
     def __contains__(self, sample_id: str) -> bool:
         return sample_id in self.usable

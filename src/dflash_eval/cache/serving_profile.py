@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from dflash_eval.errors import DflashEvalError
-from dflash_eval.io_utils import read_json_object
+from dflash_eval.io_utils import atomic_write_json, read_json_object
 
 PROFILE_NAME = "serving_profile.json"  # beside the hidden-state cache
 
@@ -74,3 +74,15 @@ def load_profile(path: str | Path) -> dict[str, Any]:
     if not path.is_file():
         raise DflashEvalError(f"{path}: serving profile not found (speedup.profile in config.yaml)")
     return check_profile(read_json_object(path), path)
+
+
+ESTIMATE_STAMP = "estimate_code"  # a measured profile's stamp: the estimate code that timed it
+
+
+def stamp_profile(path: Path | None) -> None:
+    """Stamp a measured profile with the estimate code that timed it (provenance.identity.ESTIMATE_CODE), so a
+    profile carried over to a rerun says which code timed it, whatever the code is then."""
+    from dflash_eval.provenance.identity import estimate_code_hash
+
+    if path is not None:
+        atomic_write_json(path, {**read_json_object(path), ESTIMATE_STAMP: estimate_code_hash()})

@@ -37,8 +37,8 @@ def key_parts(settings: dict, hidden: str | Path, completions: str | Path) -> di
     import numpy
     import torch
 
-    from dflash_eval.provenance.code_version import code_fingerprint
     from dflash_eval.provenance.fingerprint import checkpoint_sha256
+    from dflash_eval.provenance.identity import stage_identity
 
     checkpoint = settings["checkpoint"]
     hidden = Path(hidden)
@@ -59,7 +59,7 @@ def key_parts(settings: dict, hidden: str | Path, completions: str | Path) -> di
                               if p.is_file() and p.name != "manifest.json"),
         "completions": sha256_file(completions),
         "profile": sha256_file(profile) if profile else None,
-        "code": code_fingerprint("evaluate"),
+        "code": stage_identity("evaluate"),
         "packages": {"torch": torch.__version__, "numpy": numpy.__version__},
     }
 

@@ -61,6 +61,7 @@ from dflash_eval.evaluate.draft_timing import time_on_cache as time_drafter_on_c
 from dflash_eval.evaluate.drafter import load_drafter
 from dflash_eval.evaluate.gpu import claim_device
 from dflash_eval.evaluate.speedup import estimate as estimate_speedup
+from dflash_eval.evaluate.speedup_stamps import estimate_stamps
 from dflash_eval.evaluate.target_head import load_target_head
 from dflash_eval.evaluate.trajectory import (
     LoadedSample,
@@ -71,6 +72,7 @@ from dflash_eval.io_utils import atomic_write_json, atomic_write_text
 from dflash_eval.methods import chain_method
 from dflash_eval.methods import parse as parse_method
 from dflash_eval.provenance.fingerprint import checkpoint_sha256
+from dflash_eval.provenance.stamps import STAMP, stage_stamp
 
 log = logging.getLogger(__name__)
 
@@ -227,7 +229,9 @@ def run_evaluation(settings: dict, hidden: str, completions: str,
                                settings, block_sizes, clusters)
         cache_info["shards_verified"] = cache.verified()
     _check_unchanged(loaded.path, sha256_at_load)
+    speedup["estimate_code"] = estimate_stamps(settings, hidden)
     metrics = {
+        STAMP: stage_stamp("evaluate"),  # the code that made these numbers (`dflash-eval status` reads it)
         "drafter": settings["drafter"], "dataset": settings["dataset"],
         "checkpoint": {"path": loaded.path, "layout": loaded.layout, "sha256": sha256_at_load,
                        "global_step": loaded.global_step, "epoch": loaded.epoch, "step": checkpoint.get("step")},

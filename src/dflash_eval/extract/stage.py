@@ -22,8 +22,9 @@ from tqdm import tqdm
 
 from dflash_eval.cache import completions_check
 from dflash_eval.cache.resume import ResumeState, plan_key, plan_shards, prepare_resume
-from dflash_eval.cache.reuse import KeptStates, keep_published, state_code_hash
+from dflash_eval.cache.reuse import KeptStates, keep_published, legacy_state_code_hash
 from dflash_eval.cache.sampling import SamplingParams
+from dflash_eval.cache.serving_profile import stamp_profile
 from dflash_eval.cache.store import CacheWriter
 from dflash_eval.completions import read_completions
 from dflash_eval.config import (
@@ -52,6 +53,8 @@ from dflash_eval.extract.target import (
 )
 from dflash_eval.extract.target_logprobs import completion_logprobs, sampling_by_id
 from dflash_eval.provenance.fingerprint import FingerprintCache
+from dflash_eval.provenance.identity import state_code_hash
+from dflash_eval.provenance.stamps import STAMP, stage_stamp
 
 log = logging.getLogger(__name__)
 
@@ -225,15 +228,16 @@ def _planned(records: list[dict[str, Any]], plan: list[list[int]], resume: Resum
         writer.close_shard()  # runs once the consumer has added the shard's last record
 
 
-def _state_key(settings: dict[str, Any], header: dict[str, Any]) -> str:
+def _state_key(settings: dict[str, Any], header: dict[str, Any], code: str | None = None) -> str:
     """Everything that decides a sample's states besides its own token ids (cache.reuse); header["target"]
-    holds last_layer, so a kept cache under the other last-layer convention is not reused."""
+    holds last_layer, so a kept cache under the other last-layer convention is not reused. `code`: the state
+    code's key (this release's, provenance.identity.state_code_hash, by default)."""
     target = settings["target"]
     weights = sorted(str(p) for p in Path(target["path"]).glob("*.safetensors"))
     return plan_key({"target": header["target"], "weights": FingerprintCache().files(weights, "target.path"),
                      "layer_ids": list(settings["layer_ids"]), "store_argmax": bool(settings["store_argmax"]),
                      "device": torch.device(target["device"]).type, "backend": target["backend"],
-                     "versions": package_versions(), "code": state_code_hash(),
+                     "versions": package_versions(), "code": code or state_code_hash(),
                      **({"target_logprobs": header["target_logprobs"]} if "target_logprobs" in header else {})})
 
 
@@ -271,11 +275,36 @@ def _publish_reused(settings: dict[str, Any], records: list[dict[str, Any]], hea
         path = writer.finish(backend={**planned.to_manifest(), "note": f"no forward ran: states reused from "
                                       f"{reuse.directory}"}, argmax_agreement=agreement,
                              reused_samples=len(reuse.usable))
-    # the target is never loaded only to time it: the kept cache's profile (same state key) stands in
-    if profile_wanted(settings.get("speedup") or {}, torch.device(settings["target"]["device"])) \
-            and not reuse.carry_profile(path):
-        log.info("no serving profile measured this run: no target was loaded and %s has none", reuse.directory)
+    # the target is not loaded only to time it while the kept cache's profile (same state key) stands in: timed by
+    # this estimate code, or before stamps; one that other estimate code timed is timed again (the code changed)
+    if profile_wanted(settings.get("speedup") or {}, torch.device(settings["target"]["device"])):
+        carried = reuse.carry_profile(path)
+        if carried == "other code":
+            _time_target(settings, path)
+        elif not carried:
+            log.info("no serving profile measured this run: no target was loaded and %s has none", reuse.directory)
     return path
+
+
+def _time_target(settings: dict[str, Any], out: Path) -> None:
+    """Load the target only to time it (the server paused meanwhile), for a profile that other estimate code timed."""
+    target = settings["target"]
+    log.info("the kept serving profile was timed by other estimate code: loading the target to time it again")
+    with _server_paused(settings.get("server")):
+        try:
+            model, _ = load_target(target["path"], target["dtype"], target["device"])
+            with use_backend(target["backend"], target["device"], model):
+                _write_profile(model, settings, out)
+            del model
+        finally:
+            _release_device_memory(torch.device(target["device"]))
+
+
+def _write_profile(model: torch.nn.Module, settings: dict[str, Any], out: Path) -> None:
+    stamp_profile(write_target_profile(model, out, {
+        **(settings.get("speedup") or {}),  # same kernels; every size methods verify
+        **{key: settings.get(key) for key in ("block_sizes", "ddtree_budgets")},
+        "kernel_backend": settings["target"]["backend"]}))
 
 
 WARM_UP_TOKENS = 64  # a short first forward: long enough to reach every kernel an extraction forward runs
@@ -314,9 +343,7 @@ def _extract_on_device(settings: dict[str, Any], records: list[dict[str, Any]], 
                              reused_samples=len(reuse.usable) if reuse else 0)
         seconds = time.perf_counter() - started
         profiled = time.perf_counter()
-        write_target_profile(model, path, {**(settings.get("speedup") or {}),  # same kernels; every size methods verify
-                                           **{key: settings.get(key) for key in ("block_sizes", "ddtree_budgets")},
-                                           "kernel_backend": target["backend"]})
+        _write_profile(model, settings, path)
         profiled = time.perf_counter() - profiled
     kept = {s["id"] for index in resume.kept for s in resume.kept[index]["samples"]} | set(reuse.usable if reuse else ())
     tokens = sum(s["length"] for s in writer.samples if s["id"] not in kept)
@@ -343,6 +370,7 @@ def extract(settings: dict[str, Any], completions: str | Path, out: str | Path) 
     planned = select_backend(target["backend"], target["device"])  # fails here, before the server stops
     log.info("kernel backend %s will bind %s", planned.name, planned.implementation)
     header = {
+        STAMP: stage_stamp("extract"),  # the code that made the cache (`dflash-eval status` reads it)
         "dataset": settings.get("dataset"),
         "target": {
             "path": str(target["path"]),
@@ -370,7 +398,7 @@ def extract(settings: dict[str, Any], completions: str | Path, out: str | Path) 
         path = _publish_resumed(settings, header, out, resume, planned)
     else:
         todo = [records[i] for index in resume.todo for i in plan[index]]
-        reuse = KeptStates(out, state_key)
+        reuse = KeptStates(out, state_key, also=[_state_key(settings, header, legacy_state_code_hash())])
         if "target_logprobs" not in header and reuse.find(todo, bool(settings["store_argmax"])):  # (reuse copies no
             # log-probs: a cache with them is computed afresh, or resumed shard by shard)
             log.info("%d of the %d samples still to do have unchanged token ids in %s: their states are copied, "

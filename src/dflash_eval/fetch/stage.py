@@ -320,6 +320,56 @@ def reusable(rec: dict[str, Any] | None, messages: list[dict[str, Any]], request
     )
 
 
+def kept_without_server(prompts: list[Prompt], settings: dict[str, Any], stored: list[dict[str, Any]]
+                        ) -> list[dict[str, Any]] | None:
+    """Every record of the dataset from the kept ones, when they alone prove it valid; None when the server is
+    needed (a record missing, or made with other settings or by another server).
+
+    A kept record is valid when it answers this request (messages, request parameters, sampling draw) of the
+    server identity it recorded; when one identity made them all, names the target and is the served model the
+    settings name, nothing the server could say would change that: fetch reuses them without waking, waiting for
+    or asking the server (a rerun after a code change alone). A server that changed behind the same identity is
+    what `--forcerun fetch` after removing the kept records is for (docs/reruns.md)."""
+    expected = expected_ids(prompts, settings)
+    kept = pick_kept(stored, set(expected), {})  # the latest record of each id
+    missing = [rid for rid in expected if rid not in kept]
+    servers = {json.dumps(rec.get("server"), sort_keys=True) for rec in kept.values()}
+    requests = {json.dumps(rec.get("request"), sort_keys=True) for rec in kept.values()}
+    if missing or len(servers) != 1 or len(requests) != 1:
+        why = (f"{len(missing)} of {len(expected)} records are not kept" if missing
+               else "the kept records were made by several servers or requests")
+        log.info("fetch %s: %s; asking the server", settings["dataset"], why)
+        return None
+    server, request = json.loads(servers.pop()), json.loads(requests.pop())
+    info = ServerInfo(str(settings["server"]["base_url"]), str(request.get("model")), server.get("model_path"),
+                      server.get("weight_version"), sglang=request.get("prompt_format") == "token_ids",
+                      speculative=server.get("speculative"))
+    wanted_model = settings["server"].get("model")
+    names = {info.model, info.model_path or info.model}
+    if (wanted_model is not None and wanted_model != info.model) or request != request_params(settings, info) or \
+            not any(_same_model(name, str(settings["tokenizer"])) for name in names):
+        log.info("fetch %s: the kept records answer other settings or another model; asking the server",
+                 settings["dataset"])
+        return None
+    records: dict[str, dict[str, Any]] = {}
+    for prompt in prompts:
+        for rids in conversations(prompt, settings):
+            answers: list[str] = []
+            for turn, rid in enumerate(rids, start=1):
+                rec = kept[rid]
+                if not reusable(rec, turn_messages(prompt, turn, answers), request, info,
+                                sampling.record_sampling(settings, rid)):
+                    log.info("fetch %s: kept record %s answers other messages or another draw; asking the server",
+                             settings["dataset"], rid)
+                    return None
+                records[rid] = rec
+                answers.append(rec["text"])
+    log.info("fetch %s: all %d records reused without the server: each kept record answers these settings' request "
+             "of %s (model path %s, weight version %s), the identity they all recorded", settings["dataset"],
+             len(expected), info.model, info.model_path, info.weight_version)
+    return [records[rid] for rid in expected]
+
+
 def conversations(prompt: Prompt, settings: dict[str, Any]) -> list[list[str]]:
     """A prompt's conversations, each its record ids turn by turn: one when greedy, n when sampled (the k-th
     conversation's turns all end in #s<k>: each draw answers its own earlier answers)."""
@@ -498,6 +548,12 @@ def fetch(settings: dict[str, Any], out: Path) -> list[dict[str, Any]]:
     )
 
     tokenizer = AutoTokenizer.from_pretrained(settings["tokenizer"])
+    with PartialStore(Path(out)) as store:
+        offline = kept_without_server(prompts, settings, store.load())
+        if offline is not None:
+            store.finish(offline)
+    if offline is not None:
+        return offline
     controller = ServerController(settings["server"])
     controller.ensure_up()
     info = server_identity(controller.base_url, controller.settings["model"], str(settings["tokenizer"]),

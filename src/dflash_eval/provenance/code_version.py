@@ -1,16 +1,13 @@
-"""A fingerprint of the Python code each stage runs, so a code change reruns that stage.
+"""Which `dflash_eval` modules each stage imports, transitively: what its declared code identity must cover.
 
-Snakemake's `code` rerun trigger only sees a rule's own shell command. Every rule runs the same
-`dflash-eval` command, so an edit of `evaluate/all_anchor.py` would go unnoticed. Each rule therefore carries
-this fingerprint as a param: the stage's module and every `dflash_eval` module it imports,
-transitively, compared by source without blank lines and whole-line comments.
-Third-party packages (torch, transformers, dflash) are not covered: see docs/reruns.md.
+A stage's code identity (provenance/identity.py) hashes only the modules it declares as deciding its outputs;
+tests/provenance/test_identity.py checks with this closure that every module a stage imports is declared there,
+either as deciding its outputs or as how it runs, so a new import cannot slip past the rerun decision.
 """
 
 from __future__ import annotations
 
 import functools
-import hashlib
 import re
 from pathlib import Path
 
@@ -67,12 +64,6 @@ def _imports(path: Path, source: str) -> set[str]:
     return {name for name in found if name and _module_path(name)}
 
 
-def _normalized(source: str) -> str:
-    """Source without blank lines, whole-line comments and trailing spaces: edits of those do not rerun."""
-    lines = (line.rstrip() for line in source.splitlines())
-    return "\n".join(line for line in lines if line and not line.lstrip().startswith("#"))
-
-
 @functools.cache
 def stage_modules(stage: str) -> tuple[str, ...]:
     """The stage's module and its transitive `dflash_eval` imports, sorted."""
@@ -88,24 +79,3 @@ def stage_modules(stage: str) -> tuple[str, ...]:
         path = _module_path(name)
         todo.extend(_imports(path, path.read_text()) - seen)
     return tuple(sorted(seen))
-
-
-# Packages that decide how a stage runs, not what it writes: the server's lifecycle around fetch and
-# extraction. Like the server settings (docs/reruns.md), an edit of them reruns nothing; an edit that
-# reran extraction would cost a cache copy and every evaluation after it.
-RUNTIME_PACKAGES = ("server",)
-
-
-def fingerprinted_modules(stage: str) -> tuple[str, ...]:
-    """The stage's modules whose code decides its outputs: `stage_modules` without RUNTIME_PACKAGES."""
-    return tuple(name for name in stage_modules(stage) if name.split(".")[0] not in RUNTIME_PACKAGES)
-
-
-@functools.cache
-def code_fingerprint(stage: str) -> str:
-    """sha256 over the normalized sources of the stage's fingerprinted modules."""
-    digest = hashlib.sha256()
-    for name in fingerprinted_modules(stage):
-        path = _module_path(name)
-        digest.update(f"{name}\n{_normalized(path.read_text())}\n".encode())
-    return "sha256:" + digest.hexdigest()

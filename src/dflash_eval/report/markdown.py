@@ -367,11 +367,25 @@ def estimate_sources(evaluations: list[Evaluation]) -> list[str]:
     return sources
 
 
+def estimate_stamps(evaluations: list[Evaluation]) -> dict[str, list[dict[str, Any]]]:
+    """Per estimate source shown, the estimate-code stamps of the evaluations behind it (metrics.json's
+    speedup.estimate_code: the evaluation's and its measured profile's; {} where it has none, made before stamps)."""
+    stamps: dict[str, list[dict[str, Any]]] = {source: [] for source in estimate_sources(evaluations)}
+    for evaluation in evaluations:
+        section = evaluation.metrics.get("speedup") or {}
+        if section.get("available"):
+            for source in str(section.get("source")).split("; drafter step "):
+                stamps[source].append(section.get("estimate_code") or {})
+    return stamps
+
+
 def validation_lines(evaluations: list[Evaluation]) -> list[str]:
-    """Per estimate source shown, how far such estimates were measured to be from a real speedup, and on which
-    code (speedup/validation.py: benchmarks/speedup_validation.py's record)."""
+    """Per estimate source shown, how far such estimates were measured to be from a real speedup, and whether
+    that was the estimate code that made these numbers, by their stamps (speedup/validation.py:
+    benchmarks/speedup_validation.py's record)."""
     entries = validation.load()
-    return [f"- {validation.describe(source, entries)}" for source in estimate_sources(evaluations)]
+    return [f"- {validation.describe(source, entries, made_by)}"
+            for source, made_by in estimate_stamps(evaluations).items()]
 
 
 def speedup_caveats(evaluations: list[Evaluation]) -> list[str]:

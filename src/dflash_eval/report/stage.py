@@ -14,12 +14,13 @@ import argparse
 import logging
 from pathlib import Path
 
-from dflash_eval.config import report_settings, settings_from_args
+from dflash_eval.config import settings_from_args
 from dflash_eval.io_utils import (
     atomic_write_bytes,
     atomic_write_json,
     atomic_write_text,
 )
+from dflash_eval.provenance.stamps import STAMP, stage_stamp
 from dflash_eval.report import (
     backends,
     best_checkpoint,
@@ -31,6 +32,8 @@ from dflash_eval.report import (
     summary,
     trust,
 )
+from dflash_eval.report.settings import report_settings
+from dflash_eval.report.stamps import stamps_panel
 from dflash_eval.speedup import validation
 
 log = logging.getLogger(__name__)
@@ -68,7 +71,8 @@ def run(args: argparse.Namespace) -> int:
     if args.server_profile:
         panel["server_profile"] = engine_timing.profile_panel(engine_timing.load_profile(args.server_profile),
                                                               {e.key: e.metrics for e in evaluations}, settings)
-    panel["speedup_validation"] = validation.panel(markdown.estimate_sources(evaluations))
+    panel["speedup_validation"] = validation.panel(markdown.estimate_stamps(evaluations))
+    panel[STAMP], panel["inputs_code_identity"] = stage_stamp("report"), stamps_panel(evaluations, args.hidden)
     panel["serving_profiles"] = profile_agreement.panel(evaluations)
     panel["best_checkpoints"] = [b.as_dict() for b in best]
     panel["warnings"] = markdown.trust_warnings(panel)

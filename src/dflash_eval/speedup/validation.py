@@ -2,37 +2,30 @@
 
 benchmarks/speedup_validation.py sets the product's estimate beside the measured wall-clock speedup of a live loop
 on the same device; what it found (measured / estimated per cell: above 1 the estimate is pessimistic) is kept in
-speedup_validation.json beside this module, one entry per device x shape x method kind, with a hash of the code
-that makes the estimate. The report prints the entries for each estimate's source and says whether they were
+speedup_validation.json beside this module, one entry per device x shape x method kind, with the identity of the
+code that makes the estimate (provenance/identity.py's ESTIMATE_CODE: comments and docstrings do not count). The report prints the entries for each estimate's source and says whether they were
 measured on this version of that code: an estimate is only as validated as the code it was validated on.
 """
 
 from __future__ import annotations
 
-import hashlib
 import json
 from pathlib import Path
 from typing import Any
 
 from dflash_eval.errors import DflashEvalError
 from dflash_eval.io_utils import atomic_write_json
+from dflash_eval.provenance.identity import estimate_code_hash
 
 RECORD = Path(__file__).with_name("speedup_validation.json")
 FORMAT = "dflash-eval speedup validation 1"
-PACKAGE = Path(__file__).resolve().parents[1]
-# the code that makes the estimate (dflash_eval/...): the profile's timing, the drafter step's, the formula
-ESTIMATE_CODE = ("extract/profile.py", "speedup/model.py", "speedup/timing.py", "speedup/static_models.py",
-                 "speedup/static_loop.py", "speedup/static_hybrid.py", "speedup/static_tree.py",
-                 "evaluate/draft_timing.py", "evaluate/speedup.py")
 KEY = ("source", "device", "shape", "kind")  # an entry replaces the one with the same key
 
 
-def code_hash(read=lambda relative: (PACKAGE / relative).read_bytes()) -> str:
-    """sha256 over ESTIMATE_CODE's files (`read(relative path) -> bytes`: this checkout's by default)."""
-    digest = hashlib.sha256()
-    for relative in ESTIMATE_CODE:
-        digest.update(relative.encode() + b"\n" + read(relative) + b"\n")
-    return "sha256:" + digest.hexdigest()[:16]
+def code_hash() -> str:
+    """The estimate code's identity (provenance.identity.ESTIMATE_CODE, hashed by the one rule): what an entry,
+    a serving profile and a metrics.json are stamped with."""
+    return estimate_code_hash()
 
 
 def load(path: Path = RECORD) -> list[dict[str, Any]]:
@@ -64,8 +57,23 @@ def entry(cells: list[dict[str, Any]], source: str, device: str, date: str, comm
             "record": record}
 
 
-def describe(source: str, entries: list[dict[str, Any]] | None = None) -> str:
-    """A line for the summary: what was measured for estimates of `source`, and on which code."""
+def _stamps_line(entry_code: str, made_by: list[dict[str, Any]]) -> str:
+    """Whether the numbers shown were made by the entry's estimate code, from their stamps (metrics.json's
+    speedup.estimate_code: the evaluation's, and the measured profile's)."""
+    codes = {(m or {}).get(part) for m in made_by for part in ("evaluation", "profile") if (m or {}).get(part) or
+             part == "evaluation"}
+    if not made_by or None in codes:
+        return "these numbers carry no estimate-code stamp (made before stamps): not known to be this code"
+    if codes == {entry_code}:
+        return "the estimate code that made these numbers"
+    others = ", ".join(sorted(codes - {entry_code}))
+    return f"not the estimate code that made these numbers ({others})"
+
+
+def describe(source: str, entries: list[dict[str, Any]] | None = None,
+             made_by: list[dict[str, Any]] | None = None) -> str:
+    """A line for the summary: what was measured for estimates of `source`, and on which code. `made_by`: the
+    estimate-code stamps of the numbers shown (each {"evaluation", "profile"}); None: this checkout's code."""
     entries = load() if entries is None else entries
     mine = [e for e in entries if e["source"] == source]
     if not mine:
@@ -74,21 +82,33 @@ def describe(source: str, entries: list[dict[str, Any]] | None = None) -> str:
     current = code_hash()
     parts = []
     for e in mine:
-        code = "this version's estimate code" if e["estimate_code"] == current else (
-            f"earlier estimate code ({e.get('code_commit') or e['estimate_code']}), not this version's")
+        if made_by is not None:
+            code = _stamps_line(e["estimate_code"], made_by)
+        else:
+            code = "this version's estimate code" if e["estimate_code"] == current else (
+                f"earlier estimate code ({e.get('code_commit') or e['estimate_code']}), not this version's")
         parts.append(f"{e['device']} {e['date']}, {e['shape']} ({e['target']}) {e['kind']}: measured / estimated "
                      f"{e['ratio_min']:.2f}-{e['ratio_max']:.2f} over {e['cells']} cells (target timed "
                      f"{e['profile_method']}, drafter {e['draft_method']}; {code})")
     return f"'{source}' estimates, validated ({mine[0]['record']}): " + "; ".join(parts)
 
 
-def panel(sources: list[str], entries: list[dict[str, Any]] | None = None) -> dict[str, Any]:
+def panel(sources: dict[str, list[dict[str, Any]]] | list[str],
+          entries: list[dict[str, Any]] | None = None) -> dict[str, Any]:
     """trust.json's `speedup_validation`: per estimate source, the summary's line and the recorded entries, each
-    with `this_code` (measured on this version of the estimate's code)."""
+    with `this_code` (measured on the estimate code that made the numbers shown, by their stamps, when `sources`
+    maps each source to them; else on this checkout's)."""
     entries = load() if entries is None else entries
     current = code_hash()
+    stamped = sources if isinstance(sources, dict) else dict.fromkeys(sources)
+
+    def same(entry: dict[str, Any], made_by: list[dict[str, Any]] | None) -> bool:
+        if made_by is None:
+            return entry["estimate_code"] == current
+        return _stamps_line(entry["estimate_code"], made_by) == "the estimate code that made these numbers"
+
     return {"estimate_code": current, "sources": {
-        source: {"summary": describe(source, entries),
-                 "entries": [{**e, "this_code": e["estimate_code"] == current} for e in entries
-                             if e["source"] == source]}
-        for source in sources}}
+        source: {"summary": describe(source, entries, made_by),
+                 "entries": [{**e, "this_code": same(e, made_by)} for e in entries if e["source"] == source],
+                 **({"made_by": made_by} if made_by is not None else {})}
+        for source, made_by in stamped.items()}}

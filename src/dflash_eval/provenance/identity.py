@@ -1,0 +1,179 @@
+"""Each stage's code identity: the modules it declares as deciding its outputs, hashed one way.
+
+A stage reruns on code only when code that computes its files changes. So each stage declares a short list of the
+`dflash_eval` modules whose logic decides what it writes (`decides`), the modules it imports that only decide how
+it runs (`runs`: the command line, its settings' plumbing, the server's lifecycle, file I/O, code it imports and
+never calls), and an output version bumped on purpose when a change alters its outputs in a way the hash would not
+see (a change in a `runs` module, in a third-party package). tests/provenance/test_identity.py fails when a stage
+imports a `dflash_eval` module that neither list names, so the lists cannot silently go stale.
+
+The hash rule (`modules_hash`) is the one rule for every code identity: the stage identities, the kept states'
+(cache/reuse.py) and the speedup estimate's (speedup/validation.py). It hashes each module's syntax tree without
+docstrings, unparsed, so comments, docstrings, blank lines and formatting change nothing; a change of code does.
+The unparsed text can differ between Python minor versions: a Python upgrade may rerun each stage once.
+Settings are not code here: they reach each stage as its params (config.py and the settings builders are `runs`).
+"""
+
+from __future__ import annotations
+
+import ast
+import functools
+import hashlib
+from dataclasses import dataclass
+from pathlib import Path
+
+from dflash_eval.provenance.fingerprint import FingerprintCache
+
+PACKAGE = "dflash_eval"
+PACKAGE_DIR = Path(__file__).resolve().parents[1]
+
+# How every stage runs, whatever it computes: the command line, errors, settings, file helpers, provenance itself.
+COMMON_RUNS = ("cli", "commands", "config", "errors", "io_utils", "yaml_files", "provenance.*")
+# The server's lifecycle around fetch and extraction: like the server settings (docs/reruns.md) it reruns nothing.
+SERVER_RUNS = ("server.*",)
+
+# The modules whose code decides the hidden states' values (the forward, its hooks, the kernels, the loading):
+# also the kept states' code key (cache/reuse.py), so a change of them recomputes states rather than copying them.
+STATE_CODE = ("extract.capture", "extract.backends", "extract.target")
+# The code that makes the expected speedup: the target's step timing, the drafter's, the formula. The validation
+# record (speedup/validation.py) is stamped with its hash; a profile and a metrics.json are too.
+ESTIMATE_CODE = ("extract.profile", "speedup.model", "speedup.timing", "speedup.static_models",
+                 "speedup.static_loop", "speedup.static_hybrid", "speedup.static_tree",
+                 "evaluate.draft_timing", "evaluate.speedup")
+# The target's step timing alone (the serving profile that extraction writes beside the cache).
+TARGET_TIMING_CODE = ("extract.profile", "speedup.timing", "speedup.static_models", "speedup.static_loop",
+                      "speedup.static_hybrid")
+# Imported (through static_loop and static_tree) but only run by the live loops of benchmarks/speedup_validation.py.
+VALIDATION_LOOPS = ("speedup.loop_run", "speedup.simulate")
+
+
+@dataclass(frozen=True)
+class StageCode:
+    """What decides a stage's outputs (`decides`), what only runs it (`runs`), and the output version, bumped on
+    purpose. A name is a module (`speedup` is the package's __init__ alone) or, ending in `.*`, a whole package."""
+
+    decides: tuple[str, ...]
+    runs: tuple[str, ...]
+    version: int = 1
+
+
+_EVALUATE_DECIDES = ("evaluate.stage", "evaluate.acceptance", "evaluate.all_anchor", "evaluate.blocks",
+                     "evaluate.ddtree", "evaluate.drafter", "evaluate.drafter_model", "evaluate.packed",
+                     "evaluate.rejection", "evaluate.rejection_metrics", "evaluate.sampled_check", "evaluate.drafter_kind",
+                     "evaluate.target_head",
+                     "evaluate.trajectory", "evaluate.draft_timing", "evaluate.speedup", "evaluate.speedup_stamps",
+                     "checkpoint",
+                     "checkpoint_weights", "methods", "stats", "cache.sampling", "speedup.model", "speedup.labels",
+                     "speedup.timing", "speedup.static_models", "speedup.static_loop", "speedup.static_tree")
+_EXTRACT_DECIDES = (*STATE_CODE, "extract.stage", "extract.layers", "extract.positions", "extract.target_logprobs",
+                    "cache.manifest", "cache.store", "cache.sampling", "target_identity", "stats",
+                    *TARGET_TIMING_CODE)
+# Files read back, checked or resumed: their checks stop a wrong run, they do not change a right one's numbers.
+_CACHE_READERS = ("cache", "cache.completions_check", "cache.resume", "cache.reuse", "cache.verify",
+                  "cache.serving_profile", "cache.manifest", "cache.store", "completions", "target_identity")
+
+STAGES: dict[str, StageCode] = {
+    "fetch": StageCode(
+        decides=("fetch.sglang", "fetch.sampling", "fetch.presets", "fetch.prompts", "completions",
+                 "sglang_protocol"),
+        runs=(*COMMON_RUNS, *SERVER_RUNS, "fetch.stage", "fetch.retry", "fetch.store")),
+    "extract": StageCode(
+        decides=_EXTRACT_DECIDES,
+        runs=(*COMMON_RUNS, *SERVER_RUNS, *_CACHE_READERS, *VALIDATION_LOOPS)),
+    "evaluate": StageCode(
+        decides=_EVALUATE_DECIDES,
+        runs=(*COMMON_RUNS, *_CACHE_READERS, *VALIDATION_LOOPS, "evaluate.command", "evaluate.several",
+              "evaluate.result_store", "evaluate.gpu", "evaluate.cuda_graphs", "evaluate.transfer")),
+    "report": StageCode(
+        decides=("report.*", "methods", "stats", "completions", "speedup.labels", "speedup.validation",
+                 "checkpoint", "checkpoint_weights", "cache.serving_profile", "cache.manifest"),
+        runs=(*COMMON_RUNS, "cache", "speedup")),  # two packages' __init__ (docstrings)
+    "compare-backends": StageCode(
+        decides=("tools.compare_backends", *_EXTRACT_DECIDES, *_EVALUATE_DECIDES),
+        runs=(*COMMON_RUNS, *SERVER_RUNS, *_CACHE_READERS, *VALIDATION_LOOPS, "evaluate.*")),
+    "export": StageCode(
+        decides=("report.export", "report.speculation_profile", "stats", "methods", "completions", "cache.manifest"),
+        runs=(*COMMON_RUNS, "cache")),  # the package's __init__ (a docstring)
+    "profile-server": StageCode(
+        decides=("tools.profile_server", "cache.serving_profile", "speedup.labels", "stats", "completions"),
+        runs=(*COMMON_RUNS, *SERVER_RUNS)),
+}
+
+
+def module_path(dotted: str) -> Path:
+    """The file of `dflash_eval.<dotted>` (a module, or a package's __init__)."""
+    relative = Path(*dotted.split("."))
+    for candidate in (PACKAGE_DIR / relative.with_suffix(".py"), PACKAGE_DIR / relative / "__init__.py"):
+        if candidate.is_file():
+            return candidate
+    raise KeyError(f"{PACKAGE}.{dotted}: no such module under {PACKAGE_DIR} (a declared module that moved?)")
+
+
+def package_modules(declared: str) -> tuple[str, ...]:
+    """The modules a declared name covers: the module itself, or for `package.*` the package and every module
+    below it."""
+    if not declared.endswith(".*"):
+        module_path(declared)
+        return (declared,)
+    package = declared[:-2]
+    root = module_path(package).parent
+    below = sorted(p.relative_to(PACKAGE_DIR).with_suffix("") for p in root.rglob("*.py"))
+    return tuple(".".join(p.parts[:-1] if p.name == "__init__" else p.parts) for p in below)
+
+
+def _without_docstrings(tree: ast.AST) -> ast.AST:
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)):
+            body = node.body
+            if body and isinstance(body[0], ast.Expr) and isinstance(getattr(body[0], "value", None), ast.Constant) \
+                    and isinstance(body[0].value.value, str):
+                node.body = body[1:] or [ast.Pass()]
+    return tree
+
+
+def module_code(dotted: str) -> str:
+    """A module's code as it runs: its syntax tree without docstrings, unparsed (no comments, one formatting)."""
+    return _code(str(module_path(dotted)))
+
+
+def _code(path: str) -> str:
+    return ast.unparse(_without_docstrings(ast.parse(Path(path).read_text())))
+
+
+def _code_digest(path: str) -> str:
+    return hashlib.sha256(_code(path).encode()).hexdigest()
+
+
+# Parsing and unparsing every declared module takes seconds on a slow machine, and the Snakefile is parsed by
+# every Snakemake process (cluster jobs too): each module's code digest is kept by path, size and mtime.
+_CODE_DIGESTS = FingerprintCache(Path(".snakemake") / "dflash-eval" / "code.json", digest=_code_digest)
+
+
+def modules_hash(modules: tuple[str, ...], version: int = 1) -> str:
+    """The one hash rule: sha256 over the output version and each declared module's docstring-free code, in name
+    order. `sha256:` and the first 16 hex digits."""
+    digest = hashlib.sha256(f"version {version}\n".encode())
+    for name in sorted({m for declared in modules for m in package_modules(declared)}):
+        digest.update(f"{name}\n{_CODE_DIGESTS.file(module_path(name), name)}\n".encode())
+    return "sha256:" + digest.hexdigest()[:16]
+
+
+@functools.cache
+def stage_identity(stage: str) -> str:
+    """The code identity of a stage's outputs, `<stage>.v<version>.sha256:<16 hex>`: its declared modules and output
+    version, hashed by the one rule. No spaces: the workflow puts it in each rule's shell command, where Snakemake's
+    own `code` rerun trigger compares it (docs/reruns.md)."""
+    if stage not in STAGES:
+        raise KeyError(f"unknown stage {stage!r}; one of {', '.join(STAGES)}")
+    declared = STAGES[stage]
+    return f"{stage}.v{declared.version}.{modules_hash(declared.decides, declared.version)}"
+
+
+def state_code_hash() -> str:
+    """The kept states' code key: STATE_CODE hashed by the one rule."""
+    return modules_hash(STATE_CODE)
+
+
+def estimate_code_hash() -> str:
+    """The speedup estimate's code key: ESTIMATE_CODE hashed by the one rule."""
+    return modules_hash(ESTIMATE_CODE)

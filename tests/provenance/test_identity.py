@@ -1,0 +1,112 @@
+"""Declared code identities: every import declared, one hash rule, docstrings and comments not counted."""
+
+from __future__ import annotations
+
+import shutil
+
+import pytest
+
+from dflash_eval.provenance import code_version, identity
+
+
+def covered(stage: str) -> set[str]:
+    declared = identity.STAGES[stage]
+    return {m for name in declared.decides + declared.runs for m in identity.package_modules(name)}
+
+
+@pytest.mark.parametrize("stage", sorted(identity.STAGES))
+def test_every_module_a_stage_imports_is_declared_as_deciding_its_outputs_or_as_how_it_runs(stage):
+    """The lists cannot go stale: a new `dflash_eval` import of a stage fails here until it is declared."""
+    undeclared = sorted(set(code_version.stage_modules(stage)) - covered(stage))
+    assert not undeclared, (f"{stage} imports {undeclared}: add each to STAGES[{stage!r}] in "
+                            "provenance/identity.py, in `decides` if its code computes the stage's files, else `runs`")
+
+
+def test_the_import_check_fails_on_an_undeclared_import(tmp_path, monkeypatch):
+    """The check above can fail: a stage that starts importing a module nobody declared is caught."""
+    copy = tmp_path / "dflash_eval"
+    shutil.copytree(code_version.PACKAGE_DIR, copy, ignore=shutil.ignore_patterns("__pycache__"))
+    (copy / "report" / "new_table.py").write_text("X = 1\n")
+    stage = copy / "report" / "stage.py"
+    stage.write_text(stage.read_text() + "\nfrom dflash_eval.stats import median_ci  # noqa\n"
+                     "from dflash_eval.evaluate import trajectory  # noqa\n")
+    monkeypatch.setattr(code_version, "PACKAGE_DIR", copy)
+    code_version.stage_modules.cache_clear()
+    try:
+        assert "evaluate.trajectory" in set(code_version.stage_modules("report")) - covered("report")
+    finally:
+        monkeypatch.undo()
+        code_version.stage_modules.cache_clear()
+
+
+def test_every_declared_module_exists():
+    for stage, declared in identity.STAGES.items():
+        for name in declared.decides + declared.runs:
+            assert identity.package_modules(name), (stage, name)
+    with pytest.raises(KeyError, match="no such module"):
+        identity.package_modules("evaluate.gone")
+
+
+def test_the_server_the_cli_and_config_decide_no_output():
+    """How a stage runs (the server's lifecycle, the settings' plumbing) is never part of what decides its files."""
+    for stage, declared in identity.STAGES.items():
+        decided = {m for name in declared.decides for m in identity.package_modules(name)}
+        assert not {m for m in decided if m.startswith("server.") or m in ("config", "cli", "commands")}, stage
+
+
+def _package_copy(tmp_path, monkeypatch):
+    copy = tmp_path / "dflash_eval"
+    shutil.copytree(identity.PACKAGE_DIR, copy, ignore=shutil.ignore_patterns("__pycache__"))
+    monkeypatch.setattr(identity, "PACKAGE_DIR", copy)
+    monkeypatch.setattr(identity, "_CODE_DIGESTS", identity.FingerprintCache(tmp_path / "code.json",
+                                                                             digest=identity._code_digest))
+    return copy
+
+
+def _identity(stage: str) -> str:
+    identity.stage_identity.cache_clear()
+    return identity.stage_identity(stage)
+
+
+def test_docstrings_comments_and_formatting_do_not_change_an_identity_and_code_does(tmp_path, monkeypatch):
+    copy = _package_copy(tmp_path, monkeypatch)
+    try:
+        before = _identity("evaluate")
+        acceptance = copy / "evaluate" / "acceptance.py"
+        text = acceptance.read_text()
+        edited = text.replace('"""', '"""A new first sentence. ', 1) + "\n\n# a comment\n\n"
+        acceptance.write_text(edited)
+        assert _identity("evaluate") == before
+        acceptance.write_text(edited + "EDITED = 1\n")
+        assert _identity("evaluate") != before
+        acceptance.write_text(text)
+        assert _identity("evaluate") == before
+        config = copy / "config.py"  # settings are params, not code
+        config.write_text(config.read_text() + "\nEDITED = 1\n")
+        assert _identity("evaluate") == before and _identity("report") == _identity("report")
+    finally:
+        monkeypatch.undo()
+        identity.stage_identity.cache_clear()
+
+
+def test_the_output_version_changes_the_identity(monkeypatch):
+    before = _identity("report")
+    declared = identity.STAGES["report"]
+    monkeypatch.setitem(identity.STAGES, "report", identity.StageCode(declared.decides, declared.runs,
+                                                                      declared.version + 1))
+    try:
+        after = _identity("report")
+        assert after != before and after.startswith(f"report.v{declared.version + 1}.sha256:")
+    finally:
+        monkeypatch.undo()
+        identity.stage_identity.cache_clear()
+
+
+def test_one_hash_rule_for_the_states_the_estimate_and_the_stages():
+    """cache/reuse.py's state key and speedup/validation.py's record hash are identity's, by the same rule."""
+    from dflash_eval.speedup import validation
+
+    assert identity.state_code_hash() == identity.modules_hash(identity.STATE_CODE)
+    assert validation.code_hash() == identity.modules_hash(identity.ESTIMATE_CODE)
+    assert set(identity.STATE_CODE) <= set(identity.STAGES["extract"].decides)
+    assert identity.module_code("speedup") == "pass"  # the package __init__ is its docstring alone
