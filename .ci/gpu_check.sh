@@ -96,9 +96,9 @@ if [ "$what" = sampled ]; then
     # the demo's models through the workflow's own rules (each timed), then the check at T > 0 on them
     step demo_build 250 'snakemake resources/demo/drafters/step900/config.json --cores 16 --configfile config/gpu.yaml'
     python3 .ci/rule_times.py results/benchmarks > "$OUT/build_times.md" 2>&1; cat "$OUT/build_times.md" >> "$summary"
-    step fidelity_sampled 290 "python benchmarks/fidelity_sampled.py --target resources/demo/target \
+    step fidelity_sampled 330 "python benchmarks/fidelity_sampled.py --target resources/demo/target \
         --drafter resources/demo/drafters/step900 --prompts resources/prompts/demo_code.jsonl --device cuda:0 \
-        --backend fla --dtypes bfloat16 float32 --samples 16 --n 2 --runs 200 --mc-dtypes bfloat16 \
+        --backend fla --dtypes bfloat16 float32 --samples 16 --n 2 --runs 120 --mc-dtypes bfloat16 \
         --server-threads 8 --record $OUT/fidelity_sampled.md --json $OUT/fidelity_sampled.json"
     tail -n 40 "$OUT/fidelity_sampled.log" >> "$summary"
 fi

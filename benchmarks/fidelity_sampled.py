@@ -137,8 +137,11 @@ def live_records(args: argparse.Namespace, dtype: str, prompts: list[list[int]],
     drafter = load_drafter(args.drafter).model.to(device=target.device, dtype=parse_dtype(dtype)).eval()
     drawn = sampling(args)
     records = []
+    started = time.perf_counter()
     with use_backend(args.backend, args.device, target) as backend:
         for seed in range(args.runs):
+            if seed and seed % 25 == 0:
+                progress(f"{dtype}: {seed} of {args.runs} dflash_generate runs", started)
             prompt = prompts[seed % len(prompts)]
             torch.manual_seed(seed)
             steps, ids = run_reference_loop(drafter, target, prompt, args.mc_max_tokens, stops,
@@ -173,11 +176,14 @@ def monte_carlo(records: list[dict], metrics: dict, block: int) -> dict:
             "outside_support": metrics["rejection"]["outside_support"]}
 
 
-def tables(results: dict, meta: dict) -> list[str]:
+def heading(meta: dict) -> list[str]:
     drawn = f"T {meta['temperature']:g}, top-k {meta['top_k']}, top-p {meta['top_p']:g}"
-    lines = [f"### {meta['date']}: {meta['device']}, backend {meta['backend']}, at {drawn} (commit {meta['commit']})",
-             "", f"Command: `{meta['command']}`", "",
-             "| dtype | served requests | offline target_only = counters per request | tau target_only | "
+    return [f"### {meta['date']}: {meta['device']}, backend {meta['backend']}, at {drawn} (commit {meta['commit']})",
+            "", f"Command: `{meta['command']}`", ""]
+
+
+def served_table(results: dict) -> list[str]:
+    lines = ["| dtype | served requests | offline target_only = counters per request | tau target_only | "
              "tau rejection (expected; samples) | samples skipped | first token outside dflash's support (taken as "
              "given) | samples with a verified token outside it (tokens) | support share | seconds |",
              "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
@@ -187,15 +193,16 @@ def tables(results: dict, meta: dict) -> list[str]:
         share = "–" if check.get("support_share") is None else f"{check['support_share']:.4f}"
         lines.append(f"| {dtype} | {s['requests']} | {s['equal']} of {s['requests']} ({s['exact']} exactly) "
                      f"| {s['tau_target_only']:.3f} | {s['tau_rejection']:.3f}; {s['rejection_samples']} "
-                     f"| {s['skipped']} | {s['first_token_outside']} of {s['requests']} | {out['samples']} of {out['samples_scored']} ({out['tokens']}) | {share} | {r['seconds']:.0f} |")
-    lines += ["", "| dtype | dflash_generate runs | mean realised tau | mean expected tau | Z | samples outside "
-              "support |", "|---|---:|---:|---:|---:|---:|"]
-    for dtype, r in results.items():
-        m = r.get("monte_carlo")
-        if m:
-            lines.append(f"| {dtype} | {m['runs']} | {m['mean_realised_tau']:.3f} | {m['mean_expected_tau']:.3f} "
-                         f"| {m['z']:+.2f} | {m['outside_support']['samples']} |")
+                     f"| {s['skipped']} | {s['first_token_outside']} of {s['requests']} "
+                     f"| {out['samples']} of {out['samples_scored']} ({out['tokens']}) | {share} | {r['seconds']:.0f} |")
     return lines
+
+
+def monte_carlo_table(dtype: str, m: dict) -> list[str]:
+    return ["| dtype | dflash_generate runs | mean realised tau | mean expected tau | Z | samples outside support "
+            "| seconds (runs; their evaluation) |", "|---|---:|---:|---:|---:|---:|---:|",
+            f"| {dtype} | {m['runs']} | {m['mean_realised_tau']:.3f} | {m['mean_expected_tau']:.3f} | {m['z']:+.2f} "
+            f"| {m['outside_support']['samples']} | {m['run_seconds']:.0f}; {m['evaluate_seconds']:.0f} |"]
 
 
 def main() -> None:
@@ -235,6 +242,8 @@ def main() -> None:
 
 
 def run(args: argparse.Namespace, work: Path) -> None:
+    """The served check for every dtype, recorded as soon as it is done, then each Monte Carlo table as it is
+    done: a run cut short by a time limit keeps every table it finished."""
     drafter = load_drafter(args.drafter)
     block = drafter.block_size
     device = torch.cuda.get_device_name(torch.device(args.device)) if args.device.startswith("cuda") else \
@@ -243,24 +252,43 @@ def run(args: argparse.Namespace, work: Path) -> None:
             "commit": checkout_commit(ROOT), "command": f"python benchmarks/fidelity_sampled.py {' '.join(sys.argv[1:])}",
             **sampling(args)}
     served_path = work / "served.jsonl"
+    started = time.perf_counter()
     records = serve_and_fetch(args, block, served_path)
+    read_completions(served_path)  # the served file stays readable (a damaged one is an error here)
+    progress(f"served and fetched {len(records)} requests", started)
     stops = stop_token_ids({"target": {"path": str(args.target)}, "stop_token_ids": None})
-    results = {}
+    results: dict[str, dict] = {}
     for dtype in args.dtypes:
         started = time.perf_counter()
         metrics, steps = evaluate(args, dtype, drafter, served_path, work)
-        results[dtype] = {"served": served_check(records, metrics, steps, block)}
-        if args.runs and dtype in args.mc_dtypes:
-            prompts = [r["prompt_token_ids"] for r in records[::args.n]]
-            live = live_records(args, dtype, prompts, stops)
-            path = work / f"live-{dtype}.jsonl"
-            path.write_bytes(b"".join(serialize({k: v for k, v in r.items() if k != "live_steps"}) for r in live))
-            mc_metrics, _ = evaluate(args, dtype, drafter, path, work)
-            results[dtype]["monte_carlo"] = monte_carlo(live, mc_metrics, block)
-        results[dtype]["seconds"] = time.perf_counter() - started
-        print(json.dumps({dtype: results[dtype]}, default=str)[:2000], flush=True)
-    read_completions(served_path)  # the served file stays readable (a damaged one is an error here)
-    print_and_record(tables(results, meta), args.record)
+        results[dtype] = {"served": served_check(records, metrics, steps, block),
+                          "seconds": time.perf_counter() - started}
+        progress(f"{dtype}: served requests evaluated", started)
+    print_and_record(heading(meta) + served_table(results), args.record)
+    write_json(args, meta, results)
+    for dtype in args.mc_dtypes if args.runs else []:
+        started = time.perf_counter()
+        prompts = [r["prompt_token_ids"] for r in records[::args.n]]
+        live = live_records(args, dtype, prompts, stops)
+        run_seconds = time.perf_counter() - started
+        progress(f"{dtype}: {len(live)} dflash_generate runs", started)
+        path = work / f"live-{dtype}.jsonl"
+        path.write_bytes(b"".join(serialize({k: v for k, v in r.items() if k != "live_steps"}) for r in live))
+        evaluated = time.perf_counter()
+        mc_metrics, _ = evaluate(args, dtype, drafter, path, work)
+        progress(f"{dtype}: the runs evaluated", evaluated)
+        results.setdefault(dtype, {})["monte_carlo"] = {
+            **monte_carlo(live, mc_metrics, block), "run_seconds": run_seconds,
+            "evaluate_seconds": time.perf_counter() - evaluated}
+        print_and_record(monte_carlo_table(dtype, results[dtype]["monte_carlo"]), args.record)
+        write_json(args, meta, results)
+
+
+def progress(what: str, since: float) -> None:
+    print(f"[fidelity_sampled] {what} in {time.perf_counter() - since:.1f} s", flush=True)
+
+
+def write_json(args: argparse.Namespace, meta: dict, results: dict) -> None:
     if args.json:
         args.json.write_text(json.dumps({"meta": meta, "results": results}, indent=1, default=str))
 
