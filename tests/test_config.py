@@ -315,3 +315,15 @@ def test_target_log_probs_are_stored_only_for_sampled_datasets_under_rejection()
     assert "target_logprobs" not in cfg.extract_params(both, "demo-code", [1, 2], "final_norm")
     assert cfg.extract_params(both, "demo-code-t07", [1, 2], "final_norm")["target_logprobs"] is True
     assert "target_logprobs" not in cfg.extract_params(config, "demo-code-t07", [1, 2], "final_norm")
+
+
+def test_the_gpu_demo_leaves_profile_server_off_and_its_overlay_turns_it_back_on():
+    """config/gpu.yaml keeps the first GPU run short; config/gpu_profile_server.yaml (docs/demo.md's command) after
+    it restores config.yaml's profile_server settings, enabled."""
+    raw = yaml.safe_load((REPO / "config.yaml").read_text())
+    for name in ("gpu.yaml", "gpu_profile_server.yaml"):
+        for key, value in yaml.safe_load((REPO / "config" / name).read_text()).items():
+            raw[key] = {**raw.get(key, {}), **value}
+        config = cfg.validate_config(raw, f"config.yaml + {name}")
+        assert config["profile_server"]["enabled"] is (name == "gpu_profile_server.yaml")
+    assert config["profile_server"]["acceptance_lengths"] == [4]
