@@ -31,6 +31,8 @@ SOURCES = {
     "entrypoints/serve/engine/protocol.py": ("ModelCard", "ModelList", "UsageInfo"),
     "config/speculative.py": ("SpeculativeConfig",),
     "config/observability.py": ("ObservabilityConfig",),
+    "config/vllm.py": ("VllmConfig",),
+    "config/model.py": ("ModelConfig",),
 }
 # snapshot name -> (source file, "Class.method") whose returned dict literal and `result["k"] = ...` keys it holds
 METHOD_DICTS = {"SpecDecodeMetricsDict": ("v1/metrics/stats.py", "RequestSpecDecodeMetrics.to_dict")}
