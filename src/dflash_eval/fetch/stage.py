@@ -334,6 +334,8 @@ def build_record(
                    if info.engine != "vllm" else {"completion_tokens": int(usage.get("completion_tokens", len(ids)))}),
         "client_timing": {"wall_s": wall_s, "concurrency": int(settings["concurrency"])},
     }
+    if info.engine == "vllm" and (why := vllm.spec_why(info.speculative, spec)) is not None:
+        record["spec_why"] = why  # for the report's online panel
     if r.sampling is not None and info.sampling_warning:
         record["sampling_warning"] = info.sampling_warning  # on every record it concerns, for the report
     return record
@@ -597,9 +599,6 @@ def fetch(settings: dict[str, Any], out: Path) -> list[dict[str, Any]]:
     drawn = sampling.record_sampling(settings, "any")
     info.sampling_warning = (vllm.sampling_warning(info.speculative, drawn) if info.engine == "vllm" else
                              sglang.sampling_warning(info.speculative, info.accept_thresholds, drawn))
-    if (no_panel := vllm.no_online_data_why(info.speculative)) is not None:
-        log.warning("%s: %s; the records still fetch, and the report says why its online panel is empty",
-                    settings["dataset"], no_panel)
     if (defaults := sampling.defaults_warning(settings, info.token_ids)) is not None:
         log.warning("%s: %s", settings["dataset"], defaults)
     if info.sampling_warning:
@@ -622,6 +621,9 @@ def fetch(settings: dict[str, Any], out: Path) -> list[dict[str, Any]]:
         store.finish(records)
 
     summary = summarize(records)
+    if whys := [r["spec_why"] for r in records if r.get("spec_why")]:
+        log.warning("%s: %d of %d records lack vLLM's per-step metrics: %s (the records are kept; the report's online "
+                    "panel says so)", settings["dataset"], len(whys), len(records), whys[0])
     summary["fetched"] = sum(1 for r in records if kept.get(r["id"]) is not r)
     summary["reused"] = len(records) - summary["fetched"]
     summary["retries"] = dict(retry_counts)

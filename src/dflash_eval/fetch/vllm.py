@@ -115,17 +115,22 @@ def server_spec_settings(base_url: str, version: str | None, key_env: str | None
     return out
 
 
-def no_online_data_why(speculative: dict[str, Any] | None) -> str | None:
-    """Why a vLLM server's records can hold no per-request steps for the online panel, None when they can."""
-    if not speculative or speculative.get("engine") != "vllm":
+def spec_why(speculative: dict[str, Any] | None, spec: dict[str, Any] | None) -> str | None:
+    """Why a vLLM record holds no per-step arrays for the online panel (a record's `spec_why`), None when it does."""
+    if spec is not None and spec.get("per_step_accepted") is not None:
         return None
+    speculative = speculative or {}
     level = speculative.get("per_request_spec_decode_metrics")
-    if speculative.get("speculative_algorithm") is None and speculative.get("unknown_why") is None:
-        return "the vLLM server does not speculate"
-    if level in ("none", "summary"):
-        return (f"the vLLM server runs --per-request-spec-decode-metrics {level}: the online panel needs the "
-                "per-step arrays of `detailed`")
-    return None
+    if spec is not None:
+        return ("the vLLM server runs --per-request-spec-decode-metrics summary: counts and histograms per request, "
+                "no per-step arrays (those need detailed)")
+    if speculative.get("unknown_why") is None and speculative.get("speculative_algorithm") is None:
+        return "the vLLM server does not speculate (no --speculative-config)"
+    if level == "none":
+        return ("the vLLM server runs --per-request-spec-decode-metrics none (the default): no metrics.speculative_decoding "
+                "in its answers; start it with --per-request-spec-decode-metrics detailed")
+    return ("the vLLM server sent no metrics.speculative_decoding (start it with --per-request-spec-decode-metrics "
+            "detailed; vLLM reports it for n == 1 only)")
 
 
 def sampling_warning(speculative: dict[str, Any] | None, drawn: dict[str, Any] | None) -> str | None:
