@@ -7,6 +7,7 @@ from pathlib import Path
 
 from dflash_eval import vllm_protocol
 from dflash_eval.fetch import vllm as fetch_vllm
+from dflash_eval.server import engines
 
 
 def test_snapshot_equals_the_wheel_both_ways(vllm_src: Path) -> None:
@@ -50,18 +51,18 @@ def test_every_field_fetch_reads_or_sends_is_vllms() -> None:
 def test_sleep_routes_and_levels(vllm_src: Path) -> None:
     """The release kind's calls exist, and the level it sends is in the route's bounds (Query(ge=0, le=2))."""
     fields = vllm_protocol.PROTOCOL_FIELDS
-    for route in (fetch_vllm.SLEEP_ROUTE, fetch_vllm.WAKE_ROUTE, fetch_vllm.SLEEPING_ROUTE):
+    for route in (engines.VLLM_SLEEP_ROUTE, engines.VLLM_WAKE_ROUTE, engines.VLLM_SLEEPING_ROUTE):
         assert route in fields["SleepRoutes"]
     assert "level" in fields["SleepParameters"]
     source = (vllm_src / "entrypoints/serve/dev/sleep/api_router.py").read_text()
     level = next(a for n in ast.walk(ast.parse(source)) if isinstance(n, ast.AsyncFunctionDef) and n.name == "sleep"
                  for a, d in zip(n.args.args[-len(n.args.defaults):], n.args.defaults) if a.arg == "level")
     assert "Query(ge=0, le=2)" in ast.unparse(level.annotation)
-    assert 0 <= fetch_vllm.SLEEP_LEVEL <= 2
+    assert 0 <= engines.VLLM_SLEEP_LEVEL <= 2
     # the sleep routes are registered only in dev mode (VLLM_SERVER_DEV_MODE), which fetch_vllm names
     routers = (vllm_src / "entrypoints/launchers/api_server/routers.py").read_text()
     assert "if envs.VLLM_SERVER_DEV_MODE:" in routers and "register_vllm_dev_api_routers(app)" in routers
-    assert fetch_vllm.DEV_MODE_ENV == "VLLM_SERVER_DEV_MODE"
+    assert engines.VLLM_DEV_MODE_ENV == "VLLM_SERVER_DEV_MODE"
 
 
 def test_accepted_counts_before_the_output_is_cut(vllm_src: Path) -> None:

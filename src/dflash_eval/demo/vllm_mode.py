@@ -21,7 +21,7 @@ import os
 import time
 from typing import Any
 
-from dflash_eval.fetch.vllm import DEV_MODE_ENV
+from dflash_eval.server.engines import VLLM_DEV_MODE_ENV as DEV_MODE_ENV
 from dflash_eval.vllm_protocol import VERSION, check_fields, unknown_fields
 
 GUARDED_PREFIX = ("/v1", "/v2", "/inference", "/cohere")  # serve/middleware/authenticate.py

@@ -15,6 +15,7 @@ import json
 import logging
 from typing import Any
 
+from dflash_eval.server.engines import VLLM_DEV_MODE_ENV, vllm_version
 from dflash_eval.server.http import http_request
 from dflash_eval.vllm_protocol import VERSION
 
@@ -26,13 +27,6 @@ SPEC_METRICS = ("num_spec_steps", "num_accepted_draft_tokens", "num_draft_tokens
                 "per_step_accepted", "per_step_drafted")
 # SpeculativeConfig fields read from /server_info's vllm_config.speculative_config (config/speculative.py)
 SPEC_CONFIG = ("method", "model", "num_speculative_tokens", "draft_sample_method", "rejection_sample_method")
-# The sleep-mode routes (entrypoints/serve/dev/sleep/api_router.py), registered only in dev mode
-SLEEP_ROUTE, WAKE_ROUTE, SLEEPING_ROUTE = "POST /sleep", "POST /wake_up", "GET /is_sleeping"
-DEV_MODE_ENV = "VLLM_SERVER_DEV_MODE"
-# Level 1 offloads the weights to CPU memory and drops the KV cache; level 2 discards the weights, which a
-# wake-up does not bring back (v1/worker/gpu_worker.py, sleep and _discardable_parameters): only level 1 serves
-# the same model after waking.
-SLEEP_LEVEL = 1
 # The verification rule under which a draft is accepted iff it is the emitted token (docs/vllm_protocol.md)
 EXACT_RULE = ("greedy", "standard")
 
@@ -68,15 +62,8 @@ def spec_metrics(response: dict[str, Any]) -> dict[str, Any] | None:
 
 
 def detected(base_url: str, key_env: str | None = None) -> str | None:
-    """The vLLM version when the server answers `GET /version` as vLLM does ({"version": "..."}, alone), else None."""
-    status, body = http_request(base_url + "/version", timeout=30.0, key_env=key_env)
-    try:
-        value = json.loads(body) if status == 200 else None
-    except ValueError:
-        return None
-    if isinstance(value, dict) and set(value) == {"version"} and isinstance(value["version"], str):
-        return value["version"]
-    return None
+    """The vLLM version of the server at base_url, None when it does not answer /version as vLLM does."""
+    return vllm_version(base_url, key_env)
 
 
 def server_spec_settings(base_url: str, version: str | None, key_env: str | None = None) -> dict[str, Any]:
@@ -98,7 +85,7 @@ def server_spec_settings(base_url: str, version: str | None, key_env: str | None
     config = info.get("vllm_config") if isinstance(info, dict) else None
     if not isinstance(config, dict):
         out["unknown_why"] = (f"{base_url}/server_info answered {f'HTTP {status}' if status != 200 else 'no vllm_config'}"
-                              f": start vLLM with {DEV_MODE_ENV}=1 for its speculative settings")
+                              f": start vLLM with {VLLM_DEV_MODE_ENV}=1 for its speculative settings")
         log.warning("%s: the server's speculative settings are unknown (%s); the report cannot verify the served "
                     "drafter", base_url, out["unknown_why"])
         return out
