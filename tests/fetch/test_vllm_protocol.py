@@ -81,3 +81,23 @@ def test_a_version_mismatch_warns(caplog) -> None:
     caplog.clear()
     fetch_vllm.check_version(vllm_protocol.VERSION, "http://x")
     assert not caplog.text
+
+
+def test_the_source_facts_the_release_kind_and_the_demo_rely_on(vllm_src: Path) -> None:
+    """docs/vllm_protocol.md's sleep, block and key facts, read where the page says they are."""
+    worker = (vllm_src / "v1/worker/gpu_worker.py").read_text()
+    sleep = worker[worker.index("    def sleep(self, level: int = 1)"):worker.index("    def wake_up(")]
+    assert "if level == 2" in sleep and "_discardable_parameters" in sleep  # only level 2 discards weights
+    assert "Level 2 sleep discards draft model weights" in worker
+    speculator = (vllm_src / "v1/worker/gpu/spec_decode/dflash/speculator.py").read_text()
+    assert "self.num_query_per_req = 1 + self.num_speculative_steps" in speculator  # the block is K + 1
+    basic = (vllm_src / "entrypoints/serve/instrumentator/basic.py").read_text()
+    assert 'ver = {"version": VLLM_VERSION}' in basic
+    auth = (vllm_src / "entrypoints/serve/middleware/authenticate.py").read_text()
+    from dflash_eval.demo.vllm_mode import GUARDED_PREFIX
+
+    assert f"GUARDED_PREFIX = {GUARDED_PREFIX!r}".replace("'", '"') in auth
+    dflash = (vllm_src / "model_executor/models/qwen3_dflash.py").read_text()
+    causal = dflash[dflash.index("def _dflash_layer_causal"):dflash.index("def dflash_has_any_non_causal")]
+    order = [causal.index(key) for key in ('getattr(config, "is_causal"', '.get("causal")', '"layer_types"')]
+    assert order == sorted(order)
