@@ -14,7 +14,6 @@ from dflash_eval.bench import fixtures
 from dflash_eval.demo.server import sglang_steps
 from dflash_eval.demo.vllm_mode import spec_metrics
 from dflash_eval.fetch import stage as fetch
-from dflash_eval.fetch import vllm
 from dflash_eval.server.control import ServerController
 from tests.fetch.test_sglang import BLOCK, tiny_drafter_dir
 from tests.support import servers as hs
