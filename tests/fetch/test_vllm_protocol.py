@@ -101,3 +101,26 @@ def test_the_source_facts_the_release_kind_and_the_demo_rely_on(vllm_src: Path) 
     causal = dflash[dflash.index("def _dflash_layer_causal"):dflash.index("def dflash_has_any_non_causal")]
     order = [causal.index(key) for key in ('getattr(config, "is_causal"', '.get("causal")', '"layer_types"')]
     assert order == sorted(order)
+
+
+def test_the_docs_vllm_recipe_uses_only_the_wheels_flags(vllm_src: Path) -> None:
+    """Every flag of docs/server.md's vLLM command is one 0.34.0's parser defines, and its JSON is SpeculativeConfig's."""
+    import json
+    import re
+    import shlex
+
+    doc = (Path(__file__).resolve().parents[2] / "docs" / "server.md").read_text()
+    block = doc.split("<!-- vllm-recipe -->", 1)[1].split("<!-- /vllm-recipe -->", 1)[0]
+    words = shlex.split(block.split("```bash", 1)[1].split("```", 1)[0].replace("\\\n", " "))
+    assert words[:3] == ["VLLM_SERVER_DEV_MODE=1", "vllm", "serve"]
+    engine_args = (vllm_src / "engine/arg_utils.py").read_text()
+    frontend = (vllm_src / "entrypoints/common/cli_args.py").read_text()
+    flags = [w for w in words if w.startswith("--")]
+    assert flags == ["--port", "--speculative-config", "--per-request-spec-decode-metrics", "--enable-sleep-mode"]
+    for flag in flags:
+        assert f'"{flag}"' in engine_args or re.search(rf"^    {flag[2:].replace('-', '_')}: ", frontend, re.M), flag
+    config = json.loads(words[words.index("--speculative-config") + 1])
+    assert not vllm_protocol.unknown_fields(config, "SpeculativeConfig") and config["method"] == "dflash"
+    level = words[words.index("--per-request-spec-decode-metrics") + 1]
+    assert level in vllm_protocol.PROTOCOL_FIELDS["PerRequestSpecDecodeMetrics"]
+    assert (vllm_src / "entrypoints/cli/serve.py").is_file()  # `vllm serve`
