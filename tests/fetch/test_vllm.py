@@ -142,3 +142,35 @@ def test_spec_metrics_is_to_dict_by_hand():
                    "num_draft_tokens": 9, "num_spec_tokens": 3, "per_step_accepted": [2, 0, 3],
                    "per_step_drafted": [3, 3, 3]}
     assert "per_step_accepted" not in spec_metrics([3], 3, detailed=False)
+
+
+def _call(url: str, method: str = "GET", body: dict | None = None) -> tuple[int, dict]:
+    import urllib.error
+
+    data = None if body is None else json.dumps(body).encode()
+    request = urllib.request.Request(url, data=data, method=method, headers={"Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(request, timeout=60) as answer:
+            return answer.status, json.loads(answer.read() or b"{}")
+    except urllib.error.HTTPError as error:
+        return error.code, json.loads(error.read() or b"{}")
+
+
+def test_the_demo_sleeps_and_wakes_as_vllm_and_the_release_kind_drives_it(served):
+    from dflash_eval.server.control import server_paused
+
+    base = served["settings"]["base_url"]
+    assert _call(base + "/get_model_info")[0] == 404  # not SGLang
+    assert _call(base + "/sleep?level=1", "POST", {}) == (200, {"status": "sleeping", "level": 1})
+    assert _call(base + "/is_sleeping") == (200, {"is_sleeping": True})
+    assert _call(base + "/health")[0] == 200  # vLLM's engine stays healthy asleep
+    assert _call(base + "/v1/completions", "POST", {"prompt": [1, 2], "max_tokens": 2})[0] == 503
+    assert _call(base + "/wake_up", "POST", {}) == (200, {"status": "awake", "tags": None})
+    assert _call(base + "/is_sleeping") == (200, {"is_sleeping": False})
+    status, body = _call(base + "/v1/completions", "POST", {"prompt": [1, 2], "max_tokens": 2, "return_ids": True})
+    assert status == 400 and "return_ids" in body["error"]["message"]  # not a vLLM field: loud here
+    release = {"kind": "release", "engine": "auto", "base_url": base, "log_dir": str(served["base"] / "release-logs"),
+               "release_min_drop_gib": 0}
+    with server_paused(release):
+        assert _call(base + "/is_sleeping") == (200, {"is_sleeping": True})
+    assert _call(base + "/is_sleeping") == (200, {"is_sleeping": False})

@@ -161,6 +161,8 @@ def check_served_drafter(served: list[dict[str, Any]], checkpoint: dict[str, Any
             difference = differ(path, checkpoint)
             if difference:
                 problems.append(difference)
+            if setting.get("engine") == "vllm" and (layout := _vllm_layout_problem(Path(path))) is not None:
+                problems.append(layout)
         else:
             verified = False
             if Path(path).name != Path(ours).name:
@@ -173,6 +175,21 @@ def check_served_drafter(served: list[dict[str, Any]], checkpoint: dict[str, Any
     status = "mismatch" if problems else "verified" if verified else "unverified"
     return {"status": status, "problems": problems, "notes": notes, "refused": bool(problems) and not allowed,
             "allowed": allowed}
+
+
+def _vllm_layout_problem(path: Path) -> str | None:
+    """Where vLLM resolves the served checkpoint's attention layout otherwise than the offline drafter's rule."""
+    import json
+
+    from dflash_eval.report.served_layout import layout_difference
+
+    config_file = path / "config.json" if path.is_dir() else path.with_name("config.json")
+    if not config_file.is_file():
+        return None
+    try:
+        return layout_difference(json.loads(config_file.read_text()))
+    except ValueError as error:  # vLLM would refuse the checkpoint
+        return f"{config_file}: {error}"
 
 
 def drafts_histogram(steps: Sequence[int]) -> list[int]:
