@@ -8,7 +8,11 @@ from pathlib import Path
 
 import pytest
 
-from dflash_eval.report.served_layout import layout_difference, reference_layout, vllm_layout
+from dflash_eval.report.served_layout import (
+    layout_difference,
+    reference_layout,
+    vllm_layout,
+)
 
 FULL, SWA = "full_attention", "sliding_attention"
 CONFIGS = {
