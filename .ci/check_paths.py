@@ -33,6 +33,8 @@ SKIP_DIRS = {"__pycache__", ".pytest_cache", ".ruff_cache", "results", "dflash_e
 ALLOW: dict[str, str] = {
     r"(entrypoints|managers|models|speculative|arg_groups|utils|srt|layers|sampling|observability)/.*": "a file inside SGLang's wheel (sglang/srt/)",
     r"sglang/.*": "a file inside SGLang's wheel",
+    r"(engine|v1|model_executor|completion|chat_completion|generate|serve|instrumentator|vllm)/.*|"
+    r"config/(speculative|observability|vllm|model)\.py": "a file inside vLLM's wheel (vllm/)",
     r"dflash/.*": "a file of z-lab/dflash, the reference implementation",
     r"benchmarks/benchmarker/?": "SpecForge's benchmark directory (sgl-project/SpecForge)",
     r"(transformers|fla|torch)/.*": "a file inside a third-party package",

@@ -40,6 +40,8 @@ the first token). `SGLANG_SIMULATE_ACC_LEN` (with `_METHOD` match-expected and `
 real-draft-token) forces the committed length per verification step as 0.5.23's DFlash worker does
 (`simulation_from_env`; docs/server.md gives the semantics and the source lines).
 /generate honours `sampling_params.ignore_eos` (SGLang's: decode to max_new_tokens; dflash-eval profile-server sends it).
+`--engine vllm` answers as vLLM 0.34.0 does instead (demo.vllm_mode: its ids, its per-request spec metrics, its
+sleep routes, its launch flags).
 """
 
 from __future__ import annotations
@@ -56,6 +58,10 @@ from pathlib import Path
 from typing import Any
 
 from dflash_eval.completions import PENALTY_OFF
+from dflash_eval.demo.vllm_mode import VllmRoutes
+from dflash_eval.demo.vllm_mode import add_arguments as add_vllm_arguments
+from dflash_eval.demo.vllm_mode import authorized as vllm_authorized
+from dflash_eval.demo.vllm_mode import resolve_args as resolve_vllm_args
 from dflash_eval.extract.backends import bind_backend
 from dflash_eval.sglang_protocol import (
     SERVER_INFO,
@@ -167,6 +173,8 @@ class Engine:
         self.simulated_requests = 0  # the seed of each request's draws: runs repeat, requests differ
         self.lock = threading.Lock()
         self.released = False
+        self.sleep_level: int | None = None  # the vLLM mode's /sleep level
+        self.last_steps: list[int] = []  # the served verification steps of the last request (the vLLM mode's metrics)
         self.first_token_at: float | None = None
         self.target.register_forward_hook(self._first_forward)
 
@@ -220,6 +228,7 @@ class Engine:
                 completion, steps = sampled_generate(
                     self.drafter, self.target, prompt_ids, max_new_tokens, self.stops, self.block_size or 1, drawn,
                     (self.args.speculative_accept_threshold_single, self.args.speculative_accept_threshold_acc))
+            self.last_steps = list(steps) if self.drafter is not None else []
             return completion, (spec_counters(steps, len(completion), self.block_size)
                                 if self.drafter is not None else None)
         with torch.no_grad():
@@ -228,8 +237,8 @@ class Engine:
                                                   max_new_tokens + self.block_size, self.stops,
                                                   block_size=self.block_size)  # full blocks up to max_new_tokens
                 completion = output[len(prompt_ids):][:max_new_tokens]
-                return completion, spec_counters(sglang_steps(steps, len(completion)), len(completion),
-                                                 self.block_size)
+                self.last_steps = sglang_steps(steps, len(completion))  # vLLM's full blocks are cut the same way
+                return completion, spec_counters(self.last_steps, len(completion), self.block_size)
             ids, cache, completion = torch.tensor([prompt_ids]), None, []
             while len(completion) < max_new_tokens:
                 out = self.target(ids, past_key_values=cache, use_cache=True)
@@ -262,7 +271,8 @@ class Engine:
         if not real:
             completion = fixed_tokens(completion, self.stops, max_new_tokens)
         # counted as drawn: SGLang counts a step's forced k - 1 drafts raw, the step that met a stop token too
-        return completion, spec_counters(sglang_steps(drawn, len(completion)), len(completion), self.block_size)
+        self.last_steps = sglang_steps(drawn, len(completion))
+        return completion, spec_counters(self.last_steps, len(completion), self.block_size)
 
     def server_info(self) -> dict[str, Any]:
         """The resolved server args as 0.5.23 reports them: the algorithm upper-cased, and for DFLASH
@@ -332,9 +342,14 @@ class Handler(BaseHTTPRequestHandler):
         raw = self.rfile.read(int(self.headers.get("Content-Length") or 0))
         return json.loads(raw) if raw.strip() else {}
 
+    def vllm(self) -> VllmRoutes | None:
+        """The vLLM mode's routes, None in the SGLang mode."""
+        return VllmRoutes(self) if self.engine.args.engine == "vllm" else None
+
     def refused_key(self) -> bool:
-        """Answer 401 as SGLang does when the route wants the key and the request lacks it."""
-        if authorized(self.path.split("?", 1)[0], self.headers.get("Authorization"), self.engine.args.api_key):
+        """Answer 401 as SGLang (or, in the vLLM mode, vLLM) does when the route wants the key and the request lacks it."""
+        check = vllm_authorized if self.vllm() is not None else authorized
+        if check(self.path.split("?", 1)[0], self.headers.get("Authorization"), self.engine.args.api_key):
             return False
         self.rfile.read(int(self.headers.get("Content-Length") or 0))  # keep the connection's framing
         self.send(401, {"error": "Unauthorized"})
@@ -343,8 +358,10 @@ class Handler(BaseHTTPRequestHandler):
     def do_GET(self) -> None:  # http.server's name
         if self.refused_key():
             return
+        path, _, query = self.path.partition("?")
         try:
-            self.send(*self.get(self.path.split("?", 1)[0]))
+            routes = self.vllm()
+            self.send(*(routes.get(path, query) if routes is not None else self.get(path)))
         except ValueError as error:  # an answer with a field SGLang does not define: this server's own bug
             self.send(500, {"error": str(error)})
 
@@ -371,10 +388,12 @@ class Handler(BaseHTTPRequestHandler):
         if self.refused_key():
             return
         received = time.perf_counter()  # SGLang's created_time: the request's arrival (serving_base.py)
-        path = self.path.split("?", 1)[0]
+        path, _, query = self.path.partition("?")
         try:
             body = self.read_body()
-            if path in ("/release_memory_occupation", "/resume_memory_occupation"):
+            if (routes := self.vllm()) is not None:
+                self.send(*routes.post(path, query, body, received))
+            elif path in ("/release_memory_occupation", "/resume_memory_occupation"):
                 self.engine.released = path.startswith("/release")
                 self.send(200, {})
             elif path == "/generate":
@@ -490,14 +509,17 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--enable-metrics", action="store_true",
                         help="SGLang's: meta_info also gets first_token_latency, queue_time and decode_throughput")
     parser.add_argument("--threads", type=int, default=1, help="torch threads")
+    add_vllm_arguments(parser)
 
 
 def run(args: argparse.Namespace) -> None:
     """Serve until interrupted (SIGTERM ends the process; Ctrl-C exits 0)."""
     bind_backend("torch", "cpu")  # the target runs on the CPU: never fla's Triton kernels, wherever fla imports
+    if args.engine == "vllm":
+        resolve_vllm_args(args)
     Handler.engine = Engine(args)
     server = ThreadingHTTPServer((args.host, args.port), Handler)
-    print(f"sglang-protocol test server on {args.host}:{args.port}", flush=True)
+    print(f"{args.engine}-protocol test server on {args.host}:{args.port}", flush=True)
     try:
         server.serve_forever()
     except KeyboardInterrupt:

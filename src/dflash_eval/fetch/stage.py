@@ -30,7 +30,7 @@ from dflash_eval.config import (
     stage_settings,
 )
 from dflash_eval.errors import DflashEvalError, Terminated
-from dflash_eval.fetch import sampling, sglang
+from dflash_eval.fetch import sampling, sglang, vllm
 from dflash_eval.fetch.prompts import Prompt, load_prompts, record_ids, select_subset
 from dflash_eval.fetch.retry import FetchError, with_retries
 from dflash_eval.fetch.store import PartialStore, pick_kept
@@ -63,10 +63,16 @@ class ServerInfo:
     model_path: str | None
     weight_version: str | None
     sglang: bool  # answers /get_model_info: accepts and returns token ids, reports speculative counters
-    speculative: dict[str, Any] | None = None  # SGLang's speculative settings (fetch.sglang.server_spec_settings)
+    speculative: dict[str, Any] | None = None  # the speculative settings (fetch.sglang / fetch.vllm server_spec_settings)
     key_env: str | None = None  # server.api_key_env: the variable whose key every request sends (not recorded)
     accept_thresholds: dict[str, Any] | None = None  # speculative_accept_threshold_single/_acc (fetch.sglang)
     sampling_warning: str | None = None  # why the served sampled output is not the target's distribution (fetch.sglang.sampling_warning)
+    engine: str = "openai"  # "sglang", "vllm" (fetch.vllm), or "openai": a plain OpenAI-compatible server
+
+    @property
+    def token_ids(self) -> bool:
+        """Whether the server takes and returns token ids and gets every sampling field explicitly."""
+        return self.sglang or self.engine == "vllm"
 
     def as_record(self) -> dict[str, Any]:
         return {
@@ -96,13 +102,16 @@ def _same_model(a: str, b: str) -> bool:
     return a == b or last(a) == last(b)
 
 
-def server_identity(base_url: str, model: str | None, target: str, key_env: str | None = None) -> ServerInfo:
+def server_identity(base_url: str, model: str | None, target: str, key_env: str | None = None,
+                    engine: str = "auto") -> ServerInfo:
     """Who answers at base_url: /v1/models for the model name, /get_model_info (SGLang) for path and version.
 
     The completions must be the target's own: a server that serves another model is an error, since
     every hidden state and acceptance length computed from its completions would be silently wrong.
     The expected model is `server.model` when set (the served name), else the target's path. Every
     probe sends the key of server.api_key_env; a refusal (401/403) is an error, never "not SGLang".
+    `engine` (server.engine): "auto" tells SGLang (/get_model_info) from vLLM (/version) from a plain server;
+    "sglang", "vllm" or "openai" says which it must be, an error when the server does not answer as that one.
     """
     status, body = http_request(base_url + "/v1/models", timeout=30.0, key_env=key_env)
     models = json.loads(body) if status == 200 else {}
@@ -114,9 +123,24 @@ def server_identity(base_url: str, model: str | None, target: str, key_env: str 
     elif served and model not in served:
         raise FetchError(f"server.model is {model!r} but {base_url} serves {served}; set server.model to the served name")
     info = ServerInfo(base_url, model, model_path=model, weight_version=None, sglang=False, key_env=key_env)
+    if engine == "openai":
+        log.info("%s: server.engine is openai: completions are retokenized and no speculative counters recorded",
+                 base_url)
+        return _checked_target(info, model, target)
     status, body = http_request(base_url + "/get_model_info", timeout=30.0, key_env=key_env)
     meta = _json_object(body) if status == 200 else None
-    if meta is not None:
+    version = vllm.detected(base_url, key_env) if meta is None and status == 404 and engine != "sglang" else None
+    if engine != "auto" and (engine == "sglang") != (meta is not None) or engine == "vllm" and version is None:
+        raise FetchError(f"server.engine is {engine}, but {base_url} does not answer as {engine} does "
+                         f"(/get_model_info: HTTP {status}{'' if engine != 'vllm' else '; /version: no vLLM answer'}):"
+                         " set server.engine to the server's engine, or auto")
+    if version is not None:
+        info.engine = "vllm"
+        info.speculative = vllm.server_spec_settings(base_url, version, key_env)
+        log.info("%s is vLLM %s: token ids in and out; per-request speculative metrics from each response", base_url,
+                 version)
+    elif meta is not None:
+        info.engine = "sglang"
         info.model_path = meta.get("model_path", model)
         info.weight_version = meta.get("weight_version")
         info.sglang = True
@@ -128,8 +152,14 @@ def server_identity(base_url: str, model: str | None, target: str, key_env: str 
             "whether this is SGLang (token ids and counters) or a plain OpenAI-compatible server (retokenized "
             "text). Fix the server, or front it with one that answers /get_model_info with 404 or as SGLang does")
     else:
-        log.info("%s has no /get_model_info (HTTP 404): a plain OpenAI-compatible server; completions are "
-                 "retokenized and no speculative counters are recorded", base_url)
+        log.info("%s has no /get_model_info (HTTP 404) and is not vLLM: a plain OpenAI-compatible server; completions "
+                 "are retokenized and no speculative counters are recorded", base_url)
+    return _checked_target(info, model, target)
+
+
+def _checked_target(info: ServerInfo, model: str, target: str) -> ServerInfo:
+    """`info`, after checking that the server serves the configured target."""
+    base_url = info.base_url
     names = {model, info.model_path or model}
     if not any(_same_model(name, target) for name in names):
         raise FetchError(
@@ -197,13 +227,15 @@ async def request_one(client: Any, settings: dict[str, Any], info: ServerInfo, r
 async def _request_one(client: Any, settings: dict[str, Any], info: ServerInfo, r: Rendered) -> dict[str, Any]:
     """request_one's request and parse."""
     common = {"model": info.model, "max_tokens": settings["max_tokens"], "temperature": settings["temperature"]}
-    drawn, extra = sampling.request_fields(settings, r.sampling, info.sglang)
+    drawn, extra = sampling.request_fields(settings, r.sampling, info.token_ids)
     common.update(drawn)
     if info.sglang:
         extra.update(sglang.request_flags(settings["endpoint"]))
+    elif info.engine == "vllm":
+        extra.update(vllm.request_flags(settings["endpoint"]))
     if settings["endpoint"] == "completions":
-        # SGLang takes the ids themselves; transformers serve only takes text (and tokenizes it itself).
-        prompt: Any = r.ids if info.sglang else r.text
+        # SGLang and vLLM take the ids themselves; transformers serve only takes text (and tokenizes it itself).
+        prompt: Any = r.ids if info.token_ids else r.text
         raw = await client.completions.with_raw_response.create(prompt=prompt, extra_body=extra or None, **common)
     else:
         if settings["chat_template_kwargs"]:
@@ -218,9 +250,10 @@ async def _request_one(client: Any, settings: dict[str, Any], info: ServerInfo, 
     return body
 
 
-def completion_ids(choice: dict[str, Any], text: str, finish_reason: str | None, tokenizer: Any) -> tuple[list[int], str]:
+def completion_ids(choice: dict[str, Any], text: str, finish_reason: str | None, tokenizer: Any,
+                   engine: str = "sglang") -> tuple[list[int], str]:
     """The completion's token ids, stop token included when finish_reason is "stop", and their source."""
-    server_ids = sglang.completion_token_ids(choice)
+    server_ids = vllm.completion_token_ids(choice) if engine == "vllm" else sglang.completion_token_ids(choice)
     if server_ids is not None:
         ids = server_ids
         matched = choice.get("matched_stop")
@@ -243,7 +276,7 @@ def request_params(settings: dict[str, Any], info: ServerInfo) -> dict[str, Any]
         "temperature": settings["temperature"],
         "endpoint": settings["endpoint"],
         "chat_template_kwargs": settings["chat_template_kwargs"],
-        "prompt_format": "messages" if settings["endpoint"] == "chat" else ("token_ids" if info.sglang else "text"),
+        "prompt_format": "messages" if settings["endpoint"] == "chat" else ("token_ids" if info.token_ids else "text"),
         **sampling.request_identity(settings),
     }
 
@@ -265,15 +298,15 @@ def build_record(
         text = choice.get("text") or ""
     finish_reason = choice.get("finish_reason")
     usage = resp.get("usage") or {}
-    ids, source = completion_ids(choice, text, finish_reason, tokenizer)
-    server_prompt_ids = choice.get("prompt_token_ids")
+    ids, source = completion_ids(choice, text, finish_reason, tokenizer, info.engine)
+    server_prompt_ids = vllm.prompt_token_ids(resp, choice) if info.engine == "vllm" else choice.get("prompt_token_ids")
     if server_prompt_ids is not None:
         prompt_ids = [int(t) for t in server_prompt_ids]
         prompt_match: bool | None = prompt_ids == r.ids
     else:
         prompt_ids = r.ids
         prompt_match = len(r.ids) == usage["prompt_tokens"] if "prompt_tokens" in usage else None
-    spec = sglang.spec_counters(resp, choice)
+    spec = vllm.spec_metrics(resp) if info.engine == "vllm" else sglang.spec_counters(resp, choice)
     record = {
         "id": r.id,
         "prompt_id": r.prompt_id,
@@ -287,7 +320,7 @@ def build_record(
         "usage": {k: usage.get(k) for k in ("prompt_tokens", "completion_tokens", "total_tokens")},
         "request": request_params(settings, info),
         **({"sampling": r.sampling} if r.sampling is not None else {}),
-        "sampling_sent": sampling.sent_fields(settings, r.sampling, info.sglang),  # temperature: request's
+        "sampling_sent": sampling.sent_fields(settings, r.sampling, info.token_ids),  # temperature: request's
         "server": info.as_record(),
         "completion_ids_source": source,
         "token_check": {
@@ -297,9 +330,12 @@ def build_record(
         "spec": spec,
         # the server's own timing (fetch.sglang.engine_timing), and ours: the client-side wall time of the
         # request (send to parsed answer, retries included), with how many requests were in flight at most
-        "engine": sglang.engine_timing(choice, usage.get("completion_tokens", len(ids)), spec),
+        "engine": (sglang.engine_timing(choice, usage.get("completion_tokens", len(ids)), spec)
+                   if info.engine != "vllm" else {"completion_tokens": int(usage.get("completion_tokens", len(ids)))}),
         "client_timing": {"wall_s": wall_s, "concurrency": int(settings["concurrency"])},
     }
+    if info.engine == "vllm" and (why := vllm.spec_why(info.speculative, spec)) is not None:
+        record["spec_why"] = why  # for the report's online panel
     if r.sampling is not None and info.sampling_warning:
         record["sampling_warning"] = info.sampling_warning  # on every record it concerns, for the report
     return record
@@ -341,9 +377,11 @@ def kept_without_server(prompts: list[Prompt], settings: dict[str, Any], stored:
         log.info("fetch %s: %s; asking the server", settings["dataset"], why)
         return None
     server, request = json.loads(servers.pop()), json.loads(requests.pop())
+    engine = ((server.get("speculative") or {}).get("engine")
+              or ("sglang" if request.get("prompt_format") == "token_ids" else "openai"))
     info = ServerInfo(str(settings["server"]["base_url"]), str(request.get("model")), server.get("model_path"),
-                      server.get("weight_version"), sglang=request.get("prompt_format") == "token_ids",
-                      speculative=server.get("speculative"))
+                      server.get("weight_version"), sglang=engine == "sglang", speculative=server.get("speculative"),
+                      engine=engine)
     wanted_model = settings["server"].get("model")
     names = {info.model, info.model_path or info.model}
     if (wanted_model is not None and wanted_model != info.model) or request != request_params(settings, info) or \
@@ -557,10 +595,11 @@ def fetch(settings: dict[str, Any], out: Path) -> list[dict[str, Any]]:
     controller = ServerController(settings["server"])
     controller.ensure_up()
     info = server_identity(controller.base_url, controller.settings["model"], str(settings["tokenizer"]),
-                           controller.settings["api_key_env"])
-    info.sampling_warning = sglang.sampling_warning(info.speculative, info.accept_thresholds,
-                                                    sampling.record_sampling(settings, "any"))
-    if (defaults := sampling.defaults_warning(settings, info.sglang)) is not None:
+                           controller.settings["api_key_env"], controller.settings.get("engine") or "auto")
+    drawn = sampling.record_sampling(settings, "any")
+    info.sampling_warning = (vllm.sampling_warning(info.speculative, drawn) if info.engine == "vllm" else
+                             sglang.sampling_warning(info.speculative, info.accept_thresholds, drawn))
+    if (defaults := sampling.defaults_warning(settings, info.token_ids)) is not None:
         log.warning("%s: %s", settings["dataset"], defaults)
     if info.sampling_warning:
         log.warning("SAMPLING IS NOT LOSSLESS on this server for %s: %s (kept in every record's sampling_warning "
@@ -582,6 +621,9 @@ def fetch(settings: dict[str, Any], out: Path) -> list[dict[str, Any]]:
         store.finish(records)
 
     summary = summarize(records)
+    if whys := [r["spec_why"] for r in records if r.get("spec_why")]:
+        log.warning("%s: %d of %d records lack vLLM's per-step metrics: %s (the records are kept; the report's online "
+                    "panel says so)", settings["dataset"], len(whys), len(records), whys[0])
     summary["fetched"] = sum(1 for r in records if kept.get(r["id"]) is not r)
     summary["reused"] = len(records) - summary["fetched"]
     summary["retries"] = dict(retry_counts)

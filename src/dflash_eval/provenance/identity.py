@@ -74,8 +74,8 @@ _CACHE_READERS = ("cache", "cache.completions_check", "cache.resume", "cache.reu
 
 STAGES: dict[str, StageCode] = {
     "fetch": StageCode(
-        decides=("fetch.sglang", "fetch.sampling", "fetch.presets", "fetch.prompts", "completions",
-                 "sglang_protocol"),
+        decides=("fetch.sglang", "fetch.vllm", "fetch.sampling", "fetch.presets", "fetch.prompts", "completions",
+                 "sglang_protocol", "vllm_protocol"),
         runs=(*COMMON_RUNS, *SERVER_RUNS, "fetch.stage", "fetch.retry", "fetch.store")),
     "extract": StageCode(
         decides=_EXTRACT_DECIDES,

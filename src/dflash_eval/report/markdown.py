@@ -528,8 +528,8 @@ def online_table(online: dict[str, dict]) -> list[str]:
     for dataset, e in online.items():
         drafter = e.get("drafter") or "not set (report.served_drafter)"
         if not e.get("recorded"):
-            lines.append(table_row([dataset, drafter, "–", "–", NOT_RECORDED + " (no speculative counters in the "
-                                    "completions)", "–", "–", "–", "–", "–"]))
+            why = e.get("why") or "no speculative counters in the completions"
+            lines.append(table_row([dataset, drafter, "–", "–", f"{NOT_RECORDED} ({why})", "–", "–", "–", "–", "–"]))
         elif not e.get("compared"):
             lines.append(table_row([dataset, drafter, e.get("method") or "–", e["samples_with_stats"],
                                     f"{e['online_tau_mean_of_samples']:.3f}", "–", "–",

@@ -15,6 +15,13 @@ The two sides count the same things only once their conventions are lined up (do
 
 The offline steps must be the served drafter's at the served block size (`speculative_num_draft_tokens`):
 with another block the server measured chain-B<b>, not the drafter's own chain-B<B>.
+
+vLLM (docs/vllm_protocol.md) reports the same counts under other names (`num_spec_steps`,
+`num_accepted_draft_tokens`, `acceptance_histogram`), its `mean_acceptance_length` = 1 + accepted drafts / steps
+(the bonus token counted, the prefill token not: our tau, but with the last step's raw count), and at the
+`detailed` level the ordered per-step accepted drafts, compared step by step. Its verification rule decides the
+scheme: greedy drafts with standard rejection make a draft accepted iff it is the emitted token, so offline
+target_only on the served completion is exact per request; any other rule is not compared.
 """
 
 from __future__ import annotations
@@ -30,11 +37,17 @@ from dflash_eval.stats import paired_difference
 
 TAU_OURS = "tokens produced by verification steps / steps (the first completion token, from prefill, not counted)"
 TAU_SGLANG = "completion tokens / steps = SGLang's spec_accept_length (the prefill token counted)"
+TAU_VLLM = ("1 + accepted drafts / steps = vLLM's mean_acceptance_length (the bonus token counted, the prefill "
+            "token not: our tau, with the last step's accepted drafts counted before the output is cut)")
+EXACT_VLLM_RULE = ("greedy", "standard")  # draft_sample_method, rejection_sample_method
 
 
 def request_counters(record: dict[str, Any]) -> dict[str, Any] | None:
-    """The counters a completions record holds for one request, None without them (no speculation recorded)."""
+    """The counters a completions record holds for one request, None without them (no speculation recorded);
+    for a vLLM record without metrics, {"no_data_why": ...} (fetch.vllm's reason, for the report)."""
     spec = record.get("spec") or {}
+    if spec.get("engine") == "vllm" or ((record.get("server") or {}).get("speculative") or {}).get("engine") == "vllm":
+        return _vllm_counters(record, spec)
     if not spec.get("spec_verify_ct"):
         return None
     completion = (record.get("usage") or {}).get("completion_tokens")
@@ -49,6 +62,34 @@ def request_counters(record: dict[str, Any]) -> dict[str, Any] | None:
             "block_size": speculative.get("speculative_num_draft_tokens"),
             "draft_model": speculative.get("speculative_draft_model_path"),
             "max_tokens": (record.get("request") or {}).get("max_tokens")}
+
+
+def _vllm_counters(record: dict[str, Any], spec: dict[str, Any]) -> dict[str, Any] | None:
+    """request_counters of a vLLM record, in the same keys, plus the per-step steps (`detailed` only), what each
+    step drafted, and the verification rule the server reported."""
+    if not spec:
+        return {"no_data_why": record.get("spec_why") or "the vLLM server sent no metrics.speculative_decoding"}
+    if not spec.get("num_spec_steps"):
+        return None
+    completion = (record.get("usage") or {}).get("completion_tokens")
+    if completion is None:
+        completion = len(record.get("completion_token_ids") or [])
+    speculative = (record.get("server") or {}).get("speculative") or {}
+    histogram = [int(n) for n in spec.get("acceptance_histogram") or []]
+    while histogram and histogram[-1] == 0:
+        histogram.pop()
+    accepted = spec.get("per_step_accepted")
+    block = speculative.get("speculative_num_draft_tokens")
+    if block is None and spec.get("num_spec_tokens") is not None:
+        block = int(spec["num_spec_tokens"]) + 1  # the metrics name K themselves: known without dev mode
+    return {"verify_ct": int(spec["num_spec_steps"]), "completion_tokens": int(completion),
+            "correct_drafts": int(spec["num_accepted_draft_tokens"]), "histogram": histogram,
+            "accept_length": spec.get("mean_acceptance_length"), "block_size": block,
+            "draft_model": speculative.get("speculative_draft_model_path"),
+            "max_tokens": (record.get("request") or {}).get("max_tokens"), "engine": "vllm",
+            "steps": None if accepted is None else [int(a) + 1 for a in accepted],
+            "drafted": spec.get("per_step_drafted"),
+            "rule": (speculative.get("draft_sample_method"), speculative.get("rejection_sample_method"))}
 
 
 def served_settings(record: dict[str, Any]) -> dict[str, Any] | None:
@@ -120,6 +161,8 @@ def check_served_drafter(served: list[dict[str, Any]], checkpoint: dict[str, Any
             difference = differ(path, checkpoint)
             if difference:
                 problems.append(difference)
+            if setting.get("engine") == "vllm" and (layout := _vllm_layout_problem(Path(path))) is not None:
+                problems.append(layout)
         else:
             verified = False
             if Path(path).name != Path(ours).name:
@@ -132,6 +175,21 @@ def check_served_drafter(served: list[dict[str, Any]], checkpoint: dict[str, Any
     status = "mismatch" if problems else "verified" if verified else "unverified"
     return {"status": status, "problems": problems, "notes": notes, "refused": bool(problems) and not allowed,
             "allowed": allowed}
+
+
+def _vllm_layout_problem(path: Path) -> str | None:
+    """Where vLLM resolves the served checkpoint's attention layout otherwise than the offline drafter's rule."""
+    import json
+
+    from dflash_eval.report.served_layout import layout_difference
+
+    config_file = path / "config.json" if path.is_dir() else path.with_name("config.json")
+    if not config_file.is_file():
+        return None
+    try:
+        return layout_difference(json.loads(config_file.read_text()))
+    except ValueError as error:  # vLLM would refuse the checkpoint
+        return f"{config_file}: {error}"
 
 
 def drafts_histogram(steps: Sequence[int]) -> list[int]:
@@ -216,7 +274,12 @@ def compare_request(online: dict[str, Any], steps: Sequence[int], block_size: in
         equal = same_steps and same_tokens and drafts_ok and histogram_ok
     else:
         equal = same_tokens and tail_consistent(online, steps, first, block_size)
-    return {
+    per_step = online.get("steps")
+    if per_step is not None:  # vLLM's detailed arrays: step by step, the last (or from the tail on) as above
+        head = len(steps) - 1 if first is None else first
+        equal = equal and list(per_step[:head]) == list(steps[:head]) and (
+            first is not None or (len(per_step) == len(steps) and 0 <= per_step[-1] - steps[-1] <= block_size - 1))
+    out = {
         "online_steps": online["verify_ct"], "offline_steps": len(steps),
         "online_correct_drafts": online["correct_drafts"], "offline_correct_drafts": offline_correct,
         "online_histogram": online["histogram"], "offline_histogram": histogram,
@@ -225,8 +288,14 @@ def compare_request(online: dict[str, Any], steps: Sequence[int], block_size: in
         "offline_tau_sglang": (produced + 1) / len(steps),
         "tail_shortened_from_step": first,
         "equal": equal,
-        "exact": same_steps and same_tokens and surplus in (0, None) and online["histogram"] in ([], histogram),
+        "exact": same_steps and same_tokens and surplus in (0, None) and online["histogram"] in ([], histogram)
+        and per_step in (None, list(steps)),
     }
+    if online.get("engine") == "vllm":
+        out.update(online_mean_acceptance_length=online["accept_length"], offline_mean_acceptance_length=produced / len(steps),
+                   online_steps_list=per_step, drafted_full_blocks=all(
+                       int(d) == block_size - 1 for d in online.get("drafted") or []))
+    return out
 
 
 def _pseudo_steps(total: int, count: int) -> list[int]:
@@ -244,10 +313,32 @@ def compare(online: dict[str, dict[str, Any]], offline_by_method: dict[str, dict
     Flagged when the pooled tau (ours, z-lab mean) differs by more than `tolerance` (relative). A `sampled`
     dataset's interval resamples prompts, not records (its n draws of a prompt share its difficulty).
     """
+    without = [c["no_data_why"] for c in online.values() if "no_data_why" in c]
+    online = {i: c for i, c in online.items() if "no_data_why" not in c}
     result: dict[str, Any] = {"recorded": bool(online), "samples_with_stats": len(online), "tolerance": tolerance,
                               "tau_definition": TAU_OURS, "tau_sglang_definition": TAU_SGLANG}
+    if without:
+        result.update(requests_without_data=len(without), why_without_data=without[0])
     if not online:
+        if without:
+            result["why"] = f"the online panel has no per-request data: {without[0]}"
         return result
+    vllm = any(c.get("engine") == "vllm" for c in online.values())
+    if vllm:
+        result["tau_vllm_definition"] = TAU_VLLM
+        rules = {tuple(c["rule"]) for c in online.values()}
+        result["verification_rule"] = sorted(list(r) for r in rules if r != (None, None))
+        known = [r for r in rules if r != (None, None)]
+        if any(r != EXACT_VLLM_RULE for r in known):
+            result.update(compared=False, why=f"vLLM verified with {sorted(known)} (draft_sample_method, "
+                          "rejection_sample_method): only greedy drafts with standard rejection accept a draft iff "
+                          "it is the emitted token, so offline target_only is not the server's rule per request")
+        elif not known:
+            result["rule_note"] = ("the server did not report its verification rule (no VLLM_SERVER_DEV_MODE=1): "
+                                   "compared as greedy drafts with standard rejection, vLLM's defaults")
+        if any(c.get("steps") is None for c in online.values()):
+            result["per_step_note"] = ("no per-step arrays (--per-request-spec-decode-metrics summary): compared "
+                                       "on counts and histograms only")
     taus = [(c["completion_tokens"] - 1) / c["verify_ct"] for c in online.values()]
     result["online_tau_mean_of_samples"] = sum(taus) / len(taus)
     result["online_tau_sglang_mean_of_samples"] = sum(c["completion_tokens"] / c["verify_ct"]
@@ -260,6 +351,8 @@ def compare(online: dict[str, dict[str, Any]], offline_by_method: dict[str, dict
     steps = (offline_by_method or {}).get(method) if method else None
     if len(blocks) > 1:
         return {**result, "compared": False, "why": f"the records were served with block sizes {sorted(blocks)}"}
+    if result.get("compared") is False:
+        return result
     if steps is None:
         why = "no offline steps of the served drafter" if offline_by_method is None else \
             f"the served drafter was not evaluated at {method} (evaluation.block_sizes)"
@@ -291,4 +384,7 @@ def compare(online: dict[str, dict[str, Any]], offline_by_method: dict[str, dict
             "exact_requests": sum(r["exact"] for r in per_request.values()),
             "unequal_ids": [i for i in ids if not per_request[i]["equal"]],
             "per_request": per_request,
-            "relative_difference": relative, "beyond_tolerance": bool(relative > tolerance)}
+            "relative_difference": relative, "beyond_tolerance": bool(relative > tolerance),
+            **({"online_mean_acceptance_length_compared": sum(per_request[i]["online_mean_acceptance_length"]
+                                                              for i in ids) / len(ids),
+                "offline_mean_acceptance_length_compared": offline_mean} if vllm else {})}

@@ -3,8 +3,9 @@ comes back:
 
 - Managed: dflash-eval launches `command` in a process group of its own and owns every process in it;
 - External: someone else owns the server; dflash-eval runs `stop_command` / `start_command`;
-- Release: SGLang with `--enable-memory-saver` keeps running and gives its GPU memory back, checked by
-  reading the GPU memory; when it does not drop, the optional stop/start commands take over (as External's).
+- Release: the server keeps running and gives its GPU memory back (SGLang with `--enable-memory-saver`, vLLM
+  asleep at level 1 with `--enable-sleep-mode`: server.engines), checked by reading the GPU memory; when it does
+  not drop, the optional stop/start commands take over (as External's).
 
 `stop(note)` takes the server down and calls `note(how)` ("stopped" or "released") before it acts, so that
 the outage record says how to bring it back even when the stop is cut short; `start(how)` brings it back the
@@ -29,7 +30,7 @@ from typing import Any, ClassVar
 
 from dflash_eval.errors import DflashEvalError
 from dflash_eval.io_utils import atomic_write_text
-from dflash_eval.server import foreign, gpu_memory, outage
+from dflash_eval.server import engines, foreign, gpu_memory, outage
 from dflash_eval.server.http import http_request, port_open, url_port
 from dflash_eval.server.processes import (
     group_alive,
@@ -543,24 +544,41 @@ class External(Server):
 
 
 class Release(External):
-    """SGLang keeps running and releases its GPU memory (POST /release_memory_occupation), checked by the GPU
-    memory in use; stop_command/start_command, when set, take over where the memory does not drop."""
+    """The server keeps running and releases its GPU memory (the engine's calls, server.engines: SGLang's
+    /release_memory_occupation, vLLM's /sleep?level=1), checked by the GPU memory in use; stop_command and
+    start_command, when set, take over where the memory does not drop."""
 
     kind = "release"
 
+    def __init__(self, settings: dict[str, Any], transitions: Transitions) -> None:
+        super().__init__(settings, transitions)
+        self._calls: engines.MemoryCalls | None = None
+
+    @property
+    def calls(self) -> engines.MemoryCalls:
+        """The engine's memory calls (server.engine, or asked of the server once for auto)."""
+        if self._calls is None:
+            self._calls = engines.memory_calls(self.settings)
+        return self._calls
+
     def stop(self, note: Callable[[str], None]) -> None:
         before = self._read_gpu_memory()  # a broken probe fails here, before anything changed
+        calls = self.calls
+        if calls.sleeping is not None and self._asleep(calls) is None:  # no sleep routes: fail before anything changed
+            raise ServerError(f"GET {self.base_url}{calls.sleeping} did not answer, so the server cannot sleep: "
+                              f"{calls.needs}")
         note("released")
-        self.transitions.record("stop_requested", action="release_memory_occupation")
-        self._post("/release_memory_occupation")
+        action = calls.release.lstrip("/")
+        self.transitions.record("stop_requested", action=action, engine=calls.engine)
+        self._post(calls.release)
         if self._memory_dropped(before):
-            self.transitions.record("down", action="release_memory_occupation")
+            self.transitions.record("down", action=action, engine=calls.engine)
             return
         if not self.settings["stop_command"]:
             raise ServerError(
-                f"POST {self.base_url}/release_memory_occupation answered 200 but the GPU memory in use did not drop "
+                f"POST {self.base_url}{calls.release} answered 200 but the GPU memory in use did not drop "
                 f"by server.release_min_drop_gib={self.settings['release_min_drop_gib']} GiB (see memory_check in "
-                f"{self.transitions.path}): start SGLang with --enable-memory-saver, or set "
+                f"{self.transitions.path}): {calls.needs}, or set "
                 "server.stop_command and server.start_command as a fallback (release_min_drop_gib: 0 skips the check)"
             )
         note("stopped")
@@ -568,13 +586,31 @@ class Release(External):
 
     def start(self, how: str | None) -> None:
         if how == "released":
-            self.transitions.record("start_requested", action="resume_memory_occupation")
-            self._post("/resume_memory_occupation")
+            calls = self.calls
+            self.transitions.record("start_requested", action=calls.resume.lstrip("/"), engine=calls.engine)
+            self._post(calls.resume)
             self.wait_healthy()
+            self._check_awake(calls)
         elif self.settings["start_command"]:
             super().start(how)
         elif not self.is_up():
             self.wait_healthy()
+
+    def _check_awake(self, calls: engines.MemoryCalls) -> None:
+        """For an engine that says whether it sleeps (vLLM's /is_sleeping, healthy while asleep): that it woke."""
+        if calls.sleeping is not None and self._asleep(calls) is not False:
+            raise ServerError(f"POST {self.base_url}{calls.resume} answered 200 but GET {self.base_url}{calls.sleeping} "
+                              "does not say awake")
+
+    def _asleep(self, calls: engines.MemoryCalls) -> bool | None:
+        """What `calls.sleeping` answers ({"is_sleeping": bool}), None when it does not answer so."""
+        status, body = http_request(self.base_url + str(calls.sleeping), timeout=30.0,
+                                    key_env=self.settings["api_key_env"])
+        try:
+            value = json.loads(body).get("is_sleeping") if status == 200 else None
+        except (ValueError, AttributeError):
+            return None
+        return value if isinstance(value, bool) else None
 
     def _where_to_look(self) -> str:
         if self.settings["start_command"]:
@@ -612,8 +648,7 @@ class Release(External):
                                     key_env=self.settings["api_key_env"])
         if status != 200:
             raise ServerError(f"POST {self.base_url}{path} answered {status or 'nothing'}: {body[:500]!r}"
-                              " (SGLang needs --enable-memory-saver for this, and releases only while no "
-                              "request is running)")
+                              f" ({self.calls.needs})")
 
 
 KIND_CLASSES: dict[str, type[Server]] = {cls.kind: cls for cls in (Managed, External, Release)}
