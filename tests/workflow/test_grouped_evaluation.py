@@ -12,8 +12,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from dflash_eval.bench import eval_project
-from dflash_eval.bench.workflow import check, copy_workflow_with_stand_in, snakemake
+from dflash_eval.testing import eval_project
+from dflash_eval.testing.workflow import check, snakemake
+from tests.support.checkout import copy_workflow_with_stand_in
 
 DATASET = eval_project.DATASET
 DRAFTERS = ["c0", "c1", "c2"]

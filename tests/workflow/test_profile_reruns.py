@@ -11,9 +11,8 @@ import shutil
 
 import pytest
 
-from dflash_eval.bench.workflow import (
+from dflash_eval.testing.workflow import (
     check,
-    copy_workflow_with_stand_in,
     job,
     load_config,
     plan,
@@ -21,6 +20,7 @@ from dflash_eval.bench.workflow import (
     snakemake,
     tiny_project,
 )
+from tests.support.checkout import copy_workflow_with_stand_in
 
 STAND_IN = r'''#!{python}
 """The recorder, and for profile-server: its output written, its call and --runtime logged."""

@@ -6,7 +6,7 @@ must still finish (shielded), leaving a known state: the server healthy, on reco
 that launched it, and no outage record. The next run, when it loads, stops that server (its run is gone) and
 says so in one line; nothing already written (the completions) is lost or fetched again.
 
-As in test_server.py, the stages' computations are the recorder's (src/dflash_eval/bench/workflow.py), while
+As in test_server.py, the stages' computations are the recorder's (src/dflash_eval/testing/workflow.py), while
 all about the server is real: the real server_paused around the extraction (which waits, to be interrupted),
 the real ServerController before fetch, the real Snakefile load, a real server process (tests/support/servers.py).
 """
@@ -24,13 +24,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from dflash_eval.bench.workflow import (
-    check,
-    copy_workflow_with_stand_in,
-    snakemake,
-    tiny_project,
-)
+from dflash_eval.testing.workflow import check, snakemake, tiny_project
 from tests.support import servers as hs
+from tests.support.checkout import copy_workflow_with_stand_in
 
 pytestmark = pytest.mark.slow  # real snakemake runs, tens of seconds each on the 2-core dev machine
 

@@ -1,6 +1,6 @@
 """A real, fast, deterministic OpenAI-compatible HTTP server process for the fetch fault tests and benchmark.
 
-Run as a script: `python -m dflash_eval.bench.fake_openai_server --port P --tokenizer DIR [--model NAME] [--sglang]
+Run as a script: `python -m dflash_eval.testing.fake_openai_server --port P --tokenizer DIR [--model NAME] [--sglang]
 [--fail-every N] [--stall-every N --stall-s S] [--die-after N] [--reject-max-tokens-over N] [--request-log FILE]
 [--log-arrivals] [--delay-s S]`.
 
