@@ -31,9 +31,9 @@ def _completions(path, sampling=None, warning=None):
 
 
 def test_fetch_entry_names_the_sampling_and_its_warning_and_greedy_has_neither(tmp_path):
-    greedy = trust.fetch_entry(trust.read_completions(_completions(tmp_path / "g.jsonl")))
+    greedy = trust.fetch_entry(trust.scan_completions(_completions(tmp_path / "g.jsonl")))
     assert "sampling" not in greedy and "sampling_warnings" not in greedy
-    sampled = trust.fetch_entry(trust.read_completions(_completions(tmp_path / "s.jsonl", SAMPLED, "lossy: x")))
+    sampled = trust.fetch_entry(trust.scan_completions(_completions(tmp_path / "s.jsonl", SAMPLED, "lossy: x")))
     assert sampled["sampling"] == [SAMPLED]  # one entry for both draws: the seed aside
     assert sampled["sampling_warnings"] == ["lossy: x"]
     found = markdown.trust_warnings({"fetch": {"s": sampled}, "caches": [], "online": {}, "server": {}})
