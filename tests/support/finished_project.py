@@ -39,9 +39,15 @@ def finished(tmp_path_factory):
     return workflow, project
 
 
+def copy_of(project: Path, dest: Path, logs: tuple[str, ...] = ("calls.log",)) -> Path:
+    """A copy of a finished project, as up to date as the original (copy2 keeps mtimes), its call logs removed."""
+    shutil.copytree(project, dest)
+    for name in logs:
+        (dest / name).unlink(missing_ok=True)
+    return dest
+
+
 @pytest.fixture
 def case(finished, tmp_path):
     workflow, project = finished
-    shutil.copytree(project, tmp_path / "case")  # copy2 keeps mtimes: as up to date as the original
-    (tmp_path / "case" / "calls.log").unlink()
-    return workflow, tmp_path / "case"
+    return workflow, copy_of(project, tmp_path / "case")

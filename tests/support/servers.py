@@ -89,6 +89,11 @@ def tiny_helper_settings(log_dir: Path, *flags: str, **overrides: object) -> dic
     }
 
 
+def server_config(settings: dict) -> dict:
+    """The `server:` section of a config.yaml for managed-server `settings` (the keys a user writes)."""
+    return {key: settings[key] for key in ("kind", "base_url", "command", "health_timeout_s", "stop_grace_s")}
+
+
 def in_shell(settings: dict, directory: Path) -> dict:
     """The same managed server with its command written as most are, without `exec`: /bin/sh then stays
     the server's parent and leads its process group, and the pid on record must still be the server's."""

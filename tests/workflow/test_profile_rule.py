@@ -8,6 +8,7 @@ import json
 import pytest
 import yaml
 
+from tests.support import servers as hs
 from tests.support.demo_server import demo_server
 from tests.support.report_project import (
     REPO,
@@ -59,7 +60,7 @@ def test_a_server_kind_that_cannot_restart_stops_the_load(tmp_path):
 def test_the_rule_profiles_the_demo_server_and_the_report_shows_it(tmp_path):
     results, config = project(tmp_path, acceptance_lengths=[2], requests=2, max_new_tokens=5)
     server, target, drafter = demo_server(tmp_path, extra="--enable-metrics")
-    config["server"] = {key: server[key] for key in ("kind", "base_url", "health_timeout_s", "stop_grace_s", "command")}
+    config["server"] = hs.server_config(server)
     config["target"]["path"] = str(target)  # the rule waits for the served models' files, as fetch does
     config["drafters"][config["report"]["served_drafter"]]["path"] = str(drafter)
     (tmp_path / "config.yaml").write_text(yaml.safe_dump(config))

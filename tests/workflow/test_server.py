@@ -54,7 +54,7 @@ def project(tmp_path):
     root = tmp_path / "project"
     config = tiny_project(root, drafters=1, datasets=1)
     server = hs.tiny_helper_settings(Path("unused"), "--state", str(root / "server-state.txt"))
-    config["server"] = {key: server[key] for key in ("kind", "base_url", "command", "health_timeout_s", "stop_grace_s")}
+    config["server"] = hs.server_config(server)
     (root / "config.yaml").write_text(yaml.safe_dump(config, sort_keys=False))
     return workflow, root
 

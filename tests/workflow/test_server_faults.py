@@ -58,7 +58,7 @@ def project(tmp_path):
     config = tiny_project(root, drafters=1, datasets=1)
     server = hs.tiny_helper_settings(Path("unused"))
     server["command"] = "sleep 2; " + server["command"]  # each (re)launch takes 2 s: the second signal lands in it
-    config["server"] = {key: server[key] for key in ("kind", "base_url", "command", "health_timeout_s", "stop_grace_s")}
+    config["server"] = hs.server_config(server)
     (root / "config.yaml").write_text(yaml.safe_dump(config, sort_keys=False))
     return workflow, root
 
@@ -179,7 +179,7 @@ def test_a_second_run_s_end_does_not_stop_the_first_run_s_server_mid_fetch(tmp_p
     root = tmp_path / "project"
     config = tiny_project(root, drafters=1, datasets=2)
     server = hs.tiny_helper_settings(Path("unused"))
-    config["server"] = {key: server[key] for key in ("kind", "base_url", "command", "health_timeout_s", "stop_grace_s")}
+    config["server"] = hs.server_config(server)
     (root / "config.yaml").write_text(yaml.safe_dump(config, sort_keys=False))
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(workflow / "src"),
            "PATH": f"{workflow / 'bin'}{os.pathsep}{os.environ['PATH']}"}
