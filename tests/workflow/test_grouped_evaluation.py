@@ -1,7 +1,7 @@
 """evaluation.checkpoints_per_job: several checkpoints per evaluate job and process, with every guarantee of one
 job per checkpoint kept (issue 27). Real Snakemake runs of a tiny project whose evaluations are real (the
 evaluate command itself, on a tiny target's extracted states); fetch and extract copy prepared outputs
-(bench/eval_project.py's stand-in)."""
+(dflash_eval.testing.eval_project's stand-in)."""
 
 from __future__ import annotations
 
