@@ -44,7 +44,7 @@ from record import (  # benchmarks/record.py (the script's own folder)
     smoke_mode,
 )
 
-from dflash_eval.bench import eval_project
+from dflash_eval.testing import eval_project
 
 ROOT = Path(__file__).resolve().parents[1]
 DATASET = "demo-code"

@@ -6,7 +6,7 @@ shrinks with depth, so the truth is usually top-1 early and lost within a few de
 trained drafter) and `flat` (small logits, the true token only slightly ahead: long, wide trees,
 the pruning's worst case). The LM head row is the matmul that produced such logits
 ([anchors x positions, hidden] x [hidden, vocab] in the logits' dtype). Every "after" result is
-checked equal to the "before" one (with the path-order truth score; see dflash_eval/bench/ddtree_beam.py).
+checked equal to the "before" one (with the path-order truth score; see dflash_eval/testing/ddtree_beam.py).
 
     python benchmarks/ddtree_speed.py --device cuda                       # H200: 256 x 15, vocab 248320
     python benchmarks/ddtree_speed.py --device cpu --anchors 32 --positions 7 --vocab 4096 --hidden 1024
@@ -27,8 +27,8 @@ from record import (  # benchmarks/record.py (the script's own folder)
 )
 
 ROOT = Path(__file__).resolve().parents[1]
-from dflash_eval.bench.ddtree_beam import beam_tree_accepted
 from dflash_eval.evaluate.ddtree import tree_accepted
+from dflash_eval.testing.ddtree_beam import beam_tree_accepted
 
 BUDGET_SETS = {"8-64": [8, 16, 32, 64], "8-1024": [8, 16, 32, 64, 128, 256, 512, 1024]}
 

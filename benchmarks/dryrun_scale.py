@@ -27,7 +27,8 @@ from record import (  # benchmarks/record.py (the script's own folder)
 )
 
 ROOT = Path(__file__).resolve().parents[1]
-from dflash_eval.bench.workflow import (
+from dflash_eval.provenance.fingerprint import DEFAULT_CACHE
+from dflash_eval.testing.workflow import (
     check,
     copy_workflow,
     load_config,
@@ -36,7 +37,6 @@ from dflash_eval.bench.workflow import (
     tiny_project,
     write_bytes,
 )
-from dflash_eval.provenance.fingerprint import DEFAULT_CACHE
 
 
 def build(root: Path, checkpoints: int, datasets: int, checkpoint_mb: float) -> None:
@@ -83,7 +83,7 @@ def main() -> None:
     smoke_mode(parser, checkpoints=2, datasets=1, checkpoint_mb=0.01, repeats=1)
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
-        workflow = copy_workflow(Path(tmp) / "workflow")
+        workflow = copy_workflow(Path(tmp) / "workflow", ROOT)
         root = Path(tmp) / "project"
         build(root, args.checkpoints, args.datasets, args.checkpoint_mb)
         load_before = os.getloadavg()[0]

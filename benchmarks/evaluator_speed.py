@@ -3,7 +3,7 @@
 Drafters of a given shape with random weights (27b: Qwen3.6-27B-DFlash, 5 layers, hidden 5120, 32/8
 heads of 128, intermediate 17408, block 16, vocab 248320, 4 sliding-window layers of 2048 + 1 full;
 mid and demo: smaller shapes for CPUs), random cached features, and token sequences built so that
-the drafter's own drafts are accepted at a chosen rate (dflash_eval/bench/accepted.py: at the anchor the
+the drafter's own drafts are accepted at a chosen rate (dflash_eval/testing/accepted.py: at the anchor the
 chain reaches, keep the draft's first a tokens, a = leading successes of a per-position acceptance q
 solved for the tau asked, then a token that differs from the draft: half the time the drafter's
 second choice there, so that DDTree accepts more than the chain). The drafter's full-attention layer
@@ -66,7 +66,6 @@ from record import (  # benchmarks/record.py (the script's own folder)
 from transformers import Qwen3Config
 
 ROOT = Path(__file__).resolve().parents[1]
-from dflash_eval.bench.accepted import accepted_tokens
 from dflash_eval.evaluate import packed
 from dflash_eval.evaluate.acceptance import SequenceLimits
 from dflash_eval.evaluate.all_anchor import evaluate_sample
@@ -78,6 +77,7 @@ from dflash_eval.evaluate.trajectory import (
     TrajectoryEvaluator,
 )
 from dflash_eval.methods import chain_method
+from dflash_eval.testing.accepted import accepted_tokens
 
 PEAK_TFLOPS = 790.0  # bf16 dense matrix rate measured on one H200
 SHAPES = {

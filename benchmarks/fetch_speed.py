@@ -1,6 +1,6 @@
 """Client overhead of the fetch stage: our fetch vs a bare asyncio + openai loop, side by side, same requests.
 
-Both talk to one local fake OpenAI server process (dflash_eval/bench/fake_openai_server.py: raw asyncio HTTP, answers
+Both talk to one local fake OpenAI server process (dflash_eval/testing/fake_openai_server.py: raw asyncio HTTP, answers
 at once), so what differs is the client: our stage adds prompt rendering and tokenization, retries,
 record building with retokenization, batched fsynced appends to the partial file, the progress bar and
 the final write. One warm-up run of each first (imports, tokenizer, connections), then rounds that
@@ -49,10 +49,10 @@ from record import (  # benchmarks/record.py (the script's own folder)
 
 ROOT = Path(__file__).resolve().parents[1]
 
-from dflash_eval.bench import fake_openai_server, fixtures
 from dflash_eval.fetch import stage as fetch
 from dflash_eval.fetch.prompts import load_prompts
 from dflash_eval.server.http import http_request
+from dflash_eval.testing import fake_openai_server, fixtures
 
 
 async def bare_loop(url: str, model: str, prompts: list[str] | list[list[int]], concurrency: int, max_tokens: int) -> int:

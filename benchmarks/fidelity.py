@@ -237,7 +237,7 @@ def main() -> None:
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         if args.smoke:
-            from dflash_eval.bench.eval_project import tiny_served
+            from dflash_eval.testing.eval_project import tiny_served
 
             args.target, args.completions, args.drafter = tiny_served(Path(tmp))
         run(args)

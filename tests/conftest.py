@@ -10,6 +10,8 @@ import os
 import pytest
 import torch
 
+pytest_plugins = ["tests.support.sglang_source"]  # the sglang_srt fixture, for every test package
+
 torch.set_num_threads(1)
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")

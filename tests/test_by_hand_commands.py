@@ -25,33 +25,18 @@ import pytest
 import torch
 import yaml
 
-from dflash_eval.bench import fixtures
+from dflash_eval.testing import fixtures
 from tests.support import servers as hs
-from tests.support.tiny import tiny_drafter_config
+from tests.support.demo_server import demo_server_command, tiny_drafter_dir
 
 pytestmark = pytest.mark.slow  # a dozen commands, two demo-server launches and the profile's four
-
-
-def _drafter(target: Path, out: Path) -> Path:
-    """A DFlash drafter on the tiny target's layers 0 and 1 (the last: the final norm's output), block 4."""
-    from dflash.model import DFlashDraftModel
-    from transformers import AutoConfig
-
-    target_config = AutoConfig.from_pretrained(target)
-    config = tiny_drafter_config([0, 1], block_size=4, num_target_layers=2)
-    config.vocab_size = target_config.vocab_size
-    config.dflash_config["mask_token_id"] = target_config.pad_token_id
-    torch.manual_seed(3)
-    model = DFlashDraftModel(config).eval()
-    model.save_pretrained(out)
-    return out
 
 
 @pytest.fixture(scope="module")
 def project(tmp_path_factory):
     root = tmp_path_factory.mktemp("by-hand")
     target = hs.build_tiny_target(root / "target")
-    _drafter(target, root / "drafter")
+    tiny_drafter_dir(target, root / "drafter", layer_ids=[0, 1], scale=None)  # layer 1: the final norm's output
     fixtures.write_prompts(root / "prompts.jsonl", 3)
     port = fixtures.free_port()
     config = {
@@ -59,9 +44,7 @@ def project(tmp_path_factory):
         "target": {"path": "target", "dtype": "float32", "device": "cpu", "backend": "torch"},
         "server": {"kind": "managed", "base_url": f"http://127.0.0.1:{port}", "health_timeout_s": 120,
                    "stop_grace_s": 5,
-                   "command": f"OMP_NUM_THREADS=1 exec {sys.executable} -m dflash_eval.cli demo-server --model-path "
-                              f"target --port {port} --speculative-algorithm DFLASH --speculative-draft-model-path "
-                              "drafter --speculative-num-draft-tokens 4 --enable-metrics"},
+                   "command": demo_server_command("target", "drafter", port, extra="--enable-metrics")},
         "fetch": {"max_tokens": 12, "concurrency": 2},
         "datasets": {"tiny": {"prompts": "prompts.jsonl"}},
         "extraction": {},

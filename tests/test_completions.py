@@ -83,7 +83,7 @@ def test_missing_and_empty_files_say_what_to_run(tmp_path):
 def test_every_reader_refuses_a_bad_line_the_same_way(tmp_path):
     """fetch's resume, the report, extract and evaluate (read_completions) all name the file and line."""
     path = _file(tmp_path, json.dumps(RECORD), '{"text": "no id"}')
-    for read in (read_records, trust.read_completions, read_completions):
+    for read in (read_records, trust.scan_completions, read_completions):
         with pytest.raises(DflashEvalError, match=r"c.jsonl:2: not a completions record \(no id\)"):
             read(path)
 

@@ -4,10 +4,10 @@ demo shape on the CPU; its table says 1 and then 2 jobs at once and no overlap, 
 from __future__ import annotations
 
 from dflash_eval.cli import main
-from tests.benchmarks.runner import BENCHMARKS, ROOT, run_in_process
+from tests.support.benchmark_runner import BENCHMARKS, ROOT, run_in_process
 
 
-# In the test process (tests/benchmarks/runner.py), whose torch, transformers and dflash the forked jobs inherit:
+# In the test process (tests/support/benchmark_runner.py), whose torch, transformers and dflash the forked jobs inherit:
 # 12.6 s of CPU as its own process on the 2-core VM (2026-12-02), ~9 of them its imports. The fork is safe here
 # because the test process runs torch on one thread (tests/conftest.py), so no OpenMP pool is copied into the jobs.
 # The locks and the check have fast tests in tests/evaluate/test_gpu_placement.py.

@@ -1,4 +1,4 @@
-"""tests/benchmarks/runner.py: a smoke run in this process leaves nothing behind for the next one, reports its
+"""tests/support/benchmark_runner.py: a smoke run in this process leaves nothing behind for the next one, reports its
 failures with the script's name and traceback, and cannot record under benchmarks/results/."""
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from pathlib import Path
 
 import torch
 
-from tests.benchmarks.runner import RESULTS, ROOT, run_in_process
+from tests.support.benchmark_runner import RESULTS, ROOT, run_in_process
 
 MESSY = """
 import gc, logging, os, random, signal, sys

@@ -1,5 +1,5 @@
 """Every benchmark's `--smoke` run (issue 27): its real code path on a tiny CPU shape, its table printed, nothing
-recorded under benchmarks/results/. The smokes run inside the test process (tests/benchmarks/runner.py: torch and
+recorded under benchmarks/results/. The smokes run inside the test process (tests/support/benchmark_runner.py: torch and
 transformers imported once, each run isolated), each its own test item."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 
 from dflash_eval.speedup import validation
-from tests.benchmarks.runner import (
+from tests.support.benchmark_runner import (
     BENCHMARKS,
     RESULTS,
     run_in_process,

@@ -20,7 +20,6 @@ from dflash_eval.cache.sampling import (
     token_logprobs,
 )
 from dflash_eval.errors import DflashEvalError
-from tests.fetch.conftest import sglang_srt  # noqa: F401  (the fixture)
 
 CASES = [  # (temperature, top_p, top_k in SGLang's spelling)
     (1.0, 1.0, -1), (0.7, 1.0, -1), (0.7, 0.9, -1), (1.3, 0.5, -1), (0.7, 1.0, 3), (0.7, 0.8, 5), (0.3, 0.95, 40),
@@ -74,7 +73,7 @@ def _sglang_probs(functions, logits, temperature, top_p, top_k, sparse):
 
 @pytest.mark.parametrize("sparse", [True, False], ids=["sparse-topk", "dense"])
 @pytest.mark.parametrize("temperature,top_p,top_k", CASES)
-def test_sglang_convention_is_sglang_verify(sglang_srt, temperature, top_p, top_k, sparse):  # noqa: F811
+def test_sglang_convention_is_sglang_verify(sglang_srt, temperature, top_p, top_k, sparse):
     functions = _sglang_functions(sglang_srt)
     logits = _logits(1)
     mine = sampling_probs(logits, SamplingParams(temperature, top_p, top_k), "sglang")
@@ -82,7 +81,7 @@ def test_sglang_convention_is_sglang_verify(sglang_srt, temperature, top_p, top_
                                rtol=1e-6, atol=1e-7)
 
 
-def test_the_conventions_differ_only_at_a_top_p_tie(sglang_srt):  # noqa: F811
+def test_the_conventions_differ_only_at_a_top_p_tie(sglang_srt):
     """Mass before the third token exactly 0.75 = top_p: SGLang keeps it, dflash drops it (both checked at source)."""
     from dflash.model import _sampling_probs
 

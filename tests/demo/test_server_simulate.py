@@ -6,18 +6,17 @@ from __future__ import annotations
 
 import ast
 import math
-import sys
 
 import pytest
 
-from dflash_eval.bench import fixtures
 from dflash_eval.demo.server import FIXED_TOKEN_ID, fixed_tokens, simulation_from_env
 from dflash_eval.fetch import stage as fetch
 from dflash_eval.server.control import ServerController
-from tests.fetch.test_sglang import tiny_drafter_dir
+from dflash_eval.testing import fixtures
 from tests.support import servers as hs
+from tests.support.demo_server import BLOCK, demo_server, tiny_drafter_dir
 
-BLOCK, MAX_TOKENS = 4, 12
+MAX_TOKENS = 12
 
 
 def test_the_switches_defaults_are_0_5_23s(sglang_srt):
@@ -61,18 +60,6 @@ def test_the_fixed_mode_writes_its_token_after_the_prefills_by_hand():
 def steps_for(length: int, max_tokens: int, block: int) -> int:
     """Hand count: the prefill gives 1 token, each step commits min(length, block); SGLang stops at max_tokens."""
     return math.ceil((max_tokens - 1) / min(length, block))
-
-
-def launch(base, env: str, extra: str = ""):
-    target = hs.build_tiny_target(base / "target")
-    drafter = tiny_drafter_dir(target, base / "drafter")
-    port = fixtures.free_port()
-    command = (f"{env} OMP_NUM_THREADS=1 exec {sys.executable} -m dflash_eval.cli demo-server --model-path {target} "
-               f"--port {port} --speculative-algorithm DFLASH --speculative-draft-model-path {drafter} "
-               f"--speculative-num-draft-tokens {BLOCK} {extra}")
-    settings = {"kind": "managed", "base_url": f"http://127.0.0.1:{port}", "model": None, "command": command,
-                "health_timeout_s": 120.0, "stop_grace_s": 5.0, "log_dir": str(base / "logs")}
-    return settings, target
 
 
 @pytest.fixture(scope="module")
@@ -143,8 +130,8 @@ def test_fetch_records_the_forced_counters_and_the_engines_timing(tmp_path):
     """Over HTTP, through fetch: length 3, fixed tokens, commits 3 a step: 4 steps for 12 tokens; each record's
     `engine` holds meta_info's timing (--enable-metrics) beside spec_verify_ct and the completion's tokens."""
     length, mode = 3, "fixed"
-    settings, target = launch(tmp_path, f"SGLANG_SIMULATE_ACC_LEN={length} SGLANG_SIMULATE_ACC_TOKEN_MODE={mode}",
-                              "--enable-metrics")
+    settings, target, _ = demo_server(tmp_path, f"SGLANG_SIMULATE_ACC_LEN={length} SGLANG_SIMULATE_ACC_TOKEN_MODE={mode}",
+                                      "--enable-metrics")
     controller = ServerController(settings)
     controller.ensure_up()
     try:

@@ -25,7 +25,6 @@ from dflash_eval.demo.sglang_sampling import (
     target_only_verify,
     verify_probs,
 )
-from tests.fetch.conftest import sglang_srt  # noqa: F401 (the fixture)
 
 # Hand-made logits: distinct values, a near-tie, a large gap, and (row 3) a run of equal values.
 LOGITS = torch.tensor([[2.0, 1.0, 0.5, -1.0, 0.0, 3.0],
@@ -46,7 +45,7 @@ def _functions(path: Path, names: tuple[str, ...], namespace: dict) -> dict:
 
 
 @pytest.fixture(scope="module")
-def sglang_code(sglang_srt):  # noqa: F811
+def sglang_code(sglang_srt):
     from typing import Any, Optional
 
     namespace = {"torch": torch, "F": F, "Optional": Optional, "Any": Any, "top_k_renorm_prob": None,

@@ -25,16 +25,9 @@ from dflash_eval.evaluate.packed import (
     packed_hidden,
 )
 from dflash_eval.evaluate.trajectory import TrajectoryEvaluator
-from tests.evaluate.test_trajectory import (
-    BLOCK,
-    BUDGETS,
-    STOPS,
-    TOPK,
-    _runner,
-    _sequences,
-    _specs,
-)
+from tests.support import trajectory_cases as cases
 from tests.support.tiny import MASK_ID, tiny_drafter, tiny_target
+from tests.support.trajectory_cases import BLOCK, BUDGETS, STOPS, TOPK
 
 SLOT = np.array([0, 0, 0, 1, 1, 3, 3, 3, 3])
 ANCHOR = np.array([3, 9, 15, 4, 25, 2, 8, 10, 14])
@@ -94,14 +87,14 @@ def test_the_padded_forward_equals_the_eager_one(window, fused, monkeypatch):
 
 @pytest.mark.parametrize("sizes", [[8, 32], [4096]], ids=["late-rounds-only", "every-round"])
 def test_the_evaluator_with_graphs_takes_todays_steps(sizes):
-    runner = _runner()
-    sequences = _sequences(runner)
+    runner = cases.runner()
+    sequences = cases.sequences(runner)
     options = dict(blocks_per_forward=128, pool_slots=4, head_split=2)
     today = TrajectoryEvaluator(runner, STOPS, range(2, BLOCK + 1), BUDGETS, TOPK, **options)
-    expected = dict(today.run(_specs(sequences)))
+    expected = dict(today.run(cases.specs(sequences)))
     evaluator = TrajectoryEvaluator(runner, STOPS, range(2, BLOCK + 1), BUDGETS, TOPK, cuda_graph_tokens=sizes,
                                     graph_capture=eager_capture, **options)
-    results = dict(evaluator.run(_specs(sequences)))
+    results = dict(evaluator.run(cases.specs(sequences)))
     for key in expected:
         assert results[key].steps == expected[key].steps, key
         assert np.array_equal(results[key].topk_hits, expected[key].topk_hits), key
@@ -115,11 +108,11 @@ def test_the_evaluator_with_graphs_takes_todays_steps(sizes):
 def test_exact_token_graphs_take_todays_steps_one_graph_per_token_count_up_to_the_cap():
     """exact_tokens: every captured forward has the eager forward's own flat token count (its GEMMs' rows); past
     max_graphs distinct shapes a round runs eagerly; the steps stay today's."""
-    runner = _runner()
-    sequences = _sequences(runner)
+    runner = cases.runner()
+    sequences = cases.sequences(runner)
     options = dict(blocks_per_forward=128, pool_slots=4, head_split=2)
     today = TrajectoryEvaluator(runner, STOPS, range(2, BLOCK + 1), BUDGETS, TOPK, **options)
-    expected = dict(today.run(_specs(sequences)))
+    expected = dict(today.run(cases.specs(sequences)))
     seen = []
 
     def capture(forward):
@@ -128,7 +121,7 @@ def test_exact_token_graphs_take_todays_steps_one_graph_per_token_count_up_to_th
     for cap in (None, 2):
         evaluator = TrajectoryEvaluator(runner, STOPS, range(2, BLOCK + 1), BUDGETS, TOPK, cuda_graph_tokens=[4096],
                                         graph_capture=capture, graph_exact_tokens=True, max_graphs=cap, **options)
-        results = dict(evaluator.run(_specs(sequences)))
+        results = dict(evaluator.run(cases.specs(sequences)))
         for key in expected:
             assert results[key].steps == expected[key].steps, key
         tokens = {padding_tokens for padding_tokens, _, _ in evaluator.graphed.graphs}
@@ -148,12 +141,12 @@ def test_an_exact_token_padding_keeps_the_round_s_tokens():
 
 
 def test_the_config_key_picks_a_route_on_cuda_only_and_every_route_is_a_valid_evaluator():
-    runner = _runner()
+    runner = cases.runner()
     cuda = torch.device("cuda")
     assert graph_options("round_tokens", torch.device("cpu"), runner) == {}  # a CPU evaluation stays eager
     assert graph_options("none", cuda, runner) == {}
     assert graph_options("padded", cuda, runner) == ROUTES["padded"]
-    assert graph_options("round_tokens", cuda, _runner(dflash2=True)) == {}  # shapes vary per round: eager
+    assert graph_options("round_tokens", cuda, cases.runner(dflash2=True)) == {}  # shapes vary per round: eager
     with pytest.raises(ValueError, match="evaluation.cuda_graphs: 'on'"):
         graph_options("on", cuda, runner)
     for route in ROUTES:
@@ -169,9 +162,9 @@ def test_the_schema_defines_the_key_once_default_none():
 
 def test_graphs_are_refused_where_shapes_vary():
     with pytest.raises(ValueError, match="cuda_graph_tokens"):
-        TrajectoryEvaluator(_runner(dflash2=True), STOPS, cuda_graph_tokens=[64])
+        TrajectoryEvaluator(cases.runner(dflash2=True), STOPS, cuda_graph_tokens=[64])
     with pytest.raises(ValueError, match="cuda_graph_tokens"):
-        TrajectoryEvaluator(_runner(), STOPS, cuda_graph_tokens=[64], attention_groups="row")
+        TrajectoryEvaluator(cases.runner(), STOPS, cuda_graph_tokens=[64], attention_groups="row")
 
 
 @pytest.mark.gpu
@@ -179,14 +172,14 @@ def test_the_graph_replay_takes_the_eager_steps_on_cuda():
     """fp32 on CUDA: real graphs at every round size take the eager evaluator's steps (the exactness rule)."""
     if not torch.cuda.is_available():
         pytest.skip("needs a CUDA GPU")
-    runner = _runner().to("cuda")
-    sequences = [(key, f.cuda(), t.cuda(), lim) for key, f, t, lim in _sequences(_runner())]
+    runner = cases.runner().to("cuda")
+    sequences = [(key, f.cuda(), t.cuda(), lim) for key, f, t, lim in cases.sequences(cases.runner())]
     options = dict(blocks_per_forward=128, pool_slots=4, head_split=2)
     expected = dict(TrajectoryEvaluator(runner, STOPS, range(2, BLOCK + 1), BUDGETS, TOPK, **options)
-                    .run(_specs(sequences)))
+                    .run(cases.specs(sequences)))
     evaluator = TrajectoryEvaluator(runner, STOPS, range(2, BLOCK + 1), BUDGETS, TOPK, cuda_graph_tokens=[32, 4096],
                                     **options)
-    results = dict(evaluator.run(_specs(sequences)))
+    results = dict(evaluator.run(cases.specs(sequences)))
     for key in expected:
         assert results[key].steps == expected[key].steps, key
     assert evaluator.counts.graph_replays == evaluator.counts.forwards and evaluator.counts.graphs > 0

@@ -5,8 +5,8 @@ from itertools import product
 import pytest
 import torch
 
-from dflash_eval.bench.ddtree_beam import beam_tree_accepted
 from dflash_eval.evaluate import ddtree
+from dflash_eval.testing.ddtree_beam import beam_tree_accepted
 from tests.support.reference import heap_tree
 
 HOST_READS = [True]

@@ -12,10 +12,8 @@ import numpy as np
 import pytest
 import torch
 
-from dflash_eval.bench.accepted import accepted_tokens
 from dflash_eval.evaluate.acceptance import sequence_limits
 from dflash_eval.evaluate.all_anchor import evaluate_sample
-from dflash_eval.evaluate.blocks import BlockDrafter
 from dflash_eval.evaluate.ddtree import tree_host_reads_for
 from dflash_eval.evaluate.trajectory import (
     LoadedSample,
@@ -23,49 +21,10 @@ from dflash_eval.evaluate.trajectory import (
     TrajectoryEvaluator,
 )
 from dflash_eval.methods import chain_method
-from tests.support.tiny import MASK_ID, tiny_drafter, tiny_target
+from tests.support import trajectory_cases as cases
+from tests.support.trajectory_cases import BLOCK, BUDGETS, STOPS, TOPK
 
-LAYERS = [0, 2]
-BLOCK = 6
-BUDGETS = [2, 3, 6]
-TOPK = [1, 3]
-STOPS = {1, 7}
 CPU_HOST_READS = False  # the CPU's choice, from the demo's alternating pairs (benchmarks/results/evaluator_speed.md)
-
-
-def _runner(dflash2=False, window=5, dtype=torch.float32):
-    target = tiny_target(seed=0)  # only its embedding and LM head
-    drafter = tiny_drafter(LAYERS, block_size=BLOCK, window=window, dflash2=dflash2)
-    if dflash2:
-        with torch.no_grad():  # a selector that overrules the argmax somewhere
-            for param in drafter.candidate_selector.parameters():
-                param.normal_(0, 0.5)
-    embed, head = target.model.embed_tokens.weight.detach(), target.lm_head.weight.detach()
-    return BlockDrafter(drafter, embed, head, MASK_ID).to(dtype)
-
-
-def _sequences(runner, count=9, seed=1, dtype=torch.float32):
-    """Sequences on which the drafter's chain is accepted at tau ~3.5, some ending on a stop token, one
-    with a stop token inside, most with a token budget shorter than what could follow."""
-    generator = torch.Generator().manual_seed(seed)
-    lengths = [18 + 6 * i for i in range(count)]
-    prompts = [4 + i for i in range(count)]
-    features = [torch.randn(n, 2 * 64, generator=generator).to(dtype) for n in lengths]
-    out = []
-    for i, tokens in enumerate(accepted_tokens(runner, features, prompts, tau=3.5, seed=seed)):
-        if i % 2:
-            tokens[-1] = 1
-        if i == 4:
-            tokens[prompts[i] + 5] = 7  # a stop token inside the completion
-        budget = None if i % 3 == 0 else lengths[i] - prompts[i] - 2 - i % 2 * 2
-        limits = sequence_limits(prompts[i], lengths[i], budget, int(tokens[-1]) in STOPS)
-        out.append((str(i), features[i], tokens, limits))
-    return out
-
-
-def _specs(sequences):
-    return [SampleSpec(key, len(tokens), lambda f=features, t=tokens, lim=limits: LoadedSample(f, t, lim))
-            for key, features, tokens, limits in sequences]
 
 
 def _reference(runner, sequences):
@@ -79,12 +38,12 @@ def _reference(runner, sequences):
 @pytest.mark.parametrize("pool,rows,split", [(None, 128, 2), (2, 3, None)],
                          ids=["one-pool,head-split", "tiny-pool-and-forwards,whole-head"])
 def test_same_steps_as_the_all_anchor_evaluator(dflash2, window, pool, rows, split):
-    runner = _runner(dflash2, window)
-    sequences = _sequences(runner)
+    runner = cases.runner(dflash2, window)
+    sequences = cases.sequences(runner)
     reference = _reference(runner, sequences)
     evaluator = TrajectoryEvaluator(runner, STOPS, range(2, BLOCK + 1), BUDGETS, TOPK, blocks_per_forward=rows,
                                     pool_slots=pool, head_split=split)
-    results = dict(evaluator.run(_specs(sequences)))
+    results = dict(evaluator.run(cases.specs(sequences)))
     assert sorted(results) == sorted(reference)
     for key, expected in reference.items():
         assert results[key].steps == expected.steps, key
@@ -97,10 +56,10 @@ def test_same_steps_as_the_all_anchor_evaluator(dflash2, window, pool, rows, spl
 @pytest.mark.parametrize("dflash2", [False, True], ids=["dflash", "dflash2"])
 def test_chain_b_alone_with_the_head_split(dflash2):
     """Without trees or top-k, blocks of full size read the LM head only up to their first mismatch too."""
-    runner = _runner(dflash2)
-    sequences = _sequences(runner)
+    runner = cases.runner(dflash2)
+    sequences = cases.sequences(runner)
     evaluator = TrajectoryEvaluator(runner, STOPS, head_split=2)
-    results = dict(evaluator.run(_specs(sequences)))
+    results = dict(evaluator.run(cases.specs(sequences)))
     for key, features, tokens, limits in sequences:
         expected = evaluate_sample(runner, features, tokens, limits, STOPS).steps
         assert results[key].steps == expected, key
@@ -117,11 +76,11 @@ def _visits(steps, limits):
 
 
 def test_each_distinct_block_is_computed_once():
-    runner = _runner()
-    sequences = _sequences(runner)
+    runner = cases.runner()
+    sequences = cases.sequences(runner)
     evaluator = TrajectoryEvaluator(runner, STOPS, range(2, BLOCK + 1), BUDGETS, TOPK, pool_slots=3,
                                     blocks_per_forward=4)
-    results = dict(evaluator.run(_specs(sequences)))
+    results = dict(evaluator.run(cases.specs(sequences)))
     distinct = set()
     for key, _, _, limits in sequences:
         for method, steps in results[key].steps.items():
@@ -133,10 +92,10 @@ def test_each_distinct_block_is_computed_once():
 
 
 def test_topk_counts_the_blocks_chain_b_visits():
-    runner = _runner()
-    sequences = _sequences(runner)
+    runner = cases.runner()
+    sequences = cases.sequences(runner)
     evaluator = TrajectoryEvaluator(runner, STOPS, (), BUDGETS, [1, 2, 5], pool_slots=4)
-    results = dict(evaluator.run(_specs(sequences)))
+    results = dict(evaluator.run(cases.specs(sequences)))
     for key, features, tokens, limits in sequences:
         hits, seen = np.zeros((BLOCK - 1, 3), dtype=np.int64), np.zeros(BLOCK - 1, dtype=np.int64)
         with torch.no_grad():
@@ -156,10 +115,10 @@ def test_topk_counts_the_blocks_chain_b_visits():
 
 def test_bfloat16_agrees_with_the_all_anchor_evaluator_up_to_rounding():
     """bf16 rounds differently in a packed forward, so a near-tie can flip a step; nearly all agree."""
-    runner = _runner(dtype=torch.bfloat16)
-    sequences = _sequences(runner, dtype=torch.bfloat16)
+    runner = cases.runner(dtype=torch.bfloat16)
+    sequences = cases.sequences(runner, dtype=torch.bfloat16)
     reference = _reference(runner, sequences)
-    results = dict(TrajectoryEvaluator(runner, STOPS, range(2, BLOCK + 1), BUDGETS, TOPK).run(_specs(sequences)))
+    results = dict(TrajectoryEvaluator(runner, STOPS, range(2, BLOCK + 1), BUDGETS, TOPK).run(cases.specs(sequences)))
     same = sum(results[k].steps[m] == reference[k].steps[m] for k in reference for m in reference[k].steps)
     total = sum(len(r.steps) for r in reference.values())
     assert same >= 0.8 * total, f"{same}/{total} trajectories equal"
@@ -170,8 +129,8 @@ def test_bfloat16_agrees_with_the_all_anchor_evaluator_up_to_rounding():
 
 
 def test_a_trajectory_past_the_cached_tokens_names_the_sample():
-    runner = _runner()
-    key, features, tokens, _ = _sequences(runner, count=1)[0]
+    runner = cases.runner()
+    key, features, tokens, _ = cases.sequences(runner, count=1)[0]
     limits = sequence_limits(4, len(tokens), 100, True)  # claims a stop-ended completion that could run on
     tokens = tokens.clone()
     tokens[-1] = 1
@@ -181,8 +140,8 @@ def test_a_trajectory_past_the_cached_tokens_names_the_sample():
 
 
 def test_samples_without_a_step_finish_without_entering_the_pool():
-    runner = _runner()
-    key, features, tokens, _ = _sequences(runner, count=1)[0]
+    runner = cases.runner()
+    key, features, tokens, _ = cases.sequences(runner, count=1)[0]
     tokens = tokens.clone()
     tokens[5] = 1
     stopped = sequence_limits(5, len(tokens), None, False)  # the first completion token is a stop token
@@ -197,11 +156,11 @@ def test_samples_without_a_step_finish_without_entering_the_pool():
 def test_same_steps_as_the_all_anchor_evaluator_on_cuda(dflash2):
     if not torch.cuda.is_available():
         pytest.skip("needs a CUDA GPU")
-    runner = _runner(dflash2).to("cuda")
-    sequences = [(key, f.cuda(), t.cuda(), lim) for key, f, t, lim in _sequences(_runner(dflash2))]
+    runner = cases.runner(dflash2).to("cuda")
+    sequences = [(key, f.cuda(), t.cuda(), lim) for key, f, t, lim in cases.sequences(cases.runner(dflash2))]
     reference = _reference(runner, sequences)
     results = dict(TrajectoryEvaluator(runner, STOPS, range(2, BLOCK + 1), BUDGETS, TOPK, pool_slots=3,
-                                       blocks_per_forward=5).run(_specs(sequences)))
+                                       blocks_per_forward=5).run(cases.specs(sequences)))
     for key, expected in reference.items():
         assert results[key].steps == expected.steps, key
 
@@ -217,13 +176,13 @@ def test_each_speed_lever_takes_todays_steps_and_counts(lever, dflash2):
     """Issue 30's levers change where and how blocks are computed, never an outcome: the same steps and top-k
     counts as today's evaluator, fp32 (flex attention: eager on the CPU, 20-40 s a case, so marked slow; test_packed.py checks its forward fast); lookahead computes more blocks in fewer forwards and
     counts as needed exactly the blocks today's evaluator computes."""
-    runner = _runner(dflash2)
-    sequences = _sequences(runner)
+    runner = cases.runner(dflash2)
+    sequences = cases.sequences(runner)
     options = dict(blocks_per_forward=lever.pop("blocks_per_forward", 128), pool_slots=4, head_split=2)
     today = TrajectoryEvaluator(runner, STOPS, range(2, BLOCK + 1), BUDGETS, TOPK, tree_host_reads=True, **options)
-    expected = dict(today.run(_specs(sequences)))
+    expected = dict(today.run(cases.specs(sequences)))
     evaluator = TrajectoryEvaluator(runner, STOPS, range(2, BLOCK + 1), BUDGETS, TOPK, **{**options, **lever})
-    results = dict(evaluator.run(_specs(sequences)))
+    results = dict(evaluator.run(cases.specs(sequences)))
     assert sorted(results) == sorted(expected)
     for key in expected:  # today's evaluator: the all-anchor evaluator's steps (the tests above)
         assert results[key].steps == expected[key].steps, key
@@ -245,7 +204,7 @@ def test_the_ddtree_scorers_host_reads_are_chosen_by_device():
     assert tree_host_reads_for(torch.device("cuda")) is False
     assert tree_host_reads_for(torch.device("cpu")) is CPU_HOST_READS
     assert tree_host_reads_for(torch.device("meta")) is True
-    runner = _runner()
+    runner = cases.runner()
     assert TrajectoryEvaluator(runner, STOPS, budgets=BUDGETS).tree_host_reads is CPU_HOST_READS
     for explicit in (True, False):
         assert TrajectoryEvaluator(runner, STOPS, budgets=BUDGETS, tree_host_reads=explicit).tree_host_reads is explicit

@@ -1,43 +1,14 @@
-"""The SGLang 0.5.23 source tree the protocol tests read (never import: its modules need SGLang's dependencies)."""
+"""The fetch tests' fixtures: the served demo server (tests/support/demo_server.py), speculating for real, and vLLM's source."""
 
 from __future__ import annotations
 
-import importlib.util
 import os
-import sys
 from pathlib import Path
 
 import pytest
 
-
-@pytest.fixture(scope="session")
-def sglang_srt() -> Path:
-    """`sglang/srt` of 0.5.23: $DFLASH_EVAL_SGLANG_SRC, else an installed wheel (`pip install --no-deps
-    sglang==0.5.23`); skips without one (.ci/run downloads and unzips the wheel and sets the variable)."""
-    if os.environ.get("DFLASH_EVAL_SGLANG_SRC"):
-        srt = Path(os.environ["DFLASH_EVAL_SGLANG_SRC"])
-        if not (srt / "entrypoints/openai/protocol.py").is_file():
-            pytest.fail(f"DFLASH_EVAL_SGLANG_SRC={srt} is not an sglang/srt directory (no entrypoints/openai/protocol.py)")
-    else:
-        spec = importlib.util.find_spec("sglang")
-        if spec is None or not spec.submodule_search_locations:
-            pytest.skip("SGLang's source is not installed: pip install --no-deps sglang==0.5.23 "
-                        "(or set DFLASH_EVAL_SGLANG_SRC)")
-        srt = Path(next(iter(spec.submodule_search_locations))) / "srt"
-    version_file = srt.parent / "_version.py"  # written by the wheel's build
-    version = version_file.read_text() if version_file.is_file() else ""
-    if "'0.5.23'" not in version and '"0.5.23"' not in version:
-        pytest.skip(f"the SGLang source at {srt} is not 0.5.23: {version.strip()[-200:]}")
-    return srt
-
-
-def load_source_module(path: Path, name: str):
-    """Load one dependency-free SGLang source file as a module (e.g. utils/auth.py), without the package."""
-    spec = importlib.util.spec_from_file_location(name, path)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module  # dataclasses look their module up there
-    spec.loader.exec_module(module)
-    return module
+from dflash_eval.server.control import ServerController
+from tests.support.demo_server import demo_server
 
 
 @pytest.fixture(scope="session")
@@ -56,3 +27,16 @@ def vllm_src() -> Path:
     if "'0.34.0'" not in version and '"0.34.0"' not in version:
         pytest.skip(f"the vLLM source at {package} is not 0.34.0: {version.strip()[-200:]}")
     return package
+
+
+@pytest.fixture(scope="module")
+def served(tmp_path_factory):
+    """The SGLang-protocol demo server of the tiny target and drafter, up; yields its settings and model paths."""
+    base = tmp_path_factory.mktemp("sglang")
+    settings, target, drafter = demo_server(base, algorithm="dflash")  # upper-cased by the server, as SGLang does
+    controller = ServerController(settings)
+    controller.ensure_up()
+    try:
+        yield {"settings": settings, "target": target, "drafter": drafter, "base": base}
+    finally:
+        controller.stop_if_launched()

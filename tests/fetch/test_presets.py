@@ -12,10 +12,10 @@ from pathlib import Path
 import pytest
 
 from dflash_eval import config as cfg
-from dflash_eval.bench import fixtures
 from dflash_eval.errors import DflashEvalError
 from dflash_eval.fetch import stage as fetch
 from dflash_eval.fetch.presets import PRESETS, load_preset
+from dflash_eval.testing import fixtures
 
 BOXED = "\nPlease reason step by step, and put your final answer within \\boxed{}."
 

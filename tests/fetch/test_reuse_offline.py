@@ -1,6 +1,6 @@
 """A fetch rerun whose kept records all answer its request reuses them without the server: a code change alone
 neither wakes nor waits for nor asks it. The real fetch stage against the fake OpenAI server process
-(dflash_eval/bench/fake_openai_server.py) for the first run; the rerun's server is gone."""
+(dflash_eval/testing/fake_openai_server.py) for the first run; the rerun's server is gone."""
 
 from __future__ import annotations
 
@@ -8,9 +8,9 @@ import json
 
 import pytest
 
-from dflash_eval.bench import fixtures
 from dflash_eval.fetch import stage as fetch
 from dflash_eval.fetch.store import partial_path
+from dflash_eval.testing import fixtures
 from tests.support.fake_fetch import fake, settings
 
 

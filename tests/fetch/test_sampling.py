@@ -15,7 +15,7 @@ from dflash_eval.errors import DflashEvalError
 from dflash_eval.fetch import sampling, sglang
 from dflash_eval.fetch import stage as fetch
 from dflash_eval.sglang_protocol import PROTOCOL_FIELDS
-from tests.fetch.test_sglang import BLOCK, served  # noqa: F401 (the fixture)
+from tests.support.demo_server import BLOCK
 
 REPO = Path(__file__).resolve().parents[2]
 DRAWN = {"temperature": 0.7, "top_p": 0.95, "top_k": -1, "min_p": 0.0, "n": 2, "sampling_seed": 5}
@@ -100,15 +100,15 @@ def test_the_lossless_check():
     assert "ignores min_p" in sglang.sampling_warning(spec, lossless, {**drawn, "min_p": 0.1})
 
 
-def _fetch(served, tmp_path, out, **drawn):  # noqa: F811
-    from dflash_eval.bench import fixtures
+def _fetch(served, tmp_path, out, **drawn):
+    from dflash_eval.testing import fixtures
 
     prompts = fixtures.write_prompts(tmp_path / "p.jsonl", 2)
     return fetch.fetch({"dataset": "t", "prompts": str(prompts), "server": served["settings"],
                         "tokenizer": str(served["target"]), "max_tokens": 10, "concurrency": 2, **drawn}, out)
 
 
-def test_sampled_fetch_end_to_end_keying_and_refetch(served, tmp_path, caplog):  # noqa: F811
+def test_sampled_fetch_end_to_end_keying_and_refetch(served, tmp_path, caplog):
     from transformers import AutoModelForCausalLM
 
     from dflash_eval.demo.sampled import sampled_generate

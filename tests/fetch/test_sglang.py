@@ -4,27 +4,24 @@ against the demo server (dflash_eval.demo.server) speculating for real with a ti
 from __future__ import annotations
 
 import json
-import sys
 from pathlib import Path
 
 import pytest
 import torch
 
-from dflash_eval.bench import fixtures
 from dflash_eval.demo.server import sglang_steps, spec_counters
 from dflash_eval.fetch import sglang
 from dflash_eval.fetch import stage as fetch
 from dflash_eval.report import online as online_panel
-from dflash_eval.server.control import ServerController
 from dflash_eval.sglang_protocol import (
     PROTOCOL_FIELDS,
     SERVER_INFO,
     unknown_fields,
     wheel_fields,
 )
+from dflash_eval.testing import fixtures
 from tests.support import servers as hs
-
-BLOCK = 4
+from tests.support.demo_server import BLOCK, tiny_drafter_dir
 
 
 def test_field_names_equal_sglang_0_5_23_source(sglang_srt):
@@ -58,47 +55,6 @@ def test_counters_are_sglangs_definitions_by_hand():
 
 
 # ----- end to end -----
-
-
-def tiny_drafter_dir(target_dir: Path, out: Path) -> Path:
-    """A DFlash drafter for servers.build_tiny_target's target (2 layers, hidden 64), saved as an HF directory."""
-    from dflash.model import DFlashDraftModel
-    from transformers import AutoConfig
-
-    from tests.support.tiny import tiny_drafter_config
-
-    target_config = AutoConfig.from_pretrained(target_dir)
-    config = tiny_drafter_config([0], block_size=BLOCK, num_target_layers=2)
-    config.vocab_size = target_config.vocab_size
-    config.dflash_config["mask_token_id"] = target_config.pad_token_id
-    torch.manual_seed(3)
-    model = DFlashDraftModel(config).eval()
-    with torch.no_grad():
-        for param in model.parameters():
-            if param.dim() > 1:
-                param.normal_(0, 0.2)
-    model.save_pretrained(out)
-    return out
-
-
-@pytest.fixture(scope="module")
-def served(tmp_path_factory):
-    """The SGLang-protocol server of the tiny target, speculating with a tiny drafter; yields its settings."""
-    base = tmp_path_factory.mktemp("sglang")
-    target = hs.build_tiny_target(base / "target")
-    drafter = tiny_drafter_dir(target, base / "drafter")
-    port = fixtures.free_port()
-    command = (f"OMP_NUM_THREADS=1 exec {sys.executable} -m dflash_eval.cli demo-server "
-               f"--model-path {target} --port {port} --speculative-algorithm dflash "  # upper-cased, as SGLang does
-               f"--speculative-draft-model-path {drafter} --speculative-num-draft-tokens {BLOCK}")
-    settings = {"kind": "managed", "base_url": f"http://127.0.0.1:{port}", "model": None, "command": command,
-                "health_timeout_s": 120.0, "stop_grace_s": 5.0, "log_dir": str(base / "logs")}
-    controller = ServerController(settings)
-    controller.ensure_up()
-    try:
-        yield {"settings": settings, "target": target, "drafter": drafter, "base": base}
-    finally:
-        controller.stop_if_launched()
 
 
 @pytest.mark.parametrize("endpoint", ["completions", "chat"])

@@ -11,7 +11,6 @@ import threading
 
 import pytest
 
-from dflash_eval.bench import fixtures
 from dflash_eval.config import stage_settings
 from dflash_eval.demo.server import authorized
 from dflash_eval.fetch import stage as fetch
@@ -20,8 +19,9 @@ from dflash_eval.server.control import ServerController
 from dflash_eval.server.http import AuthError, http_request
 from dflash_eval.server.kinds import server_kind
 from dflash_eval.server.transitions import Transitions
-from tests.fetch.conftest import load_source_module
+from dflash_eval.testing import fixtures
 from tests.support import servers as hs
+from tests.support.sglang_source import load_source_module
 
 KEY, ENV = "s3cret-key", "H28_TEST_SGLANG_KEY"
 

@@ -8,12 +8,12 @@ from pathlib import Path
 import pytest
 
 from dflash_eval import cli
-from dflash_eval.bench import fixtures
 from dflash_eval.config import stage_settings
 from dflash_eval.fetch import stage as fetch
 from dflash_eval.fetch.prompts import PromptFileError, load_prompts, select_subset
 from dflash_eval.server.control import ServerController
 from dflash_eval.server.http import http_request
+from dflash_eval.testing import fixtures
 from tests.support import servers as hs
 
 MAX_TOKENS = 16

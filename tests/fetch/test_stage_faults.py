@@ -1,5 +1,5 @@
 """Fetch against real server processes that fail: killed mid-run, intermittent 500s and stalls, validation
-errors, a wrong model; resume after a torn write; multi-turn prompts. The server is dflash_eval/bench/fake_openai_server.py,
+errors, a wrong model; resume after a torn write; multi-turn prompts. The server is dflash_eval/testing/fake_openai_server.py,
 a real HTTP process whose completions are a pure function of the prompt ids, so every run can be checked
 against a clean run and against the server's own function."""
 
@@ -17,13 +17,13 @@ import time
 
 import pytest
 
-from dflash_eval.bench import fake_openai_server as fake_server
-from dflash_eval.bench import fixtures
 from dflash_eval.errors import DflashEvalError
 from dflash_eval.fetch import sglang
 from dflash_eval.fetch import stage as fetch
 from dflash_eval.fetch.retry import FetchError, backoff_delay
 from dflash_eval.fetch.store import PartialStore, partial_path, read_records
+from dflash_eval.testing import fake_openai_server as fake_server
+from dflash_eval.testing import fixtures
 from tests.support import heap
 from tests.support.fake_fetch import fake, fake_process, served, settings
 

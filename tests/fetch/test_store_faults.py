@@ -8,9 +8,9 @@ import os
 
 import pytest
 
-from dflash_eval.bench import fixtures
 from dflash_eval.fetch import stage as fetch
 from dflash_eval.fetch.store import PartialStore, partial_path, pick_kept
+from dflash_eval.testing import fixtures
 from tests.support.fake_fetch import fake, served, settings
 
 

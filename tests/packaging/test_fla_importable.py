@@ -15,8 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from dflash_eval.bench.fixtures import free_port
 from dflash_eval.server.control import ServerController
+from dflash_eval.testing.fixtures import free_port
 from tests.support.servers import TORCH_SERVE, build_tiny_target
 
 STAND_IN = Path(__file__).resolve().parents[1] / "support" / "fla_importable"

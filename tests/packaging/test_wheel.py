@@ -33,6 +33,15 @@ for name in COMMANDS:
     assert "usage: dflash-eval" in out.getvalue(), name
 from dflash_eval.config import load_config
 config = load_config(sys.argv[2])
+import importlib, pkgutil, dflash_eval.testing  # what tests and benchmarks share works from the wheel too
+testing = [m.name for m in pkgutil.iter_modules(dflash_eval.testing.__path__)]
+for name in testing:
+    assert importlib.import_module("dflash_eval.testing." + name).__file__.startswith(sys.argv[1]), name
+from dflash_eval.testing.fixtures import build_tokenizer
+assert len(build_tokenizer(sys.argv[3])) > 100
+from dflash_eval.tools.config_reference import load_schema, render
+assert "## evaluation" in render(load_schema())
+print("testing", len(testing))
 print("commands", len(COMMANDS), "target", config["target"]["path"], "bootstrap", config["evaluation"]["bootstrap"])
 '''
 
@@ -65,9 +74,9 @@ def test_a_wheel_install_outside_the_checkout_runs_every_command(wheel, tmp_path
     shutil.copy(REPO / "config.yaml", elsewhere / "config.yaml")
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
     env["PYTHONPATH"] = str(site)  # ahead of the editable install's path entry
-    run = subprocess.run([sys.executable, "-c", CHECK, str(site), "config.yaml"], cwd=elsewhere, env=env,
+    run = subprocess.run([sys.executable, "-c", CHECK, str(site), "config.yaml", "tok"], cwd=elsewhere, env=env,
                          capture_output=True, text=True, timeout=600)
     assert run.returncode == 0, run.stdout + run.stderr
-    assert "commands" in run.stdout and "bootstrap" in run.stdout
+    assert "commands" in run.stdout and "bootstrap" in run.stdout and "testing 6" in run.stdout
     console = site / "bin" / "dflash-eval"
     assert console.is_file()

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from dflash_eval.report import stage as report
-from tests.report.fixtures import report_args, write_metrics, write_trust_inputs
+from tests.support.report_inputs import report_args, write_metrics, write_trust_inputs
 
 
 @pytest.fixture(scope="package")

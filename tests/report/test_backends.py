@@ -8,7 +8,7 @@ import pytest
 
 from dflash_eval.errors import DflashEvalError
 from dflash_eval.report import stage as report
-from tests.report.fixtures import report_args, section, write_metrics
+from tests.support.report_inputs import report_args, section, write_metrics
 
 # compare_backends' result format (tools/compare_backends.py), figures of the demo's H200 record
 RESULT = {"candidate": "fla", "reference": "torch", "samples": 59, "tokens": 7436,

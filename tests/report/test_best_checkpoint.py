@@ -13,7 +13,7 @@ import pandas as pd
 import pytest
 
 from dflash_eval.report import best_checkpoint, plots, summary
-from tests.report.fixtures import SETTINGS, section, write_metrics
+from tests.support.report_inputs import SETTINGS, section, write_metrics
 
 
 def test_summary_csv_marks_the_best_step_and_its_paired_difference(out):

@@ -10,7 +10,7 @@ from dflash_eval import stats
 from dflash_eval.evaluate.stage import samples_csv
 from dflash_eval.io_utils import atomic_write_json, read_json_object, sha256_file
 from dflash_eval.report import export
-from tests.report.fixtures import write_trust_inputs
+from tests.support.report_inputs import write_trust_inputs
 
 STEPS = {str(i): [1 + i % 4, 4, 2] for i in range(10)}  # the fixtures' gsm8k completions hold ids 0..9
 SETTINGS = {"context_buckets": [4], "bootstrap": 100, "seed": 3,

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from tests.report.fixtures import table_line
+from tests.support.report_inputs import table_line
 
 
 def test_markdown_has_every_drafter_and_the_bold_best(out):

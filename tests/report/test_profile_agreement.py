@@ -13,7 +13,7 @@ from dflash_eval.io_utils import atomic_write_json
 from dflash_eval.report import profile_agreement
 from dflash_eval.report import stage as report
 from dflash_eval.report.summary import read_metrics
-from tests.report.fixtures import report_args, section, write_metrics
+from tests.support.report_inputs import report_args, section, write_metrics
 
 TARGET = "qwen3_5_text 8 layers config 0123456789ab"
 

@@ -31,9 +31,9 @@ def _completions(path, sampling=None, warning=None):
 
 
 def test_fetch_entry_names_the_sampling_and_its_warning_and_greedy_has_neither(tmp_path):
-    greedy = trust.fetch_entry(trust.read_completions(_completions(tmp_path / "g.jsonl")))
+    greedy = trust.fetch_entry(trust.scan_completions(_completions(tmp_path / "g.jsonl")))
     assert "sampling" not in greedy and "sampling_warnings" not in greedy
-    sampled = trust.fetch_entry(trust.read_completions(_completions(tmp_path / "s.jsonl", SAMPLED, "lossy: x")))
+    sampled = trust.fetch_entry(trust.scan_completions(_completions(tmp_path / "s.jsonl", SAMPLED, "lossy: x")))
     assert sampled["sampling"] == [SAMPLED]  # one entry for both draws: the seed aside
     assert sampled["sampling_warnings"] == ["lossy: x"]
     found = markdown.trust_warnings({"fetch": {"s": sampled}, "caches": [], "online": {}, "server": {}})
@@ -52,7 +52,7 @@ def test_tau_against_temperature_table():
 def _sampled_evaluations(tmp_path):
     """step-1000 on gsm8k sampled (T 0.7, top-p 0.8, top-k 20) with a rejection section; the rest greedy."""
     from dflash_eval.report import summary
-    from tests.report.fixtures import metrics_dict, write_metrics
+    from tests.support.report_inputs import metrics_dict, write_metrics
 
     greedy = [summary.read_metrics(path) for path in write_metrics(tmp_path)]
     sampled = metrics_dict("step-1000", "gsm8k")
@@ -72,7 +72,7 @@ def test_every_number_names_its_scheme_and_sampling(tmp_path):
     against the target's own greedy completions" for all), a sampled column names its sampling and scheme, a DDTree
     column at T > 0 is marked hypothetical (SGLang 0.5.23 has no DDTree), and the rejection table counts samples."""
     from dflash_eval.report import summary
-    from tests.report.fixtures import SETTINGS
+    from tests.support.report_inputs import SETTINGS
 
     evaluations = _sampled_evaluations(tmp_path)
     rows = summary.summary_rows(evaluations, SETTINGS)

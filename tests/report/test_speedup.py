@@ -14,7 +14,7 @@ from dflash_eval.evaluate import speedup
 from dflash_eval.io_utils import atomic_write_json
 from dflash_eval.report import plots, summary
 from dflash_eval.report import stage as report
-from tests.report.fixtures import (
+from tests.support.report_inputs import (
     TAUS,
     metrics_dict,
     report_args,
@@ -132,7 +132,7 @@ def test_budget_plot_is_drawn_with_and_without_a_profile(profiled, out):
 
 
 def _settings(root) -> dict:
-    from tests.report.fixtures import SETTINGS
+    from tests.support.report_inputs import SETTINGS
 
     return summary.ordered_settings({**SETTINGS, "drafter_order": list(SETTINGS["drafters"])})
 

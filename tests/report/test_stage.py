@@ -9,7 +9,7 @@ import pytest
 from dflash_eval import cli
 from dflash_eval.report import plots
 from dflash_eval.report import stage as report
-from tests.report.fixtures import SETTINGS, report_args, write_metrics
+from tests.support.report_inputs import SETTINGS, report_args, write_metrics
 
 
 def test_one_stepped_drafter_makes_no_step_plot_and_cli_runs(tmp_path):

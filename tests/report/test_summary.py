@@ -11,7 +11,7 @@ from dflash_eval.errors import DflashEvalError
 from dflash_eval.io_utils import atomic_write_json
 from dflash_eval.report import markdown, summary
 from dflash_eval.report import stage as report
-from tests.report.fixtures import (
+from tests.support.report_inputs import (
     MISMATCH,
     SETTINGS,
     TAUS,

@@ -7,7 +7,13 @@ import json
 import pytest
 
 from dflash_eval.report import stage as report
-from tests.report.fixtures import MISMATCH, TAUS, report_args, section, write_metrics
+from tests.support.report_inputs import (
+    MISMATCH,
+    TAUS,
+    report_args,
+    section,
+    write_metrics,
+)
 
 
 def test_trust_panel_lists_each_cache_from_its_manifest(out):
@@ -85,7 +91,7 @@ def test_trust_json_is_the_panel_and_absent_inputs_say_not_recorded(out, tmp_pat
 
 @pytest.mark.parametrize("allowed", [False, True])
 def test_a_server_speculating_with_another_drafter_is_flagged_and_refused_unless_allowed(tmp_path, allowed):
-    from tests.report.fixtures import SETTINGS, write_trust_inputs
+    from tests.support.report_inputs import SETTINGS, write_trust_inputs
 
     hidden, completions, transitions = write_trust_inputs(tmp_path, draft_path="/srv/step-2000")
     settings = {**SETTINGS, "allow_served_drafter_mismatch": allowed}

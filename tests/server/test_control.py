@@ -16,10 +16,10 @@ import pytest
 import torch
 
 from dflash_eval import cli
-from dflash_eval.bench import fixtures
 from dflash_eval.errors import DflashEvalError
 from dflash_eval.server.control import ServerController, ServerError, server_paused
 from dflash_eval.server.http import port_open
+from dflash_eval.testing import fixtures
 from tests.support import servers as hs
 from tests.support.server_control import entries, make, pauser, transitions
 

@@ -124,7 +124,7 @@ def test_a_real_fetch_whose_server_another_process_stopped_says_who(tmp_path, co
     """The real `dflash-eval fetch` from a managed server (the fake OpenAI server, each answer 0.3 s late); another
     process stops the server mid-fetch (`dflash-eval server stop-launched`). The fetch fails saying who stopped it
     (before: a bare "Connection error" after the retries), and the records it already had are kept."""
-    from dflash_eval.bench import fixtures
+    from dflash_eval.testing import fixtures
     from tests.support.fake_fetch import FAKE, served
 
     tokenizer = tmp_path / "tok"

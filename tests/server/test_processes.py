@@ -10,8 +10,8 @@ import sys
 import time
 from pathlib import Path
 
-from dflash_eval.bench import fixtures
 from dflash_eval.server import processes
+from dflash_eval.testing import fixtures
 from tests.support import servers as hs
 
 LISTENER = (

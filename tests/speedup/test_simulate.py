@@ -17,7 +17,7 @@ from dflash_eval.speedup.simulate import (
     forced_acceptance,
     simulated_length,
 )
-from tests.support.tiny import tiny_drafter, tiny_target
+from tests.support.tiny import tiny_attention_target, tiny_drafter, tiny_target
 
 
 def test_match_expected_is_floor_or_ceiling_with_the_requested_mean() -> None:
@@ -66,15 +66,6 @@ def test_the_reference_loop_commits_exactly_the_drawn_lengths(tau: float) -> Non
     assert out.shape[0] == prompt.shape[1] + 30
 
 
-def _attention_target():
-    from transformers import Qwen3Config, Qwen3ForCausalLM
-
-    torch.manual_seed(0)
-    config = Qwen3Config(vocab_size=300, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-                         num_attention_heads=4, num_key_value_heads=2, head_dim=16, tie_word_embeddings=False)
-    return Qwen3ForCausalLM(config).eval()
-
-
 @pytest.mark.parametrize("kind", ["hybrid", "attention"])
 def test_the_timed_loops_produce_the_same_tokens_count_and_the_forced_steps(kind: str) -> None:
     """run_loop: block 1 is the autoregressive loop (one token a step); forced tau 3 commits 3 a step, on a
@@ -86,7 +77,7 @@ def test_the_timed_loops_produce_the_same_tokens_count_and_the_forced_steps(kind
     )
     from dflash_eval.speedup.loop_run import LoopRun
 
-    target = tiny_target(seed=0) if kind == "hybrid" else _attention_target()
+    target = tiny_target(seed=0) if kind == "hybrid" else tiny_attention_target(2)
     assert is_hybrid(target) is (kind == "hybrid")
     drafter = tiny_drafter([0, 1], block_size=4, num_target_layers=2 if kind == "attention" else 4)
     prompt = torch.randint(2, 290, (1, 9), generator=torch.Generator().manual_seed(0))

@@ -10,16 +10,7 @@ import torch
 from dflash_eval.errors import DflashEvalError
 from dflash_eval.speedup.static_loop import StaticLoop
 from tests.support.reference import assert_autoregressive_is_greedy, dflash_reference
-from tests.support.tiny import tiny_drafter, tiny_target
-
-
-def _attention_target(layers: int = 3):
-    from transformers import Qwen3Config, Qwen3ForCausalLM
-
-    torch.manual_seed(0)
-    config = Qwen3Config(vocab_size=300, hidden_size=64, intermediate_size=128, num_hidden_layers=layers,
-                         num_attention_heads=4, num_key_value_heads=2, head_dim=16, tie_word_embeddings=False)
-    return Qwen3ForCausalLM(config).eval()
+from tests.support.tiny import tiny_attention_target, tiny_drafter, tiny_target
 
 
 def _reference(drafter, target, prompt, new_tokens: int, block: int, tau: float | None, seed: int):
@@ -29,7 +20,7 @@ def _reference(drafter, target, prompt, new_tokens: int, block: int, tau: float 
 @pytest.fixture(scope="module")
 def models():
     # layer 2 is the target's last: its feature is the final-norm output, as dflash's extract_context_feature takes
-    return _attention_target(), tiny_drafter([0, 2], block_size=4, num_target_layers=3)
+    return tiny_attention_target(), tiny_drafter([0, 2], block_size=4, num_target_layers=3)
 
 
 @pytest.mark.parametrize(("prompt_len", "tau"), [(9, None), (9, 2.6), (9, 4.0), (3, 3.3)])
@@ -94,7 +85,7 @@ def test_a_gated_deltanet_target_is_refused_with_the_way_out() -> None:
 @pytest.mark.gpu
 def test_graph_replay_equals_the_eager_loop_on_cuda() -> None:
     """The captured steps give the eager loop's tokens and steps (fp32; bf16 rounds alike in both)."""
-    target, drafter = _attention_target(), tiny_drafter([0, 2], block_size=4, num_target_layers=3)
+    target, drafter = tiny_attention_target(), tiny_drafter([0, 2], block_size=4, num_target_layers=3)
     target, drafter = target.cuda(), drafter.cuda()
     prompt = torch.randint(2, 290, (1, 9), generator=torch.Generator().manual_seed(0)).cuda()
     eager = StaticLoop(target, drafter, 64, [4], graphs=False)
@@ -113,7 +104,7 @@ def test_a_span_limited_step_equals_the_hf_forward() -> None:
     first ceil64(context + n) cache positions give the HF forward's logits for those tokens (fp32)."""
     from dflash_eval.speedup.static_models import StaticTarget
 
-    target = _attention_target()
+    target = tiny_attention_target()
     ids = torch.randint(0, 300, (1, 80), generator=torch.Generator().manual_seed(4))
     static = StaticTarget(target, 192)
     with torch.inference_mode():
@@ -130,7 +121,7 @@ def test_which_targets_the_static_cache_runs() -> None:
 
     from dflash_eval.speedup.static_models import static_unsupported
 
-    assert static_unsupported(_attention_target()) is None
+    assert static_unsupported(tiny_attention_target()) is None
     assert "Gated DeltaNet" in static_unsupported(tiny_target(seed=0))
     llama = LlamaForCausalLM(LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
                                          num_attention_heads=2, num_key_value_heads=1))

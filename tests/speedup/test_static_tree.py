@@ -10,13 +10,12 @@ import torch
 
 from dflash_eval.evaluate.ddtree import tree_accepted
 from dflash_eval.speedup.static_tree import PHASES, TreeLoop, ancestors, build_tree
-from tests.speedup.test_static_loop import _attention_target
-from tests.support.tiny import tiny_drafter
+from tests.support.tiny import tiny_attention_target, tiny_drafter
 
 
 @pytest.fixture(scope="module")
 def models():
-    return _attention_target(), tiny_drafter([0, 2], block_size=4, num_target_layers=3)
+    return tiny_attention_target(), tiny_drafter([0, 2], block_size=4, num_target_layers=3)
 
 
 def test_the_tree_is_built_best_first() -> None:
@@ -183,7 +182,7 @@ def test_the_breakdown_clocks_each_phase_and_changes_nothing(models) -> None:
 def test_graph_replay_of_the_tree_loop_equals_the_eager_loop_on_cuda() -> None:
     """The captured draft (with its top-k), verify and accept graphs give the eager loop's tokens and steps
     (fp32), greedy and simulated, at two budgets (one wider than the vocab's top-k would need: 3 positions)."""
-    target, drafter = _attention_target(), tiny_drafter([0, 2], block_size=4, num_target_layers=3)
+    target, drafter = tiny_attention_target(), tiny_drafter([0, 2], block_size=4, num_target_layers=3)
     target, drafter = target.cuda(), drafter.cuda()
     prompt = torch.randint(2, 290, (1, 9), generator=torch.Generator().manual_seed(0)).cuda()
     eager = TreeLoop(target, drafter, 64, 4, [4, 16], graphs=False)

@@ -1,4 +1,4 @@
-"""The fake OpenAI server (dflash_eval.bench.fake_openai_server) as a process a test runs, fetch settings that
+"""The fake OpenAI server (dflash_eval.testing.fake_openai_server) as a process a test runs, fetch settings that
 point at it, and the requests it logged: shared by the fetch and workflow fault tests."""
 
 from __future__ import annotations
@@ -11,9 +11,9 @@ import sys
 import time
 from pathlib import Path
 
-from dflash_eval.bench import fake_openai_server as fake_server
-from dflash_eval.bench import fixtures
 from dflash_eval.server.http import http_request
+from dflash_eval.testing import fake_openai_server as fake_server
+from dflash_eval.testing import fixtures
 
 FAKE = Path(fake_server.__file__).resolve()
 

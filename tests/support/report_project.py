@@ -10,9 +10,9 @@ from pathlib import Path
 
 import yaml
 
-from tests.report.fixtures import SETTINGS, write_metrics, write_trust_inputs
+from tests.support.checkout import REPO
+from tests.support.report_inputs import SETTINGS, write_metrics, write_trust_inputs
 
-REPO = Path(__file__).resolve().parents[2]
 SNAKEFILE = """
 from dflash_eval.config import validate_config
 

@@ -1,5 +1,5 @@
 """Test helpers for the server and fetch tests: a tiny real target model (with the character-level
-tokenizer of dflash_eval.bench.fixtures), and (run as a
+tokenizer of dflash_eval.testing.fixtures), and (run as a
 script) a tiny real HTTP server that starts in a fraction of a second.
 
 Script: `python tests/support/servers.py --port P [--ignore-sigterm] [--unhealthy] [--state FILE]
@@ -20,7 +20,7 @@ import sys
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
-from dflash_eval.bench.fixtures import EOS, SPECIAL_TOKENS, build_tokenizer, free_port
+from dflash_eval.testing.fixtures import EOS, SPECIAL_TOKENS, build_tokenizer, free_port
 
 # How far the eos row of the LM head is scaled up: large enough that some greedy completions stop
 # on eos within a few tokens, small enough that others run to max_tokens (both paths get tested).
@@ -87,6 +87,11 @@ def tiny_helper_settings(log_dir: Path, *flags: str, **overrides: object) -> dic
         "log_dir": str(log_dir),
         **overrides,
     }
+
+
+def server_config(settings: dict) -> dict:
+    """The `server:` section of a config.yaml for managed-server `settings` (the keys a user writes)."""
+    return {key: settings[key] for key in ("kind", "base_url", "command", "health_timeout_s", "stop_grace_s")}
 
 
 def in_shell(settings: dict, directory: Path) -> dict:

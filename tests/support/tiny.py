@@ -7,7 +7,7 @@ import tempfile
 from pathlib import Path
 
 import torch
-from transformers import AutoTokenizer, Qwen3Config
+from transformers import AutoTokenizer, Qwen3Config, Qwen3ForCausalLM
 from transformers.models.qwen3_5 import Qwen3_5ForCausalLM, Qwen3_5TextConfig
 
 from dflash_eval.demo import target
@@ -30,6 +30,14 @@ def tiny_target(seed: int = 0, layers: int = 4, hidden: int = 64) -> Qwen3_5ForC
         tie_word_embeddings=False, eos_token_id=1, bos_token_id=0, pad_token_id=0,
     )
     return Qwen3_5ForCausalLM(config).eval()
+
+
+def tiny_attention_target(layers: int = 3) -> Qwen3ForCausalLM:
+    """A Qwen3 target of attention layers only (no Gated DeltaNet) in float32, seed 0: the loops' non-hybrid case."""
+    torch.manual_seed(0)
+    config = Qwen3Config(vocab_size=VOCAB, hidden_size=64, intermediate_size=128, num_hidden_layers=layers,
+                         num_attention_heads=4, num_key_value_heads=2, head_dim=16, tie_word_embeddings=False)
+    return Qwen3ForCausalLM(config).eval()
 
 
 def tiny_drafter_config(layer_ids: list[int], hidden: int = 64, block_size: int = 4, window: int | None = 5,

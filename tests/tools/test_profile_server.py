@@ -13,10 +13,9 @@ from dflash_eval.config import stage_settings
 from dflash_eval.errors import DflashEvalError
 from dflash_eval.server.control import ServerController
 from dflash_eval.tools import profile_server as sp
-from tests.demo.test_server_simulate import BLOCK as SIMULATED_BLOCK
-from tests.demo.test_server_simulate import launch
+from tests.support.demo_server import BLOCK, demo_server
 
-BLOCK, NEW = SIMULATED_BLOCK, 13  # 12 tokens after the prefill's: k = 1, 2, 4 take 12, 6 and 3 steps (block 4)
+NEW = 13  # 12 tokens after the prefill's: k = 1, 2, 4 take 12, 6 and 3 steps (block 4)
 
 
 def test_the_command_without_speculation_by_hand():
@@ -71,7 +70,7 @@ def test_profile_against_the_demo_server_restarted_per_setting(tmp_path):
     are ceil(12 / k); the demo server runs the drafter and a full-block verify every step whatever k commits, so
     its step time stays put while its decode time per token falls as 1 / k; the configured server is up again
     afterwards, relaunched."""
-    server, _target = launch(tmp_path, "", "--enable-metrics")  # the demo server at block 4, as the simulate tests
+    server, _target, _drafter = demo_server(tmp_path, extra="--enable-metrics")  # block 4, as the simulate tests
     settings = stage_settings("profile_server", {"server": server, "acceptance_lengths": [1, 2, 4], "requests": 6,
                                                  "max_new_tokens": NEW})
     ctl = ServerController(server)

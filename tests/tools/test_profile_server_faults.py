@@ -19,8 +19,8 @@ import pytest
 
 from dflash_eval.config import stage_settings
 from dflash_eval.server.control import ServerController
-from tests.demo.test_server_simulate import launch
 from tests.support import servers as hs
+from tests.support.demo_server import demo_server
 from tests.support.server_control import entries
 
 pytestmark = pytest.mark.slow  # three demo-server launches per case on the 2-core machine
@@ -34,7 +34,7 @@ def _cli(*args: str) -> subprocess.CompletedProcess:
 def _killed_in_the_variant(tmp_path: Path) -> tuple[dict, dict]:
     """The configured server up, then profile-server SIGKILLed once its acc-len-4 variant is healthy; (the server
     settings, the variant's record)."""
-    server, _target = launch(tmp_path, "", "--enable-metrics")
+    server, _target, _drafter = demo_server(tmp_path, extra="--enable-metrics")
     ctl = ServerController(server)
     ctl.ensure_up()
     (tmp_path / "c.jsonl").write_text("".join(json.dumps({"id": f"s{i}", "prompt_token_ids": [5 + i, 6, 7]}) + "\n"

@@ -2,8 +2,8 @@
 
 Each test makes the faults, runs snakemake, and checks the message and that every result that existed
 before still exists, byte for byte. The load-time battery runs with the recording dflash-eval
-(src/dflash_eval/bench/workflow.py); the fetch test runs the real `dflash-eval fetch` against a real HTTP
-server process (dflash_eval/bench/fake_openai_server.py), as Snakemake calls it.
+(src/dflash_eval/testing/workflow.py); the fetch test runs the real `dflash-eval fetch` against a real HTTP
+server process (dflash_eval/testing/fake_openai_server.py), as Snakemake calls it.
 """
 
 from __future__ import annotations
@@ -15,18 +15,18 @@ from pathlib import Path
 
 from safetensors.torch import save_file
 
-from dflash_eval.bench import fixtures
-from dflash_eval.bench.workflow import (
+from dflash_eval.target_identity import torch_cuda_version
+from dflash_eval.testing import fixtures
+from dflash_eval.testing.workflow import (
     add_hf_drafter,
     check,
-    copy_workflow,
     load_config,
     save_config,
     snakemake,
     tiny_project,
     write_bytes,
 )
-from dflash_eval.target_identity import torch_cuda_version
+from tests.support.checkout import copy_workflow
 from tests.support.fake_fetch import fake_process
 from tests.support.finished_project import snapshot
 

@@ -11,13 +11,9 @@ from __future__ import annotations
 
 import pytest
 
-from dflash_eval.bench.workflow import (
-    check,
-    copy_workflow_with_stand_in,
-    snakemake,
-    tiny_project,
-)
 from dflash_eval.evaluate import placement
+from dflash_eval.testing.workflow import check, snakemake, tiny_project
+from tests.support.checkout import copy_workflow_with_stand_in
 
 STAND_IN = r'''#!{python}
 import os, subprocess, sys, time

@@ -1,7 +1,7 @@
 """evaluation.checkpoints_per_job: several checkpoints per evaluate job and process, with every guarantee of one
 job per checkpoint kept (issue 27). Real Snakemake runs of a tiny project whose evaluations are real (the
 evaluate command itself, on a tiny target's extracted states); fetch and extract copy prepared outputs
-(bench/eval_project.py's stand-in)."""
+(dflash_eval.testing.eval_project's stand-in)."""
 
 from __future__ import annotations
 
@@ -12,8 +12,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from dflash_eval.bench import eval_project
-from dflash_eval.bench.workflow import check, copy_workflow_with_stand_in, snakemake
+from dflash_eval.testing import eval_project
+from dflash_eval.testing.workflow import check, snakemake
+from tests.support.checkout import copy_workflow_with_stand_in
 
 DATASET = eval_project.DATASET
 DRAFTERS = ["c0", "c1", "c2"]

@@ -8,11 +8,10 @@ from __future__ import annotations
 
 import json
 import shutil
-from pathlib import Path
 
 import torch
 
-from dflash_eval.bench.workflow import (
+from dflash_eval.testing.workflow import (
     fold_exports,
     job,
     load_config,
@@ -21,17 +20,7 @@ from dflash_eval.bench.workflow import (
     snakemake,
     write_bytes,
 )
-from tests.support.finished_project import snapshot
-
-
-def _refused(workflow: Path, root: Path, *args: str) -> str:
-    before = snapshot(root)
-    run = snakemake(workflow, root, *args)
-    text = run.stdout + run.stderr
-    assert run.returncode != 0 and "Nothing to be done" not in text, text
-    assert snapshot(root) == before, "nothing was removed or rewritten"
-    assert not (root / "calls.log").exists(), "no job ran"
-    return text
+from tests.support.finished_project import refused, snapshot
 
 
 def test_a_copied_drafter_block_is_refused_naming_the_file_and_both_lines(case):
@@ -43,7 +32,7 @@ def test_a_copied_drafter_block_is_refused_naming_the_file_and_both_lines(case):
     block = [lines[start]] + [line for line in lines[start + 1:start + 8] if line.startswith("    ")]
     (root / "config.yaml").write_text(text + "\n".join(block).replace("  a:", "drafters:\n  a:", 1) + "\n")
     # a second top-level `drafters:` repeats that key too; the first repeat found is named
-    out = _refused(workflow, root)
+    out = refused(workflow, root)
     first = lines.index("drafters:") + 1
     second = len(lines) + 1
     assert f"config.yaml:{second}: key 'drafters' appears twice in one mapping (first at line {first})" in out
@@ -53,7 +42,7 @@ def test_a_copied_drafter_block_is_refused_naming_the_file_and_both_lines(case):
 def test_a_repeated_key_inside_a_configfile_names_that_file(case):
     workflow, root = case
     (root / "extra.yaml").write_text("evaluation:\n  bootstrap: 20\n  seed: 1\n  bootstrap: 30\n")
-    out = _refused(workflow, root, "--configfile", str(root / "extra.yaml"))
+    out = refused(workflow, root, "--configfile", str(root / "extra.yaml"))
     assert "extra.yaml:4: key 'bootstrap' appears twice in one mapping (first at line 2)" in out
 
 
@@ -62,7 +51,7 @@ def test_a_drafter_directory_given_as_the_target_is_refused_at_load(case):
     target = root / "target" / "config.json"
     target.write_text(json.dumps({"architectures": ["DFlashDraftModel"], "num_hidden_layers": 4,
                                   "dflash_config": {"target_layer_ids": [1, 2]}}))
-    out = _refused(workflow, root)
+    out = refused(workflow, root)
     assert "target.path: target holds a DFlash drafter (DFlashDraftModel), not a target model" in out
 
 
@@ -72,7 +61,7 @@ def test_a_prompt_id_that_is_a_turn_id_of_a_multi_turn_prompt_is_refused_at_load
     prompts.write_text(prompts.read_text()
                        + json.dumps({"id": "q", "turns": ["one", "two"]}) + "\n"
                        + json.dumps({"id": "q#2", "messages": [{"role": "user", "content": "x"}]}) + "\n")
-    out = _refused(workflow, root)
+    out = refused(workflow, root)
     assert ("datasets.d1.prompts: prompts/d1.jsonl:3: prompt 'q#2' has record id 'q#2', which the prompt at "
             "prompts/d1.jsonl:2 already has") in out
 
@@ -122,7 +111,7 @@ def test_the_rejection_scheme_for_a_dflash2_drafter_is_refused_at_load(case):
     workflow, root = case
     (root / "ckpt" / "a" / "config.json").write_text('{"block_size": 4, "architectures": ["DFlash2DraftModel"]}')
     (root / "extra.yaml").write_text("evaluation:\n  verify: [target_only, rejection]\n")
-    out = _refused(workflow, root, "--configfile", str(root / "extra.yaml"))
+    out = refused(workflow, root, "--configfile", str(root / "extra.yaml"))
     assert "drafters.a (in config.yaml): drafter a is a DFlash2DraftModel, but evaluation.verify asks for rejection" \
         in out, out
     assert "set evaluation.verify: target_only" in out and "drafters.b" not in out
@@ -131,7 +120,7 @@ def test_the_rejection_scheme_for_a_dflash2_drafter_is_refused_at_load(case):
 def test_ddtree_under_the_rejection_scheme_alone_is_refused_at_load_naming_the_methods(case):
     workflow, root = case
     (root / "extra.yaml").write_text("evaluation:\n  verify: rejection\n  ddtree_budgets: [8, 32]\n")
-    out = _refused(workflow, root, "--configfile", str(root / "extra.yaml"))
+    out = refused(workflow, root, "--configfile", str(root / "extra.yaml"))
     assert "evaluation.verify (in extra.yaml): rejection alone, but evaluation.ddtree_budgets asks for ddtree-8, " \
            "ddtree-32" in out, out
     assert "Set evaluation.verify: [target_only, rejection]" in out and "evaluation.ddtree_budgets: []" in out
@@ -166,7 +155,7 @@ def test_a_training_run_of_bare_safetensors_steps_expands_to_one_drafter_per_ste
         | {job("report")}
     assert snapshot(root) == before
     write_bytes(run / "model.safetensors", 2048, seed=1)  # the variation: an HF directory with steps beside it
-    out = _refused(workflow, root)
+    out = refused(workflow, root)
     assert "drafters.run: ckpt/run: holds model.safetensors and also step_100.safetensors, step_200.safetensors" in out
 
 
@@ -183,7 +172,7 @@ def test_a_truncated_training_checkpoint_is_refused_at_load_with_its_reason_and_
     config["drafters"]["t"] = {"path": "ckpt/t.pt", "config": "ckpt/a/config.json", "layer_ids": [1, 2],
                                "trained_with": "torch"}
     save_config(root, config)
-    out = _refused(workflow, root)
+    out = refused(workflow, root)
     assert (f"drafters.t: ckpt/t.pt: {whole // 2} bytes, and its zip directory (the index torch.save writes at the "
             "end of the file) cannot be read (File is not a zip file): the file is truncated or damaged") in out
     assert "allow_pickle" not in out
@@ -209,5 +198,5 @@ def test_an_empty_training_checkpoint_is_refused_at_load(case):
     config["drafters"]["t"] = {"path": "ckpt/t.pt", "config": "ckpt/a/config.json", "layer_ids": [1, 2],
                                "trained_with": "torch"}
     save_config(root, config)
-    out = _refused(workflow, root)
+    out = refused(workflow, root)
     assert "drafters.t: ckpt/t.pt: 0 bytes: the file is empty (a save or copy that never wrote it)" in out

@@ -7,16 +7,16 @@ MissingInputException: the drafter was silently never evaluated.
 
 from __future__ import annotations
 
-from dflash_eval.bench.workflow import (
+from dflash_eval.testing.workflow import (
     add_hf_drafter,
     check,
-    copy_workflow,
     job,
     load_config,
     save_config,
     snakemake,
     tiny_project,
 )
+from tests.support.checkout import copy_workflow
 
 
 def test_a_pre_norm_drafter_is_extracted_evaluated_and_reported(tmp_path):

@@ -7,13 +7,11 @@ values still reach the job (its --runtime)."""
 from __future__ import annotations
 
 import json
-import shutil
 
 import pytest
 
-from dflash_eval.bench.workflow import (
+from dflash_eval.testing.workflow import (
     check,
-    copy_workflow_with_stand_in,
     job,
     load_config,
     plan,
@@ -21,6 +19,8 @@ from dflash_eval.bench.workflow import (
     snakemake,
     tiny_project,
 )
+from tests.support.checkout import copy_workflow_with_stand_in
+from tests.support.finished_project import copy_of
 
 STAND_IN = r'''#!{python}
 """The recorder, and for profile-server: its output written, its call and --runtime logged."""
@@ -59,11 +59,7 @@ def base(tmp_path_factory):
 @pytest.fixture
 def case(base, tmp_path):
     workflow, project = base
-    copy = tmp_path / "case"
-    shutil.copytree(project, copy)
-    for name in ("calls.log", "profile_calls.log"):
-        (copy / name).unlink(missing_ok=True)
-    return workflow, copy
+    return workflow, copy_of(project, tmp_path / "case", ("calls.log", "profile_calls.log"))
 
 
 def test_a_missing_server_profile_is_rebuilt_by_a_plain_run(case):

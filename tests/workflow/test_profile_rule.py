@@ -4,14 +4,12 @@ the report's summary.md and trust.json showing the engine's measured step time b
 from __future__ import annotations
 
 import json
-import sys
 
 import pytest
 import yaml
 
-from dflash_eval.bench import fixtures
-from tests.fetch.test_sglang import tiny_drafter_dir
 from tests.support import servers as hs
+from tests.support.demo_server import demo_server
 from tests.support.report_project import (
     REPO,
     report_config,
@@ -61,14 +59,8 @@ def test_a_server_kind_that_cannot_restart_stops_the_load(tmp_path):
 @pytest.mark.slow
 def test_the_rule_profiles_the_demo_server_and_the_report_shows_it(tmp_path):
     results, config = project(tmp_path, acceptance_lengths=[2], requests=2, max_new_tokens=5)
-    target = hs.build_tiny_target(tmp_path / "target")
-    drafter = tiny_drafter_dir(target, tmp_path / "drafter")
-    port = fixtures.free_port()
-    config["server"] = {
-        "kind": "managed", "base_url": f"http://127.0.0.1:{port}", "health_timeout_s": 120, "stop_grace_s": 5,
-        "command": f"OMP_NUM_THREADS=1 exec {sys.executable} -m dflash_eval.cli demo-server --model-path {target} "
-                   f"--port {port} --speculative-algorithm DFLASH --speculative-draft-model-path {drafter} "
-                   "--speculative-num-draft-tokens 4 --enable-metrics"}
+    server, target, drafter = demo_server(tmp_path, extra="--enable-metrics")
+    config["server"] = hs.server_config(server)
     config["target"]["path"] = str(target)  # the rule waits for the served models' files, as fetch does
     config["drafters"][config["report"]["served_drafter"]]["path"] = str(drafter)
     (tmp_path / "config.yaml").write_text(yaml.safe_dump(config))

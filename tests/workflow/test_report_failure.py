@@ -11,8 +11,9 @@ from pathlib import Path
 
 import yaml
 
-from dflash_eval.bench import workflow as harness
 from dflash_eval.report.plots import PLOTS
+from dflash_eval.testing import workflow as harness
+from tests.support.checkout import copy_workflow
 from tests.support.report_project import report_project, report_snakemake
 
 REPORT_FILES = ("summary.csv", "summary.md", "trust.json", *(f"plots/{plot.file}" for plot in PLOTS.values()))
@@ -40,7 +41,7 @@ def test_a_failing_report_command_keeps_the_last_report_and_names_the_file(tmp_p
 
 def test_an_evaluation_that_cannot_be_made_stops_the_run_before_the_report_is_touched(tmp_path):
     """The issue's case: a new drafter whose directory does not exist, added after a good report."""
-    workflow, root = harness.copy_workflow(tmp_path / "workflow"), tmp_path / "project"
+    workflow, root = copy_workflow(tmp_path / "workflow"), tmp_path / "project"
     config = harness.tiny_project(root, big_checkpoint=False)
     harness.check(harness.snakemake(workflow, root))
     good = report_files(root / "results")

@@ -8,9 +8,9 @@ from __future__ import annotations
 
 import pandas as pd
 
-from dflash_eval.bench.workflow import copy_workflow
 from dflash_eval.report import plots
-from tests.report.fixtures import metrics_dict
+from tests.support.checkout import copy_workflow
+from tests.support.report_inputs import metrics_dict
 from tests.support.report_project import report_project, report_snakemake
 
 

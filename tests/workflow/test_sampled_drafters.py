@@ -4,15 +4,15 @@ greedy-draft number would be one no engine produces (evaluate/drafter_kind.py). 
 
 from __future__ import annotations
 
-from dflash_eval.bench.workflow import snakemake
-from tests.workflow.test_load_faults import _refused
+from dflash_eval.testing.workflow import snakemake
+from tests.support.finished_project import refused
 
 
 def test_a_dflash2_drafter_on_a_sampled_dataset_is_refused_at_load(case):
     workflow, root = case
     (root / "ckpt" / "a" / "config.json").write_text('{"block_size": 4, "architectures": ["DFlash2DraftModel"]}')
     (root / "extra.yaml").write_text("datasets:\n  d2:\n    temperature: 0.7\n")
-    out = _refused(workflow, root, "--configfile", str(root / "extra.yaml"))
+    out = refused(workflow, root, "--configfile", str(root / "extra.yaml"))
     assert "drafters.a (in config.yaml): drafter a is a DFlash2DraftModel, and datasets d2 sample (temperature > 0)" \
         in out, out
     assert "greedy-draft tau" in out and "datasets are greedy" in out and "drafters.b" not in out

@@ -2,7 +2,7 @@
 down during extraction, healthy after it, and stopped with its whole process group by the Snakefile's
 onsuccess/onerror hook, also when the extraction fails.
 
-The stages' computations are replaced by the rerun tests' recorder (src/dflash_eval/bench/workflow.py), but
+The stages' computations are replaced by the rerun tests' recorder (src/dflash_eval/testing/workflow.py), but
 everything about the server is real: the stand-in `dflash-eval` runs the real `ServerController`
 before fetch and the real `server_paused` around extraction, and the real `dflash-eval server` CLI
 for the hooks, against a real server process (tests/support/servers.py).
@@ -15,13 +15,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from dflash_eval.bench.workflow import (
-    check,
-    copy_workflow_with_stand_in,
-    snakemake,
-    tiny_project,
-)
+from dflash_eval.testing.workflow import check, snakemake, tiny_project
 from tests.support import servers as hs
+from tests.support.checkout import copy_workflow_with_stand_in
 
 # Each test is one or two real snakemake runs: 84 s and 64 s on the loaded 2-core dev machine
 # (2026-11-30), too slow for the default suite. tests/server/test_control.py covers the same mechanics
@@ -58,7 +54,7 @@ def project(tmp_path):
     root = tmp_path / "project"
     config = tiny_project(root, drafters=1, datasets=1)
     server = hs.tiny_helper_settings(Path("unused"), "--state", str(root / "server-state.txt"))
-    config["server"] = {key: server[key] for key in ("kind", "base_url", "command", "health_timeout_s", "stop_grace_s")}
+    config["server"] = hs.server_config(server)
     (root / "config.yaml").write_text(yaml.safe_dump(config, sort_keys=False))
     return workflow, root
 

@@ -6,7 +6,7 @@ must still finish (shielded), leaving a known state: the server healthy, on reco
 that launched it, and no outage record. The next run, when it loads, stops that server (its run is gone) and
 says so in one line; nothing already written (the completions) is lost or fetched again.
 
-As in test_server.py, the stages' computations are the recorder's (src/dflash_eval/bench/workflow.py), while
+As in test_server.py, the stages' computations are the recorder's (src/dflash_eval/testing/workflow.py), while
 all about the server is real: the real server_paused around the extraction (which waits, to be interrupted),
 the real ServerController before fetch, the real Snakefile load, a real server process (tests/support/servers.py).
 """
@@ -24,13 +24,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from dflash_eval.bench.workflow import (
-    check,
-    copy_workflow_with_stand_in,
-    snakemake,
-    tiny_project,
-)
+from dflash_eval.testing.workflow import check, snakemake, tiny_project
 from tests.support import servers as hs
+from tests.support.checkout import copy_workflow_with_stand_in
 
 pytestmark = pytest.mark.slow  # real snakemake runs, tens of seconds each on the 2-core dev machine
 
@@ -62,7 +58,7 @@ def project(tmp_path):
     config = tiny_project(root, drafters=1, datasets=1)
     server = hs.tiny_helper_settings(Path("unused"))
     server["command"] = "sleep 2; " + server["command"]  # each (re)launch takes 2 s: the second signal lands in it
-    config["server"] = {key: server[key] for key in ("kind", "base_url", "command", "health_timeout_s", "stop_grace_s")}
+    config["server"] = hs.server_config(server)
     (root / "config.yaml").write_text(yaml.safe_dump(config, sort_keys=False))
     return workflow, root
 
@@ -183,7 +179,7 @@ def test_a_second_run_s_end_does_not_stop_the_first_run_s_server_mid_fetch(tmp_p
     root = tmp_path / "project"
     config = tiny_project(root, drafters=1, datasets=2)
     server = hs.tiny_helper_settings(Path("unused"))
-    config["server"] = {key: server[key] for key in ("kind", "base_url", "command", "health_timeout_s", "stop_grace_s")}
+    config["server"] = hs.server_config(server)
     (root / "config.yaml").write_text(yaml.safe_dump(config, sort_keys=False))
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(workflow / "src"),
            "PATH": f"{workflow / 'bin'}{os.pathsep}{os.environ['PATH']}"}

@@ -2,7 +2,7 @@
 
 Needs a running cluster: `tests/support/slurm_single_node.sh start` (as root; installs Debian's slurm-wlm and
 munge, starts a single-node cluster), then `python -m pytest -m slurm tests/workflow/test_slurm.py`.
-The tiny project and the recording `dflash-eval` of src/dflash_eval/bench/workflow.py keep each job to
+The tiny project and the recording `dflash-eval` of src/dflash_eval/testing/workflow.py keep each job to
 seconds: what is tested is the submission path (profile, resources, status polling, the Snakemake
 job step on the node), not the stages, which other tests cover.
 """
@@ -17,15 +17,9 @@ from pathlib import Path
 
 import pytest
 
-from dflash_eval.bench.workflow import (
-    check,
-    copy_workflow,
-    copy_workflow_with_stand_in,
-    plan,
-    snakemake,
-    tiny_project,
-)
 from dflash_eval.evaluate import placement
+from dflash_eval.testing.workflow import check, plan, snakemake, tiny_project
+from tests.support.checkout import copy_workflow, copy_workflow_with_stand_in
 
 pytestmark = pytest.mark.slurm
 

@@ -9,7 +9,8 @@ import shutil
 import pytest
 import yaml
 
-from dflash_eval.bench.workflow import REPO, check, snakemake
+from dflash_eval.testing.workflow import check, snakemake
+from tests.support.checkout import REPO
 
 
 @pytest.fixture

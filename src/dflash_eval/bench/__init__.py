@@ -1,3 +1,2 @@
-"""What the benchmarks and the tests share: synthetic inputs (token sequences accepted at a chosen rate, a
-character-level tokenizer, short prompts, a tiny workflow project), a fake OpenAI server, and reference
-implementations that the optimised code is checked against and timed beside."""
+"""The old name of dflash_eval.testing, for the two modules that still import it (tests/workflow/test_reruns.py,
+benchmarks/fidelity_sampled.py). Delete this package once they import dflash_eval.testing and tests.support."""

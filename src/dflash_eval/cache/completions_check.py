@@ -1,4 +1,4 @@
-"""Whether a hidden cache was extracted from the completions file an evaluation is given (issue 32).
+"""Whether a hidden cache was extracted from the completions file an evaluation is given.
 
 The evaluation reads token positions from the cache and request settings (max_tokens) from the
 completions file. A cache whose manifest was edited (a sample's length), or a completions file given by

@@ -1,9 +1,8 @@
 """The tempered, top-k / top-p renormalised distribution a sampling loop draws from, in one place.
 
-Extraction stores the target's log-probability of every completion token under it (the cache's
-`target_logprob`), and evaluation applies the same function to the drafter's logits: under
-`dflash_generate(temperature=T, top_p, top_k)` both p and q are renormalised alike, so both sides must be
-this one function. It lives in the cache layer because it defines what the cache stores.
+Extraction stores the target's log-probability of every completion token under it (`target_logprob`), and
+evaluation applies it to the drafter's logits: `dflash_generate` renormalises p and q alike. It lives in the cache
+layer because it defines what the cache stores.
 
 Two conventions, checked against their sources in tests/cache/test_sampling.py:
 

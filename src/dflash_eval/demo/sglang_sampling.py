@@ -1,42 +1,15 @@
 """SGLang 0.5.23's DFlash sampling at temperature > 0, as its source computes it on CUDA, for the demo server.
 
-SGLang's filters on CUDA are flashinfer 0.7.2's kernels (`sglang/kernels/ops/sampling/renorm.py:9-13` binds
-`top_k_renorm_prob` / `top_p_renorm_prob` to `flashinfer.sampling.top_k_renorm_probs` / `top_p_renorm_probs`);
-the torch functions beside them are fallbacks CUDA never takes. Each piece here has a `backend`: "flashinfer"
-(the default: what a CUDA server computes) or "torch" (SGLang's fallback, kept to test against its source).
+On CUDA SGLang filters with flashinfer 0.7.2's kernels (`sglang/kernels/ops/sampling/renorm.py:9-13`); its torch
+functions are fallbacks CUDA never takes. Each piece takes a `backend`: "flashinfer" (the default: what a CUDA
+server computes) or "torch" (SGLang's fallback, kept to test against its source). Each function cites the source it
+models; docs/sampling.md ("How the renormalisation is computed") sets them beside dflash 0.1.0's `_sampling_probs`.
 
-- `verify_probs`: what verification accepts against, `speculative/dflash_utils.py:1038`
-  `build_speculative_verify_target_probs`: softmax over the top-k of logits / T (`torch.topk`, exactly k), then
-  top-p on those renormalised probabilities. flashinfer's `top_p_renorm_probs` (csrc/renorm.cu:26-58: below 2048
-  entries, which a top-k of 20 is, `TopPRenormProbKernel`, include/flashinfer/sampling.cuh:1691-1860) cuts by
-  *value*: a ternary search for the largest probability v with mass(probs >= v) >= top_p, keeping every token at
-  or above it (`probs > low`), so tied probabilities stay together and a token is kept iff the mass strictly
-  above its value is below top_p. The torch fallback (`top_p_normalize_probs_torch`) keeps a token while the
-  mass before it *in sort order* is at most top_p, splitting ties. No min-p in the verify.
-- `sampler_probs`: the first token (prefill), `layers/sampler.py:434-440`: without min_p flashinfer's
-  `top_k_top_p_sampling_from_probs(..., filter_apply_order="joint")` on softmax(logits / T), whose rejection loop
-  (`TopKTopPSamplingFromProbKernel`, sampling.cuh:1214, the `count < k && value < p` test) accepts a token iff
-  fewer than k tokens and less than top_p of the *unfiltered* mass lie strictly above its value: both filters on
-  the unfiltered distribution, ties kept, a support that contains the verify's top-k-then-top-p one. With min_p
-  (`sampler.py:407-411`): top_k_renorm_probs, then top_p_renorm_probs on the renormalised result, then
-  min_p_sampling_from_probs (keep p >= min_p x max). The torch fallback
-  (`top_k_top_p_min_p_sampling_from_probs_torch`) cuts top-p on the unfiltered cumulative mass in sort order.
-- `target_only_verify`: `compute_dflash_sampling_correct_drafts_and_bonus`, i.e. sgl-kernel's
-  `tree_speculative_sampling_target_only` on a chain: draft i is accepted when coin_i <= p(d_i) / threshold_acc
-  or p(d_i) >= threshold_single (coin_i is the uniform of the previous accepted node); the first rejection
-  stops the chain and the bonus is drawn from relu(p - p(d_i) one-hot), i.e. p with the rejected draft's mass
-  removed, by inverse CDF with the final coin; when every draft is accepted, from p at the last position.
-
-What was run: none of flashinfer's kernels (no GPU here); their semantics are modelled from the CUDA source
-above and held to hand-made cases and a by-definition reference (tests/demo/test_sglang_sampling.py). Not read
-line by line: the AIR radix path of top_p_renorm_probs (vocabularies of 2048 and more: its kept set is `val >=
-threshold`, air_top_p.cuh:438-454, described as the same cut), and top_k_renorm_probs' tie rule (modelled as
-the joint kernel's: fewer than k strictly above). Float sums in the kernels run in another order than here, so
-a mass within rounding of top_p can fall either way. dflash 0.1.0's `_sampling_probs` (top_k 0 = off) keeps a
-token while the mass before it in sort order is strictly below top_p: equal to the flashinfer verify except at
-tied probabilities across the cut. Coins come from a seeded generator here; a real SGLang draws them from the
-device's global RNG (`torch.rand`), so its sampled output is seeded only under --enable-deterministic-inference,
-and then only at the sampler.
+No flashinfer kernel ran here: their semantics are read from the CUDA source and held to hand-made cases and a
+by-definition reference (tests/demo/test_sglang_sampling.py). The kernels sum floats in another order, so a mass
+within rounding of top_p can fall either way. Coins come from a seeded generator here; SGLang draws them from the
+device's global RNG, so its sampled output is seeded only under --enable-deterministic-inference, and then only at
+the sampler.
 """
 
 from __future__ import annotations
@@ -61,7 +34,12 @@ def _mass_above(probs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 def _flashinfer_top_p_renorm(probs: torch.Tensor, top_p: float) -> torch.Tensor:
-    """top_p_renorm_probs: keep a token iff the mass strictly above its value is below top_p (ties together)."""
+    """top_p_renorm_probs: keep a token iff the mass strictly above its value is below top_p (ties together).
+
+    flashinfer's `TopPRenormProbKernel` (csrc/renorm.cu:26-58 below 2048 entries; include/flashinfer/sampling.cuh:
+    1691-1860) cuts by value: a ternary search for the largest v with mass(probs >= v) >= top_p, keeping every token
+    at or above it. Not read line by line: the AIR radix path of 2048 entries and more (its kept set is
+    `val >= threshold`, air_top_p.cuh:438-454, described as the same cut)."""
     if top_p >= 1.0:
         return probs / probs.sum(dim=-1, keepdim=True)
     mass, _ = _mass_above(probs)
@@ -70,7 +48,8 @@ def _flashinfer_top_p_renorm(probs: torch.Tensor, top_p: float) -> torch.Tensor:
 
 
 def _flashinfer_top_k_renorm(probs: torch.Tensor, top_k: int) -> torch.Tensor:
-    """top_k_renorm_probs, modelled as the joint kernel's count: keep a token iff fewer than k lie above it."""
+    """top_k_renorm_probs, modelled as the joint kernel's count: keep a token iff fewer than k lie above it (its own
+    tie rule was not read line by line)."""
     _, count = _mass_above(probs)
     kept = probs.masked_fill(count >= _filtered_top_k(probs, top_k), 0.0)
     return kept / kept.sum(dim=-1, keepdim=True)
@@ -93,9 +72,10 @@ def _torch_top_p_renorm(probs: torch.Tensor, top_p: float) -> torch.Tensor:
 
 def verify_probs(logits: torch.Tensor, temperature: float, top_p: float = 1.0, top_k: int = -1,
                  backend: str = "flashinfer") -> torch.Tensor:
-    """build_speculative_verify_target_probs for one request: rows of logits -> rows of the distribution that
-    verification accepts drafts against (temperature > 0). A top-k that filters takes SGLang's sparse path
-    (torch.topk, softmax over the kept logits, top-p among them); otherwise softmax and top-p over the vocabulary."""
+    """build_speculative_verify_target_probs (`speculative/dflash_utils.py:1038`) for one request: rows of logits ->
+    rows of the distribution that verification accepts drafts against (temperature > 0). A top-k that filters takes
+    SGLang's sparse path (torch.topk, exactly k; softmax over the kept logits, top-p among them); otherwise softmax
+    and top-p over the vocabulary. No min-p in the verify."""
     scaled = logits.float() / float(temperature)
     k = _filtered_top_k(scaled, top_k)
     if k < scaled.shape[-1]:
@@ -111,7 +91,13 @@ def verify_probs(logits: torch.Tensor, temperature: float, top_p: float = 1.0, t
 def sampler_probs(logits: torch.Tensor, temperature: float, top_p: float = 1.0, top_k: int = -1,
                   min_p: float = 0.0, backend: str = "flashinfer") -> torch.Tensor:
     """The prefill token's distribution (renormalised here; SGLang samples the filtered weights in proportion,
-    which is the same distribution): flashinfer's joint filter, or its sequential one with min_p (see above)."""
+    which is the same distribution), `layers/sampler.py`.
+
+    Without min_p (:434-440): `top_k_top_p_sampling_from_probs(..., filter_apply_order="joint")`, whose rejection
+    loop (`TopKTopPSamplingFromProbKernel`, sampling.cuh:1214, the `count < k && value < p` test) keeps a token iff
+    fewer than k tokens and less than top_p of the unfiltered mass lie strictly above its value. With min_p
+    (:407-411): top_k_renorm_probs, top_p_renorm_probs on the result, then min_p_sampling_from_probs (p >= min_p x
+    max)."""
     probs = torch.softmax(logits.float() / float(temperature), dim=-1)
     if backend == "torch":
         return _torch_sampler_probs(probs, top_p, top_k, min_p)
@@ -148,7 +134,13 @@ def draw(probs: torch.Tensor, coin: float) -> int:
 def target_only_verify(candidates: list[int], probs: torch.Tensor, coins: list[float], final_coin: float,
                        threshold_single: float = 1.0, threshold_acc: float = 1.0) -> tuple[int, int]:
     """One chain verification: candidates = [the last token, d_1 .. d_{B-1}], probs[j] = verify_probs at
-    candidate j (the distribution of the token after it), coins = B uniforms; returns (accepted drafts, bonus)."""
+    candidate j (the distribution of the token after it), coins = B uniforms; returns (accepted drafts, bonus).
+
+    compute_dflash_sampling_correct_drafts_and_bonus, i.e. sgl-kernel's tree_speculative_sampling_target_only on a
+    chain: draft i is accepted when coin_i <= p(d_i) / threshold_acc or p(d_i) >= threshold_single (coin_i is the
+    previous accepted node's uniform); the first rejection stops the chain and the bonus is drawn from p with the
+    rejected draft's mass removed, by inverse CDF with the final coin; with every draft accepted, from p at the last
+    position."""
     threshold_acc = max(float(threshold_acc), 1e-9)
     accepted, coin = 0, coins[0]
     rejected: int | None = None

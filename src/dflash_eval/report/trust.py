@@ -83,7 +83,7 @@ class FetchRecords:
     sampling_warnings: list[str] = field(default_factory=list)  # the distinct fetch.sglang.sampling_warning texts
 
 
-def read_completions(path: str | Path) -> FetchRecords:
+def scan_completions(path: str | Path) -> FetchRecords:
     """Scan one completions JSONL through dflash_eval.completions (bad lines are errors naming the line)."""
     path = Path(path)
     out = FetchRecords(path=path, sha256=sha256_file(path))
@@ -196,7 +196,7 @@ def panel(evaluations: list[Evaluation], settings: dict, hidden: Iterable[str | 
     fetched = {}
     for path in map(Path, completions):
         if path.is_file():
-            fetched[path.name.removesuffix(".jsonl")] = read_completions(path)
+            fetched[path.name.removesuffix(".jsonl")] = scan_completions(path)
         else:
             log.warning("%s not found: its fetch checks are reported as not recorded", path)
     cache_dataset = {os.path.abspath(e.metrics["cache"]["dir"]): e.key[1] for e in evaluations}

@@ -236,7 +236,7 @@ def run_in_subprocess(script: Path, argv: Sequence[str] = ("--smoke",), timeout:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """`python -m tests.benchmarks.runner [--subprocess] [NAME ...]`: every smoke (or the named ones) in one process
+    """`python -m tests.support.benchmark_runner [--subprocess] [NAME ...]`: every smoke (or the named ones) in one process
     (or each in its own, the form before issue 27's runner), a table of wall and CPU seconds; exit 1 if one failed."""
     args = sys.argv[1:] if argv is None else argv
     fresh = "--subprocess" in args

@@ -1,27 +1,12 @@
 """A real, fast, deterministic OpenAI-compatible HTTP server process for the fetch fault tests and benchmark.
 
-Run as a script: `python -m dflash_eval.bench.fake_openai_server --port P --tokenizer DIR [--model NAME] [--sglang]
-[--fail-every N] [--stall-every N --stall-s S] [--die-after N] [--reject-max-tokens-over N] [--request-log FILE]
-[--log-arrivals] [--delay-s S]`.
-
-It speaks HTTP/1.1 with keep-alive on raw asyncio streams (no framework), so that it answers in
-microseconds and a client benchmark measures the client. Endpoints: GET /health, /v1/models,
-/get_model_info (only with --sglang), POST /v1/completions, /v1/chat/completions.
-
-The completion of a prompt is a pure function of the prompt's token ids (a hash picks its length
-and its printable characters), so a rerun, a retry or a second client gets the same answer. Its
-length decides "stop" (the stop token counted in usage, never in the text, as real servers do) or
-"length". With --sglang it takes token-id prompts and, as SGLang 0.5.23 does, returns `token_ids` (chat:
-`response_token_ids`) and `prompt_token_ids` when asked `return_token_ids`, `matched_stop`, and made-up
-speculative counters in `sglext.spec_tokens_details` when asked `return_spec_tokens_details`. --delay-s S answers every request S
-seconds late (so that requests are in flight when a test kills the process), and --log-arrivals logs each
-request when it arrives as well as when it is answered.
-
-Faults: --fail-every N answers the N-th, 2N-th, ... new request (the first arrival of a request body,
-1-based) with HTTP 500; --stall-every N sleeps S seconds before answering every N-th new one (past the
-client's timeout). A retry of a faulted request is answered, so a client's retry budget always suffices
-and a test of it is deterministic under any concurrency. --die-after N, counted over all completion requests, SIGKILLs the process when request N+1 arrives (requests in flight are lost);
---reject-max-tokens-over N answers 400 with a message, as a validation error.
+Run as `python -m dflash_eval.testing.fake_openai_server --port P --tokenizer DIR`; `--help` lists the faults it can
+make. HTTP/1.1 with keep-alive on raw asyncio streams (no framework), so it answers in microseconds and a client
+benchmark measures the client. Endpoints: GET /health, /v1/models, /get_model_info (--sglang), POST /v1/completions,
+/v1/chat/completions. A completion is a pure function of the prompt's token ids (a hash picks its length and its
+printable characters), so a rerun, a retry or a second client gets the same answer; its length decides "stop" (the
+stop token counted in usage, never in the text, as real servers do) or "length". A retry of a faulted request is
+answered, so a test of a client's retries is deterministic under any concurrency.
 """
 
 from __future__ import annotations
@@ -183,12 +168,17 @@ if __name__ == "__main__":
     ap.add_argument("--tokenizer", required=True, help="directory with tokenizer.json")
     ap.add_argument("--eos", default="<|im_end|>")
     ap.add_argument("--model", default="fake-model")
-    ap.add_argument("--sglang", action="store_true")
-    ap.add_argument("--fail-every", type=int, default=0)
-    ap.add_argument("--stall-every", type=int, default=0)
+    ap.add_argument("--sglang", action="store_true",
+                    help="token-id prompts; as SGLang 0.5.23: token_ids (chat: response_token_ids) and prompt_token_ids "
+                         "when asked return_token_ids, matched_stop, made-up counters in sglext.spec_tokens_details "
+                         "when asked return_spec_tokens_details")
+    ap.add_argument("--fail-every", type=int, default=0,
+                    help="HTTP 500 for the N-th, 2N-th, ... new request (first arrival of a body, 1-based)")
+    ap.add_argument("--stall-every", type=int, default=0, help="sleep --stall-s before answering every N-th new request")
     ap.add_argument("--stall-s", type=float, default=5.0)
-    ap.add_argument("--die-after", type=int)
-    ap.add_argument("--reject-max-tokens-over", type=int)
+    ap.add_argument("--die-after", type=int,
+                    help="SIGKILL itself when completion request N+1 arrives (in-flight requests are lost)")
+    ap.add_argument("--reject-max-tokens-over", type=int, help="HTTP 400 with a message, as a validation error")
     ap.add_argument("--request-log")
     ap.add_argument("--log-arrivals", action="store_true", help="also log each request as it arrives (status 'arrived')")
     ap.add_argument("--delay-s", type=float, default=0.0, help="answer every request this late (keeps requests in flight)")
