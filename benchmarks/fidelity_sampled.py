@@ -61,9 +61,9 @@ def sampling(args: argparse.Namespace) -> dict:
 
 def serve_and_fetch(args: argparse.Namespace, block: int, out: Path) -> list[dict]:
     """The demo server of --target speculating with --drafter (SGLang's protocol), fetched at the sampling asked."""
-    from dflash_eval.bench.fixtures import free_port
     from dflash_eval.fetch.stage import fetch
     from dflash_eval.server.control import ServerController
+    from dflash_eval.testing.fixtures import free_port
 
     port = free_port()
     command = (f"OMP_NUM_THREADS={args.server_threads} exec {sys.executable} -m dflash_eval.cli demo-server "
@@ -233,8 +233,8 @@ def main() -> None:
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         if args.smoke:
-            from dflash_eval.bench.eval_project import tiny_served
-            from dflash_eval.bench.fixtures import write_prompts
+            from dflash_eval.testing.eval_project import tiny_served
+            from dflash_eval.testing.fixtures import write_prompts
 
             args.target, _, args.drafter = tiny_served(Path(tmp) / "tiny")
             args.prompts = write_prompts(Path(tmp) / "prompts.jsonl", args.samples)

@@ -10,13 +10,13 @@ import urllib.request
 import pytest
 import torch
 
-from dflash_eval.bench import fixtures
 from dflash_eval.demo.server import sglang_steps
 from dflash_eval.demo.vllm_mode import spec_metrics
 from dflash_eval.fetch import stage as fetch
 from dflash_eval.server.control import ServerController
-from tests.fetch.test_sglang import BLOCK, tiny_drafter_dir
+from dflash_eval.testing import fixtures
 from tests.support import servers as hs
+from tests.support.demo_server import BLOCK, tiny_drafter_dir
 
 
 def launch(base, target, drafter, level: str, dev_mode: bool = True):

@@ -11,9 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from dflash_eval.bench import fixtures
 from dflash_eval.server import engines
 from dflash_eval.server.control import ServerController, ServerError, server_paused
+from dflash_eval.testing import fixtures
 from tests.support.server_control import entries, pauser
 
 HELPER = Path(__file__).with_name("vllm_sleep_server.py")

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 from dflash_eval.testing import workflow
@@ -17,3 +20,11 @@ def copy_workflow(dest: Path) -> Path:
 def copy_workflow_with_stand_in(dest: Path, stand_in: str) -> Path:
     """`copy_workflow` whose `dflash-eval` is the script template `stand_in`, the recorder beside it."""
     return workflow.copy_workflow_with_stand_in(dest, REPO, stand_in)
+
+
+def snakemake_in(root: Path, *args: str) -> subprocess.CompletedProcess:
+    """This checkout's Snakefile run in project `root` with its config.yaml, on 2 cores, offline."""
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1"}
+    command = [sys.executable, "-m", "snakemake", "--snakefile", str(REPO / "Snakefile"), "--directory", str(root),
+               "--configfile", str(root / "config.yaml"), "--cores", "2", *args]
+    return subprocess.run(command, cwd=root, env=env, capture_output=True, text=True, timeout=900)

@@ -3,16 +3,14 @@
 from __future__ import annotations
 
 import json
-import os
-import socket
-import subprocess
 import sys
-from pathlib import Path
 
 import pandas as pd
 import pytest
 import yaml
 
+from dflash_eval.testing.fixtures import free_port
+from tests.support.checkout import REPO, snakemake_in
 from tests.support.servers import (
     TORCH_SERVE,
     check_down_around_extraction,
@@ -20,17 +18,9 @@ from tests.support.servers import (
 )
 from tests.support.tiny import build_demo_target, tiny_drafter_config
 
-REPO = Path(__file__).resolve().parents[2]
-
 # Passed in 109 s on two pinned cores of an otherwise idle machine (2026-11-30); slow for CI's
 # budget. Run it with `python -m pytest -m slow tests/workflow/test_demo_workflow.py`.
 pytestmark = pytest.mark.slow
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 @pytest.fixture(scope="module")
@@ -54,7 +44,7 @@ def workdir(tmp_path_factory):
     prompts = [{"id": f"p{i}", "messages": [{"role": "user", "content": f"Write a function number {i}."}]}
                for i in range(3)]
     (root / "prompts.jsonl").write_text("".join(json.dumps(p) + "\n" for p in prompts))
-    port = _free_port()
+    port = free_port()
     settings = yaml.safe_load((REPO / "config.yaml").read_text())
     settings.pop("demo")
     settings["target"]["path"] = str(target_dir)
@@ -75,15 +65,8 @@ def workdir(tmp_path_factory):
     return root
 
 
-def _snakemake(root: Path, *args: str) -> subprocess.CompletedProcess:
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1"}
-    command = [sys.executable, "-m", "snakemake", "--snakefile", str(REPO / "Snakefile"), "--directory", str(root),
-               "--configfile", str(root / "config.yaml"), "--cores", "2", *args]
-    return subprocess.run(command, cwd=root, env=env, capture_output=True, text=True, timeout=900)
-
-
 def test_pipeline_end_to_end(workdir):
-    run = _snakemake(workdir)
+    run = snakemake_in(workdir)
     assert run.returncode == 0, run.stdout[-4000:] + run.stderr[-4000:]
     summary = pd.read_csv(workdir / "results" / "summary.csv")
     assert set(summary["drafter"]) == {"hf", "pt"}
@@ -105,5 +88,5 @@ def test_pipeline_end_to_end(workdir):
     assert [e["event"] for e in entries][-2:] == ["stop_requested", "down"]
     assert all(group_members(e["pid"]) == [] for e in entries if e["event"] == "launched")
     # a second run has nothing to do
-    again = _snakemake(workdir, "-n")
+    again = snakemake_in(workdir, "-n")
     assert again.returncode == 0 and "Nothing to be done" in again.stdout + again.stderr, again.stdout[-2000:]

@@ -11,8 +11,9 @@ import sys
 import pytest
 import yaml
 
+from dflash_eval.testing.fixtures import free_port
+from tests.support.checkout import REPO, snakemake_in
 from tests.support.tiny import build_demo_target, tiny_drafter_config
-from tests.workflow.test_demo_workflow import REPO, _free_port, _snakemake
 
 pytestmark = pytest.mark.slow
 BLOCK = 4
@@ -37,7 +38,7 @@ def workdir(tmp_path_factory):
     prompts = [{"id": f"p{i}", "messages": [{"role": "user", "content": f"Write a function number {i}."}]}
                for i in range(4)]
     (root / "prompts.jsonl").write_text("".join(json.dumps(p) + "\n" for p in prompts))
-    port = _free_port()
+    port = free_port()
     spec = json.dumps({"method": "dflash", "model": str(root / "drafters" / "hf"), "num_speculative_tokens": BLOCK - 1})
     settings = yaml.safe_load((REPO / "config.yaml").read_text())
     settings.pop("demo")
@@ -60,7 +61,7 @@ def workdir(tmp_path_factory):
 
 
 def test_the_online_panel_is_equal_per_request_at_t0_and_t07(workdir):
-    run = _snakemake(workdir)
+    run = snakemake_in(workdir)
     assert run.returncode == 0, run.stdout[-4000:] + run.stderr[-4000:]
     for dataset, count in (("tiny", 4), ("tiny-t07", 8)):
         records = [json.loads(line) for line in
