@@ -414,7 +414,9 @@ def stage_schema(stage: str) -> dict:
                              required=("path",))
         return _object({"drafter": NAME, "dataset": NAME, "checkpoint": checkpoint,
                         "target": _object({"path": target_path}, required=("path",)),
-                        "max_tokens": fetch["max_tokens"], "speedup": top["speedup"],
+                        "max_tokens": fetch["max_tokens"], "speedup": {  # the drafter's timing; not the profile
+                            **top["speedup"], "properties": {key: value for key, value in
+                                                             top["speedup"]["properties"].items() if key != "profile"}},
                         **{key: value for key, value in evaluation.items() if key not in EVALUATION_JOB_KEYS}},
                        required=("drafter", "dataset", "checkpoint", "target"))
     names = {"type": "array", "items": NAME}
