@@ -3,7 +3,7 @@ checkpoint (`evaluation.checkpoints_per_job: 1`, the default), code trees compar
 checkpoints in one grouped process (`--member` x N, what `checkpoints_per_job: N` runs), then that process again
 with every result in its store (a rerun that changed nothing); and the parts of one evaluate process.
 
-Checkpoints: `--checkpoints` random drafters of the demo's shape (bench/eval_project.py's build_checkpoints: each a
+Checkpoints: `--checkpoints` random drafters of the demo's shape (testing/eval_project.py's build_checkpoints: each a
 real HF directory with model.safetensors; copies of the demo's drafters would do, these are seeded random ones of the
 same shape), evaluated on a finished demo build's cached states and completions (`--demo`, a directory holding
 config.yaml, resources/demo/ and results/: only read; outputs go to a temporary directory) with the demo config's
@@ -99,7 +99,7 @@ PARTS_BOUND = ("our imports (cli, evaluate stage)", "settings + CUDA init (first
 
 
 def tiny_demo(root: Path) -> Path:
-    """A seconds-fast stand-in for a finished demo build: bench/eval_project.py's tiny target, completions and their
+    """A seconds-fast stand-in for a finished demo build: testing/eval_project.py's tiny target, completions and their
     extracted states, and a config.yaml naming them."""
     eval_project.extract_tiny(root, DATASET)
     prompts = root / "resources/prompts/demo_code.jsonl"

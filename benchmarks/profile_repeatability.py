@@ -1,4 +1,4 @@
-"""Does the target's step profile repeat? extract/profile.py measured twice in one process and once in each of two
+"""Does the target's step profile repeat? tools/target_timing.py measured twice in one process and once in each of two
 fresh processes, per verified size: the two medians and their ratio (the issue's bar: within 5%).
 
 Random weights, batch 1, a cache prefilled with `--context` tokens, the shapes of benchmarks/speedup_validation.py
@@ -48,7 +48,7 @@ def build_target(name: str, layers: int | None, device: torch.device, dtype: tor
 
 
 def measure(model: torch.nn.Module, args: argparse.Namespace) -> dict:
-    from dflash_eval.extract.profile import measure_target
+    from dflash_eval.tools.target_timing import measure_target
 
     return measure_target(model, args.context, args.repeats, args.sizes, seconds_per_size=args.seconds_per_size,
                           total_seconds=args.total_seconds)

@@ -1,7 +1,7 @@
 """The target's serving-step profile (T_AR, T_verify(n)) on a Qwen3.6-27B-shaped target, measured twice: repeatability.
 
 Random weights, bf16, HF transformers with fla's kernels (batch 1, a KV cache prefilled with
-`--context` tokens), exactly as extraction measures it (extract/profile.py). `--layers` builds
+`--context` tokens), exactly as the profile_target rule measures it (tools/target_timing.py). `--layers` builds
 fewer of the 64 layers (keeping the 3 linear : 1 full pattern) and scales the times by 64/layers:
 the layers dominate, the embedding and LM head are then counted 64/layers times too many (state
 it beside any number). Two runs back to back give the repeatability: their ratio per size, each median's
@@ -31,8 +31,8 @@ from evaluator_speed import SHAPES, drafter_config
 from dflash_eval.evaluate.blocks import BlockDrafter
 from dflash_eval.evaluate.draft_timing import drafter_step_ms
 from dflash_eval.extract.backends import bind_backend
-from dflash_eval.extract.profile import DEFAULT_VERIFY_TOKENS, measure_target
 from dflash_eval.speedup.timing import compare
+from dflash_eval.tools.target_timing import DEFAULT_VERIFY_TOKENS, measure_target
 
 
 def main() -> int:

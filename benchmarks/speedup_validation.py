@@ -16,7 +16,7 @@ commits k tokens, k the floor or ceiling of the asked tau; `live` cells keep the
 acceptance (about 1).
 
 Predicted: the product's estimate, tau x T_AR / (T_draft + T_verify(b)) (speedup/model.py), from the same
-device's profile of the same model: T_AR and T_verify(n) timed as extraction times them (extract/profile.py,
+device's profile of the same model: T_AR and T_verify(n) timed as the profile_target rule times them (tools/target_timing.py,
 measured twice: the two runs' ratio per size shows whether it repeats within 5%), T_draft as evaluation times
 it (evaluate/draft_timing.py, block b, projecting round(tau) new context rows), and the tau the loop realised
 (token-weighted). Beside it, for the graph loop, the same formula from the terms that loop pays, each timed
@@ -58,12 +58,12 @@ from dflash_eval.evaluate.blocks import BlockDrafter
 from dflash_eval.evaluate.draft_timing import drafter_step_ms
 from dflash_eval.evaluate.draft_timing import timing_method as draft_timing_method
 from dflash_eval.extract.backends import bind_backend, gdn_kernels
-from dflash_eval.extract.profile import measure_target
 from dflash_eval.speedup import validation
 from dflash_eval.speedup.labels import MEASURED
 from dflash_eval.speedup.loop_run import LoopRun
 from dflash_eval.speedup.model import expected_speedup
 from dflash_eval.speedup.timing import compare
+from dflash_eval.tools.target_timing import measure_target
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -156,7 +156,7 @@ def replay_ms(run: LoopRun, block: int, verify: dict[str, float]) -> float:
 
 
 def two_profiles(target, context: int, sizes: list[int], args: argparse.Namespace) -> tuple[dict, dict, dict]:
-    """The product's profile (extract/profile.py), measured twice back to back, and how the two compare."""
+    """The product's profile (tools/target_timing.py), measured twice back to back, and how the two compare."""
     first, second = (measure_target(target, context, args.repeats, sizes, seconds_per_size=args.seconds_per_size)
                      for _ in range(2))
     return first, second, compare(first["t_verify_ms"], second["t_verify_ms"], "speedup_validation profile")
@@ -165,7 +165,7 @@ def two_profiles(target, context: int, sizes: list[int], args: argparse.Namespac
 def profile_lines(first: dict, second: dict, agreement: dict) -> list[str]:
     ratios = ", ".join(f"{n}: {r:.3f}" for n, r in sorted(agreement["ratios"].items(), key=lambda kv: int(kv[0])))
     unstable = sorted(set(first["spread"]["unstable"]) | set(second["spread"]["unstable"]))
-    return ["", f"Profile repeatability (extract/profile.py twice, method {first['method']}, run 2 / run 1 per "
+    return ["", f"Profile repeatability (tools/target_timing.py twice, method {first['method']}, run 2 / run 1 per "
             f"verified size): {ratios}; "
             f"beyond 5%: {', '.join(agreement['beyond_5_percent']) or 'none'}; T_AR {first['t_ar_ms']:.2f} / "
             f"{second['t_ar_ms']:.2f} ms; sizes whose median CI stayed wider than ±2% at the cap: "
@@ -245,7 +245,7 @@ def static_rows(name: str, shape: dict, layers: int, target, drafter, prompts, r
     trees = [n + 1 for n in args.budgets]
     first, second, agreement = two_profiles(target, context, sorted({1, *blocks, *trees}), args)
     t_ar, verify = first["t_ar_ms"], first["t_verify_ms"]
-    committed = bool(first.get("verify_includes_state_commit"))  # a hybrid's static profile (extract/profile.py)
+    committed = bool(first.get("verify_includes_state_commit"))  # a hybrid's static profile (tools/target_timing.py)
     ar_loop, ar_host = ar_terms["verify"]["ms"], ar_terms["accept_host"]["ms"]
     kind = "CUDA graphs" if graphs else "static cache, eager (no graphs on this device)"
     head = (f"### {name}: {layers} of {shape['full_layers']} layers ({target_kind}), loop `graphs` ({kind}; "
@@ -265,7 +265,7 @@ def static_rows(name: str, shape: dict, layers: int, target, drafter, prompts, r
     for block in blocks:
         terms = loop.step_terms(block, args.repeats, args.seconds_per_size, at=context)
         draft, check, host = terms["draft"]["ms"], terms["verify"]["ms"], terms["accept_host"]["ms"]
-        # the profile's hybrid verify holds its state commit (extract/profile.py); the loop's is the rollback term,
+        # the profile's hybrid verify holds its state commit (tools/target_timing.py); the loop's is the rollback term,
         # which its accept + host time holds too
         commit = terms["rollback"]["ms"] if committed else 0.0
         for tau, asked in due_taus(args.taus, f"{name} b{block}", deadline, skipped):

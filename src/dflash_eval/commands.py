@@ -19,6 +19,8 @@ COMMANDS: dict[str, tuple[str, str, str, str]] = {
     "server": ("dflash_eval.server.control", "add_arguments", "run", "start, stop or query the inference server"),
     "fetch": ("dflash_eval.fetch.stage", "add_arguments", "run", "fetch greedy completions from the server"),
     "extract": ("dflash_eval.extract.stage", "add_arguments", "run", "extract the target's hidden states"),
+    "profile-target": ("dflash_eval.tools.profile_target", "add_arguments", "run",
+                       "time the target's serving step once (T_AR, T_verify(n)) for the expected speedup"),
     "compare-backends": ("dflash_eval.tools.compare_backends", "add_arguments", "run",
                          "per-layer differences between the fla and torch kernels, and their effect on tau"),
     "evaluate": ("dflash_eval.evaluate.command", "add_arguments", "run", "evaluate one drafter on one dataset"),

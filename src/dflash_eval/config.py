@@ -406,8 +406,7 @@ def stage_schema(stage: str) -> dict:
     if stage == "extract":
         return _object({"dataset": NAME, "layer_ids": LAYER_IDS, "last_layer": drafter["last_layer"],
                         "target": top["target"], **_properties("extraction"), "server": server,
-                        "speedup": top["speedup"], "block_sizes": evaluation["block_sizes"],
-                        "ddtree_budgets": evaluation["ddtree_budgets"], "target_logprobs": TARGET_LOGPROBS},
+                        "target_logprobs": TARGET_LOGPROBS},
                        required=("layer_ids", "target"))
     if stage == "evaluate":
         # layer_ids as config.yaml's drafters have it: null (or left out) means the checkpoint's own list
@@ -415,7 +414,9 @@ def stage_schema(stage: str) -> dict:
                              required=("path",))
         return _object({"drafter": NAME, "dataset": NAME, "checkpoint": checkpoint,
                         "target": _object({"path": target_path}, required=("path",)),
-                        "max_tokens": fetch["max_tokens"], "speedup": top["speedup"],
+                        "max_tokens": fetch["max_tokens"], "speedup": {  # the drafter's timing; not the profile
+                            **top["speedup"], "properties": {key: value for key, value in
+                                                             top["speedup"]["properties"].items() if key != "profile"}},
                         **{key: value for key, value in evaluation.items() if key not in EVALUATION_JOB_KEYS}},
                        required=("drafter", "dataset", "checkpoint", "target"))
     names = {"type": "array", "items": NAME}
@@ -534,11 +535,9 @@ def fetch_settings(config: dict, dataset: str) -> dict:
 
 
 def extract_runtime(config: dict) -> dict:
-    """How extraction runs around the server (see fetch_runtime): passed beside the params."""
-    # timing writes no cache byte; it measures every size the evaluation's methods verify (extract/profile.py)
-    evaluation = config["evaluation"]
-    return {"server": server_settings(config), "speedup": dict(config["speedup"]),
-            "block_sizes": evaluation.get("block_sizes"), "ddtree_budgets": evaluation.get("ddtree_budgets")}
+    """How extraction (and the profile_target rule) runs around the server (see fetch_runtime): passed beside the
+    params."""
+    return {"server": server_settings(config)}
 
 
 def verify_schemes(verify: str | list[str] | None) -> list[str]:
@@ -581,7 +580,8 @@ def evaluate_settings(config: dict, drafter: str, dataset: str) -> dict:
         "checkpoint": checkpoint,
         "target": {"path": config["target"]["path"]},
         "max_tokens": config["fetch"]["max_tokens"],
-        "speedup": dict(config["speedup"]),
+        # the drafter's step timing; not the user's profile, which only the report reads (report/speedup.py)
+        "speedup": {key: value for key, value in config["speedup"].items() if key != "profile"},
         **{key: value for key, value in config["evaluation"].items() if key not in EVALUATION_JOB_KEYS},
     }
 

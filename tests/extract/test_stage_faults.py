@@ -112,30 +112,18 @@ def test_a_kept_cache_under_the_other_last_layer_convention_is_recomputed(target
         assert torch.equal(first[0], last[0]) and not torch.equal(first[1], last[1])
 
 
-def test_a_rerun_that_loads_no_target_keeps_the_kept_serving_profile(target_dir, tmp_path, monkeypatch, caplog):
-    from dflash_eval.cache.serving_profile import PROFILE_NAME, load_profile
-    from dflash_eval.extract import profile
+def test_extraction_times_no_target_and_takes_no_timing_settings(target_dir, tmp_path):
+    """The target is timed by its own rule (tools/profile_target.py): a cache holds states, its manifest and
+    nothing else, and speedup settings given to extraction are refused as unknown (a typo stays loud)."""
+    from dflash_eval.errors import DflashEvalError
 
-    measured = {"t_ar_ms": 1.5, "t_verify_ms": {"1": 1.5, "8": 2.0}, "device": "cpu", "context_tokens": 16}
-    monkeypatch.setattr(profile, "measure_target", lambda *a, **k: measured)  # the timing itself: extract/profile
     completions = write_records(tmp_path / "c.jsonl", tiny_records(LENGTHS))
-    out, timed = tmp_path / "hidden", {"measure": True, "context_tokens": 16, "repeats": 1}
-    extract_stage.extract(extract_settings(target_dir, speedup=timed), completions, out)
-    written = (out / PROFILE_NAME).read_bytes()
-    assert (kept_dir(out) / PROFILE_NAME).samefile(out / PROFILE_NAME)
-
-    shutil.rmtree(out)  # every sample in the kept cache: no target loads, so nothing is timed
-    monkeypatch.setattr(extract_stage, "load_target", lambda *a, **k: pytest.fail("model loaded"))
-    monkeypatch.setattr(profile, "measure_target", lambda *a, **k: pytest.fail("target timed"))
-    extract_stage.extract(extract_settings(target_dir, speedup=timed, shard_tokens=13), completions, out)
-    assert (out / PROFILE_NAME).read_bytes() == written and load_profile(out / PROFILE_NAME)["t_ar_ms"] == 1.5
-
-    (kept_dir(out) / PROFILE_NAME).unlink()  # a kept cache without a profile: one line says so
-    shutil.rmtree(out)
-    with caplog.at_level("INFO"):
-        extract_stage.extract(extract_settings(target_dir, speedup=timed), completions, out)
-    assert not (out / PROFILE_NAME).exists()
-    assert caplog.text.count("no serving profile measured this run") == 1
+    out = tmp_path / "hidden"
+    extract_stage.extract(extract_settings(target_dir), completions, out)
+    assert {p.name for p in out.iterdir() if p.suffix != ".safetensors"} == {"manifest.json"}
+    assert {p.name for p in kept_dir(out).iterdir() if p.suffix != ".safetensors"} == {"manifest.json"}
+    with pytest.raises(DflashEvalError, match="unknown"):
+        extract_stage.extract(extract_settings(target_dir, speedup={"measure": True}), completions, tmp_path / "x")
 
 
 def test_bad_hand_written_settings_are_named_not_raised(target_dir, tmp_path):

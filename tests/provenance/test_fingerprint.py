@@ -8,7 +8,7 @@ import os
 import pytest
 
 from dflash_eval.errors import DflashEvalError
-from dflash_eval.provenance import code_version, fingerprint
+from dflash_eval.provenance import code_version, fingerprint, identity
 
 
 def test_file_hash_is_sha256_and_cached_by_size_and_mtime(tmp_path, monkeypatch):
@@ -54,8 +54,15 @@ def test_stage_modules_follow_imports_transitively():
 def test_stage_fingerprints_cover_the_shared_ground_they_run():
     """Code moved out of a stage into shared ground stays in the fingerprints of the stages that run it."""
     evaluate, report, extract = (set(code_version.stage_modules(s)) for s in ("evaluate", "report", "extract"))
-    assert {"methods", "stats", "speedup.model", "speedup.timing", "speedup.labels", "target_identity",
-            "cache.serving_profile"} <= evaluate
-    assert {"methods", "stats", "speedup.labels"} <= report and not {"speedup.model", "evaluate.stage"} & report
-    assert {"speedup.timing", "target_identity"} <= extract and "methods" not in extract
+    assert {"methods", "stats", "speedup.timing", "target_identity"} <= evaluate
+    # the estimate is made in the report from metrics.json and the target's profile; evaluation reads no profile
+    assert not {"speedup.model", "cache.serving_profile"} & evaluate
+    assert {"methods", "stats", "speedup.labels", "speedup.model", "cache.serving_profile"} <= report
+    assert "evaluate.stage" not in report
+    # the target is timed by its own rule (profile-target): extraction is about hidden states
+    assert "target_identity" in extract and not {"methods", "tools.target_timing"} & extract
+    extract_decides = set(identity.STAGES["extract"].decides)
+    assert not {"speedup.timing", "speedup.static_hybrid", "speedup.static_models"} & extract_decides
+    assert {"tools.target_timing", "speedup.timing", "extract.backends"} <= set(code_version.stage_modules(
+        "profile-target"))
     assert "cli" not in set().union(*(code_version.stage_modules(s) for s in code_version.STAGE_MODULES))

@@ -8,8 +8,8 @@ import json
 import pytest
 
 from dflash_eval.errors import DflashEvalError
-from dflash_eval.evaluate import speedup as evaluate_speedup
 from dflash_eval.report import engine_timing
+from dflash_eval.report import speedup as report_speedup
 from dflash_eval.speedup import labels
 
 
@@ -85,9 +85,11 @@ def test_an_sglang_profile_as_speedup_profile_says_so(tmp_path):
     a hand-written user profile keeps its old label."""
     path = profile_file(tmp_path)
     methods = {"chain-B8": {"block_size": 8, "tau_token_weighted": 3.0}}
-    section = evaluate_speedup.estimate({"speedup": {"profile": str(path)}}, tmp_path, methods, lambda _blocks, _trees, _method: None)
+    target, source, _stamp = report_speedup.load_target_profile(path, True)
+    section = report_speedup.estimate(methods, target, source, True, None)
     assert section["source"] == labels.USER_SGLANG and methods["chain-B8"]["expected_speedup"] == pytest.approx(1.2)
     plain = tmp_path / "mine.json"
     plain.write_text(json.dumps({"t_ar_ms": 10.0, "t_verify_ms": {"1": 10.0}, "t_step_ms": {"8": 25.0}}))
-    section = evaluate_speedup.estimate({"speedup": {"profile": str(plain)}}, tmp_path, methods, lambda _blocks, _trees, _method: None)
+    target, source, _stamp = report_speedup.load_target_profile(plain, True)
+    section = report_speedup.estimate(methods, target, source, True, None)
     assert section["source"] == labels.USER

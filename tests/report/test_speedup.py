@@ -10,9 +10,9 @@ import pandas as pd
 import pytest
 from matplotlib.text import Text
 
-from dflash_eval.evaluate import speedup
 from dflash_eval.io_utils import atomic_write_json
 from dflash_eval.report import plots, summary
+from dflash_eval.report import speedup as report_speedup
 from dflash_eval.report import stage as report
 from tests.support.report_inputs import (
     TAUS,
@@ -39,6 +39,12 @@ BEST = {("step-1000", "gsm8k"): 16, ("step-1000", "humaneval"): 16,    # by hand
         ("step-2000", "gsm8k"): 8, ("step-2000", "humaneval"): 32}
 
 
+def _with_profile(args, profile):
+    """The report's arguments naming the user's profile (what the workflow passes for speedup.profile)."""
+    args.user_profile = str(profile)
+    return args
+
+
 def _with_trees(drafter: str, dataset: str) -> dict:
     metrics = metrics_dict(drafter, dataset)
     tree = metrics["methods"]["ddtree-8"]
@@ -58,7 +64,7 @@ def _expected(drafter: str, dataset: str) -> dict[str, float]:
 
 @pytest.fixture(scope="module")
 def profiled(tmp_path_factory):
-    """A report whose evaluations estimated their speedup from a user profile, as the evaluate stage does."""
+    """A report that makes its evaluations' expected speedup from a user profile."""
     root = tmp_path_factory.mktemp("speedup")
     profile = root / "profile.json"
     profile.write_text(json.dumps(PROFILE))
@@ -66,10 +72,9 @@ def profiled(tmp_path_factory):
     for path in paths:
         metrics = json.loads(path.read_text())
         metrics["methods"] = _with_trees(metrics["drafter"], metrics["dataset"])["methods"]
-        metrics["speedup"] = speedup.estimate({"speedup": {"profile": str(profile)}}, root, metrics["methods"],
-                                              lambda _blocks, _trees, _method: pytest.fail("the profile gives t_draft_ms"))
+        metrics["speedup"] = {"estimate": True, "draft_timing": None}  # the profile gives t_draft_ms
         atomic_write_json(path, metrics)
-    assert report.run(report_args(root, paths)) == 0
+    assert report.run(_with_profile(report_args(root, paths), profile)) == 0
     return root
 
 
@@ -120,8 +125,11 @@ def test_budget_plot_is_drawn_with_and_without_a_profile(profiled, out):
                                 _settings(out))
     shown = _texts(plots.draw_speedup(plots.PlotData(rows=rows, metrics={}, settings=_settings(out), trust={})))
     assert any(plots.NO_PROFILE_TEXT in t for t in shown) and "★" not in " ".join(shown)
-    rows = summary.summary_rows(summary.collect(_settings(profiled), sorted((profiled / "eval").glob("*/*/metrics.json"))),
-                                _settings(profiled))
+    evaluations = summary.collect(_settings(profiled), sorted((profiled / "eval").glob("*/*/metrics.json")))
+    target, source, stamp = report_speedup.load_target_profile(profiled / "profile.json", True)
+    for evaluation in evaluations:  # as the report stage does: the estimate made from metrics.json and the profile
+        report_speedup.apply(evaluation.metrics, target, source, True, stamp)
+    rows = summary.summary_rows(evaluations, _settings(profiled))
     figure = plots.draw_speedup(plots.PlotData(rows=rows, metrics={}, settings=_settings(profiled), trust={}))
     assert not any(plots.NO_PROFILE_TEXT in t for t in _texts(figure))
     assert any("source: user profile" in t for t in _texts(figure))
@@ -151,10 +159,9 @@ def test_unmeasured_sizes_and_the_hybrid_tree_assumption_are_said(tmp_path):
     for path in paths:
         metrics = json.loads(path.read_text())
         metrics["methods"] = _with_trees(metrics["drafter"], metrics["dataset"])["methods"]
-        metrics["speedup"] = speedup.estimate({"speedup": {"profile": str(profile)}}, root, metrics["methods"],
-                                              lambda _blocks, _trees, _method: pytest.fail("the profile gives t_draft_ms"))
+        metrics["speedup"] = {"estimate": True, "draft_timing": None}  # the profile gives t_draft_ms
         atomic_write_json(path, metrics)
-    assert report.run(report_args(root, paths)) == 0
+    assert report.run(_with_profile(report_args(root, paths), profile)) == 0
     text = (root / "summary.md").read_text()
     assert "no estimate for ddtree-32: 33 verified tokens: not in the profile (sizes are measured, never " \
            "interpolated)" in text

@@ -100,7 +100,7 @@ def test_graph_replay_equals_the_eager_loop_on_cuda() -> None:
 
 
 def test_a_span_limited_step_equals_the_hf_forward() -> None:
-    """What the profile times (extract/profile.py, `graphs`/`static`): n tokens after a prefilled context over the
+    """What the profile times (tools/target_timing.py, `graphs`/`static`): n tokens after a prefilled context over the
     first ceil64(context + n) cache positions give the HF forward's logits for those tokens (fp32)."""
     from dflash_eval.speedup.static_models import StaticTarget
 

@@ -1,6 +1,6 @@
 """Only what changed reruns: the real snakemake's plan after each kind of change, job by job.
 
-Base project (src/dflash_eval/bench/workflow.py): datasets d1, d2; drafter a (HF dir) and b (50 MB .pt), both
+Base project (src/dflash_eval/testing/workflow.py): datasets d1, d2; drafter a (HF dir) and b (50 MB .pt), both
 on layers [1, 2]. Each test copies the finished base run, makes one change and compares the dry-run
 plan with the exact set of jobs that the change must rerun.
 """
@@ -14,11 +14,10 @@ from pathlib import Path
 
 import pytest
 
-from dflash_eval.bench import workflow as bench
-from dflash_eval.bench.workflow import (
+from dflash_eval.testing import workflow as bench
+from dflash_eval.testing.workflow import (
     add_hf_drafter,
     check,
-    copy_workflow,
     fold_exports,
     job,
     load_config,
@@ -27,6 +26,7 @@ from dflash_eval.bench.workflow import (
     tiny_project,
     write_bytes,
 )
+from tests.support.checkout import copy_workflow
 
 ALL_EVALS = {job("evaluate", d, s) for d in "ab" for s in ("d1", "d2")}
 
@@ -162,16 +162,17 @@ def test_added_drafter_runs_only_its_evaluations_and_the_report(case):
     assert plan(workflow, root) == {job("evaluate", "c", "d1"), job("evaluate", "c", "d2"), job("report")}
 
 
-def test_editing_the_user_serving_profile_reruns_the_evaluations_and_the_report_only(case):
-    """speedup.profile is an input of every evaluation (its expected speedup): an edit reruns them and the report,
-    never fetch or extraction; a touch with the same bytes reruns nothing; a bad field stops the run at load."""
+def test_editing_the_user_serving_profile_reruns_the_report_only(case):
+    """speedup.profile is an input of the report alone (it makes the expected speedup from each metrics.json and
+    the profile, report/speedup.py): naming or editing it reruns the report, never an evaluation, fetch or
+    extraction; a touch with the same bytes reruns nothing; a bad field stops the run at load."""
     workflow, root = case
     profile = root / "profile.json"
     profile.write_text(json.dumps({"t_ar_ms": 20, "t_verify_ms": {"1": 20, "16": 24}}))
     config = load_config(root)
     config["speedup"] = {"profile": "profile.json"}
     save_config(root, config)
-    assert plan(workflow, root) == ALL_EVALS | {job("report")}  # naming a profile is an evaluation setting
+    assert plan(workflow, root) == {job("report")}
     check(snakemake(workflow, root))
     assert plan(workflow, root) == set()
     later = (root / "results" / "summary.csv").stat().st_mtime + 3600
@@ -179,7 +180,7 @@ def test_editing_the_user_serving_profile_reruns_the_evaluations_and_the_report_
     assert plan(workflow, root) == set()
     profile.write_text(json.dumps({"t_ar_ms": 25, "t_verify_ms": {"1": 25, "16": 30}}))
     os.utime(profile, (later, later))
-    assert plan(workflow, root) == ALL_EVALS | {job("report")}
+    assert plan(workflow, root) == {job("report")}
     profile.write_text(json.dumps({"t_ar_ms": 0, "t_verify_ms": {"1": 25}}))
     run = snakemake(workflow, root, "--dry-run")
     assert run.returncode != 0
@@ -370,10 +371,34 @@ def _status(code: Path, root: Path) -> str:
     return done.stdout.strip()
 
 
-def test_a_change_to_the_target_timing_code_reruns_extraction_and_what_follows(base, tmp_path):
-    """Until the target is timed in its own rule, its timing is extraction's output (serving_profile.json): the
-    rerun copies every state and times the target again (tests/extract/test_profile_stamps.py), and the
-    evaluations and the report that read the profile follow. No fetch."""
+PROFILE_TARGET = "profile_target results/profile/target/cpu-float32-torch.json"
+
+
+def test_a_change_to_the_target_timing_code_reruns_the_profile_rule_and_the_report_only(base, tmp_path):
+    """The target is timed once, in its own rule (one profile per target, device, dtype and backend), and the report
+    makes the expected speedup from it: a change to the target-timing code reruns that rule and the report, no
+    extraction and no evaluation (no fetch)."""
     code, root, src = _code_case(base, tmp_path)
-    _edit(src / "extract" / "profile.py", "\n_TIMING_CHANGED = True\n")
-    _planned_then_ran(code, root, EXTRACTS | ALL_EVALS | {job("report")})
+    # the stand-in dflash-eval (bench.RECORDER) writes the profile rule's --out as it writes the other outputs
+    _replace(code / "bin" / "dflash-eval", '"report": ["--csv"', '"profile-target": ["--out"], "report": ["--csv"')
+    config = load_config(root)
+    config["speedup"] = {"measure": True}  # times the target on this CPU (auto: CUDA only), and the drafter step
+    save_config(root, config)
+
+    def ran(expected: set[str]) -> None:
+        assert plan(code, root) == expected
+        check(snakemake(code, root))
+        log = root / "calls.log"
+        calls = {line.replace("profile-target ", "profile_target ", 1) for line in log.read_text().splitlines()}
+        assert fold_exports(calls) == expected
+        log.unlink()
+        assert plan(code, root) == set()
+
+    # the evaluations' drafter timing is a setting of theirs (speedup.measure), the profile rule a new job
+    ran({PROFILE_TARGET} | ALL_EVALS | {job("report")})
+    stamp = json.loads((root / "results" / "profile" / "target" / "cpu-float32-torch.json").read_text())
+    assert stamp["code_identity"].startswith("profile-target.v1.sha256:")
+    _edit(src / "tools" / "target_timing.py", "\n_TIMING_CHANGED = True\n")
+    ran({PROFILE_TARGET, job("report")})
+    _edit(src / "tools" / "target_timing.py", "\n# a comment\n")
+    assert plan(code, root) == set()

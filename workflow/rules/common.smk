@@ -13,7 +13,9 @@ from dflash_eval.provenance.identity import stage_identity
 from dflash_eval.provenance.fingerprint import FingerprintCache
 from dflash_eval.io_utils import sha256_file
 from dflash_eval.speedup import validation
+from dflash_eval.cache.serving_profile import load_profile
 from dflash_eval.tools import profile_server as server_profile
+from dflash_eval.tools import profile_target as target_profile
 
 RESULTS = "results"
 # the packaged validation record the summary quotes (speedup/validation.py): a new one reruns the report
@@ -34,6 +36,17 @@ SAMPLES = f"{RESULTS}/eval/{{drafter}}/{{dataset}}/samples.csv"  # evaluate -> r
 PROFILE = f"{RESULTS}/eval/{{drafter}}/{{dataset}}/speculation_profile.json"  # export (report.smk)
 RECORD = f"{RESULTS}/eval/{{drafter}}/{{dataset}}/record.json"  # export (report.smk)
 SERVER_PROFILE = f"{RESULTS}/server_profile.json"  # profile_server -> report (opt-in)
+# The target's serving step for the expected speedup, one per target, device, dtype and backend: profile_target ->
+# report (profile.smk), when speedup.measure times it; the user's speedup.profile instead, checked now (a bad field
+# stops the run before any job). Either is an input of the report alone: a change reruns no evaluation.
+USER_PROFILE = config["speedup"]["profile"]
+if USER_PROFILE:
+    load_profile(USER_PROFILE)
+TARGET_PROFILE = (
+    target_profile.profile_path(config, RESULTS)
+    if target_profile.wanted(config)
+    else None
+)
 
 
 def code_prefix(stage: str) -> str:
@@ -277,6 +290,7 @@ def report_intermediates() -> list[str]:
         *expand([PROFILE, RECORD], drafter=drafters, dataset=datasets),
         *backend_comparisons(),
         *server_profile_inputs(),  # a missing server_profile.json is rebuilt by a plain run, as the rest is
+        *target_profile_inputs(),
     ]
 
 
@@ -319,3 +333,27 @@ def server_profile_inputs(wildcards=None) -> list[str]:
 
 def server_profile_arg(wildcards, input) -> str:
     return f"--server-profile {input.server_profile}" if input.server_profile else ""
+
+
+def target_profile_inputs(wildcards=None) -> list[str]:
+    """The report's target profile: the user's speedup.profile, else profile_target's file when it runs, else none."""
+    if USER_PROFILE:
+        return [USER_PROFILE]
+    return [TARGET_PROFILE] if TARGET_PROFILE else []
+
+
+def target_profile_arg(wildcards, input) -> str:
+    if not input.target_profile:
+        return ""
+    flag = "--user-profile" if USER_PROFILE else "--target-profile"
+    return f"{flag} {input.target_profile}"
+
+
+def drafter_config_inputs(wildcards=None) -> list[str]:
+    """The drafters' config.json files the workflow builds (the demo's): profile_target reads their block sizes."""
+    return [
+        f
+        for name in config["drafters"]
+        for f in checkpoint_inputs(name)
+        if f.endswith("config.json")
+    ]

@@ -1,13 +1,5 @@
 # Stage 3: one drafter on one dataset, from the cached states of that drafter's layer set; with
 # evaluation.checkpoints_per_job > 1, several drafters of one layer set per job and process (docs/running.md).
-from dflash_eval.cache.serving_profile import load_profile
-
-# A user's serving profile (speedup.profile) is checked now, so a bad field stops the run before any job; it is an
-# input of every evaluation (their expected speedup), so editing it reruns the evaluations and the report, nothing else.
-SPEEDUP_PROFILE = [config["speedup"]["profile"]] if config["speedup"]["profile"] else []
-for _profile in SPEEDUP_PROFILE:
-    load_profile(_profile)
-
 EVAL_STORE = f"{RESULTS}/eval-store"
 
 
@@ -19,7 +11,6 @@ if config["evaluation"]["checkpoints_per_job"] == 1:
             completions=COMPLETIONS,
             checkpoint=lambda w: checkpoint_inputs(w.drafter),
             target=target_inputs,
-            profile=SPEEDUP_PROFILE,
         output:
             metrics=METRICS,
             samples=SAMPLES,
@@ -59,7 +50,6 @@ else:
                     f for d in m for f in checkpoint_inputs(d)
                 ],
                 target=target_inputs,
-                profile=SPEEDUP_PROFILE,
             output:
                 metrics=expand(METRICS, drafter=_members, dataset="{dataset}"),
                 samples=expand(SAMPLES, drafter=_members, dataset="{dataset}"),

@@ -1,3 +1,33 @@
+# profile_target: the target's serving step (T_AR, T_verify(n)) timed once per target, device, dtype and backend,
+# for the expected speedup that the report makes (docs/speedup.md). Only where speedup.measure times it (true, or
+# auto on CUDA) and no speedup.profile is named. server_lock keeps it apart from fetch and extraction; it pauses the
+# server as extraction does (the same --runtime). Its params decide the profile: the target, the timing settings and
+# what picks the sizes it times (the configured methods); a change re-times it and reruns the report only.
+if TARGET_PROFILE:
+
+    rule profile_target:
+        input:
+            target=target_inputs,
+            drafter_configs=drafter_config_inputs,
+        output:
+            TARGET_PROFILE,
+        log:
+            f"{LOGS}/profile_target.log",
+        benchmark:
+            f"{BENCH}/profile_target.tsv"
+        threads: 2
+        resources:
+            server_lock=1,
+            gpu=lambda w: 0 if config["target"]["device"] == "cpu" else 1,
+        params:
+            settings=settings_param(target_profile.params(config)),
+            target=target_fingerprint,
+        shell:
+            code_prefix("profile-target")
+            + 'dflash-eval --log {log} profile-target --settings {params.settings:q} --runtime "$DFLASH_EVAL_EXTRACT_RUNTIME"'
+            " --out {output} 2>> {log}"
+
+
 # Opt-in (profile_server.enabled): dflash-eval profile-server measures T_AR and T_step at forced acceptance lengths
 # on the managed server, restarting it once per setting (the configured server is paused meanwhile and restored
 # after). Its JSON feeds the report (the profile beside the estimate). server_lock keeps it apart from fetch and

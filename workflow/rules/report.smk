@@ -66,6 +66,7 @@ rule report:
         completions=expand(COMPLETIONS, dataset=list(config["datasets"])),
         backends=backend_comparisons,
         server_profile=server_profile_inputs,
+        target_profile=target_profile_inputs,
     output:
         **REPORT_OUTPUTS,
     log:
@@ -78,9 +79,10 @@ rule report:
         validation=VALIDATION_RECORD,
         failed=REPORT_FAILED,
         server_profile=server_profile_arg,
+        target_profile=target_profile_arg,
     shell:
         code_prefix("report")
         + "dflash-eval --log {log} report --settings {params.settings:q} --metrics {input.metrics}"
         " --hidden {input.hidden} --completions {input.completions} --csv {output.csv} --md {output.md}"
-        " --trust {output.trust} --plot-dir {params.plot_dir} --backend-comparisons {input.backends} {params.server_profile} 2>> {log}"
+        " --trust {output.trust} --plot-dir {params.plot_dir} --backend-comparisons {input.backends} {params.server_profile} {params.target_profile} 2>> {log}"
         " || {{ date -u +%Y-%m-%dT%H:%M:%SZ > {params.failed}; exit 1; }}"

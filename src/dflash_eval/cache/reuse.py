@@ -27,9 +27,7 @@ from safetensors import SafetensorError, safe_open
 
 from dflash_eval.cache import manifest as cache_manifest
 from dflash_eval.cache.manifest import MANIFEST, CacheError
-from dflash_eval.cache.serving_profile import ESTIMATE_STAMP, PROFILE_NAME
-from dflash_eval.io_utils import read_json_object, sha256_file
-from dflash_eval.provenance.identity import estimate_code_hash
+from dflash_eval.io_utils import sha256_file
 
 log = logging.getLogger(__name__)
 
@@ -54,7 +52,7 @@ def legacy_state_code_hash() -> str:
 
 
 def keep_published(out: Path) -> None:
-    """Hard-link the published cache's shards, manifest and serving profile into `<out>.kept/`, replacing the
+    """Hard-link the published cache's shards and manifest into `<out>.kept/`, replacing the
     previous ones.
 
     Where the file system has no hard links the cache is not kept (a copy would double its disk).
@@ -65,7 +63,7 @@ def keep_published(out: Path) -> None:
     tmp.mkdir(parents=True)
     try:
         for file in out.iterdir():
-            if file.name in (MANIFEST, PROFILE_NAME) or file.suffix == ".safetensors":
+            if file.name == MANIFEST or file.suffix == ".safetensors":
                 os.link(file, tmp / file.name)
     except OSError as error:
         shutil.rmtree(tmp, ignore_errors=True)
@@ -136,27 +134,6 @@ class KeptStates:
         if not ok:
             log.warning("%s: damaged (size or sha256 differs from its manifest); its samples are computed again", path)
         return ok
-
-    def carry_profile(self, out: Path) -> str | None:
-        """Link the kept cache's serving profile into `out` (same state key: same target, device and kernels) when
-        this estimate code timed it, or code older than stamps (then it says so): "carried"; "other code" when
-        other stamped estimate code timed it (not carried: the rerun times the target again); None when there is
-        none. For a rerun that loads no target for its states."""
-        source = self.directory / PROFILE_NAME
-        if self.manifest is None or not source.is_file():
-            return None
-        timed_by, current = read_json_object(source).get(ESTIMATE_STAMP), estimate_code_hash()
-        if timed_by is not None and timed_by != current:
-            log.info("%s: timed by estimate code %s, not this one (%s): not carried", source, timed_by, current)
-            return "other code"
-        try:
-            os.link(source, out / PROFILE_NAME)
-        except OSError:
-            shutil.copy2(source, out / PROFILE_NAME)
-        if timed_by is None:
-            log.warning("%s: the carried serving profile was timed by code older than stamps, so not known to be this "
-                        "estimate code (%s); the report's validation line says so", out / PROFILE_NAME, current)
-        return "carried"
 
     def __contains__(self, sample_id: str) -> bool:
         return sample_id in self.usable

@@ -1,8 +1,8 @@
 """serving_profile.json: one serving step's cost, the one place that checks and reads the file.
 
-Extraction writes a measured one beside the cache (extract/profile.py); a user names their own,
-measured on their deployment, as `speedup.profile` in config.yaml (it wins); evaluation reads
-either (evaluate/speedup.py). Only JSON here, no torch, so that the workflow can check a user's
+The profile_target rule writes a measured one per target, device, dtype and backend
+(tools/profile_target.py); a user names their own, measured on their deployment, as `speedup.profile` in
+config.yaml (then the target is not timed); the report and each export read either (report/speedup.py). Only JSON here, no torch, so that the workflow can check a user's
 file at load. Fields:
     t_ar_ms       the target's decode step of one token, ms (required, > 0)
     t_verify_ms   {"<n tokens>": ms, ...} the target verifying n tokens (required; n >= 1). Only the
@@ -22,9 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from dflash_eval.errors import DflashEvalError
-from dflash_eval.io_utils import atomic_write_json, read_json_object
-
-PROFILE_NAME = "serving_profile.json"  # beside the hidden-state cache
+from dflash_eval.io_utils import read_json_object
 
 
 def _positive(path: Path, field: str, value: Any) -> float:
@@ -76,13 +74,4 @@ def load_profile(path: str | Path) -> dict[str, Any]:
     return check_profile(read_json_object(path), path)
 
 
-ESTIMATE_STAMP = "estimate_code"  # a measured profile's stamp: the estimate code that timed it
-
-
-def stamp_profile(path: Path | None) -> None:
-    """Stamp a measured profile with the estimate code that timed it (provenance.identity.ESTIMATE_CODE), so a
-    profile carried over to a rerun says which code timed it, whatever the code is then."""
-    from dflash_eval.provenance.identity import estimate_code_hash
-
-    if path is not None:
-        atomic_write_json(path, {**read_json_object(path), ESTIMATE_STAMP: estimate_code_hash()})
+ESTIMATE_STAMP = "estimate_code"  # a measured profile's stamp: the estimate code that timed it (tools/profile_target.py)

@@ -6,13 +6,13 @@ metrics.json (the report reads it):
   bytes, mtime_ns}]},
   stop_token_ids, methods{"chain-B<b>" | "ddtree-<N>": {method, kind, block_size, budget,
   tau_mean_of_samples, tau_token_weighted, ci95{...}, samples, steps, tokens, acceptance_by_position,
-  histogram, expected_speedup}}, chain (= methods["chain-B<B>"], the drafter's own block), topk_accuracy{k, counted_on,
+  histogram}}, chain (= methods["chain-B<B>"], the drafter's own block), topk_accuracy{k, counted_on,
   positions_seen, by_position[B-1][k]} (counted on the blocks that chain-B<B>'s trajectory drafts, what its
   reference loop proposes), diagnostics{argmax_agreement, tokens_seen, samples_skipped[], sampled_check{support_share,
   argmax_agreement, argmax_floor, tokens_seen, suspect[]} | null (evaluate/sampled_check.py), drafter_blocks (computed),
   all_anchor_blocks (what drafting at every anchor would compute)},
-  speedup{estimate, available, source, formula, tau, target_source, draft_source, t_ar_ms, t_draft_ms, verify,
-  best_ddtree{method, budget, expected_speedup}} (evaluate/speedup.py; an estimate, labelled so),
+  speedup{estimate, made_in, draft_timing (the drafter's step, or null), estimate_code{evaluation}} (evaluate/speedup.py:
+  the report makes the expected speedup from it, tau and the target's profile, report/speedup.py),
   verify (evaluation.verify as a list), sampling (the completions' distinct {temperature, top_p, top_k, min_p}; null
   when greedy), and with the rejection scheme rejection{scheme, convention, sampling, outside_support{samples, samples_scored,
   share_of_samples, tokens, tokens_read, share_of_tokens}, methods{"chain-B<b>" per chain: {method,
@@ -60,8 +60,7 @@ from dflash_eval.evaluate.cuda_graphs import graph_options
 from dflash_eval.evaluate.draft_timing import time_on_cache as time_drafter_on_cache
 from dflash_eval.evaluate.drafter import load_drafter
 from dflash_eval.evaluate.gpu import claim_device
-from dflash_eval.evaluate.speedup import estimate as estimate_speedup
-from dflash_eval.evaluate.speedup_stamps import estimate_stamps
+from dflash_eval.evaluate.speedup import drafter_section
 from dflash_eval.evaluate.target_head import load_target_head
 from dflash_eval.evaluate.trajectory import (
     LoadedSample,
@@ -220,8 +219,8 @@ def run_evaluation(settings: dict, hidden: str, completions: str,
                                       [clusters[i] for i in by_sample])
                for method, by_sample in per_method.items()}
     primary = chain_method(block)
-    speedup = estimate_speedup(settings, hidden, methods, lambda blocks, trees, target_method: time_drafter_on_cache(
-        runner, cache, loaded.layer_ids, device, dtype, settings.get("speedup") or {}, blocks, target_method, trees))
+    speedup = drafter_section(methods, lambda blocks, trees: time_drafter_on_cache(
+        runner, cache, loaded.layer_ids, device, dtype, settings.get("speedup") or {}, blocks, None, trees))
     rejection, sampling = None, _sampling_of(records, completions)
     # greedy completions: dflash_generate's scheme at T = 0 is target_only's greedy verification (docs/sampling.md)
     if "rejection" in verify_schemes(settings.get("verify")) and sampling is not None:
@@ -229,7 +228,6 @@ def run_evaluation(settings: dict, hidden: str, completions: str,
                                settings, block_sizes, clusters)
         cache_info["shards_verified"] = cache.verified()
     _check_unchanged(loaded.path, sha256_at_load)
-    speedup["estimate_code"] = estimate_stamps(settings, hidden)
     metrics = {
         STAMP: stage_stamp("evaluate"),  # the code that made these numbers (`dflash-eval status` reads it)
         "drafter": settings["drafter"], "dataset": settings["dataset"],

@@ -24,7 +24,6 @@ from dflash_eval.cache import completions_check
 from dflash_eval.cache.resume import ResumeState, plan_key, plan_shards, prepare_resume
 from dflash_eval.cache.reuse import KeptStates, keep_published, legacy_state_code_hash
 from dflash_eval.cache.sampling import SamplingParams
-from dflash_eval.cache.serving_profile import stamp_profile
 from dflash_eval.cache.store import CacheWriter
 from dflash_eval.completions import read_completions
 from dflash_eval.config import (
@@ -43,8 +42,6 @@ from dflash_eval.extract.backends import (
 )
 from dflash_eval.extract.capture import capture_layers, check_layer_ids
 from dflash_eval.extract.positions import past_positions
-from dflash_eval.extract.profile import wanted as profile_wanted
-from dflash_eval.extract.profile import write_target_profile
 from dflash_eval.extract.target import (
     load_target,
     read_config_json,
@@ -275,36 +272,7 @@ def _publish_reused(settings: dict[str, Any], records: list[dict[str, Any]], hea
         path = writer.finish(backend={**planned.to_manifest(), "note": f"no forward ran: states reused from "
                                       f"{reuse.directory}"}, argmax_agreement=agreement,
                              reused_samples=len(reuse.usable))
-    # the target is not loaded only to time it while the kept cache's profile (same state key) stands in: timed by
-    # this estimate code, or before stamps; one that other estimate code timed is timed again (the code changed)
-    if profile_wanted(settings.get("speedup") or {}, torch.device(settings["target"]["device"])):
-        carried = reuse.carry_profile(path)
-        if carried == "other code":
-            _time_target(settings, path)
-        elif not carried:
-            log.info("no serving profile measured this run: no target was loaded and %s has none", reuse.directory)
     return path
-
-
-def _time_target(settings: dict[str, Any], out: Path) -> None:
-    """Load the target only to time it (the server paused meanwhile), for a profile that other estimate code timed."""
-    target = settings["target"]
-    log.info("the kept serving profile was timed by other estimate code: loading the target to time it again")
-    with _server_paused(settings.get("server")):
-        try:
-            model, _ = load_target(target["path"], target["dtype"], target["device"])
-            with use_backend(target["backend"], target["device"], model):
-                _write_profile(model, settings, out)
-            del model
-        finally:
-            _release_device_memory(torch.device(target["device"]))
-
-
-def _write_profile(model: torch.nn.Module, settings: dict[str, Any], out: Path) -> None:
-    stamp_profile(write_target_profile(model, out, {
-        **(settings.get("speedup") or {}),  # same kernels; every size methods verify
-        **{key: settings.get(key) for key in ("block_sizes", "ddtree_budgets")},
-        "kernel_backend": settings["target"]["backend"]}))
 
 
 WARM_UP_TOKENS = 64  # a short first forward: long enough to reach every kernel an extraction forward runs
@@ -342,16 +310,10 @@ def _extract_on_device(settings: dict[str, Any], records: list[dict[str, Any]], 
         path = writer.finish(backend=info.to_manifest(), argmax_agreement=agreement,
                              reused_samples=len(reuse.usable) if reuse else 0)
         seconds = time.perf_counter() - started
-        profiled = time.perf_counter()
-        _write_profile(model, settings, path)
-        profiled = time.perf_counter() - profiled
     kept = {s["id"] for index in resume.kept for s in resume.kept[index]["samples"]} | set(reuse.usable if reuse else ())
     tokens = sum(s["length"] for s in writer.samples if s["id"] not in kept)
     log.info("extracted %d tokens in %.1f s (%.0f tokens/s) with %s", tokens, seconds, tokens / max(seconds, 1e-9),
              info.implementation)
-    if profiled >= 0.05:
-        log.info("serving profile (the target timed for the expected speedup): %.1f s, apart from the rate above",
-                 profiled)
     if agreement and agreement["tokens"]:
         log.info("target argmax equals the completion token at %.2f%% of %d completion positions",
                  100 * agreement["matches"] / agreement["tokens"], agreement["tokens"])

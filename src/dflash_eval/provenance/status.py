@@ -8,15 +8,14 @@ carry no stamp (a record is checked by the request and server it recorded, not b
 from __future__ import annotations
 
 import argparse
-import json
 from pathlib import Path
 
-from dflash_eval.provenance.identity import estimate_code_hash, stage_identity
+from dflash_eval.provenance.identity import stage_identity
 from dflash_eval.provenance.stamps import read_stamp
 
 # stage -> the stamped outputs under the results folder (workflow/rules/common.smk names the same paths)
-STAMPED = {"extract": "hidden/*/*/manifest.json", "evaluate": "eval/*/*/metrics.json", "report": "trust.json"}
-PROFILES = "hidden/*/*/serving_profile.json"  # stamped with the estimate code that timed them
+STAMPED = {"extract": "hidden/*/*/manifest.json", "profile-target": "profile/*/*.json",
+           "evaluate": "eval/*/*/metrics.json", "report": "trust.json"}
 
 
 def older_outputs(results: Path) -> tuple[int, dict[str, list[str]]]:
@@ -32,15 +31,6 @@ def older_outputs(results: Path) -> tuple[int, dict[str, list[str]]]:
             if stamp != current:
                 older.setdefault(stage if stamp else f"{stage} (unstamped)", []).append(str(path.parent if stage ==
                                                                                         "extract" else path))
-    estimate = estimate_code_hash()
-    for path in sorted(results.glob(PROFILES)):
-        count += 1
-        try:
-            stamp = json.loads(path.read_text()).get("estimate_code")
-        except (OSError, ValueError):
-            stamp = None
-        if stamp != estimate:
-            older.setdefault("target timing" if stamp else "target timing (unstamped)", []).append(str(path))
     return count, older
 
 

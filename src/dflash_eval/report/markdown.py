@@ -20,7 +20,7 @@ from dflash_eval.methods import (
     tree_method,
     verified_legend,
 )
-from dflash_eval.report import engine_timing, profile_agreement
+from dflash_eval.report import engine_timing
 from dflash_eval.report import online as online_check
 from dflash_eval.report.labels import DIGITS, drafter_label, fmt, missing
 from dflash_eval.report.summary import Evaluation, dataset_sampling
@@ -460,8 +460,6 @@ def trust_warnings(trust: dict) -> list[str]:
     if server.get("recorded") and server["unrestored"]:
         found.append(f"**Server not restored**: {server['unrestored']} pause(s) in {server['path']} have no "
                      "successful resume; check that the server is up.")
-    if trust.get("serving_profiles"):
-        found += profile_agreement.warnings(trust["serving_profiles"])
     return found
 
 

@@ -28,7 +28,7 @@ from dflash_eval.report import (
     export,
     markdown,
     plots,
-    profile_agreement,
+    speedup,
     summary,
     trust,
 )
@@ -55,14 +55,33 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="compare-backends results (results/backends/{drafter}/{dataset}/{dtype}.json)")
     parser.add_argument("--server-profile", help="dflash-eval profile-server's JSON (results/server_profile.json), "
                                                  "set beside the estimate (profile_server.enabled)")
+    add_profile_arguments(parser)
     parser.add_argument("--plot-dir", required=True, help="output folder of the plots: " + ", ".join(
         plot.file for plot in plots.PLOTS.values()))
+
+
+def add_profile_arguments(parser: argparse.ArgumentParser) -> None:
+    """The target profile the expected speedup is made from (report/speedup.py): one of the two, or neither."""
+    parser.add_argument("--target-profile", help="the profile the profile_target rule timed "
+                                                 "(results/profile/<target>/<device>-<dtype>-<backend>.json)")
+    parser.add_argument("--user-profile", help="the user's speedup.profile (then the target was not timed)")
+
+
+def target_profile(args: argparse.Namespace) -> tuple[dict | None, str, bool, str | None]:
+    """(profile, its source, named by the user, its estimate-code stamp) from --target-profile / --user-profile."""
+    named_by_user = bool(getattr(args, "user_profile", None))
+    path = args.user_profile if named_by_user else getattr(args, "target_profile", None)
+    profile, source, stamp = speedup.load_target_profile(path, named_by_user)
+    return profile, source, named_by_user, stamp
 
 
 def run(args: argparse.Namespace) -> int:
     settings = summary.ordered_settings(settings_from_args(args, report_settings))
     summary.check_settings(settings)
     evaluations = summary.collect(settings, args.metrics)
+    profile, source, named_by_user, stamp = target_profile(args)
+    for evaluation in evaluations:  # the expected speedup, made here from each metrics.json and the profile
+        speedup.apply(evaluation.metrics, profile, source, named_by_user, stamp)
     rows = summary.summary_rows(evaluations, settings)
     best = best_checkpoint.mark(rows, evaluations, settings)
     panel = trust.panel(evaluations, settings, args.hidden, args.completions,
@@ -73,7 +92,6 @@ def run(args: argparse.Namespace) -> int:
                                                               {e.key: e.metrics for e in evaluations}, settings)
     panel["speedup_validation"] = validation.panel(markdown.estimate_stamps(evaluations))
     panel[STAMP], panel["inputs_code_identity"] = stage_stamp("report"), stamps_panel(evaluations, args.hidden)
-    panel["serving_profiles"] = profile_agreement.panel(evaluations)
     panel["best_checkpoints"] = [b.as_dict() for b in best]
     panel["warnings"] = markdown.trust_warnings(panel)
     comparisons = backends.load(args.backend_comparisons)

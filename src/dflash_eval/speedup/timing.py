@@ -1,7 +1,7 @@
 """Timing one serving step: synchronised repeats until the median is known to ±2%, and whether a device is
 worth timing.
 
-Extraction times the target with it (extract/profile.py), evaluation the drafter (evaluate/draft_timing.py).
+The profile_target rule times the target with it (tools/target_timing.py), evaluation the drafter (evaluate/draft_timing.py).
 A launch-bound HF step timed for a fixed time per size does not repeat between runs
 (benchmarks/results/serving_profile.md), so a median is kept only once its 95% confidence interval
 (distribution-free, stats.median_ci) lies within

@@ -1,4 +1,4 @@
-"""The target's step profile, measured on a tiny hybrid target: the format evaluate reads."""
+"""The target's step profile, measured on a tiny hybrid target: the format the report reads."""
 
 import json
 import logging
@@ -7,15 +7,17 @@ import pytest
 import torch
 
 from dflash_eval import methods
-from dflash_eval.cache.serving_profile import PROFILE_NAME, load_profile
-from dflash_eval.extract import profile as profiling
+from dflash_eval.cache.serving_profile import load_profile
 from dflash_eval.extract.backends import BackendUnavailable
-from dflash_eval.extract.profile import (
+from dflash_eval.tools import target_timing as profiling
+from dflash_eval.tools.target_timing import (
     measure_target,
     sizes_to_measure,
     write_target_profile,
 )
 from tests.support.tiny import tiny_target
+
+PROFILE_NAME = "cpu-float32-torch.json"
 
 
 @pytest.fixture(autouse=True)
@@ -31,44 +33,56 @@ def test_measured_profile_is_a_valid_profile(tmp_path, monkeypatch):
         assert 0 < low <= profile["t_verify_ms"][n] <= high
         assert profile["spread"]["repeats"][n] >= 2
     monkeypatch.setattr(profiling, "sizes_to_measure", lambda options: [1, 3])
-    path = write_target_profile(tiny_target().eval(), tmp_path, {"context_tokens": 16, "repeats": 1, "measure": True})
-    assert path == tmp_path / PROFILE_NAME and load_profile(path)["t_verify_ms"][1] > 0
-    assert "previous" not in json.loads(path.read_text())
-    assert write_target_profile(tiny_target(), tmp_path / "off", {"measure": False}) is None
-    assert write_target_profile(tiny_target(), tmp_path / "off", {"measure": "auto"}) is None  # a CPU target
+    path = tmp_path / PROFILE_NAME
+    written = write_target_profile(tiny_target().eval(), path, {"context_tokens": 16, "repeats": 1,
+                                                                "stamps": {"code_identity": "x"}})
+    assert load_profile(path)["t_verify_ms"][1] > 0 and json.loads(path.read_text())["t_ar_ms"] == written["t_ar_ms"]
+    assert "previous" not in written and written["code_identity"] == "x"
 
 
-def test_a_failed_timing_only_warns_and_writes_nothing(tmp_path, monkeypatch, caplog):
-    from dflash_eval.extract import profile
-
+def test_a_failed_timing_fails_and_writes_nothing(tmp_path, monkeypatch):
+    """The profile is its own rule's output: a timing that fails fails that job, loudly, and writes nothing."""
     def broken(*args, **kwargs):
         raise RuntimeError("out of memory")
-    monkeypatch.setattr(profile, "measure_target", broken)
-    assert write_target_profile(tiny_target(), tmp_path, {"measure": True, "context_tokens": 16, "repeats": 1}) is None
-    assert not (tmp_path / PROFILE_NAME).exists() and "timing the target failed (RuntimeError: out of memory)" in caplog.text
+    monkeypatch.setattr(profiling, "measure_target", broken)
+    with pytest.raises(RuntimeError, match="out of memory"):
+        write_target_profile(tiny_target(), tmp_path / PROFILE_NAME, {"context_tokens": 16, "repeats": 1})
+    assert not (tmp_path / PROFILE_NAME).exists()
 
 
 def test_a_failed_graph_timing_is_timed_eagerly_and_says_why(tmp_path, monkeypatch, caplog):
     """The graph path (new for hybrids) must never cost a profile: where it fails, the HF forward times it."""
-    from dflash_eval.extract import profile
-
     def no_graphs(*args, **kwargs):
         raise RuntimeError("operation not permitted when stream is capturing")
-    monkeypatch.setattr(profile, "timing_method", lambda model: ("graphs", "as on CUDA"))
-    monkeypatch.setattr(profile, "_static_steps", no_graphs)
-    written = write_target_profile(tiny_target(), tmp_path, {"measure": True, "context_tokens": 16, "repeats": 2,
-                                                             "ddtree_budgets": [], "block_sizes": []})
-    saved = json.loads(written.read_text())
+    monkeypatch.setattr(profiling, "timing_method", lambda model: ("graphs", "as on CUDA"))
+    monkeypatch.setattr(profiling, "_static_steps", no_graphs)
+    path = tmp_path / PROFILE_NAME
+    write_target_profile(tiny_target(), path, {"context_tokens": 16, "repeats": 2, "ddtree_budgets": [],
+                                               "block_sizes": [], "drafter_blocks": [2]})
+    saved = json.loads(path.read_text())
     assert saved["method"] == "eager" and "RuntimeError: operation not permitted" in saved["method_why"]
     assert "the graph-timed profile failed (RuntimeError" in caplog.text
 
 
-def test_every_size_a_method_verifies_is_measured():
-    """Chain blocks 2..16, the evaluation's larger block_sizes, N + 1 per DDTree budget, and 1 (T_AR)."""
-    sizes = sizes_to_measure({"block_sizes": [24], "ddtree_budgets": [8, 100]})
-    assert sizes == [1, *range(2, 17), 24, 101] and 9 in sizes  # 9 = ddtree-8's N + 1, and chain-B9
-    assert sizes_to_measure({"block_sizes": "all", "ddtree_budgets": None}) == list(range(1, 17))
-    assert 101 == methods.verified_tokens(methods.tree_method(100))  # the rule profile.py repeats, not imports
+def test_only_the_sizes_the_configured_methods_verify_are_measured():
+    """1 (T_AR), each drafter's own block and the evaluation's block_sizes that fit it, N + 1 per DDTree budget."""
+    sizes = sizes_to_measure({"block_sizes": [4, 24], "ddtree_budgets": [8, 100], "drafter_blocks": [8, 16]})
+    assert sizes == [1, 4, 8, 9, 16, 101]  # 24 fits neither drafter; 9 = ddtree-8's N + 1
+    assert sizes_to_measure({"block_sizes": "all", "ddtree_budgets": None, "drafter_blocks": [8]}) == list(range(1, 9))
+    assert sizes_to_measure({"block_sizes": [], "ddtree_budgets": [64], "drafter_blocks": [8]}) == [1, 8, 65]
+    # a drafter's block not known (its config.json not readable): every chain block 2..16 and the listed ones
+    assert sizes_to_measure({"block_sizes": [24], "ddtree_budgets": [8, 100]}) == [1, *range(2, 17), 24, 101]
+
+
+def test_the_chain_blocks_are_evaluations_own_rule():
+    """target_timing repeats evaluation's block-size rule and methods' N + 1 (imported, a change to evaluation's
+    code would re-time the target): held equal here."""
+    from dflash_eval.evaluate.stage import requested_block_sizes
+
+    for requested in ([], [2, 4], [4, 24], "all"):
+        for own in (2, 8, 16):
+            assert profiling.chain_blocks(requested, own) == set(requested_block_sizes(requested, own))
+    assert 101 == methods.verified_tokens(methods.tree_method(100))
     assert 24 == methods.verified_tokens(methods.chain_method(24))
 
 
@@ -77,9 +91,8 @@ def test_a_second_profile_is_compared_with_the_first_and_warned_about(tmp_path, 
     old = {"t_ar_ms": 1e-6, "t_verify_ms": {"1": 1e-6, "2": 1e-6}, "device": "cpu", "context_tokens": 16}
     (tmp_path / PROFILE_NAME).write_text(json.dumps(old))  # far faster than any real step: > 5% apart
     with caplog.at_level(logging.WARNING):
-        path = write_target_profile(tiny_target().eval(), tmp_path, {"context_tokens": 16, "repeats": 1,
-                                                                     "measure": True})
-    written = json.loads(path.read_text())
+        written = write_target_profile(tiny_target().eval(), tmp_path / PROFILE_NAME, {"context_tokens": 16,
+                                                                                       "repeats": 1})
     assert written["previous"]["agree"] is False and written["previous"]["beyond_5_percent"] == ["1", "2"]
     assert "differ from the previous measurement by more than 5%" in caplog.text
 
@@ -168,15 +181,15 @@ def test_the_total_cap_bounds_the_profile():
 def test_a_profile_of_another_target_is_not_compared(tmp_path, monkeypatch, caplog):
     monkeypatch.setattr(profiling, "sizes_to_measure", lambda options: [1])
     target = tiny_target().eval()
-    options = {"context_tokens": 16, "repeats": 1, "measure": True}
+    options = {"context_tokens": 16, "repeats": 1}
     other = {"t_ar_ms": 1e-6, "t_verify_ms": {"1": 1e-6}, "device": "cpu", "context_tokens": 16,
              "target": "another config sha256:0"}
     (tmp_path / PROFILE_NAME).write_text(json.dumps(other))
-    assert "previous" not in json.loads(write_target_profile(target, tmp_path, options).read_text())
+    assert "previous" not in write_target_profile(target, tmp_path / PROFILE_NAME, options)
     same = {**other, "target": profiling.target_identity(target), "method": "eager"}
     (tmp_path / PROFILE_NAME).write_text(json.dumps(same))
     with caplog.at_level(logging.WARNING):
-        written = json.loads(write_target_profile(target, tmp_path, options).read_text())
+        written = write_target_profile(target, tmp_path / PROFILE_NAME, options)
     assert written["previous"]["found_at"] == str(tmp_path / PROFILE_NAME) and written["previous"]["agree"] is False
     assert f"serving profile {tmp_path / PROFILE_NAME} (against the one it replaces, found there)" in caplog.text
 

@@ -1,4 +1,4 @@
-"""Time one serving step of the target while extraction has it loaded: T_AR and T_verify(n).
+"""Time one serving step of the target: T_AR and T_verify(n), for the profile_target rule (tools/profile_target.py).
 
 Batch 1, a KV cache prefilled with `context_tokens` random tokens, each size n timed as a forward of n tokens at
 positions context..context+n-1, the way servers run decode where we can (`method` in the profile):
@@ -14,12 +14,13 @@ positions context..context+n-1, the way servers run decode where we can (`method
 - `eager` (otherwise: another architecture, a CPU): the HF forward over a copy of the prefilled DynamicCache,
   made untimed before each call.
 Either way each size repeats until the median's 95% CI is within ±2% of it (speedup/timing.py), capped at
-`SECONDS_PER_SIZE` and, over all sizes, `TOTAL_SECONDS` (the bound on the extract job's extra wall time, beside
-the graph captures: one per size, well under a second each); the profile says which sizes stopped at a cap.
+`SECONDS_PER_SIZE` and, over all sizes, `TOTAL_SECONDS` (the bound on the job's wall time beside the model load
+and the graph captures: one per size, well under a second each); the profile says which sizes stopped at a cap.
+Only the sizes the configured methods verify are timed (`sizes_to_measure`).
 A DDTree of N nodes verifies N + 1 tokens under a tree mask; we time N + 1 tokens under the causal mask, the same
-matrix work. The result is written beside the cache as `serving_profile.json` (cache/serving_profile.py's format)
-with each median's spread, the target's identity, and the comparison with the profile it replaces when that one
-timed the same target on the same device (a warning names the file where they differ by more than 5%).
+matrix work. The result is written as one profile per target, device, dtype and backend (cache/serving_profile.py's
+format) with each median's spread, the target's identity, and the comparison with the profile it replaces when that
+one timed the same target on the same device (a warning names the file where they differ by more than 5%).
 """
 
 from __future__ import annotations
@@ -35,32 +36,45 @@ from typing import Any
 
 import torch
 
-from dflash_eval.cache.serving_profile import PROFILE_NAME, load_profile
+from dflash_eval.cache.serving_profile import load_profile
 from dflash_eval.extract.backends import gdn_kernels
 from dflash_eval.io_utils import atomic_write_json
 from dflash_eval.speedup.static_hybrid import StaticHybridTarget, hybrid_unsupported
 from dflash_eval.speedup.static_loop import capture
 from dflash_eval.speedup.static_models import StaticTarget, static_unsupported
-from dflash_eval.speedup.timing import compare, timed_ms, wanted
+from dflash_eval.speedup.timing import compare, timed_ms
 
 log = logging.getLogger(__name__)
 
-CHAIN_BLOCKS = range(2, 17)  # every chain block of a drafter of block <= 16
+CHAIN_BLOCKS = range(2, 17)  # every chain block of a drafter of block <= 16: where a drafter's own block is unknown
 SECONDS_PER_SIZE = 4.0  # past this a size stops repeating, unstable (said in the profile)
 TOTAL_SECONDS = 90.0  # all sizes' repeats together: later sizes get what is left, shared evenly (at least 3 calls)
 
 
-def sizes_to_measure(options: dict[str, Any]) -> list[int]:
-    """1 (T_AR), every chain block 2..16 and `block_sizes` beyond, N + 1 per DDTree budget: what methods verify.
+def chain_blocks(block_sizes: list[int] | str | None, own: int) -> set[int]:
+    """The chain blocks a drafter of block `own` is evaluated at: its own, and evaluation.block_sizes that fit
+    ('all': 2..own); evaluate/stage.py's requested_block_sizes rule (not imported: a change to evaluation's code
+    must not re-time the target; tests/tools/test_target_timing.py holds the two equal)."""
+    if block_sizes == "all":
+        return set(range(2, own + 1))
+    return {int(b) for b in block_sizes or [] if int(b) <= own} | {own}
 
-    `options` is the extract settings' speedup section with the evaluation's `block_sizes` and
-    `ddtree_budgets` beside it (config.extract_runtime passes them, outside the cache's params)."""
-    blocks = options.get("block_sizes")
-    chains = set(CHAIN_BLOCKS) | (set(blocks) if isinstance(blocks, list) else set())
-    # N + 1, methods.TREE.verified's rule (not imported: a change to methods.py must not rerun extraction;
-    # tests/extract/test_profile.py holds the two equal)
+
+def sizes_to_measure(options: dict[str, Any]) -> list[int]:
+    """1 (T_AR), every chain block the configured drafters are evaluated at, N + 1 per DDTree budget: the sizes the
+    configured methods verify, no others.
+
+    `options`: `block_sizes` and `ddtree_budgets` (evaluation's), `drafter_blocks` (each configured drafter's own
+    block; None where one is not known: then every block 2..16 and the listed block_sizes, as a drafter might
+    have)."""
+    blocks, own = options.get("block_sizes"), options.get("drafter_blocks")
+    if own:
+        chains = set().union(*(chain_blocks(blocks, int(b)) for b in own))
+    else:
+        chains = set(CHAIN_BLOCKS) | ({int(b) for b in blocks} if isinstance(blocks, list) else set())
+    # N + 1, methods.TREE.verified's rule (not imported, as above; tests/tools/test_target_timing.py holds it)
     trees = {int(n) + 1 for n in options.get("ddtree_budgets") or []}
-    return sorted({1} | {int(b) for b in chains} | trees)
+    return sorted({1} | chains | trees)
 
 
 DEFAULT_VERIFY_TOKENS = sizes_to_measure({"ddtree_budgets": [8, 16, 32, 64, 128, 256, 512, 1024]})
@@ -190,7 +204,7 @@ def measure_target(model: torch.nn.Module, context_tokens: int, repeats: int,
                     "cap (%g s each, %g s in all) (%s tokens): their estimates are less certain than that",
                     len(unstable), len(verify), cap, total, ", ".join(map(str, unstable)))
     layer_types = getattr(getattr(model, "config", None), "layer_types", None) or []
-    return {"source": "measured at extraction (dflash-eval extract/profile.py)", "device": name,
+    return {"source": "measured by the profile_target rule (dflash-eval profile-target)", "device": name,
             "target": target_identity(model), "method": method, "method_why": why,
             "context_tokens": context_tokens, "repeats": repeats, "seconds_per_size": cap, "total_seconds": total,
             "wall_s": wall, "t_ar_ms": verify["1"], "t_verify_ms": verify, "hybrid": "linear_attention" in layer_types,
@@ -201,33 +215,29 @@ def measure_target(model: torch.nn.Module, context_tokens: int, repeats: int,
             "torch": torch.__version__}
 
 
-def write_target_profile(model: torch.nn.Module, out: str | Path, options: dict[str, Any]) -> Path | None:
-    """Measure and write `serving_profile.json` into the cache directory; a failure only warns."""
-    if not wanted(options, next(model.parameters()).device):
-        return None
-    path = Path(out) / PROFILE_NAME
+def write_target_profile(model: torch.nn.Module, path: str | Path, options: dict[str, Any]) -> dict[str, Any]:
+    """Measure the target and write its profile to `path`; a graph timing that fails is timed eagerly, saying
+    why. Returns the profile written."""
     measure = functools.partial(measure_target, model, int(options["context_tokens"]), int(options["repeats"]),
                                 sizes_to_measure(options), backend=options.get("kernel_backend"))
     try:
-        try:
-            profile = measure()
-        except Exception as error:  # noqa: BLE001  a failed graph timing is timed eagerly instead, saying why
-            if timing_method(model)[0] != "graphs":
-                raise
-            log.warning("the graph-timed profile failed (%s: %s); timing the target eagerly instead",
-                        type(error).__name__, error)
-            profile = measure(method="eager")
-            profile["method_why"] = f"the graph timing failed: {type(error).__name__}: {error}"
-    except Exception as error:  # noqa: BLE001  the cache is what took hours: a profile is never worth losing it
-        log.warning("no serving profile: timing the target failed (%s: %s)", type(error).__name__, error)
-        return None
+        profile = measure()
+    except Exception as error:  # noqa: BLE001  a failed graph timing is timed eagerly instead, saying why
+        if timing_method(model)[0] != "graphs":
+            raise
+        log.warning("the graph-timed profile failed (%s: %s); timing the target eagerly instead",
+                    type(error).__name__, error)
+        profile = measure(method="eager")
+        profile["method_why"] = f"the graph timing failed: {type(error).__name__}: {error}"
+    path = Path(path)
     previous = _previous(path, profile)
     if previous is not None:  # the same target on the same device, measured before: does it repeat?
         profile["previous"] = {**compare(previous["t_verify_ms"], profile["t_verify_ms"],
                                          f"serving profile {path} (against the one it replaces, found there)"),
                                "found_at": str(path), "method": previous.get("method")}
+    profile.update(options.get("stamps") or {})
     atomic_write_json(path, profile)
-    return path
+    return profile
 
 
 def _previous(path: Path, profile: dict[str, Any]) -> dict[str, Any] | None:
