@@ -58,16 +58,23 @@ def main() -> None:
     torch.manual_seed(0)
     head = torch.nn.Linear(args.hidden, args.vocab, bias=False, device=device, dtype=dtype)
     name = torch.cuda.get_device_name(device) if device.type == "cuda" else "CPU"
-    lines = [f"## {name}, lm_head {args.hidden} x {args.vocab}, {str(dtype).removeprefix('torch.')}, "
-             f"ARGMAX_CHUNK {ARGMAX_CHUNK}, torch {torch.__version__}", "",
-             "| positions | lm_head | argmax of the logits | lm_head + argmax | greedy_tokens (chunked) | "
-             "chunked equals one product |", "|---:|---:|---:|---:|---:|---|"]
+    lines = [
+        f"## {name}, lm_head {args.hidden} x {args.vocab}, {str(dtype).removeprefix('torch.')}, "
+        f"ARGMAX_CHUNK {ARGMAX_CHUNK}, torch {torch.__version__}",
+        "",
+        "| positions | lm_head | argmax of the logits | lm_head + argmax | greedy_tokens (chunked) | "
+        "chunked equals one product |",
+        "|---:|---:|---:|---:|---:|---|",
+    ]
     for positions in args.positions:
         hidden = torch.randn(positions, args.hidden, device=device, dtype=dtype)
         logits = head(hidden)
-        times = [milliseconds(lambda: head(hidden), device), milliseconds(lambda logits=logits: logits.argmax(-1), device),
-                 milliseconds(lambda: head(hidden).argmax(-1), device),
-                 milliseconds(lambda: greedy_tokens(head, hidden), device)]
+        times = [
+            milliseconds(lambda: head(hidden), device),
+            milliseconds(lambda logits=logits: logits.argmax(-1), device),
+            milliseconds(lambda: head(hidden).argmax(-1), device),
+            milliseconds(lambda: greedy_tokens(head, hidden), device),
+        ]
         same = bool(torch.equal(greedy_tokens(head, hidden), logits.argmax(-1)))
         lines.append(f"| {positions} | " + " | ".join(f"{t:.2f} ms" for t in times) + f" | {same} |")
         print(lines[-1], flush=True)

@@ -49,8 +49,10 @@ from dflash_eval.testing import eval_project
 ROOT = Path(__file__).resolve().parents[1]
 DATASET = "demo-code"
 # Run in each tree: its own config module turns the config into each drafter's evaluate settings (JSON).
-SETTINGS = ("import json, sys; from dflash_eval import config as c; cfg = c.validate_config(json.load(open(sys.argv[1])));"
-            " print(json.dumps({d: c.settings_json(c.evaluate_settings(cfg, d, sys.argv[2])) for d in cfg['drafters']}))")
+SETTINGS = (
+    "import json, sys; from dflash_eval import config as c; cfg = c.validate_config(json.load(open(sys.argv[1])));"
+    " print(json.dumps({d: c.settings_json(c.evaluate_settings(cfg, d, sys.argv[2])) for d in cfg['drafters']}))"
+)
 ENTRY = "import sys; from dflash_eval.cli import entry; sys.argv[0] = 'dflash-eval'; entry()"
 # The parts of one evaluate process, in the order an evaluation meets them; prints {part: seconds} as JSON. argv:
 # the process's start time (time.time() taken outside, just before it was started), then the evaluate arguments.
@@ -107,14 +109,26 @@ def tiny_demo(root: Path) -> Path:
     prompts.write_text(json.dumps({"id": "s0", "messages": [{"role": "user", "content": "x"}]}) + "\n")
     import yaml
 
-    (root / "config.yaml").write_text(yaml.safe_dump({
-        "demo": {"enabled": False}, "target": {"path": "resources/demo/target", "dtype": "float32", "device": "cpu",
-                                               "backend": "torch"},
-        "server": {"kind": "external", "base_url": "http://127.0.0.1:9", "start_command": "false",
-                   "stop_command": "true"},
-        "fetch": {"max_tokens": 12}, "datasets": {DATASET: {"prompts": str(prompts.relative_to(root))}},
-        "extraction": {}, "report": {},
-        "evaluation": {"bootstrap": 10, "ddtree_budgets": [8], "block_sizes": [8], "topk": [1]}, "drafters": {}}))
+    (root / "config.yaml").write_text(
+        yaml.safe_dump(
+            {
+                "demo": {"enabled": False},
+                "target": {"path": "resources/demo/target", "dtype": "float32", "device": "cpu", "backend": "torch"},
+                "server": {
+                    "kind": "external",
+                    "base_url": "http://127.0.0.1:9",
+                    "start_command": "false",
+                    "stop_command": "true",
+                },
+                "fetch": {"max_tokens": 12},
+                "datasets": {DATASET: {"prompts": str(prompts.relative_to(root))}},
+                "extraction": {},
+                "report": {},
+                "evaluation": {"bootstrap": 10, "ddtree_budgets": [8], "block_sizes": [8], "topk": [1]},
+                "drafters": {},
+            }
+        )
+    )
     return root
 
 
@@ -123,8 +137,10 @@ def demo_config(demo: Path, checkpoints: list[Path], device: str | None) -> dict
     import yaml
 
     config = yaml.safe_load((demo / "config.yaml").read_text())
-    config["drafters"] = {f"ck{i:02d}": {"path": str(p), "layer_ids": [1, 5], "trained_with": "torch", "step": i}
-                          for i, p in enumerate(checkpoints)}
+    config["drafters"] = {
+        f"ck{i:02d}": {"path": str(p), "layer_ids": [1, 5], "trained_with": "torch", "step": i}
+        for i, p in enumerate(checkpoints)
+    }
     config.setdefault("report", {})["served_drafter"] = None
     if device:
         config.setdefault("evaluation", {})["device"] = device
@@ -134,8 +150,12 @@ def demo_config(demo: Path, checkpoints: list[Path], device: str | None) -> dict
 def run(src: str, argv: list[str], cwd: Path) -> tuple[float, str]:
     """Wall seconds and stdout of one fresh Python process with `src` as the package's tree."""
     # `src` first, so its dflash_eval wins over any other on the path; the rest kept (where torch may live)
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(Path(src).resolve()), str(ROOT / "benchmarks"),
-                                                        os.environ.get("PYTHONPATH", "")])}
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join(
+            [str(Path(src).resolve()), str(ROOT / "benchmarks"), os.environ.get("PYTHONPATH", "")]
+        ),
+    }
     started = time.perf_counter()
     done = subprocess.run([sys.executable, *argv], env=env, cwd=cwd, capture_output=True, text=True)
     wall = time.perf_counter() - started
@@ -148,10 +168,21 @@ def evaluate_argv(settings: str, demo: Path, out: Path) -> list[str]:
     """The evaluate rule's command line (workflow/rules/evaluate.smk), outputs under `out` (made, as Snakemake
     makes an output's and a log's directory)."""
     out.mkdir(parents=True, exist_ok=True)
-    return ["--log", str(out / "log"), "evaluate", "--settings", settings,
-            "--hidden", str(demo / f"results/hidden/{DATASET}/L1-5"),
-            "--completions", str(demo / f"results/completions/{DATASET}.jsonl"),
-            "--metrics", str(out / "metrics.json"), "--samples", str(out / "samples.csv")]
+    return [
+        "--log",
+        str(out / "log"),
+        "evaluate",
+        "--settings",
+        settings,
+        "--hidden",
+        str(demo / f"results/hidden/{DATASET}/L1-5"),
+        "--completions",
+        str(demo / f"results/completions/{DATASET}.jsonl"),
+        "--metrics",
+        str(out / "metrics.json"),
+        "--samples",
+        str(out / "samples.csv"),
+    ]
 
 
 def grouped_argv(settings: dict[str, str], demo: Path, out: Path, store: Path) -> list[str]:
@@ -159,17 +190,37 @@ def grouped_argv(settings: dict[str, str], demo: Path, out: Path, store: Path) -
     members = []
     for name, text in settings.items():
         (out / name).mkdir(parents=True, exist_ok=True)
-        members.append(json.dumps({"settings": json.loads(text), "metrics": str(out / name / "metrics.json"),
-                                   "samples": str(out / name / "samples.csv")}))
-    return ["--log", str(out / "log"), "evaluate", "--member", *members,
-            "--hidden", str(demo / f"results/hidden/{DATASET}/L1-5"),
-            "--completions", str(demo / f"results/completions/{DATASET}.jsonl"), "--store", str(store)]
+        members.append(
+            json.dumps(
+                {
+                    "settings": json.loads(text),
+                    "metrics": str(out / name / "metrics.json"),
+                    "samples": str(out / name / "samples.csv"),
+                }
+            )
+        )
+    return [
+        "--log",
+        str(out / "log"),
+        "evaluate",
+        "--member",
+        *members,
+        "--hidden",
+        str(demo / f"results/hidden/{DATASET}/L1-5"),
+        "--completions",
+        str(demo / f"results/completions/{DATASET}.jsonl"),
+        "--store",
+        str(store),
+    ]
 
 
 def logged_seconds(log: Path, word: str) -> list[float]:
     """Per-checkpoint seconds from a grouped process's log ('...: evaluated in 1.23 s')."""
-    return [float(line.rsplit(f"{word} in ", 1)[1].split()[0]) for line in log.read_text().splitlines()
-            if f"): {word} in " in line]
+    return [
+        float(line.rsplit(f"{word} in ", 1)[1].split()[0])
+        for line in log.read_text().splitlines()
+        if f"): {word} in " in line
+    ]
 
 
 def phases(src: str, argv: list[str], cwd: Path) -> dict[str, float]:
@@ -184,16 +235,27 @@ def phases(src: str, argv: list[str], cwd: Path) -> dict[str, float]:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--demo", type=Path, default=ROOT, help="a finished demo build (read only)")
-    parser.add_argument("--tiny", action="store_true", help="tiny inputs instead of a demo build (as --smoke, at "
-                                                            "full counts): start-up, not the evaluation, is measured")
+    parser.add_argument(
+        "--tiny",
+        action="store_true",
+        help="tiny inputs instead of a demo build (as --smoke, at "
+        "full counts): start-up, not the evaluation, is measured",
+    )
     parser.add_argument("--src", action="append", help="a code tree's src/ (repeat to compare; default: this one's)")
     parser.add_argument("--checkpoints", type=int, default=20)
     parser.add_argument("--device", help="evaluation.device (default: the demo config's)")
-    parser.add_argument("--grouped", action=argparse.BooleanOptionalAction, default=True,
-                        help="also evaluate all checkpoints in one grouped process, then again from its store "
-                             "(the last tree)")
-    parser.add_argument("--phases", action=argparse.BooleanOptionalAction, default=True,
-                        help="time the parts of one evaluate process (the last tree)")
+    parser.add_argument(
+        "--grouped",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="also evaluate all checkpoints in one grouped process, then again from its store (the last tree)",
+    )
+    parser.add_argument(
+        "--phases",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="time the parts of one evaluate process (the last tree)",
+    )
     parser.add_argument("--record", type=Path, default=ROOT / "benchmarks" / "results" / "startup.md")
     smoke_mode(parser, checkpoints=2, record=None)
     args = parser.parse_args()
@@ -201,68 +263,106 @@ def main() -> int:
     with tempfile.TemporaryDirectory(prefix="checkpoints-startup-") as tmp:
         work = Path(tmp)
         demo = tiny_demo(work / "demo") if args.smoke or args.tiny else args.demo.resolve()
-        checkpoints = eval_project.build_checkpoints(demo / "resources/demo/target", [1, 5], args.checkpoints,
-                                                     work / "ckpt")
+        checkpoints = eval_project.build_checkpoints(
+            demo / "resources/demo/target", [1, 5], args.checkpoints, work / "ckpt"
+        )
         config_file = work / "config.json"
         config = demo_config(demo, checkpoints, args.device)
         config_file.write_text(json.dumps(config))
         device = config.get("evaluation", {}).get("device", "cpu")
         settings = {src: json.loads(run(src, ["-c", SETTINGS, str(config_file), DATASET], demo)[1]) for src in sources}
         names = list(settings[sources[0]])
-        parts = phases(sources[-1], evaluate_argv(settings[sources[-1]][names[0]], demo, work / "phases")[2:], demo) \
-            if args.phases else None
+        parts = (
+            phases(sources[-1], evaluate_argv(settings[sources[-1]][names[0]], demo, work / "phases")[2:], demo)
+            if args.phases
+            else None
+        )
         walls: dict[str, list[float]] = {src: [] for src in sources}
         for i, name in enumerate(names):
             for src in sources if i % 2 == 0 else sources[::-1]:
                 out = work / "out" / str(sources.index(src)) / name
                 walls[src].append(run(src, ["-c", ENTRY, *evaluate_argv(settings[src][name], demo, out)], demo)[0])
-        differing = [name for name in names for k in range(1, len(sources))
-                     if not filecmp.cmp(work / "out/0" / name / "samples.csv", work / "out" / str(k) / name
-                                        / "samples.csv", shallow=False)]
+        differing = [
+            name
+            for name in names
+            for k in range(1, len(sources))
+            if not filecmp.cmp(
+                work / "out/0" / name / "samples.csv", work / "out" / str(k) / name / "samples.csv", shallow=False
+            )
+        ]
         grouped = None
         if args.grouped:
             last = settings[sources[-1]]
             first, _ = run(sources[-1], ["-c", ENTRY, *grouped_argv(last, demo, work / "g1", work / "store")], demo)
             again, _ = run(sources[-1], ["-c", ENTRY, *grouped_argv(last, demo, work / "g2", work / "store")], demo)
-            equal = {f: sum(filecmp.cmp(work / "out" / str(len(sources) - 1) / n / f, work / g / n / f, shallow=False)
-                            for n in names for g in ("g1", "g2")) for f in ("samples.csv", "metrics.json")}
-            grouped = {"wall": first, "each": logged_seconds(work / "g1/log", "evaluated"), "again": again,
-                       "restored": sum("): restored from" in line for line in (work / "g2/log").read_text().splitlines()),
-                       "equal": equal}
+            equal = {
+                f: sum(
+                    filecmp.cmp(work / "out" / str(len(sources) - 1) / n / f, work / g / n / f, shallow=False)
+                    for n in names
+                    for g in ("g1", "g2")
+                )
+                for f in ("samples.csv", "metrics.json")
+            }
+            grouped = {
+                "wall": first,
+                "each": logged_seconds(work / "g1/log", "evaluated"),
+                "again": again,
+                "restored": sum("): restored from" in line for line in (work / "g2/log").read_text().splitlines()),
+                "equal": equal,
+            }
     load = os.getloadavg()
-    lines = [f"## {len(names)} checkpoints, one evaluate process each: {platform.processor() or platform.machine()}, "
-             f"{os.cpu_count()} CPUs visible, evaluation on {device}, load average {load[0]:.1f} at the end; "
-             f"{time.strftime('%Y-%m-%d %H:%M')}", "",
-             f"`python benchmarks/checkpoints_startup.py {' '.join(sys.argv[1:])}`", "",
-             "| code | per-checkpoint wall s, median | min | max | total s |", "|---|---:|---:|---:|---:|"]
+    lines = [
+        f"## {len(names)} checkpoints, one evaluate process each: {platform.processor() or platform.machine()}, "
+        f"{os.cpu_count()} CPUs visible, evaluation on {device}, load average {load[0]:.1f} at the end; "
+        f"{time.strftime('%Y-%m-%d %H:%M')}",
+        "",
+        f"`python benchmarks/checkpoints_startup.py {' '.join(sys.argv[1:])}`",
+        "",
+        "| code | per-checkpoint wall s, median | min | max | total s |",
+        "|---|---:|---:|---:|---:|",
+    ]
     for src in sources:
         w = walls[src]
         lines.append(f"| {src} | **{statistics.median(w):.2f}** | {min(w):.2f} | {max(w):.2f} | {sum(w):.1f} |")
     if len(sources) > 1:
         ratios = [b / a for a, b in zip(walls[sources[0]], walls[sources[-1]], strict=True)]
-        lines += ["", f"{sources[-1]} / {sources[0]}, pair by pair: median {statistics.median(ratios):.2f} "
-                  f"({min(ratios):.2f}-{max(ratios):.2f}); samples.csv equal to the first tree's for "
-                  f"{len(names) * (len(sources) - 1) - len(differing)} of {len(names) * (len(sources) - 1)}"
-                  + (f" (differing: {', '.join(differing)})" if differing else "")]
+        lines += [
+            "",
+            f"{sources[-1]} / {sources[0]}, pair by pair: median {statistics.median(ratios):.2f} "
+            f"({min(ratios):.2f}-{max(ratios):.2f}); samples.csv equal to the first tree's for "
+            f"{len(names) * (len(sources) - 1) - len(differing)} of {len(names) * (len(sources) - 1)}"
+            + (f" (differing: {', '.join(differing)})" if differing else ""),
+        ]
     if grouped:
         each, own = grouped["each"], walls[sources[-1]]
-        lines += ["", f"Grouped (`checkpoints_per_job: {len(names)}`, one `evaluate --member` process, {sources[-1]}): "
-                  f"whole process {grouped['wall']:.1f} s = **{grouped['wall'] / len(names):.2f} s per checkpoint** "
-                  f"against {statistics.median(own):.2f} s (median) one process each, {sum(own) / grouped['wall']:.1f}x "
-                  f"less in total; per checkpoint inside it median {statistics.median(each):.2f} s (first {each[0]:.2f}, "
-                  f"min {min(each):.2f}, max {max(each):.2f}). Again with all {grouped['restored']} in its store (a "
-                  f"rerun that changed nothing): {grouped['again']:.1f} s. Equal byte for byte to the one-process-each outputs, "
-                  f"over both grouped runs: samples.csv {grouped['equal']['samples.csv']} of {2 * len(names)}, "
-                  f"metrics.json {grouped['equal']['metrics.json']} of {2 * len(names)} (on CUDA its drafter timings "
-                  "differ run to run)"]
+        lines += [
+            "",
+            f"Grouped (`checkpoints_per_job: {len(names)}`, one `evaluate --member` process, {sources[-1]}): "
+            f"whole process {grouped['wall']:.1f} s = **{grouped['wall'] / len(names):.2f} s per checkpoint** "
+            f"against {statistics.median(own):.2f} s (median) one process each, {sum(own) / grouped['wall']:.1f}x "
+            f"less in total; per checkpoint inside it median {statistics.median(each):.2f} s (first {each[0]:.2f}, "
+            f"min {min(each):.2f}, max {max(each):.2f}). Again with all {grouped['restored']} in its store (a "
+            f"rerun that changed nothing): {grouped['again']:.1f} s. Equal byte for byte to the one-process-each outputs, "
+            f"over both grouped runs: samples.csv {grouped['equal']['samples.csv']} of {2 * len(names)}, "
+            f"metrics.json {grouped['equal']['metrics.json']} of {2 * len(names)} (on CUDA its drafter timings "
+            "differ run to run)",
+        ]
     if parts:
         bound = sum(parts[k] for k in PARTS_BOUND)
-        lines += ["", f"The parts of one evaluate process ({names[0]}, {sources[-1]}, each a fresh process):", "",
-                  "| part | seconds |", "|---|---:|"]
+        lines += [
+            "",
+            f"The parts of one evaluate process ({names[0]}, {sources[-1]}, each a fresh process):",
+            "",
+            "| part | seconds |",
+            "|---|---:|",
+        ]
         lines += [f"| {k} | {v:.3f} |" for k, v in parts.items()]
-        lines += [f"| **total** | **{sum(parts.values()):.3f}** |", "",
-                  f"Start-up beyond `import torch` ({', '.join(PARTS_BOUND)}): **{bound:.2f} s** (the issue's bound on "
-                  "a GPU machine: 2 s)"]
+        lines += [
+            f"| **total** | **{sum(parts.values()):.3f}** |",
+            "",
+            f"Start-up beyond `import torch` ({', '.join(PARTS_BOUND)}): **{bound:.2f} s** (the issue's bound on "
+            "a GPU machine: 2 s)",
+        ]
     print_and_record(lines, args.record)
     return 0
 

@@ -68,9 +68,13 @@ def main() -> int:
     args = parser.parse_args()
     device = torch.device(args.device)
     name = torch.cuda.get_device_name(device) if device.type == "cuda" else "CPU"
-    lines = [f"## DDTree parts: {name}, torch {torch.__version__}, {args.positions} positions, vocab {args.vocab}, "
-             f"bf16 logits, budgets 8-64 (median ms of {args.repeats})", "",
-             "| logits | anchors | part | ms | equal to the scorer |", "|---|---:|---|---:|---|"]
+    lines = [
+        f"## DDTree parts: {name}, torch {torch.__version__}, {args.positions} positions, vocab {args.vocab}, "
+        f"bf16 logits, budgets 8-64 (median ms of {args.repeats})",
+        "",
+        "| logits | anchors | part | ms | equal to the scorer |",
+        "|---|---:|---|---:|---|",
+    ]
     for anchors in args.anchors:
         for kind in ("drafter-like", "flat"):
             logits, truth = synthetic(kind, anchors, args.positions, args.vocab, device)
@@ -79,16 +83,28 @@ def main() -> int:
             parts = [
                 ("float32 copy", lambda: logits.float(), None),
                 ("log-softmax of the float32 copy", lambda: torch.log_softmax(logits.float(), dim=-1), None),
-                ("log-softmax reading bf16, float32 out", lambda: torch.log_softmax(logits, -1, dtype=torch.float32),
-                 None),
+                (
+                    "log-softmax reading bf16, float32 out",
+                    lambda: torch.log_softmax(logits, -1, dtype=torch.float32),
+                    None,
+                ),
                 ("top-64 of float32 log-probs", lambda: torch.topk(log_probs, 64, dim=-1), None),
                 ("top-64 of bf16 logits", lambda: torch.topk(logits, 64, dim=-1), None),
-                ("scorer: log-probs then top-k", lambda: scorer(logits, truth, ranks_of_log_probs, better_node_counts),
-                 True),
-                ("scorer: top-k of the logits, log-probs gathered (kept)",
-                 lambda: scorer(logits, truth, truth_path_ranks, better_node_counts), True),
-                ("scorer: kept ranks, loop without host reads (tried)",
-                 lambda: scorer(logits, truth, truth_path_ranks, counts_without_host_reads), True),
+                (
+                    "scorer: log-probs then top-k",
+                    lambda: scorer(logits, truth, ranks_of_log_probs, better_node_counts),
+                    True,
+                ),
+                (
+                    "scorer: top-k of the logits, log-probs gathered (kept)",
+                    lambda: scorer(logits, truth, truth_path_ranks, better_node_counts),
+                    True,
+                ),
+                (
+                    "scorer: kept ranks, loop without host reads (tried)",
+                    lambda: scorer(logits, truth, truth_path_ranks, counts_without_host_reads),
+                    True,
+                ),
             ]
             for label, function, check in parts:
                 seconds, result = timed(function, device, args.repeats)
@@ -96,8 +112,10 @@ def main() -> int:
                 lines.append(f"| {kind} | {anchors} | {label} | {1e3 * seconds:.2f} | {equal} |")
                 print(lines[-1], flush=True)
             same_bits = torch.equal(torch.log_softmax(logits, -1, dtype=torch.float32), log_probs)
-            lines.append(f"| {kind} | {anchors} | log-softmax reading bf16 = of the float32 copy, bit for bit | | "
-                         f"{'yes' if same_bits else 'NO'} |")
+            lines.append(
+                f"| {kind} | {anchors} | log-softmax reading bf16 = of the float32 copy, bit for bit | | "
+                f"{'yes' if same_bits else 'NO'} |"
+            )
             logits = log_probs = None  # freed before the next chunk
     print_and_record(lines, args.record)
     return 0

@@ -69,37 +69,54 @@ def main() -> int:
     parser.add_argument("--vocab", type=int, default=248320)
     parser.add_argument("--hidden", type=int, default=5120)
     parser.add_argument("--repeats", type=int, default=5)
-    parser.add_argument("--skip-before-above", type=int, default=1 << 30,
-                        help="skip the 'before' side for budget sets whose largest budget exceeds this")
+    parser.add_argument(
+        "--skip-before-above",
+        type=int,
+        default=1 << 30,
+        help="skip the 'before' side for budget sets whose largest budget exceeds this",
+    )
     parser.add_argument("--record", type=Path, default=ROOT / "benchmarks/results/ddtree_speed.md")
     smoke_mode(parser, device="cpu", anchors=4, positions=3, vocab=200, hidden=32, repeats=1, record=None)
     args = parser.parse_args()
     device = torch.device(args.device)
     torch.manual_seed(0)
     hidden = torch.randn(args.anchors * args.positions, args.hidden, device=device, dtype=torch.bfloat16)
-    head = torch.randn(args.vocab, args.hidden, device=device, dtype=torch.bfloat16) / args.hidden ** 0.5
+    head = torch.randn(args.vocab, args.hidden, device=device, dtype=torch.bfloat16) / args.hidden**0.5
     head_s, _ = timed(lambda: hidden @ head.T, device, args.repeats)
     hidden = head = None  # free them before the scorer runs
     name = torch.cuda.get_device_name(device) if device.type == "cuda" else platform.processor() or platform.machine()
-    lines = [(f"## DDTree scoring: {name}, torch {torch.__version__}, {args.anchors} anchors x {args.positions} "
-              f"positions, vocab {args.vocab}, bf16 logits"),
-             "", f"LM head for these anchors (hidden {args.hidden}, bf16): {1e3 * head_s:.2f} ms", "",
-             ("| logits | budgets | before ms | before / head | after ms | after / head | before / after | "
-              "equal | mean depth at max budget |"), "|---|---|---:|---:|---:|---:|---:|---|---:|"]
+    lines = [
+        (
+            f"## DDTree scoring: {name}, torch {torch.__version__}, {args.anchors} anchors x {args.positions} "
+            f"positions, vocab {args.vocab}, bf16 logits"
+        ),
+        "",
+        f"LM head for these anchors (hidden {args.hidden}, bf16): {1e3 * head_s:.2f} ms",
+        "",
+        (
+            "| logits | budgets | before ms | before / head | after ms | after / head | before / after | "
+            "equal | mean depth at max budget |"
+        ),
+        "|---|---|---:|---:|---:|---:|---:|---|---:|",
+    ]
     for kind in ("drafter-like", "flat"):
         logits, truth = synthetic(kind, args.anchors, args.positions, args.vocab, device)
         for label, budgets in BUDGET_SETS.items():
             after_s, after = timed(lambda l=logits, t=truth, b=budgets: tree_accepted(l, t, b), device, args.repeats)
             if max(budgets) <= args.skip_before_above:
-                before_s, before = timed(lambda l=logits, t=truth, b=budgets: beam_tree_accepted(l, t, b), device, args.repeats)
+                before_s, before = timed(
+                    lambda l=logits, t=truth, b=budgets: beam_tree_accepted(l, t, b), device, args.repeats
+                )
                 equal = "yes" if torch.equal(before, after) else "NO"
                 before_cells = f"{1e3 * before_s:.1f} | {before_s / head_s:.2f} | "
                 ratio = f"{before_s / after_s:.1f}"
             else:
                 before_cells, equal, ratio = "skipped | | ", "", ""
             depth = float(after[-1].float().mean())
-            lines.append(f"| {kind} | {label} | {before_cells}{1e3 * after_s:.1f} | {after_s / head_s:.2f} | "
-                         f"{ratio} | {equal} | {depth:.2f} |")
+            lines.append(
+                f"| {kind} | {label} | {before_cells}{1e3 * after_s:.1f} | {after_s / head_s:.2f} | "
+                f"{ratio} | {equal} | {depth:.2f} |"
+            )
     print_and_record(lines, args.record)
     return 0
 

@@ -30,11 +30,34 @@ ROOT = Path(__file__).resolve().parents[1]
 def build(out: Path, target_steps: int, drafter_steps: list[int], threads: int, sequences: int) -> dict[str, float]:
     calls = {
         "tokenizer": ["demo-tokenizer", "--out", str(out / "tokenizer"), "--seed", "0"],
-        "target": ["demo-target", "--tokenizer", str(out / "tokenizer"), "--out", str(out / "target"),
-                   "--seed", "0", "--steps", str(target_steps), "--threads", str(threads)],
-        "drafters": ["demo-drafters", "--target", str(out / "target"), "--out", str(out / "drafters"),
-                     "--steps", *map(str, drafter_steps), "--seed", "0", "--threads", str(threads),
-                     "--sequences", str(sequences)],
+        "target": [
+            "demo-target",
+            "--tokenizer",
+            str(out / "tokenizer"),
+            "--out",
+            str(out / "target"),
+            "--seed",
+            "0",
+            "--steps",
+            str(target_steps),
+            "--threads",
+            str(threads),
+        ],
+        "drafters": [
+            "demo-drafters",
+            "--target",
+            str(out / "target"),
+            "--out",
+            str(out / "drafters"),
+            "--steps",
+            *map(str, drafter_steps),
+            "--seed",
+            "0",
+            "--threads",
+            str(threads),
+            "--sequences",
+            str(sequences),
+        ],
     }
     seconds = {}
     for name, args in calls.items():
@@ -45,8 +68,9 @@ def build(out: Path, target_steps: int, drafter_steps: list[int], threads: int, 
 
 
 @torch.inference_mode()
-def evaluate(out: Path, max_tokens: int, drafter_names: list[str], prompts: int | None = None
-             ) -> tuple[dict[str, float], float]:
+def evaluate(
+    out: Path, max_tokens: int, drafter_names: list[str], prompts: int | None = None
+) -> tuple[dict[str, float], float]:
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from dflash_eval.evaluate.acceptance import sequence_limits
@@ -64,8 +88,9 @@ def evaluate(out: Path, max_tokens: int, drafter_names: list[str], prompts: int 
     started = time.perf_counter()
     samples = []
     for prompt in load_prompts(ROOT / "resources/prompts/demo_code.jsonl")[:prompts]:
-        ids = tokenizer.apply_chat_template(prompt.messages, add_generation_prompt=True, return_tensors="pt",
-                                            return_dict=True)["input_ids"]
+        ids = tokenizer.apply_chat_template(
+            prompt.messages, add_generation_prompt=True, return_tensors="pt", return_dict=True
+        )["input_ids"]
         full = target.generate(ids, max_new_tokens=max_tokens, do_sample=False, eos_token_id=eos, pad_token_id=eos)[0]
         hidden = target(full[None], output_hidden_states=True).hidden_states
         samples.append((full, hidden, ids.shape[1]))
@@ -74,15 +99,24 @@ def evaluate(out: Path, max_tokens: int, drafter_names: list[str], prompts: int 
     for name in drafter_names:
         started = time.perf_counter()
         loaded = load_drafter(str(out / "drafters" / name), "auto", None, None, False, vocab_size=len(tokenizer))
-        runner = BlockDrafter(loaded.model, target.model.embed_tokens.weight, target.lm_head.weight,
-                              loaded.mask_token_id)
+        runner = BlockDrafter(
+            loaded.model, target.model.embed_tokens.weight, target.lm_head.weight, loaded.mask_token_id
+        )
         steps = []
         for full, hidden, prompt_len in samples:
             features = torch.cat([hidden[i + 1][0] for i in loaded.layer_ids], dim=-1)
             limits = sequence_limits(prompt_len, len(full), max_tokens, int(full[-1]) == eos)
             # the demo config's methods: every block size, DDTree budgets, top-k
-            result = evaluate_sample(runner, features, full, limits, {eos}, block_sizes=range(2, loaded.block_size + 1),
-                                     budgets=[8, 16, 32, 64], topk=[1, 4, 16])
+            result = evaluate_sample(
+                runner,
+                features,
+                full,
+                limits,
+                {eos},
+                block_sizes=range(2, loaded.block_size + 1),
+                budgets=[8, 16, 32, 64],
+                topk=[1, 4, 16],
+            )
             steps.append(result.steps)
         taus[name] = {method: tau_stats([s[method] for s in steps])["tau_mean_of_samples"] for method in steps[0]}
         seconds[name] = time.perf_counter() - started
@@ -100,25 +134,41 @@ def main() -> int:
     parser.add_argument("--prompts", type=int, default=None, help="only the first N demo prompts (default: all)")
     parser.add_argument("--skip-build", action="store_true")
     parser.add_argument("--record", type=Path, default=ROOT / "benchmarks/results/demo_build.md")
-    smoke_mode(parser, out=None, threads=1, target_steps=1, drafter_steps=[1], max_tokens=4, sequences=2,
-               prompts=3, record=None)
+    smoke_mode(
+        parser,
+        out=None,
+        threads=1,
+        target_steps=1,
+        drafter_steps=[1],
+        max_tokens=4,
+        sequences=2,
+        prompts=3,
+        record=None,
+    )
     args = parser.parse_args()
     smoke_dir = tempfile.TemporaryDirectory() if args.out is None else None  # --smoke: the smallest demo, in a tmp dir
     if smoke_dir:
         args.out = Path(smoke_dir.name)
     torch.set_num_threads(args.threads)
-    seconds = {} if args.skip_build else build(args.out, args.target_steps, args.drafter_steps, args.threads,
-                                                       args.sequences)
+    seconds = (
+        {} if args.skip_build else build(args.out, args.target_steps, args.drafter_steps, args.threads, args.sequences)
+    )
     names = ["untrained"] + [f"step{s}" for s in args.drafter_steps]
     taus, eval_seconds, generate_seconds = evaluate(args.out, args.max_tokens, names, args.prompts)
-    lines = [f"## demo build, {args.threads} threads, {platform.processor() or platform.machine()}, "
-             f"python {platform.python_version()}, torch {torch.__version__}", "",
-             "| stage | seconds |", "|---|---:|"]
+    lines = [
+        f"## demo build, {args.threads} threads, {platform.processor() or platform.machine()}, "
+        f"python {platform.python_version()}, torch {torch.__version__}",
+        "",
+        "| stage | seconds |",
+        "|---|---:|",
+    ]
     lines += [f"| {k} | {v:.1f} |" for k, v in seconds.items()]
     lines += [f"| greedy completions + hidden states ({args.max_tokens} tokens) | {generate_seconds:.1f} |", ""]
     methods = list(next(iter(taus.values())))
     lines += ["| drafter | evaluation s | " + " | ".join(methods) + " |", "|---|---:|" + "---:|" * len(methods)]
-    lines += [f"| {k} | {eval_seconds[k]:.1f} | " + " | ".join(f"{v[m]:.3f}" for m in methods) + " |" for k, v in taus.items()]
+    lines += [
+        f"| {k} | {eval_seconds[k]:.1f} | " + " | ".join(f"{v[m]:.3f}" for m in methods) + " |" for k, v in taus.items()
+    ]
     print_and_record(lines, args.record)
     return 0
 

@@ -81,12 +81,42 @@ from dflash_eval.testing.accepted import accepted_tokens
 
 PEAK_TFLOPS = 790.0  # bf16 dense matrix rate measured on one H200
 SHAPES = {
-    "27b": dict(layers=5, hidden=5120, heads=32, kv_heads=8, head_dim=128, intermediate=17408, block=16,
-                vocab=248320, window=2048, num_target_layers=64),
-    "mid": dict(layers=3, hidden=1024, heads=16, kv_heads=4, head_dim=64, intermediate=3072, block=16,
-                vocab=32000, window=512, num_target_layers=28),
-    "demo": dict(layers=2, hidden=128, heads=4, kv_heads=2, head_dim=32, intermediate=256, block=8,
-                 vocab=4096, window=64, num_target_layers=8),
+    "27b": dict(
+        layers=5,
+        hidden=5120,
+        heads=32,
+        kv_heads=8,
+        head_dim=128,
+        intermediate=17408,
+        block=16,
+        vocab=248320,
+        window=2048,
+        num_target_layers=64,
+    ),
+    "mid": dict(
+        layers=3,
+        hidden=1024,
+        heads=16,
+        kv_heads=4,
+        head_dim=64,
+        intermediate=3072,
+        block=16,
+        vocab=32000,
+        window=512,
+        num_target_layers=28,
+    ),
+    "demo": dict(
+        layers=2,
+        hidden=128,
+        heads=4,
+        kv_heads=2,
+        head_dim=32,
+        intermediate=256,
+        block=8,
+        vocab=4096,
+        window=64,
+        num_target_layers=8,
+    ),
 }
 DEFAULT_METHODS = {"budgets": [8, 16, 32, 64], "topk": [1, 4, 16]}
 LEVER_LABELS = {"flex_attention": "flex attention", "lookahead_below": "lookahead", "cuda_graph_tokens": "CUDA graphs"}
@@ -98,22 +128,48 @@ def lever_label(lever: dict) -> str:
     words = []
     for key, value in lever.items():
         if key == "tree_host_reads":
-            words.append({True: "DDTree with host reads (the old default)", False: "DDTree without host reads",
-                          None: "DDTree scorer as the device picks (on CUDA: without host reads)"}[value])
+            words.append(
+                {
+                    True: "DDTree with host reads (the old default)",
+                    False: "DDTree without host reads",
+                    None: "DDTree scorer as the device picks (on CUDA: without host reads)",
+                }[value]
+            )
         else:
             words.append(LEVER_LABELS[key])
     return "".join(f", {word}" for word in words)
 
 
-def drafter_config(layers: int, hidden: int, heads: int, kv_heads: int, head_dim: int, intermediate: int,
-                   block: int, vocab: int, window: int, num_target_layers: int) -> Qwen3Config:
+def drafter_config(
+    layers: int,
+    hidden: int,
+    heads: int,
+    kv_heads: int,
+    head_dim: int,
+    intermediate: int,
+    block: int,
+    vocab: int,
+    window: int,
+    num_target_layers: int,
+) -> Qwen3Config:
     ids = [round(1 + i * (num_target_layers - 4) / (layers - 1)) for i in range(layers)]
     config = Qwen3Config(
-        vocab_size=vocab, hidden_size=hidden, intermediate_size=intermediate, num_hidden_layers=layers,
-        num_attention_heads=heads, num_key_value_heads=kv_heads, head_dim=head_dim, max_position_embeddings=40960,
-        layer_types=["sliding_attention"] * (layers - 1) + ["full_attention"], use_sliding_window=True,
-        sliding_window=window, max_window_layers=0, block_size=block, num_target_layers=num_target_layers,
-        dflash_config={"mask_token_id": vocab - 250, "target_layer_ids": ids}, rope_theta=10_000_000.0,
+        vocab_size=vocab,
+        hidden_size=hidden,
+        intermediate_size=intermediate,
+        num_hidden_layers=layers,
+        num_attention_heads=heads,
+        num_key_value_heads=kv_heads,
+        head_dim=head_dim,
+        max_position_embeddings=40960,
+        layer_types=["sliding_attention"] * (layers - 1) + ["full_attention"],
+        use_sliding_window=True,
+        sliding_window=window,
+        max_window_layers=0,
+        block_size=block,
+        num_target_layers=num_target_layers,
+        dflash_config={"mask_token_id": vocab - 250, "target_layer_ids": ids},
+        rope_theta=10_000_000.0,
     )
     config.is_causal = True  # see the docstring: realistic acceptance for every chain block size
     return config
@@ -139,11 +195,12 @@ def sync(device: torch.device) -> None:
 def build_samples(runner: BlockDrafter, count: int, seq_len: int, prompt_len: int, tau: float, seed: int):
     generator = torch.Generator(device=runner.embed.device).manual_seed(seed)
     width = runner.drafter.fc.in_features
-    features = [torch.randn(seq_len, width, device=runner.embed.device, generator=generator).to(runner.embed.dtype)
-                for _ in range(count)]
+    features = [
+        torch.randn(seq_len, width, device=runner.embed.device, generator=generator).to(runner.embed.dtype)
+        for _ in range(count)
+    ]
     low, high = 8, runner.embed.shape[0] - 300  # free tokens away from the mask token
-    tokens = accepted_tokens(runner, features, [prompt_len] * count, tau, seed=seed, vocab=(low, high),
-                             alternative=0.5)
+    tokens = accepted_tokens(runner, features, [prompt_len] * count, tau, seed=seed, vocab=(low, high), alternative=0.5)
     limits = SequenceLimits(prompt_len, seq_len, seq_len)
     return [(f, t, limits) for f, t in zip(features, tokens)]
 
@@ -160,8 +217,10 @@ def all_anchor(runner, samples, methods: dict, chunk: int) -> tuple[float, int, 
 
 def run_timed(evaluator: TrajectoryEvaluator, samples) -> tuple[float, dict]:
     """Seconds of a whole evaluation of `samples` (features, tokens, limits), synchronised, and its results."""
-    specs = [SampleSpec(str(i), len(t), lambda f=f, t=t, lim=lim: LoadedSample(f, t, lim))
-             for i, (f, t, lim) in enumerate(samples)]
+    specs = [
+        SampleSpec(str(i), len(t), lambda f=f, t=t, lim=lim: LoadedSample(f, t, lim))
+        for i, (f, t, lim) in enumerate(samples)
+    ]
     sync(evaluator.device)
     started = time.perf_counter()
     results = dict(evaluator.run(specs))
@@ -169,16 +228,31 @@ def run_timed(evaluator: TrajectoryEvaluator, samples) -> tuple[float, dict]:
     return time.perf_counter() - started, results
 
 
-def trajectory(runner, samples, methods: dict, rows: int, split: int | None, groups: str = "slot",
-               fused: bool | None = None, lever: dict | None = None):
+def trajectory(
+    runner,
+    samples,
+    methods: dict,
+    rows: int,
+    split: int | None,
+    groups: str = "slot",
+    fused: bool | None = None,
+    lever: dict | None = None,
+):
     """fused: None the device's choice, False the explicit products alone, True the fused kernel in every forward;
     lever: TrajectoryEvaluator's lever options (issue 30)."""
     with patched(packed, "FUSED_MIN_QUERIES", 0) if fused else nullcontext():
-        evaluator = TrajectoryEvaluator(runner, set(), blocks_per_forward=rows, head_split=split,
-                                        attention_groups=groups, fused_attention=fused, **methods, **(lever or {}))
+        evaluator = TrajectoryEvaluator(
+            runner,
+            set(),
+            blocks_per_forward=rows,
+            head_split=split,
+            attention_groups=groups,
+            fused_attention=fused,
+            **methods,
+            **(lever or {}),
+        )
         seconds, results = run_timed(evaluator, samples)
-    return seconds, completion_tokens(samples), evaluator.counts, \
-        {key: result.steps for key, result in results.items()}
+    return seconds, completion_tokens(samples), evaluator.counts, {key: result.steps for key, result in results.items()}
 
 
 @contextmanager
@@ -199,21 +273,25 @@ def reference_loop(model, embed, lm_head: torch.nn.Linear, features, tokens, lim
     block, device = model.block_size, features.device
     cache = _make_cache(model.config)
     positions = torch.arange(limits.max_length + 1, device=device)[None]
-    target_hidden = features[None, :limits.prompt_len]
+    target_hidden = features[None, : limits.prompt_len]
     start, steps = limits.prompt_len, []
     while start + 1 < limits.max_length:
         verify = min(block, limits.max_length - start)
         ids = torch.full((1, verify), model.mask_token_id, device=device)
         ids[0, 0] = tokens[start]
-        hidden = model(target_hidden=target_hidden, noise_embedding=torch.nn.functional.embedding(ids, embed),
-                       position_ids=positions[:, start - target_hidden.shape[1]:start + verify],
-                       past_key_values=cache, use_cache=True)[:, 1 - verify:, :]
+        hidden = model(
+            target_hidden=target_hidden,
+            noise_embedding=torch.nn.functional.embedding(ids, embed),
+            position_ids=positions[:, start - target_hidden.shape[1] : start + verify],
+            past_key_values=cache,
+            use_cache=True,
+        )[:, 1 - verify :, :]
         _crop_to(cache, start)
         logits = model.compute_logits(hidden.contiguous() if contiguous else hidden, lm_head)
-        truth = tokens[start + 1:start + verify]
-        accepted = int((logits[0].argmax(dim=-1)[:len(truth)] == truth).cumprod(dim=0).sum().item())
+        truth = tokens[start + 1 : start + verify]
+        accepted = int((logits[0].argmax(dim=-1)[: len(truth)] == truth).cumprod(dim=0).sum().item())
         produced = min(accepted + 1, limits.max_length - start - 1)
-        target_hidden = features[None, start:start + produced]
+        target_hidden = features[None, start : start + produced]
         start += produced
         steps.append(produced)
     return steps
@@ -242,6 +320,7 @@ def attention_share(runner, samples, methods: dict, rows: int, split: int | None
     def labelled(*args, **kwargs):
         with record_function("packed attention"):
             return inner(*args, **kwargs)
+
     cuda = runner.embed.device.type == "cuda"
     packed._attend = labelled
     try:
@@ -254,8 +333,10 @@ def attention_share(runner, samples, methods: dict, rows: int, split: int | None
     label = next((getattr(e, attr) for e in events if e.key == "packed attention"), 0.0)
     total = sum(getattr(e, "self_device_time_total" if cuda else "self_cpu_time_total") for e in events)
     top = sorted(events, key=lambda e: -getattr(e, "self_device_time_total" if cuda else "self_cpu_time_total"))[:6]
-    names = ", ".join(f"{e.key[:40]} {100 * getattr(e, 'self_device_time_total' if cuda else 'self_cpu_time_total') / total:.0f}%"
-                      for e in top)
+    names = ", ".join(
+        f"{e.key[:40]} {100 * getattr(e, 'self_device_time_total' if cuda else 'self_cpu_time_total') / total:.0f}%"
+        for e in top
+    )
     return f"packed attention {100 * label / total:.0f}% of {'GPU' if cuda else 'CPU'} time; top: {names}"
 
 
@@ -275,42 +356,103 @@ def main() -> int:
     parser.add_argument("--prompt-len", type=int, default=256)
     parser.add_argument("--samples", type=int, default=64, help="samples for the trajectory evaluator, chain-B")
     parser.add_argument("--default-samples", type=int, default=16, help="... and for the default method set")
-    parser.add_argument("--all-anchor-samples", type=int, default=4, help="subset for the all-anchor evaluator, chain-B")
+    parser.add_argument(
+        "--all-anchor-samples", type=int, default=4, help="subset for the all-anchor evaluator, chain-B"
+    )
     parser.add_argument("--all-anchor-default-samples", type=int, default=1)
     parser.add_argument("--sequential-samples", type=int, default=1)
-    parser.add_argument("--rows", type=int, nargs="+", default=[512], help="trajectory blocks per forward (evaluation.blocks_per_forward)")
+    parser.add_argument(
+        "--rows",
+        type=int,
+        nargs="+",
+        default=[512],
+        help="trajectory blocks per forward (evaluation.blocks_per_forward)",
+    )
     parser.add_argument("--chunk", type=int, default=256, help="all-anchor anchors per forward")
     parser.add_argument("--head-split", type=int, default=4)
     parser.add_argument("--levers", action="store_true", help="also the trajectory evaluator without the head split")
     parser.add_argument("--threads", type=int, default=None)
-    parser.add_argument("--head-spread", type=float, default=1.5,
-                        help="sigma of the log of the LM head's row norms (0: equal norms; see the docstring)")
-    parser.add_argument("--compare-attention", action="store_true",
-                        help="also the trajectory evaluator with each attention alone (the products; on CUDA the fused kernel)")
-    parser.add_argument("--speed-levers", action="store_true",
-                        help="also the trajectory evaluator with each of issue 30's levers (flex attention, the DDTree "
-                             "scorer without host reads, lookahead), side by side with today's")
-    parser.add_argument("--lookahead-below", type=int, default=256,
-                        help="the lookahead lever: rounds of fewer blocks also compute the next ones (round_profile.md: "
-                             "rounds of <= 256 blocks were launch-bound)")
+    parser.add_argument(
+        "--head-spread",
+        type=float,
+        default=1.5,
+        help="sigma of the log of the LM head's row norms (0: equal norms; see the docstring)",
+    )
+    parser.add_argument(
+        "--compare-attention",
+        action="store_true",
+        help="also the trajectory evaluator with each attention alone (the products; on CUDA the fused kernel)",
+    )
+    parser.add_argument(
+        "--speed-levers",
+        action="store_true",
+        help="also the trajectory evaluator with each of issue 30's levers (flex attention, the DDTree "
+        "scorer without host reads, lookahead), side by side with today's",
+    )
+    parser.add_argument(
+        "--lookahead-below",
+        type=int,
+        default=256,
+        help="the lookahead lever: rounds of fewer blocks also compute the next ones (round_profile.md: "
+        "rounds of <= 256 blocks were launch-bound)",
+    )
     parser.add_argument("--profile", action="store_true", help="the attention's share of a trajectory evaluation")
-    parser.add_argument("--cuda-graph-tokens", type=int, nargs="+", default=[512, 1024, 2048, 4096],
-                        help="the CUDA graphs lever: forwards of at most the largest of these flat tokens replay a graph")
-    parser.add_argument("--budgets", type=int, nargs="+", default=DEFAULT_METHODS["budgets"],
-                        help="DDTree budgets of the default set (the ddtree-1024 set: 8..1024)")
-    parser.add_argument("--fp32-samples", type=int, default=0,
-                        help="with --speed-levers: after the first tau, each lever's steps against today's in fp32 "
-                             "on this many samples (the exactness rule; 0: none)")
-    parser.add_argument("--flex-taus", type=float, nargs="+", default=None,
-                        help="with --speed-levers: the taus whose sets get a flex attention row (default: all; each "
-                             "new shape compiles on CUDA)")
-    parser.add_argument("--time-cap", type=float, default=None,
-                        help="seconds from the start after which no further row starts (the record keeps what ran)")
-    parser.add_argument("--sets", nargs="+", default=["chain-B", "default"], choices=["chain-B", "default", "ddtree-1024"])
+    parser.add_argument(
+        "--cuda-graph-tokens",
+        type=int,
+        nargs="+",
+        default=[512, 1024, 2048, 4096],
+        help="the CUDA graphs lever: forwards of at most the largest of these flat tokens replay a graph",
+    )
+    parser.add_argument(
+        "--budgets",
+        type=int,
+        nargs="+",
+        default=DEFAULT_METHODS["budgets"],
+        help="DDTree budgets of the default set (the ddtree-1024 set: 8..1024)",
+    )
+    parser.add_argument(
+        "--fp32-samples",
+        type=int,
+        default=0,
+        help="with --speed-levers: after the first tau, each lever's steps against today's in fp32 "
+        "on this many samples (the exactness rule; 0: none)",
+    )
+    parser.add_argument(
+        "--flex-taus",
+        type=float,
+        nargs="+",
+        default=None,
+        help="with --speed-levers: the taus whose sets get a flex attention row (default: all; each "
+        "new shape compiles on CUDA)",
+    )
+    parser.add_argument(
+        "--time-cap",
+        type=float,
+        default=None,
+        help="seconds from the start after which no further row starts (the record keeps what ran)",
+    )
+    parser.add_argument(
+        "--sets", nargs="+", default=["chain-B", "default"], choices=["chain-B", "default", "ddtree-1024"]
+    )
     parser.add_argument("--note", default="", help="a line for the record (e.g. the machine's load)")
     parser.add_argument("--record", type=Path, default=ROOT / "benchmarks/results/evaluator_speed.md")
-    smoke_mode(parser, device="cpu", dtype="float32", shape="demo", taus=[3.0], seq_len=32, prompt_len=16, samples=1,
-               default_samples=1, all_anchor_samples=1, rows=[64], chunk=32, record=None, lookahead_below=64)
+    smoke_mode(
+        parser,
+        device="cpu",
+        dtype="float32",
+        shape="demo",
+        taus=[3.0],
+        seq_len=32,
+        prompt_len=16,
+        samples=1,
+        default_samples=1,
+        all_anchor_samples=1,
+        rows=[64],
+        chunk=32,
+        record=None,
+        lookahead_below=64,
+    )
     args = parser.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -333,17 +475,27 @@ def main() -> int:
 
     def out_of_time() -> bool:
         return args.time_cap is not None and time.perf_counter() - started_at > args.time_cap
+
     graphs = {"cuda_graph_tokens": args.cuda_graph_tokens}
-    machine = torch.cuda.get_device_name(device) if device.type == "cuda" else \
-        f"{platform.processor() or platform.machine()}, {torch.get_num_threads()} threads"
+    machine = (
+        torch.cuda.get_device_name(device)
+        if device.type == "cuda"
+        else f"{platform.processor() or platform.machine()}, {torch.get_num_threads()} threads"
+    )
     peak = PEAK_TFLOPS if device.type == "cuda" and args.dtype == "bfloat16" else None
-    lines = [f"## evaluator speed: {machine}, {args.dtype}, shape {args.shape}, seq {args.seq_len}, "
-             f"prompt {args.prompt_len}, head spread {args.head_spread:g}, torch {torch.__version__}", ""]
+    lines = [
+        f"## evaluator speed: {machine}, {args.dtype}, shape {args.shape}, seq {args.seq_len}, "
+        f"prompt {args.prompt_len}, head spread {args.head_spread:g}, torch {torch.__version__}",
+        "",
+    ]
     if args.note:
         lines += [args.note, ""]
     ratio = "x all-anchor" if args.all_anchor_samples and args.all_anchor_default_samples else "x first row"
-    lines += [f"| tau | methods | evaluator | samples | tokens | seconds | tokens/s | {ratio} | x reference loop "
-              "| blocks/token | needed TFLOP/s | % of peak |", "|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    lines += [
+        f"| tau | methods | evaluator | samples | tokens | seconds | tokens/s | {ratio} | x reference loop "
+        "| blocks/token | needed TFLOP/s | % of peak |",
+        "|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+    ]
     checks, rates = [], {}
     for index, tau in enumerate(args.taus):
         if tau > block:
@@ -353,12 +505,15 @@ def main() -> int:
             print(checks[-1], flush=True)
             continue
         built = time.perf_counter()
-        samples = build_samples(runner, max(args.samples, args.default_samples), args.seq_len, args.prompt_len, tau,
-                                seed=int(tau * 10))
+        samples = build_samples(
+            runner, max(args.samples, args.default_samples), args.seq_len, args.prompt_len, tau, seed=int(tau * 10)
+        )
         print(f"tau {tau}: samples built in {time.perf_counter() - built:.1f} s", flush=True)
-        sets = {"chain-B": ({}, args.samples, args.all_anchor_samples),
-                "default": (default, args.default_samples, args.all_anchor_default_samples),
-                "ddtree-1024": ({**default, "budgets": LARGE_BUDGETS}, args.default_samples, 0)}
+        sets = {
+            "chain-B": ({}, args.samples, args.all_anchor_samples),
+            "default": (default, args.default_samples, args.all_anchor_default_samples),
+            "ddtree-1024": ({**default, "budgets": LARGE_BUDGETS}, args.default_samples, 0),
+        }
         for name in dict.fromkeys(args.sets):  # in the order asked
             methods, n_traj, n_all = sets[name]
             rows = []  # label, samples, tokens, seconds, blocks per token, needed FLOPs per token
@@ -370,7 +525,9 @@ def main() -> int:
                 variants += [(args.rows[0], None, "slot", None, {}), (args.rows[0], args.head_split, "row", None, {})]
             if args.speed_levers:
                 levers = speed_levers(methods, args.lookahead_below, graphs, flex=False)
-                if name == "ddtree-1024":  # for the cost of large budgets: the device's scorer, and the best combination
+                if (
+                    name == "ddtree-1024"
+                ):  # for the cost of large budgets: the device's scorer, and the best combination
                     levers = [levers[0], levers[-1]]
                 elif args.flex_taus is None or tau in args.flex_taus:
                     levers.append({"flex_attention": True})
@@ -380,18 +537,22 @@ def main() -> int:
                 if fused_attention_for(device):
                     variants += [(args.rows[0], args.head_split, "slot", True, {})]
             for per_forward, split, groups, fused, lever in variants:
-                label = f"trajectory, {per_forward} rows/forward" + ("" if split else ", whole LM head") \
-                    + (", attention per block" if groups == "row" else "") \
-                    + ("" if fused is None else ", fused attention alone" if fused else ", attention as products alone") \
+                label = (
+                    f"trajectory, {per_forward} rows/forward"
+                    + ("" if split else ", whole LM head")
+                    + (", attention per block" if groups == "row" else "")
+                    + ("" if fused is None else ", fused attention alone" if fused else ", attention as products alone")
                     + lever_label(lever)
+                )
                 if rows and out_of_time():
                     checks.append(f"tau {tau:g}, {name}, {label}: not run (--time-cap {args.time_cap:g} s reached)")
                     print(checks[-1], flush=True)
                     continue
                 try:
                     trajectory(runner, samples[:2], methods, per_forward, split, groups, fused, lever)  # warm
-                    seconds, tokens, counts, traj_steps = trajectory(runner, samples[:n_traj], methods, per_forward,
-                                                                     split, groups, fused, lever)
+                    seconds, tokens, counts, traj_steps = trajectory(
+                        runner, samples[:n_traj], methods, per_forward, split, groups, fused, lever
+                    )
                 except Exception as error:  # a lever that fails on this machine: say so, measure the others
                     if not rows:
                         raise
@@ -401,72 +562,133 @@ def main() -> int:
                 if not rows:
                     answer = traj_steps  # the first variant's steps: what the other evaluators are compared with
                 elif lever:
-                    checks.append(f"tau {tau:g}, {name}, {label}: steps = today's (first row) on "
-                                  f"{agreement(traj_steps, answer):.0%} of the (sample, method) trajectories; "
-                                  f"{counts.forwards} forwards, {counts.lookahead_blocks} blocks computed ahead"
-                                  + graph_note(counts, tokens, seconds))
+                    checks.append(
+                        f"tau {tau:g}, {name}, {label}: steps = today's (first row) on "
+                        f"{agreement(traj_steps, answer):.0%} of the (sample, method) trajectories; "
+                        f"{counts.forwards} forwards, {counts.lookahead_blocks} blocks computed ahead"
+                        + graph_note(counts, tokens, seconds)
+                    )
                     print(checks[-1], flush=True)
                 # In bf16 two variants may take different steps (rounding): each counts the work of its own answer
                 # (the distinct blocks it read: under lookahead fewer than it computed).
-                rows.append([label, n_traj, tokens, seconds, counts.blocks / tokens,
-                             needed_flops(config, counts.needed_by_size) / tokens])
-                print(f"tau {tau:g}, {name}, {label}: {tokens} tokens in {seconds:.2f} s, {counts.rounds} rounds, "
-                      f"{counts.forwards} forwards, {counts.blocks / tokens:.3f} blocks/token", flush=True)
+                rows.append(
+                    [
+                        label,
+                        n_traj,
+                        tokens,
+                        seconds,
+                        counts.blocks / tokens,
+                        needed_flops(config, counts.needed_by_size) / tokens,
+                    ]
+                )
+                print(
+                    f"tau {tau:g}, {name}, {label}: {tokens} tokens in {seconds:.2f} s, {counts.rounds} rounds, "
+                    f"{counts.forwards} forwards, {counts.blocks / tokens:.3f} blocks/token",
+                    flush=True,
+                )
             flops_per_token = rows[0][5]  # the first trajectory variant's answer, for the rows of other evaluators
             rates.update({(tau, name, row[0]): row[2] / row[3] for row in rows})
             if name == "ddtree-1024" and (tau, "default", rows[0][0]) in rates:
                 for label, *_ in rows:
                     if (tau, "default", label) in rates:
                         ratio = rates[(tau, "default", label)] / rates[(tau, name, label)]  # the same tokens
-                        checks.append(f"tau {tau:g}, {label}: budgets 8..1024 take {ratio:.3f}x the time of the default "
-                                      f"set's budgets {args.budgets} ({ratio - 1:+.1%}; the goal: at most +10%)")
+                        checks.append(
+                            f"tau {tau:g}, {label}: budgets 8..1024 take {ratio:.3f}x the time of the default "
+                            f"set's budgets {args.budgets} ({ratio - 1:+.1%}; the goal: at most +10%)"
+                        )
                         print(checks[-1], flush=True)
             if args.profile:
-                checks.append(f"tau {tau:g}, {name}, profile of the trajectory evaluator: "
-                              + attention_share(runner, samples[:n_traj], methods, args.rows[0], args.head_split))
+                checks.append(
+                    f"tau {tau:g}, {name}, profile of the trajectory evaluator: "
+                    + attention_share(runner, samples[:n_traj], methods, args.rows[0], args.head_split)
+                )
                 print(checks[-1], flush=True)
             checks.append(f"tau {tau:g}, {name}: chain-B tau {chain_tau(answer, block):.2f}")
             if n_all:  # 0: no all-anchor row (the ratios are then to the first trajectory row)
                 if n_all > 1:
                     all_anchor(runner, samples[:1], methods, args.chunk)  # warm
                 seconds, tokens, all_steps = all_anchor(runner, samples[:n_all], methods, args.chunk)
-                rows.insert(0, ["all-anchor", n_all, tokens, seconds,
-                                counts.all_anchor_blocks / completion_tokens(samples[:n_traj]), flops_per_token])
-                checks[-1] += (f"; the trajectory evaluator's steps = the all-anchor evaluator's on "
-                               f"{agreement(answer, all_steps):.0%} of the (sample, method) trajectories both ran")
+                rows.insert(
+                    0,
+                    [
+                        "all-anchor",
+                        n_all,
+                        tokens,
+                        seconds,
+                        counts.all_anchor_blocks / completion_tokens(samples[:n_traj]),
+                        flops_per_token,
+                    ],
+                )
+                checks[-1] += (
+                    f"; the trajectory evaluator's steps = the all-anchor evaluator's on "
+                    f"{agreement(answer, all_steps):.0%} of the (sample, method) trajectories both ran"
+                )
             print(checks[-1], flush=True)
             reference = None
             if name == "chain-B" and args.sequential_samples:
                 needed = sum(len(answer[str(i)][chain_method(block)]) for i in range(args.sequential_samples))
                 for contiguous in (False, True):
-                    seconds, tokens, seq_steps, step_ms = sequential(model, embed, lm_head,
-                                                                     samples[:args.sequential_samples], contiguous)
+                    seconds, tokens, seq_steps, step_ms = sequential(
+                        model, embed, lm_head, samples[: args.sequential_samples], contiguous
+                    )
                     # Its time to result at the steps the answer takes: a random drafter's logits nearly tie, so
                     # the loop's own bf16 rounding can reject a draft the evaluators accept, and take more steps.
                     label = "reference loop" + (", contiguous LM head" if contiguous else ", as published")
-                    rows.append([label, args.sequential_samples, tokens, step_ms * needed / 1000, needed / tokens,
-                                 flops_per_token])
+                    rows.append(
+                        [
+                            label,
+                            args.sequential_samples,
+                            tokens,
+                            step_ms * needed / 1000,
+                            needed / tokens,
+                            flops_per_token,
+                        ]
+                    )
                     reference = max(reference or 0.0, tokens / (step_ms * needed / 1000))
                     own = {k: {chain_method(block): v} for k, v in seq_steps.items()}
-                    checks.append(f"tau {tau:g}: {label}: {step_ms:.2f} ms per step over {seconds:.2f} s, "
-                                  f"{sum(map(len, seq_steps.values()))} steps of its own (the evaluator's: {needed}); "
-                                  f"its steps = the trajectory evaluator's on {agreement(answer, own):.0%} of samples")
+                    checks.append(
+                        f"tau {tau:g}: {label}: {step_ms:.2f} ms per step over {seconds:.2f} s, "
+                        f"{sum(map(len, seq_steps.values()))} steps of its own (the evaluator's: {needed}); "
+                        f"its steps = the trajectory evaluator's on {agreement(answer, own):.0%} of samples"
+                    )
                     print(checks[-1], flush=True)
             base = rows[0][2] / rows[0][3]
             for label, n, tokens, seconds, per_token, work in rows:
                 rate = tokens / seconds
                 tflops = rate * work / 1e12
-                cells = [f"{tau:g}", name, label, str(n), str(tokens), f"{seconds:.2f}", f"{rate:,.0f}",
-                         f"{rate / base:.2f}", f"{rate / reference:.2f}" if reference else "-", f"{per_token:.3f}",
-                         f"{tflops:.2f}", f"{100 * tflops / peak:.1f}%" if peak else "-"]
+                cells = [
+                    f"{tau:g}",
+                    name,
+                    label,
+                    str(n),
+                    str(tokens),
+                    f"{seconds:.2f}",
+                    f"{rate:,.0f}",
+                    f"{rate / base:.2f}",
+                    f"{rate / reference:.2f}" if reference else "-",
+                    f"{per_token:.3f}",
+                    f"{tflops:.2f}",
+                    f"{100 * tflops / peak:.1f}%" if peak else "-",
+                ]
                 lines.append("| " + " | ".join(cells) + " |")
-            print("\n".join(lines[-len(rows):]), flush=True)
+            print("\n".join(lines[-len(rows) :]), flush=True)
             if index == 0 and args.speed_levers and args.fp32_samples and name != "ddtree-1024":
                 if out_of_time():
                     checks.append(f"tau {tau:g}, fp32 check: not run (--time-cap {args.time_cap:g} s reached)")
                 else:
-                    checks += fp32_check(model, embed, lm_head, config, samples[:args.fp32_samples], methods, args,
-                                         graphs, tau, name, out_of_time)
+                    checks += fp32_check(
+                        model,
+                        embed,
+                        lm_head,
+                        config,
+                        samples[: args.fp32_samples],
+                        methods,
+                        args,
+                        graphs,
+                        tau,
+                        name,
+                        out_of_time,
+                    )
                 print("\n".join(checks[-4:]), flush=True)
     lines += [""] + [f"- {check}" for check in checks]
     print_and_record(lines, args.record)
@@ -486,19 +708,26 @@ def speed_levers(methods: dict, lookahead_below: int, graphs: dict, flex: bool =
 def graph_note(counts, tokens: int, seconds: float) -> str:
     if not counts.graphs:
         return ""
-    return (f"; {counts.graph_replays} forwards replayed one of {counts.graphs} CUDA graphs, captured in "
-            f"{counts.graph_capture_seconds:.2f} s of the row's time (without the captures: "
-            f"{tokens / max(seconds - counts.graph_capture_seconds, 1e-9):,.0f} tokens/s)")
+    return (
+        f"; {counts.graph_replays} forwards replayed one of {counts.graphs} CUDA graphs, captured in "
+        f"{counts.graph_capture_seconds:.2f} s of the row's time (without the captures: "
+        f"{tokens / max(seconds - counts.graph_capture_seconds, 1e-9):,.0f} tokens/s)"
+    )
 
 
-def fp32_check(model, embed, lm_head, config, samples, methods: dict, args, graphs: dict, tau: float, name: str,
-               out_of_time) -> list[str]:
+def fp32_check(
+    model, embed, lm_head, config, samples, methods: dict, args, graphs: dict, tau: float, name: str, out_of_time
+) -> list[str]:
     """Each lever's steps against today's evaluator (the first row's options) in fp32 on the same device: the
     issue's exactness rule (bf16 rows may differ by rounding)."""
     import copy
 
-    runner = BlockDrafter(copy.deepcopy(model).float(), embed.float(), lm_head.weight.detach().float(),
-                          config.dflash_config["mask_token_id"]).to(embed.device)
+    runner = BlockDrafter(
+        copy.deepcopy(model).float(),
+        embed.float(),
+        lm_head.weight.detach().float(),
+        config.dflash_config["mask_token_id"],
+    ).to(embed.device)
     samples = [(f.float(), t, lim) for f, t, lim in samples]
     baseline = {"tree_host_reads": True} if methods else {}
     _, _, _, today = trajectory(runner, samples, methods, args.rows[0], args.head_split, lever=baseline)
@@ -513,9 +742,11 @@ def fp32_check(model, embed, lm_head, config, samples, methods: dict, args, grap
         except Exception as error:
             lines.append(f"tau {tau:g}, {name}, fp32, {label}: failed: {type(error).__name__}: {error}"[:600])
             continue
-        lines.append(f"tau {tau:g}, {name}, fp32 on {len(samples)} samples, {label}: steps = today's on "
-                     f"{agreement(steps, today):.0%} of the (sample, method) trajectories"
-                     + (f" ({counts.graph_replays} of {counts.forwards} forwards replayed a graph)" if counts.graphs else ""))
+        lines.append(
+            f"tau {tau:g}, {name}, fp32 on {len(samples)} samples, {label}: steps = today's on "
+            f"{agreement(steps, today):.0%} of the (sample, method) trajectories"
+            + (f" ({counts.graph_replays} of {counts.forwards} forwards replayed a graph)" if counts.graphs else "")
+        )
         print(lines[-1], flush=True)
     del runner
     return lines

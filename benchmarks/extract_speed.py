@@ -73,11 +73,21 @@ def target_config(layers: int, hidden: int, vocab: int):
     from transformers.models.qwen3_5 import Qwen3_5TextConfig
 
     return Qwen3_5TextConfig(
-        vocab_size=vocab, hidden_size=hidden, intermediate_size=17408 * hidden // 5120, num_hidden_layers=layers,
-        num_attention_heads=24, num_key_value_heads=4, head_dim=256, linear_num_key_heads=16,
-        linear_num_value_heads=48, linear_key_head_dim=128, linear_value_head_dim=128, linear_conv_kernel_dim=4,
+        vocab_size=vocab,
+        hidden_size=hidden,
+        intermediate_size=17408 * hidden // 5120,
+        num_hidden_layers=layers,
+        num_attention_heads=24,
+        num_key_value_heads=4,
+        head_dim=256,
+        linear_num_key_heads=16,
+        linear_num_value_heads=48,
+        linear_key_head_dim=128,
+        linear_value_head_dim=128,
+        linear_conv_kernel_dim=4,
         layer_types=["linear_attention" if (i + 1) % 4 else "full_attention" for i in range(layers)],
-        max_position_embeddings=32768, tie_word_embeddings=False,
+        max_position_embeddings=32768,
+        tie_word_embeddings=False,
     )
 
 
@@ -183,21 +193,39 @@ class SyncPerShardWriter(CacheWriter):
         super()._submit(buffer)
 
 
-def our_extract(model, sequences, device, backend, store_argmax: bool, workdir: Path, shard_tokens: int,
-                writer_class=CacheWriter, plan=plan_shards, journal: bool = True, stats: dict | None = None) -> Path:
+def our_extract(
+    model,
+    sequences,
+    device,
+    backend,
+    store_argmax: bool,
+    workdir: Path,
+    shard_tokens: int,
+    writer_class=CacheWriter,
+    plan=plan_shards,
+    journal: bool = True,
+    stats: dict | None = None,
+) -> Path:
     """The extract stage's path; `stats` gets the writer's wait and tail seconds. Returns the cache
     directory, which the caller deletes outside the timed region (the stage never deletes it, and
     unlinking ~3 GB of page cache takes a noticeable fraction of a second)."""
-    records = [{"id": f"s{i}", "prompt_token_ids": ids[:16].tolist(), "completion_token_ids": ids[16:].tolist()}
-               for i, ids in enumerate(sequences)]
-    settings = {"layer_ids": LAYERS, "last_layer": "final_norm", "store_argmax": store_argmax,
-                "target": {"device": str(device)}}
+    records = [
+        {"id": f"s{i}", "prompt_token_ids": ids[:16].tolist(), "completion_token_ids": ids[16:].tolist()}
+        for i, ids in enumerate(sequences)
+    ]
+    settings = {
+        "layer_ids": LAYERS,
+        "last_layer": "final_norm",
+        "store_argmax": store_argmax,
+        "target": {"device": str(device)},
+    }
     out = workdir / "cache"
     header = {"target": {}, "device": str(device), "completions": {}}
     shards = plan([len(ids) for ids in sequences], shard_tokens)
     resume = prepare_resume(out, "benchmark", shards, [r["id"] for r in records]) if journal else None
-    with writer_class(out, layer_ids=LAYERS, shard_tokens=shard_tokens, store_argmax=store_argmax,
-                      header=header, resume=resume) as writer:
+    with writer_class(
+        out, layer_ids=LAYERS, shard_tokens=shard_tokens, store_argmax=store_argmax, header=header, resume=resume
+    ) as writer:
         run_records(model, records, settings, backend, writer, resume)
         writer.finish(backend={})
     if stats is not None:
@@ -213,7 +241,7 @@ def repeated(rows: dict, device: torch.device, repeats: int, stats: dict) -> dic
     runs: dict[str, list[float]] = {label: [] for label in labels}
     sustained = "extract (ours), sustained (without the wait at the end)"
     for repeat in range(repeats):
-        for label in labels[repeat % len(labels):] + labels[: repeat % len(labels)]:
+        for label in labels[repeat % len(labels) :] + labels[: repeat % len(labels)]:
             runs[label].append(timed(rows[label], device))
             if label == "extract (ours)":
                 runs.setdefault(sustained, []).append(runs[label][-1] - stats[label]["tail"])
@@ -250,10 +278,18 @@ def main() -> None:
     parser.add_argument("--shard-tokens", type=int, default=16384, help="extraction.shard_tokens (config default)")
     parser.add_argument("--torch-tokens", type=int, default=16384, help="tokens for the torch-backend rows")
     parser.add_argument("--backends", nargs="+", default=["fla", "torch"], help="torch alone on a CPU")
-    parser.add_argument("--repeats", type=int, default=1,
-                        help="run every row this many times (rotating their order); medians are reported")
-    parser.add_argument("--only", nargs="+", default=None,
-                        help="keep only the rows whose label contains one of these (plain forward always runs)")
+    parser.add_argument(
+        "--repeats",
+        type=int,
+        default=1,
+        help="run every row this many times (rotating their order); medians are reported",
+    )
+    parser.add_argument(
+        "--only",
+        nargs="+",
+        default=None,
+        help="keep only the rows whose label contains one of these (plain forward always runs)",
+    )
     parser.add_argument("--layers", type=int, default=64)
     parser.add_argument("--hidden", type=int, default=5120)
     parser.add_argument("--vocab", type=int, default=248320)
@@ -261,9 +297,21 @@ def main() -> None:
     parser.add_argument("--host-mb", type=int, default=1024, help="MB hashed and written for the host rates")
     parser.add_argument("--workdir", default=None, help="where the cache is written (local disk)")
     parser.add_argument("--record", default=str(ROOT / "benchmarks" / "results" / "extract_speed.md"))
-    smoke_mode(parser, device="cpu", seq_lens=[32], tokens=64, shard_tokens=64, torch_tokens=64, backends=["torch"],
-               layers=8, hidden=32, vocab=300, host_mb=8, dtype="float32",
-               record=None)
+    smoke_mode(
+        parser,
+        device="cpu",
+        seq_lens=[32],
+        tokens=64,
+        shard_tokens=64,
+        torch_tokens=64,
+        backends=["torch"],
+        layers=8,
+        hidden=32,
+        vocab=300,
+        host_mb=8,
+        dtype="float32",
+        record=None,
+    )
     args = parser.parse_args()
     global LAYERS
     LAYERS = default_layer_ids(args.layers, len(LAYERS))  # [1, 16, 31, 46, 61] on the 64 layers of the full run
@@ -276,11 +324,16 @@ def main() -> None:
     name = torch.cuda.get_device_name(device) if device.type == "cuda" else platform.processor()
     rates = host_rates(workdir, device, args.host_mb)
     print(rates, flush=True)
-    lines = [f"## {name}, {args.layers} layers, hidden {args.hidden}, vocab {args.vocab}, {args.dtype}, layers {LAYERS}, "
-             f"shard_tokens {args.shard_tokens}, torch {torch.__version__}", "",
-             rates, "", f"| backend | row | seq len | tokens | tokens/s (median of {args.repeats}) | vs plain forward (median of "
-             "the repeats' ratios, and their range) | s waited for writers / at the end (last repeat) |",
-             "|---|---|---:|---:|---:|---:|---:|"]
+    lines = [
+        f"## {name}, {args.layers} layers, hidden {args.hidden}, vocab {args.vocab}, {args.dtype}, layers {LAYERS}, "
+        f"shard_tokens {args.shard_tokens}, torch {torch.__version__}",
+        "",
+        rates,
+        "",
+        f"| backend | row | seq len | tokens | tokens/s (median of {args.repeats}) | vs plain forward (median of "
+        "the repeats' ratios, and their range) | s waited for writers / at the end (last repeat) |",
+        "|---|---|---:|---:|---:|---:|---:|",
+    ]
     comparisons = []
     for seq_len in args.seq_lens:
         generator = torch.Generator().manual_seed(seq_len)
@@ -295,8 +348,17 @@ def main() -> None:
 
                 def ours(label: str, store_argmax: bool = True, **options):
                     stats[label] = {}
-                    return lambda: our_extract(model, subset, device, backend, store_argmax, workdir,
-                                               args.shard_tokens, stats=stats[label], **options)
+                    return lambda: our_extract(
+                        model,
+                        subset,
+                        device,
+                        backend,
+                        store_argmax,
+                        workdir,
+                        args.shard_tokens,
+                        stats=stats[label],
+                        **options,
+                    )
 
                 rows = {
                     "plain forward": lambda: plain_forward(model, subset, device),
@@ -306,15 +368,20 @@ def main() -> None:
                     "ablation: forward + hooks + argmax only": lambda: capture_only(model, subset, device),
                     "ablation: ours, copies and NaN checks only (nothing hashed or written)": ours(
                         "ablation: ours, copies and NaN checks only (nothing hashed or written)",
-                        writer_class=CopiesOnlyWriter),
+                        writer_class=CopiesOnlyWriter,
+                    ),
                     "ablation: plain forward beside a thread hashing 1 MB chunks": lambda: busy_forward(
-                        model, subset, device),
+                        model, subset, device
+                    ),
                     "ablation: ours, greedy shards (no halving tail)": ours(
-                        "ablation: ours, greedy shards (no halving tail)", plan=greedy_shards),
+                        "ablation: ours, greedy shards (no halving tail)", plan=greedy_shards
+                    ),
                     "ablation: ours, a synchronize per shard": ours(
-                        "ablation: ours, a synchronize per shard", writer_class=SyncPerShardWriter),
+                        "ablation: ours, a synchronize per shard", writer_class=SyncPerShardWriter
+                    ),
                     "ablation: ours, no journal (not resumable)": ours(
-                        "ablation: ours, no journal (not resumable)", journal=False),
+                        "ablation: ours, no journal (not resumable)", journal=False
+                    ),
                 }
                 if device.type != "cuda":
                     rows = {k: v for k, v in rows.items() if not k.startswith("ablation: ours, a sync")}
@@ -338,8 +405,7 @@ def main() -> None:
                     ratio += f" ({min(ratios):.2f}-{max(ratios):.2f})"
                 waits = stats.get(label)
                 waited = f"{waits['wait']:.2f} / {waits['tail']:.2f}" if waits else ""
-                lines.append(f"| {backend_name} | {label} | {seq_len} | {tokens} | {rate:,.0f} | {ratio} "
-                             f"| {waited} |")
+                lines.append(f"| {backend_name} | {label} | {seq_len} | {tokens} | {rate:,.0f} | {ratio} | {waited} |")
                 print(lines[-1], flush=True)
         if {"fla", "torch"} <= set(args.backends):
             result = compare_backends(model, sequences[:2], LAYERS, device, ("fla", "torch"))

@@ -55,15 +55,20 @@ from dflash_eval.server.http import http_request
 from dflash_eval.testing import fake_openai_server, fixtures
 
 
-async def bare_loop(url: str, model: str, prompts: list[str] | list[list[int]], concurrency: int, max_tokens: int) -> int:
+async def bare_loop(
+    url: str, model: str, prompts: list[str] | list[list[int]], concurrency: int, max_tokens: int
+) -> int:
     """The baseline: a semaphore, one AsyncOpenAI client, gather; returns the completion tokens."""
     import openai
 
     sem = asyncio.Semaphore(concurrency)
     async with openai.AsyncOpenAI(base_url=url + "/v1", api_key="EMPTY", max_retries=0, timeout=60.0) as client:
+
         async def one(prompt: str | list[int]) -> int:
             async with sem:
-                resp = await client.completions.create(model=model, prompt=prompt, max_tokens=max_tokens, temperature=0.0)
+                resp = await client.completions.create(
+                    model=model, prompt=prompt, max_tokens=max_tokens, temperature=0.0
+                )
             return resp.usage.completion_tokens
 
         return sum(await asyncio.gather(*(one(p) for p in prompts)))
@@ -97,8 +102,11 @@ def main() -> int:
     ap.add_argument("--concurrency", type=int, default=64)
     ap.add_argument("--rounds", type=int, default=7)
     ap.add_argument("--max-tokens", type=int, default=16)
-    ap.add_argument("--sglang", action="store_true",
-                    help="the fake server speaks SGLang: token-id prompts in, completion token ids out (both clients)")
+    ap.add_argument(
+        "--sglang",
+        action="store_true",
+        help="the fake server speaks SGLang: token-id prompts in, completion token ids out (both clients)",
+    )
     ap.add_argument("--profile", type=Path, help="cProfile one more run of our stage into this file")
     ap.add_argument("--record", type=Path, default=ROOT / "benchmarks/results/fetch_speed.md")
     smoke_mode(ap, requests=48, concurrency=4, rounds=1, max_tokens=4, record=None)
@@ -111,13 +119,35 @@ def main() -> int:
     prompts_file = fixtures.write_prompts(work / "prompts.jsonl", args.requests)
     port = fixtures.free_port()
     url = f"http://127.0.0.1:{port}"
-    server = subprocess.Popen([sys.executable, fake_openai_server.__file__, "--port", str(port),
-                               "--tokenizer", str(tok_dir), "--model", str(tok_dir), *(["--sglang"] if args.sglang else [])],
-                              stdout=subprocess.DEVNULL)
-    settings = {"dataset": "bench", "prompts": str(prompts_file), "tokenizer": str(tok_dir),
-                "server": {"kind": "external", "base_url": url, "start_command": "false", "stop_command": "true",
-                           "log_dir": str(work / "server-logs")},
-                "max_tokens": args.max_tokens, "concurrency": args.concurrency, "timeout_s": 60.0}
+    server = subprocess.Popen(
+        [
+            sys.executable,
+            fake_openai_server.__file__,
+            "--port",
+            str(port),
+            "--tokenizer",
+            str(tok_dir),
+            "--model",
+            str(tok_dir),
+            *(["--sglang"] if args.sglang else []),
+        ],
+        stdout=subprocess.DEVNULL,
+    )
+    settings = {
+        "dataset": "bench",
+        "prompts": str(prompts_file),
+        "tokenizer": str(tok_dir),
+        "server": {
+            "kind": "external",
+            "base_url": url,
+            "start_command": "false",
+            "stop_command": "true",
+            "log_dir": str(work / "server-logs"),
+        },
+        "max_tokens": args.max_tokens,
+        "concurrency": args.concurrency,
+        "timeout_s": 60.0,
+    }
     # The bare loop sends the very prompts our stage sends: the chat template rendered as text, or its
     # token ids when the server takes them (SGLang).
     texts = [fetch.render(tok, p.messages, {})[1 if args.sglang else 0] for p in load_prompts(prompts_file)]
@@ -174,7 +204,8 @@ def main() -> int:
         f"{args.rounds} alternating rounds after a warm-up of each, both under fetch.heap_frozen, gc.collect() before "
         f"each; {'SGLang-style server (token ids in and out)' if args.sglang else 'OpenAI-style server (text in and out)'}; "
         f"{cpu}; load average {load_before[0]:.1f} before, "
-        f"{load_after[0]:.1f} after; {time.strftime('%Y-%m-%d %H:%M')}", "",
+        f"{load_after[0]:.1f} after; {time.strftime('%Y-%m-%d %H:%M')}",
+        "",
         "| client | wall seconds per round | requests/s (median) | client CPU ms per request (median) "
         "| GC ms per round |",
         "|---|---|---:|---:|---|",

@@ -63,20 +63,40 @@ def offline_steps(args: argparse.Namespace, dtype: str, drafter, completions: Pa
     """The workflow's own numbers: extract the served completions' states, evaluate the drafter's own chain."""
     target = {"path": str(args.target), "dtype": dtype, "device": args.device, "backend": args.backend}
     hidden = work / f"hidden-{dtype}"
-    extract({"dataset": "fidelity", "layer_ids": drafter.layer_ids, "last_layer": "final_norm", "target": target,
-             "server": None}, completions, hidden)
-    settings = stage_settings("evaluate", {
-        "drafter": Path(args.drafter).name, "dataset": "fidelity", "target": {"path": str(args.target)},
-        "checkpoint": {"path": str(args.drafter), "layer_ids": drafter.layer_ids},
-        "device": args.device, "dtype": dtype, "block_sizes": [drafter.block_size], "ddtree_budgets": [],
-        "topk": [1],
-        # the drafter was trained on torch-kernel states; here both sides run --backend, which is the point
-        "allow_backend_mismatch": True,
-    })
+    extract(
+        {
+            "dataset": "fidelity",
+            "layer_ids": drafter.layer_ids,
+            "last_layer": "final_norm",
+            "target": target,
+            "server": None,
+        },
+        completions,
+        hidden,
+    )
+    settings = stage_settings(
+        "evaluate",
+        {
+            "drafter": Path(args.drafter).name,
+            "dataset": "fidelity",
+            "target": {"path": str(args.target)},
+            "checkpoint": {"path": str(args.drafter), "layer_ids": drafter.layer_ids},
+            "device": args.device,
+            "dtype": dtype,
+            "block_sizes": [drafter.block_size],
+            "ddtree_budgets": [],
+            "topk": [1],
+            # the drafter was trained on torch-kernel states; here both sides run --backend, which is the point
+            "allow_backend_mismatch": True,
+        },
+    )
     _, rows = run_evaluation(settings, str(hidden), str(completions))  # rows: one dict per sample and method
     chain = chain_method(drafter.block_size)
-    return {str(row["id"]): [int(x) for x in str(row["acceptance_lengths"]).split()]
-            for row in rows if row["method"] == chain}
+    return {
+        str(row["id"]): [int(x) for x in str(row["acceptance_lengths"]).split()]
+        for row in rows
+        if row["method"] == chain
+    }
 
 
 def live_runs(args: argparse.Namespace, dtype: str, records: list[dict], stops: list[int]) -> tuple[list[dict], dict]:
@@ -90,7 +110,7 @@ def live_runs(args: argparse.Namespace, dtype: str, records: list[dict], stops: 
             for record in records:
                 prompt = record["prompt_token_ids"]
                 steps, ids = run_reference_loop(drafter, target, prompt, int(record["request"]["max_tokens"]), stops)
-                run[str(record["id"])] = {"steps": steps, "completion_ids": ids[len(prompt):]}
+                run[str(record["id"])] = {"steps": steps, "completion_ids": ids[len(prompt) :]}
             runs.append(run)
         info = backend.verify()
     del target, drafter
@@ -138,67 +158,104 @@ def compare(records: list[dict], offline: dict[str, list[int]], runs: list[dict]
         return {side: sum(directions[i] == side for i in subset) for side in ("offline", "live", "prefix")}
 
     return {
-        "samples": len(ids), "equal_steps": len(equal), "live_completion_differs": len(drifted),
-        "same_completion": len(same), "equal_among_same_completion": len(set(equal) & set(same)),
-        "first_difference": sides(ids), "first_difference_same_completion": sides(same),
+        "samples": len(ids),
+        "equal_steps": len(equal),
+        "live_completion_differs": len(drifted),
+        "same_completion": len(same),
+        "equal_among_same_completion": len(set(equal) & set(same)),
+        "first_difference": sides(ids),
+        "first_difference_same_completion": sides(same),
         "first_difference_drifted": sides(drifted),
-        "tau_offline": tau({i: offline.get(i, []) for i in ids}), "tau_live": tau(live),
-        "live_minus_offline": paired(ids), "live_minus_offline_same_completion": paired(same),
+        "tau_offline": tau({i: offline.get(i, []) for i in ids}),
+        "tau_live": tau(live),
+        "live_minus_offline": paired(ids),
+        "live_minus_offline_same_completion": paired(same),
         "live_minus_offline_drifted": paired(drifted),
-        "repeats": [{"tau_live": tau({i: r["steps"] for i, r in run.items()}),
-                     "samples_differing_from_first": sum(run[i]["steps"] != live[i] for i in ids)}
-                    for run in runs[1:]],
-        "unequal_ids": [i for i in ids if i not in equal], "drifted_ids": drifted,
+        "repeats": [
+            {
+                "tau_live": tau({i: r["steps"] for i, r in run.items()}),
+                "samples_differing_from_first": sum(run[i]["steps"] != live[i] for i in ids),
+            }
+            for run in runs[1:]
+        ],
+        "unequal_ids": [i for i in ids if i not in equal],
+        "drifted_ids": drifted,
     }
 
 
 def table(results: dict[str, dict], seconds: dict[str, float]) -> list[str]:
     """One row per dtype; then the same split by whether the live completion is the served one."""
-    lines = ["| dtype | samples | equal step for step | live completion ≠ served | first difference: offline > live "
-             "/ live > offline / one ends first | tau offline | tau live | live − offline (95% CI) "
-             "| live reruns (tau; samples differing from run 1) | seconds |",
-             "|---|---:|---:|---:|---:|---:|---:|---:|---|---:|"]
+    lines = [
+        "| dtype | samples | equal step for step | live completion ≠ served | first difference: offline > live "
+        "/ live > offline / one ends first | tau offline | tau live | live − offline (95% CI) "
+        "| live reruns (tau; samples differing from run 1) | seconds |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---|---:|",
+    ]
     for dtype, r in results.items():
         first = r["first_difference"]
         reruns = "; ".join(f"{x['tau_live']:.3f}, {x['samples_differing_from_first']}" for x in r["repeats"]) or "–"
-        lines.append(f"| {dtype} | {r['samples']} | {r['equal_steps']} of {r['samples']} "
-                     f"| {r['live_completion_differs']} | {first['offline']} / {first['live']} / {first['prefix']} "
-                     f"| {r['tau_offline']:.3f} | {r['tau_live']:.3f} | {_interval(r['live_minus_offline'])} "
-                     f"| {reruns} | {seconds[dtype]:.0f} |")
-    lines += ["", "| dtype | live completion | samples | equal step for step | first difference: offline > live / "
-              "live > offline / one ends first | live − offline (95% CI) |", "|---|---|---:|---:|---:|---:|"]
+        lines.append(
+            f"| {dtype} | {r['samples']} | {r['equal_steps']} of {r['samples']} "
+            f"| {r['live_completion_differs']} | {first['offline']} / {first['live']} / {first['prefix']} "
+            f"| {r['tau_offline']:.3f} | {r['tau_live']:.3f} | {_interval(r['live_minus_offline'])} "
+            f"| {reruns} | {seconds[dtype]:.0f} |"
+        )
+    lines += [
+        "",
+        "| dtype | live completion | samples | equal step for step | first difference: offline > live / "
+        "live > offline / one ends first | live − offline (95% CI) |",
+        "|---|---|---:|---:|---:|---:|",
+    ]
     for dtype, r in results.items():
         for label, key, count, equal in (
-                ("= served", "same_completion", r["same_completion"], r["equal_among_same_completion"]),
-                ("≠ served", "drifted", r["live_completion_differs"], r["equal_steps"] - r["equal_among_same_completion"])):
+            ("= served", "same_completion", r["same_completion"], r["equal_among_same_completion"]),
+            ("≠ served", "drifted", r["live_completion_differs"], r["equal_steps"] - r["equal_among_same_completion"]),
+        ):
             first = r[f"first_difference_{key}"]
-            lines.append(f"| {dtype} | {label} | {count} | {equal} of {count} | {first['offline']} / {first['live']} / "
-                         f"{first['prefix']} | {_interval(r[f'live_minus_offline_{key}'])} |")
+            lines.append(
+                f"| {dtype} | {label} | {count} | {equal} of {count} | {first['offline']} / {first['live']} / "
+                f"{first['prefix']} | {_interval(r[f'live_minus_offline_{key}'])} |"
+            )
     return lines
 
 
 def header(meta: dict, records: int, drafter, versions: dict) -> list[str]:
-    return [f"### {meta['date']}: {meta['device']}, backend {meta['backend']}, {records} samples of "
-            f"{meta['completions']}, drafter {meta['drafter']} (block {drafter.block_size}, layers "
-            f"{drafter.layer_ids}), {meta['repeats']} live run(s) per dtype",
-            "",
-            f"Live: dflash_generate with exact rollback; offline: extract + evaluate (chain-B{drafter.block_size}), "
-            f"same device and dtype. Versions: " + ", ".join(f"{k} {versions[k]}" for k in sorted(versions))
-            + f"; {meta['tf32']}. Command: `{meta['command']}`",
-            ""]
+    return [
+        f"### {meta['date']}: {meta['device']}, backend {meta['backend']}, {records} samples of "
+        f"{meta['completions']}, drafter {meta['drafter']} (block {drafter.block_size}, layers "
+        f"{drafter.layer_ids}), {meta['repeats']} live run(s) per dtype",
+        "",
+        f"Live: dflash_generate with exact rollback; offline: extract + evaluate (chain-B{drafter.block_size}), "
+        f"same device and dtype. Versions: "
+        + ", ".join(f"{k} {versions[k]}" for k in sorted(versions))
+        + f"; {meta['tf32']}. Command: `{meta['command']}`",
+        "",
+    ]
 
 
 def measure(args: argparse.Namespace, records: list[dict], drafter) -> dict:
     """Offline and live on this machine, per dtype; the saved form (--json) that --from-json re-scores."""
     stops = stop_token_ids({"target": {"path": str(args.target)}, "stop_token_ids": None})
-    device = torch.cuda.get_device_name(torch.device(args.device)) if args.device.startswith("cuda") else \
-        platform.processor() or "cpu"
-    saved = {"meta": {"date": time.strftime("%Y-%m-%d"), "device": device, "backend": args.backend,
-                      "completions": args.completions.name, "drafter": args.drafter.name, "repeats": args.repeats,
-                      "tf32": f"TF32 matmul {torch.backends.cuda.matmul.allow_tf32}, "
-                              f"cudnn {torch.backends.cudnn.allow_tf32}",
-                      "command": f"python benchmarks/fidelity.py {' '.join(sys.argv[1:])}"},
-             "versions": package_versions(), "seconds": {}, "samples": {}}
+    device = (
+        torch.cuda.get_device_name(torch.device(args.device))
+        if args.device.startswith("cuda")
+        else platform.processor() or "cpu"
+    )
+    saved = {
+        "meta": {
+            "date": time.strftime("%Y-%m-%d"),
+            "device": device,
+            "backend": args.backend,
+            "completions": args.completions.name,
+            "drafter": args.drafter.name,
+            "repeats": args.repeats,
+            "tf32": f"TF32 matmul {torch.backends.cuda.matmul.allow_tf32}, cudnn {torch.backends.cudnn.allow_tf32}",
+            "command": f"python benchmarks/fidelity.py {' '.join(sys.argv[1:])}",
+        },
+        "versions": package_versions(),
+        "seconds": {},
+        "samples": {},
+    }
     with tempfile.TemporaryDirectory() as tmp:
         work = Path(tmp)
         completions = work / "completions.jsonl"
@@ -229,8 +286,11 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=1, help="live runs per dtype (run-to-run variation)")
     parser.add_argument("--bootstrap", type=int, default=1000)
     parser.add_argument("--json", type=Path, help="write the per-sample steps and the run's facts here")
-    parser.add_argument("--from-json", type=Path,
-                        help="re-score a run saved with --json (no model runs): the same tables from its samples")
+    parser.add_argument(
+        "--from-json",
+        type=Path,
+        help="re-score a run saved with --json (no model runs): the same tables from its samples",
+    )
     parser.add_argument("--record", type=Path, default=RECORD)
     # both sides on a tiny random target and drafter on the CPU (torch kernels), fp32: the code path, not the figures
     smoke_mode(parser, device="cpu", backend="torch", dtypes=["float32"], bootstrap=50, record=None)
@@ -252,10 +312,14 @@ def run(args: argparse.Namespace) -> None:
         saved["meta"]["command"] += f" (re-scored: python benchmarks/fidelity.py {' '.join(sys.argv[1:])})"
     else:
         saved = measure(args, records, drafter)
-    results = {dtype: compare(records, saved["samples"][dtype]["offline"], saved["samples"][dtype]["live"],
-                              args.bootstrap) for dtype in DTYPES if dtype in saved["samples"]}
-    print_and_record(header(saved["meta"], len(records), drafter, saved["versions"])
-                     + table(results, saved["seconds"]), args.record)
+    results = {
+        dtype: compare(records, saved["samples"][dtype]["offline"], saved["samples"][dtype]["live"], args.bootstrap)
+        for dtype in DTYPES
+        if dtype in saved["samples"]
+    }
+    print_and_record(
+        header(saved["meta"], len(records), drafter, saved["versions"]) + table(results, saved["seconds"]), args.record
+    )
     if args.json:
         atomic_write_json(args.json, {**saved, "results": results})
 

@@ -66,18 +66,39 @@ def serve_and_fetch(args: argparse.Namespace, block: int, out: Path) -> list[dic
     from dflash_eval.testing.fixtures import free_port
 
     port = free_port()
-    command = (f"OMP_NUM_THREADS={args.server_threads} exec {sys.executable} -m dflash_eval.cli demo-server "
-               f"--model-path {args.target} --port {port} --speculative-algorithm DFLASH "
-               f"--speculative-draft-model-path {args.drafter} --speculative-num-draft-tokens {block} "
-               f"--threads {args.server_threads}")
-    settings = {"kind": "managed", "base_url": f"http://127.0.0.1:{port}", "model": None, "command": command,
-                "health_timeout_s": 300.0, "stop_grace_s": 5.0, "log_dir": str(out.parent / "server-logs")}
+    command = (
+        f"OMP_NUM_THREADS={args.server_threads} exec {sys.executable} -m dflash_eval.cli demo-server "
+        f"--model-path {args.target} --port {port} --speculative-algorithm DFLASH "
+        f"--speculative-draft-model-path {args.drafter} --speculative-num-draft-tokens {block} "
+        f"--threads {args.server_threads}"
+    )
+    settings = {
+        "kind": "managed",
+        "base_url": f"http://127.0.0.1:{port}",
+        "model": None,
+        "command": command,
+        "health_timeout_s": 300.0,
+        "stop_grace_s": 5.0,
+        "log_dir": str(out.parent / "server-logs"),
+    }
     controller = ServerController(settings)
     controller.ensure_up()
     try:
-        return fetch({"dataset": "fidelity-sampled", "prompts": str(args.prompts), "max_samples": args.samples,
-                      "server": settings, "tokenizer": str(args.target), "max_tokens": args.max_tokens,
-                      "concurrency": 4, "n": args.n, "sampling_seed": 0, **sampling(args)}, out)
+        return fetch(
+            {
+                "dataset": "fidelity-sampled",
+                "prompts": str(args.prompts),
+                "max_samples": args.samples,
+                "server": settings,
+                "tokenizer": str(args.target),
+                "max_tokens": args.max_tokens,
+                "concurrency": 4,
+                "n": args.n,
+                "sampling_seed": 0,
+                **sampling(args),
+            },
+            out,
+        )
     finally:
         controller.stop_if_launched()
 
@@ -86,20 +107,41 @@ def evaluate(args: argparse.Namespace, dtype: str, drafter, completions: Path, w
     """extract (with target log-probs) + evaluate under both schemes: (metrics, id -> target_only chain steps)."""
     target = {"path": str(args.target), "dtype": dtype, "device": args.device, "backend": args.backend}
     hidden = work / f"hidden-{completions.stem}-{dtype}"
-    extract({"dataset": "fidelity-sampled", "layer_ids": drafter.layer_ids, "last_layer": "final_norm",
-             "target": target, "server": None, "target_logprobs": True}, completions, hidden)
-    settings = stage_settings("evaluate", {
-        "drafter": Path(args.drafter).name, "dataset": "fidelity-sampled", "target": {"path": str(args.target)},
-        "checkpoint": {"path": str(args.drafter), "layer_ids": drafter.layer_ids}, "device": args.device,
-        "dtype": dtype, "block_sizes": [drafter.block_size], "ddtree_budgets": [], "topk": [1],
-        "verify": ["target_only", "rejection"], "bootstrap": args.bootstrap,
-        "allow_backend_mismatch": True,  # the demo's drafters were trained on torch-kernel states
-    })
+    extract(
+        {
+            "dataset": "fidelity-sampled",
+            "layer_ids": drafter.layer_ids,
+            "last_layer": "final_norm",
+            "target": target,
+            "server": None,
+            "target_logprobs": True,
+        },
+        completions,
+        hidden,
+    )
+    settings = stage_settings(
+        "evaluate",
+        {
+            "drafter": Path(args.drafter).name,
+            "dataset": "fidelity-sampled",
+            "target": {"path": str(args.target)},
+            "checkpoint": {"path": str(args.drafter), "layer_ids": drafter.layer_ids},
+            "device": args.device,
+            "dtype": dtype,
+            "block_sizes": [drafter.block_size],
+            "ddtree_budgets": [],
+            "topk": [1],
+            "verify": ["target_only", "rejection"],
+            "bootstrap": args.bootstrap,
+            "allow_backend_mismatch": True,  # the demo's drafters were trained on torch-kernel states
+        },
+    )
     metrics, rows = run_evaluation(settings, str(hidden), str(completions))
     metrics["first_token_outside"] = first_token_outside(hidden, drafter.layer_ids)
     chain = chain_method(drafter.block_size)
-    return metrics, {str(r["id"]): [int(x) for x in str(r["acceptance_lengths"]).split()]
-                     for r in rows if r["method"] == chain}
+    return metrics, {
+        str(r["id"]): [int(x) for x in str(r["acceptance_lengths"]).split()] for r in rows if r["method"] == chain
+    }
 
 
 def first_token_outside(hidden: Path, layer_ids: list[int]) -> int:
@@ -121,14 +163,19 @@ def served_check(records: list[dict], metrics: dict, steps: dict, block: int) ->
     compared = {str(r["id"]): compare_request(request_counters(r), steps[str(r["id"])], block) for r in records}
     rejection = metrics["rejection"]
     chain = rejection["methods"][chain_method(block)]
-    return {"requests": len(compared), "equal": sum(c["equal"] for c in compared.values()),
-            "exact": sum(c["exact"] for c in compared.values()),
-            "unequal_ids": [i for i, c in compared.items() if not c["equal"]],
-            "tau_target_only": metrics["chain"]["tau_mean_of_samples"],
-            "tau_rejection": chain["tau_mean_of_samples"], "rejection_samples": chain["samples"],
-            "outside_support": rejection["outside_support"], "first_token_outside": metrics["first_token_outside"],
-            "skipped": len(metrics["diagnostics"]["samples_skipped"]),
-            "sampled_check": metrics["diagnostics"]["sampled_check"]}
+    return {
+        "requests": len(compared),
+        "equal": sum(c["equal"] for c in compared.values()),
+        "exact": sum(c["exact"] for c in compared.values()),
+        "unequal_ids": [i for i, c in compared.items() if not c["equal"]],
+        "tau_target_only": metrics["chain"]["tau_mean_of_samples"],
+        "tau_rejection": chain["tau_mean_of_samples"],
+        "rejection_samples": chain["samples"],
+        "outside_support": rejection["outside_support"],
+        "first_token_outside": metrics["first_token_outside"],
+        "skipped": len(metrics["diagnostics"]["samples_skipped"]),
+        "sampled_check": metrics["diagnostics"]["sampled_check"],
+    }
 
 
 def live_records(args: argparse.Namespace, dtype: str, prompts: list[list[int]], stops: list[int]) -> list[dict]:
@@ -144,12 +191,28 @@ def live_records(args: argparse.Namespace, dtype: str, prompts: list[list[int]],
                 progress(f"{dtype}: {seed} of {args.runs} dflash_generate runs", started)
             prompt = prompts[seed % len(prompts)]
             torch.manual_seed(seed)
-            steps, ids = run_reference_loop(drafter, target, prompt, args.mc_max_tokens, stops,
-                                            temperature=args.temperature, top_p=args.top_p,
-                                            top_k=max(args.top_k, 0))
-            records.append({"id": f"run{seed}#s0", "prompt_token_ids": prompt, "completion_token_ids": ids[len(prompt):],
-                            "request": {"max_tokens": args.mc_max_tokens}, "completion_ids_source": "server",
-                            "token_check": {}, "sampling": {**drawn, "seed": seed}, "live_steps": steps})
+            steps, ids = run_reference_loop(
+                drafter,
+                target,
+                prompt,
+                args.mc_max_tokens,
+                stops,
+                temperature=args.temperature,
+                top_p=args.top_p,
+                top_k=max(args.top_k, 0),
+            )
+            records.append(
+                {
+                    "id": f"run{seed}#s0",
+                    "prompt_token_ids": prompt,
+                    "completion_token_ids": ids[len(prompt) :],
+                    "request": {"max_tokens": args.mc_max_tokens},
+                    "completion_ids_source": "server",
+                    "token_check": {},
+                    "sampling": {**drawn, "seed": seed},
+                    "live_steps": steps,
+                }
+            )
         backend.verify()
     del target, drafter
     if torch.cuda.is_available():
@@ -171,38 +234,53 @@ def monte_carlo(records: list[dict], metrics: dict, block: int) -> dict:
         residual += realised[-1] - row["expected_tau"]
         variance += row["tau_variance"]
     z = residual / math.sqrt(variance) if variance > 0 else math.nan
-    return {"runs": len(realised), "z": z, "mean_expected_tau": sum(expected) / max(len(expected), 1),
-            "mean_realised_tau": sum(realised) / max(len(realised), 1),
-            "outside_support": metrics["rejection"]["outside_support"]}
+    return {
+        "runs": len(realised),
+        "z": z,
+        "mean_expected_tau": sum(expected) / max(len(expected), 1),
+        "mean_realised_tau": sum(realised) / max(len(realised), 1),
+        "outside_support": metrics["rejection"]["outside_support"],
+    }
 
 
 def heading(meta: dict) -> list[str]:
     drawn = f"T {meta['temperature']:g}, top-k {meta['top_k']}, top-p {meta['top_p']:g}"
-    return [f"### {meta['date']}: {meta['device']}, backend {meta['backend']}, at {drawn} (commit {meta['commit']})",
-            "", f"Command: `{meta['command']}`", ""]
+    return [
+        f"### {meta['date']}: {meta['device']}, backend {meta['backend']}, at {drawn} (commit {meta['commit']})",
+        "",
+        f"Command: `{meta['command']}`",
+        "",
+    ]
 
 
 def served_table(results: dict) -> list[str]:
-    lines = ["| dtype | served requests | offline target_only = counters per request | tau target_only | "
-             "tau rejection (expected; samples) | samples skipped | first token outside dflash's support (taken as "
-             "given) | samples with a verified token outside it (tokens) | support share | seconds |",
-             "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    lines = [
+        "| dtype | served requests | offline target_only = counters per request | tau target_only | "
+        "tau rejection (expected; samples) | samples skipped | first token outside dflash's support (taken as "
+        "given) | samples with a verified token outside it (tokens) | support share | seconds |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+    ]
     for dtype, r in results.items():
         s = r["served"]
         out, check = s["outside_support"], s["sampled_check"] or {}
         share = "–" if check.get("support_share") is None else f"{check['support_share']:.4f}"
-        lines.append(f"| {dtype} | {s['requests']} | {s['equal']} of {s['requests']} ({s['exact']} exactly) "
-                     f"| {s['tau_target_only']:.3f} | {s['tau_rejection']:.3f}; {s['rejection_samples']} "
-                     f"| {s['skipped']} | {s['first_token_outside']} of {s['requests']} "
-                     f"| {out['samples']} of {out['samples_scored']} ({out['tokens']}) | {share} | {r['seconds']:.0f} |")
+        lines.append(
+            f"| {dtype} | {s['requests']} | {s['equal']} of {s['requests']} ({s['exact']} exactly) "
+            f"| {s['tau_target_only']:.3f} | {s['tau_rejection']:.3f}; {s['rejection_samples']} "
+            f"| {s['skipped']} | {s['first_token_outside']} of {s['requests']} "
+            f"| {out['samples']} of {out['samples_scored']} ({out['tokens']}) | {share} | {r['seconds']:.0f} |"
+        )
     return lines
 
 
 def monte_carlo_table(dtype: str, m: dict) -> list[str]:
-    return ["| dtype | dflash_generate runs | mean realised tau | mean expected tau | Z | samples outside support "
-            "| seconds (runs; their evaluation) |", "|---|---:|---:|---:|---:|---:|---:|",
-            f"| {dtype} | {m['runs']} | {m['mean_realised_tau']:.3f} | {m['mean_expected_tau']:.3f} | {m['z']:+.2f} "
-            f"| {m['outside_support']['samples']} | {m['run_seconds']:.0f}; {m['evaluate_seconds']:.0f} |"]
+    return [
+        "| dtype | dflash_generate runs | mean realised tau | mean expected tau | Z | samples outside support "
+        "| seconds (runs; their evaluation) |",
+        "|---|---:|---:|---:|---:|---:|---:|",
+        f"| {dtype} | {m['runs']} | {m['mean_realised_tau']:.3f} | {m['mean_expected_tau']:.3f} | {m['z']:+.2f} "
+        f"| {m['outside_support']['samples']} | {m['run_seconds']:.0f}; {m['evaluate_seconds']:.0f} |",
+    ]
 
 
 def main() -> None:
@@ -228,8 +306,21 @@ def main() -> None:
     parser.add_argument("--json", type=Path, help="write the results here")
     parser.add_argument("--record", type=Path, default=RECORD)
     # the code path on a tiny random target and drafter on the CPU (torch kernels), fp32: not the figures
-    smoke_mode(parser, device="cpu", backend="torch", dtypes=["float32"], mc_dtypes=["float32"], samples=2, n=2,
-               max_tokens=12, runs=4, mc_max_tokens=12, server_threads=1, bootstrap=20, record=None)
+    smoke_mode(
+        parser,
+        device="cpu",
+        backend="torch",
+        dtypes=["float32"],
+        mc_dtypes=["float32"],
+        samples=2,
+        n=2,
+        max_tokens=12,
+        runs=4,
+        mc_max_tokens=12,
+        server_threads=1,
+        bootstrap=20,
+        record=None,
+    )
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         if args.smoke:
@@ -246,11 +337,19 @@ def run(args: argparse.Namespace, work: Path) -> None:
     done: a run cut short by a time limit keeps every table it finished."""
     drafter = load_drafter(args.drafter)
     block = drafter.block_size
-    device = torch.cuda.get_device_name(torch.device(args.device)) if args.device.startswith("cuda") else \
-        platform.processor() or "cpu"
-    meta = {"date": time.strftime("%Y-%m-%d"), "device": device, "backend": args.backend,
-            "commit": checkout_commit(ROOT), "command": f"python benchmarks/fidelity_sampled.py {' '.join(sys.argv[1:])}",
-            **sampling(args)}
+    device = (
+        torch.cuda.get_device_name(torch.device(args.device))
+        if args.device.startswith("cuda")
+        else platform.processor() or "cpu"
+    )
+    meta = {
+        "date": time.strftime("%Y-%m-%d"),
+        "device": device,
+        "backend": args.backend,
+        "commit": checkout_commit(ROOT),
+        "command": f"python benchmarks/fidelity_sampled.py {' '.join(sys.argv[1:])}",
+        **sampling(args),
+    }
     served_path = work / "served.jsonl"
     started = time.perf_counter()
     records = serve_and_fetch(args, block, served_path)
@@ -261,14 +360,16 @@ def run(args: argparse.Namespace, work: Path) -> None:
     for dtype in args.dtypes:
         started = time.perf_counter()
         metrics, steps = evaluate(args, dtype, drafter, served_path, work)
-        results[dtype] = {"served": served_check(records, metrics, steps, block),
-                          "seconds": time.perf_counter() - started}
+        results[dtype] = {
+            "served": served_check(records, metrics, steps, block),
+            "seconds": time.perf_counter() - started,
+        }
         progress(f"{dtype}: served requests evaluated", started)
     print_and_record(heading(meta) + served_table(results), args.record)
     write_json(args, meta, results)
     for dtype in args.mc_dtypes if args.runs else []:
         started = time.perf_counter()
-        prompts = [r["prompt_token_ids"] for r in records[::args.n]]
+        prompts = [r["prompt_token_ids"] for r in records[:: args.n]]
         live = live_records(args, dtype, prompts, stops)
         run_seconds = time.perf_counter() - started
         progress(f"{dtype}: {len(live)} dflash_generate runs", started)
@@ -278,8 +379,10 @@ def run(args: argparse.Namespace, work: Path) -> None:
         mc_metrics, _ = evaluate(args, dtype, drafter, path, work)
         progress(f"{dtype}: the runs evaluated", evaluated)
         results.setdefault(dtype, {})["monte_carlo"] = {
-            **monte_carlo(live, mc_metrics, block), "run_seconds": run_seconds,
-            "evaluate_seconds": time.perf_counter() - evaluated}
+            **monte_carlo(live, mc_metrics, block),
+            "run_seconds": run_seconds,
+            "evaluate_seconds": time.perf_counter() - evaluated,
+        }
         print_and_record(monte_carlo_table(dtype, results[dtype]["monte_carlo"]), args.record)
         write_json(args, meta, results)
 

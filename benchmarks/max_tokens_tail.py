@@ -45,14 +45,20 @@ RECORD = ROOT / "benchmarks" / "results" / "max_tokens_tail.md"
 
 def tail_counts(drafter, target, prompts: list[list[int]], max_tokens: int, stops: list[int], block: int) -> dict:
     """Per request: SGLang's steps (full blocks, cut) against the shortened loop's, at this max_tokens."""
-    counts = {"requests": len(prompts), "cut": 0, "steps_differ": 0, "drafts_differ": 0, "tokens_differ": 0,
-              "tail_steps": 0}
+    counts = {
+        "requests": len(prompts),
+        "cut": 0,
+        "steps_differ": 0,
+        "drafts_differ": 0,
+        "tokens_differ": 0,
+        "tail_steps": 0,
+    }
     for prompt in prompts:
         full_steps, full = run_reference_loop(drafter, target, prompt, max_tokens + block, stops, block_size=block)
-        served = full[len(prompt):][:max_tokens]
+        served = full[len(prompt) :][:max_tokens]
         sglang = sglang_steps(full_steps, len(served))
         short_steps, short = run_reference_loop(drafter, target, prompt, max_tokens, stops, block_size=block)
-        if short[len(prompt):] != served:
+        if short[len(prompt) :] != served:
             counts["tokens_differ"] += 1
         if len(served) < max_tokens:
             continue  # stopped before the cut: both sides ran the same full blocks
@@ -66,15 +72,20 @@ def tail_counts(drafter, target, prompts: list[list[int]], max_tokens: int, stop
 
 
 def table(args: argparse.Namespace, rows: dict[int, dict], block: int, seconds: float) -> list[str]:
-    lines = [f"## max_tokens_tail {time.strftime('%Y-%m-%d')}: {platform.node() or 'this machine'}, "
-             f"torch {torch.__version__}, {args.device}, fp32, block {block}, greedy",
-             "", f"`python benchmarks/max_tokens_tail.py {' '.join(sys.argv[1:])}` ({seconds:.0f} s)", "",
-             "| max_tokens | requests | cut at max_tokens | step counts differ | accepted drafts differ "
-             "| tokens differ |",
-             "|---:|---:|---:|---:|---:|---:|"]
+    lines = [
+        f"## max_tokens_tail {time.strftime('%Y-%m-%d')}: {platform.node() or 'this machine'}, "
+        f"torch {torch.__version__}, {args.device}, fp32, block {block}, greedy",
+        "",
+        f"`python benchmarks/max_tokens_tail.py {' '.join(sys.argv[1:])}` ({seconds:.0f} s)",
+        "",
+        "| max_tokens | requests | cut at max_tokens | step counts differ | accepted drafts differ | tokens differ |",
+        "|---:|---:|---:|---:|---:|---:|",
+    ]
     for max_tokens, c in rows.items():
-        lines.append(f"| {max_tokens} | {c['requests']} | {c['cut']} | {c['steps_differ']} | {c['drafts_differ']} "
-                     f"| {c['tokens_differ']} |")
+        lines.append(
+            f"| {max_tokens} | {c['requests']} | {c['cut']} | {c['steps_differ']} | {c['drafts_differ']} "
+            f"| {c['tokens_differ']} |"
+        )
     return lines
 
 
@@ -87,8 +98,10 @@ def run(args: argparse.Namespace) -> None:
     stops = stop_token_ids({"target": {"path": str(args.target)}})
     started = time.perf_counter()
     with use_backend(args.backend, args.device, target), torch.no_grad():
-        rows = {max_tokens: tail_counts(drafter, target, prompts, max_tokens, stops, block)
-                for max_tokens in args.max_tokens}
+        rows = {
+            max_tokens: tail_counts(drafter, target, prompts, max_tokens, stops, block)
+            for max_tokens in args.max_tokens
+        }
     print_and_record(table(args, rows, block, time.perf_counter() - started), args.record)
 
 

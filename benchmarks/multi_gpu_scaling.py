@@ -69,8 +69,11 @@ def evaluate_one(args: argparse.Namespace, record: str) -> dict:
     with torch.device(device):
         model = DFlashDraftModel(config).to(dtype).eval()
         embed = (torch.randn(config.vocab_size, config.hidden_size) * 0.02).to(dtype)
-        head = (torch.randn(config.vocab_size, config.hidden_size) * 0.02
-                * torch.exp(1.5 * torch.randn(config.vocab_size, 1))).to(dtype)  # spread norms: evaluator_speed.py
+        head = (
+            torch.randn(config.vocab_size, config.hidden_size)
+            * 0.02
+            * torch.exp(1.5 * torch.randn(config.vocab_size, 1))
+        ).to(dtype)  # spread norms: evaluator_speed.py
     runner = BlockDrafter(model, embed, head, config.dflash_config["mask_token_id"]).to(device)
     samples = build_samples(runner, args.samples, args.seq_len, args.prompt_len, args.tau, seed=1)
     methods = {"block_sizes": list(range(2, config.block_size + 1)), **DEFAULT_METHODS}
@@ -105,8 +108,22 @@ def _forked(args: argparse.Namespace, record: str, out: str) -> int:
 
 def run_jobs(args: argparse.Namespace, k: int, records: Path) -> tuple[float, list[dict], placement.UtilisationSampler]:
     """--jobs evaluations, at most `k` at once, each its own process; wall seconds, their outputs, the sampler."""
-    command = [sys.executable, __file__, "--shape", args.shape, "--dtype", args.dtype, "--samples", str(args.samples),
-               "--seq-len", str(args.seq_len), "--prompt-len", str(args.prompt_len), "--tau", str(args.tau)]
+    command = [
+        sys.executable,
+        __file__,
+        "--shape",
+        args.shape,
+        "--dtype",
+        args.dtype,
+        "--samples",
+        str(args.samples),
+        "--seq-len",
+        str(args.seq_len),
+        "--prompt-len",
+        str(args.prompt_len),
+        "--tau",
+        str(args.tau),
+    ]
     environment = {**os.environ, "DFLASH_EVAL_GPU_LOCKS": str(records / "locks")}
     os.environ["DFLASH_EVAL_GPU_LOCKS"] = environment["DFLASH_EVAL_GPU_LOCKS"]  # forked jobs read it here
 
@@ -169,13 +186,26 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--tau", type=float, default=6.0)
     parser.add_argument("--fake-gpus", type=int, default=0, help="that many fake GPUs, evaluating on the CPU (tests)")
     parser.add_argument("--sample-s", type=float, default=0.5, help="nvidia-smi sampling interval")
-    parser.add_argument("--keep-records", type=Path,
-                        help="copy each K's claim records here (K<k>/), for `dflash-eval gpu-placements`")
+    parser.add_argument(
+        "--keep-records", type=Path, help="copy each K's claim records here (K<k>/), for `dflash-eval gpu-placements`"
+    )
     parser.add_argument("--note", default="", help="a line for the record (the machine, its load)")
     parser.add_argument("--record", type=Path, default=ROOT / "benchmarks/results/multi_gpu_scaling.md")
     parser.add_argument("--worker", help=argparse.SUPPRESS)  # the claim record of one evaluation job (internal)
-    smoke_mode(parser, argv, shape="demo", dtype="float32", gpus=[1, 2], jobs=2, samples=1, seq_len=32, prompt_len=16,
-               tau=3.0, fake_gpus=3, record=None)
+    smoke_mode(
+        parser,
+        argv,
+        shape="demo",
+        dtype="float32",
+        gpus=[1, 2],
+        jobs=2,
+        samples=1,
+        seq_len=32,
+        prompt_len=16,
+        tau=3.0,
+        fake_gpus=3,
+        record=None,
+    )
     args = parser.parse_args(argv)
     if args.worker:
         print(json.dumps(evaluate_one(args, args.worker)), flush=True)
@@ -188,13 +218,19 @@ def main(argv: list[str] | None = None) -> int:
     counts = [k for k in args.gpus if k <= visible]
     if not counts:
         raise SystemExit(f"no K in --gpus {args.gpus} fits the {visible} visible GPU(s)")
-    lines = [f"## multi-GPU scaling: shape {args.shape}, {args.dtype}, {args.jobs} evaluations of {args.samples} "
-             f"samples x {args.seq_len} tokens, {visible} {'fake ' if args.fake_gpus else ''}GPU(s) visible, "
-             f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}", ""]
+    lines = [
+        f"## multi-GPU scaling: shape {args.shape}, {args.dtype}, {args.jobs} evaluations of {args.samples} "
+        f"samples x {args.seq_len} tokens, {visible} {'fake ' if args.fake_gpus else ''}GPU(s) visible, "
+        f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}",
+        "",
+    ]
     if args.note:
         lines += [args.note, ""]
-    lines += ["| K | jobs | wall s | speedup | efficiency | at once (max) | overlaps | job build s | job evaluate s "
-              "| mean util % per GPU |", "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|"]
+    lines += [
+        "| K | jobs | wall s | speedup | efficiency | at once (max) | overlaps | job build s | job evaluate s "
+        "| mean util % per GPU |",
+        "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|",
+    ]
     base: float | None = None
     failures = []
     for k in counts:
@@ -209,12 +245,16 @@ def main(argv: list[str] | None = None) -> int:
         speedup = base / wall if base else None  # against one GPU: only where a K=1 row was run
         if not check.ok or check.peak != min(k, args.jobs):
             failures.append(f"K={k}: {check.peak} at once, overlaps {check.overlaps}, unfinished {check.unfinished}")
-        utilisation = " ".join(f"{index}:{value:.0f}" for index, value in sampler.mean_utilisation().items()) \
+        utilisation = (
+            " ".join(f"{index}:{value:.0f}" for index, value in sampler.mean_utilisation().items())
             or f"not sampled ({sampler.error})"
+        )
         mean = lambda key: sum(o[key] for o in outputs) / len(outputs)  # noqa: E731
         ratio = f"{speedup:.2f} | {speedup / k:.2f}" if speedup else "- | -"
-        lines.append(f"| {k} | {args.jobs} | {wall:.1f} | {ratio} | {check.peak} "
-                     f"| {len(check.overlaps)} | {mean('build_s'):.1f} | {mean('evaluate_s'):.1f} | {utilisation} |")
+        lines.append(
+            f"| {k} | {args.jobs} | {wall:.1f} | {ratio} | {check.peak} "
+            f"| {len(check.overlaps)} | {mean('build_s'):.1f} | {mean('evaluate_s'):.1f} | {utilisation} |"
+        )
     print_and_record(lines + [f"\nPLACEMENT FAILED {line}" for line in failures], args.record)
     return 1 if failures else 0
 

@@ -50,8 +50,14 @@ def build_target(name: str, layers: int | None, device: torch.device, dtype: tor
 def measure(model: torch.nn.Module, args: argparse.Namespace) -> dict:
     from dflash_eval.tools.target_timing import measure_target
 
-    return measure_target(model, args.context, args.repeats, args.sizes, seconds_per_size=args.seconds_per_size,
-                          total_seconds=args.total_seconds)
+    return measure_target(
+        model,
+        args.context,
+        args.repeats,
+        args.sizes,
+        seconds_per_size=args.seconds_per_size,
+        total_seconds=args.total_seconds,
+    )
 
 
 def setup(device: torch.device) -> torch.dtype:
@@ -65,10 +71,27 @@ def setup(device: torch.device) -> torch.dtype:
 
 
 def child_args(args: argparse.Namespace, shape: str, out: Path) -> list[str]:
-    return [sys.executable, str(Path(__file__).resolve()), "--child", shape, "--out", str(out), "--device",
-            args.device, "--context", str(args.context), "--repeats", str(args.repeats), "--sizes",
-            ",".join(map(str, args.sizes)), "--seconds-per-size", str(args.seconds_per_size), "--total-seconds",
-            str(args.total_seconds), *(["--layers", str(args.layers)] if args.layers else [])]
+    return [
+        sys.executable,
+        str(Path(__file__).resolve()),
+        "--child",
+        shape,
+        "--out",
+        str(out),
+        "--device",
+        args.device,
+        "--context",
+        str(args.context),
+        "--repeats",
+        str(args.repeats),
+        "--sizes",
+        ",".join(map(str, args.sizes)),
+        "--seconds-per-size",
+        str(args.seconds_per_size),
+        "--total-seconds",
+        str(args.total_seconds),
+        *(["--layers", str(args.layers)] if args.layers else []),
+    ]
 
 
 def in_processes(args: argparse.Namespace, shape: str) -> list[dict]:
@@ -99,13 +122,18 @@ def shape_lines(shape: str, args: argparse.Namespace, device: torch.device, dtyp
         torch.cuda.empty_cache()
     fresh = in_processes(args, shape)
     first = same[0]
-    lines = ["", f"### {shape}: profile method `{first['method']}` ({first['method_why']}), context {args.context}, "
-             f"{args.repeats} repeats at least, cap {args.seconds_per_size:g} s per size and {args.total_seconds:g} s "
-             f"per profile; profile wall s: in one process {same[0]['wall_s']:.1f} and {same[1]['wall_s']:.1f}, "
-             f"in two processes {fresh[0]['wall_s']:.1f} and {fresh[1]['wall_s']:.1f}; shape done in "
-             f"{time.perf_counter() - began:.0f} s", "",
-             "| tokens verified | one process: run 1 ms | run 2 ms | run 2 / run 1 | two processes: process 1 ms | "
-             "process 2 ms | process 2 / process 1 | process 1 / run 1 |", "|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    lines = [
+        "",
+        f"### {shape}: profile method `{first['method']}` ({first['method_why']}), context {args.context}, "
+        f"{args.repeats} repeats at least, cap {args.seconds_per_size:g} s per size and {args.total_seconds:g} s "
+        f"per profile; profile wall s: in one process {same[0]['wall_s']:.1f} and {same[1]['wall_s']:.1f}, "
+        f"in two processes {fresh[0]['wall_s']:.1f} and {fresh[1]['wall_s']:.1f}; shape done in "
+        f"{time.perf_counter() - began:.0f} s",
+        "",
+        "| tokens verified | one process: run 1 ms | run 2 ms | run 2 / run 1 | two processes: process 1 ms | "
+        "process 2 ms | process 2 / process 1 | process 1 / run 1 |",
+        "|---:|---:|---:|---:|---:|---:|---:|---:|",
+    ]
     beyond = {"one process": [], "two processes": [], "across": []}
     for n in first["t_verify_ms"]:
         a, b = same[0]["t_verify_ms"][n], same[1]["t_verify_ms"][n]
@@ -113,11 +141,18 @@ def shape_lines(shape: str, args: argparse.Namespace, device: torch.device, dtyp
         for what, ratio in (("one process", b / a), ("two processes", d / c), ("across", c / a)):
             if abs(ratio - 1) > AGREE:
                 beyond[what].append(n)
-        lines.append(f"| {n} | {cell(same[0], n)} | {cell(same[1], n)} | {b / a:.3f} | {cell(fresh[0], n)} | "
-                     f"{cell(fresh[1], n)} | {d / c:.3f} | {c / a:.3f} |")
+        lines.append(
+            f"| {n} | {cell(same[0], n)} | {cell(same[1], n)} | {b / a:.3f} | {cell(fresh[0], n)} | "
+            f"{cell(fresh[1], n)} | {d / c:.3f} | {c / a:.3f} |"
+        )
     sizes = len(first["t_verify_ms"])
-    lines += ["", "; ".join(f"{what}: {sizes - len(apart)} of {sizes} sizes within 5% (beyond: "
-                            f"{', '.join(apart) or 'none'})" for what, apart in beyond.items())]
+    lines += [
+        "",
+        "; ".join(
+            f"{what}: {sizes - len(apart)} of {sizes} sizes within 5% (beyond: {', '.join(apart) or 'none'})"
+            for what, apart in beyond.items()
+        ),
+    ]
     return lines
 
 
@@ -138,17 +173,32 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--layers", type=int, default=None, help="target layers (default: the shape's)")
     parser.add_argument("--context", type=int, default=288)
     parser.add_argument("--repeats", type=int, default=10)
-    parser.add_argument("--sizes", type=lambda v: [int(x) for x in v.split(",")],
-                        default=[1, 2, 4, 8, 9, 16, 17, 33, 65, 257],
-                        help="tokens verified (chain blocks, DDTree N + 1), comma-separated")
+    parser.add_argument(
+        "--sizes",
+        type=lambda v: [int(x) for x in v.split(",")],
+        default=[1, 2, 4, 8, 9, 16, 17, 33, 65, 257],
+        help="tokens verified (chain blocks, DDTree N + 1), comma-separated",
+    )
     parser.add_argument("--seconds-per-size", type=float, default=2.0)
     parser.add_argument("--total-seconds", type=float, default=20.0, help="the cap on one profile's repeats")
     parser.add_argument("--max-seconds", type=float, default=600.0, help="start no new shape past this")
-    parser.add_argument("--record", type=Path, default=ROOT / "benchmarks/results" / "profile_repeatability.md")  # written by its first run
+    parser.add_argument(
+        "--record", type=Path, default=ROOT / "benchmarks/results" / "profile_repeatability.md"
+    )  # written by its first run
     parser.add_argument("--child", default=None, help=argparse.SUPPRESS)  # a fresh process: measure SHAPE once
     parser.add_argument("--out", type=Path, default=None, help=argparse.SUPPRESS)
-    smoke_mode(parser, argv, device="cpu", shapes="tiny-attention", context=16, repeats=2, sizes=[1, 2, 5],
-               seconds_per_size=0.1, total_seconds=1.0, record=None)
+    smoke_mode(
+        parser,
+        argv,
+        device="cpu",
+        shapes="tiny-attention",
+        context=16,
+        repeats=2,
+        sizes=[1, 2, 5],
+        seconds_per_size=0.1,
+        total_seconds=1.0,
+        record=None,
+    )
     args = parser.parse_args(argv)
     if args.child:
         return child(args)
@@ -156,17 +206,28 @@ def main(argv: list[str] | None = None) -> int:
     dtype = setup(device)
     name = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
     began = time.perf_counter()
-    print_and_record([f"## profile_repeatability {time.strftime('%Y-%m-%d')}: {name}, torch {torch.__version__}, "
-                      f"{dtype}, batch 1; each shape's profile twice in one process, then once in each of two "
-                      "fresh processes"], args.record)
+    print_and_record(
+        [
+            f"## profile_repeatability {time.strftime('%Y-%m-%d')}: {name}, torch {torch.__version__}, "
+            f"{dtype}, batch 1; each shape's profile twice in one process, then once in each of two "
+            "fresh processes"
+        ],
+        args.record,
+    )
     skipped = []
     for shape in args.shapes.split(","):
         if time.perf_counter() - began > args.max_seconds:
             skipped.append(shape)
             continue
         print_and_record(shape_lines(shape, args, device, dtype), args.record)
-    print_and_record(["", f"wall {time.perf_counter() - began:.0f} s; not measured (past --max-seconds "
-                      f"{args.max_seconds:g}): {', '.join(skipped) or 'none'}"], args.record)
+    print_and_record(
+        [
+            "",
+            f"wall {time.perf_counter() - began:.0f} s; not measured (past --max-seconds "
+            f"{args.max_seconds:g}): {', '.join(skipped) or 'none'}",
+        ],
+        args.record,
+    )
     return 0
 
 

@@ -30,8 +30,10 @@ def smoke_mode(parser: argparse.ArgumentParser, argv: list[str] | None = None, *
 def checkout_commit(root: Path) -> str | None:
     """The checkout's short HEAD, with "+changes" where tracked files differ from it: a copied work tree (the GPU
     machine's) can sit on an older .git, and a record must not name a commit whose code it did not run."""
+
     def git(*args: str) -> str:
         return subprocess.run(["git", "-C", str(root), *args], capture_output=True, text=True).stdout.strip()
+
     head = git("rev-parse", "--short", "HEAD")
     if not head:
         return None

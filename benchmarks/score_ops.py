@@ -53,18 +53,35 @@ def main() -> None:
     score = logits[..., 3:4].clone()
     assert torch.equal((logits > score).sum(-1), (logits > score).view(torch.uint8).sum(-1, dtype=torch.int32).long())
     work = scores.clone()
-    rows = [("attention mask", list(scores.shape), "masked_fill_(mask, -inf)",
-             median_ms(lambda: work.masked_fill_(hidden, float("-inf")), args.repeats), "add_(0/-inf bias)",
-             median_ms(lambda: work.add_(bias), args.repeats)),
-            ("top-k rank", list(logits.shape), "(logits > score).sum(-1)",
-             median_ms(lambda: (logits > score).sum(-1), args.repeats), "... .view(uint8).sum(-1, dtype=int32)",
-             median_ms(lambda: (logits > score).view(torch.uint8).sum(-1, dtype=torch.int32), args.repeats))]
-    lines = [f"## score ops: {platform.processor() or platform.machine()}, {torch.get_num_threads()} threads, fp32, "
-             f"torch {torch.__version__}, median of {args.repeats}", "",
-             "| pass | shape | before | ms | now | ms | x |", "|---|---|---|---:|---|---:|---:|"]
+    rows = [
+        (
+            "attention mask",
+            list(scores.shape),
+            "masked_fill_(mask, -inf)",
+            median_ms(lambda: work.masked_fill_(hidden, float("-inf")), args.repeats),
+            "add_(0/-inf bias)",
+            median_ms(lambda: work.add_(bias), args.repeats),
+        ),
+        (
+            "top-k rank",
+            list(logits.shape),
+            "(logits > score).sum(-1)",
+            median_ms(lambda: (logits > score).sum(-1), args.repeats),
+            "... .view(uint8).sum(-1, dtype=int32)",
+            median_ms(lambda: (logits > score).view(torch.uint8).sum(-1, dtype=torch.int32), args.repeats),
+        ),
+    ]
+    lines = [
+        f"## score ops: {platform.processor() or platform.machine()}, {torch.get_num_threads()} threads, fp32, "
+        f"torch {torch.__version__}, median of {args.repeats}",
+        "",
+        "| pass | shape | before | ms | now | ms | x |",
+        "|---|---|---|---:|---|---:|---:|",
+    ]
     for name, shape, before, before_ms, now, now_ms in rows:
-        lines.append(f"| {name} | {shape} | `{before}` | {before_ms:.2f} | `{now}` | {now_ms:.2f} | "
-                     f"{before_ms / now_ms:.1f} |")
+        lines.append(
+            f"| {name} | {shape} | `{before}` | {before_ms:.2f} | `{now}` | {now_ms:.2f} | {before_ms / now_ms:.1f} |"
+        )
     print_and_record(lines, args.record)
 
 

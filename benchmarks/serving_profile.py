@@ -43,16 +43,36 @@ def main() -> int:
     parser.add_argument("--vocab", type=int, default=248320)
     parser.add_argument("--context", type=int, default=2048)
     parser.add_argument("--repeats", type=int, default=10)
-    parser.add_argument("--sizes", type=lambda v: [int(x) for x in v.split(",")], default=DEFAULT_VERIFY_TOKENS,
-                        help="tokens verified, comma-separated (default: what extraction measures by default)")
+    parser.add_argument(
+        "--sizes",
+        type=lambda v: [int(x) for x in v.split(",")],
+        default=DEFAULT_VERIFY_TOKENS,
+        help="tokens verified, comma-separated (default: what extraction measures by default)",
+    )
     parser.add_argument("--seconds-per-size", type=float, default=None, help="cap per size (default: extraction's)")
     parser.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float32"])
-    parser.add_argument("--drafter-shape", default="27b", choices=[*sorted(SHAPES), "none"],
-                        help="also time T_draft: one block forward + LM head of a drafter of this shape (random "
-                             "weights, the target's embedding and LM head), as evaluation times it")
+    parser.add_argument(
+        "--drafter-shape",
+        default="27b",
+        choices=[*sorted(SHAPES), "none"],
+        help="also time T_draft: one block forward + LM head of a drafter of this shape (random "
+        "weights, the target's embedding and LM head), as evaluation times it",
+    )
     parser.add_argument("--record", type=Path, default=ROOT / "benchmarks/results/serving_profile.md")
-    smoke_mode(parser, device="cpu", layers=4, hidden=32, vocab=300, context=16, repeats=1, drafter_shape="demo",
-               seconds_per_size=0.05, sizes=[1, 2, 9], dtype="float32", record=None)
+    smoke_mode(
+        parser,
+        device="cpu",
+        layers=4,
+        hidden=32,
+        vocab=300,
+        context=16,
+        repeats=1,
+        drafter_shape="demo",
+        seconds_per_size=0.05,
+        sizes=[1, 2, 9],
+        dtype="float32",
+        record=None,
+    )
     args = parser.parse_args()
     device = torch.device(args.device)
     bind_backend("fla" if device.type == "cuda" else "torch", device)  # chosen here, not by what imports
@@ -63,25 +83,37 @@ def main() -> int:
     runs, seconds = [], []
     for _ in range(2):
         began = time.perf_counter()
-        runs.append(measure_target(model, args.context, args.repeats, args.sizes,
-                                   seconds_per_size=args.seconds_per_size))
+        runs.append(
+            measure_target(model, args.context, args.repeats, args.sizes, seconds_per_size=args.seconds_per_size)
+        )
         seconds.append(time.perf_counter() - began)
     name = runs[0]["device"]
-    lines = [(f"## serving profile: {name}, torch {torch.__version__}, Qwen3.6-27B shape with {args.layers} of 64 "
-             f"layers (times x {scale:g}), {args.dtype}, batch 1, context {args.context}, {args.repeats} repeats"),
-             "", f"model built in {built:.0f} s; each profile took {seconds[0]:.1f} s and {seconds[1]:.1f} s", "",
-             "| tokens verified | run 1 ms | min..max | repeats | run 2 ms | min..max | repeats | run 2 / run 1 |",
-             "|---:|---:|---|---:|---:|---|---:|---:|"]
+    lines = [
+        (
+            f"## serving profile: {name}, torch {torch.__version__}, Qwen3.6-27B shape with {args.layers} of 64 "
+            f"layers (times x {scale:g}), {args.dtype}, batch 1, context {args.context}, {args.repeats} repeats"
+        ),
+        "",
+        f"model built in {built:.0f} s; each profile took {seconds[0]:.1f} s and {seconds[1]:.1f} s",
+        "",
+        "| tokens verified | run 1 ms | min..max | repeats | run 2 ms | min..max | repeats | run 2 / run 1 |",
+        "|---:|---:|---|---:|---:|---|---:|---:|",
+    ]
     for n in runs[0]["t_verify_ms"]:
         a, b = runs[0]["t_verify_ms"][n] * scale, runs[1]["t_verify_ms"][n] * scale
         sa = "..".join(f"{scale * x:.2f}" for x in runs[0]["spread"]["t_verify_ms"][n])
         sb = "..".join(f"{scale * x:.2f}" for x in runs[1]["spread"]["t_verify_ms"][n])
-        ra, rb = (f"{run['spread']['repeats'][n]}{'' if int(n) not in run['spread']['unstable'] else ' (capped)'}"
-                  for run in runs)
+        ra, rb = (
+            f"{run['spread']['repeats'][n]}{'' if int(n) not in run['spread']['unstable'] else ' (capped)'}"
+            for run in runs
+        )
         lines.append(f"| {n} | {a:.2f} | {sa} | {ra} | {b:.2f} | {sb} | {rb} | {b / a:.3f} |")
     agreement = compare(runs[0]["t_verify_ms"], runs[1]["t_verify_ms"], "serving profile run 2 vs run 1")
-    lines += ["", f"{len(agreement['ratios']) - len(agreement['beyond_5_percent'])} of {len(agreement['ratios'])} "
-              f"sizes agree within 5% (beyond: {', '.join(agreement['beyond_5_percent']) or 'none'})"]
+    lines += [
+        "",
+        f"{len(agreement['ratios']) - len(agreement['beyond_5_percent'])} of {len(agreement['ratios'])} "
+        f"sizes agree within 5% (beyond: {', '.join(agreement['beyond_5_percent']) or 'none'})",
+    ]
     if args.drafter_shape != "none":
         lines += ["", *drafter_lines(model, args, device)]
     print_and_record(lines, args.record)
@@ -104,11 +136,15 @@ def drafter_lines(target, args: argparse.Namespace, device: torch.device) -> lis
     runner = BlockDrafter(drafter, embed, head, config.dflash_config["mask_token_id"]).to(device)
     runs = [drafter_step_ms(runner, features, tokens, args.context, args.repeats) for _ in range(2)]
     spread = [f"{run['min_ms']:.2f}..{run['max_ms']:.2f}" for run in runs]
-    return [f"T_draft: drafter shape {args.drafter_shape} ({shape['layers']} layers, block {shape['block']}), "
-            f"context {runs[0]['context_tokens']}, LM head over vocab {args.vocab}", "",
-            "| | run 1 ms | min..max | run 2 ms | min..max | run 2 / run 1 |", "|---|---:|---|---:|---|---:|",
-            f"| T_draft | {runs[0]['ms']:.2f} | {spread[0]} | {runs[1]['ms']:.2f} | {spread[1]} | "
-            f"{runs[1]['ms'] / runs[0]['ms']:.3f} |"]
+    return [
+        f"T_draft: drafter shape {args.drafter_shape} ({shape['layers']} layers, block {shape['block']}), "
+        f"context {runs[0]['context_tokens']}, LM head over vocab {args.vocab}",
+        "",
+        "| | run 1 ms | min..max | run 2 ms | min..max | run 2 / run 1 |",
+        "|---|---:|---|---:|---|---:|",
+        f"| T_draft | {runs[0]['ms']:.2f} | {spread[0]} | {runs[1]['ms']:.2f} | {spread[1]} | "
+        f"{runs[1]['ms'] / runs[0]['ms']:.3f} |",
+    ]
 
 
 if __name__ == "__main__":

@@ -20,10 +20,14 @@ import tempfile
 import time
 from pathlib import Path
 
-IMPORT = ("import time; t = time.perf_counter(); import torch; a = time.perf_counter(); "
-          "import dflash_eval.evaluate.stage; print(a - t, time.perf_counter() - a)")
-LOAD = ("import sys, time; t = time.perf_counter(); from dflash_eval.evaluate.drafter import load_drafter; "
-        "a = time.perf_counter(); load_drafter(sys.argv[1]); print(a - t, time.perf_counter() - a)")
+IMPORT = (
+    "import time; t = time.perf_counter(); import torch; a = time.perf_counter(); "
+    "import dflash_eval.evaluate.stage; print(a - t, time.perf_counter() - a)"
+)
+LOAD = (
+    "import sys, time; t = time.perf_counter(); from dflash_eval.evaluate.drafter import load_drafter; "
+    "a = time.perf_counter(); load_drafter(sys.argv[1]); print(a - t, time.perf_counter() - a)"
+)
 
 
 def _run(src: str, argv: list[str]) -> tuple[float, str]:
@@ -46,16 +50,30 @@ def tiny_drafter(root: Path) -> Path:
 
     from dflash_eval.evaluate.drafter_model import DFlashDraftModel, DrafterConfig
 
-    config = {"architectures": ["DFlashDraftModel"], "hidden_size": 64, "intermediate_size": 128,
-              "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 16,
-              "vocab_size": 300, "layer_types": ["sliding_attention", "full_attention"], "use_sliding_window": True,
-              "sliding_window": 8, "max_window_layers": 0, "block_size": 4,
-              "dflash_config": {"mask_token_id": 299, "target_layer_ids": [0, 2]}}
+    config = {
+        "architectures": ["DFlashDraftModel"],
+        "hidden_size": 64,
+        "intermediate_size": 128,
+        "num_hidden_layers": 2,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+        "head_dim": 16,
+        "vocab_size": 300,
+        "layer_types": ["sliding_attention", "full_attention"],
+        "use_sliding_window": True,
+        "sliding_window": 8,
+        "max_window_layers": 0,
+        "block_size": 4,
+        "dflash_config": {"mask_token_id": 299, "target_layer_ids": [0, 2]},
+    }
     model = DFlashDraftModel(DrafterConfig(config))
     root.mkdir(parents=True, exist_ok=True)
     (root / "config.json").write_text(json.dumps(config))
-    save_file({k: v.contiguous() for k, v in model.state_dict().items()}, str(root / "model.safetensors"),
-              metadata={"format": "pt"})
+    save_file(
+        {k: v.contiguous() for k, v in model.state_dict().items()},
+        str(root / "model.safetensors"),
+        metadata={"format": "pt"},
+    )
     torch.manual_seed(0)
     return root
 

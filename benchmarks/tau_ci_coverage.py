@@ -38,15 +38,15 @@ def population(size: int, seed: int) -> list[np.ndarray]:
     """Per-sample acceptance lengths (tokens per verification step, 1..BLOCK)."""
     rng = np.random.default_rng(seed)
     lengths = np.clip(rng.lognormal(np.log(250), 0.8, size), 8, 4096).astype(int)
-    hardness = (np.log(lengths) - np.log(250)) / 0.8             # longer completions accept a little less
+    hardness = (np.log(lengths) - np.log(250)) / 0.8  # longer completions accept a little less
     rate = np.clip(rng.beta(40, 8, size) - 0.02 * hardness, 0.05, 0.98)
     samples = []
     for length, p in zip(lengths, rate):
-        steps = np.minimum(rng.geometric(1 - p, size=length), BLOCK)   # accepted draft + bonus token
+        steps = np.minimum(rng.geometric(1 - p, size=length), BLOCK)  # accepted draft + bonus token
         produced = np.cumsum(steps)
         cut = int(np.searchsorted(produced, length)) + 1
         steps = steps[:cut].copy()
-        steps[-1] -= max(0, int(produced[cut - 1]) - length)             # the last step stops at the length
+        steps[-1] -= max(0, int(produced[cut - 1]) - length)  # the last step stops at the length
         samples.append(steps[steps > 0])
     return samples
 
@@ -65,8 +65,15 @@ def t_interval(means: np.ndarray) -> list[float]:
 
 
 def bca(data: tuple[np.ndarray, ...], statistic, seed: int, n_boot: int) -> list[float]:
-    result = stats.bootstrap(data, statistic, paired=len(data) > 1, vectorized=True, n_resamples=n_boot,
-                             method="BCa", rng=np.random.default_rng(seed))
+    result = stats.bootstrap(
+        data,
+        statistic,
+        paired=len(data) > 1,
+        vectorized=True,
+        n_resamples=n_boot,
+        method="BCa",
+        rng=np.random.default_rng(seed),
+    )
     return [float(result.confidence_interval.low), float(result.confidence_interval.high)]
 
 
@@ -99,8 +106,10 @@ def main() -> None:
     smoke_mode(parser, trials=5, sizes=[10], bootstrap=50, population=500)
     args = parser.parse_args()
     pool = population(args.population, args.seed)
-    truth = {"token-weighted": sum(s.sum() for s in pool) / sum(len(s) for s in pool),
-             "mean of samples": float(np.mean([s.mean() for s in pool]))}
+    truth = {
+        "token-weighted": sum(s.sum() for s in pool) / sum(len(s) for s in pool),
+        "mean of samples": float(np.mean([s.mean() for s in pool])),
+    }
     rng = np.random.default_rng(args.seed + 1)
     hits: dict[tuple, int] = {}
     widths: dict[tuple, float] = {}
@@ -113,20 +122,31 @@ def main() -> None:
                     hits[key] = hits.get(key, 0) + int(low <= truth[convention] <= high)
                     widths[key] = widths.get(key, 0.0) + (high - low) / args.trials
     timing = _time_each(pool[:1000], args.bootstrap)
-    title = (f"## {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}: {args.trials} trials per n, "
-             f"{args.bootstrap} resamples, population {args.population} (seed {args.seed}), numpy {np.__version__}, "
-             f"scipy {scipy.__version__}, {platform.processor() or platform.machine()}")
-    truths = (f"Population tau: token-weighted {truth['token-weighted']:.3f}, mean of samples "
-              f"{truth['mean of samples']:.3f}. Coverage of the nominal 95% (SE about "
-              f"{100 * np.sqrt(0.95 * 0.05 / args.trials):.1f} points), mean width in brackets.")
-    lines = [title, "", truths, "",
-             "| tau | interval | " + " | ".join(f"n = {n}" for n in args.sizes) + " | ms per interval (n = 1000) |",
-             "|---|---|" + "---:|" * (len(args.sizes) + 1)]
+    title = (
+        f"## {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}: {args.trials} trials per n, "
+        f"{args.bootstrap} resamples, population {args.population} (seed {args.seed}), numpy {np.__version__}, "
+        f"scipy {scipy.__version__}, {platform.processor() or platform.machine()}"
+    )
+    truths = (
+        f"Population tau: token-weighted {truth['token-weighted']:.3f}, mean of samples "
+        f"{truth['mean of samples']:.3f}. Coverage of the nominal 95% (SE about "
+        f"{100 * np.sqrt(0.95 * 0.05 / args.trials):.1f} points), mean width in brackets."
+    )
+    lines = [
+        title,
+        "",
+        truths,
+        "",
+        "| tau | interval | " + " | ".join(f"n = {n}" for n in args.sizes) + " | ms per interval (n = 1000) |",
+        "|---|---|" + "---:|" * (len(args.sizes) + 1),
+    ]
     for convention in ("token-weighted", "mean of samples"):
         methods = sorted({m for c, m, _ in hits if c == convention}, key=lambda m: m != "percentile (ours)")
         for method in methods:
-            cells = [f"{100 * hits[(convention, method, n)] / args.trials:.1f}% ({widths[(convention, method, n)]:.3f})"
-                     for n in args.sizes]
+            cells = [
+                f"{100 * hits[(convention, method, n)] / args.trials:.1f}% ({widths[(convention, method, n)]:.3f})"
+                for n in args.sizes
+            ]
             lines.append(f"| {convention} | {method} | " + " | ".join(cells) + f" | {timing[method]:.1f} |")
     print_and_record(lines, None if args.smoke else ROOT / "benchmarks" / "results" / "tau_ci_coverage.md")
 

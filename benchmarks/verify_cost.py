@@ -79,16 +79,20 @@ def main() -> None:
             times["sha256"].append(hash_all(out))
     median = {name: statistics.median(values) for name, values in times.items()}
     mb = size / 1e6
-    title = (f"## verify_cost {time.strftime('%Y-%m-%d')}: {platform.processor() or platform.machine()}, "
-             f"{torch.get_num_threads()} torch threads, {mb:.0f} MB cache ({args.samples} x {args.tokens} tokens, "
-             f"5 layers x {args.hidden} bf16), {args.repeats} repeats, medians")
+    title = (
+        f"## verify_cost {time.strftime('%Y-%m-%d')}: {platform.processor() or platform.machine()}, "
+        f"{torch.get_num_threads()} torch threads, {mb:.0f} MB cache ({args.samples} x {args.tokens} tokens, "
+        f"5 layers x {args.hidden} bf16), {args.repeats} repeats, medians"
+    )
     lines = [title, "", "| pass | seconds | MB/s | vs read |", "|---|---|---|---|"]
     for name, seconds in median.items():
         lines.append(f"| {name} | {seconds:.3f} | {mb / seconds:,.0f} | {seconds / median['read']:.2f}x |")
     lines.append("")
-    lines.append(f"verification added {median['read+verify'] - median['read']:.3f} s to a pass that only reads "
-                 f"({100 * (median['read+verify'] / median['read'] - 1):.0f}%); sha256 alone runs at "
-                 f"{mb / median['sha256']:,.0f} MB/s on one thread")
+    lines.append(
+        f"verification added {median['read+verify'] - median['read']:.3f} s to a pass that only reads "
+        f"({100 * (median['read+verify'] / median['read'] - 1):.0f}%); sha256 alone runs at "
+        f"{mb / median['sha256']:,.0f} MB/s on one thread"
+    )
     print_and_record(lines, None if args.smoke else ROOT / "benchmarks" / "results" / "verify_cost.md")
 
 

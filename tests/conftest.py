@@ -50,5 +50,7 @@ def pytest_sessionstart(session):
 
 def pytest_terminal_summary(terminalreporter):
     if _FROZEN_AT_START and _FROZEN_AT_START[0]:
-        terminalreporter.write_line(f"the heap had {_FROZEN_AT_START[0]} frozen objects when the session started "
-                                    "(frozen by what ran before the tests: the interpreter's start, a plugin)")
+        terminalreporter.write_line(
+            f"the heap had {_FROZEN_AT_START[0]} frozen objects when the session started "
+            "(frozen by what ran before the tests: the interpreter's start, a plugin)"
+        )

@@ -42,9 +42,13 @@ def project(tmp_path_factory):
     config = {
         "demo": {"enabled": False},
         "target": {"path": "target", "dtype": "float32", "device": "cpu", "backend": "torch"},
-        "server": {"kind": "managed", "base_url": f"http://127.0.0.1:{port}", "health_timeout_s": 120,
-                   "stop_grace_s": 5,
-                   "command": demo_server_command("target", "drafter", port, extra="--enable-metrics")},
+        "server": {
+            "kind": "managed",
+            "base_url": f"http://127.0.0.1:{port}",
+            "health_timeout_s": 120,
+            "stop_grace_s": 5,
+            "command": demo_server_command("target", "drafter", port, extra="--enable-metrics"),
+        },
         "fetch": {"max_tokens": 12, "concurrency": 2},
         "datasets": {"tiny": {"prompts": "prompts.jsonl"}},
         "extraction": {},
@@ -61,8 +65,14 @@ def by_hand(root: Path, line: str, ok: bool = True) -> subprocess.CompletedProce
     """`line` as the docs write it, `dflash-eval` being this checkout's console entry, run in the project."""
     words = shlex.split(line)
     assert words[0] == "dflash-eval"
-    done = subprocess.run([sys.executable, "-m", "dflash_eval.cli", *words[1:]], cwd=root, capture_output=True,
-                          text=True, timeout=600, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    done = subprocess.run(
+        [sys.executable, "-m", "dflash_eval.cli", *words[1:]],
+        cwd=root,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env={**os.environ, "OMP_NUM_THREADS": "1"},
+    )
     if ok:
         assert done.returncode == 0, f"{line}\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}"
         assert "Traceback" not in done.stderr, done.stderr[-3000:]
@@ -98,44 +108,64 @@ def test_3_extract_by_hand_with_comma_separated_layers(project):
     """The issue's crash: `--layers 1,5` (here the tiny target's 0,1) ended in AttributeError in parse_layerset.
     The server the fetch launched is up: the extraction pauses it and brings it back."""
     assert _status(project)["healthy"]
-    by_hand(project, "dflash-eval extract --config config.yaml --dataset tiny --layers 0,1 "
-                     "--completions results/completions/tiny.jsonl --out results/hidden/tiny/L0-1")
+    by_hand(
+        project,
+        "dflash-eval extract --config config.yaml --dataset tiny --layers 0,1 "
+        "--completions results/completions/tiny.jsonl --out results/hidden/tiny/L0-1",
+    )
     manifest = json.loads((project / "results/hidden/tiny/L0-1/manifest.json").read_text())
     assert manifest["layer_ids"] == [0, 1] and manifest["samples"]
     assert _status(project)["healthy"]  # restored after the extraction
     # the variation: the cache directory's layer-set name, as the workflow names it
-    by_hand(project, "dflash-eval extract --config config.yaml --dataset tiny --layers L0-1 "
-                     "--completions results/completions/tiny.jsonl --out results/hidden/tiny/by-name")
+    by_hand(
+        project,
+        "dflash-eval extract --config config.yaml --dataset tiny --layers L0-1 "
+        "--completions results/completions/tiny.jsonl --out results/hidden/tiny/by-name",
+    )
     again = json.loads((project / "results/hidden/tiny/by-name/manifest.json").read_text())
-    assert again["layer_ids"] == [0, 1] and [s["sha256"] for s in again["shards"]] == \
-        [s["sha256"] for s in manifest["shards"]]
-    bad = by_hand(project, "dflash-eval extract --config config.yaml --dataset tiny --layers 0,x "
-                           "--completions results/completions/tiny.jsonl --out results/hidden/tiny/bad", ok=False)
+    assert again["layer_ids"] == [0, 1] and [s["sha256"] for s in again["shards"]] == [
+        s["sha256"] for s in manifest["shards"]
+    ]
+    bad = by_hand(
+        project,
+        "dflash-eval extract --config config.yaml --dataset tiny --layers 0,x "
+        "--completions results/completions/tiny.jsonl --out results/hidden/tiny/bad",
+        ok=False,
+    )
     assert bad.returncode == 2 and "--layers '0,x': expected comma-separated integers" in bad.stderr, bad.stderr
 
 
 def test_4_evaluate_by_hand(project):
-    by_hand(project, "dflash-eval evaluate --config config.yaml --drafter d --dataset tiny "
-                     "--hidden results/hidden/tiny/L0-1 --completions results/completions/tiny.jsonl "
-                     "--metrics results/eval/d/tiny/metrics.json --samples results/eval/d/tiny/samples.csv "
-                     "--placement results/benchmarks/evaluate/d/tiny.gpu.json")
+    by_hand(
+        project,
+        "dflash-eval evaluate --config config.yaml --drafter d --dataset tiny "
+        "--hidden results/hidden/tiny/L0-1 --completions results/completions/tiny.jsonl "
+        "--metrics results/eval/d/tiny/metrics.json --samples results/eval/d/tiny/samples.csv "
+        "--placement results/benchmarks/evaluate/d/tiny.gpu.json",
+    )
     metrics = json.loads((project / "results/eval/d/tiny/metrics.json").read_text())
     assert metrics["chain"]["samples"] == 3 and metrics["chain"]["tau_token_weighted"] >= 1.0
 
 
 def test_5_report_by_hand(project):
-    by_hand(project, "dflash-eval report --config config.yaml --metrics results/eval/d/tiny/metrics.json "
-                     "--hidden results/hidden/tiny/L0-1 --completions results/completions/tiny.jsonl "
-                     "--csv results/summary.csv --md results/summary.md --trust results/trust.json "
-                     "--plot-dir results/plots")
+    by_hand(
+        project,
+        "dflash-eval report --config config.yaml --metrics results/eval/d/tiny/metrics.json "
+        "--hidden results/hidden/tiny/L0-1 --completions results/completions/tiny.jsonl "
+        "--csv results/summary.csv --md results/summary.md --trust results/trust.json "
+        "--plot-dir results/plots",
+    )
     assert "d" in (project / "results/summary.csv").read_text() and (project / "results/summary.md").is_file()
 
 
 def test_6_profile_server_by_hand(project):
     """docs/speedup.md's command; the configured server, up before, is up after it, and no variant is left."""
     by_hand(project, "dflash-eval server up --config config.yaml")
-    by_hand(project, "dflash-eval profile-server --config config.yaml --completions results/completions/tiny.jsonl "
-                     "--out results/server_profile.json")
+    by_hand(
+        project,
+        "dflash-eval profile-server --config config.yaml --completions results/completions/tiny.jsonl "
+        "--out results/server_profile.json",
+    )
     profile = json.loads((project / "results/server_profile.json").read_text())
     assert [s["name"] for s in profile["settings"]] == ["no-speculation", "acc-len-2", "served"]
     status = _status(project)
@@ -147,8 +177,10 @@ def test_6_profile_server_by_hand(project):
 def test_7_compare_backends_by_hand(project):
     """docs/running.md's command (fla against torch, on cuda:0 by default). Without CUDA it must end in one line
     that says why, before the target loads; on a GPU machine it runs (`python -m pytest -m slow` there)."""
-    line = ("dflash-eval compare-backends --target target --completions results/completions/tiny.jsonl "
-            "--layers 0,1 --drafter drafter --out results/backends.json")
+    line = (
+        "dflash-eval compare-backends --target target --completions results/completions/tiny.jsonl "
+        "--layers 0,1 --drafter drafter --out results/backends.json"
+    )
     if torch.cuda.is_available():
         by_hand(project, line)
         assert json.loads((project / "results/backends.json").read_text())

@@ -32,7 +32,7 @@ def test_console_script_imports_without_collections_and_keeps_the_exit_code(monk
         assert seen == {"collector during the import": False}
         assert gc.isenabled(), "the collector must run again once the stage is imported"
         assert gc.get_freeze_count() > frozen, "what the imports made is frozen"
-        assert exit_.value.code == cli.main(["server", "status", "--settings", sys.argv[-1]])  
+        assert exit_.value.code == cli.main(["server", "status", "--settings", sys.argv[-1]])
         assert exit_.value.code == 2
     finally:
         gc.unfreeze()
@@ -46,7 +46,10 @@ def test_in_process_main_freezes_nothing(monkeypatch):
 
 
 def test_module_entry_point_runs_the_console_script():
-    done = subprocess.run([sys.executable, "-m", "dflash_eval.cli", "server", "status", "--settings",
-                           BAD],
-                          capture_output=True, text=True, timeout=120)
+    done = subprocess.run(
+        [sys.executable, "-m", "dflash_eval.cli", "server", "status", "--settings", BAD],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert done.returncode == 2, done.stderr

@@ -41,24 +41,33 @@ def test_blank_lines_are_skipped_and_line_numbers_count_them(tmp_path):
         read_completions(path)
 
 
-@pytest.mark.parametrize("line, message", [
-    ("[1, 2]", r"c.jsonl:2: not a completions record \(no id\)"),
-    ('{"text": "x"}', r"c.jsonl:2: not a completions record \(no id\)"),
-    ('{"id": 7}', r"c.jsonl:2: id 7 is not a non-empty string"),
-    ('{"id": ""}', r"c.jsonl:2: id '' is not a non-empty string"),
-    (json.dumps(RECORD), r"c.jsonl:2: sample id 'a' repeats \(first on line 1\)"),
-])
+@pytest.mark.parametrize(
+    "line, message",
+    [
+        ("[1, 2]", r"c.jsonl:2: not a completions record \(no id\)"),
+        ('{"text": "x"}', r"c.jsonl:2: not a completions record \(no id\)"),
+        ('{"id": 7}', r"c.jsonl:2: id 7 is not a non-empty string"),
+        ('{"id": ""}', r"c.jsonl:2: id '' is not a non-empty string"),
+        (json.dumps(RECORD), r"c.jsonl:2: sample id 'a' repeats \(first on line 1\)"),
+    ],
+)
 def test_a_bad_record_is_named_by_file_and_line(tmp_path, line, message):
     path = _file(tmp_path, json.dumps(RECORD), line)
     with pytest.raises(CompletionsError, match=message):
         read_completions(path)
 
 
-@pytest.mark.parametrize("change, message", [
-    ({"prompt_token_ids": None}, r"c.jsonl:1: sample 'a': 'prompt_token_ids' is not a list of token ids"),
-    ({"completion_token_ids": [1, "2"]}, r"c.jsonl:1: sample 'a': 'completion_token_ids' is not a list of token ids"),
-    ({"prompt_token_ids": []}, r"c.jsonl:1: sample 'a' has no prompt tokens"),
-])
+@pytest.mark.parametrize(
+    "change, message",
+    [
+        ({"prompt_token_ids": None}, r"c.jsonl:1: sample 'a': 'prompt_token_ids' is not a list of token ids"),
+        (
+            {"completion_token_ids": [1, "2"]},
+            r"c.jsonl:1: sample 'a': 'completion_token_ids' is not a list of token ids",
+        ),
+        ({"prompt_token_ids": []}, r"c.jsonl:1: sample 'a' has no prompt tokens"),
+    ],
+)
 def test_token_ids_are_checked_when_the_reader_needs_them(tmp_path, change, message):
     path = _file(tmp_path, json.dumps({**RECORD, **change}))
     assert read_completions(path)[0]["id"] == "a"  # evaluate and the report do not read the token ids

@@ -21,17 +21,29 @@ from dflash_eval.server.control import ServerController
 REPO = Path(__file__).resolve().parents[1]
 # The schema read here on its own, as the reference the filled settings are held against.
 SCHEMA = yaml.safe_load((REPO / "src" / "dflash_eval" / "config.schema.yaml").read_text())
-SECTION_DEFAULTS = {section: {key: sub["default"] for key, sub in SCHEMA["properties"][section]["properties"].items()
-                              if "default" in sub}
-                    for section in ("server", "fetch", "target", "extraction", "evaluation", "report", "demo")}
-DATASET_DEFAULTS = {key: sub["default"] for key, sub in
-                    SCHEMA["properties"]["datasets"]["additionalProperties"]["properties"].items() if "default" in sub}
+SECTION_DEFAULTS = {
+    section: {
+        key: sub["default"] for key, sub in SCHEMA["properties"][section]["properties"].items() if "default" in sub
+    }
+    for section in ("server", "fetch", "target", "extraction", "evaluation", "report", "demo")
+}
+DATASET_DEFAULTS = {
+    key: sub["default"]
+    for key, sub in SCHEMA["properties"]["datasets"]["additionalProperties"]["properties"].items()
+    if "default" in sub
+}
 
 
 def base_config(tmp_path, datasets):
-    return {"target": {"path": "t", "device": "cpu", "backend": "torch"},
-            "server": {"kind": "release", "base_url": "http://127.0.0.1:1"}, "fetch": {}, "extraction": {},
-            "evaluation": {}, "drafters": {"d": {"path": str(tmp_path / "d"), "layer_ids": [1]}}, "datasets": datasets}
+    return {
+        "target": {"path": "t", "device": "cpu", "backend": "torch"},
+        "server": {"kind": "release", "base_url": "http://127.0.0.1:1"},
+        "fetch": {},
+        "extraction": {},
+        "evaluation": {},
+        "drafters": {"d": {"path": str(tmp_path / "d"), "layer_ids": [1]}},
+        "datasets": datasets,
+    }
 
 
 def repo_config() -> dict:
@@ -41,13 +53,19 @@ def repo_config() -> dict:
 # ----- config.yaml -----
 
 
-@pytest.mark.parametrize(("entry", "message"), [
-    ({"preset": "gsm8k", "prompts": "p.jsonl"}, r"datasets.x: give either prompts .* or preset"),
-    ({"max_samples": 3}, r"datasets.x: give either prompts"),
-    ({"preset": "gsm8"}, r"datasets.x.preset: unknown preset 'gsm8'; one of gsm8k, math500, humaneval, mbpp, mt-bench"),
-    ({"prompts": "p.jsonl", "source": "x"}, r"datasets.x.source only goes with preset"),
-    ({"preset": "gsm8k", "sorce": "x"}, r"datasets.x: Additional properties are not allowed \('sorce'"),
-])
+@pytest.mark.parametrize(
+    ("entry", "message"),
+    [
+        ({"preset": "gsm8k", "prompts": "p.jsonl"}, r"datasets.x: give either prompts .* or preset"),
+        ({"max_samples": 3}, r"datasets.x: give either prompts"),
+        (
+            {"preset": "gsm8"},
+            r"datasets.x.preset: unknown preset 'gsm8'; one of gsm8k, math500, humaneval, mbpp, mt-bench",
+        ),
+        ({"prompts": "p.jsonl", "source": "x"}, r"datasets.x.source only goes with preset"),
+        ({"preset": "gsm8k", "sorce": "x"}, r"datasets.x: Additional properties are not allowed \('sorce'"),
+    ],
+)
 def test_bad_dataset_entries_are_named(tmp_path, entry, message):
     with pytest.raises(DflashEvalError, match=message):
         cfg.validate_config(base_config(tmp_path, {"x": entry}))
@@ -61,7 +79,10 @@ def test_every_error_is_listed_with_its_key_and_what_is_allowed(tmp_path):
         cfg.validate_config(config, "my.yaml")
     message = str(error.value)
     assert message.startswith("my.yaml is not valid:\n")
-    assert "fetch: Additional properties are not allowed ('concurency' was unexpected) (allowed keys: backoff_s," in message
+    assert (
+        "fetch: Additional properties are not allowed ('concurency' was unexpected) (allowed keys: backoff_s,"
+        in message
+    )
     assert "server.kind: unknown kind 'docker'; one of managed, external, release" in message
 
 
@@ -114,8 +135,11 @@ def test_step_directory_expands_in_step_order(tmp_path):
     hf = run.parent / "hf-run"
     (hf / "checkpoint-5").mkdir(parents=True)
     (hf / "checkpoint-5" / "config.json").write_text("{}")
-    drafters = {"first": {"path": "elsewhere.pt"}, "v4": {"path": str(run), "config": None},
-                "hf": {"path": str(hf), "config": None}}
+    drafters = {
+        "first": {"path": "elsewhere.pt"},
+        "v4": {"path": str(run), "config": None},
+        "hf": {"path": str(hf), "config": None},
+    }
     out = expand_step_directories(drafters, "config.yaml")
     assert list(out) == ["first", "v4-step3", "v4-step20", "v4-step100", "hf-step5"]
     assert out["v4-step20"]["step"] == 20 and out["v4-step20"]["run"] == "v4"
@@ -187,14 +211,23 @@ def test_hand_written_extract_evaluate_and_report_settings_get_the_schemas_defau
     assert extract["target"] == {"path": "t", **SECTION_DEFAULTS["target"]}
     assert {key: extract[key] for key in SECTION_DEFAULTS["extraction"]} == SECTION_DEFAULTS["extraction"]
     assert extract["server"] is None and extract["dataset"] is None and extract["last_layer"] == "final_norm"
-    evaluate = cfg.stage_settings("evaluate", {"drafter": "d", "dataset": "x", "target": {"path": "t"},
-                                               "checkpoint": {"path": "d.pt", "layer_ids": [1]}})
+    evaluate = cfg.stage_settings(
+        "evaluate",
+        {"drafter": "d", "dataset": "x", "target": {"path": "t"}, "checkpoint": {"path": "d.pt", "layer_ids": [1]}},
+    )
     own = {key: value for key, value in SECTION_DEFAULTS["evaluation"].items() if key not in cfg.EVALUATION_JOB_KEYS}
     assert {key: evaluate[key] for key in own} == own
     assert not set(cfg.EVALUATION_JOB_KEYS) & set(evaluate), "how the workflow runs evaluations is no evaluate setting"
-    assert evaluate["checkpoint"] == {"path": "d.pt", "layer_ids": [1], "layout": "auto", "config": None,
-                                      "trained_with": "fla", "allow_pickle": False, "step": None,
-                                      "last_layer": "final_norm"}
+    assert evaluate["checkpoint"] == {
+        "path": "d.pt",
+        "layer_ids": [1],
+        "layout": "auto",
+        "config": None,
+        "trained_with": "fla",
+        "allow_pickle": False,
+        "step": None,
+        "last_layer": "final_norm",
+    }
     assert evaluate["max_tokens"] == SECTION_DEFAULTS["fetch"]["max_tokens"]
     report = cfg.stage_settings("report", {"drafters": {"d": {}}, "datasets": ["x"]})
     assert {key: report[key] for key in SECTION_DEFAULTS["report"]} == SECTION_DEFAULTS["report"]
@@ -202,25 +235,39 @@ def test_hand_written_extract_evaluate_and_report_settings_get_the_schemas_defau
     assert report["transitions"] is None
 
 
-@pytest.mark.parametrize(("stage", "settings"), [
-    ("server", {"kind": "managed", "base_url": "http://h", "command": "c"}),
-    ("fetch", {"dataset": "x", "prompts": "p", "tokenizer": "t", "server": {}}),
-    ("extract", {"layer_ids": [1], "target": {"path": "t"}}),
-    ("evaluate", {"drafter": "d", "dataset": "x", "target": {"path": "t"}, "checkpoint": {"path": "p", "layer_ids": [1]}}),
-    ("report", {"drafters": {}, "datasets": []}),
-])
+@pytest.mark.parametrize(
+    ("stage", "settings"),
+    [
+        ("server", {"kind": "managed", "base_url": "http://h", "command": "c"}),
+        ("fetch", {"dataset": "x", "prompts": "p", "tokenizer": "t", "server": {}}),
+        ("extract", {"layer_ids": [1], "target": {"path": "t"}}),
+        (
+            "evaluate",
+            {"drafter": "d", "dataset": "x", "target": {"path": "t"}, "checkpoint": {"path": "p", "layer_ids": [1]}},
+        ),
+        ("report", {"drafters": {}, "datasets": []}),
+    ],
+)
 def test_an_unknown_key_is_an_error_naming_it(stage, settings):
-    with pytest.raises(DflashEvalError, match=rf"^{stage} settings: unknown \['max_token'\] \(unknown {stage} settings"):
+    with pytest.raises(
+        DflashEvalError, match=rf"^{stage} settings: unknown \['max_token'\] \(unknown {stage} settings"
+    ):
         cfg.stage_settings(stage, {**settings, "max_token": 1})
 
 
 def test_nested_unknown_keys_wrong_types_and_unknown_stages_are_named():
-    with pytest.raises(DflashEvalError, match=r"target: Additional properties are not allowed \('colour' was unexpected\)"):
+    with pytest.raises(
+        DflashEvalError, match=r"target: Additional properties are not allowed \('colour' was unexpected\)"
+    ):
         cfg.stage_settings("extract", {"layer_ids": [1], "target": {"path": "t", "colour": "red"}})
     with pytest.raises(DflashEvalError, match=r"concurrency: 'four' is not of type 'integer'"):
-        cfg.stage_settings("fetch", {"dataset": "x", "prompts": "p", "tokenizer": "t", "server": {}, "concurrency": "four"})
+        cfg.stage_settings(
+            "fetch", {"dataset": "x", "prompts": "p", "tokenizer": "t", "server": {}, "concurrency": "four"}
+        )
     with pytest.raises(DflashEvalError, match=r"endpoint: unknown endpoint 'responses'; one of completions, chat"):
-        cfg.stage_settings("fetch", {"dataset": "x", "prompts": "p", "tokenizer": "t", "server": {}, "endpoint": "responses"})
+        cfg.stage_settings(
+            "fetch", {"dataset": "x", "prompts": "p", "tokenizer": "t", "server": {}, "endpoint": "responses"}
+        )
     with pytest.raises(DflashEvalError, match="missing \\['layer_ids'\\]"):
         cfg.stage_settings("extract", {"target": {"path": "t"}})
     with pytest.raises(DflashEvalError, match="unknown stage 'plot'"):
@@ -228,9 +275,20 @@ def test_nested_unknown_keys_wrong_types_and_unknown_stages_are_named():
 
 
 def test_a_null_counts_as_left_out():
-    settings = cfg.stage_settings("fetch", {"dataset": "x", "prompts": "p", "tokenizer": "t", "server": {},
-                                            "concurrency": None, "chat_template_kwargs": None})
-    assert settings["concurrency"] == SECTION_DEFAULTS["fetch"]["concurrency"] and settings["chat_template_kwargs"] == {}
+    settings = cfg.stage_settings(
+        "fetch",
+        {
+            "dataset": "x",
+            "prompts": "p",
+            "tokenizer": "t",
+            "server": {},
+            "concurrency": None,
+            "chat_template_kwargs": None,
+        },
+    )
+    assert (
+        settings["concurrency"] == SECTION_DEFAULTS["fetch"]["concurrency"] and settings["chat_template_kwargs"] == {}
+    )
     with pytest.raises(DflashEvalError, match=r"missing \['server'\]"):
         cfg.stage_settings("fetch", {"dataset": "x", "prompts": "p", "tokenizer": "t", "server": None})
 
@@ -238,9 +296,13 @@ def test_a_null_counts_as_left_out():
 def test_workflow_built_settings_pass_unchanged_and_filling_is_idempotent():
     config = repo_config()
     drafter, dataset = next(iter(config["drafters"])), next(iter(config["datasets"]))
-    built = {"server": cfg.server_settings(config), "fetch": cfg.fetch_settings(config, dataset),
-             "extract": cfg.extract_settings(config, dataset, "L1-5"),
-             "evaluate": cfg.evaluate_settings(config, drafter, dataset), "report": report_settings(config)}
+    built = {
+        "server": cfg.server_settings(config),
+        "fetch": cfg.fetch_settings(config, dataset),
+        "extract": cfg.extract_settings(config, dataset, "L1-5"),
+        "evaluate": cfg.evaluate_settings(config, drafter, dataset),
+        "report": report_settings(config),
+    }
     for stage, settings in built.items():
         filled = cfg.stage_settings(stage, copy.deepcopy(settings))
         assert {key: value for key, value in filled.items() if key in settings} == settings, stage
@@ -278,8 +340,14 @@ def test_an_old_key_name_still_works_with_a_warning_and_both_names_are_refused(c
     raw["evaluation"]["blocks_per_forward"] = 32
     with pytest.raises(DflashEvalError, match="anchor_chunk and evaluation.blocks_per_forward are both set"):
         cfg.validate_config(raw, "old.yaml")
-    hand_written = {"drafter": "d", "dataset": "toy", "target": {"path": "t"}, "max_tokens": 9, "anchor_chunk": 16,
-                    "checkpoint": {"path": "c", "layout": "auto", "trained_with": "torch"}}
+    hand_written = {
+        "drafter": "d",
+        "dataset": "toy",
+        "target": {"path": "t"},
+        "max_tokens": 9,
+        "anchor_chunk": 16,
+        "checkpoint": {"path": "c", "layout": "auto", "trained_with": "torch"},
+    }
     assert cfg.stage_settings("evaluate", hand_written)["blocks_per_forward"] == 16
     assert config["evaluation"]["blocks_per_forward"] == 512  # config.yaml uses the new name
 
@@ -303,7 +371,10 @@ def test_the_gpu_demo_config_overlays_config_yaml_validly():
         raw[key] = {**raw.get(key, {}), **value}
     config = cfg.validate_config(raw, "config.yaml + config/gpu.yaml")
     assert (config["target"]["backend"], config["target"]["device"], config["evaluation"]["device"]) == (
-        "fla", "cuda:0", "cuda")
+        "fla",
+        "cuda:0",
+        "cuda",
+    )
     assert config["backend_comparison"]["drafters"] == [config["report"]["served_drafter"]]
 
 

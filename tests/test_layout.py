@@ -23,13 +23,23 @@ def imported_test_modules(path: Path) -> list[str]:
 
 
 def test_no_test_imports_another_test_module():
-    wrong = {str(path.relative_to(TESTS.parent)): bad for path in sorted(TESTS.rglob("*.py"))
-             if (bad := [name for name in imported_test_modules(path) if not name.startswith("tests.support")])}
+    wrong = {
+        str(path.relative_to(TESTS.parent)): bad
+        for path in sorted(TESTS.rglob("*.py"))
+        if (bad := [name for name in imported_test_modules(path) if not name.startswith("tests.support")])
+    }
     assert not wrong, f"move what these import into tests/support/ (or dflash_eval.testing): {wrong}"
 
 
 def test_the_check_sees_an_import_of_a_test_module(tmp_path):
     source = tmp_path / "test_x.py"
-    source.write_text("def f():\n    from tests.fetch.test_sglang import served\nimport tests.fetch.conftest\n"
-                      "from tests.support.tiny import VOCAB\nfrom . import helper\n")
-    assert sorted(imported_test_modules(source)) == [".", "tests.fetch.conftest", "tests.fetch.test_sglang", "tests.support.tiny"]
+    source.write_text(
+        "def f():\n    from tests.fetch.test_sglang import served\nimport tests.fetch.conftest\n"
+        "from tests.support.tiny import VOCAB\nfrom . import helper\n"
+    )
+    assert sorted(imported_test_modules(source)) == [
+        ".",
+        "tests.fetch.conftest",
+        "tests.fetch.test_sglang",
+        "tests.support.tiny",
+    ]

@@ -17,12 +17,15 @@ def test_names_by_hand():
     assert chain_method(np.int64(6)) == "chain-B6"  # sizes that come from numpy arrays
 
 
-@pytest.mark.parametrize("name, kind, parameter, verified, block_size, budget", [
-    ("chain-B2", "chain", 2, 2, 2, None),         # a chain block of b verifies b tokens
-    ("chain-B16", "chain", 16, 16, 16, None),
-    ("ddtree-8", "ddtree", 8, 9, 16, 8),           # a tree of N nodes verifies N + 1 (the root), drafted from B
-    ("ddtree-1024", "ddtree", 1024, 1025, 16, 1024),
-])
+@pytest.mark.parametrize(
+    "name, kind, parameter, verified, block_size, budget",
+    [
+        ("chain-B2", "chain", 2, 2, 2, None),  # a chain block of b verifies b tokens
+        ("chain-B16", "chain", 16, 16, 16, None),
+        ("ddtree-8", "ddtree", 8, 9, 16, 8),  # a tree of N nodes verifies N + 1 (the root), drafted from B
+        ("ddtree-1024", "ddtree", 1024, 1025, 16, 1024),
+    ],
+)
 def test_parse_by_hand(name, kind, parameter, verified, block_size, budget):
     parsed = methods.parse(name)
     assert (parsed.kind.name, parsed.parameter, parsed.name) == (kind, parameter, name)
@@ -33,8 +36,14 @@ def test_parse_by_hand(name, kind, parameter, verified, block_size, budget):
 
 def test_report_order_is_kinds_then_parameter_not_text():
     names = ["ddtree-16", "chain-B4", "ddtree-8", "chain-B16", "chain-B2", "ddtree-128"]
-    assert sorted(names, key=methods.sort_key) == ["chain-B2", "chain-B4", "chain-B16", "ddtree-8", "ddtree-16",
-                                                  "ddtree-128"]
+    assert sorted(names, key=methods.sort_key) == [
+        "chain-B2",
+        "chain-B4",
+        "chain-B16",
+        "ddtree-8",
+        "ddtree-16",
+        "ddtree-128",
+    ]
 
 
 def test_main_table_shows_the_own_chain_and_every_tree():
@@ -45,14 +54,34 @@ def test_main_table_shows_the_own_chain_and_every_tree():
 
 def test_report_labels():
     """The legends summary.md prints, word for word."""
-    assert methods.legend() == ("`chain-B<n>`: chain drafting with block size n (the drafter's own B here); "
-                                "`ddtree-<N>`: DDTree with N nodes besides the root")
+    assert methods.legend() == (
+        "`chain-B<n>`: chain drafting with block size n (the drafter's own B here); "
+        "`ddtree-<N>`: DDTree with N nodes besides the root"
+    )
     assert methods.verified_legend() == "b tokens verified for `chain-B<b>` and N + 1 for `ddtree-<N>`"
 
 
-@pytest.mark.parametrize("name", ["chain-8", "chainB8", "chain-B", "chain-B0", "chain-B08", "chain-B-2", "chain-B2.0",
-                                  "ddtree-", "ddtree-x", "ddtree-08", "ddtree- 8", "ddtree-8 ", "DDTree-8",
-                                  "beam-4", "", "target-only"])
+@pytest.mark.parametrize(
+    "name",
+    [
+        "chain-8",
+        "chainB8",
+        "chain-B",
+        "chain-B0",
+        "chain-B08",
+        "chain-B-2",
+        "chain-B2.0",
+        "ddtree-",
+        "ddtree-x",
+        "ddtree-08",
+        "ddtree- 8",
+        "ddtree-8 ",
+        "DDTree-8",
+        "beam-4",
+        "",
+        "target-only",
+    ],
+)
 def test_unparsable_names_are_errors_naming_them(name):
     with pytest.raises(DflashEvalError, match=f"evaluation method {name!r} is not one this version knows"):
         methods.parse(name)
@@ -82,17 +111,28 @@ def test_unknown_kinds_and_bad_parameters_are_errors():
 
 def test_a_registered_kind_is_named_parsed_and_ordered(monkeypatch):
     """Adding a kind is one registry entry: names, parsing, verified tokens and order follow from it."""
-    scheme = methods.Kind(name="target-only", prefix="target-only-B", placeholder="b", describe="the target alone",
-                          verified=lambda block: block, verified_text="b for `target-only-B<b>`",
-                          block_size=lambda block, _drafter: block, budget=lambda _block: None,
-                          every_in_main_table=True)
+    scheme = methods.Kind(
+        name="target-only",
+        prefix="target-only-B",
+        placeholder="b",
+        describe="the target alone",
+        verified=lambda block: block,
+        verified_text="b for `target-only-B<b>`",
+        block_size=lambda block, _drafter: block,
+        budget=lambda _block: None,
+        every_in_main_table=True,
+    )
     monkeypatch.setitem(methods.KINDS, scheme.name, scheme)
     name = methods.name("target-only", 4)
     assert name == "target-only-B4" and methods.parse(name).kind is scheme and methods.verified_tokens(name) == 4
     assert sorted(["target-only-B4", "ddtree-8", "chain-B4"], key=methods.sort_key) == [
-        "chain-B4", "ddtree-8", "target-only-B4"]
-    assert methods.verified_legend() == ("b tokens verified for `chain-B<b>`, N + 1 for `ddtree-<N>` "
-                                         "and b for `target-only-B<b>`")
+        "chain-B4",
+        "ddtree-8",
+        "target-only-B4",
+    ]
+    assert methods.verified_legend() == (
+        "b tokens verified for `chain-B<b>`, N + 1 for `ddtree-<N>` and b for `target-only-B<b>`"
+    )
 
 
 def test_every_method_the_evaluate_stage_names_round_trips():
@@ -105,8 +145,12 @@ def test_every_method_the_evaluate_stage_names_round_trips():
 
     block = 6
     target = tiny_target(seed=0)
-    runner = BlockDrafter(tiny_drafter([0, 2], block_size=block, window=5), target.model.embed_tokens.weight.detach(),
-                          target.lm_head.weight.detach(), MASK_ID)
+    runner = BlockDrafter(
+        tiny_drafter([0, 2], block_size=block, window=5),
+        target.model.embed_tokens.weight.detach(),
+        target.lm_head.weight.detach(),
+        MASK_ID,
+    )
     budgets = [1, 2, 8, 1024]
     evaluator = TrajectoryEvaluator(runner, {1}, block_sizes=requested_block_sizes("all", block), budgets=budgets)
     assert evaluator.names == [f"chain-B{b}" for b in range(2, block + 1)] + [f"ddtree-{n}" for n in budgets]

@@ -20,8 +20,10 @@ def plain_percentile(means: np.ndarray, tokens: np.ndarray, counts: np.ndarray, 
     picks = np.random.default_rng(seed).integers(0, len(means), size=(n_boot, len(means)))
     mean = means[picks].mean(axis=1)
     weighted = tokens[picks].sum(axis=1) / counts[picks].sum(axis=1)
-    return {"tau_mean_of_samples": [float(np.percentile(mean, 2.5)), float(np.percentile(mean, 97.5))],
-            "tau_token_weighted": [float(np.percentile(weighted, 2.5)), float(np.percentile(weighted, 97.5))]}
+    return {
+        "tau_mean_of_samples": [float(np.percentile(mean, 2.5)), float(np.percentile(mean, 97.5))],
+        "tau_token_weighted": [float(np.percentile(weighted, 2.5)), float(np.percentile(weighted, 97.5))],
+    }
 
 
 def _steps(seed: int, n: int) -> list[list[int]]:
@@ -30,8 +32,11 @@ def _steps(seed: int, n: int) -> list[list[int]]:
 
 
 def _arrays(steps):
-    return (np.array([np.mean(s) for s in steps]), np.array([sum(s) for s in steps], dtype=float),
-            np.array([len(s) for s in steps], dtype=float))
+    return (
+        np.array([np.mean(s) for s in steps]),
+        np.array([sum(s) for s in steps], dtype=float),
+        np.array([len(s) for s in steps], dtype=float),
+    )
 
 
 @pytest.mark.parametrize("n", [1, 5, 59])
@@ -68,15 +73,17 @@ def test_clusters_follow_the_samples_with_steps_and_the_paired_draws():
     prompts = _steps(4, 8)
     draws = [s for s in prompts for _ in range(3)] + [[]]
     labels = [f"p{i}" for i in range(8) for _ in range(3)] + ["empty"]
-    assert stats.bootstrap_ci(draws, 500, 2, clusters=labels) == stats.bootstrap_ci(draws[:-1], 500, 2,
-                                                                                     clusters=labels[:-1])
+    assert stats.bootstrap_ci(draws, 500, 2, clusters=labels) == stats.bootstrap_ci(
+        draws[:-1], 500, 2, clusters=labels[:-1]
+    )
     with pytest.raises(ValueError, match="cluster labels"):
         stats.bootstrap_ci(draws, 10, 0, clusters=labels[:-2])
     a = {f"p{i}#s{k}": prompts[i] for i in range(8) for k in range(3)}
     b = {key: [1] * len(steps) for key, steps in a.items()}  # tau(b) = 1 everywhere
     clustered = stats.paired_difference(a, b, 2000, 0, clusters={i: prompt_cluster(i, True) for i in a})
-    by_prompt = stats.paired_difference({f"p{i}": prompts[i] for i in range(8)},
-                                        {f"p{i}": [1] * len(prompts[i]) for i in range(8)}, 2000, 0)
+    by_prompt = stats.paired_difference(
+        {f"p{i}": prompts[i] for i in range(8)}, {f"p{i}": [1] * len(prompts[i]) for i in range(8)}, 2000, 0
+    )
     for name in ("tau_mean_of_samples", "tau_token_weighted"):
         assert clustered[name]["difference"] == pytest.approx(by_prompt[name]["difference"], rel=1e-12)
         assert clustered[name]["ci95"] == pytest.approx(by_prompt[name]["ci95"], rel=1e-12)

@@ -14,11 +14,14 @@ def test_a_plain_document_reads_as_pyyaml_reads_it(tmp_path):
     assert read_yaml(path) == {"a": 1, "b": {"c": [1, 2], "d": {"e": "x"}}, "base": {"k": 1}, "use": {"k": 2}}
 
 
-@pytest.mark.parametrize("text, line, first, key", [
-    ("a: 1\nb: 2\na: 3\n", 3, 1, "a"),
-    ("drafters:\n  x:\n    path: p\n  y: {}\n  x:\n    path: q\n", 5, 2, "x"),
-    ("d: {k: 1, k: 2}\n", 1, 1, "k"),
-])
+@pytest.mark.parametrize(
+    "text, line, first, key",
+    [
+        ("a: 1\nb: 2\na: 3\n", 3, 1, "a"),
+        ("drafters:\n  x:\n    path: p\n  y: {}\n  x:\n    path: q\n", 5, 2, "x"),
+        ("d: {k: 1, k: 2}\n", 1, 1, "k"),
+    ],
+)
 def test_a_repeated_key_is_an_error_naming_file_line_and_first_line(tmp_path, text, line, first, key):
     path = tmp_path / "c.yaml"
     path.write_text(text)

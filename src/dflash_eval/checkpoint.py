@@ -76,9 +76,11 @@ def weight_files(path: Path, layout: str) -> list[Path]:
     if single.is_file():
         others = sorted(p.name for p in path.glob("*.safetensors") if p != single)
         if others:  # read silently, model.safetensors alone would be evaluated whatever the others hold
-            raise DflashEvalError(f"{path}: holds model.safetensors and also {', '.join(others)}; only "
-                                  "model.safetensors would be read. Move the other files out of the directory (or, "
-                                  "for a sharded checkpoint, remove model.safetensors and keep its index)")
+            raise DflashEvalError(
+                f"{path}: holds model.safetensors and also {', '.join(others)}; only "
+                "model.safetensors would be read. Move the other files out of the directory (or, "
+                "for a sharded checkpoint, remove model.safetensors and keep its index)"
+            )
         return [single]
     if index.is_file():
         weight_map = read_json_object(index).get("weight_map")
@@ -110,8 +112,10 @@ def pt_archive_problem(path: Path) -> str | None:
         with zipfile.ZipFile(path) as archive:
             members = archive.infolist()
     except (zipfile.BadZipFile, OSError) as error:
-        return (f"{size} bytes, and its zip directory (the index torch.save writes at the end of the file) cannot be "
-                f"read ({error}): the file is truncated or damaged")
+        return (
+            f"{size} bytes, and its zip directory (the index torch.save writes at the end of the file) cannot be "
+            f"read ({error}): the file is truncated or damaged"
+        )
     for member in members:
         end = member.header_offset + ZIP_LOCAL_HEADER + len(member.filename.encode()) + member.compress_size
         if end > size:
@@ -148,7 +152,7 @@ def strip_prefixes(names: list[str], expected: set[str]) -> dict[str, str]:
         changed = False
         for prefix in PREFIXES:
             if all(key.startswith(prefix) for key in mapping.values()):
-                mapping = {name: key[len(prefix):] for name, key in mapping.items()}
+                mapping = {name: key[len(prefix) :] for name, key in mapping.items()}
                 changed = True
                 break
     return mapping
@@ -164,14 +168,18 @@ def agreed_layer_ids(facts: CheckpointFacts, layer_ids: list[int] | None) -> lis
         )
     ids = own if own is not None else layer_ids
     if ids is None:
-        raise DflashEvalError(f"{facts.path}: no target_layer_ids in the drafter config; set `layer_ids:` in config.yaml")
+        raise DflashEvalError(
+            f"{facts.path}: no target_layer_ids in the drafter config; set `layer_ids:` in config.yaml"
+        )
     return list(ids)
 
 
 def check_fc_width(path: Path, fc_shape: list[int] | tuple[int, ...], hidden: int, layer_ids: list[int]) -> None:
     """fc.weight [hidden, n * hidden] must take exactly the listed layers: the seed write-up's silent bug."""
     if len(fc_shape) != 2 or fc_shape[1] % hidden:
-        raise DflashEvalError(f"{path}: fc.weight {tuple(fc_shape)} in-features are not a multiple of hidden_size {hidden}")
+        raise DflashEvalError(
+            f"{path}: fc.weight {tuple(fc_shape)} in-features are not a multiple of hidden_size {hidden}"
+        )
     n_layers = fc_shape[1] // hidden
     if n_layers != len(layer_ids):
         raise DflashEvalError(
@@ -181,18 +189,26 @@ def check_fc_width(path: Path, fc_shape: list[int] | tuple[int, ...], hidden: in
         )
 
 
-def check_against_target(path: Path, hidden: int | None, mask_token_id: Any, target_hidden: int | None,
-                         vocab_size: int | None) -> None:
+def check_against_target(
+    path: Path, hidden: int | None, mask_token_id: Any, target_hidden: int | None, vocab_size: int | None
+) -> None:
     """The drafter borrows the target's embedding and head: its hidden size and mask token must fit them."""
     if hidden is not None and target_hidden is not None and int(hidden) != int(target_hidden):
-        raise DflashEvalError(f"{path}: drafter hidden_size {hidden} != target hidden size {target_hidden}; "
-                              "this drafter was trained for another target")
+        raise DflashEvalError(
+            f"{path}: drafter hidden_size {hidden} != target hidden size {target_hidden}; "
+            "this drafter was trained for another target"
+        )
     if mask_token_id is not None and vocab_size is not None and not 0 <= int(mask_token_id) < int(vocab_size):
-        raise DflashEvalError(f"{path}: mask_token_id {mask_token_id} is outside the target vocabulary (size {vocab_size})")
+        raise DflashEvalError(
+            f"{path}: mask_token_id {mask_token_id} is outside the target vocabulary (size {vocab_size})"
+        )
 
 
-def check_checkpoint(facts: CheckpointFacts, layer_ids: list[int] | None, target_text_config: dict[str, Any] | None,
-                     ) -> list[int]:
+def check_checkpoint(
+    facts: CheckpointFacts,
+    layer_ids: list[int] | None,
+    target_text_config: dict[str, Any] | None,
+) -> list[int]:
     """Every contradiction the config and headers show, without loading a weight; returns the layer list.
 
     What only the weights can show (missing keys, NaN) is left to the loader.
@@ -200,8 +216,9 @@ def check_checkpoint(facts: CheckpointFacts, layer_ids: list[int] | None, target
     ids = agreed_layer_ids(facts, layer_ids)
     target = target_text_config or {}
     mask = facts.config.get("dflash_config", {}).get("mask_token_id", facts.config.get("mask_token_id"))
-    check_against_target(facts.path, facts.config.get("hidden_size"), mask, target.get("hidden_size"),
-                         target.get("vocab_size"))
+    check_against_target(
+        facts.path, facts.config.get("hidden_size"), mask, target.get("hidden_size"), target.get("vocab_size")
+    )
     hidden = facts.config.get("hidden_size")
     if facts.shapes is not None and hidden is not None:
         keys = strip_prefixes(list(facts.shapes), {"fc.weight"})

@@ -33,8 +33,10 @@ def _load_error_summary(error: Exception) -> str:
 
 def _read_pt(path: Path, allow_pickle: bool) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
     if allow_pickle:
-        warnings.warn(f"{path}: loading with weights_only=False runs pickled code from the file (allow_pickle: true)",
-                      stacklevel=2)
+        warnings.warn(
+            f"{path}: loading with weights_only=False runs pickled code from the file (allow_pickle: true)",
+            stacklevel=2,
+        )
     problem = pt_archive_problem(path)  # a truncated file is no question of trust
     if problem:
         raise DflashEvalError(f"{path}: {problem}; copy the checkpoint again")

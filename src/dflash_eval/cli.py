@@ -27,10 +27,15 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
 
 def _setup_logging(path: str | None, verbose: bool) -> None:
     # With --log the rules also send stderr (progress bars, tracebacks) to the same file: log once.
-    handlers: list[logging.Handler] = [logging.FileHandler(path, mode="a", encoding="utf-8") if path
-                                       else logging.StreamHandler(sys.stderr)]
-    logging.basicConfig(level=logging.DEBUG if verbose else logging.INFO, handlers=handlers, force=True,
-                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    handlers: list[logging.Handler] = [
+        logging.FileHandler(path, mode="a", encoding="utf-8") if path else logging.StreamHandler(sys.stderr)
+    ]
+    logging.basicConfig(
+        level=logging.DEBUG if verbose else logging.INFO,
+        handlers=handlers,
+        force=True,
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+    )
 
 
 def _parser_without_collections(command: str | None) -> argparse.ArgumentParser:
@@ -66,7 +71,8 @@ def main(argv: list[str] | None = None, frozen_imports: bool = False) -> int:
         return 2
     except Terminated:  # the stage's finally blocks already ran (records flushed, server restored)
         logging.getLogger("dflash-eval").error(
-            "%s stopped by SIGTERM; what it finished is kept, and a rerun continues from there", args.command)
+            "%s stopped by SIGTERM; what it finished is kept, and a rerun continues from there", args.command
+        )
         return 128 + signal.SIGTERM
 
 

@@ -57,8 +57,10 @@ def iter_records(path: str | Path) -> Iterator[tuple[int, dict[str, Any]]]:
                 continue
             record = parse_line(path, number, line)
             if record["id"] in first:
-                raise CompletionsError(f"{path}:{number}: sample id {record['id']!r} repeats (first on line "
-                                       f"{first[record['id']]}); {_DAMAGED}")
+                raise CompletionsError(
+                    f"{path}:{number}: sample id {record['id']!r} repeats (first on line "
+                    f"{first[record['id']]}); {_DAMAGED}"
+                )
             first[record["id"]] = number
             yield number, record
 
@@ -88,8 +90,10 @@ def _check_tokens(path: str | Path, number: int, record: dict[str, Any]) -> None
         if not isinstance(ids, list) or not all(isinstance(t, int) for t in ids):
             raise CompletionsError(f"{where}: {key!r} is not a list of token ids (integers); {_DAMAGED}")
     if not record["prompt_token_ids"]:
-        raise CompletionsError(f"{where} has no prompt tokens; the target needs at least one to start from "
-                               "(fix that prompt and re-run fetch)")
+        raise CompletionsError(
+            f"{where} has no prompt tokens; the target needs at least one to start from "
+            "(fix that prompt and re-run fetch)"
+        )
 
 
 _DRAW = re.compile(r"#s\d+$")

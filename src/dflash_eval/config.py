@@ -74,14 +74,15 @@ def _message(error: jsonschema.ValidationError) -> str:
     message = error.message
     if error.validator in ("oneOf", "anyOf") and error.context:  # say what each form wanted
         message = f"{error.instance!r} is none of the allowed forms: " + "; or ".join(
-            e.message + (f" (at {_where(e)})" if e.relative_path else "") for e in error.context)
+            e.message + (f" (at {_where(e)})" if e.relative_path else "") for e in error.context
+        )
     if error.schema.get("description"):
         message += f" (expected: {error.schema['description']})"
     return message
 
 
 def _blame(error: jsonschema.ValidationError, source: Any) -> str:
-    """" (in FILE)": the --configfile that set the key, when `source` knows (workflow.preflight.ConfigSource)."""
+    """ " (in FILE)": the --configfile that set the key, when `source` knows (workflow.preflight.ConfigSource)."""
     if not hasattr(source, "blame"):
         return ""
     path = list(error.absolute_path)
@@ -94,8 +95,10 @@ def _schema_problems(instance: Any, schema: dict, skip_top: tuple[str, ...] = ()
     """Every schema violation as `key: message`, in key order; `skip_top`: top-level validators already reported."""
     errors = jsonschema.Draft202012Validator(schema).iter_errors(instance)
     kept = [e for e in errors if e.absolute_path or e.validator not in skip_top]
-    return [f"{_where(e)}{_blame(e, source)}: {_message(e)}"
-            for e in sorted(kept, key=lambda e: [str(p) for p in e.absolute_path])]
+    return [
+        f"{_where(e)}{_blame(e, source)}: {_message(e)}"
+        for e in sorted(kept, key=lambda e: [str(p) for p in e.absolute_path])
+    ]
 
 
 # Keys users may still set under their old names: section -> {old: new}. The old name works, with a warning.
@@ -110,8 +113,10 @@ def _renamed(section: str, values: dict, where: str) -> dict:
     values = dict(values)
     for old, new in renames.items():
         if new in values:
-            raise DflashEvalError(f"{where}: {section}.{old} and {section}.{new} are both set; {old} is the old name "
-                                  f"of {new}: keep only {new}")
+            raise DflashEvalError(
+                f"{where}: {section}.{old} and {section}.{new} are both set; {old} is the old name "
+                f"of {new}: keep only {new}"
+            )
         log.warning("%s: %s.%s is now called %s.%s; it still works, but rename it", where, section, old, section, new)
         values[new] = values.pop(old)
     return values
@@ -124,10 +129,15 @@ def _moved_temperature(config: dict, source: str) -> dict:
     if not isinstance(fetch, dict) or "temperature" not in fetch:
         return config
     if fetch["temperature"] not in (0, 0.0):
-        raise DflashEvalError(f"{source}: fetch.temperature is {fetch['temperature']!r}, but sampling is set per dataset "
-                              "now: move it to datasets.<name>.temperature (with top_p, top_k, min_p, n; docs/sampling.md)")
-    log.warning("%s: fetch.temperature is gone (0, greedy, is the default; sampling is set per dataset: "
-                "datasets.<name>.temperature); remove it", source)
+        raise DflashEvalError(
+            f"{source}: fetch.temperature is {fetch['temperature']!r}, but sampling is set per dataset "
+            "now: move it to datasets.<name>.temperature (with top_p, top_k, min_p, n; docs/sampling.md)"
+        )
+    log.warning(
+        "%s: fetch.temperature is gone (0, greedy, is the default; sampling is set per dataset: "
+        "datasets.<name>.temperature); remove it",
+        source,
+    )
     return {**config, "fetch": {k: v for k, v in fetch.items() if k != "temperature"}}
 
 
@@ -163,15 +173,20 @@ def _check_semantics(config: dict, source: str) -> None:
     for key, names in (("drafters", config["drafters"]), ("datasets", config["datasets"])):
         unknown = [name for name in comparison[key] if name not in names]
         if unknown:
-            raise DflashEvalError(f"{source}: backend_comparison.{key} {unknown} are not among the {key}: "
-                                  f"{', '.join(names)}")
+            raise DflashEvalError(
+                f"{source}: backend_comparison.{key} {unknown} are not among the {key}: {', '.join(names)}"
+            )
     if comparison["drafters"] and comparison["datasets"] and not config["target"]["device"].startswith("cuda"):
-        raise DflashEvalError(f"{source}: backend_comparison runs fla, which needs a CUDA target.device "
-                              f"(it is {config['target']['device']}); set target.device: cuda:0, or empty the lists")
+        raise DflashEvalError(
+            f"{source}: backend_comparison runs fla, which needs a CUDA target.device "
+            f"(it is {config['target']['device']}); set target.device: cuda:0, or empty the lists"
+        )
     for key in ("reference", "served_drafter"):
         name = config["report"][key]
         if name is not None and name not in config["drafters"]:
-            raise DflashEvalError(f"{source}: report.{key} {name!r} is not one of the drafters: {', '.join(config['drafters'])}")
+            raise DflashEvalError(
+                f"{source}: report.{key} {name!r} is not one of the drafters: {', '.join(config['drafters'])}"
+            )
 
 
 def preset_names() -> list[str]:
@@ -183,8 +198,10 @@ def _check_dataset(name: str, spec: dict, source: str) -> None:
     """A dataset is a prompt file or a named preset (its local copy optional): exactly one, named."""
     key = f"{source}: datasets.{name}"
     if ("prompts" in spec) == ("preset" in spec):
-        raise DflashEvalError(f"{key}: give either prompts (a JSONL prompt file) or preset (one of "
-                              f"{', '.join(preset_names())}), not both or neither")
+        raise DflashEvalError(
+            f"{key}: give either prompts (a JSONL prompt file) or preset (one of "
+            f"{', '.join(preset_names())}), not both or neither"
+        )
     for extra in ("source", "cache_dir"):
         if spec.get(extra) is not None and "preset" not in spec:
             raise DflashEvalError(f"{key}.{extra} only goes with preset (the local copy of a named set); remove it")
@@ -196,8 +213,17 @@ def _check_dataset(name: str, spec: dict, source: str) -> None:
 # A dataset's sampling keys with their "off" values (SGLang's: top_k -1, top_p 1.0, min_p 0.0): at temperature 0
 # any other value would be silently ignored by a greedy server, so it is refused.
 SAMPLING_OFF = {"top_p": 1.0, "top_k": -1, "min_p": 0.0, "n": 1}
-SAMPLING_KEYS = ("temperature", "top_p", "top_k", "min_p", "n", "sampling_seed", "repetition_penalty", "frequency_penalty",
-                 "presence_penalty")
+SAMPLING_KEYS = (
+    "temperature",
+    "top_p",
+    "top_k",
+    "min_p",
+    "n",
+    "sampling_seed",
+    "repetition_penalty",
+    "frequency_penalty",
+    "presence_penalty",
+)
 
 
 def dataset_samples(spec: dict) -> bool:
@@ -212,8 +238,10 @@ def sampling_problems(spec: dict) -> list[str]:
     given = {key: spec[key] for key, off in SAMPLING_OFF.items() if spec.get(key, off) != off}
     if not given:
         return []
-    return [f"{', '.join(f'{k}={v!r}' for k, v in given.items())} at temperature 0 (greedy): a greedy server ignores "
-            "them and n > 1 would fetch the same completion n times; set temperature > 0 (what you serve), or remove them"]
+    return [
+        f"{', '.join(f'{k}={v!r}' for k, v in given.items())} at temperature 0 (greedy): a greedy server ignores "
+        "them and n > 1 would fetch the same completion n times; set temperature > 0 (what you serve), or remove them"
+    ]
 
 
 def load_config(path: str | Path) -> dict:
@@ -273,12 +301,20 @@ def expand_step_directories(drafters: dict, source: str) -> dict:
             if checkpoint.is_file() and config_path is None:
                 raise DflashEvalError(
                     f"{source}: drafters.{name}: {checkpoint} is a bare checkpoint; set drafters.{name}.config "
-                    f"(a drafter config.json) or put config.json in {spec['path']}")
+                    f"(a drafter config.json) or put config.json in {spec['path']}"
+                )
             step_name = f"{name}-step{step}"
             if step_name in drafters:
-                raise DflashEvalError(f"{source}: drafters.{name} expands to {step_name}, which is also a drafter of its own; rename one")
-            expanded[step_name] = {**spec, "path": str(checkpoint), "step": step, "run": spec.get("run") or name,
-                                   "config": None if checkpoint.is_dir() else config_path}
+                raise DflashEvalError(
+                    f"{source}: drafters.{name} expands to {step_name}, which is also a drafter of its own; rename one"
+                )
+            expanded[step_name] = {
+                **spec,
+                "path": str(checkpoint),
+                "step": step,
+                "run": spec.get("run") or name,
+                "config": None if checkpoint.is_dir() else config_path,
+            }
     return expanded
 
 
@@ -356,7 +392,14 @@ def drafter_layer_ids(config: dict, drafter: str) -> list[int]:
 
 NAME = {"type": "string", "minLength": 1}
 LAYER_IDS = {"type": "array", "items": {"type": "integer", "minimum": 0}, "minItems": 1}
-CHECKPOINT_KEYS = ("path", "layout", "config", "trained_with", "allow_pickle", "step")  # + layer_ids, last_layer: resolved
+CHECKPOINT_KEYS = (
+    "path",
+    "layout",
+    "config",
+    "trained_with",
+    "allow_pickle",
+    "step",
+)  # + layer_ids, last_layer: resolved
 STAGES = ("server", "fetch", "extract", "evaluate", "report", "profile_server")
 
 
@@ -369,8 +412,10 @@ def _dataset_properties() -> dict:
 
 
 # extract's own key, derived from evaluation.verify (config.extract_params): store the target's log-probs
-TARGET_LOGPROBS = {"type": "boolean",
-                   "description": "store the target's sampled log-probability of each completion token (rejection); absent: no"}
+TARGET_LOGPROBS = {
+    "type": "boolean",
+    "description": "store the target's sampled log-probability of each completion token (rejection); absent: no",
+}
 
 
 def _object(properties: dict, required: tuple[str, ...] = ()) -> dict:
@@ -401,37 +446,69 @@ def stage_schema(stage: str) -> dict:
     if stage == "profile_server":  # dflash-eval profile-server: the server it restarts and how it times it
         return _object({"server": server, **_properties("profile_server")}, required=("server",))
     if stage == "fetch":
-        return _object({"dataset": NAME, "tokenizer": target_path, "server": server, **_dataset_properties(), **fetch},
-                       required=("dataset", "server", "tokenizer"))
+        return _object(
+            {"dataset": NAME, "tokenizer": target_path, "server": server, **_dataset_properties(), **fetch},
+            required=("dataset", "server", "tokenizer"),
+        )
     if stage == "extract":
-        return _object({"dataset": NAME, "layer_ids": LAYER_IDS, "last_layer": drafter["last_layer"],
-                        "target": top["target"], **_properties("extraction"), "server": server,
-                        "target_logprobs": TARGET_LOGPROBS},
-                       required=("layer_ids", "target"))
+        return _object(
+            {
+                "dataset": NAME,
+                "layer_ids": LAYER_IDS,
+                "last_layer": drafter["last_layer"],
+                "target": top["target"],
+                **_properties("extraction"),
+                "server": server,
+                "target_logprobs": TARGET_LOGPROBS,
+            },
+            required=("layer_ids", "target"),
+        )
     if stage == "evaluate":
         # layer_ids as config.yaml's drafters have it: null (or left out) means the checkpoint's own list
-        checkpoint = _object({key: drafter[key] for key in (*CHECKPOINT_KEYS, "layer_ids", "last_layer")},
-                             required=("path",))
-        return _object({"drafter": NAME, "dataset": NAME, "checkpoint": checkpoint,
-                        "target": _object({"path": target_path}, required=("path",)),
-                        "max_tokens": fetch["max_tokens"], "speedup": {  # the drafter's timing; not the profile
-                            **top["speedup"], "properties": {key: value for key, value in
-                                                             top["speedup"]["properties"].items() if key != "profile"}},
-                        **{key: value for key, value in evaluation.items() if key not in EVALUATION_JOB_KEYS}},
-                       required=("drafter", "dataset", "checkpoint", "target"))
+        checkpoint = _object(
+            {key: drafter[key] for key in (*CHECKPOINT_KEYS, "layer_ids", "last_layer")}, required=("path",)
+        )
+        return _object(
+            {
+                "drafter": NAME,
+                "dataset": NAME,
+                "checkpoint": checkpoint,
+                "target": _object({"path": target_path}, required=("path",)),
+                "max_tokens": fetch["max_tokens"],
+                "speedup": {  # the drafter's timing; not the profile
+                    **top["speedup"],
+                    "properties": {
+                        key: value for key, value in top["speedup"]["properties"].items() if key != "profile"
+                    },
+                },
+                **{key: value for key, value in evaluation.items() if key not in EVALUATION_JOB_KEYS},
+            },
+            required=("drafter", "dataset", "checkpoint", "target"),
+        )
     names = {"type": "array", "items": NAME}
-    return _object({"drafters": {"type": "object"}, "drafter_order": names, "datasets": names,
-                    "dataset_prompts": {"type": "object", "additionalProperties": {"type": "string"}},
-                    **_properties("report"),
-                    "transitions": {"type": "string"}, "bootstrap": evaluation["bootstrap"], "seed": evaluation["seed"]})
+    return _object(
+        {
+            "drafters": {"type": "object"},
+            "drafter_order": names,
+            "datasets": names,
+            "dataset_prompts": {"type": "object", "additionalProperties": {"type": "string"}},
+            **_properties("report"),
+            "transitions": {"type": "string"},
+            "bootstrap": evaluation["bootstrap"],
+            "seed": evaluation["seed"],
+        }
+    )
 
 
 def _without_nulls(instance: Any, schema: dict) -> Any:
     """A null value means "the default" in settings written by hand: drop it, in objects the schema describes."""
     if not isinstance(instance, dict) or "properties" not in schema:
         return instance
-    return {key: _without_nulls(value, schema["properties"].get(key, {}))
-            for key, value in instance.items() if value is not None}
+    return {
+        key: _without_nulls(value, schema["properties"].get(key, {}))
+        for key, value in instance.items()
+        if value is not None
+    }
 
 
 def stage_settings(stage: str, settings: dict) -> dict:
@@ -442,16 +519,19 @@ def stage_settings(stage: str, settings: dict) -> dict:
     left out, so it gets the default.
     """
     schema = stage_schema(stage)
-    out = _without_nulls(copy.deepcopy(_renamed({"evaluate": "evaluation"}.get(stage, stage), settings,
-                                                f"{stage} settings")), schema)
+    out = _without_nulls(
+        copy.deepcopy(_renamed({"evaluate": "evaluation"}.get(stage, stage), settings, f"{stage} settings")), schema
+    )
     missing = [key for key in schema["required"] if key not in out]
     unknown = sorted(set(out) - set(schema["properties"]))
     problems = []
     if missing or unknown:
         keys = ", ".join(([f"missing {missing}"] if missing else []) + ([f"unknown {unknown}"] if unknown else []))
         if unknown:
-            keys += (f" (unknown {stage} settings are refused, so that a typo is loud; the known ones: "
-                     f"{', '.join(sorted(schema['properties']))})")
+            keys += (
+                f" (unknown {stage} settings are refused, so that a typo is loud; the known ones: "
+                f"{', '.join(sorted(schema['properties']))})"
+            )
         problems.append(keys)
     _fill_defaults(out, schema)
     problems += _schema_problems(out, schema, skip_top=("required", "additionalProperties"))
@@ -473,15 +553,19 @@ def _server_problems(server: dict) -> list[str]:
     if kind == "external" and not (start and stop):
         return ["server.start_command and server.stop_command are required for kind: external"]
     if kind == "release" and bool(start) != bool(stop):
-        return ["kind: release takes server.start_command and server.stop_command together (the fallback when "
-                "releasing does not free the GPU), or neither"]
+        return [
+            "kind: release takes server.start_command and server.stop_command together (the fallback when "
+            "releasing does not free the GPU), or neither"
+        ]
     return []
 
 
 def _fetch_problems(settings: dict) -> list[str]:
     if ("prompts" in settings) == ("preset" in settings):
-        return [f"give exactly one of prompts (a file) and preset (a named set), got prompts={settings.get('prompts')!r}, "
-                f"preset={settings.get('preset')!r}"]
+        return [
+            f"give exactly one of prompts (a file) and preset (a named set), got prompts={settings.get('prompts')!r}, "
+            f"preset={settings.get('preset')!r}"
+        ]
     return sampling_problems(settings)
 
 
@@ -515,8 +599,11 @@ def fetch_params(config: dict, dataset: str) -> dict:
     """What decides a dataset's completions: the Snakemake params of its fetch job."""
     spec = config["datasets"][dataset]
     # A prompt file's params carry no preset keys (source, cache_dir): only a preset's depend on them.
-    where = ({"prompts": spec["prompts"]} if "prompts" in spec else
-             {"preset": spec["preset"], "source": spec["source"], "cache_dir": spec["cache_dir"]})
+    where = (
+        {"prompts": spec["prompts"]}
+        if "prompts" in spec
+        else {"preset": spec["preset"], "source": spec["source"], "cache_dir": spec["cache_dir"]}
+    )
     return {
         "dataset": dataset,
         **where,
@@ -565,8 +652,10 @@ def extract_params(config: dict, dataset: str, layer_ids: list[int], last_layer:
 def extract_settings(config: dict, dataset: str, layerset: str) -> dict:
     """Everything the extract stage reads (params and runtime) for one layer set's cache (a name from
     `layerset_name`, as the extract rule has it), for running it by hand from config.yaml."""
-    return {**extract_params(config, dataset, parse_layerset(layerset), layerset_last_layer(layerset)),
-            **extract_runtime(config)}
+    return {
+        **extract_params(config, dataset, parse_layerset(layerset), layerset_last_layer(layerset)),
+        **extract_runtime(config),
+    }
 
 
 def evaluate_settings(config: dict, drafter: str, dataset: str) -> dict:
@@ -600,15 +689,22 @@ def profile_server_settings(config: dict) -> dict:
 
 # the builder of each stage's settings from config.yaml, for settings_from_args; a builder that lives beside its
 # stage (report/settings.py) registers itself with stage_builder
-_BUILDERS = {server_settings: "server", fetch_settings: "fetch", extract_settings: "extract",
-             evaluate_settings: "evaluate", profile_server_settings: "profile_server"}
+_BUILDERS = {
+    server_settings: "server",
+    fetch_settings: "fetch",
+    extract_settings: "extract",
+    evaluate_settings: "evaluate",
+    profile_server_settings: "profile_server",
+}
 
 
 def stage_builder(stage: str) -> Any:
     """Register a settings builder that lives beside its stage, so that `settings_from_args` takes it."""
+
     def register(build: Any) -> Any:
         _BUILDERS[build] = stage
         return build
+
     return register
 
 
@@ -617,8 +713,10 @@ def settings_json(settings: dict) -> str:
     return json.dumps(settings, sort_keys=True, separators=(",", ":"))
 
 
-RUNTIME_HELP = (f"how the stage runs, as JSON (server; for fetch also {', '.join(FETCH_RUNTIME_KEYS)}): the workflow "
-                "passes it beside --settings, so that changing it reruns nothing")
+RUNTIME_HELP = (
+    f"how the stage runs, as JSON (server; for fetch also {', '.join(FETCH_RUNTIME_KEYS)}): the workflow "
+    "passes it beside --settings, so that changing it reruns nothing"
+)
 
 
 def with_runtime(settings: dict, runtime: str | None) -> dict:
@@ -636,8 +734,10 @@ def settings_from_args(args: Any, build: Any, *selectors: str) -> dict:
     `build`, one of the `*_settings` functions above); then `--runtime`, then stage_settings."""
     stage = _BUILDERS.get(build)
     if stage is None:
-        raise TypeError(f"settings_from_args: {build!r} is not one of the stage builders (dflash_eval.config's, or "
-                        "one registered with config.stage_builder)")
+        raise TypeError(
+            f"settings_from_args: {build!r} is not one of the stage builders (dflash_eval.config's, or "
+            "one registered with config.stage_builder)"
+        )
     if getattr(args, "settings", None):
         text = args.settings
         if not text.lstrip().startswith("{") and Path(text).is_file():
@@ -665,6 +765,7 @@ def configured_name(config: dict, selector: str, name: str, source: str) -> str:
     """`name` when the config has such a dataset or drafter (`selector`), else an error listing those it has."""
     section = f"{selector}s"
     if name not in config[section]:
-        raise DflashEvalError(f"--{selector} {name!r}: {source} has no such entry under {section}; "
-                              f"one of: {', '.join(config[section])}")
+        raise DflashEvalError(
+            f"--{selector} {name!r}: {source} has no such entry under {section}; one of: {', '.join(config[section])}"
+        )
     return name

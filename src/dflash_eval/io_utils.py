@@ -106,6 +106,8 @@ def safetensors_header(path: str | Path, fix: str) -> dict[str, dict[str, Any]]:
     except (TypeError, KeyError, IndexError, ValueError):
         raise DflashEvalError(f"{path}: the safetensors header lacks data_offsets (a damaged file); {fix}") from None
     if 8 + length + end != size:
-        raise DflashEvalError(f"{path}: {size} bytes, but its header says {8 + length + end}: the file is "
-                              f"{'truncated' if size < 8 + length + end else 'longer than its tensors'}; {fix}")
+        raise DflashEvalError(
+            f"{path}: {size} bytes, but its header says {8 + length + end}: the file is "
+            f"{'truncated' if size < 8 + length + end else 'longer than its tensors'}; {fix}"
+        )
     return header

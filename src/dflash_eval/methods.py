@@ -25,15 +25,15 @@ from dflash_eval.errors import DflashEvalError
 class Kind:
     """One kind of method: how its name is spelled, what its parameter is and what a step of it costs."""
 
-    name: str                                 # metrics.json's `kind`
-    prefix: str                               # the method's name is prefix + parameter
-    placeholder: str                          # the parameter's letter in the report's legend
-    describe: str                             # the legend: what the method is, in terms of the placeholder
-    verified: Callable[[int], int]            # parameter -> tokens the target verifies per step
-    verified_text: str                        # the same, for the report's formula, in terms of the placeholder
-    block_size: Callable[[int, int], int]     # (parameter, drafter's block) -> tokens of the drafted block
-    budget: Callable[[int], int | None]       # parameter -> metrics.json's `budget` (None: no tree)
-    every_in_main_table: bool                 # False: only the drafter's own one heads the report's main table
+    name: str  # metrics.json's `kind`
+    prefix: str  # the method's name is prefix + parameter
+    placeholder: str  # the parameter's letter in the report's legend
+    describe: str  # the legend: what the method is, in terms of the placeholder
+    verified: Callable[[int], int]  # parameter -> tokens the target verifies per step
+    verified_text: str  # the same, for the report's formula, in terms of the placeholder
+    block_size: Callable[[int, int], int]  # (parameter, drafter's block) -> tokens of the drafted block
+    budget: Callable[[int], int | None]  # parameter -> metrics.json's `budget` (None: no tree)
+    every_in_main_table: bool  # False: only the drafter's own one heads the report's main table
 
     def pattern(self, placeholder: str | None = None) -> str:
         """`chain-B<b>`: the name with its parameter as a placeholder."""
@@ -41,17 +41,25 @@ class Kind:
 
 
 CHAIN = Kind(
-    name="chain", prefix="chain-B", placeholder="n",
+    name="chain",
+    prefix="chain-B",
+    placeholder="n",
     describe="chain drafting with block size n (the drafter's own B here)",
-    verified=lambda block: block, verified_text="b tokens verified for `chain-B<b>`",
-    block_size=lambda block, _drafter_block: block, budget=lambda _block: None,
+    verified=lambda block: block,
+    verified_text="b tokens verified for `chain-B<b>`",
+    block_size=lambda block, _drafter_block: block,
+    budget=lambda _block: None,
     every_in_main_table=False,
 )
 TREE = Kind(
-    name="ddtree", prefix="ddtree-", placeholder="N",
+    name="ddtree",
+    prefix="ddtree-",
+    placeholder="N",
     describe="DDTree with N nodes besides the root",
-    verified=lambda budget: budget + 1, verified_text="N + 1 for `ddtree-<N>`",
-    block_size=lambda _budget, drafter_block: drafter_block, budget=lambda budget: budget,
+    verified=lambda budget: budget + 1,
+    verified_text="N + 1 for `ddtree-<N>`",
+    block_size=lambda _budget, drafter_block: drafter_block,
+    budget=lambda budget: budget,
     every_in_main_table=True,
 )
 
@@ -102,8 +110,9 @@ def name(kind_name: str, parameter: int) -> str:
             raise TypeError
         value = operator.index(parameter)
     except TypeError:
-        raise DflashEvalError(f"evaluation method {registered.pattern()}: its parameter must be an integer, "
-                              f"got {parameter!r}") from None
+        raise DflashEvalError(
+            f"evaluation method {registered.pattern()}: its parameter must be an integer, got {parameter!r}"
+        ) from None
     if value < 1:
         raise DflashEvalError(f"evaluation method {registered.pattern()}: its parameter must be >= 1, got {value}")
     return f"{registered.prefix}{value}"
@@ -125,11 +134,10 @@ def parse(method: str) -> Method:
     if isinstance(method, str):
         for registered in KINDS.values():
             if method.startswith(registered.prefix):
-                number = method[len(registered.prefix):]
+                number = method[len(registered.prefix) :]
                 if _NUMBER.fullmatch(number):
                     return Method(registered, int(number))
-    raise DflashEvalError(f"evaluation method {method!r} is not one this version knows; "
-                          f"method names are {_choices()}")
+    raise DflashEvalError(f"evaluation method {method!r} is not one this version knows; method names are {_choices()}")
 
 
 def verified_tokens(method: str) -> int:

@@ -43,7 +43,7 @@ class ConfigSource(str):
         return label
 
     def blame(self, path: list[Any]) -> str:
-        """" (in FILE)" for the last source that sets `path`, when there is more than one source."""
+        """ " (in FILE)" for the last source that sets `path`, when there is more than one source."""
         if len(self.layers) < 2:
             return ""
         for name, data in reversed(self.layers):
@@ -95,8 +95,12 @@ def built_by(outputs: Iterable[str]) -> Callable[[str], bool]:
     return built
 
 
-def check_inputs(config: dict[str, Any], source: str, built: Callable[[str], bool] = lambda path: False,
-                 why_missing: Callable[[str], str] = lambda path: "") -> None:
+def check_inputs(
+    config: dict[str, Any],
+    source: str,
+    built: Callable[[str], bool] = lambda path: False,
+    why_missing: Callable[[str], str] = lambda path: "",
+) -> None:
     """Raise one error listing every missing path and contradiction in a validated config; `why_missing`
     may explain a missing path (the Snakefile's: a demo model while the demo's rules are off)."""
     problems: list[str] = []
@@ -117,8 +121,10 @@ def check_inputs(config: dict[str, Any], source: str, built: Callable[[str], boo
             return False
         if not Path(path).exists():
             why = why_missing(path)
-            problems.append(f"  {key}{blame(key)}: {path} does not exist{f' ({why})' if why else ''}; fix the path "
-                            "(or create the file) before running")
+            problems.append(
+                f"  {key}{blame(key)}: {path} does not exist{f' ({why})' if why else ''}; fix the path "
+                "(or create the file) before running"
+            )
             return False
         return True
 
@@ -127,7 +133,7 @@ def check_inputs(config: dict[str, Any], source: str, built: Callable[[str], boo
     for key, device in (("target.device", target["device"]), ("evaluation.device", config["evaluation"]["device"])):
         problem = cuda_build_problem(device, key)  # starts with the key
         if problem:
-            problems.append(f"  {key}{blame(key)}{problem[len(key):]}")
+            problems.append(f"  {key}{blame(key)}{problem[len(key) :]}")
     for name, spec in config["datasets"].items():
         if present(f"datasets.{name}.prompts", spec.get("prompts")):
             attempt(f"datasets.{name}.prompts", load_prompts, spec["prompts"])
@@ -148,18 +154,22 @@ def check_inputs(config: dict[str, Any], source: str, built: Callable[[str], boo
             problems.append(
                 f"  {key}.trained_with{blame(key + '.trained_with')}: {spec['trained_with']}, but target.backend is {target['backend']}: the evaluation "
                 "would refuse this drafter's cache after its extraction. Extract with the backend it was trained with "
-                "(target.backend), or set evaluation.allow_backend_mismatch: true to evaluate anyway (flagged)")
+                "(target.backend), or set evaluation.allow_backend_mismatch: true to evaluate anyway (flagged)"
+            )
     problems += [f"  {key}{blame(key)}: {why}" for key, why in verify_problems(config)]
     problems += [f"  {key}{blame(key)}: {why}" for key, why in drafter_kind.sampled_problems(config, _architecture)]
     for warning in _load_warnings(config, text):
         sys.stderr.write(f"WARNING: {source}: {warning}\n")
     if problems:
-        shown = problems[:_MAX_LISTED] + ([f"  ... and {len(problems) - _MAX_LISTED} more"]
-                                          if len(problems) > _MAX_LISTED else [])
+        shown = problems[:_MAX_LISTED] + (
+            [f"  ... and {len(problems) - _MAX_LISTED} more"] if len(problems) > _MAX_LISTED else []
+        )
         others = [name for name in config["drafters"] if name not in unusable]
         if unusable and others and len(unusable) == len(problems):  # only checkpoints: the rest can run meanwhile
-            shown.append(f"To evaluate the other drafters meanwhile, leave {', '.join(unusable)} out: "
-                         f"snakemake --config only={','.join(others)}")
+            shown.append(
+                f"To evaluate the other drafters meanwhile, leave {', '.join(unusable)} out: "
+                f"snakemake --config only={','.join(others)}"
+            )
         raise DflashEvalError(f"{source}: {len(problems)} problem(s), found before any job ran:\n" + "\n".join(shown))
 
 
@@ -176,22 +186,37 @@ def verify_problems(config: dict[str, Any]) -> list[tuple[str, str]]:
     budgets = sorted(set(config["evaluation"].get("ddtree_budgets") or []))
     if budgets and "target_only" not in schemes:
         methods = ", ".join(f"ddtree-{b}" for b in budgets)
-        problems.append(("evaluation.verify", f"rejection alone, but evaluation.ddtree_budgets asks for {methods}: "
-                         "DDTree has no rejection-sampled scheme here (dflash_generate drafts no tree; SGLang 0.5.23 "
-                         "verifies trees target-only). Set evaluation.verify: [target_only, rejection] (trees are "
-                         "then evaluated target_only, chains both ways) or evaluation.ddtree_budgets: []"))
+        problems.append(
+            (
+                "evaluation.verify",
+                f"rejection alone, but evaluation.ddtree_budgets asks for {methods}: "
+                "DDTree has no rejection-sampled scheme here (dflash_generate drafts no tree; SGLang 0.5.23 "
+                "verifies trees target-only). Set evaluation.verify: [target_only, rejection] (trees are "
+                "then evaluated target_only, chains both ways) or evaluation.ddtree_budgets: []",
+            )
+        )
     for name, spec in config["drafters"].items():
         if _architecture(spec) == "DFlash2DraftModel":
-            problems.append((f"drafters.{name}", f"drafter {name} is a DFlash2DraftModel, but evaluation.verify asks for "
-                             "rejection: its "
-                             "drafts come from the candidate selector's walk over the block, not independently per "
-                             "position, so dflash_generate's scheme does not apply to it; set evaluation.verify: "
-                             "target_only (or remove this drafter from a rejection run)"))
+            problems.append(
+                (
+                    f"drafters.{name}",
+                    f"drafter {name} is a DFlash2DraftModel, but evaluation.verify asks for "
+                    "rejection: its "
+                    "drafts come from the candidate selector's walk over the block, not independently per "
+                    "position, so dflash_generate's scheme does not apply to it; set evaluation.verify: "
+                    "target_only (or remove this drafter from a rejection run)",
+                )
+            )
     for name, spec in config["datasets"].items():
         if dataset_samples(spec) and float(spec.get("min_p") or 0.0) > 0:
-            problems.append((f"datasets.{name}.min_p", f"{spec['min_p']}, but evaluation.verify asks for rejection, "
-                             "dflash_generate's scheme, which has no min_p: set min_p: 0.0 or evaluation.verify: "
-                             "target_only"))
+            problems.append(
+                (
+                    f"datasets.{name}.min_p",
+                    f"{spec['min_p']}, but evaluation.verify asks for rejection, "
+                    "dflash_generate's scheme, which has no min_p: set min_p: 0.0 or evaluation.verify: "
+                    "target_only",
+                )
+            )
     return problems
 
 
@@ -212,23 +237,29 @@ def _load_warnings(config: dict[str, Any], target_text: dict[str, Any] | None) -
     if "rejection" in verify_schemes(config["evaluation"].get("verify")):
         greedy = [name for name, spec in config["datasets"].items() if not dataset_samples(spec)]
         if greedy:
-            warnings.append(f"evaluation.verify asks for rejection, but datasets {', '.join(greedy)} are greedy "
-                            "(temperature 0), where dflash_generate's scheme is target_only's greedy verification "
-                            "(the drafts and the target are point masses): their tau is both schemes' number, and "
-                            "they get no rejection section (docs/sampling.md)")
+            warnings.append(
+                f"evaluation.verify asks for rejection, but datasets {', '.join(greedy)} are greedy "
+                "(temperature 0), where dflash_generate's scheme is target_only's greedy verification "
+                "(the drafts and the target are point masses): their tau is both schemes' number, and "
+                "they get no rejection section (docs/sampling.md)"
+            )
     requested = config["evaluation"]["block_sizes"]
     if isinstance(requested, list):
         for name, spec in config["drafters"].items():
             block = _block_size(spec)
             too_big = sorted(b for b in set(requested) if block is not None and b > block)
             if too_big:
-                warnings.append(f"evaluation.block_sizes {too_big} exceed drafters.{name}'s block size {block}: "
-                                "its evaluation skips them (a chain's blocks cannot be longer than the drafter's)")
+                warnings.append(
+                    f"evaluation.block_sizes {too_big} exceed drafters.{name}'s block size {block}: "
+                    "its evaluation skips them (a chain's blocks cannot be longer than the drafter's)"
+                )
     limit = (target_text or {}).get("max_position_embeddings")
     if isinstance(limit, int) and config["fetch"]["max_tokens"] >= limit:
-        warnings.append(f"fetch.max_tokens {config['fetch']['max_tokens']} reaches the target's max_position_embeddings "
-                        f"{limit} ({config['target']['path']}/config.json): prompt and completion beyond {limit} "
-                        "positions are past what the target was built for; lower fetch.max_tokens")
+        warnings.append(
+            f"fetch.max_tokens {config['fetch']['max_tokens']} reaches the target's max_position_embeddings "
+            f"{limit} ({config['target']['path']}/config.json): prompt and completion beyond {limit} "
+            "positions are past what the target was built for; lower fetch.max_tokens"
+        )
     return warnings
 
 
@@ -260,7 +291,9 @@ def warn_changed_caches(caches: Iterable[str]) -> None:
         changed = changed_since_extraction(Path(directory))
         if changed:
             manifest = cache_manifest.read(Path(directory))
-            sys.stderr.write(f"WARNING: {len(changed)} shard(s) of the hidden cache {directory} changed after its "
-                             f"extraction: {'; '.join(changed[:3])}{' ...' if len(changed) > 3 else ''}. An evaluation "
-                             "refuses a shard whose sha256 no longer matches; "
-                             f"{repair_command(Path(directory), manifest)}\n")
+            sys.stderr.write(
+                f"WARNING: {len(changed)} shard(s) of the hidden cache {directory} changed after its "
+                f"extraction: {'; '.join(changed[:3])}{' ...' if len(changed) > 3 else ''}. An evaluation "
+                "refuses a shard whose sha256 no longer matches; "
+                f"{repair_command(Path(directory), manifest)}\n"
+            )

@@ -23,9 +23,19 @@ SNAPSHOT = Path(__file__).with_name("sglang_0_5_23_fields.json")
 # source file under sglang/srt/ -> the classes read from it
 SOURCES = {
     "entrypoints/openai/protocol.py": (
-        "CompletionRequest", "CompletionResponse", "CompletionResponseChoice", "ChatCompletionRequest",
-        "ChatCompletionResponse", "ChatCompletionResponseChoice", "ChatMessage", "UsageInfo", "SglExt",
-        "SpecTokensDetails", "ModelCard", "ModelList"),
+        "CompletionRequest",
+        "CompletionResponse",
+        "CompletionResponseChoice",
+        "ChatCompletionRequest",
+        "ChatCompletionResponse",
+        "ChatCompletionResponseChoice",
+        "ChatMessage",
+        "UsageInfo",
+        "SglExt",
+        "SpecTokensDetails",
+        "ModelCard",
+        "ModelList",
+    ),
     "managers/io_struct.py": ("GenerateReqInput",),
     "arg_groups/fields/spec.py": ("Spec",),
     "arg_groups/fields/model.py": ("Model",),
@@ -36,10 +46,14 @@ DICT_SOURCES = {"entrypoints/http_server.py": {"ModelInfo": "model_info", "Serve
 # source file -> the Class.method functions that write meta_info (e2e_latency, the spec counters; with
 # --enable-metrics first_token_latency, queue_time, decode_throughput): snapshot name MetaInfo
 META_INFO_SOURCES = {
-    "managers/tokenizer_manager.py": ("TokenizerManager._handle_batch_output",
-                                      "TokenizerManager._calculate_spec_decoding_metrics"),
-    "observability/req_time_stats.py": ("APIServerReqTimeStats.convert_to_output_meta_info",
-                                        "SchedulerReqTimeStats.convert_to_output_meta_info"),
+    "managers/tokenizer_manager.py": (
+        "TokenizerManager._handle_batch_output",
+        "TokenizerManager._calculate_spec_decoding_metrics",
+    ),
+    "observability/req_time_stats.py": (
+        "APIServerReqTimeStats.convert_to_output_meta_info",
+        "SchedulerReqTimeStats.convert_to_output_meta_info",
+    ),
 }
 META_INFO_NAMES = ("meta_info", "meta_data")  # the dicts those functions fill
 # /get_server_info's answer: the flattened server args plus ServerInfo's own keys
@@ -53,8 +67,13 @@ def wheel_fields(srt: Path) -> dict[str, list[str]]:
         out.update(fields_from_source(Path(srt) / relative, classes))
     for relative, functions in DICT_SOURCES.items():
         out.update(dict_keys_from_source(Path(srt) / relative, functions))
-    out["MetaInfo"] = list(dict.fromkeys(key for relative, methods in META_INFO_SOURCES.items()
-                                         for key in meta_info_keys_from_source(Path(srt) / relative, methods)))
+    out["MetaInfo"] = list(
+        dict.fromkeys(
+            key
+            for relative, methods in META_INFO_SOURCES.items()
+            for key in meta_info_keys_from_source(Path(srt) / relative, methods)
+        )
+    )
     return out
 
 
@@ -62,8 +81,13 @@ def meta_info_keys_from_source(source: Path, methods: tuple[str, ...]) -> list[s
     """The string keys `methods` ("Class.method") write into a META_INFO_NAMES dict: `meta_info["k"] = ...`,
     `meta_info = {"k": ...}` and `meta_info.update({"k": ...})`, in source order."""
     tree = ast.parse(Path(source).read_text(encoding="utf-8"))
-    defs = {f"{cls.name}.{node.name}": node for cls in tree.body if isinstance(cls, ast.ClassDef)
-            for node in cls.body if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef))}
+    defs = {
+        f"{cls.name}.{node.name}": node
+        for cls in tree.body
+        if isinstance(cls, ast.ClassDef)
+        for node in cls.body
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef))
+    }
 
     def named(node: ast.AST) -> bool:
         return isinstance(node, ast.Name) and node.id in META_INFO_NAMES
@@ -72,13 +96,22 @@ def meta_info_keys_from_source(source: Path, methods: tuple[str, ...]) -> list[s
     for method in methods:
         for node in ast.walk(defs[method]):
             literal = None
-            if isinstance(node, ast.Subscript) and isinstance(node.ctx, ast.Store) and named(node.value) \
-                    and isinstance(node.slice, ast.Constant):
+            if (
+                isinstance(node, ast.Subscript)
+                and isinstance(node.ctx, ast.Store)
+                and named(node.value)
+                and isinstance(node.slice, ast.Constant)
+            ):
                 keys.append(node.slice.value)
             elif isinstance(node, ast.Assign) and any(named(t) for t in node.targets):
                 literal = node.value
-            elif isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "update" \
-                    and named(node.func.value) and node.args:
+            elif (
+                isinstance(node, ast.Call)
+                and isinstance(node.func, ast.Attribute)
+                and node.func.attr == "update"
+                and named(node.func.value)
+                and node.args
+            ):
                 literal = node.args[0]
             if isinstance(literal, ast.Dict):
                 keys += [key.value for key in literal.keys if isinstance(key, ast.Constant)]
@@ -89,9 +122,18 @@ def dict_keys_from_source(source: Path, functions: dict[str, str]) -> dict[str, 
     """For each name, the string keys of the dict literals in the (async) function it maps to."""
     tree = ast.parse(Path(source).read_text(encoding="utf-8"))
     defs = {node.name: node for node in tree.body if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef))}
-    return {name: list(dict.fromkeys(key.value for node in ast.walk(defs[function]) if isinstance(node, ast.Dict)
-                                     for key in node.keys if isinstance(key, ast.Constant)))
-            for name, function in functions.items()}
+    return {
+        name: list(
+            dict.fromkeys(
+                key.value
+                for node in ast.walk(defs[function])
+                if isinstance(node, ast.Dict)
+                for key in node.keys
+                if isinstance(key, ast.Constant)
+            )
+        )
+        for name, function in functions.items()
+    }
 
 
 def fields_from_source(source: Path, classes: tuple[str, ...]) -> dict[str, list[str]]:
@@ -105,9 +147,13 @@ def fields_from_source(source: Path, classes: tuple[str, ...]) -> dict[str, list
         for base in node.bases:
             if isinstance(base, ast.Name) and base.id in defs:
                 out += fields(base.id)
-        out += [stmt.target.id for stmt in node.body
-                if isinstance(stmt, ast.AnnAssign) and isinstance(stmt.target, ast.Name)
-                and not stmt.target.id.startswith("_")]
+        out += [
+            stmt.target.id
+            for stmt in node.body
+            if isinstance(stmt, ast.AnnAssign)
+            and isinstance(stmt.target, ast.Name)
+            and not stmt.target.id.startswith("_")
+        ]
         return list(dict.fromkeys(out))
 
     return {name: fields(name) for name in classes}

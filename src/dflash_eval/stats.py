@@ -21,8 +21,13 @@ def tau_stats(per_sample_steps: Sequence[Sequence[int]]) -> dict[str, float | in
     """Both tau conventions: z-lab (mean over samples of each sample's mean) and token-weighted."""
     used = [steps for steps in per_sample_steps if steps]
     if not used:
-        return {"tau_mean_of_samples": float("nan"), "tau_token_weighted": float("nan"),
-                "samples": 0, "steps": 0, "tokens": 0}
+        return {
+            "tau_mean_of_samples": float("nan"),
+            "tau_token_weighted": float("nan"),
+            "samples": 0,
+            "steps": 0,
+            "tokens": 0,
+        }
     tokens = sum(sum(steps) for steps in used)
     n_steps = sum(len(steps) for steps in used)
     return {
@@ -59,8 +64,9 @@ class _Resample:
         return self.total(values) / self.total(np.ones(len(self.groups)))
 
 
-def _clusters_of_used(per_sample_steps: Sequence[Sequence[int]],
-                      clusters: Sequence[Hashable] | None) -> list[Hashable] | None:
+def _clusters_of_used(
+    per_sample_steps: Sequence[Sequence[int]], clusters: Sequence[Hashable] | None
+) -> list[Hashable] | None:
     """The labels of the samples with steps (those the statistics use), aligned with them."""
     if clusters is None:
         return None
@@ -69,8 +75,13 @@ def _clusters_of_used(per_sample_steps: Sequence[Sequence[int]],
     return [label for label, steps in zip(clusters, per_sample_steps) if steps]
 
 
-def bootstrap_ci(per_sample_steps: Sequence[Sequence[int]], n_boot: int, seed: int, level: float = 0.95,
-                 clusters: Sequence[Hashable] | None = None) -> dict[str, list[float]]:
+def bootstrap_ci(
+    per_sample_steps: Sequence[Sequence[int]],
+    n_boot: int,
+    seed: int,
+    level: float = 0.95,
+    clusters: Sequence[Hashable] | None = None,
+) -> dict[str, list[float]]:
     """Percentile bootstrap over samples (or over `clusters` of them, one label per sample) for both tau conventions.
 
     Kept over scipy.stats.bootstrap's BCa and a delta-method ratio estimator for tokens / steps: on
@@ -81,11 +92,20 @@ def bootstrap_ci(per_sample_steps: Sequence[Sequence[int]], n_boot: int, seed: i
     means = np.array([np.mean(steps) for steps in used])
     tokens = np.array([sum(steps) for steps in used], dtype=float)
     counts = np.array([len(steps) for steps in used], dtype=float)
-    return bootstrap_per_sample(means, tokens, counts, n_boot, seed, level, _clusters_of_used(per_sample_steps, clusters))
+    return bootstrap_per_sample(
+        means, tokens, counts, n_boot, seed, level, _clusters_of_used(per_sample_steps, clusters)
+    )
 
 
-def bootstrap_per_sample(means: np.ndarray, tokens: np.ndarray, counts: np.ndarray, n_boot: int, seed: int,
-                         level: float = 0.95, clusters: Sequence[Hashable] | None = None) -> dict[str, list[float]]:
+def bootstrap_per_sample(
+    means: np.ndarray,
+    tokens: np.ndarray,
+    counts: np.ndarray,
+    n_boot: int,
+    seed: int,
+    level: float = 0.95,
+    clusters: Sequence[Hashable] | None = None,
+) -> dict[str, list[float]]:
     """`bootstrap_ci` from per-sample tau, tokens and step counts (the rejection scheme's are expectations).
 
     With `clusters` the resamples draw whole clusters (the mean of samples is then over the drawn clusters'
@@ -98,7 +118,10 @@ def bootstrap_per_sample(means: np.ndarray, tokens: np.ndarray, counts: np.ndarr
     tail = (1 - level) / 2 * 100
     return {
         "tau_mean_of_samples": [float(np.percentile(boot_mean, tail)), float(np.percentile(boot_mean, 100 - tail))],
-        "tau_token_weighted": [float(np.percentile(boot_weighted, tail)), float(np.percentile(boot_weighted, 100 - tail))],
+        "tau_token_weighted": [
+            float(np.percentile(boot_weighted, tail)),
+            float(np.percentile(boot_weighted, 100 - tail)),
+        ],
     }
 
 
@@ -119,9 +142,14 @@ def histogram(per_sample_steps: Sequence[Sequence[int]], block_size: int) -> dic
     return counts
 
 
-def paired_difference(steps_a: dict[str, Sequence[int]], steps_b: dict[str, Sequence[int]], n_boot: int,
-                      seed: int, level: float = 0.95,
-                      clusters: dict[str, Hashable] | None = None) -> dict[str, object]:
+def paired_difference(
+    steps_a: dict[str, Sequence[int]],
+    steps_b: dict[str, Sequence[int]],
+    n_boot: int,
+    seed: int,
+    level: float = 0.95,
+    clusters: dict[str, Hashable] | None = None,
+) -> dict[str, object]:
     """tau(a) - tau(b) on the samples both evaluated, with a paired percentile bootstrap CI.
 
     Resampling the same sample ids for both drafters keeps the per-prompt difficulty out of the
@@ -143,12 +171,17 @@ def paired_difference(steps_a: dict[str, Sequence[int]], steps_b: dict[str, Sequ
     tail = (1 - level) / 2 * 100
     boots = {
         "tau_mean_of_samples": (mean_a.mean() - mean_b.mean(), draws.mean(mean_a) - draws.mean(mean_b)),
-        "tau_token_weighted": (tok_a.sum() / n_a.sum() - tok_b.sum() / n_b.sum(),
-                               draws.total(tok_a) / draws.total(n_a) - draws.total(tok_b) / draws.total(n_b)),
+        "tau_token_weighted": (
+            tok_a.sum() / n_a.sum() - tok_b.sum() / n_b.sum(),
+            draws.total(tok_a) / draws.total(n_a) - draws.total(tok_b) / draws.total(n_b),
+        ),
     }
     for name, (difference, boot) in boots.items():
-        ci = [float(np.percentile(boot, tail)), float(np.percentile(boot, 100 - tail))] if n_boot > 0 \
+        ci = (
+            [float(np.percentile(boot, tail)), float(np.percentile(boot, 100 - tail))]
+            if n_boot > 0
             else [float("nan")] * 2
+        )
         result[name] = {"difference": float(difference), "ci95": ci}
     return result
 
@@ -174,8 +207,8 @@ def median_ci(values: Sequence[float], level: float = 0.95) -> tuple[float, floa
     ordered = sorted(values)
     n = len(ordered)
     tail, below, j = (1 - level) / 2, 0.0, 0
-    while j < n and below + math.comb(n, j) / 2 ** n <= tail:
-        below += math.comb(n, j) / 2 ** n
+    while j < n and below + math.comb(n, j) / 2**n <= tail:
+        below += math.comb(n, j) / 2**n
         j += 1
     if j == 0:
         return float("-inf"), float("inf")

@@ -58,12 +58,15 @@ def _check_is_a_target(root: Path, config: dict[str, Any]) -> None:
         raise DflashEvalError(
             f"{root} holds a DFlash drafter ({', '.join(map(str, architectures)) or 'dflash_config in config.json'}), "
             "not a target model: point target.path at the target's Hugging Face directory and list the drafter "
-            "under drafters:")
-    if architectures and not any(str(name).endswith(("ForCausalLM", "ForConditionalGeneration"))
-                                 for name in architectures):
+            "under drafters:"
+        )
+    if architectures and not any(
+        str(name).endswith(("ForCausalLM", "ForConditionalGeneration")) for name in architectures
+    ):
         raise DflashEvalError(
             f"{root}/config.json: architectures {architectures} name no causal language model (*ForCausalLM or "
-            "*ForConditionalGeneration): target.path must be the target model's directory")
+            "*ForConditionalGeneration): target.path must be the target model's directory"
+        )
 
 
 def check_target_dir(path: str | Path) -> dict[str, Any]:
@@ -71,8 +74,10 @@ def check_target_dir(path: str | Path) -> dict[str, Any]:
     (headers read, sizes checked; no weight is read)."""
     root = Path(path)
     if not root.is_dir():
-        raise DflashEvalError(f"{root} {'is not a directory' if root.exists() else 'does not exist'}: "
-                              "target.path must be a Hugging Face model directory")
+        raise DflashEvalError(
+            f"{root} {'is not a directory' if root.exists() else 'does not exist'}: "
+            "target.path must be a Hugging Face model directory"
+        )
     config = read_config_json(root)
     _check_is_a_target(root, config)
     text = text_config_dict(config)
@@ -85,8 +90,10 @@ def check_target_dir(path: str | Path) -> dict[str, Any]:
     else:
         files = sorted(p.name for p in root.glob("*.safetensors"))
     if not files:
-        raise DflashEvalError(f"{root}: no model.safetensors or model.safetensors.index.json; "
-                              "the target must be a Hugging Face directory with safetensors weights")
+        raise DflashEvalError(
+            f"{root}: no model.safetensors or model.safetensors.index.json; "
+            "the target must be a Hugging Face directory with safetensors weights"
+        )
     for name in files:
         if not (root / name).is_file():
             raise DflashEvalError(f"{index} lists {name}, which is not in {root}; {_FIX}")
@@ -103,7 +110,9 @@ def torch_cuda_version() -> str | None:
     if spec is None or spec.origin is None:
         return None
     version_file = Path(spec.origin).parent / "version.py"
-    match = re.search(r"^cuda\b[^=]*=\s*(.+)$", version_file.read_text(), re.MULTILINE) if version_file.is_file() else None
+    match = (
+        re.search(r"^cuda\b[^=]*=\s*(.+)$", version_file.read_text(), re.MULTILINE) if version_file.is_file() else None
+    )
     if match is None:  # an unusual build: ask torch itself
         import torch
 
@@ -120,8 +129,10 @@ def cuda_build_problem(device: str, key: str) -> str | None:
         version = importlib.metadata.version("torch")
     except importlib.metadata.PackageNotFoundError:
         version = "not installed"
-    return (f"{key} is {device}, but the installed torch ({version}) is built without CUDA; install a CUDA build "
-            "(e.g. pip install torch --index-url https://download.pytorch.org/whl/cu128) or set it to cpu")
+    return (
+        f"{key} is {device}, but the installed torch ({version}) is built without CUDA; install a CUDA build "
+        "(e.g. pip install torch --index-url https://download.pytorch.org/whl/cu128) or set it to cpu"
+    )
 
 
 def parse_device(device: str | torch.device, key: str = "device") -> torch.device:
@@ -134,8 +145,7 @@ def parse_device(device: str | torch.device, key: str = "device") -> torch.devic
         if problem:
             raise DflashEvalError(problem)
         if not torch.cuda.is_available():
-            raise DflashEvalError(f"{key} {device} requested but torch sees no CUDA device; "
-                                  "use 'cpu' or a GPU machine")
+            raise DflashEvalError(f"{key} {device} requested but torch sees no CUDA device; use 'cpu' or a GPU machine")
         index = 0 if device.index is None else device.index
         if index >= torch.cuda.device_count():
             raise DflashEvalError(f"{key} {device} requested but only {torch.cuda.device_count()} CUDA devices exist")

@@ -23,10 +23,17 @@ VERSION = "0.34.0"
 SNAPSHOT = Path(__file__).with_name("vllm_0_34_0_fields.json")
 # source file under vllm/ -> the classes whose annotated fields are read
 SOURCES = {
-    "entrypoints/openai/completion/protocol.py": ("CompletionRequest", "CompletionResponse",
-                                                  "CompletionResponseChoice"),
-    "entrypoints/openai/chat_completion/protocol.py": ("ChatCompletionRequest", "ChatCompletionResponse",
-                                                       "ChatCompletionResponseChoice", "ChatMessage"),
+    "entrypoints/openai/completion/protocol.py": (
+        "CompletionRequest",
+        "CompletionResponse",
+        "CompletionResponseChoice",
+    ),
+    "entrypoints/openai/chat_completion/protocol.py": (
+        "ChatCompletionRequest",
+        "ChatCompletionResponse",
+        "ChatCompletionResponseChoice",
+        "ChatMessage",
+    ),
     "entrypoints/generate/base/protocol.py": ("SpeculativeDecodingMetrics", "PerRequestMetrics"),
     "entrypoints/serve/engine/protocol.py": ("ModelCard", "ModelList", "UsageInfo"),
     "config/speculative.py": ("SpeculativeConfig",),
@@ -59,8 +66,12 @@ def wheel_fields(package: Path) -> dict[str, list[str]]:
     out: dict[str, list[str]] = {}
     for relative, classes in SOURCES.items():
         skip = class_variables(package / relative)  # pydantic's ClassVar caches are no fields
-        out.update({name: [f for f in fields if f not in skip]
-                    for name, fields in fields_from_source(package / relative, classes).items()})
+        out.update(
+            {
+                name: [f for f in fields if f not in skip]
+                for name, fields in fields_from_source(package / relative, classes).items()
+            }
+        )
     for name, (relative, method) in METHOD_DICTS.items():
         out[name] = method_dict_keys(package / relative, method)
     for name, (relative, target) in LITERALS.items():
@@ -78,8 +89,13 @@ def _tree(source: Path) -> ast.Module:
 
 def class_variables(source: Path) -> set[str]:
     """Names annotated `ClassVar[...]` in any class of `source` (class attributes, not model fields)."""
-    return {s.target.id for cls in _tree(source).body if isinstance(cls, ast.ClassDef) for s in cls.body
-            if isinstance(s, ast.AnnAssign) and isinstance(s.target, ast.Name) and "ClassVar" in ast.unparse(s.annotation)}
+    return {
+        s.target.id
+        for cls in _tree(source).body
+        if isinstance(cls, ast.ClassDef)
+        for s in cls.body
+        if isinstance(s, ast.AnnAssign) and isinstance(s.target, ast.Name) and "ClassVar" in ast.unparse(s.annotation)
+    }
 
 
 def _method(tree: ast.Module, dotted: str) -> ast.FunctionDef:
@@ -94,7 +110,9 @@ def method_dict_keys(source: Path, dotted: str) -> list[str]:
     for node in ast.walk(_method(_tree(source), dotted)):
         if isinstance(node, ast.Dict):
             keys += [k.value for k in node.keys if isinstance(k, ast.Constant) and isinstance(k.value, str)]
-        elif isinstance(node, ast.Subscript) and isinstance(node.ctx, ast.Store) and isinstance(node.slice, ast.Constant):
+        elif (
+            isinstance(node, ast.Subscript) and isinstance(node.ctx, ast.Store) and isinstance(node.slice, ast.Constant)
+        ):
             keys.append(node.slice.value)
     return list(dict.fromkeys(keys))
 
@@ -112,11 +130,17 @@ def literal_values(source: Path, target: str) -> list[str]:
     if "." in target:
         cls_name, field = target.split(".")
         cls = next(n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == cls_name)
-        node = next(s for s in cls.body if isinstance(s, ast.AnnAssign) and isinstance(s.target, ast.Name)
-                    and s.target.id == field)
+        node = next(
+            s
+            for s in cls.body
+            if isinstance(s, ast.AnnAssign) and isinstance(s.target, ast.Name) and s.target.id == field
+        )
         return _literal(node.annotation)
-    node = next(s for s in tree.body if isinstance(s, ast.Assign) and any(
-        isinstance(t, ast.Name) and t.id == target for t in s.targets))
+    node = next(
+        s
+        for s in tree.body
+        if isinstance(s, ast.Assign) and any(isinstance(t, ast.Name) and t.id == target for t in s.targets)
+    )
     return _literal(node.value)
 
 
@@ -127,16 +151,22 @@ def routes(source: Path) -> list[str]:
         if not isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
             continue
         for deco in node.decorator_list:
-            if isinstance(deco, ast.Call) and isinstance(deco.func, ast.Attribute) and deco.args \
-                    and isinstance(deco.args[0], ast.Constant) and deco.func.attr in ("get", "post", "put", "delete"):
+            if (
+                isinstance(deco, ast.Call)
+                and isinstance(deco.func, ast.Attribute)
+                and deco.args
+                and isinstance(deco.args[0], ast.Constant)
+                and deco.func.attr in ("get", "post", "put", "delete")
+            ):
                 out.append(f"{deco.func.attr.upper()} {deco.args[0].value}")
     return out
 
 
 def parameters(source: Path, function: str) -> list[str]:
     """A module-level function's parameters, the request object (`raw_request`) aside."""
-    node = next(n for n in _tree(source).body if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))
-                and n.name == function)
+    node = next(
+        n for n in _tree(source).body if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef)) and n.name == function
+    )
     return [a.arg for a in node.args.args if a.arg != "raw_request"]
 
 

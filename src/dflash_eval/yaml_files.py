@@ -35,7 +35,8 @@ class _StrictLoader(yaml.SafeLoader):
                 raise DuplicateKeyError(
                     f"{self.source}:{line}: key {key!r} appears twice in one mapping (first at line {seen[key]}); "
                     "YAML would keep only the second silently. Rename one (a copied drafter or dataset block "
-                    "needs a name of its own) or delete the copy")
+                    "needs a name of its own) or delete the copy"
+                )
             seen[key] = line
         return super().construct_mapping(node, deep=deep)
 
@@ -48,8 +49,9 @@ def read_yaml(path: str | Path) -> Any:
     except OSError as error:
         raise DflashEvalError(f"{path}: cannot be read ({error.strerror})") from None
     except UnicodeDecodeError as error:
-        raise DflashEvalError(f"{path}: not UTF-8 text ({error.reason} at byte {error.start}); "
-                              "save it as UTF-8") from None
+        raise DflashEvalError(
+            f"{path}: not UTF-8 text ({error.reason} at byte {error.start}); save it as UTF-8"
+        ) from None
     loader = _StrictLoader(text)
     loader.source = str(path)
     try:
@@ -57,7 +59,11 @@ def read_yaml(path: str | Path) -> Any:
     except yaml.YAMLError as error:
         mark = getattr(error, "problem_mark", None)
         where = f"{path}:{mark.line + 1}:{mark.column + 1}" if mark is not None else str(path)
-        hint = " (YAML indents with spaces, never tabs: replace the tab there with spaces)" if "'\\t'" in str(error) else ""
+        hint = (
+            " (YAML indents with spaces, never tabs: replace the tab there with spaces)"
+            if "'\\t'" in str(error)
+            else ""
+        )
         raise DflashEvalError(f"{where}: not valid YAML: {getattr(error, 'problem', None) or error}{hint}") from None
     finally:
         loader.dispose()

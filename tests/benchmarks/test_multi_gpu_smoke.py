@@ -17,7 +17,9 @@ def test_scaling_smoke_runs_k_jobs_at_once_without_overlap(tmp_path):
     assert done.code == 0, done.failure()
     rows = [line.split("|")[1:-1] for line in done.stdout.splitlines() if line.startswith("| ") and "jobs" not in line]
     assert [(row[0].strip(), row[1].strip(), row[5].strip(), row[6].strip()) for row in rows] == [
-        ("1", "2", "1", "0"), ("2", "2", "2", "0")]  # K, jobs, at once, overlaps
+        ("1", "2", "1", "0"),
+        ("2", "2", "2", "0"),
+    ]  # K, jobs, at once, overlaps
     assert "PLACEMENT FAILED" not in done.stdout
     assert sorted((ROOT / "benchmarks" / "results").iterdir()) == before
     assert main(["gpu-placements", str(tmp_path / "K2"), "--expect-peak", "2"]) == 0  # the kept claim records

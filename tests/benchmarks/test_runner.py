@@ -44,10 +44,21 @@ def write(folder: Path, name: str, text: str) -> Path:
 
 
 def state() -> tuple:
-    return (torch.get_default_dtype(), torch.get_num_threads(), torch.get_rng_state().tolist(),
-            torch.are_deterministic_algorithms_enabled(), torch.is_grad_enabled(), dict(os.environ), os.getcwd(),
-            sys.path[:], logging.getLogger().level, list(logging.getLogger().handlers), list(gc.callbacks),
-            signal.getsignal(signal.SIGTERM), "helper" in sys.modules)
+    return (
+        torch.get_default_dtype(),
+        torch.get_num_threads(),
+        torch.get_rng_state().tolist(),
+        torch.are_deterministic_algorithms_enabled(),
+        torch.is_grad_enabled(),
+        dict(os.environ),
+        os.getcwd(),
+        sys.path[:],
+        logging.getLogger().level,
+        list(logging.getLogger().handlers),
+        list(gc.callbacks),
+        signal.getsignal(signal.SIGTERM),
+        "helper" in sys.modules,
+    )
 
 
 def test_a_smoke_that_changes_global_state_leaves_none_of_it_to_the_next(tmp_path):
@@ -110,25 +121,36 @@ def test_a_failing_smoke_names_its_script_and_traceback(tmp_path):
 
 def test_a_smoke_cannot_record_under_benchmarks_results(tmp_path):
     target = RESULTS / "h27s_must_not_exist.md"
-    script = write(tmp_path, "records.py", f"""
+    script = write(
+        tmp_path,
+        "records.py",
+        f"""
         from pathlib import Path
         from record import print_and_record
         print_and_record(["| a |"], Path({str(target)!r}))
-        """)
+        """,
+    )
     done = run_in_process(script)
     assert done.code == 1 and "RecordRefused" in done.error and "smoke runs record nothing" in done.error
     assert not target.exists()
-    elsewhere = write(tmp_path, "elsewhere.py", f"""
+    elsewhere = write(
+        tmp_path,
+        "elsewhere.py",
+        f"""
         from pathlib import Path
         from record import print_and_record
-        print_and_record(["| a |"], Path({str(tmp_path / 'kept.md')!r}))
-        """)
+        print_and_record(["| a |"], Path({str(tmp_path / "kept.md")!r}))
+        """,
+    )
     assert run_in_process(elsewhere).code == 0 and (tmp_path / "kept.md").read_text() == "| a |\n\n"
 
 
 def test_what_its_child_processes_write_is_in_its_output(tmp_path):
     """Child processes and forked jobs write to file descriptors 1 and 2: their tracebacks reach the failure message."""
-    script = write(tmp_path, "children.py", """
+    script = write(
+        tmp_path,
+        "children.py",
+        """
         import os, subprocess, sys
         subprocess.run([sys.executable, "-c", "print('from the child')"], check=True)
         pid = os.fork()
@@ -137,7 +159,8 @@ def test_what_its_child_processes_write_is_in_its_output(tmp_path):
             os._exit(0)
         os.waitpid(pid, 0)
         print("from the script")
-        """)
+        """,
+    )
     done = run_in_process(script)
     assert done.code == 0, done.failure()
     assert "from the child" in done.stdout and "from the script" in done.stdout and "from the fork" in done.stderr

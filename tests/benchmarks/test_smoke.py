@@ -51,8 +51,10 @@ def results_state() -> dict[str, tuple[int, int]]:
     return {str(p): (p.stat().st_size, p.stat().st_mtime_ns) for p in paths}
 
 
-@pytest.mark.parametrize(("name", "header", "own_process"), [
-    pytest.param(name, header, own, marks=marks, id=name) for name, (header, own, marks) in SCRIPTS.items()])
+@pytest.mark.parametrize(
+    ("name", "header", "own_process"),
+    [pytest.param(name, header, own, marks=marks, id=name) for name, (header, own, marks) in SCRIPTS.items()],
+)
 def test_smoke(name: str, header: str, own_process: bool) -> None:
     before = results_state()
     done = (run_in_subprocess if own_process else run_in_process)(BENCHMARKS / f"{name}.py")
@@ -63,5 +65,7 @@ def test_smoke(name: str, header: str, own_process: bool) -> None:
 
 def test_every_benchmark_has_a_smoke_test() -> None:
     scripts = {p.stem for p in BENCHMARKS.glob("*.py")} - {"record"}  # record.py: the shared printer, no benchmark
-    assert scripts == set(SCRIPTS), f"benchmarks without a smoke entry here: {sorted(scripts - set(SCRIPTS))}; " \
-                                    f"entries without a script: {sorted(set(SCRIPTS) - scripts)}"
+    assert scripts == set(SCRIPTS), (
+        f"benchmarks without a smoke entry here: {sorted(scripts - set(SCRIPTS))}; "
+        f"entries without a script: {sorted(set(SCRIPTS) - scripts)}"
+    )

@@ -35,28 +35,78 @@ def project(tmp_path_factory):
     records = []
     for index in range(3):
         ids = [rng.randrange(2, 290) for _ in range(10)]
-        records.append({"id": f"s{index}", "prompt_token_ids": ids[:3], "completion_token_ids": ids[3:],
-                        "request": {"max_tokens": 7}, "completion_ids_source": "server", "token_check": {}})
+        records.append(
+            {
+                "id": f"s{index}",
+                "prompt_token_ids": ids[:3],
+                "completion_token_ids": ids[3:],
+                "request": {"max_tokens": 7},
+                "completion_ids_source": "server",
+                "token_check": {},
+            }
+        )
     (root / "c.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
-    extract_stage.extract({"dataset": "toy", "layer_ids": LAYERS, "shard_tokens": 24, "store_argmax": True,
-                           "strict_tokens": False, "server": None,
-                           "target": {"path": str(root / "target"), "dtype": "float32", "device": "cpu",
-                                      "backend": "torch"}}, root / "c.jsonl", root / "hidden")
-    settings = {"drafter": "d", "dataset": "toy", "target": {"path": str(root / "target")}, "max_tokens": 7,
-                "checkpoint": {"path": str(root / "drafter"), "layout": "auto", "config": None, "trained_with": "torch",
-                               "allow_pickle": False, "step": None, "layer_ids": LAYERS},
-                "device": "cpu", "dtype": "float32", "blocks_per_forward": 16, "bootstrap": 10, "seed": 0,
-                "stop_token_ids": [1], "allow_backend_mismatch": False, "block_sizes": [], "ddtree_budgets": [],
-                "topk": []}
+    extract_stage.extract(
+        {
+            "dataset": "toy",
+            "layer_ids": LAYERS,
+            "shard_tokens": 24,
+            "store_argmax": True,
+            "strict_tokens": False,
+            "server": None,
+            "target": {"path": str(root / "target"), "dtype": "float32", "device": "cpu", "backend": "torch"},
+        },
+        root / "c.jsonl",
+        root / "hidden",
+    )
+    settings = {
+        "drafter": "d",
+        "dataset": "toy",
+        "target": {"path": str(root / "target")},
+        "max_tokens": 7,
+        "checkpoint": {
+            "path": str(root / "drafter"),
+            "layout": "auto",
+            "config": None,
+            "trained_with": "torch",
+            "allow_pickle": False,
+            "step": None,
+            "layer_ids": LAYERS,
+        },
+        "device": "cpu",
+        "dtype": "float32",
+        "blocks_per_forward": 16,
+        "bootstrap": 10,
+        "seed": 0,
+        "stop_token_ids": [1],
+        "allow_backend_mismatch": False,
+        "block_sizes": [],
+        "ddtree_budgets": [],
+        "topk": [],
+    }
     return root, records, settings
 
 
 def _evaluate(settings: dict, hidden: Path, completions: Path, out: Path) -> tuple[int, str]:
     log = out / "evaluate.log"
     log.unlink(missing_ok=True)
-    code = cli.main(["--log", str(log), "evaluate", "--settings", json.dumps(settings), "--hidden", str(hidden),
-                     "--completions", str(completions), "--metrics", str(out / "metrics.json"),
-                     "--samples", str(out / "samples.csv")])
+    code = cli.main(
+        [
+            "--log",
+            str(log),
+            "evaluate",
+            "--settings",
+            json.dumps(settings),
+            "--hidden",
+            str(hidden),
+            "--completions",
+            str(completions),
+            "--metrics",
+            str(out / "metrics.json"),
+            "--samples",
+            str(out / "samples.csv"),
+        ]
+    )
     return code, log.read_text() if log.exists() else ""
 
 
@@ -90,8 +140,10 @@ def test_a_samples_length_edited_in_the_cache_is_refused_naming_it(project, eval
     (hidden / "manifest.json").write_text(json.dumps(manifest))
     code, log = _evaluate(settings, hidden, root / "c.jsonl", tmp_path)
     assert code == 2, log
-    assert f"{hidden / 'manifest.json'} against {root / 'c.jsonl'}: 1 sample(s) differ in length: 's1' (8 tokens, " \
-           "3 of prompt, in the cache; 10 and 3 in the completions)" in log
+    assert (
+        f"{hidden / 'manifest.json'} against {root / 'c.jsonl'}: 1 sample(s) differ in length: 's1' (8 tokens, "
+        "3 of prompt, in the cache; 10 and 3 in the completions)" in log
+    )
     assert f"snakemake --forcerun {hidden}" in log and "Traceback" not in log
     assert _written(tmp_path) == before
 
@@ -105,8 +157,10 @@ def test_another_completions_file_is_refused_naming_the_sample_and_both_files(pr
     given.write_text("".join(json.dumps(r) + "\n" for r in other))
     code, log = _evaluate(settings, hidden, given, tmp_path)
     assert code == 2, log
-    assert f"{hidden / 'manifest.json'} against {given}: not the completions the cache was extracted from " \
-           "(1 sample(s) with other token ids: s2)" in log
+    assert (
+        f"{hidden / 'manifest.json'} against {given}: not the completions the cache was extracted from "
+        "(1 sample(s) with other token ids: s2)" in log
+    )
     assert f"the completions file the cache was built from ({root / 'c.jsonl'})" in log
     assert _written(tmp_path) == before
 
@@ -128,8 +182,9 @@ def test_other_bytes_with_the_same_tokens_evaluate_as_before(project, evaluated,
     assert json.loads(_written(tmp_path)["metrics.json"])["methods"] == json.loads(before["metrics.json"])["methods"]
 
 
-def test_an_old_cache_without_identities_passes_with_its_own_file_and_is_refused_with_another(project, evaluated,
-                                                                                              tmp_path):
+def test_an_old_cache_without_identities_passes_with_its_own_file_and_is_refused_with_another(
+    project, evaluated, tmp_path
+):
     root, records, settings = project
     hidden, before = evaluated
     manifest = json.loads((hidden / "manifest.json").read_text())
@@ -154,12 +209,24 @@ def test_the_same_completions_in_another_order_give_the_same_numbers(project, ev
     _, before = evaluated
     reordered = tmp_path / "reordered.jsonl"
     reordered.write_text("".join(json.dumps(r) + "\n" for r in [records[2], records[0], records[1]]))
-    extract_stage.extract({"dataset": "toy", "layer_ids": LAYERS, "shard_tokens": 24, "store_argmax": True,
-                           "strict_tokens": False, "server": None,
-                           "target": {"path": str(root / "target"), "dtype": "float32", "device": "cpu",
-                                      "backend": "torch"}}, reordered, tmp_path / "hidden-reordered")
-    assert [s["id"] for s in json.loads((tmp_path / "hidden-reordered" / "manifest.json").read_text())["samples"]] \
-        == ["s2", "s0", "s1"]
+    extract_stage.extract(
+        {
+            "dataset": "toy",
+            "layer_ids": LAYERS,
+            "shard_tokens": 24,
+            "store_argmax": True,
+            "strict_tokens": False,
+            "server": None,
+            "target": {"path": str(root / "target"), "dtype": "float32", "device": "cpu", "backend": "torch"},
+        },
+        reordered,
+        tmp_path / "hidden-reordered",
+    )
+    assert [s["id"] for s in json.loads((tmp_path / "hidden-reordered" / "manifest.json").read_text())["samples"]] == [
+        "s2",
+        "s0",
+        "s1",
+    ]
     out = tmp_path / "reordered-eval"
     out.mkdir()
     code, log = _evaluate({**settings, "bootstrap": 200}, tmp_path / "hidden-reordered", reordered, out)
@@ -169,4 +236,6 @@ def test_the_same_completions_in_another_order_give_the_same_numbers(project, ev
     code, log = _evaluate({**settings, "bootstrap": 200}, root / "hidden", root / "c.jsonl", again)
     assert code == 0, log
     assert _written(out)["samples.csv"] == _written(again)["samples.csv"]
-    assert json.loads(_written(out)["metrics.json"])["methods"] == json.loads(_written(again)["metrics.json"])["methods"]
+    assert (
+        json.loads(_written(out)["metrics.json"])["methods"] == json.loads(_written(again)["metrics.json"])["methods"]
+    )

@@ -16,8 +16,10 @@ import pytest
 from tests.support.extract_runs import extract_settings, tiny_records, write_records
 from tests.support.tiny import tiny_target
 
-pytestmark = pytest.mark.skipif(os.geteuid() != 0 or shutil.which("unshare") is None,
-                                reason="needs root and unshare, to mount a small tmpfs in a namespace of its own")
+pytestmark = pytest.mark.skipif(
+    os.geteuid() != 0 or shutil.which("unshare") is None,
+    reason="needs root and unshare, to mount a small tmpfs in a namespace of its own",
+)
 
 SCRIPT = """
 set -u
@@ -45,10 +47,20 @@ def test_a_full_disk_mid_extraction_says_where_and_what_it_needs_and_the_rerun_r
     disk, logs = tmp_path / "disk", tmp_path / "logs"
     disk.mkdir()
     logs.mkdir()
-    env = {**os.environ, "DISK": str(disk), "LOGS": str(logs), "OMP_NUM_THREADS": "1",
-           "EXTRACT": _extract(settings, completions, disk / "cache")}
-    done = subprocess.run(["unshare", "-m", "--propagation", "private", "bash", "-c", SCRIPT], env=env,
-                          capture_output=True, text=True, timeout=600)
+    env = {
+        **os.environ,
+        "DISK": str(disk),
+        "LOGS": str(logs),
+        "OMP_NUM_THREADS": "1",
+        "EXTRACT": _extract(settings, completions, disk / "cache"),
+    }
+    done = subprocess.run(
+        ["unshare", "-m", "--propagation", "private", "bash", "-c", SCRIPT],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     if done.returncode == 90:
         pytest.skip("tmpfs cannot be mounted here")
     first = (logs / "first.out").read_text()
@@ -66,8 +78,14 @@ def test_a_full_disk_mid_extraction_says_where_and_what_it_needs_and_the_rerun_r
     assert f"{len(kept)} of" in second or "resum" in second.lower(), second  # it said it resumed
 
     reference = tmp_path / "reference"  # the same extraction with room from the start
-    whole = subprocess.run(_extract(settings, completions, reference), shell=True, capture_output=True, text=True,
-                           timeout=600, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    whole = subprocess.run(
+        _extract(settings, completions, reference),
+        shell=True,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env={**os.environ, "OMP_NUM_THREADS": "1"},
+    )
     assert whole.returncode == 0, whole.stderr
     published = json.loads((logs / "published" / "manifest.json").read_text())
     fresh = json.loads((reference / "manifest.json").read_text())

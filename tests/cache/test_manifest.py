@@ -14,8 +14,12 @@ from dflash_eval.cache.resume import partial_dir, prepare_resume
 from dflash_eval.cache.store import CacheWriter, HiddenCache
 from dflash_eval.report import trust
 
-HEADER = {"target": {"path": "t", "config_hash": "0" * 64}, "backend": {"name": "torch"}, "device": "cpu",
-          "completions": {"path": "c.jsonl", "sha256": "1" * 64}}
+HEADER = {
+    "target": {"path": "t", "config_hash": "0" * 64},
+    "backend": {"name": "torch"},
+    "device": "cpu",
+    "completions": {"path": "c.jsonl", "sha256": "1" * 64},
+}
 
 
 def _cache(tmp_path, name="cache"):
@@ -45,13 +49,16 @@ def test_a_manifest_that_is_not_json_is_named(tmp_path):
         manifest.read(out)
 
 
-@pytest.mark.parametrize("edit, message", [
-    (lambda m: m["samples"][0].pop("prompt_len"), r"samples\[0\] lacks \['prompt_len'\]"),
-    (lambda m: m["shards"][0].pop("tokens"), r"shards\[0\] lacks \['tokens'\]"),
-    (lambda m: m.update(samples={}), "samples must be a list"),
-    (lambda m: m.update(layer_ids=["0"]), "layer_ids must be integers"),
-    (lambda m: m.pop("backend"), "missing key 'backend'"),
-])
+@pytest.mark.parametrize(
+    "edit, message",
+    [
+        (lambda m: m["samples"][0].pop("prompt_len"), r"samples\[0\] lacks \['prompt_len'\]"),
+        (lambda m: m["shards"][0].pop("tokens"), r"shards\[0\] lacks \['tokens'\]"),
+        (lambda m: m.update(samples={}), "samples must be a list"),
+        (lambda m: m.update(layer_ids=["0"]), "layer_ids must be integers"),
+        (lambda m: m.pop("backend"), "missing key 'backend'"),
+    ],
+)
 def test_a_malformed_manifest_is_refused_with_the_key(tmp_path, edit, message):
     """A hand-edited or foreign manifest: an error naming the key, never a bare KeyError."""
     out = _cache(tmp_path)

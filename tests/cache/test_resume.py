@@ -34,8 +34,15 @@ def completions(tmp_path):
     records = []
     for index, length in enumerate(LENGTHS):
         ids = [rng.randrange(2, 290) for _ in range(length)]
-        records.append({"id": f"s{index}", "prompt_token_ids": ids[:2], "completion_token_ids": ids[2:],
-                        "completion_ids_source": "server", "token_check": {}})
+        records.append(
+            {
+                "id": f"s{index}",
+                "prompt_token_ids": ids[:2],
+                "completion_token_ids": ids[2:],
+                "completion_ids_source": "server",
+                "token_check": {},
+            }
+        )
     path = tmp_path / "toy.jsonl"
     path.write_text("".join(json.dumps(r) + "\n" for r in records))
     return path
@@ -48,8 +55,13 @@ def _shards(out):
 def _pack(tmp_path, name, lengths, plan=None):
     """Samples through a CacheWriter (closing shards where `plan` says, if given); sample indices per shard."""
     out = tmp_path / name
-    with CacheWriter(out, layer_ids=[0], shard_tokens=10, store_argmax=False,
-                     header={"target": {}, "backend": {}, "device": "cpu", "completions": {}}) as writer:
+    with CacheWriter(
+        out,
+        layer_ids=[0],
+        shard_tokens=10,
+        store_argmax=False,
+        header={"target": {}, "backend": {}, "device": "cpu", "completions": {}},
+    ) as writer:
         for shard in plan or [range(len(lengths))]:
             for index in shard:
                 writer.add(f"s{index}", torch.arange(lengths[index]), {0: torch.zeros(lengths[index], 4)}, None, 1)
@@ -115,8 +127,9 @@ def test_a_killed_run_resumes_with_only_the_missing_shards(target_dir, completio
     assert sorted(p.name for p in out.iterdir()) == sorted([*_shards(clean), "manifest.json"])
 
 
-def test_a_journaled_shard_whose_bytes_never_reached_the_disk_is_redone(target_dir, completions, tmp_path,
-                                                                       monkeypatch, caplog):
+def test_a_journaled_shard_whose_bytes_never_reached_the_disk_is_redone(
+    target_dir, completions, tmp_path, monkeypatch, caplog
+):
     """Shards and journal lines are not fsynced: after a power loss a line can outlive its bytes.
 
     What such a loss leaves (the file's size kept, its blocks zeros, or the file gone) must be
@@ -137,8 +150,9 @@ def test_a_journaled_shard_whose_bytes_never_reached_the_disk_is_redone(target_d
     assert _shards(out) == _shards(clean)
 
 
-def test_a_corrupt_shard_of_a_published_cache_is_found_and_redone(target_dir, completions, tmp_path,
-                                                                  monkeypatch, caplog):
+def test_a_corrupt_shard_of_a_published_cache_is_found_and_redone(
+    target_dir, completions, tmp_path, monkeypatch, caplog
+):
     out = tmp_path / "hidden"
     extract_stage.extract(extract_settings(target_dir), completions, out)
     expected = _shards(out)
@@ -169,8 +183,9 @@ def test_a_complete_cache_is_republished_without_loading_the_model(target_dir, c
     assert HiddenCache(out).manifest["resumed_shards"] == len(expected)
 
 
-def test_other_inputs_start_afresh_and_a_torn_journal_line_is_dropped(target_dir, completions, tmp_path,
-                                                                      monkeypatch, caplog):
+def test_other_inputs_start_afresh_and_a_torn_journal_line_is_dropped(
+    target_dir, completions, tmp_path, monkeypatch, caplog
+):
     out = tmp_path / "hidden"
     with monkeypatch.context() as patch:
         Counting(patch, stop_at=6)

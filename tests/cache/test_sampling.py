@@ -22,8 +22,15 @@ from dflash_eval.cache.sampling import (
 from dflash_eval.errors import DflashEvalError
 
 CASES = [  # (temperature, top_p, top_k in SGLang's spelling)
-    (1.0, 1.0, -1), (0.7, 1.0, -1), (0.7, 0.9, -1), (1.3, 0.5, -1), (0.7, 1.0, 3), (0.7, 0.8, 5), (0.3, 0.95, 40),
-    (1.0, 0.999, 2), (2.0, 0.3, 1),
+    (1.0, 1.0, -1),
+    (0.7, 1.0, -1),
+    (0.7, 0.9, -1),
+    (1.3, 0.5, -1),
+    (0.7, 1.0, 3),
+    (0.7, 0.8, 5),
+    (0.3, 0.95, 40),
+    (1.0, 0.999, 2),
+    (2.0, 0.3, 1),
 ]
 
 
@@ -46,12 +53,23 @@ def test_dflash_convention_is_dflash_sampling_probs(temperature, top_p, top_k):
 
 def _sglang_functions(srt: Path) -> dict[str, Any]:
     """SGLang's verify-probability functions, compiled from its source (the package itself needs its deps)."""
-    wanted = {srt / "speculative" / "dflash_utils.py": ("build_speculative_verify_target_probs",
-                                                     "_dflash_top_k_renorm_prob", "_dflash_top_p_renorm_prob"),
-              srt / "layers" / "sampler.py": ("top_p_normalize_probs_torch",)}
-    namespace: dict[str, Any] = {"torch": torch, "F": F, "Any": Any, "Optional": Optional,
-                                 "top_k_renorm_prob": None, "top_p_renorm_prob": None,  # sgl_kernel absent
-                                 "_dflash_npu_top_k_top_p_renorm_prob": lambda probs, **_: None}
+    wanted = {
+        srt / "speculative" / "dflash_utils.py": (
+            "build_speculative_verify_target_probs",
+            "_dflash_top_k_renorm_prob",
+            "_dflash_top_p_renorm_prob",
+        ),
+        srt / "layers" / "sampler.py": ("top_p_normalize_probs_torch",),
+    }
+    namespace: dict[str, Any] = {
+        "torch": torch,
+        "F": F,
+        "Any": Any,
+        "Optional": Optional,
+        "top_k_renorm_prob": None,
+        "top_p_renorm_prob": None,  # sgl_kernel absent
+        "_dflash_npu_top_k_top_p_renorm_prob": lambda probs, **_: None,
+    }
     for path, names in wanted.items():
         tree = ast.parse(path.read_text())
         found = [node for node in tree.body if isinstance(node, ast.FunctionDef) and node.name in names]
@@ -63,12 +81,16 @@ def _sglang_functions(srt: Path) -> dict[str, Any]:
 def _sglang_probs(functions, logits, temperature, top_p, top_k, sparse):
     rows = logits.shape[0]
     vocab = logits.shape[-1]
-    info = SimpleNamespace(temperatures=torch.full((rows, 1), temperature),
-                           top_ks=torch.full((rows,), top_k if top_k > 0 else 1 << 30, dtype=torch.int32),
-                           top_ps=torch.full((rows,), top_p), need_top_k_sampling=0 < top_k < vocab,
-                           need_top_p_sampling=top_p < 1.0)
+    info = SimpleNamespace(
+        temperatures=torch.full((rows, 1), temperature),
+        top_ks=torch.full((rows,), top_k if top_k > 0 else 1 << 30, dtype=torch.int32),
+        top_ps=torch.full((rows,), top_p),
+        need_top_k_sampling=0 < top_k < vocab,
+        need_top_p_sampling=top_p < 1.0,
+    )
     return functions["build_speculative_verify_target_probs"](
-        next_token_logits=logits, sampling_info=info, draft_token_num=1, bs=rows, use_sparse_topk=sparse)[:, 0]
+        next_token_logits=logits, sampling_info=info, draft_token_num=1, bs=rows, use_sparse_topk=sparse
+    )[:, 0]
 
 
 @pytest.mark.parametrize("sparse", [True, False], ids=["sparse-topk", "dense"])
@@ -77,8 +99,9 @@ def test_sglang_convention_is_sglang_verify(sglang_srt, temperature, top_p, top_
     functions = _sglang_functions(sglang_srt)
     logits = _logits(1)
     mine = sampling_probs(logits, SamplingParams(temperature, top_p, top_k), "sglang")
-    torch.testing.assert_close(mine, _sglang_probs(functions, logits, temperature, top_p, top_k, sparse),
-                               rtol=1e-6, atol=1e-7)
+    torch.testing.assert_close(
+        mine, _sglang_probs(functions, logits, temperature, top_p, top_k, sparse), rtol=1e-6, atol=1e-7
+    )
 
 
 def test_the_conventions_differ_only_at_a_top_p_tie(sglang_srt):
@@ -107,8 +130,9 @@ def test_hand_computed_case():
 
 def test_record_parsing_and_errors():
     assert from_record({"id": "a"}, "f.jsonl") is None
-    params = from_record({"id": "a", "sampling": {"temperature": 0.7, "top_p": 0.95, "top_k": -1, "min_p": 0.0,
-                                                  "seed": 3}}, "f.jsonl")
+    params = from_record(
+        {"id": "a", "sampling": {"temperature": 0.7, "top_p": 0.95, "top_k": -1, "min_p": 0.0, "seed": 3}}, "f.jsonl"
+    )
     assert params == SamplingParams(0.7, 0.95, -1, 0.0) and params.dflash_top_k == 0
     with pytest.raises(DflashEvalError, match=r"f\.jsonl: record 'b'.*out of range"):
         from_record({"id": "b", "sampling": {"temperature": 0.0}}, "f.jsonl")

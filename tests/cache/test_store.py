@@ -11,8 +11,14 @@ from dflash_eval.cache.store import CacheError, CacheWriter, HiddenCache
 LAYERS = [1, 4, 7]
 H = 8
 HEADER = {
-    "target": {"path": "t", "config_hash": "0" * 64, "model_type": "qwen3_5_text", "num_hidden_layers": 8,
-               "hidden_size": H, "dtype": "bfloat16"},
+    "target": {
+        "path": "t",
+        "config_hash": "0" * 64,
+        "model_type": "qwen3_5_text",
+        "num_hidden_layers": 8,
+        "hidden_size": H,
+        "dtype": "bfloat16",
+    },
     "backend": {"name": "torch", "implementation": {}, "versions": {}},
     "device": "cpu",
     "completions": {"path": "c.jsonl", "sha256": "1" * 64},
@@ -28,8 +34,9 @@ def _sample(length: int, seed: int, argmax: bool = True):
 
 def _write(out, lengths, shard_tokens=10, store_argmax=True):
     samples = {}
-    with CacheWriter(out, layer_ids=LAYERS, shard_tokens=shard_tokens, store_argmax=store_argmax,
-                     header=HEADER) as writer:
+    with CacheWriter(
+        out, layer_ids=LAYERS, shard_tokens=shard_tokens, store_argmax=store_argmax, header=HEADER
+    ) as writer:
         for n, length in enumerate(lengths):
             samples[f"s{n}"] = _sample(length, n, store_argmax)
             ids, states, argmax = samples[f"s{n}"]
@@ -136,8 +143,9 @@ def test_manifest_follows_the_contract(tmp_path):
     _write(out, [3, 3], store_argmax=False)
     manifest = json.loads((out / "manifest.json").read_text())
     assert manifest["format_version"] == 1
-    assert {"target", "layer_ids", "backend", "device", "completions", "store_argmax", "samples",
-            "shards"} <= set(manifest)
+    assert {"target", "layer_ids", "backend", "device", "completions", "store_argmax", "samples", "shards"} <= set(
+        manifest
+    )
     assert set(manifest["samples"][0]) == {"id", "shard", "offset", "length", "prompt_len"}
     assert set(manifest["shards"][0]) == {"file", "sha256", "bytes", "tokens", "mtime_ns"}
     assert HiddenCache(out).load_sample("s1").argmax is None
@@ -199,15 +207,15 @@ def test_non_finite_states_name_the_sample_and_layer(tmp_path, bad):
     ids, states, argmax = _sample(6, 0)
     states[4][3, 2] = bad
     with pytest.raises(CacheError, match=r"sample 'broken', layer 4: 1 non-finite values .* token 3"):
-        with CacheWriter(tmp_path / "cache", layer_ids=LAYERS, shard_tokens=100, store_argmax=True,
-                         header=HEADER) as writer:
+        with CacheWriter(
+            tmp_path / "cache", layer_ids=LAYERS, shard_tokens=100, store_argmax=True, header=HEADER
+        ) as writer:
             writer.add("broken", ids, states, argmax, prompt_len=1)
     assert list(tmp_path.iterdir()) == []
 
 
 def test_inconsistent_samples_are_rejected(tmp_path):
-    with CacheWriter(tmp_path / "c", layer_ids=LAYERS, shard_tokens=100, store_argmax=True,
-                     header=HEADER) as writer:
+    with CacheWriter(tmp_path / "c", layer_ids=LAYERS, shard_tokens=100, store_argmax=True, header=HEADER) as writer:
         ids, states, argmax = _sample(4, 0)
         writer.add("a", ids, states, argmax, prompt_len=1)
         with pytest.raises(CacheError, match="appears twice"):
@@ -257,13 +265,15 @@ def test_gpu_non_finite_state_is_caught_before_its_shard_is_written(tmp_path):
     the error still names sample, layer and token, and no file of that shard is written."""
     device = torch.device("cuda")
     with pytest.raises(CacheError, match=r"sample 'broken', layer 4: 1 non-finite values .* token 3"):
-        with CacheWriter(tmp_path / "cache", layer_ids=LAYERS, shard_tokens=100, store_argmax=True,
-                         header=HEADER) as writer:
+        with CacheWriter(
+            tmp_path / "cache", layer_ids=LAYERS, shard_tokens=100, store_argmax=True, header=HEADER
+        ) as writer:
             for name, seed in (("fine", 1), ("broken", 2), ("after", 3)):
                 ids, states, argmax = _sample(6, seed)
                 if name == "broken":
                     states[4][3, 2] = float("nan")
-                writer.add(name, ids.to(device), {i: s.to(device) for i, s in states.items()}, argmax.to(device),
-                           prompt_len=1)
+                writer.add(
+                    name, ids.to(device), {i: s.to(device) for i, s in states.items()}, argmax.to(device), prompt_len=1
+                )
             writer.finish()
     assert list(tmp_path.iterdir()) == []

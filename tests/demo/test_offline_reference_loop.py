@@ -58,9 +58,11 @@ def decision_gaps(target, drafter, ids: list[int], anchor: int, served: list[int
         features = torch.cat([out.hidden_states[i + 1][0] for i in drafter.target_layer_ids], dim=-1)
         noise = torch.full((1, block), drafter.mask_token_id)
         noise[0, 0] = ids[anchor]
-        hidden = drafter(target_hidden=features[None, :anchor],
-                         noise_embedding=target.get_input_embeddings()(noise),
-                         position_ids=torch.arange(anchor + block)[None])[:, 1:]
+        hidden = drafter(
+            target_hidden=features[None, :anchor],
+            noise_embedding=target.get_input_embeddings()(noise),
+            position_ids=torch.arange(anchor + block)[None],
+        )[:, 1:]
         draft_logits = drafter.compute_logits(hidden, target.lm_head)[0]
     gaps = [top2_gap(out.logits[0, p]) for p in range(anchor - 1, end)]
     gaps += [top2_gap(row) for row in draft_logits]
@@ -90,7 +92,7 @@ def test_every_demo_prompt_matches_the_reference_loop(demo):
         if min(gaps) < NEAR_TIE:
             explained += 1
         else:
-            failures.append((record["id"], step, offline[step:step + 3], ref_steps[step:step + 3], min(gaps)))
+            failures.append((record["id"], step, offline[step : step + 3], ref_steps[step : step + 3], min(gaps)))
     print(f"exact {exact}, near-tie {explained}, unexplained {len(failures)} of {len(records)}")
     assert not failures, failures
     assert exact >= 0.9 * len(records)

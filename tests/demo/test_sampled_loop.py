@@ -31,9 +31,11 @@ EOS = 1
 MAX_NEW = 24
 LAYERS = [0, 2]
 BLOCK = 4
-SAMPLINGS = [{"temperature": 0.5, "top_p": 1.0, "top_k": -1, "min_p": 0.0},
-             {"temperature": 0.7, "top_p": 0.95, "top_k": -1, "min_p": 0.0},
-             {"temperature": 1.0, "top_p": 0.9, "top_k": 8, "min_p": 0.1}]
+SAMPLINGS = [
+    {"temperature": 0.5, "top_p": 1.0, "top_k": -1, "min_p": 0.0},
+    {"temperature": 0.7, "top_p": 0.95, "top_k": -1, "min_p": 0.0},
+    {"temperature": 1.0, "top_p": 0.9, "top_k": 8, "min_p": 0.1},
+]
 
 
 @pytest.fixture(scope="module")
@@ -52,7 +54,9 @@ def models():
 def _offline_steps(target, runner, prompt: list[int], completion: list[int]) -> list[int]:
     tokens = torch.tensor(prompt + completion)
     limits = sequence_limits(len(prompt), len(tokens), None, completion[-1] == EOS)
-    return evaluate_sample(runner, layer_features(target, tokens, LAYERS), tokens, limits, {EOS}).steps[chain_method(BLOCK)]
+    return evaluate_sample(runner, layer_features(target, tokens, LAYERS), tokens, limits, {EOS}).steps[
+        chain_method(BLOCK)
+    ]
 
 
 def _live(target, drafter, prompt, drawn, thresholds=(1.0, 1.0)):
@@ -60,9 +64,15 @@ def _live(target, drafter, prompt, drawn, thresholds=(1.0, 1.0)):
         return sampled_generate(drafter, target, prompt, MAX_NEW, [EOS], BLOCK, drawn, thresholds)
 
 
-@pytest.mark.parametrize("drawn", [pytest.param(SAMPLINGS[0], marks=pytest.mark.slow), SAMPLINGS[1],
-                                   pytest.param(SAMPLINGS[2], marks=pytest.mark.slow)],
-                         ids=["t0.5", "t0.7-p0.95", "t1-k8-p0.9-minp0.1"])
+@pytest.mark.parametrize(
+    "drawn",
+    [
+        pytest.param(SAMPLINGS[0], marks=pytest.mark.slow),
+        SAMPLINGS[1],
+        pytest.param(SAMPLINGS[2], marks=pytest.mark.slow),
+    ],
+    ids=["t0.5", "t0.7-p0.95", "t1-k8-p0.9-minp0.1"],
+)
 def test_offline_on_the_sampled_output_equals_the_live_steps(models, drawn):
     target, drafter, runner, prompts = models
     accepted = 0
@@ -70,7 +80,7 @@ def test_offline_on_the_sampled_output_equals_the_live_steps(models, drawn):
         for prompt in prompts:
             completion, live = _live(target, drafter, prompt, {**drawn, "seed": 1000 * seed + len(prompt)})
             offline = _offline_steps(target, runner, prompt, completion)
-            assert offline[:-1] == live[:len(offline) - 1], (seed, prompt)
+            assert offline[:-1] == live[: len(offline) - 1], (seed, prompt)
             assert len(offline) == len(live)  # the same last anchor: only its length may be cut
             assert 1 <= offline[-1] <= live[-1]
             assert sum(live[:-1]) + offline[-1] == len(completion) - 1  # offline covers the output exactly

@@ -27,12 +27,23 @@ from dflash_eval.demo.sglang_sampling import (
 )
 
 # Hand-made logits: distinct values, a near-tie, a large gap, and (row 3) a run of equal values.
-LOGITS = torch.tensor([[2.0, 1.0, 0.5, -1.0, 0.0, 3.0],
-                       [0.1, 0.2, 0.3, 0.4, 0.5, 0.6],
-                       [5.0, -5.0, 4.999, 0.0, 1.0, -2.0],
-                       [1.0, 1.0, 1.0, 0.0, 0.0, -1.0]])
-SETTINGS = [(0.7, 1.0, -1), (0.7, 0.95, -1), (1.0, 0.5, -1), (0.6, 1.0, 3), (0.7, 0.8, 4), (1.3, 0.9, 2),
-            (0.7, 0.3, -1)]
+LOGITS = torch.tensor(
+    [
+        [2.0, 1.0, 0.5, -1.0, 0.0, 3.0],
+        [0.1, 0.2, 0.3, 0.4, 0.5, 0.6],
+        [5.0, -5.0, 4.999, 0.0, 1.0, -2.0],
+        [1.0, 1.0, 1.0, 0.0, 0.0, -1.0],
+    ]
+)
+SETTINGS = [
+    (0.7, 1.0, -1),
+    (0.7, 0.95, -1),
+    (1.0, 0.5, -1),
+    (0.6, 1.0, 3),
+    (0.7, 0.8, 4),
+    (1.3, 0.9, 2),
+    (0.7, 0.3, -1),
+]
 
 
 def _functions(path: Path, names: tuple[str, ...], namespace: dict) -> dict:
@@ -48,12 +59,25 @@ def _functions(path: Path, names: tuple[str, ...], namespace: dict) -> dict:
 def sglang_code(sglang_srt):
     from typing import Any, Optional
 
-    namespace = {"torch": torch, "F": F, "Optional": Optional, "Any": Any, "top_k_renorm_prob": None,
-                 "top_p_renorm_prob": None, "_dflash_npu_top_k_top_p_renorm_prob": lambda *a, **k: None}
-    _functions(sglang_srt / "layers/sampler.py", ("top_p_normalize_probs_torch",
-                                                  "top_k_top_p_min_p_sampling_from_probs_torch"), namespace)
-    _functions(sglang_srt / "speculative/dflash_utils.py", ("_dflash_top_k_renorm_prob", "_dflash_top_p_renorm_prob",
-                                                            "build_speculative_verify_target_probs"), namespace)
+    namespace = {
+        "torch": torch,
+        "F": F,
+        "Optional": Optional,
+        "Any": Any,
+        "top_k_renorm_prob": None,
+        "top_p_renorm_prob": None,
+        "_dflash_npu_top_k_top_p_renorm_prob": lambda *a, **k: None,
+    }
+    _functions(
+        sglang_srt / "layers/sampler.py",
+        ("top_p_normalize_probs_torch", "top_k_top_p_min_p_sampling_from_probs_torch"),
+        namespace,
+    )
+    _functions(
+        sglang_srt / "speculative/dflash_utils.py",
+        ("_dflash_top_k_renorm_prob", "_dflash_top_p_renorm_prob", "build_speculative_verify_target_probs"),
+        namespace,
+    )
     return namespace
 
 
@@ -61,18 +85,28 @@ def _info(rows: int, temperature: float, top_p: float, top_k: int) -> types.Simp
     """SamplingBatchInfo's fields that the verify reads, as SGLang resolves a request (top_k -1 -> all)."""
     vocab = LOGITS.shape[1]
     k = vocab if top_k < 1 else top_k
-    return types.SimpleNamespace(temperatures=torch.full((rows, 1), temperature), top_ks=torch.full((rows,), k),
-                                 top_ps=torch.full((rows,), top_p), need_top_k_sampling=k < vocab,
-                                 need_top_p_sampling=top_p < 1.0)
+    return types.SimpleNamespace(
+        temperatures=torch.full((rows, 1), temperature),
+        top_ks=torch.full((rows,), k),
+        top_ps=torch.full((rows,), top_p),
+        need_top_k_sampling=k < vocab,
+        need_top_p_sampling=top_p < 1.0,
+    )
 
 
 @pytest.mark.parametrize("sparse", [True, False], ids=["sparse-top-k", "dense"])
 @pytest.mark.parametrize("temperature,top_p,top_k", SETTINGS)
-def test_verify_probs_equal_sglangs_build_speculative_verify_target_probs(sglang_code, temperature, top_p, top_k,
-                                                                          sparse):
+def test_verify_probs_equal_sglangs_build_speculative_verify_target_probs(
+    sglang_code, temperature, top_p, top_k, sparse
+):
     build = sglang_code["build_speculative_verify_target_probs"]
-    theirs = build(next_token_logits=LOGITS, sampling_info=_info(1, temperature, top_p, top_k),
-                   draft_token_num=LOGITS.shape[0], bs=1, use_sparse_topk=sparse)[0]
+    theirs = build(
+        next_token_logits=LOGITS,
+        sampling_info=_info(1, temperature, top_p, top_k),
+        draft_token_num=LOGITS.shape[0],
+        bs=1,
+        use_sparse_topk=sparse,
+    )[0]
     assert torch.allclose(verify_probs(LOGITS, temperature, top_p, top_k, backend="torch"), theirs, atol=1e-6)
 
 
@@ -82,9 +116,16 @@ def test_sampler_probs_equal_sglangs_sampler(sglang_code, temperature, top_p, to
     sample = sglang_code["top_k_top_p_min_p_sampling_from_probs_torch"]
     rows, vocab = LOGITS.shape
     probs = torch.softmax(LOGITS / temperature, dim=-1)
-    _, weights, order, _ = sample(probs.clone(), torch.full((rows,), vocab if top_k < 1 else top_k),
-                                  torch.full((rows,), top_p), torch.full((rows,), min_p), min_p > 0, None,
-                                  torch.zeros(rows, dtype=torch.long), return_filtered_probs=True)
+    _, weights, order, _ = sample(
+        probs.clone(),
+        torch.full((rows,), vocab if top_k < 1 else top_k),
+        torch.full((rows,), top_p),
+        torch.full((rows,), min_p),
+        min_p > 0,
+        None,
+        torch.zeros(rows, dtype=torch.long),
+        return_filtered_probs=True,
+    )
     theirs = torch.zeros_like(probs).scatter_(-1, order.long(), weights)
     theirs = theirs / theirs.sum(dim=-1, keepdim=True)
     assert torch.allclose(sampler_probs(LOGITS, temperature, top_p, top_k, min_p, backend="torch"), theirs, atol=1e-6)
@@ -110,8 +151,9 @@ def test_where_dflash_and_sglang_differ_by_hand():
     logits = torch.log(torch.tensor([[0.5, 0.25, 0.25]]))
     assert float(torch.softmax(logits, dim=-1)[0, 0]) == 0.5  # the tie is exact
     # exclusive cumulative mass [0, 0.5, 0.75]: the fallback keeps 0.5 <= 0.5 (the second token), dflash does not
-    assert torch.allclose(verify_probs(logits, 1.0, 0.5, backend="torch"), torch.tensor([[2 / 3, 1 / 3, 0.0]]),
-                          atol=1e-6)
+    assert torch.allclose(
+        verify_probs(logits, 1.0, 0.5, backend="torch"), torch.tensor([[2 / 3, 1 / 3, 0.0]]), atol=1e-6
+    )
     assert torch.allclose(_sampling_probs(logits, 1.0, 0.5), torch.tensor([[1.0, 0.0, 0.0]]), atol=1e-6)
     assert torch.allclose(verify_probs(logits, 1.0, 0.5), torch.tensor([[1.0, 0.0, 0.0]]), atol=1e-6)
     logits = torch.log(torch.tensor([[0.4, 0.3, 0.2, 0.1]]))
@@ -142,8 +184,7 @@ def test_flashinfer_top_p_keeps_tied_probabilities_together():
     assert sorted(verify_probs(logits, 1.0, 0.5, backend="torch")[0].tolist()) == pytest.approx([0.0, 3 / 7, 4 / 7])
     # the first token, joint filter: top_k 2 keeps both tied 0.3s (one token above each), top_p too
     assert torch.allclose(sampler_probs(logits, 1.0, 0.9, 2), torch.tensor([[0.4, 0.3, 0.3]]), atol=1e-6)
-    assert sorted(sampler_probs(logits, 1.0, 0.9, 2, backend="torch")[0].tolist()) == pytest.approx(
-        [0.0, 3 / 7, 4 / 7])
+    assert sorted(sampler_probs(logits, 1.0, 0.9, 2, backend="torch")[0].tolist()) == pytest.approx([0.0, 3 / 7, 4 / 7])
 
 
 @pytest.mark.parametrize("temperature,top_p,top_k", SETTINGS)
@@ -153,8 +194,9 @@ def test_flashinfer_filters_equal_their_definition(temperature, top_p, top_k):
     probs = torch.softmax(LOGITS / temperature, dim=-1)
     k = LOGITS.shape[1] if top_k < 1 else top_k
     values, indices = torch.topk(probs, k, dim=-1)
-    verify = torch.zeros_like(probs).scatter_(-1, indices, _by_definition(values / values.sum(-1, keepdim=True),
-                                                                          top_p, -1))
+    verify = torch.zeros_like(probs).scatter_(
+        -1, indices, _by_definition(values / values.sum(-1, keepdim=True), top_p, -1)
+    )
     assert torch.allclose(verify_probs(LOGITS, temperature, top_p, top_k), verify, atol=1e-6)
     first = sampler_probs(LOGITS, temperature, top_p, top_k)
     assert torch.allclose(first, _by_definition(probs, top_p, top_k), atol=1e-6)
@@ -197,7 +239,9 @@ def test_target_only_verification_is_lossless():
         counts = torch.zeros(4)
         for _ in range(6000):
             coins = torch.rand(3, generator=generator).tolist()
-            accepted, bonus = target_only_verify([1, draft, 0], probs, coins, float(torch.rand((), generator=generator)))
+            accepted, bonus = target_only_verify(
+                [1, draft, 0], probs, coins, float(torch.rand((), generator=generator))
+            )
             counts[draft if accepted else bonus] += 1
         freq = counts / 6000
         bound = 4.5 * torch.sqrt(p * (1 - p) / 6000) + 1e-9

@@ -12,8 +12,8 @@ from dflash_eval.evaluate import acceptance as A
 def test_tau_conventions_by_hand():
     # sample 1: steps 1, 3 -> mean 2.0; sample 2: steps 4, 4, 4, 4 -> mean 4.0
     stats = S.tau_stats([[1, 3], [4, 4, 4, 4]])
-    assert stats["tau_mean_of_samples"] == pytest.approx(3.0)          # (2 + 4) / 2
-    assert stats["tau_token_weighted"] == pytest.approx(20 / 6)        # 20 tokens / 6 steps
+    assert stats["tau_mean_of_samples"] == pytest.approx(3.0)  # (2 + 4) / 2
+    assert stats["tau_token_weighted"] == pytest.approx(20 / 6)  # 20 tokens / 6 steps
     assert (stats["samples"], stats["steps"], stats["tokens"]) == (2, 6, 20)
 
 

@@ -7,7 +7,6 @@ of full-attention layers only. DDTree: a literal heap-built tree verified with t
 trivial. The demo-scale version (served completions) lives in tests/demo/test_offline_reference_loop.py.
 """
 
-
 import pytest
 import torch
 
@@ -67,8 +66,18 @@ def setup(request, sequences):
     offline = []
     for sequence in seqs:
         limits = sequence_limits(sequence.prompt_len, len(sequence.tokens), MAX_NEW, int(sequence.tokens[-1]) == EOS)
-        offline.append(evaluate_sample(runner, sequence.features, sequence.tokens, limits, {EOS},
-                                       block_sizes=range(2, BLOCK + 1), budgets=BUDGETS, chunk=7).steps)
+        offline.append(
+            evaluate_sample(
+                runner,
+                sequence.features,
+                sequence.tokens,
+                limits,
+                {EOS},
+                block_sizes=range(2, BLOCK + 1),
+                budgets=BUDGETS,
+                chunk=7,
+            ).steps
+        )
     return target, drafter, seqs, offline
 
 
@@ -81,8 +90,16 @@ def test_chain_equals_dflash_generate_step_by_step(setup, block):
         ref_steps, ref_ids = run_reference_loop(drafter, target, prompt, MAX_NEW, [EOS], block_size=block)
         mine = steps[chain_method(block)]
         ids = sequence.tokens.tolist()
-        compared = assert_same_steps(mine, ref_steps, ref_ids, ids, sequence.prompt_len, target, TIE,
-                                     lambda anchor: _draft_logprobs(drafter, target, ids, anchor, _size(block, sequence, anchor)))
+        compared = assert_same_steps(
+            mine,
+            ref_steps,
+            ref_ids,
+            ids,
+            sequence.prompt_len,
+            target,
+            TIE,
+            lambda anchor: _draft_logprobs(drafter, target, ids, anchor, _size(block, sequence, anchor)),
+        )
         all_steps += mine[:compared]
     assert len(all_steps) > 60, "too few steps compared for a meaningful test"
     tau = sum(all_steps) / len(all_steps)
@@ -98,8 +115,17 @@ def test_ddtree_equals_heap_tree_with_live_target(setup, budget):
         ref_steps, ref_ids = ddtree_reference_loop(drafter, target, prompt, MAX_NEW, [EOS], budget)
         mine = steps[tree_method(budget)]
         ids = sequence.tokens.tolist()
-        assert_same_steps(mine, ref_steps, ref_ids, ids, sequence.prompt_len, target, TIE,
-                          lambda anchor: _draft_logprobs(drafter, target, ids, anchor, _size(BLOCK, sequence, anchor)), budget)
+        assert_same_steps(
+            mine,
+            ref_steps,
+            ref_ids,
+            ids,
+            sequence.prompt_len,
+            target,
+            TIE,
+            lambda anchor: _draft_logprobs(drafter, target, ids, anchor, _size(BLOCK, sequence, anchor)),
+            budget,
+        )
 
 
 def test_tree_tau_grows_with_budget(setup):
@@ -109,6 +135,7 @@ def test_tree_tau_grows_with_budget(setup):
     def tau(method):
         steps = [s for sample in offline for s in sample[method]]
         return sum(steps) / len(steps)
+
     taus = [tau(tree_method(n)) for n in BUDGETS]
     assert taus == sorted(taus) and taus[-1] > taus[0], taus
 
@@ -119,14 +146,15 @@ def _next_logits_after_partial_acceptance(target, ids, exact: bool) -> torch.Ten
 
     import dflash.model as reference
 
-    with torch.no_grad(), (exact_target_rollback(target) if exact else nullcontext()):
+    with torch.no_grad(), exact_target_rollback(target) if exact else nullcontext():
         cache = reference._make_cache(target.config)
         target(ids[:, :12], past_key_values=cache, use_cache=True)
         reference._crop_to(cache, 12)
         target(ids[:, 12:16], position_ids=torch.arange(12, 16)[None], past_key_values=cache, use_cache=True)
         reference._crop_to(cache, 14)
-        return target(ids[:, 14:17], position_ids=torch.arange(14, 17)[None], past_key_values=cache,
-                      use_cache=True).logits
+        return target(
+            ids[:, 14:17], position_ids=torch.arange(14, 17)[None], past_key_values=cache, use_cache=True
+        ).logits
 
 
 def test_reference_loop_rewinds_the_hybrid_target_exactly(sequences):
@@ -140,7 +168,8 @@ def test_reference_loop_rewinds_the_hybrid_target_exactly(sequences):
     assert torch.allclose(exact, fresh, atol=1e-5), (exact - fresh).abs().max()
     published = _next_logits_after_partial_acceptance(target, ids, exact=False)
     assert (published - fresh).abs().max() > 1e-3, (
-        "transformers now rewinds Gated DeltaNet states on crop; exact_target_rollback is no longer needed")
+        "transformers now rewinds Gated DeltaNet states on crop; exact_target_rollback is no longer needed"
+    )
 
 
 def test_dflash2_chain_equals_dflash_generate_step_by_step(sequences):
@@ -153,12 +182,22 @@ def test_dflash2_chain_equals_dflash_generate_step_by_step(sequences):
     all_steps = []
     for sequence in seqs:
         limits = sequence_limits(sequence.prompt_len, len(sequence.tokens), MAX_NEW, int(sequence.tokens[-1]) == EOS)
-        mine = evaluate_sample(runner, sequence.features, sequence.tokens, limits, {EOS}, chunk=7).steps[chain_method(BLOCK)]
+        mine = evaluate_sample(runner, sequence.features, sequence.tokens, limits, {EOS}, chunk=7).steps[
+            chain_method(BLOCK)
+        ]
         prompt = sequence.tokens[: sequence.prompt_len].tolist()
         ref_steps, ref_ids = run_reference_loop(drafter, target, prompt, MAX_NEW, [EOS])
         ids = sequence.tokens.tolist()
-        compared = assert_same_steps(mine, ref_steps, ref_ids, ids, sequence.prompt_len, target, TIE,
-                                     lambda anchor: _draft_logprobs(drafter, target, ids, anchor, _size(BLOCK, sequence, anchor)))
+        compared = assert_same_steps(
+            mine,
+            ref_steps,
+            ref_ids,
+            ids,
+            sequence.prompt_len,
+            target,
+            TIE,
+            lambda anchor: _draft_logprobs(drafter, target, ids, anchor, _size(BLOCK, sequence, anchor)),
+        )
         all_steps += mine[:compared]
     assert len(all_steps) > 30, "too few steps compared for a meaningful test"
     assert sum(all_steps) / len(all_steps) > 1.2, "drafter too weak for a meaningful comparison"

@@ -32,7 +32,8 @@ def test_block_logits_equal_reference_forward(window, block_size, dflash2):
             block = torch.full((1, block_size), MASK_ID)
             block[0, 0] = tokens[s]
             hidden = drafter(
-                target_hidden=features[None, :s], noise_embedding=torch.nn.functional.embedding(block, embed),
+                target_hidden=features[None, :s],
+                noise_embedding=torch.nn.functional.embedding(block, embed),
                 position_ids=torch.arange(s + block_size)[None],
             )[:, 1:]
             reference = drafter.compute_logits(hidden, target.lm_head)[0]
@@ -58,16 +59,26 @@ def test_dflash2_draft_is_the_candidate_selectors_path_not_the_argmax():
         for row, s in enumerate(anchors.tolist()):
             block = torch.full((1, 6), MASK_ID)
             block[0, 0] = tokens[s]
-            draft_hidden = drafter(target_hidden=features[None, :s], noise_embedding=torch.nn.functional.embedding(block, embed),
-                                   position_ids=torch.arange(s + 6)[None])[:, 1:]
-            reference = drafter.propose(draft_hidden, tokens[s:s + 1], target.lm_head, 0.0)[0][0]
+            draft_hidden = drafter(
+                target_hidden=features[None, :s],
+                noise_embedding=torch.nn.functional.embedding(block, embed),
+                position_ids=torch.arange(s + 6)[None],
+            )[:, 1:]
+            reference = drafter.propose(draft_hidden, tokens[s : s + 1], target.lm_head, 0.0)[0][0]
             assert torch.equal(ours[row], reference), (s, ours[row], reference)
     assert not torch.equal(ours, logits.argmax(dim=-1)), "the selector never changed the draft: test too weak"
 
 
-@pytest.mark.parametrize("settings", [{}, {"output_multiplier": 0.5}, {"final_logit_softcapping": 3.0},
-                                      {"output_multiplier": 2.5, "final_logit_softcapping": 30.0}],
-                         ids=["plain", "multiplier", "softcap", "both"])
+@pytest.mark.parametrize(
+    "settings",
+    [
+        {},
+        {"output_multiplier": 0.5},
+        {"final_logit_softcapping": 3.0},
+        {"output_multiplier": 2.5, "final_logit_softcapping": 30.0},
+    ],
+    ids=["plain", "multiplier", "softcap", "both"],
+)
 @pytest.mark.parametrize("where", ["dflash_config", "config"])
 def test_head_logits_equal_compute_logits_bit_for_bit(settings, where):
     """The head mirrors the model's compute_logits (read from either place dflash reads it), exactly."""

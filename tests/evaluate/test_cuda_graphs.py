@@ -37,8 +37,9 @@ SIZE = np.array([6, 2, 5, 3, 6, 6, 4, 6, 2])
 def _pool(window, device="cpu"):
     target = tiny_target()
     drafter = tiny_drafter([0, 2], window=window, block_size=6)
-    runner = BlockDrafter(drafter, target.model.embed_tokens.weight.detach(), target.lm_head.weight.detach(),
-                          MASK_ID).to(device)
+    runner = BlockDrafter(
+        drafter, target.model.embed_tokens.weight.detach(), target.lm_head.weight.detach(), MASK_ID
+    ).to(device)
     generator = torch.Generator().manual_seed(0)
     lengths = [20, 31, 26, 17]
     tokens = np.full((len(lengths), 40), -1, dtype=np.int64)
@@ -51,8 +52,14 @@ def _pool(window, device="cpu"):
 
 
 def test_the_padding_adds_only_hidden_tokens_groups_and_keys():
-    arrays, facts = pack_arrays(SLOT, ANCHOR, SIZE, np.zeros((4, 40), dtype=np.int64), MASK_ID,
-                                padding=Padding(tokens=64, queries=32, slots=4, context=31))
+    arrays, facts = pack_arrays(
+        SLOT,
+        ANCHOR,
+        SIZE,
+        np.zeros((4, 40), dtype=np.int64),
+        MASK_ID,
+        padding=Padding(tokens=64, queries=32, slots=4, context=31),
+    )
     n = int(SIZE.sum())
     assert arrays["token_ids"].shape == arrays["positions"].shape == arrays["padded_index"].shape == (64,)
     assert (arrays["token_ids"][n:] == MASK_ID).all() and (arrays["positions"][n:] == 0).all()
@@ -62,8 +69,14 @@ def test_the_padding_adds_only_hidden_tokens_groups_and_keys():
     assert sorted(arrays["query_gather"][real].tolist()) == list(range(n))  # padded tokens are never gathered
     assert facts["ctx_len"] == 31 and (facts["group_queries"] == 32).all()
     with pytest.raises(ValueError, match="more than the padding"):
-        pack_arrays(SLOT, ANCHOR, SIZE, np.zeros((4, 40), dtype=np.int64), MASK_ID,
-                    padding=Padding(tokens=64, queries=8, slots=4, context=31))
+        pack_arrays(
+            SLOT,
+            ANCHOR,
+            SIZE,
+            np.zeros((4, 40), dtype=np.int64),
+            MASK_ID,
+            padding=Padding(tokens=64, queries=8, slots=4, context=31),
+        )
 
 
 @pytest.mark.parametrize("window", [None, 3])
@@ -73,15 +86,26 @@ def test_the_padded_forward_equals_the_eager_one(window, fused, monkeypatch):
     runner, pool, tokens, cos, sin = _pool(window)
     graphed = GraphedForward(runner, pool, cos, sin, [16, 48, 64], eager_capture)
     with torch.no_grad():
-        eager = packed_hidden(runner, pool, pack(SLOT, ANCHOR, SIZE, tokens, MASK_ID, torch.device("cpu")), cos, sin,
-                              fused)
+        eager = packed_hidden(
+            runner, pool, pack(SLOT, ANCHOR, SIZE, tokens, MASK_ID, torch.device("cpu")), cos, sin, fused
+        )
         hidden = graphed(SLOT, ANCHOR, SIZE, tokens, fused)
         torch.testing.assert_close(hidden, eager, atol=2e-5, rtol=1e-5)
         assert list(graphed.graphs) == [(48, queries_bucket(18), fused)]  # 40 tokens; slot 3 holds 18 queries
         again = graphed(SLOT[:3], ANCHOR[:3], SIZE[:3], tokens, fused)  # the same captured inputs, overwritten
-        torch.testing.assert_close(again, packed_hidden(runner, pool, pack(SLOT[:3], ANCHOR[:3], SIZE[:3], tokens,
-                                                                          MASK_ID, torch.device("cpu")), cos, sin, fused),
-                                   atol=2e-5, rtol=1e-5)
+        torch.testing.assert_close(
+            again,
+            packed_hidden(
+                runner,
+                pool,
+                pack(SLOT[:3], ANCHOR[:3], SIZE[:3], tokens, MASK_ID, torch.device("cpu")),
+                cos,
+                sin,
+                fused,
+            ),
+            atol=2e-5,
+            rtol=1e-5,
+        )
         assert graphed(np.repeat(SLOT, 2), np.repeat(ANCHOR, 2), np.repeat(SIZE, 2), tokens, fused) is None  # 80 > 64
 
 
@@ -92,8 +116,16 @@ def test_the_evaluator_with_graphs_takes_todays_steps(sizes):
     options = dict(blocks_per_forward=128, pool_slots=4, head_split=2)
     today = TrajectoryEvaluator(runner, STOPS, range(2, BLOCK + 1), BUDGETS, TOPK, **options)
     expected = dict(today.run(cases.specs(sequences)))
-    evaluator = TrajectoryEvaluator(runner, STOPS, range(2, BLOCK + 1), BUDGETS, TOPK, cuda_graph_tokens=sizes,
-                                    graph_capture=eager_capture, **options)
+    evaluator = TrajectoryEvaluator(
+        runner,
+        STOPS,
+        range(2, BLOCK + 1),
+        BUDGETS,
+        TOPK,
+        cuda_graph_tokens=sizes,
+        graph_capture=eager_capture,
+        **options,
+    )
     results = dict(evaluator.run(cases.specs(sequences)))
     for key in expected:
         assert results[key].steps == expected[key].steps, key
@@ -118,9 +150,20 @@ def test_exact_token_graphs_take_todays_steps_one_graph_per_token_count_up_to_th
     def capture(forward):
         seen.append(None)
         return forward
+
     for cap in (None, 2):
-        evaluator = TrajectoryEvaluator(runner, STOPS, range(2, BLOCK + 1), BUDGETS, TOPK, cuda_graph_tokens=[4096],
-                                        graph_capture=capture, graph_exact_tokens=True, max_graphs=cap, **options)
+        evaluator = TrajectoryEvaluator(
+            runner,
+            STOPS,
+            range(2, BLOCK + 1),
+            BUDGETS,
+            TOPK,
+            cuda_graph_tokens=[4096],
+            graph_capture=capture,
+            graph_exact_tokens=True,
+            max_graphs=cap,
+            **options,
+        )
         results = dict(evaluator.run(cases.specs(sequences)))
         for key in expected:
             assert results[key].steps == expected[key].steps, key
@@ -175,10 +218,12 @@ def test_the_graph_replay_takes_the_eager_steps_on_cuda():
     runner = cases.runner().to("cuda")
     sequences = [(key, f.cuda(), t.cuda(), lim) for key, f, t, lim in cases.sequences(cases.runner())]
     options = dict(blocks_per_forward=128, pool_slots=4, head_split=2)
-    expected = dict(TrajectoryEvaluator(runner, STOPS, range(2, BLOCK + 1), BUDGETS, TOPK, **options)
-                    .run(cases.specs(sequences)))
-    evaluator = TrajectoryEvaluator(runner, STOPS, range(2, BLOCK + 1), BUDGETS, TOPK, cuda_graph_tokens=[32, 4096],
-                                    **options)
+    expected = dict(
+        TrajectoryEvaluator(runner, STOPS, range(2, BLOCK + 1), BUDGETS, TOPK, **options).run(cases.specs(sequences))
+    )
+    evaluator = TrajectoryEvaluator(
+        runner, STOPS, range(2, BLOCK + 1), BUDGETS, TOPK, cuda_graph_tokens=[32, 4096], **options
+    )
     results = dict(evaluator.run(cases.specs(sequences)))
     for key in expected:
         assert results[key].steps == expected[key].steps, key

@@ -51,14 +51,17 @@ def test_vectorised_equals_heap_built_tree(seed):
     m, positions, vocab = 5, 1 + seed % 6, 12
     logits = torch.randn(m, positions, vocab, generator=generator) * (0.5 + seed % 4)
     budgets = [1, 2, 5, 9, 16]
-    truth = torch.where(torch.rand(m, positions, generator=generator) < 0.7,
-                        logits.argmax(-1), torch.randint(0, vocab, (m, positions), generator=generator))
+    truth = torch.where(
+        torch.rand(m, positions, generator=generator) < 0.7,
+        logits.argmax(-1),
+        torch.randint(0, vocab, (m, positions), generator=generator),
+    )
     got = tree_accepted(logits, truth, budgets)
     for row, budget in enumerate(budgets):
         for anchor in range(m):
             tree = heap_tree(torch.log_softmax(logits[anchor], -1), budget)
             depth = 0
-            while depth < positions and tuple(truth[anchor, :depth + 1].tolist()) in tree:
+            while depth < positions and tuple(truth[anchor, : depth + 1].tolist()) in tree:
                 depth += 1
             assert got[row, anchor].item() == depth, (seed, budget, anchor)
 
@@ -68,8 +71,11 @@ def test_vectorised_equals_heap_built_tree(seed):
 
 def _truths(logits, generator, p_argmax=0.7):
     m, positions, vocab = logits.shape
-    truth = torch.where(torch.rand(m, positions, generator=generator) < p_argmax,
-                        logits.argmax(-1), torch.randint(0, vocab, (m, positions), generator=generator))
+    truth = torch.where(
+        torch.rand(m, positions, generator=generator) < p_argmax,
+        logits.argmax(-1),
+        torch.randint(0, vocab, (m, positions), generator=generator),
+    )
     cut = torch.randint(0, positions + 1, (m, 1), generator=generator)  # some rows end early (-1)
     return torch.where(torch.arange(positions)[None] < cut, truth, torch.full_like(truth, -1))
 
@@ -166,8 +172,11 @@ def test_pruned_equals_heap_tree_and_heap_never_exceeds_it_at_ties(seed):
     generator = torch.Generator().manual_seed(200 + seed)
     kind = ("random", "integer", "bf16")[seed % 3]
     positions, vocab = 2 + seed % 5, 9
-    logits = torch.randn(5, positions, vocab, generator=generator) if kind == "random" else \
-        _adversarial(kind, generator, 5, positions, vocab)
+    logits = (
+        torch.randn(5, positions, vocab, generator=generator)
+        if kind == "random"
+        else _adversarial(kind, generator, 5, positions, vocab)
+    )
     truth = _truths(logits.float(), generator, p_argmax=0.8)
     budgets = [1, 3, 6, 12, 25]
     got = tree_accepted(logits, truth, budgets)
@@ -175,7 +184,7 @@ def test_pruned_equals_heap_tree_and_heap_never_exceeds_it_at_ties(seed):
         for anchor in range(5):
             tree = heap_tree(torch.log_softmax(logits[anchor].float(), -1), budget)
             depth = 0
-            while depth < positions and tuple(truth[anchor, :depth + 1].tolist()) in tree:
+            while depth < positions and tuple(truth[anchor, : depth + 1].tolist()) in tree:
                 depth += 1
             if kind == "random":
                 assert got[row, anchor].item() == depth, (seed, budget, anchor)
@@ -208,7 +217,7 @@ def test_previous_cumsum_truth_score_was_off_by_one_node():
             found += 1
             tree = heap_tree(torch.log_softmax(logits[anchor], -1), budgets[row])
             depth = 0
-            while depth < 8 and tuple(truth[anchor, :depth + 1].tolist()) in tree:
+            while depth < 8 and tuple(truth[anchor, : depth + 1].tolist()) in tree:
                 depth += 1
             assert new[row, anchor].item() == depth
     assert found > 0

@@ -41,7 +41,7 @@ def test_drafter_step_is_timed_at_the_context_the_sample_allows():
     tokens = torch.randint(2, 290, (20,), generator=torch.Generator().manual_seed(0))
     features = torch.randn(20, 64 * len(LAYERS), generator=torch.Generator().manual_seed(1))
     timing = drafter_step_ms(runner, features, tokens, context_tokens=2048, repeats=3)
-    assert timing["context_tokens"] == 19 and timing["device"] == "cpu"   # the longest context the sample has
+    assert timing["context_tokens"] == 19 and timing["device"] == "cpu"  # the longest context the sample has
     assert 0 < timing["min_ms"] <= timing["ms"] <= timing["max_ms"]
     assert drafter_step_ms(runner, features, tokens, context_tokens=8, repeats=1)["context_tokens"] == 8
     assert timing["block_size"] == 4 and timing["project_tokens"] == 1
@@ -68,8 +68,10 @@ def test_time_on_cache_times_every_block_asked():
     runner = _runner()
     tokens = torch.randint(2, 290, (20,), generator=torch.Generator().manual_seed(0))
     features = torch.randn(20, 64 * len(LAYERS), generator=torch.Generator().manual_seed(1))
-    cache = SimpleNamespace(samples=[{"id": "0", "length": 20}],
-                            load_sample=lambda _id, _layers: SimpleNamespace(features=features, input_ids=tokens))
+    cache = SimpleNamespace(
+        samples=[{"id": "0", "length": 20}],
+        load_sample=lambda _id, _layers: SimpleNamespace(features=features, input_ids=tokens),
+    )
     options = {"measure": True, "context_tokens": 12, "repeats": 1}
     timing = time_on_cache(runner, cache, LAYERS, torch.device("cpu"), torch.float32, options, {2: 1, 4: 3, 9: 1})
     assert sorted(timing["by_block"]) == [2, 4]  # 9 is beyond the drafter's block: not a step it drafts
@@ -79,8 +81,9 @@ def test_time_on_cache_times_every_block_asked():
 def test_not_timed_on_a_cpu_with_measure_auto_or_false():
     cache = SimpleNamespace(samples=[{"id": "0", "length": 20}])
     for measure in ("auto", False):
-        assert time_on_cache(None, cache, LAYERS, torch.device("cpu"), torch.float32, {"measure": measure},
-                             {4: 1}) is None
+        assert (
+            time_on_cache(None, cache, LAYERS, torch.device("cpu"), torch.float32, {"measure": measure}, {4: 1}) is None
+        )
 
 
 def _sample():
@@ -92,8 +95,10 @@ def _sample():
 SCALED = {"input_embedding_scale": 1.7, "output_multiplier": 0.5, "final_logit_softcapping": 0.3}
 
 
-@pytest.mark.parametrize(("anchor", "block", "project", "settings"),
-                         [(12, 4, 1, {}), (12, 3, 5, {}), (19, 2, 2, {}), (3, 4, 4, {}), (12, 4, 2, SCALED)])
+@pytest.mark.parametrize(
+    ("anchor", "block", "project", "settings"),
+    [(12, 4, 1, {}), (12, 3, 5, {}), (19, 2, 2, {}), (3, 4, 4, {}), (12, 4, 2, SCALED)],
+)
 def test_the_static_step_drafts_what_the_evaluators_step_drafts(anchor, block, project, settings):
     """The graphs' step (the validated loop's static drafter) does the evaluator's work: the same drafts at the
     same anchor, block and projection, in fp32 on the CPU (its code path, run eagerly); with the embedding scale,
@@ -101,8 +106,8 @@ def test_the_static_step_drafts_what_the_evaluators_step_drafts(anchor, block, p
     runner = _runner(**settings)
     features, tokens = _sample()
     with torch.inference_mode():
-        context = runner.context(features[:anchor + 1])
-        hidden = runner.block_hidden(context, tokens[:anchor + 1], torch.tensor([anchor]), block, ctx_len=anchor)
+        context = runner.context(features[: anchor + 1])
+        hidden = runner.block_hidden(context, tokens[: anchor + 1], torch.tensor([anchor]), block, ctx_len=anchor)
         expected = runner.logits(hidden).argmax(-1)[0]
     step, drafts = static_step(runner, features, tokens, anchor, block, project, graphs=True)  # no graphs on a CPU
     step()
@@ -125,13 +130,15 @@ def test_a_ddtree_step_builds_the_tree_ddtree_would_from_the_evaluators_logits(b
     features, tokens = _sample()
     anchor, block, project = 12, 4, 2
     with torch.inference_mode():
-        context = runner.context(features[:anchor + 1])
-        hidden = runner.block_hidden(context, tokens[:anchor + 1], torch.tensor([anchor]), block, ctx_len=anchor)
+        context = runner.context(features[: anchor + 1])
+        hidden = runner.block_hidden(context, tokens[: anchor + 1], torch.tensor([anchor]), block, ctx_len=anchor)
         top = torch.log_softmax(runner.logits(hidden)[0].float(), -1).topk(min(budget, runner.lm_head.shape[0]), -1)
     parents, depths, node_tokens = build_tree(top.values.numpy(), top.indices.numpy(), budget)
     assert len(parents) == budget + 1  # the tiny vocab (and 3 positions) hold every budget asked
-    for make in (lambda tree: static_step(runner, features, tokens, anchor, block, project, graphs=True, tree=tree)[0],
-                 lambda tree: _eager_step(runner, features, tokens, anchor, block, project, tree)):
+    for make in (
+        lambda tree: static_step(runner, features, tokens, anchor, block, project, graphs=True, tree=tree)[0],
+        lambda tree: _eager_step(runner, features, tokens, anchor, block, project, tree),
+    ):
         tree = TreeWork(budget, block - 1, runner.lm_head.shape[0], torch.device("cpu"))
         with torch.inference_mode():  # as drafter_step_ms runs it
             tree.after(make(tree))()
@@ -147,10 +154,21 @@ def test_a_ddtree_step_is_timed_per_budget_at_the_drafters_own_block():
     assert timing["budget"] == 16 and timing["block_size"] == 4 and timing["ms"] > 0
     with pytest.raises(ValueError, match="drafter's own block"):
         drafter_step_ms(runner, features, tokens, 12, repeats=1, block_size=3, budget=16)
-    cache = SimpleNamespace(samples=[{"id": "0", "length": 20}],
-                            load_sample=lambda _id, _layers: SimpleNamespace(features=features, input_ids=tokens))
-    timing = time_on_cache(runner, cache, LAYERS, torch.device("cpu"), torch.float32,
-                           {"measure": True, "context_tokens": 12, "repeats": 1}, {4: 3}, None, {16: 2, 64: 5})
+    cache = SimpleNamespace(
+        samples=[{"id": "0", "length": 20}],
+        load_sample=lambda _id, _layers: SimpleNamespace(features=features, input_ids=tokens),
+    )
+    timing = time_on_cache(
+        runner,
+        cache,
+        LAYERS,
+        torch.device("cpu"),
+        torch.float32,
+        {"measure": True, "context_tokens": 12, "repeats": 1},
+        {4: 3},
+        None,
+        {16: 2, 64: 5},
+    )
     assert sorted(timing["by_budget"]) == [16, 64] and sorted(timing["by_block"]) == [4]
     assert timing["by_budget"][64]["project_tokens"] == 5 and timing["by_budget"][64]["budget"] == 64
 
@@ -161,10 +179,21 @@ def test_a_dflash2_drafters_steps_are_timed_eagerly_trees_included():
     runner = _runner(dflash2=True)
     assert timing_method(runner, torch.device("cuda"), "graphs")[0] == "eager"
     features, tokens = _sample()
-    cache = SimpleNamespace(samples=[{"id": "0", "length": 20}],
-                            load_sample=lambda _id, _layers: SimpleNamespace(features=features, input_ids=tokens))
-    timing = time_on_cache(runner, cache, LAYERS, torch.device("cpu"), torch.float32,
-                           {"measure": True, "context_tokens": 12, "repeats": 1}, {4: 2}, "graphs", {16: 2})
+    cache = SimpleNamespace(
+        samples=[{"id": "0", "length": 20}],
+        load_sample=lambda _id, _layers: SimpleNamespace(features=features, input_ids=tokens),
+    )
+    timing = time_on_cache(
+        runner,
+        cache,
+        LAYERS,
+        torch.device("cpu"),
+        torch.float32,
+        {"measure": True, "context_tokens": 12, "repeats": 1},
+        {4: 2},
+        "graphs",
+        {16: 2},
+    )
     assert timing["by_budget"][16]["ms"] > 0 and timing["by_budget"][16]["method"] == "eager"
 
 
@@ -175,28 +204,41 @@ def test_the_method_follows_the_target_profile_and_the_device():
     assert timing_method(runner, cuda, "graphs")[0] == "graphs" and timing_method(runner, cuda, None)[0] == "graphs"
     method, why = timing_method(runner, cuda, "eager")
     assert method == "eager" and "timed eagerly" in why
-    dflash2 = SimpleNamespace(drafter=SimpleNamespace(candidate_selector=object(), layers=[], mask_token_id=5),
-                              mask_token_id=5)
+    dflash2 = SimpleNamespace(
+        drafter=SimpleNamespace(candidate_selector=object(), layers=[], mask_token_id=5), mask_token_id=5
+    )
     assert "DFlash2" in timing_method(dflash2, cuda, "graphs")[1]
     other_mask = SimpleNamespace(drafter=SimpleNamespace(layers=[], mask_token_id=None), mask_token_id=5)
     assert timing_method(other_mask, cuda, "graphs") == (
-        "eager", "the drafter's config names mask token None and evaluation uses 5: the static drafter reads the "
-        "config's")
+        "eager",
+        "the drafter's config names mask token None and evaluation uses 5: the static drafter reads the config's",
+    )
 
 
 def test_each_method_is_timed_and_recorded():
     runner = _runner()
     features, tokens = _sample()
     for method in ("static", "eager"):
-        timing = drafter_step_ms(runner, features, tokens, 12, repeats=2, block_size=3, project_tokens=2,
-                                 method=method, method_why="test")
+        timing = drafter_step_ms(
+            runner, features, tokens, 12, repeats=2, block_size=3, project_tokens=2, method=method, method_why="test"
+        )
         assert timing["method"] == method and timing["ms"] > 0 and timing["project_tokens"] == 2
     with pytest.raises(ValueError, match="one of graphs, static, eager"):
         drafter_step_ms(runner, features, tokens, 12, repeats=1, method="compiled")
-    cache = SimpleNamespace(samples=[{"id": "0", "length": 20}],
-                            load_sample=lambda _id, _layers: SimpleNamespace(features=features, input_ids=tokens))
-    timing = time_on_cache(runner, cache, LAYERS, torch.device("cpu"), torch.float32,
-                           {"measure": True, "context_tokens": 12, "repeats": 1}, {4: 3}, target_method="graphs")
+    cache = SimpleNamespace(
+        samples=[{"id": "0", "length": 20}],
+        load_sample=lambda _id, _layers: SimpleNamespace(features=features, input_ids=tokens),
+    )
+    timing = time_on_cache(
+        runner,
+        cache,
+        LAYERS,
+        torch.device("cpu"),
+        torch.float32,
+        {"measure": True, "context_tokens": 12, "repeats": 1},
+        {4: 3},
+        target_method="graphs",
+    )
     assert timing["method"] == "eager" and timing["by_block"][4]["method"] == "eager"  # a CPU has no graphs
 
 
@@ -238,10 +280,21 @@ def test_the_graph_step_replays_the_static_steps_drafts_on_cuda():
     replay()
     torch.cuda.synchronize()
     assert torch.equal(eager_drafts(), replay_drafts())
-    cache = SimpleNamespace(samples=[{"id": "0", "length": 20}],
-                            load_sample=lambda _id, _layers: SimpleNamespace(features=features, input_ids=tokens))
-    timing = time_on_cache(runner, cache, LAYERS, torch.device("cuda"), torch.float32,
-                           {"measure": True, "context_tokens": 12, "repeats": 3}, {4: 3}, "graphs", {16: 2})
+    cache = SimpleNamespace(
+        samples=[{"id": "0", "length": 20}],
+        load_sample=lambda _id, _layers: SimpleNamespace(features=features, input_ids=tokens),
+    )
+    timing = time_on_cache(
+        runner,
+        cache,
+        LAYERS,
+        torch.device("cuda"),
+        torch.float32,
+        {"measure": True, "context_tokens": 12, "repeats": 3},
+        {4: 3},
+        "graphs",
+        {16: 2},
+    )
     assert timing["method"] == "graphs" and timing["by_block"][4]["ms"] > 0 and timing["by_budget"][16]["ms"] > 0
     trees = [TreeWork(16, 3, runner.lm_head.shape[0], torch.device("cuda")) for _ in range(2)]
     with torch.inference_mode():
@@ -264,10 +317,20 @@ def test_a_graph_timing_that_fails_falls_back_to_eager_and_says_why(monkeypatch,
         raise RuntimeError("CUDA error: operation not permitted when stream is capturing")
 
     monkeypatch.setattr(draft_timing, "capture", refuse)
-    cache = SimpleNamespace(samples=[{"id": "0", "length": 20}],
-                            load_sample=lambda _id, _layers: SimpleNamespace(features=features, input_ids=tokens))
-    timing = time_on_cache(runner, cache, LAYERS, torch.device("cpu"), torch.float32,
-                           {"measure": True, "context_tokens": 12, "repeats": 1}, {2: 1, 4: 3}, "graphs")
+    cache = SimpleNamespace(
+        samples=[{"id": "0", "length": 20}],
+        load_sample=lambda _id, _layers: SimpleNamespace(features=features, input_ids=tokens),
+    )
+    timing = time_on_cache(
+        runner,
+        cache,
+        LAYERS,
+        torch.device("cpu"),
+        torch.float32,
+        {"measure": True, "context_tokens": 12, "repeats": 1},
+        {2: 1, 4: 3},
+        "graphs",
+    )
     assert timing["method"] == "eager" and timing["method_why"].startswith("CUDA graph timing failed: CUDA error")
     assert all(t["method"] == "eager" and t["ms"] > 0 for t in timing["by_block"].values())
     assert "timed eagerly instead" in caplog.text

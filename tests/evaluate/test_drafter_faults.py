@@ -68,8 +68,11 @@ def test_a_truncated_drafter_is_named_by_the_loader_and_by_the_load_time_check(h
     data = weights.read_bytes()
     weights.write_bytes(data[:-100])  # a copy that stopped early
     for read in (lambda: load_drafter(hf), lambda: checkpoint_facts(hf)):
-        with pytest.raises(DflashEvalError, match=rf"{weights}: {len(data) - 100} bytes, but its header says "
-                                                  rf"{len(data)}: the file is truncated; copy the checkpoint again"):
+        with pytest.raises(
+            DflashEvalError,
+            match=rf"{weights}: {len(data) - 100} bytes, but its header says "
+            rf"{len(data)}: the file is truncated; copy the checkpoint again",
+        ):
             read()
     weights.write_bytes(b"\x00" * 64)
     with pytest.raises(DflashEvalError, match="not a safetensors file"):
@@ -116,6 +119,9 @@ def test_a_stray_safetensors_file_beside_model_safetensors_is_named_not_ignored(
     (tmp_path / "model.safetensors").write_bytes(b"")
     assert weight_files(tmp_path, "hf") == [tmp_path / "model.safetensors"]
     (tmp_path / "model-step2.safetensors").write_bytes(b"")
-    with pytest.raises(DflashEvalError, match=r"holds model.safetensors and also model-step2.safetensors; only "
-                                              r"model.safetensors would be read"):
+    with pytest.raises(
+        DflashEvalError,
+        match=r"holds model.safetensors and also model-step2.safetensors; only "
+        r"model.safetensors would be read",
+    ):
         weight_files(tmp_path, "hf")

@@ -50,8 +50,11 @@ def test_same_parameters_and_facts(tmp_path, dflash2, window):
     assert torch.equal(ours.model.rotary_emb.inv_freq, reference.model.rotary_emb.inv_freq)
     for name in ("block_size", "mask_token_id", "target_layer_ids"):
         assert getattr(ours.model, name) == getattr(reference.model, name)
-    assert (ours.layer_ids, ours.block_size, ours.mask_token_id) == (reference.layer_ids, reference.block_size,
-                                                                     reference.mask_token_id)
+    assert (ours.layer_ids, ours.block_size, ours.mask_token_id) == (
+        reference.layer_ids,
+        reference.block_size,
+        reference.mask_token_id,
+    )
     for a, b in zip(ours.model.layers, reference.model.layers):
         for name in ("head_dim", "num_key_value_groups", "scaling", "is_causal", "sliding_window"):
             assert getattr(a.self_attn, name) == getattr(b.self_attn, name), name
@@ -80,8 +83,17 @@ def test_block_drafter_gives_the_same_bits(tmp_path, dflash2, window, dtype):
             hidden = runner.block_hidden(context, tokens, anchors)
             short = runner.block_hidden(context, tokens, anchors, block_size=3)
             logits = runner.logits(hidden)
-            results.append([*(t for layer in context.layers for t in (layer.keys, layer.values)), context.cos,
-                            context.sin, hidden, short, logits, runner.draft_tokens(hidden, logits, tokens[anchors])])
+            results.append(
+                [
+                    *(t for layer in context.layers for t in (layer.keys, layer.values)),
+                    context.cos,
+                    context.sin,
+                    hidden,
+                    short,
+                    logits,
+                    runner.draft_tokens(hidden, logits, tokens[anchors]),
+                ]
+            )
     assert all(torch.equal(a, b) for a, b in zip(*results))
     assert results[0][-1].unique().numel() > 3  # the drafts are not a constant
 
@@ -121,23 +133,52 @@ def test_the_reference_forward_of_our_weights_is_the_reference(tmp_path):
     assert moved is not again and next(moved.parameters()).dtype == torch.bfloat16
 
 
-@pytest.mark.parametrize("values", [
-    {"rope_theta": 1e6, "use_sliding_window": True, "sliding_window": 7, "max_window_layers": 1},
-    {"use_sliding_window": False, "sliding_window": 7, "layer_types": ["sliding_attention", "full_attention"]},
-    {"num_key_value_heads": None, "rope_scaling": {"rope_type": "default", "rope_theta": 500.0}},
-    {"head_dim": 24, "is_causal": False, "layer_types": ["sliding_attention", "sliding_attention"],
-     "use_sliding_window": True, "sliding_window": 4},
-], ids=["max-window-layers", "window-off", "rope-scaling", "non-causal"])
+@pytest.mark.parametrize(
+    "values",
+    [
+        {"rope_theta": 1e6, "use_sliding_window": True, "sliding_window": 7, "max_window_layers": 1},
+        {"use_sliding_window": False, "sliding_window": 7, "layer_types": ["sliding_attention", "full_attention"]},
+        {"num_key_value_heads": None, "rope_scaling": {"rope_type": "default", "rope_theta": 500.0}},
+        {
+            "head_dim": 24,
+            "is_causal": False,
+            "layer_types": ["sliding_attention", "sliding_attention"],
+            "use_sliding_window": True,
+            "sliding_window": 4,
+        },
+    ],
+    ids=["max-window-layers", "window-off", "rope-scaling", "non-causal"],
+)
 def test_config_completed_as_qwen3_completes_it(values):
     """What the modules read of a config, against transformers' Qwen3Config of the same config.json."""
-    base = {"hidden_size": 48, "num_attention_heads": 4, "num_key_value_heads": 2, "num_hidden_layers": 2,
-            "intermediate_size": 96, "vocab_size": 64, "num_target_layers": 4,
-            "dflash_config": {"mask_token_id": 1, "target_layer_ids": [0, 1]}}
+    base = {
+        "hidden_size": 48,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+        "num_hidden_layers": 2,
+        "intermediate_size": 96,
+        "vocab_size": 64,
+        "num_target_layers": 4,
+        "dflash_config": {"mask_token_id": 1, "target_layer_ids": [0, 1]},
+    }
     ours = drafter_model.DrafterConfig({**base, **values})
     theirs = ours.reference_config()
-    for name in ("hidden_size", "num_attention_heads", "num_key_value_heads", "head_dim", "layer_types",
-                 "sliding_window", "rms_norm_eps", "attention_bias", "hidden_act", "intermediate_size", "vocab_size",
-                 "max_position_embeddings", "rope_parameters", "dflash_config"):
+    for name in (
+        "hidden_size",
+        "num_attention_heads",
+        "num_key_value_heads",
+        "head_dim",
+        "layer_types",
+        "sliding_window",
+        "rms_norm_eps",
+        "attention_bias",
+        "hidden_act",
+        "intermediate_size",
+        "vocab_size",
+        "max_position_embeddings",
+        "rope_parameters",
+        "dflash_config",
+    ):
         assert getattr(ours, name) == getattr(theirs, name), name
     assert getattr(ours, "is_causal", None) == getattr(theirs, "is_causal", None)
     from dflash.model import DFlashDraftModel
@@ -145,21 +186,31 @@ def test_config_completed_as_qwen3_completes_it(values):
     mine, reference = drafter_model.DFlashDraftModel(ours), DFlashDraftModel(theirs)
     assert {k: v.shape for k, v in mine.state_dict().items()} == {k: v.shape for k, v in reference.state_dict().items()}
     for a, b in zip(mine.layers, reference.layers):
-        assert (a.self_attn.is_causal, a.self_attn.sliding_window) == (b.self_attn.is_causal, b.self_attn.sliding_window)
+        assert (a.self_attn.is_causal, a.self_attn.sliding_window) == (
+            b.self_attn.is_causal,
+            b.self_attn.sliding_window,
+        )
     positions = torch.arange(40)[None]
     x = torch.zeros(1, dtype=torch.float32)
     assert all(torch.equal(a, b) for a, b in zip(mine.rotary_emb(x, positions), reference.rotary_emb(x, positions)))
 
 
 def test_another_rope_kind_is_transformers_own():
-    config = drafter_model.DrafterConfig({"hidden_size": 64, "num_attention_heads": 4, "head_dim": 16,
-                                          "rope_parameters": {"rope_type": "linear", "factor": 2.0,
-                                                              "rope_theta": 10000.0}})
+    config = drafter_model.DrafterConfig(
+        {
+            "hidden_size": 64,
+            "num_attention_heads": 4,
+            "head_dim": 16,
+            "rope_parameters": {"rope_type": "linear", "factor": 2.0, "rope_theta": 10000.0},
+        }
+    )
     assert type(drafter_model.rotary_embedding(config)).__name__ == "Qwen3RotaryEmbedding"
 
 
 def test_the_evaluate_stage_imports_neither_transformers_nor_dflash():
-    code = ("import sys, dflash_eval.evaluate.stage; "
-            "print(sorted({m.split('.')[0] for m in sys.modules if m.split('.')[0] in ('transformers', 'dflash')}))")
+    code = (
+        "import sys, dflash_eval.evaluate.stage; "
+        "print(sorted({m.split('.')[0] for m in sys.modules if m.split('.')[0] in ('transformers', 'dflash')}))"
+    )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert json.loads(out.strip().replace("'", '"')) == []

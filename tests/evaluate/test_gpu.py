@@ -23,10 +23,16 @@ def _release():
 
 def _hold_in_subprocess(directory, name):
     """Another process holding one GPU's lock until its stdin closes."""
-    code = ("import fcntl, sys; h = open(sys.argv[1], 'a+'); fcntl.flock(h, fcntl.LOCK_EX); print('held', flush=True);"
-            " sys.stdin.read()")
-    process = subprocess.Popen([sys.executable, "-c", code, str(directory / f"{name}.lock")], stdin=subprocess.PIPE,
-                               stdout=subprocess.PIPE, text=True)
+    code = (
+        "import fcntl, sys; h = open(sys.argv[1], 'a+'); fcntl.flock(h, fcntl.LOCK_EX); print('held', flush=True);"
+        " sys.stdin.read()"
+    )
+    process = subprocess.Popen(
+        [sys.executable, "-c", code, str(directory / f"{name}.lock")],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
     assert process.stdout.readline().strip() == "held"
     return process
 
@@ -85,8 +91,9 @@ def test_a_cpu_evaluation_records_its_device_and_no_gpu(tmp_path):
     """The workflow always passes --placement: a CPU evaluation's record says cpu, so the check counts it apart."""
     import json
 
-    assert gpu.claim_device("cpu", GPUS, tmp_path / "locks", record=tmp_path / "r.gpu.json", job="evaluate a d1") \
-        == torch.device("cpu")
+    assert gpu.claim_device(
+        "cpu", GPUS, tmp_path / "locks", record=tmp_path / "r.gpu.json", job="evaluate a d1"
+    ) == torch.device("cpu")
     record = json.loads((tmp_path / "r.gpu.json").read_text())
     assert (record["device"], record["job"], record["start"]) == ("cpu", "evaluate a d1", record["end"])
     assert "gpu" not in record and not (tmp_path / "locks").exists()

@@ -25,9 +25,20 @@ CLAIM = textwrap.dedent("""
 
 
 def _claim(tmp_path, name, gpus="GPU-a,GPU-b", hold=0.0, locks="locks"):
-    return subprocess.Popen([sys.executable, "-c", CLAIM, gpus, str(tmp_path / locks),
-                             str(tmp_path / "records" / f"{name}.gpu.json"), str(hold)],
-                            stdout=subprocess.PIPE, text=True, env={**os.environ, "CUDA_VISIBLE_DEVICES": "0,1"})
+    return subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            CLAIM,
+            gpus,
+            str(tmp_path / locks),
+            str(tmp_path / "records" / f"{name}.gpu.json"),
+            str(hold),
+        ],
+        stdout=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "CUDA_VISIBLE_DEVICES": "0,1"},
+    )
 
 
 def test_a_claim_records_the_gpu_the_process_and_its_interval(tmp_path):
@@ -72,9 +83,13 @@ def _record(file, gpu, start, end, host="h"):
 
 
 def test_the_check_on_hand_made_intervals():
-    records = [_record("a", "G0", 0, 10), _record("b", "G0", 10, 20),  # handed over at t=10: not an overlap
-               _record("c", "G1", 5, 15), _record("d", "G0", 5, 15, host="other"),  # another host's G0
-               {"file": "e", "device": "cpu", "start": 0, "end": 0}]
+    records = [
+        _record("a", "G0", 0, 10),
+        _record("b", "G0", 10, 20),  # handed over at t=10: not an overlap
+        _record("c", "G1", 5, 15),
+        _record("d", "G0", 5, 15, host="other"),  # another host's G0
+        {"file": "e", "device": "cpu", "start": 0, "end": 0},
+    ]
     check = placement.check_placements(records)
     assert check.ok and check.peak == 3 and check.cpu_jobs == 1 and check.span_s == 20
     assert check.jobs_per_gpu == {"h/G0": 2, "h/G1": 1, "other/G0": 1}
@@ -106,7 +121,8 @@ def test_a_broken_record_is_named(tmp_path):
 def test_nvidia_smi_lines_and_a_sampler_on_a_stand_in(tmp_path):
     assert placement.parse_nvidia_smi("0, GPU-1a, 97, 40000\n1, GPU-2b, [N/A], 12\n") == [
         {"index": 0, "uuid": "GPU-1a", "util": 97.0, "mem_mib": 40000.0},
-        {"index": 1, "uuid": "GPU-2b", "util": None, "mem_mib": 12.0}]
+        {"index": 1, "uuid": "GPU-2b", "util": None, "mem_mib": 12.0},
+    ]
     with pytest.raises(DflashEvalError, match="unexpected nvidia-smi line"):
         placement.parse_nvidia_smi("0, GPU-1a, 97")
     fake = tmp_path / "nvidia-smi"

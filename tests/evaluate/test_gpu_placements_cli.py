@@ -13,8 +13,9 @@ import pytest
 
 
 def _run(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "dflash_eval.cli", "gpu-placements", *args], capture_output=True,
-                          text=True, timeout=120)
+    return subprocess.run(
+        [sys.executable, "-m", "dflash_eval.cli", "gpu-placements", *args], capture_output=True, text=True, timeout=120
+    )
 
 
 def _write(folder: Path, name: str, record: object) -> Path:
@@ -27,12 +28,16 @@ def _write(folder: Path, name: str, record: object) -> Path:
 GOOD = {"device": "cuda:0", "gpu": "GPU-a", "host": "h", "start": 10.0, "end": 20.0}
 
 
-@pytest.mark.parametrize("record, said", [
-    ({k: v for k, v in GOOD.items() if k != "gpu"}, "a cuda:0 claim without 'gpu', the GPU it held"),
-    ({**GOOD, "start": "2026-12-03T10:00:00"}, "'start' is '2026-12-03T10:00:00', not seconds since the epoch"),
-    ({**GOOD, "end": "later"}, "'end' is 'later', not seconds since the epoch"),
-    ([1, 2], "a JSON list, not an object"),
-], ids=["no-gpu", "string-start", "string-end", "not-an-object"])
+@pytest.mark.parametrize(
+    "record, said",
+    [
+        ({k: v for k, v in GOOD.items() if k != "gpu"}, "a cuda:0 claim without 'gpu', the GPU it held"),
+        ({**GOOD, "start": "2026-12-03T10:00:00"}, "'start' is '2026-12-03T10:00:00', not seconds since the epoch"),
+        ({**GOOD, "end": "later"}, "'end' is 'later', not seconds since the epoch"),
+        ([1, 2], "a JSON list, not an object"),
+    ],
+    ids=["no-gpu", "string-start", "string-end", "not-an-object"],
+)
 def test_an_odd_record_is_named_with_the_fix(tmp_path, record, said):
     path = _write(tmp_path / "records", "odd", record)
     before = path.read_bytes()

@@ -39,8 +39,9 @@ def trained():
     with torch.no_grad():
         for i in range(6):
             prompt = torch.randint(2, 290, (10 + i,), generator=torch.Generator().manual_seed(i))
-            ids = target.generate(prompt[None], max_new_tokens=MAX_NEW, do_sample=False, eos_token_id=EOS,
-                                  pad_token_id=EOS)[0]
+            ids = target.generate(
+                prompt[None], max_new_tokens=MAX_NEW, do_sample=False, eos_token_id=EOS, pad_token_id=EOS
+            )[0]
             hidden = target(ids[None], output_hidden_states=True).hidden_states  # as dflash_generate sees them
             sequences.append(TrainingSequence(ids, torch.cat([hidden[i + 1][0] for i in LAYERS], dim=-1), len(prompt)))
     drafter = tiny_drafter(LAYERS, block_size=BLOCK, window=5)
@@ -58,8 +59,16 @@ def test_final_norm_capture_is_what_the_reference_loop_feeds(trained):
 
 def offline_steps(target, runner, sequence, last_layer):
     limits = sequence_limits(sequence.prompt_len, len(sequence.tokens), MAX_NEW, int(sequence.tokens[-1]) == EOS)
-    return evaluate_sample(runner, features(target, sequence.tokens, last_layer), sequence.tokens, limits, {EOS},
-                           block_sizes=[BLOCK], budgets=[], chunk=7).steps[chain_method(BLOCK)]
+    return evaluate_sample(
+        runner,
+        features(target, sequence.tokens, last_layer),
+        sequence.tokens,
+        limits,
+        {EOS},
+        block_sizes=[BLOCK],
+        budgets=[],
+        chunk=7,
+    ).steps[chain_method(BLOCK)]
 
 
 def test_offline_equals_online_for_a_drafter_that_taps_the_last_layer(trained):
@@ -69,6 +78,7 @@ def test_offline_equals_online_for_a_drafter_that_taps_the_last_layer(trained):
         prompt, ids = sequence.tokens[: sequence.prompt_len].tolist(), sequence.tokens.tolist()
         ref_steps, ref_ids = run_reference_loop(drafter, target, prompt, MAX_NEW, [EOS], block_size=BLOCK)
         mine = offline_steps(target, runner, sequence, "final_norm")
+
         def draft(anchor, ids=ids, end=sequence.prompt_len + MAX_NEW):
             return _draft_logprobs(drafter, target, ids, anchor, min(BLOCK, end - anchor))
 

@@ -45,12 +45,13 @@ def test_packed_blocks_equal_per_sample_blocks(dflash2, window, score_budget, gr
         for row in range(len(slot)):
             s, a, b = int(slot[row]), int(anchor[row]), int(size[row])
             context = runner.context(features[s])
-            alone = runner.block_hidden(context, torch.from_numpy(tokens[s, :lengths[s]]), torch.tensor([a]), b)[0]
-            torch.testing.assert_close(hidden[start[row]:start[row] + b], alone, atol=2e-5, rtol=1e-5)
+            alone = runner.block_hidden(context, torch.from_numpy(tokens[s, : lengths[s]]), torch.tensor([a]), b)[0]
+            torch.testing.assert_close(hidden[start[row] : start[row] + b], alone, atol=2e-5, rtol=1e-5)
 
 
 def _groups(ctx: list[int], queries: list[int]):
     from types import SimpleNamespace
+
     return SimpleNamespace(group_ctx=np.array(ctx), group_queries=np.array(queries), ctx_len=max(ctx))
 
 
@@ -90,6 +91,7 @@ def test_the_fused_kernel_runs_only_where_a_group_holds_enough_queries(threshold
     def counted(*args, **kwargs):
         calls.append(1)
         return inner(*args, **kwargs)
+
     monkeypatch.setattr(packed.F, "scaled_dot_product_attention", counted)
     batch = pack(np.array([0, 0, 1]), np.array([4, 9, 6]), np.array([3, 4, 2]), tokens, MASK_ID, torch.device("cpu"))
     with torch.no_grad():
@@ -123,6 +125,7 @@ def test_the_flex_mask_mod_is_the_explicit_mask_exactly(causal, window, groups):
     assert torch.equal(dense[:, 0], explicit)
     assert explicit.any() and not explicit.all()
     # a kernel's last tile may ask about indices past the ends: in range after clamping, and such keys hidden
-    far = packed.flex_mask_mod(attn, batch)(torch.tensor(0), torch.tensor(0), torch.tensor(queries + 100),
-                                            torch.tensor(batch.ctx_len + queries + 100))
+    far = packed.flex_mask_mod(attn, batch)(
+        torch.tensor(0), torch.tensor(0), torch.tensor(queries + 100), torch.tensor(batch.ctx_len + queries + 100)
+    )
     assert not bool(far)

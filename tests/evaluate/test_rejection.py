@@ -109,7 +109,7 @@ def offline(path: tuple, prompt_len: int, block: int = BLOCK) -> StepDistributio
         for j in range(1, block):
             if anchor + j < len(path):
                 token = path[anchor + j]
-                q, p = q_draft(path[:anchor + 1], j, block)[token], p_target(path[:anchor + j])[token]
+                q, p = q_draft(path[: anchor + 1], j, block)[token], p_target(path[: anchor + j])[token]
                 alpha[i, j - 1] = min(1.0, q / p)
     return step_distribution(alpha, limits, [t == STOP for t in path], block)
 
@@ -163,7 +163,8 @@ def test_token_weighted_is_the_exact_expectation_of_the_ratio():
     """E[(N1 + N2) / (S1 + S2)] for two independent samples, by enumeration, against the convolution."""
     a = StepDistribution(4, np.array([0, 0, 0.625, 0.375, 0]), np.zeros(3))
     b = StepDistribution(3, np.array([0, 0.2, 0.3, 0.5]), np.zeros(3))
-    brute = sum(pa * pb * 7 / (sa + sb) for sa, pa in enumerate(a.steps_pmf) for sb, pb in enumerate(b.steps_pmf)
-                if pa * pb)
+    brute = sum(
+        pa * pb * 7 / (sa + sb) for sa, pa in enumerate(a.steps_pmf) for sb, pb in enumerate(b.steps_pmf) if pa * pb
+    )
     assert expected_token_weighted([a, b]) == pytest.approx(brute, rel=1e-12)
     assert expected_token_weighted([StepDistribution(0, np.ones(1), np.zeros(3))]) != expected_token_weighted([a])

@@ -68,8 +68,16 @@ def test_live_acceptance_agrees_with_expected_tau(models, params):
     for seed in range(SEEDS):
         prompt = prompts[seed % len(prompts)]
         torch.manual_seed(seed)
-        steps, ids = run_reference_loop(drafter, target, prompt, MAX_NEW, [EOS], temperature=params.temperature,
-                                       top_p=params.top_p, top_k=params.dflash_top_k)
+        steps, ids = run_reference_loop(
+            drafter,
+            target,
+            prompt,
+            MAX_NEW,
+            [EOS],
+            temperature=params.temperature,
+            top_p=params.top_p,
+            top_k=params.dflash_top_k,
+        )
         dist = _offline(target, runner, ids, len(prompt), params)
         assert dist.tokens == sum(steps)
         assert dist.steps_pmf[len(steps)] > 0, f"seed {seed}: {len(steps)} steps are impossible offline"
@@ -79,5 +87,7 @@ def test_live_acceptance_agrees_with_expected_tau(models, params):
             taus.append(dist.expected_tau)
     assert variance > 0 and max(taus) > 1.2  # acceptance is neither trivial nor certain
     z = residual / math.sqrt(variance)
-    print(f"{params}: z {z:.3f}, mean expected tau {np.mean(taus):.3f}, mean realised {np.mean(taus) + residual / len(taus):.3f}")
+    print(
+        f"{params}: z {z:.3f}, mean expected tau {np.mean(taus):.3f}, mean realised {np.mean(taus) + residual / len(taus):.3f}"
+    )
     assert abs(z) < 4, f"live mean tau differs from offline's expectation by {z:.2f} standard deviations"

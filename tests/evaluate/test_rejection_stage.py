@@ -39,31 +39,86 @@ def project(tmp_path_factory):
             if index % 2 == 0:
                 ids = [rng.randrange(2, 290) for _ in range(3)]
             torch.manual_seed(index)
-            out = target.generate(torch.tensor([ids]), max_new_tokens=MAX_TOKENS, do_sample=True, temperature=1.5,
-                                  top_p=0.95, top_k=120, eos_token_id=1, pad_token_id=1)[0].tolist()
-            records.append({"id": f"p{index // 2}#s{index % 2}", "prompt_token_ids": ids, "completion_token_ids": out[3:],
-                            "request": {"max_tokens": MAX_TOKENS}, "completion_ids_source": "server",
-                            "token_check": {}, "sampling": SAMPLING})
+            out = target.generate(
+                torch.tensor([ids]),
+                max_new_tokens=MAX_TOKENS,
+                do_sample=True,
+                temperature=1.5,
+                top_p=0.95,
+                top_k=120,
+                eos_token_id=1,
+                pad_token_id=1,
+            )[0].tolist()
+            records.append(
+                {
+                    "id": f"p{index // 2}#s{index % 2}",
+                    "prompt_token_ids": ids,
+                    "completion_token_ids": out[3:],
+                    "request": {"max_tokens": MAX_TOKENS},
+                    "completion_ids_source": "server",
+                    "token_check": {},
+                    "sampling": SAMPLING,
+                }
+            )
     completions = root / "c.jsonl"
     completions.write_text("".join(json.dumps(r) + "\n" for r in records))
-    extract = {"dataset": "toy", "layer_ids": LAYERS, "shard_tokens": 24, "store_argmax": True, "strict_tokens": False,
-               "server": None, "target": {"path": str(root / "target"), "dtype": "float32", "device": "cpu",
-                                          "backend": "torch"}}
+    extract = {
+        "dataset": "toy",
+        "layer_ids": LAYERS,
+        "shard_tokens": 24,
+        "store_argmax": True,
+        "strict_tokens": False,
+        "server": None,
+        "target": {"path": str(root / "target"), "dtype": "float32", "device": "cpu", "backend": "torch"},
+    }
     extract_stage.extract({**extract, "target_logprobs": True}, completions, root / "hidden")
     extract_stage.extract(extract, completions, root / "hidden-plain")
-    evaluate = {"drafter": "d", "dataset": "toy", "target": {"path": str(root / "target")}, "max_tokens": MAX_TOKENS,
-                "checkpoint": {"path": str(root / "drafter"), "layout": "auto", "config": None, "trained_with": "torch",
-                               "allow_pickle": False, "step": None, "layer_ids": LAYERS},
-                "device": "cpu", "dtype": "float32", "blocks_per_forward": 16, "bootstrap": 10, "seed": 0,
-                "stop_token_ids": [1], "ddtree_budgets": [4], "topk": [1], "block_sizes": [SHORT]}
+    evaluate = {
+        "drafter": "d",
+        "dataset": "toy",
+        "target": {"path": str(root / "target")},
+        "max_tokens": MAX_TOKENS,
+        "checkpoint": {
+            "path": str(root / "drafter"),
+            "layout": "auto",
+            "config": None,
+            "trained_with": "torch",
+            "allow_pickle": False,
+            "step": None,
+            "layer_ids": LAYERS,
+        },
+        "device": "cpu",
+        "dtype": "float32",
+        "blocks_per_forward": 16,
+        "bootstrap": 10,
+        "seed": 0,
+        "stop_token_ids": [1],
+        "ddtree_budgets": [4],
+        "topk": [1],
+        "block_sizes": [SHORT],
+    }
     return root, records, evaluate
 
 
 def _evaluate(root, settings, out, hidden="hidden"):
     out.mkdir(exist_ok=True)
-    code = cli.main(["--log", str(out / "log"), "evaluate", "--settings", json.dumps(settings), "--hidden",
-                     str(root / hidden), "--completions", str(root / "c.jsonl"), "--metrics", str(out / "metrics.json"),
-                     "--samples", str(out / "samples.csv")])
+    code = cli.main(
+        [
+            "--log",
+            str(out / "log"),
+            "evaluate",
+            "--settings",
+            json.dumps(settings),
+            "--hidden",
+            str(root / hidden),
+            "--completions",
+            str(root / "c.jsonl"),
+            "--metrics",
+            str(out / "metrics.json"),
+            "--samples",
+            str(out / "samples.csv"),
+        ]
+    )
     return code, (out / "log").read_text()
 
 
@@ -99,7 +154,8 @@ def test_rejection_section_equals_the_independent_reference(project, tmp_path):
     assert code == 0, log
     metrics = json.loads((tmp_path / "both" / "metrics.json").read_text())
     assert metrics["verify"] == ["target_only", "rejection"] and metrics["sampling"] == [
-        {k: v for k, v in SAMPLING.items() if k != "seed"}]
+        {k: v for k, v in SAMPLING.items() if k != "seed"}
+    ]
     assert sorted(metrics["rejection"]["methods"]) == [f"chain-B{SHORT}", f"chain-B{BLOCK}"]
     for block in (BLOCK, SHORT):
         chain = metrics["rejection"]["methods"][f"chain-B{block}"]
@@ -112,11 +168,20 @@ def test_rejection_section_equals_the_independent_reference(project, tmp_path):
         assert 1.0 < chain["tau_mean_of_samples"] < block
         prompts = [r["id"].split("#")[0] for r in chain["per_sample"]]  # the CI resamples the 2 prompts
         assert chain["ci95"] == stats.bootstrap_per_sample(
-            np.array(means), np.array([r["tokens"] for r in chain["per_sample"]], dtype=float),
-            np.array([r["expected_steps"] for r in chain["per_sample"]]), 10, 0, clusters=prompts)
+            np.array(means),
+            np.array([r["tokens"] for r in chain["per_sample"]], dtype=float),
+            np.array([r["expected_steps"] for r in chain["per_sample"]]),
+            10,
+            0,
+            clusters=prompts,
+        )
         assert chain["ci95"] != stats.bootstrap_per_sample(  # not the per-draw bootstrap
-            np.array(means), np.array([r["tokens"] for r in chain["per_sample"]], dtype=float),
-            np.array([r["expected_steps"] for r in chain["per_sample"]]), 10, 0)
+            np.array(means),
+            np.array([r["tokens"] for r in chain["per_sample"]], dtype=float),
+            np.array([r["expected_steps"] for r in chain["per_sample"]]),
+            10,
+            0,
+        )
     served = metrics["methods"][f"chain-B{BLOCK}"]
     steps = {}
     for line in (tmp_path / "both" / "samples.csv").read_text().splitlines()[1:]:
@@ -150,7 +215,7 @@ def _forced(target, prompt: list[int], head: int, seed: int) -> list[int]:
     worst = int(target(torch.tensor([ids])).logits[0, -1].argmin())
     ids = ids + [worst if worst != 1 else 2]
     out = target.generate(torch.tensor([ids]), max_new_tokens=MAX_TOKENS - head - 1, **kwargs)[0].tolist()
-    return out[len(prompt):]
+    return out[len(prompt) :]
 
 
 def test_no_sample_is_dropped_for_a_token_outside_dflash_support(project, tmp_path):
@@ -160,16 +225,25 @@ def test_no_sample_is_dropped_for_a_token_outside_dflash_support(project, tmp_pa
     root, records, settings = project
     target = tiny_target()
     with torch.no_grad():
-        changed = [dict(records[0], completion_token_ids=_forced(target, records[0]["prompt_token_ids"], 0, 7)),
-                   dict(records[1], completion_token_ids=_forced(target, records[1]["prompt_token_ids"], 3, 8))]
+        changed = [
+            dict(records[0], completion_token_ids=_forced(target, records[0]["prompt_token_ids"], 0, 7)),
+            dict(records[1], completion_token_ids=_forced(target, records[1]["prompt_token_ids"], 3, 8)),
+        ]
     odd = tmp_path / "odd"
     odd.mkdir()
     (odd / "c.jsonl").write_text("".join(json.dumps(r) + "\n" for r in changed + records[2:]))
     (odd / "target").symlink_to(root / "target")
     (odd / "drafter").symlink_to(root / "drafter")
-    extract = {"dataset": "toy", "layer_ids": LAYERS, "shard_tokens": 24, "store_argmax": True, "strict_tokens": False,
-               "server": None, "target_logprobs": True,
-               "target": {"path": str(root / "target"), "dtype": "float32", "device": "cpu", "backend": "torch"}}
+    extract = {
+        "dataset": "toy",
+        "layer_ids": LAYERS,
+        "shard_tokens": 24,
+        "store_argmax": True,
+        "strict_tokens": False,
+        "server": None,
+        "target_logprobs": True,
+        "target": {"path": str(root / "target"), "dtype": "float32", "device": "cpu", "backend": "torch"},
+    }
     extract_stage.extract(extract, odd / "c.jsonl", odd / "hidden")
     code, log = _evaluate(odd, {**settings, "verify": ["target_only", "rejection"]}, tmp_path / "out")
     assert code == 0, log
@@ -217,13 +291,23 @@ def test_a_cache_of_another_model_is_flagged_at_t_above_0(project, tmp_path):
     assert same["support_share"] == 1.0 and same["suspect"] == []
     other = tmp_path / "other"
     tiny_target(seed=3).save_pretrained(other / "target")
-    extract = {"dataset": "toy", "layer_ids": LAYERS, "shard_tokens": 24, "store_argmax": True, "strict_tokens": False,
-               "server": None, "target_logprobs": True,
-               "target": {"path": str(other / "target"), "dtype": "float32", "device": "cpu", "backend": "torch"}}
+    extract = {
+        "dataset": "toy",
+        "layer_ids": LAYERS,
+        "shard_tokens": 24,
+        "store_argmax": True,
+        "strict_tokens": False,
+        "server": None,
+        "target_logprobs": True,
+        "target": {"path": str(other / "target"), "dtype": "float32", "device": "cpu", "backend": "torch"},
+    }
     extract_stage.extract(extract, root / "c.jsonl", other / "hidden")
     (other / "c.jsonl").symlink_to(root / "c.jsonl")
-    code, log = _evaluate(other, {**settings, "verify": ["target_only", "rejection"],
-                                  "target": {"path": str(other / "target")}}, tmp_path / "out")
+    code, log = _evaluate(
+        other,
+        {**settings, "verify": ["target_only", "rejection"], "target": {"path": str(other / "target")}},
+        tmp_path / "out",
+    )
     assert code == 0, log
     check = json.loads((tmp_path / "out" / "metrics.json").read_text())["diagnostics"]["sampled_check"]
     assert check["support_share"] < 0.95 and "support" in check["suspect"][0], check

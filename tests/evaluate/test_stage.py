@@ -18,8 +18,9 @@ def test_checkpoint_hash_keeps_the_recorded_format_and_reads_each_file_once(tmp_
     for name, data in files.items():
         (directory / name).parent.mkdir(parents=True, exist_ok=True)
         (directory / name).write_bytes(data)
-    expected_dir = hashlib.sha256("".join(hashlib.sha256(files[name]).hexdigest() for name in sorted(files))
-                                  .encode()).hexdigest()
+    expected_dir = hashlib.sha256(
+        "".join(hashlib.sha256(files[name]).hexdigest() for name in sorted(files)).encode()
+    ).hexdigest()
     reads = []
     real = fingerprint.sha256_file
     monkeypatch.setattr(fingerprint, "sha256_file", lambda path: reads.append(path) or real(path))

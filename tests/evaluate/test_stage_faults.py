@@ -27,29 +27,76 @@ def project(tmp_path_factory):
     records = []
     for index in range(4):
         ids = [rng.randrange(2, 290) for _ in range(12)]
-        records.append({"id": f"s{index}", "prompt_token_ids": ids[:3], "completion_token_ids": ids[3:],
-                        "request": {"max_tokens": 9}, "completion_ids_source": "server", "token_check": {}})
+        records.append(
+            {
+                "id": f"s{index}",
+                "prompt_token_ids": ids[:3],
+                "completion_token_ids": ids[3:],
+                "request": {"max_tokens": 9},
+                "completion_ids_source": "server",
+                "token_check": {},
+            }
+        )
     completions = root / "c.jsonl"
     completions.write_text("".join(json.dumps(r) + "\n" for r in records))
-    settings = {"dataset": "toy", "layer_ids": LAYERS, "shard_tokens": 24, "store_argmax": True, "strict_tokens": False,
-                "server": None, "target": {"path": str(root / "target"), "dtype": "float32", "device": "cpu",
-                                           "backend": "torch"}}
+    settings = {
+        "dataset": "toy",
+        "layer_ids": LAYERS,
+        "shard_tokens": 24,
+        "store_argmax": True,
+        "strict_tokens": False,
+        "server": None,
+        "target": {"path": str(root / "target"), "dtype": "float32", "device": "cpu", "backend": "torch"},
+    }
     extract_stage.extract(settings, completions, root / "hidden")
-    evaluate = {"drafter": "d", "dataset": "toy", "target": {"path": str(root / "target")}, "max_tokens": 9,
-                "checkpoint": {"path": str(root / "drafter"), "layout": "auto", "config": None, "trained_with": "torch",
-                               "allow_pickle": False, "step": None, "layer_ids": LAYERS},
-                "device": "cpu", "dtype": "float32", "blocks_per_forward": 16, "bootstrap": 10, "seed": 0,
-                "stop_token_ids": [1], "allow_backend_mismatch": False, "block_sizes": [], "ddtree_budgets": [4],
-                "topk": [1]}
+    evaluate = {
+        "drafter": "d",
+        "dataset": "toy",
+        "target": {"path": str(root / "target")},
+        "max_tokens": 9,
+        "checkpoint": {
+            "path": str(root / "drafter"),
+            "layout": "auto",
+            "config": None,
+            "trained_with": "torch",
+            "allow_pickle": False,
+            "step": None,
+            "layer_ids": LAYERS,
+        },
+        "device": "cpu",
+        "dtype": "float32",
+        "blocks_per_forward": 16,
+        "bootstrap": 10,
+        "seed": 0,
+        "stop_token_ids": [1],
+        "allow_backend_mismatch": False,
+        "block_sizes": [],
+        "ddtree_budgets": [4],
+        "topk": [1],
+    }
     return root, evaluate
 
 
 def _evaluate(root: Path, settings: dict, tmp_path: Path, hidden: Path | None = None) -> tuple[int, str, Path]:
     tmp_path.mkdir(exist_ok=True)
     log, metrics = tmp_path / "evaluate.log", tmp_path / "metrics.json"
-    code = cli.main(["--log", str(log), "evaluate", "--settings", json.dumps(settings), "--hidden",
-                     str(hidden or root / "hidden"), "--completions", str(root / "c.jsonl"), "--metrics", str(metrics),
-                     "--samples", str(tmp_path / "samples.csv")])
+    code = cli.main(
+        [
+            "--log",
+            str(log),
+            "evaluate",
+            "--settings",
+            json.dumps(settings),
+            "--hidden",
+            str(hidden or root / "hidden"),
+            "--completions",
+            str(root / "c.jsonl"),
+            "--metrics",
+            str(metrics),
+            "--samples",
+            str(tmp_path / "samples.csv"),
+        ]
+    )
     return code, log.read_text() if log.exists() else "", metrics
 
 
@@ -59,8 +106,9 @@ def test_every_shard_read_is_verified_and_recorded(project, tmp_path):
     assert code == 0, log
     manifest = json.loads((root / "hidden" / "manifest.json").read_text())
     verified = json.loads(metrics.read_text())["cache"]["shards_verified"]
-    assert [(v["file"], v["sha256"], v["bytes"]) for v in verified] == \
-        [(s["file"], s["sha256"], s["bytes"]) for s in manifest["shards"]]
+    assert [(v["file"], v["sha256"], v["bytes"]) for v in verified] == [
+        (s["file"], s["sha256"], s["bytes"]) for s in manifest["shards"]
+    ]
     # hand-written settings with `layer_ids: null`: the checkpoint's own list, not a TypeError
     unset = {**settings, "checkpoint": {**settings["checkpoint"], "layer_ids": None}}
     code, log, again = _evaluate(root, unset, tmp_path / "unset")
@@ -93,16 +141,37 @@ def test_a_shard_with_flipped_bits_is_refused_naming_it_and_the_repair(project, 
 
 def test_unknown_names_and_a_cuda_device_without_cuda_are_named(project, tmp_path):
     root, settings = project
-    config = {"target": {"path": str(root / "target"), "device": "cpu", "backend": "torch"},
-              "server": {"kind": "external", "base_url": "http://127.0.0.1:9", "start_command": "true",
-                         "stop_command": "true"},
-              "fetch": {}, "extraction": {}, "evaluation": {}, "datasets": {"toy": {"prompts": "p.jsonl"}},
-              "drafters": {"d": {"path": str(root / "drafter"), "trained_with": "torch"}}}
+    config = {
+        "target": {"path": str(root / "target"), "device": "cpu", "backend": "torch"},
+        "server": {
+            "kind": "external",
+            "base_url": "http://127.0.0.1:9",
+            "start_command": "true",
+            "stop_command": "true",
+        },
+        "fetch": {},
+        "extraction": {},
+        "evaluation": {},
+        "datasets": {"toy": {"prompts": "p.jsonl"}},
+        "drafters": {"d": {"path": str(root / "drafter"), "trained_with": "torch"}},
+    }
     (tmp_path / "config.yaml").write_text(yaml.safe_dump(config))
     log = tmp_path / "evaluate.log"
-    base = ["--log", str(log), "evaluate", "--config", str(tmp_path / "config.yaml"), "--hidden", str(root / "hidden"),
-            "--completions", str(root / "c.jsonl"), "--metrics", str(tmp_path / "m.json"), "--samples",
-            str(tmp_path / "s.csv")]
+    base = [
+        "--log",
+        str(log),
+        "evaluate",
+        "--config",
+        str(tmp_path / "config.yaml"),
+        "--hidden",
+        str(root / "hidden"),
+        "--completions",
+        str(root / "c.jsonl"),
+        "--metrics",
+        str(tmp_path / "m.json"),
+        "--samples",
+        str(tmp_path / "s.csv"),
+    ]
     assert cli.main([*base, "--drafter", "nope", "--dataset", "toy"]) == 2
     assert "--drafter 'nope': " in log.read_text() and "has no such entry under drafters; one of: d" in log.read_text()
     assert cli.main([*base, "--drafter", "d", "--dataset", "gsm8k"]) == 2

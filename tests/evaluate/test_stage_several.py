@@ -25,8 +25,14 @@ def inputs(root: Path) -> dict:
     (root / "hidden" / "manifest.json").write_text('{"shards": []}')
     (root / "hidden" / "shard-0.safetensors").write_bytes(b"states")
     (root / "c.jsonl").write_text('{"id": "s0"}\n')
-    return {"drafter": "a", "dataset": "d", "checkpoint": {"path": str(root / "ck.safetensors"), "config": None},
-            "target": {"path": str(root / "target")}, "speedup": {}, "device": "cpu"}
+    return {
+        "drafter": "a",
+        "dataset": "d",
+        "checkpoint": {"path": str(root / "ck.safetensors"), "config": None},
+        "target": {"path": str(root / "target")},
+        "speedup": {},
+        "device": "cpu",
+    }
 
 
 def member(settings: dict, out: Path) -> str:
@@ -77,9 +83,17 @@ def test_the_store_restores_only_an_equal_key_and_replaces_an_older_entry(tmp_pa
 
 
 def _args(tmp_path: Path, members: list[str], store: Path | None) -> argparse.Namespace:
-    return argparse.Namespace(member=members, settings=None, metrics=None, samples=None, runtime=None,
-                              hidden=str(tmp_path / "hidden"), completions=str(tmp_path / "c.jsonl"),
-                              store=str(store) if store else None, placement=None)
+    return argparse.Namespace(
+        member=members,
+        settings=None,
+        metrics=None,
+        samples=None,
+        runtime=None,
+        hidden=str(tmp_path / "hidden"),
+        completions=str(tmp_path / "c.jsonl"),
+        store=str(store) if store else None,
+        placement=None,
+    )
 
 
 def test_one_claim_per_process_and_a_second_run_restores_every_checkpoint(tmp_path, monkeypatch):
@@ -96,8 +110,12 @@ def test_one_claim_per_process_and_a_second_run_restores_every_checkpoint(tmp_pa
         evaluated.append(settings["drafter"])
         from dflash_eval.provenance.fingerprint import checkpoint_sha256
 
-        metrics = {"drafter": settings["drafter"], "dataset": "d", "methods": {},
-                   "checkpoint": {"sha256": checkpoint_sha256(settings["checkpoint"]["path"])}}
+        metrics = {
+            "drafter": settings["drafter"],
+            "dataset": "d",
+            "methods": {},
+            "checkpoint": {"sha256": checkpoint_sha256(settings["checkpoint"]["path"])},
+        }
         return metrics, [{"id": "s0", "method": "chain-B4", "steps": 1, "tokens": 2, "tau": 2.0}]
 
     monkeypatch.setattr(stage, "claim_settings_device", claim)
@@ -117,10 +135,13 @@ def test_one_claim_per_process_and_a_second_run_restores_every_checkpoint(tmp_pa
     assert len(claims) == 3  # one per process
 
 
-@pytest.mark.parametrize("members, message", [
-    (["{not json"], "--member 1: not valid JSON"),
-    (['{"settings": {}}'], "--member 1: needs the keys settings, metrics and samples (missing metrics, samples)"),
-])
+@pytest.mark.parametrize(
+    "members, message",
+    [
+        (["{not json"], "--member 1: not valid JSON"),
+        (['{"settings": {}}'], "--member 1: needs the keys settings, metrics and samples (missing metrics, samples)"),
+    ],
+)
 def test_a_malformed_member_is_named(tmp_path, members, message):
     with pytest.raises(DflashEvalError, match=message.replace("(", r"\(").replace(")", r"\)")):
         several.parse_members(members)

@@ -28,21 +28,24 @@ CPU_HOST_READS = False  # the CPU's choice, from the demo's alternating pairs (b
 
 
 def _reference(runner, sequences):
-    return {key: evaluate_sample(runner, features, tokens, limits, STOPS, range(2, BLOCK + 1), BUDGETS,
-                                 TOPK, chunk=5)
-            for key, features, tokens, limits in sequences}
+    return {
+        key: evaluate_sample(runner, features, tokens, limits, STOPS, range(2, BLOCK + 1), BUDGETS, TOPK, chunk=5)
+        for key, features, tokens, limits in sequences
+    }
 
 
 @pytest.mark.parametrize("dflash2", [False, True], ids=["dflash", "dflash2"])
 @pytest.mark.parametrize("window", [5, None], ids=["sliding+full", "full-only"])
-@pytest.mark.parametrize("pool,rows,split", [(None, 128, 2), (2, 3, None)],
-                         ids=["one-pool,head-split", "tiny-pool-and-forwards,whole-head"])
+@pytest.mark.parametrize(
+    "pool,rows,split", [(None, 128, 2), (2, 3, None)], ids=["one-pool,head-split", "tiny-pool-and-forwards,whole-head"]
+)
 def test_same_steps_as_the_all_anchor_evaluator(dflash2, window, pool, rows, split):
     runner = cases.runner(dflash2, window)
     sequences = cases.sequences(runner)
     reference = _reference(runner, sequences)
-    evaluator = TrajectoryEvaluator(runner, STOPS, range(2, BLOCK + 1), BUDGETS, TOPK, blocks_per_forward=rows,
-                                    pool_slots=pool, head_split=split)
+    evaluator = TrajectoryEvaluator(
+        runner, STOPS, range(2, BLOCK + 1), BUDGETS, TOPK, blocks_per_forward=rows, pool_slots=pool, head_split=split
+    )
     results = dict(evaluator.run(cases.specs(sequences)))
     assert sorted(results) == sorted(reference)
     for key, expected in reference.items():
@@ -78,8 +81,9 @@ def _visits(steps, limits):
 def test_each_distinct_block_is_computed_once():
     runner = cases.runner()
     sequences = cases.sequences(runner)
-    evaluator = TrajectoryEvaluator(runner, STOPS, range(2, BLOCK + 1), BUDGETS, TOPK, pool_slots=3,
-                                    blocks_per_forward=4)
+    evaluator = TrajectoryEvaluator(
+        runner, STOPS, range(2, BLOCK + 1), BUDGETS, TOPK, pool_slots=3, blocks_per_forward=4
+    )
     results = dict(evaluator.run(cases.specs(sequences)))
     distinct = set()
     for key, _, _, limits in sequences:
@@ -123,8 +127,11 @@ def test_bfloat16_agrees_with_the_all_anchor_evaluator_up_to_rounding():
     total = sum(len(r.steps) for r in reference.values())
     assert same >= 0.8 * total, f"{same}/{total} trajectories equal"
     for key in reference:
-        tau = [np.mean(results[key].steps[m]) - np.mean(reference[key].steps[m]) for m in reference[key].steps
-               if reference[key].steps[m]]
+        tau = [
+            np.mean(results[key].steps[m]) - np.mean(reference[key].steps[m])
+            for m in reference[key].steps
+            if reference[key].steps[m]
+        ]
         assert max(abs(t) for t in tau) < 1.0, (key, tau)
 
 
@@ -159,19 +166,38 @@ def test_same_steps_as_the_all_anchor_evaluator_on_cuda(dflash2):
     runner = cases.runner(dflash2).to("cuda")
     sequences = [(key, f.cuda(), t.cuda(), lim) for key, f, t, lim in cases.sequences(cases.runner(dflash2))]
     reference = _reference(runner, sequences)
-    results = dict(TrajectoryEvaluator(runner, STOPS, range(2, BLOCK + 1), BUDGETS, TOPK, pool_slots=3,
-                                       blocks_per_forward=5).run(cases.specs(sequences)))
+    results = dict(
+        TrajectoryEvaluator(runner, STOPS, range(2, BLOCK + 1), BUDGETS, TOPK, pool_slots=3, blocks_per_forward=5).run(
+            cases.specs(sequences)
+        )
+    )
     for key, expected in reference.items():
         assert results[key].steps == expected.steps, key
 
 
-@pytest.mark.parametrize("lever, dflash2", [
-    pytest.param(dict(flex_attention=True), False, marks=pytest.mark.slow), (dict(tree_host_reads=False), False), (dict(tree_host_reads=False), True),
-    (dict(lookahead_below=1000), False), (dict(lookahead_below=1000), True),
-    (dict(lookahead_below=12, blocks_per_forward=20), False),
-    pytest.param(dict(flex_attention=True, tree_host_reads=False, lookahead_below=1000), True, marks=pytest.mark.slow),
-], ids=["flex", "ddtree-on-device", "ddtree-on-device-dflash2", "lookahead", "lookahead-dflash2", "lookahead-capped",
-        "all-three-dflash2"])
+@pytest.mark.parametrize(
+    "lever, dflash2",
+    [
+        pytest.param(dict(flex_attention=True), False, marks=pytest.mark.slow),
+        (dict(tree_host_reads=False), False),
+        (dict(tree_host_reads=False), True),
+        (dict(lookahead_below=1000), False),
+        (dict(lookahead_below=1000), True),
+        (dict(lookahead_below=12, blocks_per_forward=20), False),
+        pytest.param(
+            dict(flex_attention=True, tree_host_reads=False, lookahead_below=1000), True, marks=pytest.mark.slow
+        ),
+    ],
+    ids=[
+        "flex",
+        "ddtree-on-device",
+        "ddtree-on-device-dflash2",
+        "lookahead",
+        "lookahead-dflash2",
+        "lookahead-capped",
+        "all-three-dflash2",
+    ],
+)
 def test_each_speed_lever_takes_todays_steps_and_counts(lever, dflash2):
     """Issue 30's levers change where and how blocks are computed, never an outcome: the same steps and top-k
     counts as today's evaluator, fp32 (flex attention: eager on the CPU, 20-40 s a case, so marked slow; test_packed.py checks its forward fast); lookahead computes more blocks in fewer forwards and

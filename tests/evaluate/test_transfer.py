@@ -9,8 +9,12 @@ from dflash_eval.evaluate.transfer import to_device
 
 def _arrays() -> list[np.ndarray]:
     rng = np.random.default_rng(0)
-    return [rng.integers(-5, 1 << 40, size=(3, 4)), np.arange(7), np.array([], dtype=np.int64),
-            np.array([[1], [2]], dtype=np.int32)]
+    return [
+        rng.integers(-5, 1 << 40, size=(3, 4)),
+        np.arange(7),
+        np.array([], dtype=np.int64),
+        np.array([[1], [2]], dtype=np.int32),
+    ]
 
 
 def _check(moved: list[torch.Tensor], arrays: list[np.ndarray], device: torch.device) -> None:

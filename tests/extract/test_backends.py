@@ -94,8 +94,10 @@ def test_blocks_do_not_nest():
                 pass
 
 
-@pytest.mark.skipif(ambient_binding(modeling_qwen3_5, "chunk") != TORCH_CHUNK,
-                    reason="transformers bound a kernel by itself here (fla imports)")
+@pytest.mark.skipif(
+    ambient_binding(modeling_qwen3_5, "chunk") != TORCH_CHUNK,
+    reason="transformers bound a kernel by itself here (fla imports)",
+)
 def test_torch_backend_output_equals_unpatched_torch_output():
     """Where transformers itself binds torch, forcing torch must change nothing."""
     model = tiny_target()
@@ -118,8 +120,10 @@ def test_fla_and_torch_on_cuda_both_verified_and_close_but_different():
             info = run.verify()
         assert info.calls["chunk"] == 6
         if name == "fla":  # fla's own dispatcher picks Triton, or FlashQLA where flash_qla is installed
-            assert re.fullmatch(r"fla\.ops\.gated_delta_rule\.chunk\.chunk_gated_delta_rule\[(triton|flash_qla)\]",
-                                info.implementation["chunk"]), info.implementation
+            assert re.fullmatch(
+                r"fla\.ops\.gated_delta_rule\.chunk\.chunk_gated_delta_rule\[(triton|flash_qla)\]",
+                info.implementation["chunk"],
+            ), info.implementation
         else:
             assert info.implementation["chunk"] == TORCH_CHUNK
     cosine = torch.nn.functional.cosine_similarity(results["fla"], results["torch"], dim=-1)

@@ -40,7 +40,9 @@ def test_capture_equals_hidden_states_below_the_last_layer(model, reference):
 def test_last_layer_is_the_final_norm_output_by_default_and_the_residual_when_pre_norm(model, reference):
     """The default is what dflash_generate feeds (hidden_states[num_layers], the final-norm output)."""
     last = model.config.num_hidden_layers - 1
-    assert torch.equal(capture_layers(model, [last], TOKENS, last_layer="final_norm").states[last], reference.hidden_states[-1][0])
+    assert torch.equal(
+        capture_layers(model, [last], TOKENS, last_layer="final_norm").states[last], reference.hidden_states[-1][0]
+    )
     for want_argmax in (True, False):
         state = capture_layers(model, [last], TOKENS, want_argmax=want_argmax, last_layer="pre_norm").states[last]
         assert not torch.allclose(state, reference.hidden_states[-1][0])
@@ -116,8 +118,10 @@ def test_stop_after_last_with_argmax_is_rejected(model):
 
 def test_vlm_language_model_layers_are_captured(model):
     text = model.config.to_dict()
-    config = Qwen3_5Config(text_config=text, vision_config=dict(depth=1, hidden_size=32, intermediate_size=64,
-                                                                num_heads=2, out_hidden_size=64))
+    config = Qwen3_5Config(
+        text_config=text,
+        vision_config=dict(depth=1, hidden_size=32, intermediate_size=64, num_heads=2, out_hidden_size=64),
+    )
     vlm = Qwen3_5ForConditionalGeneration(config).eval()
     vlm.model.language_model.load_state_dict(model.model.state_dict())
     vlm.lm_head.load_state_dict(model.lm_head.state_dict())

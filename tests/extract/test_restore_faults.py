@@ -55,7 +55,7 @@ def _kill_the_relaunch(log_dir, killed: list) -> None:
     while time.monotonic() < deadline:
         entries = _entries(log_dir)
         ends = [i for i, e in enumerate(entries) if e["event"] == "extraction_end" and e["ok"]]
-        launches = [e for e in entries[ends[0]:] if e["event"] == "launched"] if ends else []
+        launches = [e for e in entries[ends[0] :] if e["event"] == "launched"] if ends else []
         if launches:
             os.kill(launches[0]["pid"], signal.SIGKILL)
             killed.append(launches[0]["pid"])
@@ -92,7 +92,7 @@ def test_a_server_killed_as_it_comes_back_costs_the_extraction_nothing(target_di
         record = json.loads((log_dir / "outage.json").read_text())
         assert record["holders"] == [] and record["was_up"] and record["restore_error"]
         events = [e["event"] for e in _entries(log_dir)]
-        assert events[-1] == "restore_failed" and "resume" not in events[events.index("extraction_end"):]
+        assert events[-1] == "restore_failed" and "resume" not in events[events.index("extraction_end") :]
         assert not ctl.is_healthy()
 
         # a job killed during the restore would have lost `out` to Snakemake: the rerun copies, computes nothing

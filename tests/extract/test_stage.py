@@ -29,10 +29,18 @@ def target_dir(tmp_path_factory):
 
 
 def _record(sample_id, prompt, completion, **extra):
-    return {"id": sample_id, "dataset": "toy", "messages": [], "prompt_token_ids": prompt,
-            "completion_token_ids": completion, "text": "", "finish_reason": "stop",
-            "completion_ids_source": "server",
-            "token_check": {"prompt_tokens_match": True, "completion_tokens_match": True}, **extra}
+    return {
+        "id": sample_id,
+        "dataset": "toy",
+        "messages": [],
+        "prompt_token_ids": prompt,
+        "completion_token_ids": completion,
+        "text": "",
+        "finish_reason": "stop",
+        "completion_ids_source": "server",
+        "token_check": {"prompt_tokens_match": True, "completion_tokens_match": True},
+        **extra,
+    }
 
 
 RECORDS = [
@@ -50,9 +58,15 @@ def completions(tmp_path):
 
 
 def _settings(target_dir, **overrides):
-    settings = {"dataset": "toy", "layer_ids": LAYERS,
-                "target": {"path": str(target_dir), "dtype": "float32", "device": "cpu", "backend": "torch"},
-                "shard_tokens": 10, "store_argmax": True, "strict_tokens": False, "server": None}
+    settings = {
+        "dataset": "toy",
+        "layer_ids": LAYERS,
+        "target": {"path": str(target_dir), "dtype": "float32", "device": "cpu", "backend": "torch"},
+        "shard_tokens": 10,
+        "store_argmax": True,
+        "strict_tokens": False,
+        "server": None,
+    }
     settings.update(overrides)
     return settings
 
@@ -69,8 +83,9 @@ def test_extract_end_to_end_matches_the_targets_own_forward(target_dir, completi
             expected = reference(ids[None], output_hidden_states=True, use_cache=False)
         loaded = cache.load_sample(record["id"])
         assert torch.equal(loaded.input_ids, ids)
-        assert torch.equal(loaded.features, torch.cat([expected.hidden_states[3][0],
-                                                       expected.hidden_states[1][0]], dim=-1))
+        assert torch.equal(
+            loaded.features, torch.cat([expected.hidden_states[3][0], expected.hidden_states[1][0]], dim=-1)
+        )
         assert torch.equal(loaded.argmax, expected.logits[0].argmax(-1))
         assert loaded.prompt_len == len(record["prompt_token_ids"])
     manifest = cache.manifest
@@ -92,7 +107,7 @@ def test_argmax_agreement_is_complete_for_the_targets_own_greedy_output(target_d
     with torch.no_grad(), use_backend("torch", "cpu"):
         out = model.generate(torch.tensor([prompt]), max_new_tokens=6, do_sample=False, min_new_tokens=6)
     path = tmp_path / "greedy.jsonl"
-    path.write_text(json.dumps(_record("g", prompt, out[0, len(prompt):].tolist())) + "\n")
+    path.write_text(json.dumps(_record("g", prompt, out[0, len(prompt) :].tolist())) + "\n")
     extract_stage.extract(_settings(target_dir), path, tmp_path / "cache")
     assert HiddenCache(tmp_path / "cache").manifest["argmax_agreement"] == {"matches": 6, "tokens": 6}
 
@@ -114,8 +129,15 @@ def test_last_captured_layer_is_the_drafters_convention_and_recorded(target_dir,
 
 def test_bf16_and_no_argmax(target_dir, completions, tmp_path):
     out = tmp_path / "cache"
-    extract_stage.extract(_settings(target_dir, store_argmax=False, target={
-        "path": str(target_dir), "dtype": "bfloat16", "device": "cpu", "backend": "torch"}), completions, out)
+    extract_stage.extract(
+        _settings(
+            target_dir,
+            store_argmax=False,
+            target={"path": str(target_dir), "dtype": "bfloat16", "device": "cpu", "backend": "torch"},
+        ),
+        completions,
+        out,
+    )
     sample = HiddenCache(out).load_sample("b")
     assert sample.features.dtype == torch.bfloat16 and sample.argmax is None
     assert HiddenCache(out).manifest["target"]["dtype"] == "bfloat16"
@@ -160,8 +182,9 @@ def test_run_with_settings_json(target_dir, completions, tmp_path):
     parser = argparse.ArgumentParser()
     extract_stage.add_arguments(parser)
     out = tmp_path / "cache"
-    args = parser.parse_args(["--settings", json.dumps(_settings(target_dir)), "--completions", str(completions),
-                              "--out", str(out)])
+    args = parser.parse_args(
+        ["--settings", json.dumps(_settings(target_dir)), "--completions", str(completions), "--out", str(out)]
+    )
     assert extract_stage.run(args) == 0
     assert [s["id"] for s in HiddenCache(out).samples] == ["a", "b", "c"]
 
@@ -191,8 +214,10 @@ def _fake_server(monkeypatch):
 
 
 def _vlm_dir(tmp_path, causal):
-    config = Qwen3_5Config(text_config=causal.config.to_dict(), vision_config=dict(
-        depth=1, hidden_size=32, intermediate_size=64, num_heads=2, out_hidden_size=64))
+    config = Qwen3_5Config(
+        text_config=causal.config.to_dict(),
+        vision_config=dict(depth=1, hidden_size=32, intermediate_size=64, num_heads=2, out_hidden_size=64),
+    )
     vlm = Qwen3_5ForConditionalGeneration(config).eval()
     vlm.model.language_model.load_state_dict(causal.model.state_dict())
     vlm.lm_head.load_state_dict(causal.lm_head.state_dict())
@@ -249,19 +274,22 @@ def test_missing_target_dir_names_the_path(tmp_path):
 def test_extract_on_cuda_with_fla_differs_slightly_from_torch(target_dir, completions, tmp_path):
     features = {}
     for backend in ("fla", "torch"):
-        settings = _settings(target_dir, target={"path": str(target_dir), "dtype": "bfloat16", "device": "cuda:0",
-                                                 "backend": backend})
+        settings = _settings(
+            target_dir, target={"path": str(target_dir), "dtype": "bfloat16", "device": "cuda:0", "backend": backend}
+        )
         extract_stage.extract(settings, completions, tmp_path / backend)
         cache = HiddenCache(tmp_path / backend)
         assert cache.backend["name"] == backend and cache.manifest["device"] == "cuda:0"
         assert cache.backend["implementation"]["chunk"].startswith(
-            "fla." if backend == "fla" else "transformers.models.qwen3_5")
+            "fla." if backend == "fla" else "transformers.models.qwen3_5"
+        )
         features[backend] = cache.load_sample("a").features.float()
     assert torch.nn.functional.cosine_similarity(features["fla"], features["torch"], dim=-1).min() > 0.99
 
 
-def test_a_sample_past_max_position_embeddings_is_named_recorded_and_still_extracted(target_dir, completions, tmp_path,
-                                                                                     caplog):
+def test_a_sample_past_max_position_embeddings_is_named_recorded_and_still_extracted(
+    target_dir, completions, tmp_path, caplog
+):
     """Issue 32: preflight sees only fetch.max_tokens; a long prompt passes the positions with any max_tokens."""
     import shutil
 
@@ -275,16 +303,23 @@ def test_a_sample_past_max_position_embeddings_is_named_recorded_and_still_extra
     (short / "config.json").write_text(json.dumps(config))
     with caplog.at_level("WARNING"):
         out = extract_stage.extract(_settings(short), completions, tmp_path / "hidden")
-    assert f"2 of 3 samples of {completions} run past the target's max_position_embeddings 6 (prompt + completion): " \
-           "a, b;" in caplog.text
+    assert (
+        f"2 of 3 samples of {completions} run past the target's max_position_embeddings 6 (prompt + completion): "
+        "a, b;" in caplog.text
+    )
     manifest = json.loads((out / "manifest.json").read_text())
     assert manifest["positions"] == {"max_position_embeddings": 6, "past": ["a", "b"]}
     assert [s["id"] for s in HiddenCache(out).samples] == ["a", "b", "c"], "every sample is still extracted"
-    found = trust_warnings({"fetch": {}, "caches": [cache_entry(out, None)], "online": {},
-                            "server": {"recorded": False}})
-    assert found == [f"**Past the target's positions**: {out}: 2 of 3 samples are longer than its "
-                     "max_position_embeddings 6 (e.g. a, b); the target's states there are extrapolated."]
+    found = trust_warnings(
+        {"fetch": {}, "caches": [cache_entry(out, None)], "online": {}, "server": {"recorded": False}}
+    )
+    assert found == [
+        f"**Past the target's positions**: {out}: 2 of 3 samples are longer than its "
+        "max_position_embeddings 6 (e.g. a, b); the target's states there are extrapolated."
+    ]
     manifest["positions"] = None  # the demo, and caches from before the record: no warning
     (out / "manifest.json").write_text(json.dumps(manifest))
-    assert trust_warnings({"fetch": {}, "caches": [cache_entry(out, None)], "online": {},
-                           "server": {"recorded": False}}) == []
+    assert (
+        trust_warnings({"fetch": {}, "caches": [cache_entry(out, None)], "online": {}, "server": {"recorded": False}})
+        == []
+    )

@@ -39,13 +39,15 @@ def target_dir(tmp_path_factory):
 
 
 def test_a_rerun_after_snakemake_removed_the_cache_computes_only_new_or_changed_samples(
-        target_dir, tmp_path, monkeypatch, caplog):
+    target_dir, tmp_path, monkeypatch, caplog
+):
     records = tiny_records(LENGTHS)
     completions = write_records(tmp_path / "c.jsonl", records)
     out = tmp_path / "hidden"
     extract_stage.extract(extract_settings(target_dir), completions, out)
-    assert kept_dir(out).is_dir() and all(
-        (kept_dir(out) / f.name).samefile(f) for f in out.iterdir()), "kept as hard links of the published cache"
+    assert kept_dir(out).is_dir() and all((kept_dir(out) / f.name).samefile(f) for f in out.iterdir()), (
+        "kept as hard links of the published cache"
+    )
 
     # one prompt appended, one completion changed, and another shard_tokens: only those two run the target
     changed = records + tiny_records([6], seed=9)[0:1]
@@ -60,7 +62,9 @@ def test_a_rerun_after_snakemake_removed_the_cache_computes_only_new_or_changed_
     assert "9 of the 11 samples still to do have unchanged token ids" in caplog.text
     assert HiddenCache(out).manifest["reused_samples"] == 9
     fresh = tmp_path / "fresh"
-    extract_stage.extract(extract_settings(target_dir, shard_tokens=7), write_records(tmp_path / "f.jsonl", changed), fresh)
+    extract_stage.extract(
+        extract_settings(target_dir, shard_tokens=7), write_records(tmp_path / "f.jsonl", changed), fresh
+    )
     assert_same_states(cache_states(out), cache_states(fresh))
 
     # nothing changed but the layout: no model, no server pause
@@ -74,7 +78,8 @@ def test_a_rerun_after_snakemake_removed_the_cache_computes_only_new_or_changed_
 
 
 def test_a_damaged_kept_shard_is_computed_again_and_other_inputs_reuse_nothing(
-        target_dir, tmp_path, monkeypatch, caplog):
+    target_dir, tmp_path, monkeypatch, caplog
+):
     completions = write_records(tmp_path / "c.jsonl", tiny_records(LENGTHS))
     out = tmp_path / "hidden"
     extract_stage.extract(extract_settings(target_dir), completions, out)
@@ -130,8 +135,17 @@ def test_bad_hand_written_settings_are_named_not_raised(target_dir, tmp_path):
     completions = write_records(tmp_path / "c.jsonl", tiny_records(LENGTHS[:2]))
     log = tmp_path / "extract.log"
     settings = {**extract_settings(target_dir), "layer_ids": None}
-    argv = ["--log", str(log), "extract", "--settings", json.dumps(settings), "--completions", str(completions),
-            "--out", str(tmp_path / "out")]
+    argv = [
+        "--log",
+        str(log),
+        "extract",
+        "--settings",
+        json.dumps(settings),
+        "--completions",
+        str(completions),
+        "--out",
+        str(tmp_path / "out"),
+    ]
     assert cli.main(argv) == 2
     assert "extract settings: missing ['layer_ids']" in log.read_text()  # a null counts as left out
     assert "Traceback" not in log.read_text()

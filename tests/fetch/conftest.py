@@ -16,12 +16,16 @@ def vllm_src() -> Path:
     """The `vllm` package directory of the 0.34.0 wheel: $DFLASH_EVAL_VLLM_SRC (.ci/run unzips the wheel's
     protocol sources and sets it); skips without it (the wheel is 500 MB, never installed here)."""
     if not os.environ.get("DFLASH_EVAL_VLLM_SRC"):
-        pytest.skip("vLLM 0.34.0's source is not here: set DFLASH_EVAL_VLLM_SRC to the `vllm` directory of the "
-                    "unzipped wheel (pip download --no-deps vllm==0.34.0; .ci/run does it)")
+        pytest.skip(
+            "vLLM 0.34.0's source is not here: set DFLASH_EVAL_VLLM_SRC to the `vllm` directory of the "
+            "unzipped wheel (pip download --no-deps vllm==0.34.0; .ci/run does it)"
+        )
     package = Path(os.environ["DFLASH_EVAL_VLLM_SRC"])
     if not (package / "entrypoints/openai/completion/protocol.py").is_file():
-        pytest.fail(f"DFLASH_EVAL_VLLM_SRC={package} is not a vllm package directory "
-                    "(no entrypoints/openai/completion/protocol.py)")
+        pytest.fail(
+            f"DFLASH_EVAL_VLLM_SRC={package} is not a vllm package directory "
+            "(no entrypoints/openai/completion/protocol.py)"
+        )
     version_file = package / "_version.py"
     version = version_file.read_text() if version_file.is_file() else ""
     if "'0.34.0'" not in version and '"0.34.0"' not in version:

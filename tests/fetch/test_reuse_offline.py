@@ -24,16 +24,21 @@ def tokenizer_dir(tmp_path_factory):
 def _no_server(monkeypatch):
     def refuse(*args, **kwargs):
         raise AssertionError("the server was asked")
+
     monkeypatch.setattr(fetch, "ServerController", refuse)
     monkeypatch.setattr(fetch, "server_identity", refuse)
 
 
 def test_a_rerun_with_every_record_kept_needs_no_server_and_a_settings_change_does(
-        tmp_path, tokenizer_dir, monkeypatch, caplog):
+    tmp_path, tokenizer_dir, monkeypatch, caplog
+):
     prompts = tmp_path / "p.jsonl"
     prompts.write_text(
-        json.dumps({"id": "m", "system": "Be brief.", "turns": ["Question 0: first?", "And then?"]}) + "\n"
-        + json.dumps({"id": "s", "messages": [{"role": "user", "content": "Question 1: single"}]}) + "\n")
+        json.dumps({"id": "m", "system": "Be brief.", "turns": ["Question 0: first?", "And then?"]})
+        + "\n"
+        + json.dumps({"id": "s", "messages": [{"role": "user", "content": "Question 1: single"}]})
+        + "\n"
+    )
     out = tmp_path / "o.jsonl"
     with fake(tokenizer_dir, None, "--sglang", model=f"/models/{tokenizer_dir.name}") as url:
         first = fetch.fetch(settings(tmp_path, url, tokenizer_dir, prompts), out)
@@ -61,8 +66,11 @@ def test_a_rerun_with_every_record_kept_needs_no_server_and_a_settings_change_do
         fetch.fetch(named, out)
 
     caplog.clear()  # a prompt added: one record is missing
-    prompts.write_text(prompts.read_text() + json.dumps({"id": "n", "messages": [
-        {"role": "user", "content": "Question 2: new"}]}) + "\n")
+    prompts.write_text(
+        prompts.read_text()
+        + json.dumps({"id": "n", "messages": [{"role": "user", "content": "Question 2: new"}]})
+        + "\n"
+    )
     with caplog.at_level("INFO"), pytest.raises(AssertionError, match="the server was asked"):
         fetch.fetch(settings(tmp_path, url, tokenizer_dir, prompts), out)
     assert "1 of 4 records are not kept; asking the server" in caplog.text

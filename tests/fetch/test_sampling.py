@@ -38,7 +38,9 @@ def test_the_request_fields_are_sglangs():
     assert sampling.request_fields(settings, drawn, sglang=False)[1] == {}  # a plain OpenAI server: what filters
     greedy = {"temperature": 0.0, **OFF_PENALTIES}
     assert sampling.request_fields(greedy, None, sglang=True) == (
-        {"frequency_penalty": 0.0, "presence_penalty": 0.0}, {"repetition_penalty": 1.0})
+        {"frequency_penalty": 0.0, "presence_penalty": 0.0},
+        {"repetition_penalty": 1.0},
+    )
     penalized = {**greedy, "repetition_penalty": 1.1}
     assert sampling.request_fields(penalized, None, sglang=False) == ({}, {"repetition_penalty": 1.1})
     assert "not SGLang" in sampling.defaults_warning(greedy, sglang=False)
@@ -67,8 +69,12 @@ def test_params_name_every_sampling_key():
     keys = ("temperature", "top_p", "top_k", "min_p", "n")
     assert {k: greedy[k] for k in keys} == {"temperature": 0.0, "top_p": 1.0, "top_k": -1, "min_p": 0.0, "n": 1}
     assert {k: greedy[k] for k in OFF_PENALTIES} == OFF_PENALTIES  # the schema's off values, a dataset may set them
-    penalized = validate_config({**_repo_config(), "datasets": {"d": {"prompts": "resources/prompts/demo_code.jsonl",
-                                                                      "repetition_penalty": 1.05}}})
+    penalized = validate_config(
+        {
+            **_repo_config(),
+            "datasets": {"d": {"prompts": "resources/prompts/demo_code.jsonl", "repetition_penalty": 1.05}},
+        }
+    )
     assert fetch_params(penalized, "d")["repetition_penalty"] == 1.05
     assert {k: sampled[k] for k in keys} == {"temperature": 0.7, "top_p": 0.95, "top_k": -1, "min_p": 0.0, "n": 1}
 
@@ -104,8 +110,18 @@ def _fetch(served, tmp_path, out, **drawn):
     from dflash_eval.testing import fixtures
 
     prompts = fixtures.write_prompts(tmp_path / "p.jsonl", 2)
-    return fetch.fetch({"dataset": "t", "prompts": str(prompts), "server": served["settings"],
-                        "tokenizer": str(served["target"]), "max_tokens": 10, "concurrency": 2, **drawn}, out)
+    return fetch.fetch(
+        {
+            "dataset": "t",
+            "prompts": str(prompts),
+            "server": served["settings"],
+            "tokenizer": str(served["target"]),
+            "max_tokens": 10,
+            "concurrency": 2,
+            **drawn,
+        },
+        out,
+    )
 
 
 def test_sampled_fetch_end_to_end_keying_and_refetch(served, tmp_path, caplog):
@@ -123,14 +139,26 @@ def test_sampled_fetch_end_to_end_keying_and_refetch(served, tmp_path, caplog):
     drafter = load_drafter(served["drafter"], reference=True).model.eval()
     eos = target.generation_config.eos_token_id
     for r in records:
-        assert r["sampling"] == {"temperature": 0.7, "top_p": 0.95, "top_k": -1, "min_p": 0.0,
-                                 "seed": sampling.record_seed(5, r["id"])}
+        assert r["sampling"] == {
+            "temperature": 0.7,
+            "top_p": 0.95,
+            "top_k": -1,
+            "min_p": 0.0,
+            "seed": sampling.record_seed(5, r["id"]),
+        }
         assert "sampling_warning" not in r  # the demo server is lossless
-        assert r["sampling_sent"] == {"top_p": 0.95, "seed": r["sampling"]["seed"], "top_k": -1, "min_p": 0.0,
-                                      **OFF_PENALTIES}  # what was sent, off values included
+        assert r["sampling_sent"] == {
+            "top_p": 0.95,
+            "seed": r["sampling"]["seed"],
+            "top_k": -1,
+            "min_p": 0.0,
+            **OFF_PENALTIES,
+        }  # what was sent, off values included
         assert {k: r["request"][k] for k in OFF_PENALTIES} == OFF_PENALTIES
         with torch.no_grad():
-            completion, steps = sampled_generate(drafter, target, r["prompt_token_ids"], 10, [eos], BLOCK, r["sampling"])
+            completion, steps = sampled_generate(
+                drafter, target, r["prompt_token_ids"], 10, [eos], BLOCK, r["sampling"]
+            )
         assert r["completion_token_ids"] == completion, r["id"]
         assert r["spec"] == spec_counters(steps, len(completion), BLOCK)
     assert records[0]["completion_token_ids"] != records[1]["completion_token_ids"]  # two draws of one prompt

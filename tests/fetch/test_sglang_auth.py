@@ -32,10 +32,20 @@ def keyed(tmp_path_factory):
     base = tmp_path_factory.mktemp("keyed")
     target = hs.build_tiny_target(base / "target")
     port = fixtures.free_port()
-    command = (f"OMP_NUM_THREADS=1 exec {sys.executable} -m dflash_eval.cli demo-server "
-               f"--model-path {target} --port {port} --api-key {KEY}")
-    settings = {"kind": "managed", "base_url": f"http://127.0.0.1:{port}", "model": None, "command": command,
-                "health_timeout_s": 120.0, "stop_grace_s": 5.0, "log_dir": str(base / "logs"), "api_key_env": ENV}
+    command = (
+        f"OMP_NUM_THREADS=1 exec {sys.executable} -m dflash_eval.cli demo-server "
+        f"--model-path {target} --port {port} --api-key {KEY}"
+    )
+    settings = {
+        "kind": "managed",
+        "base_url": f"http://127.0.0.1:{port}",
+        "model": None,
+        "command": command,
+        "health_timeout_s": 120.0,
+        "stop_grace_s": 5.0,
+        "log_dir": str(base / "logs"),
+        "api_key_env": ENV,
+    }
     controller = ServerController(settings)
     controller.ensure_up()  # /health is exempt from the key, as in SGLang
     try:
@@ -46,9 +56,17 @@ def keyed(tmp_path_factory):
 
 def run_fetch(keyed, tmp_path):
     prompts = fixtures.write_prompts(tmp_path / "p.jsonl", 2)
-    return fetch.fetch({"dataset": "t", "prompts": str(prompts), "server": keyed["settings"],
-                        "tokenizer": str(keyed["target"]), "max_tokens": 4, "endpoint": "completions"},
-                       tmp_path / "c.jsonl")
+    return fetch.fetch(
+        {
+            "dataset": "t",
+            "prompts": str(prompts),
+            "server": keyed["settings"],
+            "tokenizer": str(keyed["target"]),
+            "max_tokens": 4,
+            "endpoint": "completions",
+        },
+        tmp_path / "c.jsonl",
+    )
 
 
 def test_with_the_key_fetch_detects_sglang_and_gets_its_ids(keyed, tmp_path, monkeypatch):
@@ -72,8 +90,9 @@ def test_without_the_right_key_fetch_stops_naming_the_setting(keyed, tmp_path, m
 
 def test_the_release_kinds_memory_calls_send_the_key(keyed, monkeypatch, tmp_path):
     url = keyed["settings"]["base_url"]
-    settings = stage_settings("server", {"kind": "release", "base_url": url, "api_key_env": ENV,
-                                         "log_dir": str(tmp_path)})
+    settings = stage_settings(
+        "server", {"kind": "release", "base_url": url, "api_key_env": ENV, "log_dir": str(tmp_path)}
+    )
     server = server_kind(settings, Transitions(tmp_path, "release", url))
     monkeypatch.delenv(ENV, raising=False)
     with pytest.raises(AuthError, match="release_memory_occupation answered HTTP 401"):
@@ -100,13 +119,22 @@ def test_the_demo_servers_key_check_is_sglangs(sglang_srt):
     """Every path, header and key of a small grid decided as 0.5.23's decide_request_auth decides a NORMAL route
     (what every route the demo serves is with --api-key only: release/resume are ADMIN_OPTIONAL, same answer)."""
     auth = load_source_module(sglang_srt / "utils/auth.py", "sglang_auth_0_5_23")
-    paths = ["/health", "/health_generate", "/v1/models", "/get_server_info", "/v1/completions",
-             "/release_memory_occupation", "/metrics", "/ready"]
+    paths = [
+        "/health",
+        "/health_generate",
+        "/v1/models",
+        "/get_server_info",
+        "/v1/completions",
+        "/release_memory_occupation",
+        "/metrics",
+        "/ready",
+    ]
     headers = [None, "", f"Bearer {KEY}", f"bearer {KEY}", f"Bearer {KEY}x", KEY, f"Basic {KEY}", "Bearer"]
     for path, header, key in itertools.product(paths, headers, [None, KEY]):
         for level in (auth.AuthLevel.NORMAL, auth.AuthLevel.ADMIN_OPTIONAL):
-            theirs = auth.decide_request_auth(method="GET", path=path, authorization_header=header, api_key=key,
-                                              admin_api_key=None, auth_level=level)
+            theirs = auth.decide_request_auth(
+                method="GET", path=path, authorization_header=header, api_key=key, admin_api_key=None, auth_level=level
+            )
             assert authorized(path, header, key) == theirs.allowed, (path, header, key, level)
             assert theirs.allowed or theirs.error_status_code == 401
 

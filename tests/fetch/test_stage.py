@@ -18,8 +18,24 @@ from tests.support import servers as hs
 
 MAX_TOKENS = 16
 RECORD_FIELDS = {
-    "id", "prompt_id", "turn", "dataset", "messages", "prompt_token_ids", "completion_token_ids", "text", "finish_reason", "usage",
-    "request", "server", "completion_ids_source", "token_check", "spec", "engine", "client_timing", "sampling_sent",
+    "id",
+    "prompt_id",
+    "turn",
+    "dataset",
+    "messages",
+    "prompt_token_ids",
+    "completion_token_ids",
+    "text",
+    "finish_reason",
+    "usage",
+    "request",
+    "server",
+    "completion_ids_source",
+    "token_check",
+    "spec",
+    "engine",
+    "client_timing",
+    "sampling_sent",
 }
 
 
@@ -50,8 +66,12 @@ def test_malformed_prompt_line_names_file_and_line(tmp_path, line, problem):
 def test_fetch_cli_fails_on_malformed_prompts_before_touching_the_server(tmp_path):
     prompts = tmp_path / "bad.jsonl"
     prompts.write_text('{"id": "a", "messages": []}\n')
-    settings = {"dataset": "bad", "prompts": str(prompts), "tokenizer": "unused",
-                "server": {"kind": "external", "start_command": "false", "stop_command": "false"}}
+    settings = {
+        "dataset": "bad",
+        "prompts": str(prompts),
+        "tokenizer": "unused",
+        "server": {"kind": "external", "start_command": "false", "stop_command": "false"},
+    }
     log = tmp_path / "fetch.log"
     argv = ["--log", str(log), "fetch", "--settings", json.dumps(settings), "--out", str(tmp_path / "o.jsonl")]
     assert cli.main(argv) == 2
@@ -123,14 +143,23 @@ def greedy(reference, prompt_ids: list[int]) -> list[int]:
 
     tok, model = reference
     out = model.generate(torch.tensor([prompt_ids]), max_new_tokens=MAX_TOKENS, do_sample=False)
-    return out[0, len(prompt_ids):].tolist()
+    return out[0, len(prompt_ids) :].tolist()
 
 
 def fetch_settings(tmp_path: Path, server: dict, n: int, endpoint: str = "completions") -> dict:
     return {
-        "dataset": "tiny", "prompts": str(fixtures.write_prompts(tmp_path / "prompts.jsonl", n)), "max_samples": None,
-        "seed": 0, "server": server, "tokenizer": str(hs.shared_model_dir()), "max_tokens": MAX_TOKENS,
-        "temperature": 0.0, "concurrency": 2, "timeout_s": 120.0, "retries": 2, "endpoint": endpoint,
+        "dataset": "tiny",
+        "prompts": str(fixtures.write_prompts(tmp_path / "prompts.jsonl", n)),
+        "max_samples": None,
+        "seed": 0,
+        "server": server,
+        "tokenizer": str(hs.shared_model_dir()),
+        "max_tokens": MAX_TOKENS,
+        "temperature": 0.0,
+        "concurrency": 2,
+        "timeout_s": 120.0,
+        "retries": 2,
+        "endpoint": endpoint,
         "chat_template_kwargs": {},
     }
 
@@ -161,8 +190,9 @@ def test_fetch_end_to_end(tmp_path, tiny_server, reference):
     eos = tok.eos_token_id
     for r in records:
         assert set(r) == RECORD_FIELDS
-        ours = tok(tok.apply_chat_template(r["messages"], add_generation_prompt=True, tokenize=False),
-                   add_special_tokens=False)["input_ids"]
+        ours = tok(
+            tok.apply_chat_template(r["messages"], add_generation_prompt=True, tokenize=False), add_special_tokens=False
+        )["input_ids"]
         assert r["prompt_token_ids"] == ours
         assert r["usage"]["prompt_tokens"] == len(ours) and r["token_check"]["prompt_tokens_match"] is True
         assert r["completion_ids_source"] == "retokenized"
@@ -220,11 +250,14 @@ def test_eos_as_the_last_allowed_token_is_reported_as_length(tmp_path, tiny_serv
     assert record["token_check"]["completion_tokens_match"] is False
 
 
-
-@pytest.mark.skipif(not hs.serve_lists_its_model(), reason=(
-    "transformers serve before 5.24 (5.17 read and seen) lists only the hub cache's models at /v1/models, never "
-    "the local model it serves, and answers HTTP 500 (huggingface_hub CacheNotFound) where there is no hub cache; "
-    "the fetch tests then name the model (server.model)"))
+@pytest.mark.skipif(
+    not hs.serve_lists_its_model(),
+    reason=(
+        "transformers serve before 5.24 (5.17 read and seen) lists only the hub cache's models at /v1/models, never "
+        "the local model it serves, and answers HTTP 500 (huggingface_hub CacheNotFound) where there is no hub cache; "
+        "the fetch tests then name the model (server.model)"
+    ),
+)
 def test_transformers_serve_lists_the_model_that_fetch_reads(tiny_server):
     """Where the shared server's settings leave `model` to fetch, /v1/models lists exactly the served local model:
     the name the end-to-end test sees in every record came from the server."""
@@ -234,8 +267,15 @@ def test_transformers_serve_lists_the_model_that_fetch_reads(tiny_server):
     assert status == 200, body[:500]
     assert [m["id"] for m in json.loads(body)["data"]] == [str(hs.shared_model_dir())]
 
-COUNTERS = {"spec_accept_length": 3.25, "spec_verify_ct": 4, "spec_num_correct_drafts": 8,
-            "spec_num_proposed_drafts": 28, "spec_correct_drafts_histogram": [0, 1, 2, 1], "spec_accept_rate": 8 / 28}
+
+COUNTERS = {
+    "spec_accept_length": 3.25,
+    "spec_verify_ct": 4,
+    "spec_num_correct_drafts": 8,
+    "spec_num_proposed_drafts": 28,
+    "spec_correct_drafts_histogram": [0, 1, 2, 1],
+    "spec_accept_rate": 8 / 28,
+}
 
 
 @pytest.mark.parametrize("where", ["sglext", "sglext-list", "chat-meta_info", None])
@@ -257,15 +297,24 @@ def test_spec_counters_are_recorded_where_sglang_puts_them(where):
         resp["sglext"] = {"spec_tokens_details": [{**COUNTERS, **extra}]}
     elif chat:
         choice["meta_info"] = {**COUNTERS, **extra, "id": "x"}
-    settings = stage_settings("fetch", {"dataset": "d", "prompts": "p", "server": {}, "tokenizer": "t",
-                                        "endpoint": "chat" if chat else "completions"})
+    settings = stage_settings(
+        "fetch",
+        {"dataset": "d", "prompts": "p", "server": {}, "tokenizer": "t", "endpoint": "chat" if chat else "completions"},
+    )
     spec = {"speculative_algorithm": "DFLASH", "speculative_num_draft_tokens": 8}
     info = fetch.ServerInfo("http://x", "m", "/models/m", "w1", sglang=True, speculative=spec)
     rendered = fetch.Rendered("a", "a", 1, [{"role": "user", "content": "x"}], "x", [1, 2])
     rec = fetch.build_record(resp, rendered, settings, info, tokenizer=None)
     assert rec["spec"] == (COUNTERS if where else None)
     assert rec["completion_token_ids"] == [5, 6] and rec["text"] == "ab"
-    assert rec["server"] == {"base_url": "http://x", "model": "m", "model_path": "/models/m", "weight_version": "w1",
-                             "speculative": spec}
+    assert rec["server"] == {
+        "base_url": "http://x",
+        "model": "m",
+        "model_path": "/models/m",
+        "weight_version": "w1",
+        "speculative": spec,
+    }
     assert rec["completion_ids_source"] == "server" and rec["token_check"] == {
-        "prompt_tokens_match": True, "completion_tokens_match": True}
+        "prompt_tokens_match": True,
+        "completion_tokens_match": True,
+    }

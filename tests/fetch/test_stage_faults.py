@@ -38,9 +38,15 @@ def tokenizer_dir(tmp_path_factory):
 def strip_url(records: list[dict]) -> list[dict]:
     """The records less what differs between two servers' runs of the same answers: the URL, and the timing
     (the server's own, where it sends any, and our client-side wall time)."""
-    return [{**r, "server": {**r["server"], "base_url": None}, "engine": {k: v for k, v in r["engine"].items()
-             if k not in sglang.TIMING_FIELDS},
-             "client_timing": {**r["client_timing"], "wall_s": None}} for r in records]
+    return [
+        {
+            **r,
+            "server": {**r["server"], "base_url": None},
+            "engine": {k: v for k, v in r["engine"].items() if k not in sglang.TIMING_FIELDS},
+            "client_timing": {**r["client_timing"], "wall_s": None},
+        }
+        for r in records
+    ]
 
 
 def test_server_killed_mid_run_then_rerun_completes_the_rest(tmp_path, tokenizer_dir):
@@ -52,6 +58,7 @@ def test_server_killed_mid_run_then_rerun_completes_the_rest(tmp_path, tokenizer
     first_log = tmp_path / "first.jsonl"
     port = fixtures.free_port()
     with fake_process(tokenizer_dir, first_log, "--delay-s", "0.3", "--log-arrivals", port=port) as (proc, url):
+
         def kill_mid_run() -> None:
             """SIGKILL once 8 requests were answered and others are waiting for their answers."""
             while proc.poll() is None and not fetched.is_set():
@@ -113,8 +120,17 @@ def test_sigterm_to_the_fetch_command_keeps_what_it_finished_and_says_so(tmp_pat
         errors = tmp_path / "stderr.txt"
         with errors.open("w") as sink:
             command = subprocess.Popen(
-                ["dflash-eval", "fetch", "--settings", json.dumps(settings(tmp_path, url, tokenizer_dir, prompts)),
-                 "--out", str(out)], stderr=sink, text=True)
+                [
+                    "dflash-eval",
+                    "fetch",
+                    "--settings",
+                    json.dumps(settings(tmp_path, url, tokenizer_dir, prompts)),
+                    "--out",
+                    str(out),
+                ],
+                stderr=sink,
+                text=True,
+            )
         deadline = time.monotonic() + 60
         while len(served(log)) < 6:
             assert command.poll() is None and time.monotonic() < deadline, errors.read_text()
@@ -140,7 +156,9 @@ def test_intermittent_500_and_timeouts_are_retried_and_counted(tmp_path, tokeniz
     log = tmp_path / "requests.jsonl"
     caplog.set_level(logging.INFO)
     with fake(tokenizer_dir, log, "--fail-every", "4", "--stall-every", "7", "--stall-s", "5") as url:
-        records = fetch.fetch(settings(tmp_path, url, tokenizer_dir, prompts, timeout_s=2.0, retries=4), tmp_path / "o.jsonl")
+        records = fetch.fetch(
+            settings(tmp_path, url, tokenizer_dir, prompts, timeout_s=2.0, retries=4), tmp_path / "o.jsonl"
+        )
     with fake(tokenizer_dir) as url:
         clean = fetch.fetch(settings(tmp_path, url, tokenizer_dir, prompts), tmp_path / "clean.jsonl")
     assert [r["id"] for r in records] == [f"p{i}" for i in range(24)]
@@ -220,7 +238,10 @@ def test_a_server_of_another_model_is_an_error(tmp_path, tokenizer_dir):
     # the same model mounted elsewhere (same last path component) is accepted
     with fake(tokenizer_dir, None, "--sglang", model=f"/mnt/elsewhere/{tokenizer_dir.name}") as url:
         [rec, _] = fetch.fetch(settings(tmp_path, url, tokenizer_dir, prompts), tmp_path / "o.jsonl")
-    assert rec["server"]["model_path"] == f"/mnt/elsewhere/{tokenizer_dir.name}" and rec["server"]["weight_version"] == "w1"
+    assert (
+        rec["server"]["model_path"] == f"/mnt/elsewhere/{tokenizer_dir.name}"
+        and rec["server"]["weight_version"] == "w1"
+    )
 
 
 def test_multi_turn_conversation_feeds_each_answer_into_the_next_turn(tmp_path, tokenizer_dir, capsys):
@@ -229,27 +250,39 @@ def test_multi_turn_conversation_feeds_each_answer_into_the_next_turn(tmp_path, 
     tok = AutoTokenizer.from_pretrained(tokenizer_dir)
     prompts = tmp_path / "mt.jsonl"
     prompts.write_text(
-        json.dumps({"id": "m", "system": "Be brief.", "turns": ["Question 0: first?", "And then?", "Last?"]}) + "\n"
-        + json.dumps({"id": "s", "messages": [{"role": "user", "content": "Question 1: single"}]}) + "\n"
+        json.dumps({"id": "m", "system": "Be brief.", "turns": ["Question 0: first?", "And then?", "Last?"]})
+        + "\n"
+        + json.dumps({"id": "s", "messages": [{"role": "user", "content": "Question 1: single"}]})
+        + "\n"
     )
     with fake(tokenizer_dir, None, "--sglang") as url:
         records = fetch.fetch(settings(tmp_path, url, tokenizer_dir, prompts), tmp_path / "o.jsonl")
     assert [(r["id"], r["prompt_id"], r["turn"]) for r in records] == [
-        ("m#1", "m", 1), ("m#2", "m", 2), ("m#3", "m", 3), ("s", "s", 1)]
+        ("m#1", "m", 1),
+        ("m#2", "m", 2),
+        ("m#3", "m", 3),
+        ("s", "s", 1),
+    ]
     turns = records[:3]
     assert turns[2]["messages"] == [
         {"role": "system", "content": "Be brief."},
-        {"role": "user", "content": "Question 0: first?"}, {"role": "assistant", "content": turns[0]["text"]},
-        {"role": "user", "content": "And then?"}, {"role": "assistant", "content": turns[1]["text"]},
-        {"role": "user", "content": "Last?"}]
+        {"role": "user", "content": "Question 0: first?"},
+        {"role": "assistant", "content": turns[0]["text"]},
+        {"role": "user", "content": "And then?"},
+        {"role": "assistant", "content": turns[1]["text"]},
+        {"role": "user", "content": "Last?"},
+    ]
     eos = tok.eos_token_id
     for r in records:
-        ids = tok(tok.apply_chat_template(r["messages"], add_generation_prompt=True, tokenize=False),
-                  add_special_tokens=False)["input_ids"]
+        ids = tok(
+            tok.apply_chat_template(r["messages"], add_generation_prompt=True, tokenize=False), add_special_tokens=False
+        )["input_ids"]
         assert r["prompt_token_ids"] == ids and r["token_check"]["prompt_tokens_match"] is True
         text, n, finish = fake_server.complete(ids, 16)  # the server's own function, by hand
         assert (r["text"], r["finish_reason"]) == (text, finish)
-        assert r["completion_token_ids"] == tok.encode(text, add_special_tokens=False) + ([eos] if finish == "stop" else [])
+        assert r["completion_token_ids"] == tok.encode(text, add_special_tokens=False) + (
+            [eos] if finish == "stop" else []
+        )
         assert r["completion_ids_source"] == "server" and r["request"]["prompt_format"] == "token_ids"
         assert r["spec"] == fake_server.fake_spec_counters(n)  # asked for, read from sglext.spec_tokens_details
     # The bar's last state (log lines may follow it on stderr when an earlier test set up the CLI's logging).
@@ -291,7 +324,8 @@ def test_prompts_rendered_together_are_tokenized_as_one_by_one(tokenizer_dir):
 
     tok = AutoTokenizer.from_pretrained(tokenizer_dir)
     conversations = [[{"role": "user", "content": "Q" * n}] for n in (1, 40, 3)] + [
-        [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "caf\u00e9?"}]]
+        [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "caf\u00e9?"}]
+    ]
     alone = []
     for messages in conversations:
         text = tok.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)

@@ -31,8 +31,11 @@ def test_a_rerun_after_the_output_was_removed_sends_only_new_or_changed_requests
         out.unlink()  # Snakemake removes the output before it reruns fetch (here: a prompt was added)
         lines = prompts.read_text().splitlines(keepends=True)
         lines[1] = lines[1].replace("what is 1 + 1?", "what is 1 + 2?")  # one prompt edited
-        prompts.write_text("".join(lines) + json.dumps(
-            {"id": "p4", "messages": [{"role": "user", "content": "Question 4: what is 4 + 4?"}]}) + "\n")
+        prompts.write_text(
+            "".join(lines)
+            + json.dumps({"id": "p4", "messages": [{"role": "user", "content": "Question 4: what is 4 + 4?"}]})
+            + "\n"
+        )
         again = fetch.fetch(settings(tmp_path, url, tokenizer_dir, prompts), out)
         assert sorted(served(log)) == [0, 1, 1, 2, 3, 4], "only the edited and the new prompt were sent again"
         assert [again[i] for i in (0, 2, 3)] == [first[i] for i in (0, 2, 3)]
@@ -58,8 +61,11 @@ def test_a_run_by_hand_beside_a_finished_output_leaves_that_output_whole(tmp_pat
 
 
 def test_of_several_records_of_one_id_the_latest_made_with_this_request_is_kept():
-    old, new, other = {"id": "a", "request": {"m": 1}, "v": 1}, {"id": "a", "request": {"m": 1}, "v": 2}, \
-        {"id": "a", "request": {"m": 2}, "v": 3}
+    old, new, other = (
+        {"id": "a", "request": {"m": 1}, "v": 1},
+        {"id": "a", "request": {"m": 1}, "v": 2},
+        {"id": "a", "request": {"m": 2}, "v": 3},
+    )
     assert pick_kept([old, new, other], {"a"}, {"m": 1})["a"] is new
     assert pick_kept([old, other], {"a"}, {"m": 2})["a"] is other
     assert pick_kept([old, other], {"a"}, {"m": 3})["a"] is other  # none fits: the latest, refetched by its check

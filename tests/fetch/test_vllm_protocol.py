@@ -36,14 +36,27 @@ def test_every_field_fetch_reads_or_sends_is_vllms() -> None:
     fields = vllm_protocol.PROTOCOL_FIELDS
     for endpoint, model in (("completions", "CompletionRequest"), ("chat", "ChatCompletionRequest")):
         assert not vllm_protocol.unknown_fields(fetch_vllm.request_flags(endpoint), model)
-    assert "token_ids" in fields["CompletionResponseChoice"] and "prompt_token_ids" in fields["CompletionResponseChoice"]
-    assert "token_ids" in fields["ChatCompletionResponseChoice"] and "prompt_token_ids" in fields["ChatCompletionResponse"]
+    assert (
+        "token_ids" in fields["CompletionResponseChoice"] and "prompt_token_ids" in fields["CompletionResponseChoice"]
+    )
+    assert (
+        "token_ids" in fields["ChatCompletionResponseChoice"] and "prompt_token_ids" in fields["ChatCompletionResponse"]
+    )
     assert "metrics" in fields["CompletionResponse"] and "metrics" in fields["ChatCompletionResponse"]
     assert "speculative_decoding" in fields["PerRequestMetrics"]
     assert set(fetch_vllm.SPEC_CONFIG) <= set(fields["SpeculativeConfig"])
     assert "per_request_spec_decode_metrics" in fields["ObservabilityConfig"]
-    for key in ("temperature", "top_p", "top_k", "min_p", "seed", "repetition_penalty", "frequency_penalty",
-                "presence_penalty", "max_tokens"):
+    for key in (
+        "temperature",
+        "top_p",
+        "top_k",
+        "min_p",
+        "seed",
+        "repetition_penalty",
+        "frequency_penalty",
+        "presence_penalty",
+        "max_tokens",
+    ):
         assert key in fields["CompletionRequest"] and key in fields["ChatCompletionRequest"], key
     assert "chat_template_kwargs" in fields["ChatCompletionRequest"]
 
@@ -55,8 +68,13 @@ def test_sleep_routes_and_levels(vllm_src: Path) -> None:
         assert route in fields["SleepRoutes"]
     assert "level" in fields["SleepParameters"]
     source = (vllm_src / "entrypoints/serve/dev/sleep/api_router.py").read_text()
-    level = next(a for n in ast.walk(ast.parse(source)) if isinstance(n, ast.AsyncFunctionDef) and n.name == "sleep"
-                 for a, d in zip(n.args.args[-len(n.args.defaults):], n.args.defaults) if a.arg == "level")
+    level = next(
+        a
+        for n in ast.walk(ast.parse(source))
+        if isinstance(n, ast.AsyncFunctionDef) and n.name == "sleep"
+        for a, d in zip(n.args.args[-len(n.args.defaults) :], n.args.defaults)
+        if a.arg == "level"
+    )
     assert "Query(ge=0, le=2)" in ast.unparse(level.annotation)
     assert 0 <= engines.VLLM_SLEEP_LEVEL <= 2
     # the sleep routes are registered only in dev mode (VLLM_SERVER_DEV_MODE), which fetch_vllm names
@@ -86,7 +104,7 @@ def test_a_version_mismatch_warns(caplog) -> None:
 def test_the_source_facts_the_release_kind_and_the_demo_rely_on(vllm_src: Path) -> None:
     """docs/vllm_protocol.md's sleep, block and key facts, read where the page says they are."""
     worker = (vllm_src / "v1/worker/gpu_worker.py").read_text()
-    sleep = worker[worker.index("    def sleep(self, level: int = 1)"):worker.index("    def wake_up(")]
+    sleep = worker[worker.index("    def sleep(self, level: int = 1)") : worker.index("    def wake_up(")]
     assert "if level == 2" in sleep and "_discardable_parameters" in sleep  # only level 2 discards weights
     assert "Level 2 sleep discards draft model weights" in worker
     speculator = (vllm_src / "v1/worker/gpu/spec_decode/dflash/speculator.py").read_text()
@@ -98,7 +116,7 @@ def test_the_source_facts_the_release_kind_and_the_demo_rely_on(vllm_src: Path) 
 
     assert f"GUARDED_PREFIX = {GUARDED_PREFIX!r}".replace("'", '"') in auth
     dflash = (vllm_src / "model_executor/models/qwen3_dflash.py").read_text()
-    causal = dflash[dflash.index("def _dflash_layer_causal"):dflash.index("def dflash_has_any_non_causal")]
+    causal = dflash[dflash.index("def _dflash_layer_causal") : dflash.index("def dflash_has_any_non_causal")]
     order = [causal.index(key) for key in ('getattr(config, "is_causal"', '.get("causal")', '"layer_types"')]
     assert order == sorted(order)
 

@@ -56,8 +56,13 @@ def target(tmp_path_factory) -> Path:
 
 
 def forward(target: Path, bind: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-c", FORWARD.format(bind=bind), str(target)], env=fla_env(),
-                          capture_output=True, text=True, timeout=300)
+    return subprocess.run(
+        [sys.executable, "-c", FORWARD.format(bind=bind), str(target)],
+        env=fla_env(),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
 
 
 def test_the_stand_in_refuses_an_unbound_cpu_forward_and_the_torch_binding_runs_it(target):
@@ -68,10 +73,18 @@ def test_the_stand_in_refuses_an_unbound_cpu_forward_and_the_torch_binding_runs_
 
 
 def chat(base_url: str, model: str) -> dict:
-    body = {"model": model, "messages": [{"role": "user", "content": "Write a function."}], "max_tokens": 4,
-            "temperature": 0}
-    request = urllib.request.Request(f"{base_url}/v1/chat/completions", data=json.dumps(body).encode(),
-                                     headers={"Content-Type": "application/json"}, method="POST")
+    body = {
+        "model": model,
+        "messages": [{"role": "user", "content": "Write a function."}],
+        "max_tokens": 4,
+        "temperature": 0,
+    }
+    request = urllib.request.Request(
+        f"{base_url}/v1/chat/completions",
+        data=json.dumps(body).encode(),
+        headers={"Content-Type": "application/json"},
+        method="POST",
+    )
     with urllib.request.urlopen(request, timeout=300) as response:
         assert response.status == 200
         return json.loads(response.read())
@@ -79,18 +92,26 @@ def chat(base_url: str, model: str) -> dict:
 
 def served(tmp_path: Path, command: str) -> dict:
     port = free_port()
-    settings = {"kind": "managed", "base_url": f"http://127.0.0.1:{port}", "model": None,
-                "command": f"PYTHONPATH={fla_env()['PYTHONPATH']} OMP_NUM_THREADS=1 HF_HUB_OFFLINE=1 exec "
-                           + command.format(port=port),
-                "health_timeout_s": 300.0, "stop_grace_s": 5.0, "log_dir": str(tmp_path / "logs")}
+    settings = {
+        "kind": "managed",
+        "base_url": f"http://127.0.0.1:{port}",
+        "model": None,
+        "command": f"PYTHONPATH={fla_env()['PYTHONPATH']} OMP_NUM_THREADS=1 HF_HUB_OFFLINE=1 exec "
+        + command.format(port=port),
+        "health_timeout_s": 300.0,
+        "stop_grace_s": 5.0,
+        "log_dir": str(tmp_path / "logs"),
+    }
     return settings
 
 
 @pytest.mark.parametrize("server", ["demo-server", "transformers serve"])
 def test_servers_of_a_cpu_target_answer_with_fla_importable(target, tmp_path, server):
-    command = {"demo-server": f"{sys.executable} -m dflash_eval.cli demo-server --model-path {target} --port {{port}}",
-               "transformers serve": f"{sys.executable} {TORCH_SERVE} serve --host 127.0.0.1 --port {{port}} "
-                                     f"--device cpu {target}"}[server]
+    command = {
+        "demo-server": f"{sys.executable} -m dflash_eval.cli demo-server --model-path {target} --port {{port}}",
+        "transformers serve": f"{sys.executable} {TORCH_SERVE} serve --host 127.0.0.1 --port {{port}} "
+        f"--device cpu {target}",
+    }[server]
     settings = served(tmp_path, command)
     controller = ServerController(settings)
     try:
@@ -103,12 +124,39 @@ def test_servers_of_a_cpu_target_answer_with_fla_importable(target, tmp_path, se
 
 def test_the_demo_models_train_with_fla_importable(tmp_path):
     tokenizer, out, drafters = tmp_path / "tokenizer", tmp_path / "target", tmp_path / "drafters"
-    for args in (["demo-tokenizer", "--out", str(tokenizer), "--seed", "0"],
-                 ["demo-target", "--tokenizer", str(tokenizer), "--out", str(out), "--seed", "0", "--steps", "1",
-                  "--threads", "1"],
-                 ["demo-drafters", "--target", str(out), "--out", str(drafters), "--steps", "1", "--seed", "0",
-                  "--threads", "1", "--sequences", "2"]):
-        done = subprocess.run([sys.executable, "-m", "dflash_eval.cli", *args], env=fla_env(), capture_output=True,
-                              text=True, timeout=600)
+    for args in (
+        ["demo-tokenizer", "--out", str(tokenizer), "--seed", "0"],
+        [
+            "demo-target",
+            "--tokenizer",
+            str(tokenizer),
+            "--out",
+            str(out),
+            "--seed",
+            "0",
+            "--steps",
+            "1",
+            "--threads",
+            "1",
+        ],
+        [
+            "demo-drafters",
+            "--target",
+            str(out),
+            "--out",
+            str(drafters),
+            "--steps",
+            "1",
+            "--seed",
+            "0",
+            "--threads",
+            "1",
+            "--sequences",
+            "2",
+        ],
+    ):
+        done = subprocess.run(
+            [sys.executable, "-m", "dflash_eval.cli", *args], env=fla_env(), capture_output=True, text=True, timeout=600
+        )
         assert done.returncode == 0, done.stderr[-3000:]
     assert (out / "config.json").is_file() and any(drafters.iterdir())

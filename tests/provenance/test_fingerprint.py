@@ -41,8 +41,14 @@ def test_missing_file_names_the_config_key(tmp_path):
 
 def test_stage_modules_follow_imports_transitively():
     evaluate = code_version.stage_modules("evaluate")
-    assert {"evaluate.stage", "evaluate.trajectory", "evaluate.ddtree", "evaluate.acceptance", "evaluate.drafter",
-            "io_utils"} <= set(evaluate)
+    assert {
+        "evaluate.stage",
+        "evaluate.trajectory",
+        "evaluate.ddtree",
+        "evaluate.acceptance",
+        "evaluate.drafter",
+        "io_utils",
+    } <= set(evaluate)
     assert "fetch.stage" not in evaluate and "report.stage" not in evaluate
     assert "evaluate.trajectory" not in code_version.stage_modules("report")
     # the rejection scheme (issue 25) reads the drafter's block at every anchor through all_anchor.anchor_blocks, so
@@ -63,6 +69,7 @@ def test_stage_fingerprints_cover_the_shared_ground_they_run():
     assert "target_identity" in extract and not {"methods", "tools.target_timing"} & extract
     extract_decides = set(identity.STAGES["extract"].decides)
     assert not {"speedup.timing", "speedup.static_hybrid", "speedup.static_models"} & extract_decides
-    assert {"tools.target_timing", "speedup.timing", "extract.backends"} <= set(code_version.stage_modules(
-        "profile-target"))
+    assert {"tools.target_timing", "speedup.timing", "extract.backends"} <= set(
+        code_version.stage_modules("profile-target")
+    )
     assert "cli" not in set().union(*(code_version.stage_modules(s) for s in code_version.STAGE_MODULES))

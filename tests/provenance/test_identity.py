@@ -18,8 +18,10 @@ def covered(stage: str) -> set[str]:
 def test_every_module_a_stage_imports_is_declared_as_deciding_its_outputs_or_as_how_it_runs(stage):
     """The lists cannot go stale: a new `dflash_eval` import of a stage fails here until it is declared."""
     undeclared = sorted(set(code_version.stage_modules(stage)) - covered(stage))
-    assert not undeclared, (f"{stage} imports {undeclared}: add each to STAGES[{stage!r}] in "
-                            "provenance/identity.py, in `decides` if its code computes the stage's files, else `runs`")
+    assert not undeclared, (
+        f"{stage} imports {undeclared}: add each to STAGES[{stage!r}] in "
+        "provenance/identity.py, in `decides` if its code computes the stage's files, else `runs`"
+    )
 
 
 def test_the_import_check_fails_on_an_undeclared_import(tmp_path, monkeypatch):
@@ -28,8 +30,10 @@ def test_the_import_check_fails_on_an_undeclared_import(tmp_path, monkeypatch):
     shutil.copytree(code_version.PACKAGE_DIR, copy, ignore=shutil.ignore_patterns("__pycache__"))
     (copy / "report" / "new_table.py").write_text("X = 1\n")
     stage = copy / "report" / "stage.py"
-    stage.write_text(stage.read_text() + "\nfrom dflash_eval.stats import median_ci  # noqa\n"
-                     "from dflash_eval.evaluate import trajectory  # noqa\n")
+    stage.write_text(
+        stage.read_text() + "\nfrom dflash_eval.stats import median_ci  # noqa\n"
+        "from dflash_eval.evaluate import trajectory  # noqa\n"
+    )
     monkeypatch.setattr(code_version, "PACKAGE_DIR", copy)
     code_version.stage_modules.cache_clear()
     try:
@@ -58,8 +62,9 @@ def _package_copy(tmp_path, monkeypatch):
     copy = tmp_path / "dflash_eval"
     shutil.copytree(identity.PACKAGE_DIR, copy, ignore=shutil.ignore_patterns("__pycache__"))
     monkeypatch.setattr(identity, "PACKAGE_DIR", copy)
-    monkeypatch.setattr(identity, "_CODE_DIGESTS", identity.FingerprintCache(tmp_path / "code.json",
-                                                                             digest=identity._code_digest))
+    monkeypatch.setattr(
+        identity, "_CODE_DIGESTS", identity.FingerprintCache(tmp_path / "code.json", digest=identity._code_digest)
+    )
     return copy
 
 
@@ -92,8 +97,9 @@ def test_docstrings_comments_and_formatting_do_not_change_an_identity_and_code_d
 def test_the_output_version_changes_the_identity(monkeypatch):
     before = _identity("report")
     declared = identity.STAGES["report"]
-    monkeypatch.setitem(identity.STAGES, "report", identity.StageCode(declared.decides, declared.runs,
-                                                                      declared.version + 1))
+    monkeypatch.setitem(
+        identity.STAGES, "report", identity.StageCode(declared.decides, declared.runs, declared.version + 1)
+    )
     try:
         after = _identity("report")
         assert after != before and after.startswith(f"report.v{declared.version + 1}.sha256:")

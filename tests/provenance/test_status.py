@@ -17,21 +17,26 @@ def test_status_names_older_unstamped_and_current_outputs(tmp_path, monkeypatch,
     results = tmp_path / "results"
     assert status.line(results) == f"dflash-eval status: no stamped outputs under {results}/"
     _write(results / "hidden" / "d1" / "L1-2" / "manifest.json", {"code_identity": identity.stage_identity("extract")})
-    _write(results / "profile" / "target" / "cuda0-bfloat16-fla.json",
-           {"t_ar_ms": 1, "code_identity": identity.stage_identity("profile-target")})
+    _write(
+        results / "profile" / "target" / "cuda0-bfloat16-fla.json",
+        {"t_ar_ms": 1, "code_identity": identity.stage_identity("profile-target")},
+    )
     _write(results / "eval" / "a" / "d1" / "metrics.json", {"code_identity": identity.stage_identity("evaluate")})
     _write(results / "trust.json", {"code_identity": identity.stage_identity("report")})
     assert status.line(results) == f"dflash-eval status: all 4 stamped outputs under {results}/ were made by this code"
 
     _write(results / "eval" / "b" / "d1" / "metrics.json", {"code_identity": "evaluate.v1.sha256:0000000000000000"})
     _write(results / "eval" / "c" / "d1" / "metrics.json", {"drafter": "c"})  # made before stamps
-    _write(results / "profile" / "target" / "cuda0-bfloat16-fla.json",
-           {"t_ar_ms": 1, "code_identity": "profile-target.v1.sha256:0000000000000000"})
+    _write(
+        results / "profile" / "target" / "cuda0-bfloat16-fla.json",
+        {"t_ar_ms": 1, "code_identity": "profile-target.v1.sha256:0000000000000000"},
+    )
     line = status.line(results)
-    assert line == (f"dflash-eval status: 3 of 6 stamped outputs were made by older code (profile-target: "
-                    f"{results}/profile/target/cuda0-bfloat16-fla.json; evaluate: {results}/eval/b/d1/"
-                    f"metrics.json; evaluate (unstamped): {results}/eval/c/d1/metrics.json)")
+    assert line == (
+        f"dflash-eval status: 3 of 6 stamped outputs were made by older code (profile-target: "
+        f"{results}/profile/target/cuda0-bfloat16-fla.json; evaluate: {results}/eval/b/d1/"
+        f"metrics.json; evaluate (unstamped): {results}/eval/c/d1/metrics.json)"
+    )
     monkeypatch.chdir(tmp_path)
     assert cli.main(["status"]) == 0
-    assert capsys.readouterr().out.strip() == line.replace(f"{results}/", "results/").replace(
-        f"{results}", "results")
+    assert capsys.readouterr().out.strip() == line.replace(f"{results}/", "results/").replace(f"{results}", "results")

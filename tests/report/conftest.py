@@ -14,6 +14,10 @@ from tests.support.report_inputs import report_args, write_metrics, write_trust_
 def out(tmp_path_factory) -> Path:
     root = tmp_path_factory.mktemp("report")
     hidden, completions, transitions = write_trust_inputs(root)
-    assert report.run(report_args(root, write_metrics(root), hidden=hidden, completions=completions,
-                                  transitions=transitions)) == 0
+    assert (
+        report.run(
+            report_args(root, write_metrics(root), hidden=hidden, completions=completions, transitions=transitions)
+        )
+        == 0
+    )
     return root

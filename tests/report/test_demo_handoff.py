@@ -36,8 +36,9 @@ def counted_rates(path: Path) -> dict[str, tuple[list[float], list[float | None]
     for method, steps in lengths.items():
         depth = max(steps)  # checked below against the profile's K
         marginal = [sum(n > k for n in steps) / len(steps) for k in range(1, depth)]
-        conditional = [sum(n > k for n in steps) / r if (r := sum(n >= k for n in steps)) else None
-                       for k in range(1, depth)]
+        conditional = [
+            sum(n > k for n in steps) / r if (r := sum(n >= k for n in steps)) else None for k in range(1, depth)
+        ]
         out[method] = (marginal, conditional, len(steps))
     return out
 
@@ -51,9 +52,9 @@ def test_every_profile_agrees_with_its_samples_csv():
             marginal, conditional, steps = counted[method]
             k = numbers["num_speculative_tokens"]
             assert numbers["num_steps"] == steps
-            assert numbers["marginal_accept_rates"][:len(marginal)] == pytest.approx(marginal, abs=1e-12)
-            assert all(m == 0 for m in numbers["marginal_accept_rates"][len(marginal):k])  # lengths never reached
-            assert numbers["conditional_accept_rates"][:len(conditional)] == pytest.approx(conditional, abs=1e-12)
+            assert numbers["marginal_accept_rates"][: len(marginal)] == pytest.approx(marginal, abs=1e-12)
+            assert all(m == 0 for m in numbers["marginal_accept_rates"][len(marginal) : k])  # lengths never reached
+            assert numbers["conditional_accept_rates"][: len(conditional)] == pytest.approx(conditional, abs=1e-12)
             assert numbers["validation"]["mean_consistency"]["passed"], (directory, method)
             assert sum(b["num_steps"] for b in numbers["by_context_length"]) == steps
 

@@ -18,14 +18,23 @@ def record(e2e, steps, tokens, first=None, concurrency=1, **extra):
         engine["e2e_latency"] = e2e
     if first is not None:
         engine["first_token_latency"] = first
-    return {"engine": engine, "client_timing": {"wall_s": 1.0, "concurrency": concurrency},
-            "server": {"speculative": SPEC}}
+    return {
+        "engine": engine,
+        "client_timing": {"wall_s": 1.0, "concurrency": concurrency},
+        "server": {"speculative": SPEC},
+    }
 
 
 def metrics(verify: dict, speedup: float | None, source: str = labels.USER) -> dict:
-    return {"speedup": {"available": True, "source": source, "target_source": "user profile p.json",
-                        "verify": {"chain-B8": verify}},
-            "methods": {"chain-B8": {"expected_speedup": speedup}}}
+    return {
+        "speedup": {
+            "available": True,
+            "source": source,
+            "target_source": "user profile p.json",
+            "verify": {"chain-B8": verify},
+        },
+        "methods": {"chain-B8": {"expected_speedup": speedup}},
+    }
 
 
 def test_step_time_and_tokens_per_second_by_hand():
@@ -46,11 +55,18 @@ def test_step_time_and_tokens_per_second_by_hand():
     assert engine_timing.measured([record(None, 3, 9)])["recorded"] is False
 
 
-@pytest.mark.parametrize(("verify", "t_step", "source", "label"), [
-    ({"tokens": 8, "t_verify_ms": 30.0, "t_draft_ms": 5.0, "block_size": 8}, 35.0, labels.MEASURED,
-     "HF profile (measured by us)"),
-    ({"tokens": 8, "t_step_ms": 40.0, "block_size": 8}, 40.0, labels.USER, "user profile"),
-])
+@pytest.mark.parametrize(
+    ("verify", "t_step", "source", "label"),
+    [
+        (
+            {"tokens": 8, "t_verify_ms": 30.0, "t_draft_ms": 5.0, "block_size": 8},
+            35.0,
+            labels.MEASURED,
+            "HF profile (measured by us)",
+        ),
+        ({"tokens": 8, "t_step_ms": 40.0, "block_size": 8}, 40.0, labels.USER, "user profile"),
+    ],
+)
 def test_the_estimate_beside_it_and_their_ratio(verify, t_step, source, label):
     entry = engine_timing.entry([record(0.5, 10, 31)], metrics(verify, 2.5, source), "zlab")
     assert entry["estimate"]["t_step_ms"] == t_step and entry["estimate"]["source"] == label
@@ -73,7 +89,10 @@ def test_the_panel_reads_the_completions_files(tmp_path):
     path = tmp_path / "gsm8k.jsonl"
     base = {"id": "a", "prompt_token_ids": [1], "completion_token_ids": [2, 3]}
     path.write_text("".join(json.dumps({**base, "id": i, **record(0.2, 2, 5)}) + "\n" for i in ("a", "b")))
-    out = engine_timing.panel({("zlab", "gsm8k"): metrics({"tokens": 8, "t_step_ms": 40.0}, 2.0)},
-                              {"datasets": ["gsm8k"], "served_drafter": "zlab"}, [path, tmp_path / "absent.jsonl"])
+    out = engine_timing.panel(
+        {("zlab", "gsm8k"): metrics({"tokens": 8, "t_step_ms": 40.0}, 2.0)},
+        {"datasets": ["gsm8k"], "served_drafter": "zlab"},
+        [path, tmp_path / "absent.jsonl"],
+    )
     assert set(out) == {"gsm8k"} and out["gsm8k"]["engine"]["ms_per_step"] == pytest.approx(100.0)
     assert out["gsm8k"]["engine_over_estimate"] == pytest.approx(2.5)

@@ -31,7 +31,7 @@ def test_a_marker_dates_the_kept_outputs_before_the_oldest_input_and_goes(tmp_pa
     assert report.stat().st_mtime == 999_999
     assert report.read_text() == "kept"
     assert not marker.exists()
-    assert date_kept_report_before_inputs(marker, [report], [old]) == []   # once
+    assert date_kept_report_before_inputs(marker, [report], [old]) == []  # once
 
 
 def test_with_no_input_on_disk_the_kept_outputs_go_to_the_epoch(tmp_path):

@@ -8,10 +8,16 @@ from dflash_eval.report import online
 
 
 def record(verify_ct: int, completion_tokens: int, correct: int, histogram: list[int], block: int = 4) -> dict:
-    return {"usage": {"completion_tokens": completion_tokens},
-            "server": {"speculative": {"speculative_num_draft_tokens": block}},
-            "spec": {"spec_verify_ct": verify_ct, "spec_accept_length": completion_tokens / verify_ct,
-                     "spec_num_correct_drafts": correct, "spec_correct_drafts_histogram": histogram}}
+    return {
+        "usage": {"completion_tokens": completion_tokens},
+        "server": {"speculative": {"speculative_num_draft_tokens": block}},
+        "spec": {
+            "spec_verify_ct": verify_ct,
+            "spec_accept_length": completion_tokens / verify_ct,
+            "spec_num_correct_drafts": correct,
+            "spec_correct_drafts_histogram": histogram,
+        },
+    }
 
 
 def test_a_request_equal_to_the_offline_steps_in_both_conventions():
@@ -19,7 +25,7 @@ def test_a_request_equal_to_the_offline_steps_in_both_conventions():
     counters = online.request_counters(record(3, 9, 5, [1, 0, 1, 1]))
     result = online.compare_request(counters, [3, 1, 4], block_size=4)
     assert result["exact"] and result["equal"]
-    assert result["online_tau"] == result["offline_tau"] == 8 / 3            # ours: 8 tokens over 3 steps
+    assert result["online_tau"] == result["offline_tau"] == 8 / 3  # ours: 8 tokens over 3 steps
     assert result["online_tau_sglang"] == result["offline_tau_sglang"] == 3.0  # SGLang's: 9 / 3
     assert result["online_tau_sglang"] - result["online_tau"] == pytest.approx(1 / 3)  # exactly 1/steps
 
@@ -33,13 +39,16 @@ def test_a_last_step_cut_at_max_tokens_is_equal_but_not_exact():
     assert result["offline_histogram"] == [1, 0, 1, 1]
 
 
-@pytest.mark.parametrize(("counters", "why"), [
-    ((4, 9, 5, [2, 0, 1, 1]), "another step count"),
-    ((3, 10, 6, [1, 0, 0, 2]), "another completion length"),
-    ((3, 9, 4, [1, 1, 1]), "fewer accepted drafts than offline"),
-    ((3, 9, 9, [1, 0, 1, 1]), "more surplus than one last step can hold"),
-    ((3, 9, 6, [1, 1, 0, 1]), "a histogram with a step moved downwards"),
-])
+@pytest.mark.parametrize(
+    ("counters", "why"),
+    [
+        ((4, 9, 5, [2, 0, 1, 1]), "another step count"),
+        ((3, 10, 6, [1, 0, 0, 2]), "another completion length"),
+        ((3, 9, 4, [1, 1, 1]), "fewer accepted drafts than offline"),
+        ((3, 9, 9, [1, 0, 1, 1]), "more surplus than one last step can hold"),
+        ((3, 9, 6, [1, 1, 0, 1]), "a histogram with a step moved downwards"),
+    ],
+)
 def test_requests_that_differ_are_not_equal(counters, why):
     result = online.compare_request(online.request_counters(record(*counters)), [3, 1, 4], block_size=4)
     assert not result["equal"], why
@@ -47,8 +56,10 @@ def test_requests_that_differ_are_not_equal(counters, why):
 
 def test_pooled_comparison_paired_ci_and_flag():
     # a: equal ([3, 1, 4]); b: online 2 steps for 1 + 6 tokens (tau 3.0) against offline [2, 2, 2] (tau 2.0)
-    records = {"a": online.request_counters(record(3, 9, 5, [1, 0, 1, 1])),
-               "b": online.request_counters(record(2, 7, 4, [0, 0, 2]))}
+    records = {
+        "a": online.request_counters(record(3, 9, 5, [1, 0, 1, 1])),
+        "b": online.request_counters(record(2, 7, 4, [0, 0, 2])),
+    }
     steps = {"chain-B4": {"a": [3, 1, 4], "b": [2, 2, 2]}, "chain-B2": {"a": [1], "b": [1]}}
     result = online.compare(records, steps, own_block=8, tolerance=0.05, bootstrap=200, seed=0)
     assert result["method"] == "chain-B4"  # the served block size from the records, not the drafter's own 8
@@ -73,8 +84,11 @@ def test_not_compared_says_why():
 
 # ----- the served drafter -----
 
-SERVED = {"speculative_algorithm": "DFLASH", "speculative_draft_model_path": "/srv/step-1000",
-          "speculative_num_draft_tokens": 4}
+SERVED = {
+    "speculative_algorithm": "DFLASH",
+    "speculative_draft_model_path": "/srv/step-1000",
+    "speculative_num_draft_tokens": 4,
+}
 CHECKPOINT = {"path": "/ckpt/step-1000", "sha256": "ab" * 32}
 
 
@@ -88,11 +102,14 @@ def test_a_served_drafter_of_the_same_name_not_readable_here_is_unverified():
     assert "weights unverified" in check["notes"][0]
 
 
-@pytest.mark.parametrize(("served", "says"), [
-    ({**SERVED, "speculative_draft_model_path": "/srv/step-2000"}, "not /ckpt/step-1000 (not readable here"),
-    ({**SERVED, "speculative_algorithm": "EAGLE"}, "speculates with 'EAGLE', not DFLASH"),
-    ({**SERVED, "speculative_draft_model_path": None}, "reports no speculative_draft_model_path"),
-])
+@pytest.mark.parametrize(
+    ("served", "says"),
+    [
+        ({**SERVED, "speculative_draft_model_path": "/srv/step-2000"}, "not /ckpt/step-1000 (not readable here"),
+        ({**SERVED, "speculative_algorithm": "EAGLE"}, "speculates with 'EAGLE', not DFLASH"),
+        ({**SERVED, "speculative_draft_model_path": None}, "reports no speculative_draft_model_path"),
+    ],
+)
 def test_another_served_drafter_is_a_mismatch_that_refuses_unless_allowed(served, says):
     check = online.check_served_drafter([served], CHECKPOINT, 4, allowed=False, differ=never_hashed)
     assert check["status"] == "mismatch" and check["refused"] and says in check["problems"][0]
@@ -129,16 +146,19 @@ def test_readable_served_weights_are_compared_by_sha256_then_by_tensors(tmp_path
 
 
 def test_another_served_block_is_a_note_and_several_settings_a_mismatch():
-    check = online.check_served_drafter([{**SERVED, "speculative_num_draft_tokens": 8}], CHECKPOINT, 4,
-                                        allowed=False, differ=never_hashed)
+    check = online.check_served_drafter(
+        [{**SERVED, "speculative_num_draft_tokens": 8}], CHECKPOINT, 4, allowed=False, differ=never_hashed
+    )
     assert check["status"] == "unverified" and "served at block 8, the drafter's own is 4" in check["notes"]
-    two = online.check_served_drafter([SERVED, {**SERVED, "speculative_num_draft_tokens": 8}], CHECKPOINT, 4,
-                                      allowed=False, differ=never_hashed)
+    two = online.check_served_drafter(
+        [SERVED, {**SERVED, "speculative_num_draft_tokens": 8}], CHECKPOINT, 4, allowed=False, differ=never_hashed
+    )
     assert two["refused"] and "2 different speculative settings" in two["problems"][0]
     assert online.check_served_drafter([], CHECKPOINT, 4, allowed=False)["status"] == "unverified"
 
 
 # ----- the max_tokens tail -----
+
 
 def tail_counters(verify_ct: int, correct: int, histogram: list[int], max_tokens: int | None = 8) -> dict:
     counters = online.request_counters(record(verify_ct, 8, correct, histogram))
@@ -147,18 +167,21 @@ def tail_counters(verify_ct: int, correct: int, histogram: list[int], max_tokens
 
 def test_the_first_block_max_tokens_shortened():
     # max_tokens 8, B 4: a step verifies min(4, 8 - generated + 1) tokens; generated 1, 4, 6 before the steps
-    assert online.shortened_from([3, 2, 2], 4, 8) == 2        # 8 - 6 + 1 = 3 < 4
-    assert online.shortened_from([3, 4], 4, 8) is None        # 8 - 4 + 1 = 5: both blocks full
+    assert online.shortened_from([3, 2, 2], 4, 8) == 2  # 8 - 6 + 1 = 3 < 4
+    assert online.shortened_from([3, 4], 4, 8) is None  # 8 - 4 + 1 = 5: both blocks full
     assert online.shortened_from([3, 2, 2], 4, None) is None  # max_tokens unknown: no tail rule
 
 
-@pytest.mark.parametrize(("counters", "equal"), [
-    ((3, 6, [0, 1, 1, 1]), True),    # full tail block accepted 3 drafts, 2 tokens kept: one step, as offline
-    ((4, 5, [1, 1, 1, 1]), True),    # the full block drafted worse: two tail steps (1 + 3 raw) for 2 tokens left
-    ((5, 4, [3, 1, 1]), False),      # three tail steps for 2 tokens left: each step makes at least one token
-    ((3, 9, [0, 0, 1, 2]), False),   # tail drafts 6 > one step x (B - 1)
-    ((4, 5, [2, 0, 1, 1]), False),   # the head's histogram ([0, 1, 1]: steps 3, 2) is not kept
-])
+@pytest.mark.parametrize(
+    ("counters", "equal"),
+    [
+        ((3, 6, [0, 1, 1, 1]), True),  # full tail block accepted 3 drafts, 2 tokens kept: one step, as offline
+        ((4, 5, [1, 1, 1, 1]), True),  # the full block drafted worse: two tail steps (1 + 3 raw) for 2 tokens left
+        ((5, 4, [3, 1, 1]), False),  # three tail steps for 2 tokens left: each step makes at least one token
+        ((3, 9, [0, 0, 1, 2]), False),  # tail drafts 6 > one step x (B - 1)
+        ((4, 5, [2, 0, 1, 1]), False),  # the head's histogram ([0, 1, 1]: steps 3, 2) is not kept
+    ],
+)
 def test_a_shortened_tail_is_judged_by_what_full_blocks_allow(counters, equal):
     """Offline steps 3, 2, 2 for 8 tokens (1 from prefill): the third block was shortened to 3 tokens."""
     result = online.compare_request(tail_counters(*counters), [3, 2, 2], block_size=4)
@@ -174,9 +197,12 @@ def test_a_sampled_datasets_interval_resamples_prompts_not_draws():
     """The n draws of one prompt (`<id>#s<k>`) are one cluster in the online-offline interval."""
     from dflash_eval.stats import paired_difference
 
-    equal, longer = record(3, 9, 5, [1, 0, 1, 1]), record(2, 7, 4, [0, 0, 2])   # tau 8/3 each; 3.0 against 2.0
-    records = {f"{prompt}#s{k}": online.request_counters(equal if prompt == "p" else longer)
-               for prompt in ("p", "q", "r") for k in range(3)}
+    equal, longer = record(3, 9, 5, [1, 0, 1, 1]), record(2, 7, 4, [0, 0, 2])  # tau 8/3 each; 3.0 against 2.0
+    records = {
+        f"{prompt}#s{k}": online.request_counters(equal if prompt == "p" else longer)
+        for prompt in ("p", "q", "r")
+        for k in range(3)
+    }
     offline = {i: ([3, 1, 4] if i.startswith("p") else [2, 2, 2]) for i in records}
     steps = {"chain-B4": offline}
 

@@ -10,8 +10,9 @@ from dflash_eval.report import online
 B = 4
 
 
-def record(steps: list[int], *, detailed: bool = True, rule=("greedy", "standard"), last_raw: int = 0,
-           max_tokens: int = 64) -> dict:
+def record(
+    steps: list[int], *, detailed: bool = True, rule=("greedy", "standard"), last_raw: int = 0, max_tokens: int = 64
+) -> dict:
     """A vLLM record whose verify steps produced `steps` (the last step's raw count raised by `last_raw`)."""
     spec = spec_metrics(steps, B - 1, detailed)
     if last_raw:
@@ -20,16 +21,26 @@ def record(steps: list[int], *, detailed: bool = True, rule=("greedy", "standard
         spec["acceptance_histogram"][steps[-1] - 1 + last_raw] += 1
         if detailed:
             spec["per_step_accepted"][-1] += last_raw
-    return {"spec": {**spec, "engine": "vllm"}, "usage": {"completion_tokens": 1 + sum(steps)},
-            "request": {"max_tokens": max_tokens},
-            "server": {"speculative": {"engine": "vllm", "speculative_num_draft_tokens": B,
-                                       "draft_sample_method": rule[0], "rejection_sample_method": rule[1]}}}
+    return {
+        "spec": {**spec, "engine": "vllm"},
+        "usage": {"completion_tokens": 1 + sum(steps)},
+        "request": {"max_tokens": max_tokens},
+        "server": {
+            "speculative": {
+                "engine": "vllm",
+                "speculative_num_draft_tokens": B,
+                "draft_sample_method": rule[0],
+                "rejection_sample_method": rule[1],
+            }
+        },
+    }
 
 
 def panel(records: dict[str, dict], offline: dict[str, list[int]]) -> dict:
     counters = {i: online.request_counters(r) for i, r in records.items()}
-    return online.compare({i: c for i, c in counters.items() if c is not None}, {f"chain-B{B}": offline}, B, 0.05,
-                          bootstrap=50)
+    return online.compare(
+        {i: c for i, c in counters.items() if c is not None}, {f"chain-B{B}": offline}, B, 0.05, bootstrap=50
+    )
 
 
 def test_equal_step_by_step_in_both_conventions() -> None:
@@ -63,7 +74,11 @@ def test_another_rule_is_not_compared_and_says_why() -> None:
 
 
 def test_no_metrics_means_no_per_request_data_and_why() -> None:
-    rec = {"spec": None, "spec_why": "the vLLM server runs --per-request-spec-decode-metrics none (the default)",
-           "server": {"speculative": {"engine": "vllm"}}, "usage": {"completion_tokens": 5}}
+    rec = {
+        "spec": None,
+        "spec_why": "the vLLM server runs --per-request-spec-decode-metrics none (the default)",
+        "server": {"speculative": {"engine": "vllm"}},
+        "usage": {"completion_tokens": 5},
+    }
     out = panel({"a": rec}, {"a": [2, 2]})
     assert out["recorded"] is False and "no per-request data" in out["why"] and "none" in out["why"]

@@ -16,16 +16,20 @@ def test_plots_open_at_the_expected_size_and_are_not_blank(out, name):
     pixels = matplotlib.image.imread(out / "plots" / name)
     assert pixels.shape[:2] == (600, 1200)
     assert pixels[..., :3].var() > 0
-    assert not list((out / "plots").glob(".*"))          # no temporary files left behind
+    assert not list((out / "plots").glob(".*"))  # no temporary files left behind
 
 
 def test_training_runs_get_one_line_each():
-    rows = [{"drafter": d, "dataset": "x", "primary": True, "training_step": step}
-            for d, step in (("a1", 100), ("a2", 200), ("b1", 100), ("c", None))]
+    rows = [
+        {"drafter": d, "dataset": "x", "primary": True, "training_step": step}
+        for d, step in (("a1", 100), ("a2", 200), ("b1", 100), ("c", None))
+    ]
     settings = {"drafters": {"a1": {"run": "A"}, "a2": {"run": "A"}, "b1": {}, "c": {"run": "A"}}}
     runs = plots.training_runs(rows, settings)
     assert {run: [r["drafter"] for r in members] for run, members in runs.items()} == {
-        "A": ["a1", "a2"], plots.DEFAULT_RUN: ["b1"]}
+        "A": ["a1", "a2"],
+        plots.DEFAULT_RUN: ["b1"],
+    }
 
 
 def test_every_registered_plot_has_a_caption_and_its_own_file():
@@ -37,9 +41,17 @@ def test_every_registered_plot_has_a_caption_and_its_own_file():
 
 
 def _row(drafter: str, dataset: str, temperature: float, tau: float) -> dict:
-    return {"drafter": drafter, "dataset": dataset, "primary": True, "scheme": "target_only",
-            "temperature": temperature, "tau_mean_of_samples": tau, "ci_low": tau - 0.2, "ci_high": tau + 0.1,
-            "backend_mismatch_allowed": False}
+    return {
+        "drafter": drafter,
+        "dataset": dataset,
+        "primary": True,
+        "scheme": "target_only",
+        "temperature": temperature,
+        "tau_mean_of_samples": tau,
+        "ci_low": tau - 0.2,
+        "ci_high": tau + 0.1,
+        "backend_mismatch_allowed": False,
+    }
 
 
 def _temperature_data(rows: list[dict], prompts: dict[str, str]) -> plots.PlotData:
@@ -51,18 +63,28 @@ def test_tau_against_temperature_is_drawn_for_a_prompt_set_at_several_temperatur
     """gsm8k greedy and at T 0.7 (one prompt set): one panel, a line per drafter through T 0 and 0.7 with the CI;
     another prompt set at one temperature only, shorter chains and rejection rows are left out."""
     prompts = {"gsm8k": "preset gsm8k", "gsm8k-t07": "preset gsm8k", "code-t07": "prompts code.jsonl"}
-    rows = [_row(d, ds, t, tau) for d in "ab" for ds, t, tau in
-            (("gsm8k", 0.0, 6.0), ("gsm8k-t07", 0.7, 4.5), ("code-t07", 0.7, 3.0))]
-    rows += [{**_row("a", "gsm8k-t07", 0.7, 9.0), "primary": False},
-             {**_row("a", "gsm8k-t07", 0.7, 9.0), "scheme": "rejection"}]
+    rows = [
+        _row(d, ds, t, tau)
+        for d in "ab"
+        for ds, t, tau in (("gsm8k", 0.0, 6.0), ("gsm8k-t07", 0.7, 4.5), ("code-t07", 0.7, 3.0))
+    ]
+    rows += [
+        {**_row("a", "gsm8k-t07", 0.7, 9.0), "primary": False},
+        {**_row("a", "gsm8k-t07", 0.7, 9.0), "scheme": "rejection"},
+    ]
     families = plots.temperature_families(rows, _temperature_data(rows, prompts).settings)
     assert list(families) == ["preset gsm8k"]
     assert [(r["drafter"], r["temperature"]) for r in families["preset gsm8k"]] == [
-        ("a", 0.0), ("b", 0.0), ("a", 0.7), ("b", 0.7)]
+        ("a", 0.0),
+        ("b", 0.0),
+        ("a", 0.7),
+        ("b", 0.7),
+    ]
     figure = plots.draw_tau_vs_temperature(_temperature_data(rows, prompts))
     (axes,) = figure.axes
-    drawn = [(bars.get_label(), list(bars.lines[0].get_xdata()), list(bars.lines[0].get_ydata()))
-             for bars in axes.containers]  # one errorbar line per drafter
+    drawn = [
+        (bars.get_label(), list(bars.lines[0].get_xdata()), list(bars.lines[0].get_ydata())) for bars in axes.containers
+    ]  # one errorbar line per drafter
     assert drawn == [("a", [0.0, 0.7], [6.0, 4.5]), ("b", [0.0, 0.7], [6.0, 4.5])]
     (intervals,) = axes.containers[0].lines[2]  # drafter a's CI bars: from ci_low to ci_high at each temperature
     np.testing.assert_allclose(np.array(intervals.get_segments()), [[[0.0, 5.8], [0.0, 6.1]], [[0.7, 4.3], [0.7, 4.6]]])

@@ -11,16 +11,29 @@ SAMPLED = {"temperature": 0.7, "top_p": 0.95, "top_k": -1, "min_p": 0.0}
 
 
 def _row(dataset, tau, primary=True):
-    return {"drafter": "d", "dataset": dataset, "primary": primary, "samples": 4, "tau_mean_of_samples": tau,
-            "ci_low": tau - 0.1, "ci_high": tau + 0.1, "backend_mismatch_allowed": False, "method": "chain-B8"}
+    return {
+        "drafter": "d",
+        "dataset": dataset,
+        "primary": primary,
+        "samples": 4,
+        "tau_mean_of_samples": tau,
+        "ci_low": tau - 0.1,
+        "ci_high": tau + 0.1,
+        "backend_mismatch_allowed": False,
+        "method": "chain-B8",
+    }
 
 
 def _completions(path, sampling=None, warning=None):
     lines = []
     for k in range(2):
-        record = {"id": f"p#s{k}", "messages": [{"role": "user", "content": "x"}], "prompt_token_ids": [1],
-                  "completion_token_ids": [2, 3], "token_check": {"prompt_tokens_match": True,
-                                                                  "completion_tokens_match": True}}
+        record = {
+            "id": f"p#s{k}",
+            "messages": [{"role": "user", "content": "x"}],
+            "prompt_token_ids": [1],
+            "completion_token_ids": [2, 3],
+            "token_check": {"prompt_tokens_match": True, "completion_tokens_match": True},
+        }
         if sampling is not None:
             record["sampling"] = {**sampling, "seed": 100 + k}
         if warning is not None:
@@ -57,13 +70,23 @@ def _sampled_evaluations(tmp_path):
     greedy = [summary.read_metrics(path) for path in write_metrics(tmp_path)]
     sampled = metrics_dict("step-1000", "gsm8k")
     sampled["sampling"] = [{"temperature": 0.7, "top_p": 0.8, "top_k": 20, "min_p": 0.0}]
-    sampled["rejection"] = {"scheme": "rejection", "outside_support": {"samples": 1, "samples_scored": 10,
-                                                                       "share_of_samples": 0.1, "tokens": 1},
-                            "methods": {"chain-B4": {
-                                "method": "chain-B4", "scheme": "rejection", "block_size": 4,
-                                "tau_mean_of_samples": 2.5, "tau_token_weighted": 2.6,
-                                "ci95": {"tau_mean_of_samples": [2.2, 2.8], "tau_token_weighted": [2.3, 2.9]},
-                                "samples": 10, "expected_steps": 160.4, "tokens": 417}}}
+    sampled["rejection"] = {
+        "scheme": "rejection",
+        "outside_support": {"samples": 1, "samples_scored": 10, "share_of_samples": 0.1, "tokens": 1},
+        "methods": {
+            "chain-B4": {
+                "method": "chain-B4",
+                "scheme": "rejection",
+                "block_size": 4,
+                "tau_mean_of_samples": 2.5,
+                "tau_token_weighted": 2.6,
+                "ci95": {"tau_mean_of_samples": [2.2, 2.8], "tau_token_weighted": [2.3, 2.9]},
+                "samples": 10,
+                "expected_steps": 160.4,
+                "tokens": 417,
+            }
+        },
+    }
     return [summary.Evaluation(greedy[0].path, sampled), *greedy[1:]]
 
 
@@ -89,8 +112,10 @@ def test_every_number_names_its_scheme_and_sampling(tmp_path):
     assert "| tau target_only | samples | tau rejection (expected) | 95% CI | samples | outside support |" in table
     assert "| T 0.7, top-p 0.8, top-k 20 |" in table and "| 2.20..2.80 | 10 | 1 (10.0%) |" in table
     warned = [w for w in markdown.evaluation_warnings(evaluations) if "outside dflash's support" in w]
-    assert warned == ["**Tokens outside dflash's support**: step-1000 on gsm8k: 1 of 10 samples (10.0%; 1 tokens) hold "
-                      "a verified token dflash's top-k/top-p filter excludes, scored as a rejection at its anchor: their "
-                      "expected tau under `rejection` is a lower bound."]
+    assert warned == [
+        "**Tokens outside dflash's support**: step-1000 on gsm8k: 1 of 10 samples (10.0%; 1 tokens) hold "
+        "a verified token dflash's top-k/top-p filter excludes, scored as a rejection at its anchor: their "
+        "expected tau under `rejection` is a lower bound."
+    ]
     greedy = [e for e in evaluations[1:]]
     assert markdown.intro(summary.summary_rows(greedy, SETTINGS), greedy) == markdown.INTRO  # greedy-only: unchanged

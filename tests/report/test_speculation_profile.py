@@ -31,8 +31,10 @@ def test_model_optimizers_worked_example():
     assert numbers["marginal_accept_rates"] == pytest.approx([0.6, 0.3, 0.0])
     assert numbers["conditional_accept_rates"] == pytest.approx([0.6, 0.5, 0.0])
     assert numbers["mean_accept_length"] == pytest.approx(1.9)
-    assert numbers["validation"]["mean_consistency"] == {"implied_mean_accept_length": pytest.approx(1.9),
-                                                         "passed": True}
+    assert numbers["validation"]["mean_consistency"] == {
+        "implied_mean_accept_length": pytest.approx(1.9),
+        "passed": True,
+    }
     assert numbers["acceptance_length_histogram"] == {"1": 40, "2": 30, "3": 30, "4": 0}
 
 
@@ -51,17 +53,34 @@ def _evaluation(tmp_path, per_sample: dict[str, tuple[int, list[int]]], block: i
     """samples.csv as the evaluate stage writes it, and the metrics.json numbers that go with it."""
     from dflash_eval import stats
 
-    rows = [{"id": i, "method": "chain-B4", "prompt_tokens": prompt, "completion_tokens": sum(steps) + 1,
-             "steps": len(steps), "tokens": sum(steps), "tau": sum(steps) / len(steps),
-             "acceptance_lengths": " ".join(map(str, steps))} for i, (prompt, steps) in per_sample.items()]
+    rows = [
+        {
+            "id": i,
+            "method": "chain-B4",
+            "prompt_tokens": prompt,
+            "completion_tokens": sum(steps) + 1,
+            "steps": len(steps),
+            "tokens": sum(steps),
+            "tau": sum(steps) / len(steps),
+            "acceptance_lengths": " ".join(map(str, steps)),
+        }
+        for i, (prompt, steps) in per_sample.items()
+    ]
     path = tmp_path / "samples.csv"
     path.write_text(samples_csv(rows))
     lists = [steps for _prompt, steps in per_sample.values()]
     chain = {**stats.tau_stats(lists), "ci95": stats.bootstrap_ci(lists, 200, 0)}
-    metrics = {"drafter": "d", "dataset": "x", "block_size": block, "layer_ids": [1],
-               "checkpoint": {"path": "/c", "layout": "hf", "sha256": "ab" * 32, "global_step": 7},
-               "cache": {"target_config_hash": "cd" * 32, "backend": "torch"}, "dtype": "float32",
-               "sampling": None, "methods": {"chain-B4": chain}}
+    metrics = {
+        "drafter": "d",
+        "dataset": "x",
+        "block_size": block,
+        "layer_ids": [1],
+        "checkpoint": {"path": "/c", "layout": "hf", "sha256": "ab" * 32, "global_step": 7},
+        "cache": {"target_config_hash": "cd" * 32, "backend": "torch"},
+        "dtype": "float32",
+        "sampling": None,
+        "methods": {"chain-B4": chain},
+    }
     return metrics, path
 
 

@@ -18,26 +18,37 @@ def _estimate(path, named_by_user, methods, timing):
 
 
 def _method(kind, size, tau):
-    return {"kind": kind, "block_size": 16 if kind == "ddtree" else size, "budget": size if kind == "ddtree" else None,
-            "tau_token_weighted": tau}
+    return {
+        "kind": kind,
+        "block_size": 16 if kind == "ddtree" else size,
+        "budget": size if kind == "ddtree" else None,
+        "tau_token_weighted": tau,
+    }
 
 
 PROFILE = {"t_ar_ms": 20.0, "t_verify_ms": {"1": 20.0, "16": 24.0, "17": 24.5, "33": 26.0, "65": 40.0}}
 
 
 def test_hand_computed_speedups_and_best_budget():
-    methods = {"chain-B16": _method("chain", 16, 5.0), "ddtree-16": _method("ddtree", 16, 6.0),
-               "ddtree-32": _method("ddtree", 32, 7.0), "ddtree-64": _method("ddtree", 64, 8.0),
-               "ddtree-128": _method("ddtree", 128, 9.0)}
+    methods = {
+        "chain-B16": _method("chain", 16, 5.0),
+        "ddtree-16": _method("ddtree", 16, 6.0),
+        "ddtree-32": _method("ddtree", 32, 7.0),
+        "ddtree-64": _method("ddtree", 64, 8.0),
+        "ddtree-128": _method("ddtree", 128, 9.0),
+    }
     section = model.speedup_section(methods, check_profile(PROFILE, "p.json"), "user", 6.0, "user")
-    assert methods["chain-B16"]["expected_speedup"] == pytest.approx(5 * 20 / (6 + 24))       # 3.333
-    assert methods["ddtree-16"]["expected_speedup"] == pytest.approx(6 * 20 / (6 + 24.5))     # 3.934
-    assert methods["ddtree-32"]["expected_speedup"] == pytest.approx(7 * 20 / (6 + 26))       # 4.375
-    assert methods["ddtree-64"]["expected_speedup"] == pytest.approx(8 * 20 / (6 + 40))       # 3.478
+    assert methods["chain-B16"]["expected_speedup"] == pytest.approx(5 * 20 / (6 + 24))  # 3.333
+    assert methods["ddtree-16"]["expected_speedup"] == pytest.approx(6 * 20 / (6 + 24.5))  # 3.934
+    assert methods["ddtree-32"]["expected_speedup"] == pytest.approx(7 * 20 / (6 + 26))  # 4.375
+    assert methods["ddtree-64"]["expected_speedup"] == pytest.approx(8 * 20 / (6 + 40))  # 3.478
     assert methods["ddtree-128"]["expected_speedup"] is None  # 129 tokens: not in the profile
     assert section["best_ddtree"] == {"method": "ddtree-32", "budget": 32, "expected_speedup": pytest.approx(4.375)}
-    assert list(section["not_measured"]) == ["ddtree-128"] and "129 verified tokens" in section["not_measured"][
-        "ddtree-128"] and section["estimate"] is True
+    assert (
+        list(section["not_measured"]) == ["ddtree-128"]
+        and "129 verified tokens" in section["not_measured"]["ddtree-128"]
+        and section["estimate"] is True
+    )
     assert section["ddtree_note"] is None  # the profile does not say the target is a hybrid
 
 
@@ -53,8 +64,12 @@ def test_only_measured_sizes_count_never_interpolated():
 
 
 def test_drafter_step_per_block_and_a_block_not_timed():
-    methods = {"chain-B8": _method("chain", 8, 4.0), "chain-B16": _method("chain", 16, 5.0),
-               "chain-B4": _method("chain", 4, 3.0), "ddtree-16": _method("ddtree", 16, 6.0)}
+    methods = {
+        "chain-B8": _method("chain", 8, 4.0),
+        "chain-B16": _method("chain", 16, 5.0),
+        "chain-B4": _method("chain", 4, 3.0),
+        "ddtree-16": _method("ddtree", 16, 6.0),
+    }
     profile = check_profile({"t_ar_ms": 20, "t_verify_ms": {"4": 21, "8": 22, "16": 24, "17": 24.5}}, "p.json")
     section = model.speedup_section(methods, profile, "measured", {8: 3.0, 16: 5.0}, "timed")
     assert methods["chain-B8"]["expected_speedup"] == pytest.approx(4 * 20 / (3 + 22))
@@ -77,8 +92,7 @@ def test_user_profile_wins_and_its_draft_time_is_used(tmp_path):
     user = tmp_path / "mine.json"
     user.write_text(json.dumps({**PROFILE, "t_draft_ms": 6.0}))
     methods = {"chain-B16": _method("chain", 16, 5.0)}
-    timing = {"by_block": {16: {"ms": 99.0, "min_ms": 99.0, "max_ms": 99.0}}, "device": "cuda:0",
-              "context_tokens": 100}
+    timing = {"by_block": {16: {"ms": 99.0, "min_ms": 99.0, "max_ms": 99.0}}, "device": "cuda:0", "context_tokens": 100}
     section = _estimate(user, True, methods, timing)  # the profile's t_draft_ms wins over the drafter's timing
     assert section["target_source"] == f"user profile {user}" and section["t_ar_ms"] == 20.0
     assert section["source"] == labels.USER == "user profile" and "draft_timing" not in section
@@ -89,9 +103,13 @@ def test_measured_profile_and_timed_drafter(tmp_path):
     measured = tmp_path / "cuda0-bfloat16-fla.json"
     measured.write_text(json.dumps({**PROFILE, "device": "cpu", "method": "graphs"}))
     methods = {"chain-B16": _method("chain", 16, 5.0), "ddtree-16": _method("ddtree", 16, 6.4)}
-    timing = {"by_block": {16: {"ms": 6.0, "min_ms": 5.0, "max_ms": 7.0}},
-              "by_budget": {16: {"ms": 7.0, "min_ms": 6.5, "max_ms": 8.0}}, "device": "cpu", "context_tokens": 100,
-              "method": "graphs"}
+    timing = {
+        "by_block": {16: {"ms": 6.0, "min_ms": 5.0, "max_ms": 7.0}},
+        "by_budget": {16: {"ms": 7.0, "min_ms": 6.5, "max_ms": 8.0}},
+        "device": "cpu",
+        "context_tokens": 100,
+        "method": "graphs",
+    }
     section = _estimate(measured, False, methods, timing)
     assert "(graphs)" in section["draft_source"] and "two ways" not in section["draft_source"]
     assert section["target_source"] == f"measured by the profile_target rule on cpu, timed graphs ({measured})"
@@ -108,8 +126,12 @@ def test_measured_profile_and_timed_drafter(tmp_path):
 def test_an_eager_target_profile_beside_a_graph_timed_drafter_says_so(tmp_path):
     measured = tmp_path / "p.json"
     measured.write_text(json.dumps({**PROFILE, "device": "H200", "method": "eager"}))
-    timing = {"by_block": {16: {"ms": 6.0, "min_ms": 5.0, "max_ms": 7.0}}, "device": "cuda:0", "context_tokens": 100,
-              "method": "graphs"}
+    timing = {
+        "by_block": {16: {"ms": 6.0, "min_ms": 5.0, "max_ms": 7.0}},
+        "device": "cuda:0",
+        "context_tokens": 100,
+        "method": "graphs",
+    }
     methods = {"chain-B16": _method("chain", 16, 5.0)}
     section = _estimate(measured, False, methods, timing)
     assert "the two terms were timed two ways" in section["draft_source"]
@@ -139,8 +161,11 @@ def test_a_whole_step_measured_on_the_users_server_is_used_as_is(tmp_path):
     """t_step_ms (draft + verify at block b, SGLANG_SIMULATE_ACC_LEN): tau x T_AR / T_step(b), no drafter timing."""
     user = tmp_path / "sglang.json"
     user.write_text(json.dumps({"t_ar_ms": 10.0, "t_verify_ms": {"1": 10.0}, "t_step_ms": {"16": 16.0}}))
-    methods = {"chain-B16": _method("chain", 16, 5.0), "chain-B8": _method("chain", 8, 4.0),
-               "ddtree-16": _method("ddtree", 16, 6.0)}
+    methods = {
+        "chain-B16": _method("chain", 16, 5.0),
+        "chain-B8": _method("chain", 8, 4.0),
+        "ddtree-16": _method("ddtree", 16, 6.0),
+    }
     section = _estimate(user, True, methods, None)
     assert methods["chain-B16"]["expected_speedup"] == pytest.approx(5 * 10 / 16)
     assert section["verify"]["chain-B16"]["t_step_ms"] == 16.0 and section["source"] == labels.USER
@@ -154,13 +179,25 @@ def test_apply_replaces_the_evaluations_section_and_states_both_estimate_codes(t
     measured = tmp_path / "p.json"
     measured.write_text(json.dumps({**PROFILE, "device": "cpu", "method": "graphs", "estimate_code": "sha256:p"}))
     methods = {"chain-B16": _method("chain", 16, 5.0)}
-    metrics = {"methods": methods, "chain": {**methods["chain-B16"], "method": "chain-B16"},
-               "speedup": {"estimate": True, "estimate_code": {"evaluation": "sha256:e"},
-                           "draft_timing": {"by_block": {16: {"ms": 6.0, "min_ms": 5.0, "max_ms": 7.0}},
-                                            "device": "cpu", "context_tokens": 100, "method": "graphs"}}}
+    metrics = {
+        "methods": methods,
+        "chain": {**methods["chain-B16"], "method": "chain-B16"},
+        "speedup": {
+            "estimate": True,
+            "estimate_code": {"evaluation": "sha256:e"},
+            "draft_timing": {
+                "by_block": {16: {"ms": 6.0, "min_ms": 5.0, "max_ms": 7.0}},
+                "device": "cpu",
+                "context_tokens": 100,
+                "method": "graphs",
+            },
+        },
+    }
     target, source, stamp = speedup.load_target_profile(measured, False)
     speedup.apply(metrics, target, source, False, stamp)
     assert metrics["speedup"]["estimate_code"] == {"evaluation": "sha256:e", "profile": "sha256:p"}
-    assert metrics["chain"]["expected_speedup"] == methods["chain-B16"]["expected_speedup"] == pytest.approx(5 * 20 / 30)
+    assert (
+        metrics["chain"]["expected_speedup"] == methods["chain-B16"]["expected_speedup"] == pytest.approx(5 * 20 / 30)
+    )
     measured.write_text(json.dumps(PROFILE))  # a profile timed before stamps says so
     assert speedup.load_target_profile(measured, False)[2] == "unstamped (timed before stamps)"

@@ -26,7 +26,8 @@ def test_csv_numbers_equal_the_metrics(out):
     table = pd.read_csv(out / "summary.csv")
     assert list(table.columns) == summary.COLUMNS + summary.HANDOFF_COLUMNS
     assert list(zip(table.drafter, table.dataset, table.method)) == [
-        (*key, method) for key in TAUS for method in ("chain-B2", "chain-B4", "ddtree-8")]   # config order
+        (*key, method) for key in TAUS for method in ("chain-B2", "chain-B4", "ddtree-8")
+    ]  # config order
     for row in table.itertuples():
         metrics = metrics_dict(row.drafter, row.dataset)
         chain = metrics["methods"][row.method]
@@ -83,10 +84,16 @@ def test_an_empty_evaluation_reports_na_and_warns(tmp_path):
     paths = write_metrics(tmp_path)
     empty = metrics_dict("step-2000", "gsm8k")
     nan = float("nan")
-    empty["chain"].update(tau_mean_of_samples=nan, tau_token_weighted=nan, samples=0, steps=0, tokens=0,
-                          ci95={"tau_mean_of_samples": [nan, nan], "tau_token_weighted": [nan, nan]})
+    empty["chain"].update(
+        tau_mean_of_samples=nan,
+        tau_token_weighted=nan,
+        samples=0,
+        steps=0,
+        tokens=0,
+        ci95={"tau_mean_of_samples": [nan, nan], "tau_token_weighted": [nan, nan]},
+    )
     empty["diagnostics"]["argmax_agreement"] = None
-    atomic_write_json(paths[2], empty)                  # json writes NaN, as evaluate does
+    atomic_write_json(paths[2], empty)  # json writes NaN, as evaluate does
     assert report.run(report_args(tmp_path, paths)) == 0
     markdown = (tmp_path / "summary.md").read_text()
     assert "**No samples**: step-2000 on gsm8k" in markdown
@@ -107,17 +114,33 @@ def test_a_sampled_evaluation_adds_its_scheme_and_parameters_and_a_greedy_one_ke
     assert list(frame.columns) == summary.COLUMNS + summary.HANDOFF_COLUMNS
     sampled = metrics_dict("step-1000", "gsm8k")
     sampled["sampling"] = [{"temperature": 0.7, "top_p": 0.95, "top_k": -1, "min_p": 0.0}]  # as evaluate writes it
-    sampled["rejection"] = {"scheme": "rejection", "methods": {"chain-B4": {
-        "method": "chain-B4", "scheme": "rejection", "block_size": 4, "tau_mean_of_samples": 2.5,
-        "tau_token_weighted": 2.6, "ci95": {"tau_mean_of_samples": [2.2, 2.8], "tau_token_weighted": [2.3, 2.9]},
-        "samples": 10, "expected_steps": 160.4, "tokens": 417}}}
+    sampled["rejection"] = {
+        "scheme": "rejection",
+        "methods": {
+            "chain-B4": {
+                "method": "chain-B4",
+                "scheme": "rejection",
+                "block_size": 4,
+                "tau_mean_of_samples": 2.5,
+                "tau_token_weighted": 2.6,
+                "ci95": {"tau_mean_of_samples": [2.2, 2.8], "tau_token_weighted": [2.3, 2.9]},
+                "samples": 10,
+                "expected_steps": 160.4,
+                "tokens": 417,
+            }
+        },
+    }
     evaluations = [summary.Evaluation(greedy[0].path, sampled), *greedy[1:]]
     rows = summary.summary_rows(evaluations, SETTINGS)
     frame = summary.summary_frame(rows)
     assert list(frame.columns) == summary.COLUMNS + summary.SAMPLING_COLUMNS + summary.HANDOFF_COLUMNS
     mine = frame[(frame.drafter == "step-1000") & (frame.dataset == "gsm8k")]
-    assert list(zip(mine.method, mine.scheme)) == [("chain-B2", "target_only"), ("chain-B4", "target_only"),
-                                                   ("ddtree-8", "target_only"), ("chain-B4", "rejection")]
+    assert list(zip(mine.method, mine.scheme)) == [
+        ("chain-B2", "target_only"),
+        ("chain-B4", "target_only"),
+        ("ddtree-8", "target_only"),
+        ("chain-B4", "rejection"),
+    ]
     rejection = mine[mine.scheme == "rejection"].iloc[0]
     assert (rejection.tau_mean_of_samples, rejection.ci_low, rejection.ci_high) == (2.5, 2.2, 2.8)
     assert pd.isna(rejection.steps) and rejection.tokens == 417 and not rejection.primary
@@ -128,8 +151,10 @@ def test_a_sampled_evaluation_adds_its_scheme_and_parameters_and_a_greedy_one_ke
     assert other[other.primary].tau_vs_reference.iloc[0] == pytest.approx(5.25 / 4.1)
     lines = markdown.rejection_table(rows, SETTINGS)
     served = mine[(mine.scheme == "target_only") & (mine.method == "chain-B4")].iloc[0]
-    assert (f"| step-1000 (reference) | gsm8k | chain-B4 | T 0.7, top-p 0.95 | 4.10 | {served.samples} | 2.50 | "
-            "2.20..2.80 | 10 | – |") in lines  # each scheme's samples; no outside_support in this metrics.json
+    assert (
+        f"| step-1000 (reference) | gsm8k | chain-B4 | T 0.7, top-p 0.95 | 4.10 | {served.samples} | 2.50 | "
+        "2.20..2.80 | 10 | – |"
+    ) in lines  # each scheme's samples; no outside_support in this metrics.json
 
 
 def test_low_argmax_agreement_is_flagged_for_greedy_completions_only():
@@ -137,10 +162,14 @@ def test_low_argmax_agreement_is_flagged_for_greedy_completions_only():
     no evidence of a foreign cache: no warning there; a greedy one below 95% is still flagged."""
     greedy = metrics_dict("step-1000", "gsm8k")
     greedy["diagnostics"]["argmax_agreement"] = 0.547
-    sampled = {**greedy, "dataset": "humaneval", "sampling": [{"temperature": 0.7, "top_p": 0.95, "top_k": -1,
-                                                               "min_p": 0.0}]}
-    warnings = markdown.evaluation_warnings([summary.Evaluation(Path("g.json"), greedy),
-                                             summary.Evaluation(Path("s.json"), sampled)])
+    sampled = {
+        **greedy,
+        "dataset": "humaneval",
+        "sampling": [{"temperature": 0.7, "top_p": 0.95, "top_k": -1, "min_p": 0.0}],
+    }
+    warnings = markdown.evaluation_warnings(
+        [summary.Evaluation(Path("g.json"), greedy), summary.Evaluation(Path("s.json"), sampled)]
+    )
     low = [w for w in warnings if "Low argmax agreement" in w]
     assert len(low) == 1 and "step-1000 on gsm8k" in low[0]
     assert not markdown.agreement_is_low(sampled) and markdown.agreement_is_low(greedy)

@@ -20,9 +20,16 @@ def test_trust_panel_lists_each_cache_from_its_manifest(out):
     markdown = (out / "summary.md").read_text()
     caches = section(markdown, "### Hidden-state caches")
     row = next(line for line in caches.splitlines() if "gsm8k/L1-3" in line)
-    for text in ("/models/target (qwen3_5_text, 4 layers, config cdcdcdcdcdcd)", "| 1, 3 |", "| fla |",
-                 "fla 0.6.0, torch 2.9.0", "| bfloat16 |", "cuda:0 (NVIDIA H200)",
-                 "shard_00000.safetensors 5a5a5a5a5a5a<br>shard_00001.safetensors 6b6b6b6b6b6b", "(= current file)"):
+    for text in (
+        "/models/target (qwen3_5_text, 4 layers, config cdcdcdcdcdcd)",
+        "| 1, 3 |",
+        "| fla |",
+        "fla 0.6.0, torch 2.9.0",
+        "| bfloat16 |",
+        "cuda:0 (NVIDIA H200)",
+        "shard_00000.safetensors 5a5a5a5a5a5a<br>shard_00001.safetensors 6b6b6b6b6b6b",
+        "(= current file)",
+    ):
         assert text in row, text
     stale = next(line for line in caches.splitlines() if "humaneval/L1-3" in line)
     assert "**000000000000 ⚠️ NOT the current file**" in stale
@@ -53,8 +60,10 @@ def test_online_tau_is_compared_with_the_served_drafter_and_flagged(out):
     markdown = (out / "summary.md").read_text()
     assert "**Online ≠ offline**: gsm8k" in markdown and "**Online ≠ offline**: humaneval" not in markdown
     row = next(line for line in section(markdown, "### Online vs offline").splitlines() if line.startswith("| gsm8k"))
-    assert row == ("| gsm8k | step-1000 | chain-B4 | 10 | 4.200 | 4.000 | +0.2000 (+0.2000, +0.2000) | 4.400 / 4.500 "
-                   "| 0 of 10 (0 exactly); differ: 0, 1, 2 | **⚠️ beyond 3.0%** |")
+    assert row == (
+        "| gsm8k | step-1000 | chain-B4 | 10 | 4.200 | 4.000 | +0.2000 (+0.2000, +0.2000) | 4.400 / 4.500 "
+        "| 0 of 10 (0 exactly); differ: 0, 1, 2 | **⚠️ beyond 3.0%** |"
+    )
 
 
 def test_server_outages_from_the_transitions_log(out):
@@ -76,7 +85,8 @@ def test_trust_json_is_the_panel_and_absent_inputs_say_not_recorded(out, tmp_pat
     assert [e["drafter"] for e in panel["evaluations"]] == [d for d, _ in TAUS]
     mismatch = next(e for e in panel["evaluations"] if (e["drafter"], e["dataset"]) == MISMATCH)
     assert mismatch["backend_mismatch_allowed"] and mismatch["samples_skipped"] == [
-        {"id": "7", "why": "not in the completions file"}]
+        {"id": "7", "why": "not in the completions file"}
+    ]
     assert panel["fetch"]["gsm8k"]["prompt_token_mismatches"] == ["3"]
     assert panel["caches"][0]["argmax_agreement"] == pytest.approx(399 / 400)
     # the same report without completions, manifests or transitions log: nothing fails, all "not recorded"
@@ -95,8 +105,19 @@ def test_a_server_speculating_with_another_drafter_is_flagged_and_refused_unless
 
     hidden, completions, transitions = write_trust_inputs(tmp_path, draft_path="/srv/step-2000")
     settings = {**SETTINGS, "allow_served_drafter_mismatch": allowed}
-    assert report.run(report_args(tmp_path, write_metrics(tmp_path), settings, hidden=hidden,
-                                  completions=completions, transitions=transitions)) == 0
+    assert (
+        report.run(
+            report_args(
+                tmp_path,
+                write_metrics(tmp_path),
+                settings,
+                hidden=hidden,
+                completions=completions,
+                transitions=transitions,
+            )
+        )
+        == 0
+    )
     gsm8k = json.loads((tmp_path / "trust.json").read_text())["online"]["gsm8k"]
     assert gsm8k["served_drafter_check"]["status"] == "mismatch"
     assert gsm8k["compared"] is allowed

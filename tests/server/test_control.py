@@ -37,7 +37,7 @@ def background_commands(tmp_path: Path, port: int, *flags: str) -> dict:
     pidfile, calls = tmp_path / "bg.pid", tmp_path / "calls.txt"
     return {
         "start_command": f"echo start >> {calls}; {sys.executable} {hs.HELPER_SCRIPT} --port {port} {' '.join(flags)}"
-                         f" >/dev/null 2>&1 & echo $! > {pidfile}",
+        f" >/dev/null 2>&1 & echo $! > {pidfile}",
         "stop_command": f"echo stop >> {calls}; kill $(cat {pidfile})",
     }
 
@@ -49,8 +49,14 @@ def kill_background(tmp_path: Path) -> None:
 
 
 def release_settings(base_url: str, log_dir: Path, **extra: object) -> dict:
-    return {"kind": "release", "base_url": base_url, "log_dir": str(log_dir), "health_timeout_s": 30.0,
-            "release_check_s": 1.0, **extra}
+    return {
+        "kind": "release",
+        "base_url": base_url,
+        "log_dir": str(log_dir),
+        "health_timeout_s": 30.0,
+        "release_check_s": 1.0,
+        **extra,
+    }
 
 
 def wait_healthy(ctl: ServerController, seconds: float = 30.0) -> None:
@@ -79,8 +85,18 @@ def test_managed_up_and_down(tmp_path, controllers):
     assert ctl.current_outage().was_up  # `server down` remembers that it was up ...
     ctl.ensure_up()  # ... so that `server up` (or the end-of-run hook) restores it
     assert ctl.is_healthy() and ctl.current_outage() is None
-    assert transitions(tmp_path / "logs") == ["start_requested", "launched", "healthy", "pause", "stop_requested",
-                                              "down", "start_requested", "launched", "healthy", "resume"]
+    assert transitions(tmp_path / "logs") == [
+        "start_requested",
+        "launched",
+        "healthy",
+        "pause",
+        "stop_requested",
+        "down",
+        "start_requested",
+        "launched",
+        "healthy",
+        "resume",
+    ]
     entry = json.loads((tmp_path / "logs" / "transitions.jsonl").read_text().splitlines()[0])
     assert {"time", "unix", "event", "kind", "base_url"} <= set(entry)
 
@@ -121,8 +137,10 @@ def test_refuses_to_stop_a_server_it_did_not_launch(tmp_path, controllers):
         with pytest.raises(ServerError, match=f"this checkout did not launch it .*: it is pid {other.pid} "):
             ctl.ensure_up()  # healthy, but not this checkout's: not used
         assert ctl.launched_pid() is None
-        with pytest.raises(ServerError, match=f"this checkout did not launch it .*: it is pid {other.pid} .*"
-                                              f"stop it \\(`kill {other.pid}`\\)"):
+        with pytest.raises(
+            ServerError,
+            match=f"this checkout did not launch it .*: it is pid {other.pid} .*stop it \\(`kill {other.pid}`\\)",
+        ):
             ctl.take_down()
         assert ctl.is_healthy() and ctl.current_outage() is None  # nothing was stopped, nothing to restore
     finally:
@@ -148,8 +166,17 @@ def test_paused_takes_down_and_restores(tmp_path, controllers):
         assert hs.group_members(first) == []
     assert ctl.is_healthy()
     assert server_side(state) == ["started", "started"]
-    assert transitions(tmp_path / "logs")[3:] == ["pause", "stop_requested", "down", "extraction_start",
-                                                  "extraction_end", "start_requested", "launched", "healthy", "resume"]
+    assert transitions(tmp_path / "logs")[3:] == [
+        "pause",
+        "stop_requested",
+        "down",
+        "extraction_start",
+        "extraction_end",
+        "start_requested",
+        "launched",
+        "healthy",
+        "resume",
+    ]
     assert ctl.current_outage() is None
 
 
@@ -183,8 +210,9 @@ def test_two_extractions_at_once_share_one_outage(tmp_path, controllers):
     events = entries(tmp_path / "logs")[3:]
     names = [e["event"] for e in events]
     assert names.count("pause") == 1 and names.count("joined") == 1 and names.count("resume") == 1
-    assert names.count("launched") == 1 and names.index("launched") > max(i for i, n in enumerate(names)
-                                                                           if n == "extraction_end")
+    assert names.count("launched") == 1 and names.index("launched") > max(
+        i for i, n in enumerate(names) if n == "extraction_end"
+    )
     windows = [n for n in names if n.startswith("extraction_")]
     assert windows == ["extraction_start", "extraction_end"] * 2  # serialized, never overlapping
     assert {e["by_pid"] for e in events if e["event"] == "extraction_start"} == {job.pid for job in jobs}
@@ -222,8 +250,14 @@ def test_fetch_wait_for_another_jobs_outage_is_bounded(tmp_path, controllers):
 
 
 def test_health_wait_is_bounded(tmp_path):
-    settings = {"kind": "external", "base_url": f"http://127.0.0.1:{fixtures.free_port()}", "log_dir": str(tmp_path / "logs"),
-                "start_command": "echo 'starting nothing'", "stop_command": "true", "health_timeout_s": 1.0}
+    settings = {
+        "kind": "external",
+        "base_url": f"http://127.0.0.1:{fixtures.free_port()}",
+        "log_dir": str(tmp_path / "logs"),
+        "start_command": "echo 'starting nothing'",
+        "stop_command": "true",
+        "health_timeout_s": 1.0,
+    }
     start = time.monotonic()
     with pytest.raises(ServerError, match=r"(?s)not healthy .* after server.health_timeout_s=1.0 s.*starting nothing"):
         ServerController(settings).ensure_up()
@@ -275,8 +309,15 @@ def test_sigterm_during_the_stop_is_acted_on_once_the_server_is_down(tmp_path, c
     out, err = proc.communicate(timeout=60)
     assert proc.returncode != 0 and "Terminated" in err and "inside" not in out
     assert ctl.is_healthy()
-    assert transitions(tmp_path / "logs")[3:] == ["pause", "stop_requested", "down", "start_requested", "launched",
-                                                  "healthy", "resume"]
+    assert transitions(tmp_path / "logs")[3:] == [
+        "pause",
+        "stop_requested",
+        "down",
+        "start_requested",
+        "launched",
+        "healthy",
+        "resume",
+    ]
 
 
 def test_a_failed_restart_after_the_block_is_reported_kept_and_retried(tmp_path, controllers):
@@ -285,8 +326,10 @@ def test_a_failed_restart_after_the_block_is_reported_kept_and_retried(tmp_path,
     retries it (issue 32)."""
     flag = tmp_path / "started-once"
     settings = hs.tiny_helper_settings(tmp_path / "logs")
-    settings["command"] = (f"if [ -e {flag} ]; then echo 'boom: CUDA out of memory while loading'; exit 1; fi; "
-                           f"touch {flag}; {settings['command']}")
+    settings["command"] = (
+        f"if [ -e {flag} ]; then echo 'boom: CUDA out of memory while loading'; exit 1; fi; "
+        f"touch {flag}; {settings['command']}"
+    )
     ctl = make(controllers, settings)
     ctl.ensure_up()
     proc = pauser(settings, 0)
@@ -328,8 +371,13 @@ def test_a_corrupt_outage_record_names_the_file_and_the_fix(tmp_path):
 
 def test_external_kind_runs_the_commands_in_order(tmp_path):
     port = fixtures.free_port()
-    settings = {"kind": "external", "base_url": f"http://127.0.0.1:{port}", "health_timeout_s": 30.0,
-                "log_dir": str(tmp_path / "logs"), **background_commands(tmp_path, port)}
+    settings = {
+        "kind": "external",
+        "base_url": f"http://127.0.0.1:{port}",
+        "health_timeout_s": 30.0,
+        "log_dir": str(tmp_path / "logs"),
+        **background_commands(tmp_path, port),
+    }
     ctl = ServerController(settings)
     try:
         ctl.ensure_up()
@@ -366,8 +414,12 @@ def test_release_that_frees_nothing_falls_back_to_stop_and_start(tmp_path):
     configured stop/start takes over, and it comes back by start_command, not by resume."""
     port = fixtures.free_port()
     state = tmp_path / "state.txt"
-    settings = release_settings(f"http://127.0.0.1:{port}", tmp_path / "logs", memory_probe=f"echo {hs.BUSY_MIB}",
-                                **background_commands(tmp_path, port, "--state", str(state)))
+    settings = release_settings(
+        f"http://127.0.0.1:{port}",
+        tmp_path / "logs",
+        memory_probe=f"echo {hs.BUSY_MIB}",
+        **background_commands(tmp_path, port, "--state", str(state)),
+    )
     ctl = ServerController(settings)
     try:
         ctl.ensure_up()
@@ -405,8 +457,10 @@ def test_a_broken_memory_probe_fails_before_anything_is_released(tmp_path):
     release = release_settings(settings["base_url"], tmp_path / "logs", memory_probe="echo 'no GPUs here' >&2; exit 9")
     try:
         wait_healthy(ServerController(release))
-        with pytest.raises(ServerError, match="server.memory_probe: .* exited with 9: no GPUs here"), \
-                server_paused(release):
+        with (
+            pytest.raises(ServerError, match="server.memory_probe: .* exited with 9: no GPUs here"),
+            server_paused(release),
+        ):
             pytest.fail("extraction must not start")
         assert server_side(state) == ["started"]  # neither released nor resumed
         assert ServerController(release).current_outage() is None
@@ -415,8 +469,9 @@ def test_a_broken_memory_probe_fails_before_anything_is_released(tmp_path):
         proc.wait()
 
 
-@pytest.mark.skipif(shutil.which("nvidia-smi") is not None or torch.cuda.is_available(),
-                    reason="this machine can read its GPU memory")
+@pytest.mark.skipif(
+    shutil.which("nvidia-smi") is not None or torch.cuda.is_available(), reason="this machine can read its GPU memory"
+)
 def test_release_without_a_readable_gpu_says_it_could_not_check(tmp_path):
     settings = hs.tiny_helper_settings(tmp_path / "logs")
     proc = subprocess.Popen(settings["command"], shell=True)
@@ -527,8 +582,9 @@ def test_server_up_replaces_what_a_killed_server_left(tmp_path, controllers):
     assert hs.group_members(group) != []
     assert cli.main(["server", "up", "--settings", json.dumps(ctl.settings)]) == 0
     assert hs.group_members(group) == [] and ctl.is_healthy() and ctl.launched_pid() not in (None, pid)
-    assert "its server process is gone" in next(e.get("reason", "") for e in entries(tmp_path / "logs")
-                                                if e["event"] == "stop_requested")
+    assert "its server process is gone" in next(
+        e.get("reason", "") for e in entries(tmp_path / "logs") if e["event"] == "stop_requested"
+    )
 
 
 def test_server_help_explains_every_action_and_the_exit_status(capsys):
@@ -536,9 +592,15 @@ def test_server_help_explains_every_action_and_the_exit_status(capsys):
         cli.main(["server", "--help"])
     assert done.value.code == 0
     text = " ".join(capsys.readouterr().out.split())
-    for explained in ["up make the server healthy", "down take the server down", "status print the state as JSON",
-                      "stop-launched stop the managed server that dflash-eval launched", "finish the end-of-run hook",
-                      "exits 0 when the server is healthy, 3 when it is not", "3 from status: the server is not healthy"]:
+    for explained in [
+        "up make the server healthy",
+        "down take the server down",
+        "status print the state as JSON",
+        "stop-launched stop the managed server that dflash-eval launched",
+        "finish the end-of-run hook",
+        "exits 0 when the server is healthy, 3 when it is not",
+        "3 from status: the server is not healthy",
+    ]:
         assert explained in text, (explained, text)
 
 
@@ -564,8 +626,17 @@ def test_paused_real_server_down_inside_and_back_after_an_exception(tiny_server)
         raise RuntimeError("extraction failed")
     assert ctl.is_healthy() and ctl.launched_pid() not in (None, pid)
     events = transitions(tiny_server["log_dir"])
-    assert events[-9:] == ["pause", "stop_requested", "down", "extraction_start", "extraction_end",
-                           "start_requested", "launched", "healthy", "resume"]
+    assert events[-9:] == [
+        "pause",
+        "stop_requested",
+        "down",
+        "extraction_start",
+        "extraction_end",
+        "start_requested",
+        "launched",
+        "healthy",
+        "resume",
+    ]
 
 
 def test_two_checkouts_on_one_port_the_second_is_told_whose_server_it_is(tmp_path, controllers):
@@ -575,23 +646,37 @@ def test_two_checkouts_on_one_port_the_second_is_told_whose_server_it_is(tmp_pat
     settings = hs.tiny_helper_settings(Path("results/logs/server"))  # log_dir relative, as config.yaml has it
     first.mkdir()
     second.mkdir()
-    up = subprocess.run([sys.executable, "-m", "dflash_eval.cli", "server", "up", "--settings", json.dumps(settings)],
-                        cwd=first, capture_output=True, text=True, timeout=120)
+    up = subprocess.run(
+        [sys.executable, "-m", "dflash_eval.cli", "server", "up", "--settings", json.dumps(settings)],
+        cwd=first,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     record_file = first / "results" / "logs" / "server" / "server.pid"
     assert up.returncode == 0, up.stderr
     record = record_file.read_bytes()
     controllers.append(ServerController({**settings, "log_dir": str(first / "results/logs/server")}))
     server = json.loads(record)["pid"]
     for action in ("up", "down"):
-        run = subprocess.run([sys.executable, "-m", "dflash_eval.cli", "server", action, "--settings",
-                              json.dumps(settings)], cwd=second, capture_output=True, text=True, timeout=120)
+        run = subprocess.run(
+            [sys.executable, "-m", "dflash_eval.cli", "server", action, "--settings", json.dumps(settings)],
+            cwd=second,
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
         assert run.returncode == 2, run.stderr
         text = " ".join(run.stderr.split())
-        assert f"the server at {settings['base_url']} is up, but this checkout did not launch it " \
-               f"(results/logs/server/server.pid names no live launch): it is pid {server} (`" in text
+        assert (
+            f"the server at {settings['base_url']} is up, but this checkout did not launch it "
+            f"(results/logs/server/server.pid names no live launch): it is pid {server} (`" in text
+        )
         assert f", started in {first}; that checkout's {record_file} has it on record." in text
-        assert f"Give this checkout a port of its own (server.base_url and the port in server.command), or stop " \
-               f"it from there (`cd {first} && dflash-eval server stop-launched --config config.yaml`)" in text
+        assert (
+            f"Give this checkout a port of its own (server.base_url and the port in server.command), or stop "
+            f"it from there (`cd {first} && dflash-eval server stop-launched --config config.yaml`)" in text
+        )
     assert record_file.read_bytes() == record and hs.group_members(json.loads(record)["pgid"]), "the first's is kept"
     assert ServerController({**settings, "log_dir": str(first / "results/logs/server")}).is_healthy()
     assert not (second / "results" / "logs" / "server" / "server.pid").exists()

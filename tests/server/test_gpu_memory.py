@@ -32,8 +32,13 @@ def fake_nvml(used_bytes: list[int], init_error: str | None = None, query_error:
             raise NVMLError(query_error)
         return types.SimpleNamespace(used=used_bytes[handle], total=80 * 1024 * MIB)
 
-    return types.SimpleNamespace(NVMLError=NVMLError, nvmlInit=init, nvmlDeviceGetCount=lambda: len(used_bytes),
-                                 nvmlDeviceGetHandleByIndex=lambda index: index, nvmlDeviceGetMemoryInfo=memory)
+    return types.SimpleNamespace(
+        NVMLError=NVMLError,
+        nvmlInit=init,
+        nvmlDeviceGetCount=lambda: len(used_bytes),
+        nvmlDeviceGetHandleByIndex=lambda index: index,
+        nvmlDeviceGetMemoryInfo=memory,
+    )
 
 
 @pytest.fixture
@@ -73,8 +78,9 @@ def test_an_nvml_that_cannot_read_says_so_and_tries_nothing_else(monkeypatch, fa
     assert reading.mib is None and "NVML (nvidia-ml-py) could not read the GPU memory: GPU is lost" in reading.source
 
 
-@pytest.mark.skipif(shutil.which("nvidia-smi") is not None or torch.cuda.is_available(),
-                    reason="this machine can read its GPU memory")
+@pytest.mark.skipif(
+    shutil.which("nvidia-smi") is not None or torch.cuda.is_available(), reason="this machine can read its GPU memory"
+)
 def test_on_a_machine_without_gpus_the_reading_says_why_for_each_reader():
     reading = gpu_memory.used_mib()
     assert reading.mib is None

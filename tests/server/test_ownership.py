@@ -28,14 +28,22 @@ class Run:
 
     def __init__(self) -> None:
         self.proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
-        self.identity = {"pid": self.proc.pid, "start_ticks": process_start_ticks(self.proc.pid),
-                         "host": socket.gethostname()}
+        self.identity = {
+            "pid": self.proc.pid,
+            "start_ticks": process_start_ticks(self.proc.pid),
+            "host": socket.gethostname(),
+        }
 
     def job(self, settings: dict, *action: str) -> subprocess.CompletedProcess:
         """`dflash-eval server ACTION --settings JSON` as a job (or the end-of-run hook) of this run."""
         env = {**os.environ, RUN_ENV: json.dumps(self.identity)}
-        return subprocess.run([sys.executable, "-m", "dflash_eval.cli", "server", *action, "--settings",
-                               json.dumps(settings)], env=env, capture_output=True, text=True, timeout=120)
+        return subprocess.run(
+            [sys.executable, "-m", "dflash_eval.cli", "server", *action, "--settings", json.dumps(settings)],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
 
     def end(self, sig: int = signal.SIGTERM) -> None:
         if self.proc.poll() is None:
@@ -111,8 +119,12 @@ def test_a_fetch_whose_server_was_stopped_by_another_is_told_who(tmp_path, contr
     assert first.job(settings, "up").returncode == 0
     since = time.time()
     assert ctl.went_down_since(since) == ""
-    by_hand = subprocess.run([sys.executable, "-m", "dflash_eval.cli", "server", "stop-launched", "--settings",
-                              json.dumps(settings)], capture_output=True, text=True, timeout=60)
+    by_hand = subprocess.run(
+        [sys.executable, "-m", "dflash_eval.cli", "server", "stop-launched", "--settings", json.dumps(settings)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert by_hand.returncode == 0 and not ctl.is_healthy()
     stop = [e for e in entries(tmp_path / "logs") if e["event"] == "stop_requested"][-1]
     said = ctl.went_down_since(since)
@@ -131,23 +143,45 @@ def test_a_real_fetch_whose_server_another_process_stopped_says_who(tmp_path, co
     fixtures.build_tokenizer(tokenizer)
     port = fixtures.free_port()
     log = tmp_path / "requests.jsonl"
-    server = {"kind": "managed", "base_url": f"http://127.0.0.1:{port}", "health_timeout_s": 30, "stop_grace_s": 5,
-              "log_dir": str(tmp_path / "logs"), "command": f"exec {sys.executable} {FAKE} --port {port} --tokenizer "
-                                                            f"{tokenizer} --model {tokenizer} --delay-s 0.3 --request-log {log}"}
+    server = {
+        "kind": "managed",
+        "base_url": f"http://127.0.0.1:{port}",
+        "health_timeout_s": 30,
+        "stop_grace_s": 5,
+        "log_dir": str(tmp_path / "logs"),
+        "command": f"exec {sys.executable} {FAKE} --port {port} --tokenizer "
+        f"{tokenizer} --model {tokenizer} --delay-s 0.3 --request-log {log}",
+    }
     make(controllers, server)
-    settings = {"dataset": "t", "prompts": str(fixtures.write_prompts(tmp_path / "p.jsonl", 30)), "server": server,
-                "tokenizer": str(tokenizer), "max_tokens": 8, "concurrency": 1, "timeout_s": 10.0, "retries": 1,
-                "backoff_s": 0.05}
+    settings = {
+        "dataset": "t",
+        "prompts": str(fixtures.write_prompts(tmp_path / "p.jsonl", 30)),
+        "server": server,
+        "tokenizer": str(tokenizer),
+        "max_tokens": 8,
+        "concurrency": 1,
+        "timeout_s": 10.0,
+        "retries": 1,
+        "backoff_s": 0.05,
+    }
     out = tmp_path / "t.jsonl"
-    fetch = subprocess.Popen([sys.executable, "-m", "dflash_eval.cli", "fetch", "--settings", json.dumps(settings),
-                              "--out", str(out)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    fetch = subprocess.Popen(
+        [sys.executable, "-m", "dflash_eval.cli", "fetch", "--settings", json.dumps(settings), "--out", str(out)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     try:
         deadline = time.monotonic() + 120
         while len(served(log)) < 3:
             assert fetch.poll() is None and time.monotonic() < deadline, fetch.communicate()[1][-3000:]
             time.sleep(0.05)
-        stop = subprocess.run([sys.executable, "-m", "dflash_eval.cli", "server", "stop-launched", "--settings",
-                               json.dumps(server)], capture_output=True, text=True, timeout=60)
+        stop = subprocess.run(
+            [sys.executable, "-m", "dflash_eval.cli", "server", "stop-launched", "--settings", json.dumps(server)],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
         assert stop.returncode == 0, stop.stderr
         _, err = fetch.communicate(timeout=120)
     finally:

@@ -23,11 +23,19 @@ BUSY_MIB = 80000
 def launch(tmp_path: Path, *flags: str, dev_mode: bool = True) -> tuple[subprocess.Popen, dict]:
     port = fixtures.free_port()
     env = f"VLLM_SERVER_DEV_MODE={int(dev_mode)} "
-    command = (f"{env}exec {sys.executable} {HELPER} --port {port} --state {tmp_path / 'state.txt'} "
-               f"--memory-file {tmp_path / 'gpu_mib'} {' '.join(flags)}")
+    command = (
+        f"{env}exec {sys.executable} {HELPER} --port {port} --state {tmp_path / 'state.txt'} "
+        f"--memory-file {tmp_path / 'gpu_mib'} {' '.join(flags)}"
+    )
     proc = subprocess.Popen(command, shell=True)
-    settings = {"kind": "release", "base_url": f"http://127.0.0.1:{port}", "log_dir": str(tmp_path / "logs"),
-                "health_timeout_s": 30.0, "release_check_s": 1.0, "memory_probe": f"cat {tmp_path / 'gpu_mib'}"}
+    settings = {
+        "kind": "release",
+        "base_url": f"http://127.0.0.1:{port}",
+        "log_dir": str(tmp_path / "logs"),
+        "health_timeout_s": 30.0,
+        "release_check_s": 1.0,
+        "memory_probe": f"cat {tmp_path / 'gpu_mib'}",
+    }
     deadline = time.monotonic() + 30
     while not ServerController(settings).is_healthy():
         assert time.monotonic() < deadline and proc.poll() is None
@@ -76,12 +84,20 @@ def test_a_sleep_that_frees_nothing_falls_back_to_stop_and_start(tmp_path):
     """A vLLM started without sleep mode's memory effect keeps its memory asleep: the configured stop/start takes
     over, and it comes back by start_command, not by wake_up."""
     port, pidfile, hooks = fixtures.free_port(), tmp_path / "bg.pid", tmp_path / "calls.txt"
-    helper = (f"VLLM_SERVER_DEV_MODE=1 {sys.executable} {HELPER} --port {port} --state {tmp_path / 'state.txt'} "
-              f"--memory-file {tmp_path / 'gpu_mib'} --keeps-memory")
-    settings = {"kind": "release", "base_url": f"http://127.0.0.1:{port}", "log_dir": str(tmp_path / "logs"),
-                "health_timeout_s": 30.0, "release_check_s": 1.0, "memory_probe": f"cat {tmp_path / 'gpu_mib'}",
-                "start_command": f"echo start >> {hooks}; {helper} >/dev/null 2>&1 & echo $! > {pidfile}",
-                "stop_command": f"echo stop >> {hooks}; kill $(cat {pidfile})"}
+    helper = (
+        f"VLLM_SERVER_DEV_MODE=1 {sys.executable} {HELPER} --port {port} --state {tmp_path / 'state.txt'} "
+        f"--memory-file {tmp_path / 'gpu_mib'} --keeps-memory"
+    )
+    settings = {
+        "kind": "release",
+        "base_url": f"http://127.0.0.1:{port}",
+        "log_dir": str(tmp_path / "logs"),
+        "health_timeout_s": 30.0,
+        "release_check_s": 1.0,
+        "memory_probe": f"cat {tmp_path / 'gpu_mib'}",
+        "start_command": f"echo start >> {hooks}; {helper} >/dev/null 2>&1 & echo $! > {pidfile}",
+        "stop_command": f"echo stop >> {hooks}; kill $(cat {pidfile})",
+    }
     ctl = ServerController(settings)
     try:
         ctl.ensure_up()
@@ -99,16 +115,20 @@ def test_a_sleep_that_frees_nothing_falls_back_to_stop_and_start(tmp_path):
 
 def test_a_sleep_that_frees_nothing_without_fallback_fails_and_wakes(tmp_path, server):
     settings = server("--keeps-memory")
-    with pytest.raises(ServerError, match="did not drop .* --enable-sleep-mode and VLLM_SERVER_DEV_MODE=1"), \
-            server_paused(settings):
+    with (
+        pytest.raises(ServerError, match="did not drop .* --enable-sleep-mode and VLLM_SERVER_DEV_MODE=1"),
+        server_paused(settings),
+    ):
         pytest.fail("extraction must not start while the server still holds the GPU")
     assert calls(tmp_path) == ["started", "sleep:1", "wake_up"]
 
 
 def test_without_dev_mode_the_sleep_route_is_missing_and_named(tmp_path, server):
     settings = server(dev_mode=False)
-    with pytest.raises(ServerError, match=r"/is_sleeping did not answer.*VLLM_SERVER_DEV_MODE=1"), \
-            server_paused(settings):
+    with (
+        pytest.raises(ServerError, match=r"/is_sleeping did not answer.*VLLM_SERVER_DEV_MODE=1"),
+        server_paused(settings),
+    ):
         pytest.fail("extraction must not start")
     assert calls(tmp_path) == ["started"]  # nothing was asked of it, and no outage is left recorded
     assert ServerController(settings).current_outage() is None

@@ -30,6 +30,7 @@ async def _signalled_in_a_callback(sleep_s: float, cleanup: list[str] | None = N
 def test_a_handler_that_raises_loses_the_signal_inside_a_loop_callback(caplog):
     """Why: asyncio's Handle._run catches what the handler raises inside its callback and only logs it; the work
     runs on to the end (how fetch lost a SIGTERM before)."""
+
     def raising(signum, frame):
         raise Terminated("SIGTERM")
 

@@ -47,15 +47,16 @@ def test_an_extraction_does_not_join_a_stale_outage_while_the_server_runs(tmp_pa
     assert "no live job held: taking it down again" in err
     assert ctl.is_healthy() and not ctl.outage_file.exists()
     events = transitions(tmp_path / "logs")
-    assert events[events.index("stale_outage"):][:3] == ["stale_outage", "stop_requested", "down"]
+    assert events[events.index("stale_outage") :][:3] == ["stale_outage", "stop_requested", "down"]
     assert events[-1] == "resume"
 
 
 def test_the_next_run_ends_a_stale_outage_and_an_orphan_server_in_one_line(tmp_path, controllers):
     settings = hs.tiny_helper_settings(tmp_path / "logs")
     ctl = make(controllers, settings)
-    done = subprocess.run([sys.executable, "-c", LAUNCH_AS_A_RUN, json.dumps(settings)], capture_output=True,
-                          text=True, timeout=60)
+    done = subprocess.run(
+        [sys.executable, "-c", LAUNCH_AS_A_RUN, json.dumps(settings)], capture_output=True, text=True, timeout=60
+    )
     assert done.returncode == 0, done.stderr
     owner = json.loads((tmp_path / "logs" / "server.pid").read_text())["owner"]
     assert owner["pid"] == next(e["by_pid"] for e in entries(tmp_path / "logs") if e["event"] == "launched")

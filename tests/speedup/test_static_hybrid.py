@@ -54,14 +54,14 @@ def test_verify_blocks_with_any_kept_count_equal_the_hf_forward_over_the_kept_to
         _close(features, _hf(target, kept)[1])
         for k in [2, 4, 1, 0, 3, 1, None, 2]:
             n = 1 if k is None else 4
-            block = ids[:, cursor:cursor + n]
+            block = ids[:, cursor : cursor + n]
             logits, features = static.forward(block, torch.tensor([kept.shape[1]]), commit=k is None)
             expected_logits, expected_features = _hf(target, torch.cat([kept, block], dim=1))
             _close(logits, expected_logits[-n:])
             _close(features, expected_features[-n:])
             if k is not None:
                 static.keep(torch.tensor([k]), 4)
-            kept = torch.cat([kept, block[:, :n if k is None else k]], dim=1)
+            kept = torch.cat([kept, block[:, : n if k is None else k]], dim=1)
             cursor += n
 
 
@@ -161,15 +161,39 @@ def test_kernels_are_chosen_by_name_not_by_import() -> None:
 def test_what_the_hybrid_target_refuses(models) -> None:
     from transformers import Qwen3Config, Qwen3ForCausalLM
 
-    attention = Qwen3ForCausalLM(Qwen3Config(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
-                                             num_attention_heads=2, num_key_value_heads=1, head_dim=16))
+    attention = Qwen3ForCausalLM(
+        Qwen3Config(
+            vocab_size=64,
+            hidden_size=32,
+            intermediate_size=64,
+            num_hidden_layers=1,
+            num_attention_heads=2,
+            num_key_value_heads=1,
+            head_dim=16,
+        )
+    )
     from transformers import Qwen3NextConfig, Qwen3NextForCausalLM
 
-    nxt = Qwen3NextForCausalLM(Qwen3NextConfig(
-        vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=2,
-        num_key_value_heads=1, head_dim=16, linear_num_key_heads=1, linear_num_value_heads=2, linear_key_head_dim=16,
-        linear_value_head_dim=16, num_experts=2, num_experts_per_tok=1, moe_intermediate_size=16,
-        shared_expert_intermediate_size=16, layer_types=["linear_attention", "full_attention"]))
+    nxt = Qwen3NextForCausalLM(
+        Qwen3NextConfig(
+            vocab_size=64,
+            hidden_size=32,
+            intermediate_size=64,
+            num_hidden_layers=2,
+            num_attention_heads=2,
+            num_key_value_heads=1,
+            head_dim=16,
+            linear_num_key_heads=1,
+            linear_num_value_heads=2,
+            linear_key_head_dim=16,
+            linear_value_head_dim=16,
+            num_experts=2,
+            num_experts_per_tok=1,
+            moe_intermediate_size=16,
+            shared_expert_intermediate_size=16,
+            layer_types=["linear_attention", "full_attention"],
+        )
+    )
     assert hybrid_unsupported(models[0]) is None
     assert "StaticLoop" in hybrid_unsupported(attention)
     assert "Qwen3NextGatedDeltaNet" in hybrid_unsupported(nxt)  # its fused in_proj_qkvz is not written here
@@ -189,11 +213,23 @@ def _gpu_target(dtype: torch.dtype):
 
     torch.manual_seed(0)
     config = Qwen3_5TextConfig(
-        vocab_size=300, hidden_size=256, intermediate_size=512, num_hidden_layers=4, num_attention_heads=4,
-        num_key_value_heads=2, head_dim=64, linear_num_key_heads=2, linear_num_value_heads=4,
-        linear_key_head_dim=64, linear_value_head_dim=64,
+        vocab_size=300,
+        hidden_size=256,
+        intermediate_size=512,
+        num_hidden_layers=4,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=64,
+        linear_num_key_heads=2,
+        linear_num_value_heads=4,
+        linear_key_head_dim=64,
+        linear_value_head_dim=64,
         layer_types=["linear_attention", "linear_attention", "linear_attention", "full_attention"],
-        tie_word_embeddings=False, eos_token_id=1, bos_token_id=0, pad_token_id=0)
+        tie_word_embeddings=False,
+        eos_token_id=1,
+        bos_token_id=0,
+        pad_token_id=0,
+    )
     return Qwen3_5ForCausalLM(config).eval().to("cuda", dtype)
 
 
@@ -235,10 +271,10 @@ def test_fla_kernels_give_the_hf_forward_with_fla_bound() -> None:
         logits, _ = static.forward(kept, torch.zeros(1, dtype=torch.long, device="cuda"))
         near(logits, target(kept).logits[0])
         for k in [2, 4, 1, 3]:
-            block = ids[:, cursor:cursor + 4]
+            block = ids[:, cursor : cursor + 4]
             logits, _ = static.forward(block, torch.tensor([kept.shape[1]], device="cuda"), commit=False)
             near(logits, target(torch.cat([kept, block], dim=1)).logits[0, -4:])
             static.keep(torch.tensor([k], device="cuda"), 4)
             kept, cursor = torch.cat([kept, block[:, :k]], dim=1), cursor + 4
-        logits, _ = static.forward(ids[:, cursor:cursor + 1], torch.tensor([kept.shape[1]], device="cuda"))
-        near(logits, target(torch.cat([kept, ids[:, cursor:cursor + 1]], dim=1)).logits[0, -1:])
+        logits, _ = static.forward(ids[:, cursor : cursor + 1], torch.tensor([kept.shape[1]], device="cuda"))
+        near(logits, target(torch.cat([kept, ids[:, cursor : cursor + 1]], dim=1)).logits[0, -1:])

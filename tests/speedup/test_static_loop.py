@@ -54,9 +54,9 @@ def test_device_side_acceptance_on_hand_made_logits(models) -> None:
     with torch.inference_mode():
         loop.ids[4][0] = torch.tensor([5, 11, 12, 13])
         logits = torch.zeros(4, 300)
-        logits[0, 11], logits[0, 40] = 3.0, 2.0   # row 0: d1, then 40
-        logits[1, 12] = 3.0                        # row 1: d2
-        logits[2, 77] = 3.0                        # row 2: 77, not d3: the bonus
+        logits[0, 11], logits[0, 40] = 3.0, 2.0  # row 0: d1, then 40
+        logits[1, 12] = 3.0  # row 1: d2
+        logits[2, 77] = 3.0  # row 2: 77, not d3: the bonus
         loop.logits[4].copy_(logits)
         loop.start.fill_(10)
         loop.steps[("accept", 4)]()
@@ -123,6 +123,14 @@ def test_which_targets_the_static_cache_runs() -> None:
 
     assert static_unsupported(tiny_attention_target()) is None
     assert "Gated DeltaNet" in static_unsupported(tiny_target(seed=0))
-    llama = LlamaForCausalLM(LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
-                                         num_attention_heads=2, num_key_value_heads=1))
+    llama = LlamaForCausalLM(
+        LlamaConfig(
+            vocab_size=64,
+            hidden_size=32,
+            intermediate_size=64,
+            num_hidden_layers=1,
+            num_attention_heads=2,
+            num_key_value_heads=1,
+        )
+    )
     assert "'llama'" in static_unsupported(llama)

@@ -31,8 +31,7 @@ def test_the_tree_is_built_best_first() -> None:
     assert build_tree(flat, np.arange(12).reshape(3, 4), 4)[1] == [0, 1, 1, 1, 1]
     assert build_tree(flat, np.arange(12).reshape(3, 4), 4, spine=True)[1] == [0, 1, 2, 3, 1]
     mask = ancestors(parents)
-    assert mask[2].tolist() == [True, True, True, False, False] and mask[4].tolist() == [True, False, False,
-                                                                                          True, True]
+    assert mask[2].tolist() == [True, True, True, False, False] and mask[4].tolist() == [True, False, False, True, True]
 
 
 @pytest.mark.parametrize("budget", [3, 8])
@@ -47,7 +46,7 @@ def test_greedy_tree_loop_is_the_targets_output_and_the_offline_evaluators_steps
     assert torch.equal(run.output_ids, greedy) and run.new_tokens == 30
     tokens, start = greedy[0], prompt.shape[1]
     for logits, produced in zip(loop.trace, run.acceptance_lengths[:-1]):
-        truth = tokens[start + 1:start + 4]
+        truth = tokens[start + 1 : start + 4]
         truth = torch.cat([truth, torch.full((3 - truth.shape[0],), -1)])
         offline = int(tree_accepted(logits[None].float(), truth[None], [budget])[0, 0])
         assert produced == offline + 1
@@ -72,6 +71,7 @@ def favoured_loop(models, seed: int, budget: int) -> tuple[torch.Tensor, torch.T
                 logits[d, greedy[0, s + 1 + d]] += 49.0 if d == 1 else 50.0
                 logits[d, (int(greedy[0, s + 1 + d]) + 1) % 300] += 50.0 if d == 1 else 0.0
         return logits
+
     loop.drafter.draft_logits = favoured
     return prompt, greedy, loop
 
@@ -96,8 +96,9 @@ def test_simulated_acceptance_forces_k_along_the_best_path(models) -> None:
     assert set(loop.generate_tree(prompt, 30, 8, simulate_tau=4.0).acceptance_lengths[:-1]) == {4}
 
 
-def _reference_tree_run(loop: TreeLoop, prompt: torch.Tensor, new_tokens: int, budget: int,
-                        tau: float | None, seed: int) -> tuple[list[int], list[int]]:
+def _reference_tree_run(
+    loop: TreeLoop, prompt: torch.Tensor, new_tokens: int, budget: int, tau: float | None, seed: int
+) -> tuple[list[int], list[int]]:
     """The loop as first written (host-side top-k, walk, bonus and compaction, eager): its output ids and
     acceptance lengths, the expectation the server-like loop (device-side bookkeeping) must meet exactly."""
     import random
@@ -107,13 +108,14 @@ def _reference_tree_run(loop: TreeLoop, prompt: torch.Tensor, new_tokens: int, b
     b = loop.block
     with torch.inference_mode():
         n = loop.prefill(prompt, b)
-        out, lengths, start, rng = loop.out[:n + 1].tolist(), [], n, random.Random(seed)
+        out, lengths, start, rng = loop.out[: n + 1].tolist(), [], n, random.Random(seed)
         while start + 1 < n + new_tokens:
             forced = simulated_length(tau, b, rng) if tau is not None else None
             logits = loop.drafter.draft_logits(loop.features[b], loop.ctx_start, loop.ids[b][0, :1], loop.start, b)
             top = torch.log_softmax(logits.float(), -1).topk(min(budget, logits.shape[1]), -1)
-            parents, depths, tokens = build_tree(top.values.cpu().numpy(), top.indices.cpu().numpy(), budget,
-                                                 tau is not None)
+            parents, depths, tokens = build_tree(
+                top.values.cpu().numpy(), top.indices.cpu().numpy(), budget, tau is not None
+            )
             size, mask = len(parents), np.eye(budget + 1, dtype=bool)
             mask[:size, :size] = ancestors(parents)
             ids, depth = torch.zeros(1, budget + 1, dtype=torch.long), torch.zeros(budget + 1, dtype=torch.long)
@@ -124,27 +126,34 @@ def _reference_tree_run(loop: TreeLoop, prompt: torch.Tensor, new_tokens: int, b
             for node, parent in enumerate(parents[1:], start=1):
                 children.setdefault(parent, []).append(node)
             path = [0]
-            while (forced is None and any(tokens[c] == int(logits[path[-1]].argmax()) for c in children.get(
-                    path[-1], []))) or (forced is not None and len(path) < forced and children.get(path[-1])):
-                path.append(next(c for c in children[path[-1]] if forced is not None
-                                 or tokens[c] == int(logits[path[-1]].argmax())))
+            while (
+                forced is None and any(tokens[c] == int(logits[path[-1]].argmax()) for c in children.get(path[-1], []))
+            ) or (forced is not None and len(path) < forced and children.get(path[-1])):
+                path.append(
+                    next(
+                        c
+                        for c in children[path[-1]]
+                        if forced is not None or tokens[c] == int(logits[path[-1]].argmax())
+                    )
+                )
             row = logits[path[-1]].float().clone()
             if forced is not None and children.get(path[-1]):
                 row[tokens[children[path[-1]][0]]] = float("-inf")
             out.extend([tokens[i] for i in path[1:]] + [int(row.argmax())])
             loop.target.compact(start, torch.tensor(path, device=loop.device) + start)
             loop.features[b].zero_()
-            loop.features[b][:len(path)] = features[torch.tensor(path, device=loop.device)]
+            loop.features[b][: len(path)] = features[torch.tensor(path, device=loop.device)]
             loop.ctx_start.fill_(start)
             lengths.append(min(len(path), n + new_tokens - start - 1))
             start += len(path)
             loop.start.fill_(start)
             loop.ids[b][0, 0] = out[-1]
-    return out[:n + new_tokens], lengths
+    return out[: n + new_tokens], lengths
 
 
-@pytest.mark.parametrize(("budget", "tau", "seed"), [(3, None, 0), (8, None, 1), (6, 2.5, 2), (8, 3.7, 3),
-                                                     (16, 1.6, 4), (2, 4.0, 5)])
+@pytest.mark.parametrize(
+    ("budget", "tau", "seed"), [(3, None, 0), (8, None, 1), (6, 2.5, 2), (8, 3.7, 3), (16, 1.6, 4), (2, 4.0, 5)]
+)
 def test_the_loop_equals_its_first_host_side_version(models, budget: int, tau: float | None, seed: int) -> None:
     """Device-side top-k, walk upload and accept graph change nothing: the same tokens and the same steps as the
     host-side loop it replaced (greedy and simulated; budgets above and below the block's positions)."""

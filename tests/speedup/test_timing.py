@@ -33,14 +33,15 @@ def clock(monkeypatch):
         fake = Clock(durations)
         monkeypatch.setattr(timing.time, "perf_counter", fake)
         return fake
+
     return make
 
 
 def test_median_ci_is_the_exact_order_statistic_interval():
-    assert median_ci(range(1, 6)) == (float("-inf"), float("inf"))   # n=5: no 95% interval exists
-    assert median_ci(range(1, 7)) == (1.0, 6.0)                       # n=6: x(1)..x(6), 96.9%
-    assert median_ci(range(1, 11)) == (2.0, 9.0)                      # n=10: x(2)..x(9), 97.9%
-    assert median_ci(range(1, 101)) == (40.0, 61.0)                   # n=100: the textbook x(40)..x(61)
+    assert median_ci(range(1, 6)) == (float("-inf"), float("inf"))  # n=5: no 95% interval exists
+    assert median_ci(range(1, 7)) == (1.0, 6.0)  # n=6: x(1)..x(6), 96.9%
+    assert median_ci(range(1, 11)) == (2.0, 9.0)  # n=10: x(2)..x(9), 97.9%
+    assert median_ci(range(1, 101)) == (40.0, 61.0)  # n=100: the textbook x(40)..x(61)
 
 
 def test_a_steady_step_stops_at_the_fewest_repeats_that_give_a_ci(clock):

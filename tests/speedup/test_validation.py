@@ -8,13 +8,24 @@ from dflash_eval.errors import DflashEvalError
 from dflash_eval.report.markdown import validation_lines
 from dflash_eval.speedup import labels, validation
 
-CELL = {"shape": "8b", "target": "pure attention", "kind": "chain", "profile_method": "graphs",
-        "draft_method": "graphs"}
+CELL = {
+    "shape": "8b",
+    "target": "pure attention",
+    "kind": "chain",
+    "profile_method": "graphs",
+    "draft_method": "graphs",
+}
 
 
 def test_an_entry_spans_its_cells_and_names_this_code():
-    made = validation.entry([{**CELL, "ratio": 0.98}, {**CELL, "ratio": 1.0412}, {**CELL, "ratio": 1.01}],
-                            labels.MEASURED, "NVIDIA H200", "2026-12-03", "abc1234", "benchmarks/results/speedup_validation.md")
+    made = validation.entry(
+        [{**CELL, "ratio": 0.98}, {**CELL, "ratio": 1.0412}, {**CELL, "ratio": 1.01}],
+        labels.MEASURED,
+        "NVIDIA H200",
+        "2026-12-03",
+        "abc1234",
+        "benchmarks/results/speedup_validation.md",
+    )
     assert (made["cells"], made["ratio_min"], made["ratio_max"]) == (3, 0.98, 1.041)
     assert made["estimate_code"] == validation.code_hash()
     text = validation.describe(labels.MEASURED, [made])
@@ -22,8 +33,10 @@ def test_an_entry_spans_its_cells_and_names_this_code():
 
 
 def test_an_entry_of_other_code_says_so_and_an_unrecorded_source_is_not_validated():
-    old = {**validation.entry([{**CELL, "ratio": 2.0}], labels.MEASURED, "H200", "2026-12-02", "741c8bc", "r.md"),
-           "estimate_code": "sha256:0000000000000000"}
+    old = {
+        **validation.entry([{**CELL, "ratio": 2.0}], labels.MEASURED, "H200", "2026-12-02", "741c8bc", "r.md"),
+        "estimate_code": "sha256:0000000000000000",
+    }
     assert "earlier estimate code (741c8bc), not this version's" in validation.describe(labels.MEASURED, [old])
     assert validation.describe(labels.USER, [old]).startswith("'user profile' estimates: not validated")
 
@@ -45,14 +58,18 @@ def test_update_replaces_the_same_device_shape_and_kind_only(tmp_path):
 def test_the_shipped_record_loads_and_hashes_the_code_it_names():
     entries = validation.load()
     assert entries and all(e["source"] == labels.MEASURED and e["ratio_min"] <= e["ratio_max"] for e in entries)
-    assert all(e["estimate_code"].startswith("sha256:") and e["record"].startswith("benchmarks/results/")
-               for e in entries)
+    assert all(
+        e["estimate_code"].startswith("sha256:") and e["record"].startswith("benchmarks/results/") for e in entries
+    )
 
 
 def test_the_summary_validates_each_source_an_estimate_was_made_from():
-    evaluations = [SimpleNamespace(metrics={"speedup": {"available": True,
-                                                        "source": f"{labels.USER}; drafter step {labels.MEASURED}"}}),
-                   SimpleNamespace(metrics={"speedup": {"available": False, "source": labels.NO_PROFILE}})]
+    evaluations = [
+        SimpleNamespace(
+            metrics={"speedup": {"available": True, "source": f"{labels.USER}; drafter step {labels.MEASURED}"}}
+        ),
+        SimpleNamespace(metrics={"speedup": {"available": False, "source": labels.NO_PROFILE}}),
+    ]
     lines = validation_lines(evaluations)
     assert len(lines) == 2 and lines[0].startswith("- 'user profile' estimates: not validated")
     assert lines[1].startswith("- 'measured by us' estimates, validated (benchmarks/results/speedup_validation.md)")

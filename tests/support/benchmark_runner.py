@@ -60,9 +60,11 @@ class SmokeRun:
 
     def failure(self) -> str:
         """A message for a failed run, naming the script, with the end of its output and its traceback."""
-        return (f"{self.script.relative_to(ROOT) if self.script.is_relative_to(ROOT) else self.script} "
-                f"--smoke exited {self.code} after {self.seconds:.1f} s\n--- stdout (end) ---\n{self.stdout[-3000:]}"
-                f"\n--- stderr (end) ---\n{self.stderr[-3000:]}\n--- traceback ---\n{self.error}")
+        return (
+            f"{self.script.relative_to(ROOT) if self.script.is_relative_to(ROOT) else self.script} "
+            f"--smoke exited {self.code} after {self.seconds:.1f} s\n--- stdout (end) ---\n{self.stdout[-3000:]}"
+            f"\n--- stderr (end) ---\n{self.stderr[-3000:]}\n--- traceback ---\n{self.error}"
+        )
 
 
 class RecordRefused(RuntimeError):
@@ -78,8 +80,10 @@ def _guarded_record() -> Any:
 
     def print_and_record(lines: list[str], record: Path | None) -> None:
         if record is not None and Path(record).resolve().is_relative_to(RESULTS.resolve()):
-            raise RecordRefused(f"a smoke run asked to append to {record}: smoke runs record nothing (pass record=None "
-                                "through record.smoke_mode)")
+            raise RecordRefused(
+                f"a smoke run asked to append to {record}: smoke runs record nothing (pass record=None "
+                "through record.smoke_mode)"
+            )
         unguarded(lines, record)
 
     module.print_and_record = print_and_record
@@ -88,15 +92,22 @@ def _guarded_record() -> Any:
 
 def _modeling_bindings() -> list[tuple[Any, str, Any]]:
     """(module, name, function) of every Gated DeltaNet kernel global that bind_backend/use_backend rebind."""
-    return [(module, name, getattr(module, name)) for module in backends._loaded_modeling_modules()
-            for name in backends.ROLE_NAMES.values() if hasattr(module, name)]
+    return [
+        (module, name, getattr(module, name))
+        for module in backends._loaded_modeling_modules()
+        for name in backends.ROLE_NAMES.values()
+        if hasattr(module, name)
+    ]
 
 
 def _logger_state() -> dict[str, tuple]:
-    loggers = {"": logging.getLogger()} | {name: logger for name, logger in logging.Logger.manager.loggerDict.items()
-                                          if isinstance(logger, logging.Logger)}
-    return {name: (logger, logger.level, list(logger.handlers), logger.propagate, logger.disabled)
-            for name, logger in loggers.items()}
+    loggers = {"": logging.getLogger()} | {
+        name: logger for name, logger in logging.Logger.manager.loggerDict.items() if isinstance(logger, logging.Logger)
+    }
+    return {
+        name: (logger, logger.level, list(logger.handlers), logger.propagate, logger.disabled)
+        for name, logger in loggers.items()
+    }
 
 
 def _restore_loggers(saved: dict[str, tuple]) -> None:
@@ -114,11 +125,19 @@ def isolated(script: Path, argv: Sequence[str]) -> Iterator[None]:
     """Run the body as `python script argv...` would see the process, and undo what it changed after."""
     saved_argv, saved_path, saved_cwd, saved_env = sys.argv[:], sys.path[:], os.getcwd(), dict(os.environ)
     saved_modules = set(sys.modules)
-    torch_state = (torch.get_num_threads(), torch.get_default_dtype(), torch.get_default_device(),
-                   torch.get_rng_state(), torch.are_deterministic_algorithms_enabled(),
-                   torch.is_deterministic_algorithms_warn_only_enabled(), torch.is_grad_enabled(),
-                   torch.get_float32_matmul_precision(), torch.backends.cudnn.benchmark,
-                   torch.backends.cudnn.deterministic, torch.is_anomaly_enabled())
+    torch_state = (
+        torch.get_num_threads(),
+        torch.get_default_dtype(),
+        torch.get_default_device(),
+        torch.get_rng_state(),
+        torch.are_deterministic_algorithms_enabled(),
+        torch.is_deterministic_algorithms_warn_only_enabled(),
+        torch.is_grad_enabled(),
+        torch.get_float32_matmul_precision(),
+        torch.backends.cudnn.benchmark,
+        torch.backends.cudnn.deterministic,
+        torch.is_anomaly_enabled(),
+    )
     rng_state = (random.getstate(), np.random.get_state())
     kernels, bound = _modeling_bindings(), backends._bound
     loggers, logging_disabled = _logger_state(), logging.root.manager.disable
@@ -145,8 +164,19 @@ def isolated(script: Path, argv: Sequence[str]) -> Iterator[None]:
             origin = getattr(sys.modules[name], "__file__", None) or ""
             if name == "record" or Path(origin).resolve().is_relative_to(script.parent.resolve()):
                 del sys.modules[name]
-        (threads, dtype, device, rng, deterministic, warn_only, grad, precision, cudnn_benchmark,
-         cudnn_deterministic, anomaly) = torch_state
+        (
+            threads,
+            dtype,
+            device,
+            rng,
+            deterministic,
+            warn_only,
+            grad,
+            precision,
+            cudnn_benchmark,
+            cudnn_deterministic,
+            anomaly,
+        ) = torch_state
         torch.set_num_threads(threads)
         torch.set_default_dtype(dtype)
         if torch.get_default_device() != device:  # setting "cpu" would install a device mode where none was
@@ -225,14 +255,17 @@ def run_in_process(script: Path, argv: Sequence[str] = ("--smoke",)) -> SmokeRun
 
 def run_in_subprocess(script: Path, argv: Sequence[str] = ("--smoke",), timeout: float = 900) -> SmokeRun:
     """The fallback: `python script argv...` in a fresh process (its own imports: seconds of CPU more)."""
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT / "src"), os.environ.get("PYTHONPATH", "")]),
-           "OMP_NUM_THREADS": "1"}
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join([str(ROOT / "src"), os.environ.get("PYTHONPATH", "")]),
+        "OMP_NUM_THREADS": "1",
+    }
     started, cpu = time.perf_counter(), _cpu()
-    done = subprocess.run([sys.executable, str(script), *argv], cwd=ROOT, env=env, capture_output=True, text=True,
-                          timeout=timeout)
+    done = subprocess.run(
+        [sys.executable, str(script), *argv], cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout
+    )
     own, children = (b - a for a, b in zip(cpu, _cpu()))
-    return SmokeRun(script, done.returncode, done.stdout, done.stderr, "", time.perf_counter() - started, own,
-                    children)
+    return SmokeRun(script, done.returncode, done.stdout, done.stderr, "", time.perf_counter() - started, own, children)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -241,16 +274,22 @@ def main(argv: list[str] | None = None) -> int:
     args = sys.argv[1:] if argv is None else argv
     fresh = "--subprocess" in args
     names = [a for a in args if a != "--subprocess"] or sorted(
-        p.stem for p in BENCHMARKS.glob("*.py") if p.stem not in ("record", "multi_gpu_scaling"))
+        p.stem for p in BENCHMARKS.glob("*.py") if p.stem not in ("record", "multi_gpu_scaling")
+    )
     torch.set_num_threads(1)  # what OMP_NUM_THREADS=1 gives each fresh process
-    print(f"| script | {'own process' if fresh else 'in process'}: wall s | CPU s, this process | CPU s, children | ok |")
+    print(
+        f"| script | {'own process' if fresh else 'in process'}: wall s | CPU s, this process | CPU s, children | ok |"
+    )
     print("|---|---:|---:|---:|---|")
     failed = 0
     for name in names:
         done = (run_in_subprocess if fresh else run_in_process)(BENCHMARKS / f"{name}.py")
         failed += done.code != 0
-        print(f"| {name} | {done.seconds:.1f} | {done.cpu_s:.1f} | {done.children_cpu_s:.1f} | "
-              f"{'yes' if done.code == 0 else 'NO'} |", flush=True)
+        print(
+            f"| {name} | {done.seconds:.1f} | {done.cpu_s:.1f} | {done.children_cpu_s:.1f} | "
+            f"{'yes' if done.code == 0 else 'NO'} |",
+            flush=True,
+        )
     return 1 if failed else 0
 
 

@@ -25,6 +25,18 @@ def copy_workflow_with_stand_in(dest: Path, stand_in: str) -> Path:
 def snakemake_in(root: Path, *args: str) -> subprocess.CompletedProcess:
     """This checkout's Snakefile run in project `root` with its config.yaml, on 2 cores, offline."""
     env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1"}
-    command = [sys.executable, "-m", "snakemake", "--snakefile", str(REPO / "Snakefile"), "--directory", str(root),
-               "--configfile", str(root / "config.yaml"), "--cores", "2", *args]
+    command = [
+        sys.executable,
+        "-m",
+        "snakemake",
+        "--snakefile",
+        str(REPO / "Snakefile"),
+        "--directory",
+        str(root),
+        "--configfile",
+        str(root / "config.yaml"),
+        "--cores",
+        "2",
+        *args,
+    ]
     return subprocess.run(command, cwd=root, env=env, capture_output=True, text=True, timeout=900)

@@ -37,14 +37,22 @@ def tiny_drafter_dir(target_dir: Path, out: Path, layer_ids: Sequence[int] = (0,
     return out
 
 
-def demo_server_command(target: Path | str, drafter: Path | str, port: int, env: str = "", extra: str = "",
-                        algorithm: str = "DFLASH") -> str:
+def demo_server_command(
+    target: Path | str, drafter: Path | str, port: int, env: str = "", extra: str = "", algorithm: str = "DFLASH"
+) -> str:
     """The managed server command of the demo server on `port`, single-threaded, with `env` before and `extra`
     after the SGLang flags."""
-    return " ".join(part for part in (
-        env, f"OMP_NUM_THREADS=1 exec {sys.executable} -m dflash_eval.cli demo-server --model-path {target}",
-        f"--port {port} --speculative-algorithm {algorithm} --speculative-draft-model-path {drafter}",
-        f"--speculative-num-draft-tokens {BLOCK}", extra) if part)
+    return " ".join(
+        part
+        for part in (
+            env,
+            f"OMP_NUM_THREADS=1 exec {sys.executable} -m dflash_eval.cli demo-server --model-path {target}",
+            f"--port {port} --speculative-algorithm {algorithm} --speculative-draft-model-path {drafter}",
+            f"--speculative-num-draft-tokens {BLOCK}",
+            extra,
+        )
+        if part
+    )
 
 
 def demo_server(base: Path, env: str = "", extra: str = "", algorithm: str = "DFLASH") -> tuple[dict, Path, Path]:
@@ -53,7 +61,13 @@ def demo_server(base: Path, env: str = "", extra: str = "", algorithm: str = "DF
     target = build_tiny_target(base / "target")
     drafter = tiny_drafter_dir(target, base / "drafter")
     port = free_port()
-    settings = {"kind": "managed", "base_url": f"http://127.0.0.1:{port}", "model": None,
-                "command": demo_server_command(target, drafter, port, env, extra, algorithm),
-                "health_timeout_s": 120.0, "stop_grace_s": 5.0, "log_dir": str(base / "logs")}
+    settings = {
+        "kind": "managed",
+        "base_url": f"http://127.0.0.1:{port}",
+        "model": None,
+        "command": demo_server_command(target, drafter, port, env, extra, algorithm),
+        "health_timeout_s": 120.0,
+        "stop_grace_s": 5.0,
+        "log_dir": str(base / "logs"),
+    }
     return settings, target, drafter

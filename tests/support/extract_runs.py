@@ -15,9 +15,15 @@ LAYERS = [0, 2]
 
 def extract_settings(target_dir, **overrides):
     """Extract-stage settings for the tiny target in `target_dir` (shards of 10 tokens, layers LAYERS)."""
-    settings = {"dataset": "toy", "layer_ids": LAYERS, "shard_tokens": 10, "store_argmax": True,
-                "strict_tokens": False, "server": None,
-                "target": {"path": str(target_dir), "dtype": "float32", "device": "cpu", "backend": "torch"}}
+    settings = {
+        "dataset": "toy",
+        "layer_ids": LAYERS,
+        "shard_tokens": 10,
+        "store_argmax": True,
+        "strict_tokens": False,
+        "server": None,
+        "target": {"path": str(target_dir), "dtype": "float32", "device": "cpu", "backend": "torch"},
+    }
     settings.update(overrides)
     return settings
 
@@ -34,6 +40,7 @@ class Counting:
                 raise KeyboardInterrupt  # what Ctrl-C or a scheduler's kill looks like from inside
             self.calls += 1
             return original(*args, **kwargs)
+
         monkeypatch.setattr(extract_stage, "capture_layers", capture)
 
 
@@ -42,8 +49,15 @@ def tiny_records(lengths, seed=0):
     records = []
     for index, length in enumerate(lengths):
         ids = [rng.randrange(2, 290) for _ in range(length)]
-        records.append({"id": f"s{index}", "prompt_token_ids": ids[:2], "completion_token_ids": ids[2:],
-                        "completion_ids_source": "server", "token_check": {}})
+        records.append(
+            {
+                "id": f"s{index}",
+                "prompt_token_ids": ids[:2],
+                "completion_token_ids": ids[2:],
+                "completion_ids_source": "server",
+                "token_check": {},
+            }
+        )
     return records
 
 
@@ -57,8 +71,9 @@ def cache_states(out):
     cache = HiddenCache(out)
     loaded = {s["id"]: cache.load_sample(s["id"]) for s in cache.samples}
     for states in loaded.values():
-        states.features, states.argmax, states.input_ids = (t.clone() for t in (states.features, states.argmax,
-                                                                                   states.input_ids))
+        states.features, states.argmax, states.input_ids = (
+            t.clone() for t in (states.features, states.argmax, states.input_ids)
+        )
     return loaded
 
 

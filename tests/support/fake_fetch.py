@@ -19,12 +19,22 @@ FAKE = Path(fake_server.__file__).resolve()
 
 
 @contextlib.contextmanager
-def fake_process(tokenizer_dir: Path, log: Path | None = None, *flags: str, model: str | None = None,
-                 port: int | None = None):
+def fake_process(
+    tokenizer_dir: Path, log: Path | None = None, *flags: str, model: str | None = None, port: int | None = None
+):
     """Run the fake server (on `port`, else a free one); yields (process, base URL); kills it at the end."""
     port = port or fixtures.free_port()
-    cmd = [sys.executable, str(FAKE), "--port", str(port), "--tokenizer", str(tokenizer_dir),
-           "--model", model or str(tokenizer_dir), *flags]
+    cmd = [
+        sys.executable,
+        str(FAKE),
+        "--port",
+        str(port),
+        "--tokenizer",
+        str(tokenizer_dir),
+        "--model",
+        model or str(tokenizer_dir),
+        *flags,
+    ]
     if log is not None:
         cmd += ["--request-log", str(log)]
     proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL)
@@ -48,10 +58,25 @@ def fake(tokenizer_dir: Path, log: Path | None = None, *flags: str, model: str |
 
 
 def settings(tmp_path: Path, url: str, tokenizer_dir: Path, prompts: Path, **over) -> dict:
-    server = {"kind": "external", "base_url": url, "start_command": "false", "stop_command": "true",
-              "log_dir": str(tmp_path / "server-logs")}
-    return {"dataset": "t", "prompts": str(prompts), "server": server, "tokenizer": str(tokenizer_dir),
-            "max_tokens": 16, "concurrency": 4, "timeout_s": 10.0, "retries": 3, "backoff_s": 0.05, **over}
+    server = {
+        "kind": "external",
+        "base_url": url,
+        "start_command": "false",
+        "stop_command": "true",
+        "log_dir": str(tmp_path / "server-logs"),
+    }
+    return {
+        "dataset": "t",
+        "prompts": str(prompts),
+        "server": server,
+        "tokenizer": str(tokenizer_dir),
+        "max_tokens": 16,
+        "concurrency": 4,
+        "timeout_s": 10.0,
+        "retries": 3,
+        "backoff_s": 0.05,
+        **over,
+    }
 
 
 def served(log: Path, status=200) -> list[int]:

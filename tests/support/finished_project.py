@@ -14,8 +14,11 @@ from tests.support.checkout import copy_workflow
 
 def snapshot(root: Path) -> dict[str, tuple[bytes, int]]:
     """Every result file's bytes and mtime."""
-    return {str(p.relative_to(root)): (p.read_bytes(), p.stat().st_mtime_ns)
-            for p in sorted((root / "results").rglob("*")) if p.is_file() and "logs" not in p.parts}
+    return {
+        str(p.relative_to(root)): (p.read_bytes(), p.stat().st_mtime_ns)
+        for p in sorted((root / "results").rglob("*"))
+        if p.is_file() and "logs" not in p.parts
+    }
 
 
 def refused(workflow: Path, root: Path, *args: str) -> str:

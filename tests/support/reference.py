@@ -61,8 +61,9 @@ def heap_tree(logprobs: torch.Tensor, budget: int) -> set[tuple[int, ...]]:
     return {tuple(int(indices[d, r]) for d, r in enumerate(ranks)) for ranks, _ in best_first(values, budget)}
 
 
-def ddtree_reference_loop(drafter, target, prompt_ids: list[int], max_new_tokens: int, stop_ids: list[int],
-                  budget: int) -> tuple[list[int], list[int]]:
+def ddtree_reference_loop(
+    drafter, target, prompt_ids: list[int], max_new_tokens: int, stop_ids: list[int], budget: int
+) -> tuple[list[int], list[int]]:
     """A straightforward DDTree loop with the live target: build each tree, walk it with the target's
     greedy choices, accept the deepest matching path plus the bonus token. Returns (lengths, ids)."""
     ids = list(prompt_ids)
@@ -74,7 +75,7 @@ def ddtree_reference_loop(drafter, target, prompt_ids: list[int], max_new_tokens
         tree = heap_tree(_draft_logprobs(drafter, target, ids, start, size), budget) if size > 1 else set()
         path: tuple[int, ...] = ()
         while True:
-            nxt = _greedy_next(target, ids[:start + 1] + list(path))
+            nxt = _greedy_next(target, ids[: start + 1] + list(path))
             if path + (nxt,) in tree:
                 path += (nxt,)
             else:
@@ -85,10 +86,10 @@ def ddtree_reference_loop(drafter, target, prompt_ids: list[int], max_new_tokens
             if token in stop_ids:
                 produced, stopped = offset, True
                 break
-        ids = ids[:start + 1] + produced_ids[:produced]
+        ids = ids[: start + 1] + produced_ids[:produced]
         start += produced
         lengths.append(produced)
-    return lengths, ids[:min(start + 1, max_length)]
+    return lengths, ids[: min(start + 1, max_length)]
 
 
 def chain_tie_gap(logprobs: torch.Tensor, truth: list[int], accepted: tuple[int, int]) -> float:
@@ -115,8 +116,17 @@ def tree_tie_gap(logprobs: torch.Tensor, truth: list[int], budget: int) -> float
     return min(gaps) if gaps else float("inf")
 
 
-def assert_same_steps(mine: list[int], ref_steps: list[int], ref_ids: list[int], expected_ids: list[int],
-                      prompt_len: int, target, tie: float = 1e-4, draft_logprobs=None, budget: int | None = None) -> int:
+def assert_same_steps(
+    mine: list[int],
+    ref_steps: list[int],
+    ref_ids: list[int],
+    expected_ids: list[int],
+    prompt_len: int,
+    target,
+    tie: float = 1e-4,
+    draft_logprobs=None,
+    budget: int | None = None,
+) -> int:
     """Offline steps must equal the live loop's, step by step, or differ only at a near-tie.
 
     Two kinds of floating-point near-tie are allowed, both shown, never assumed: the live loop's
@@ -143,9 +153,11 @@ def assert_same_steps(mine: list[int], ref_steps: list[int], ref_ids: list[int],
             tied = True
             assert draft_logprobs is not None, (compared, mine, ref_steps)
             logprobs = draft_logprobs(start)
-            truth = expected_ids[start + 1:start + 1 + logprobs.shape[0]]
+            truth = expected_ids[start + 1 : start + 1 + logprobs.shape[0]]
             gap = tree_tie_gap(logprobs, truth, budget) if budget else chain_tie_gap(logprobs, truth, (a - 1, b - 1))
-            assert gap < tie, f"step {compared} at anchor {start}: {a} offline vs {b} in the reference loop, no near-tie (gap {gap:.3g})"
+            assert gap < tie, (
+                f"step {compared} at anchor {start}: {a} offline vs {b} in the reference loop, no near-tie (gap {gap:.3g})"
+            )
             break
         start, compared = start + a, compared + 1
     if diverge > len(expected_ids) and not tied:
@@ -163,8 +175,16 @@ def assert_autoregressive_is_greedy(loop, target, prompt: torch.Tensor, new_toke
     assert torch.equal(run.output_ids, greedy)
 
 
-def dflash_reference(drafter, target, prompt: torch.Tensor, new_tokens: int, block: int, tau: float | None,
-                     seed: int, exact_rollback: bool = False):
+def dflash_reference(
+    drafter,
+    target,
+    prompt: torch.Tensor,
+    new_tokens: int,
+    block: int,
+    tau: float | None,
+    seed: int,
+    exact_rollback: bool = False,
+):
     """dflash's own `dflash_generate` (return_stats), greedy or with acceptance forced at `tau` as SGLang's
     SGLANG_SIMULATE_ACC_LEN does; `exact_rollback` for a Gated DeltaNet hybrid (demo/reference.py: transformers'
     crop keeps rejected tokens in the GDN states). The reference the static loops are held to."""
@@ -182,5 +202,4 @@ def dflash_reference(drafter, target, prompt: torch.Tensor, new_tokens: int, blo
         stack.enter_context(_host_clock_on_cpu(prompt.device))
         if tau is not None:
             stack.enter_context(forced_acceptance(target, tau, seed=seed))
-        return reference.dflash_generate(drafter, target, prompt, new_tokens, None, block_size=block,
-                                         return_stats=True)
+        return reference.dflash_generate(drafter, target, prompt, new_tokens, None, block_size=block, return_stats=True)

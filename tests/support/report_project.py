@@ -34,16 +34,24 @@ def report_config() -> dict:
     return {
         "target": {"path": "/models/target"},
         "server": {"kind": "managed", "base_url": "http://127.0.0.1:1", "command": "true"},
-        "fetch": {}, "extraction": {}, "evaluation": {"bootstrap": 200},
+        "fetch": {},
+        "extraction": {},
+        "evaluation": {"bootstrap": 200},
         "datasets": {name: {"prompts": f"{name}.jsonl"} for name in SETTINGS["datasets"]},
-        "drafters": {name: {"path": f"/ckpt/{name}", "layer_ids": spec["layer_ids"], "step": spec["step"]}
-                     for name, spec in SETTINGS["drafters"].items()},
+        "drafters": {
+            name: {"path": f"/ckpt/{name}", "layer_ids": spec["layer_ids"], "step": spec["step"]}
+            for name, spec in SETTINGS["drafters"].items()
+        },
         "report": {key: SETTINGS[key] for key in ("reference", "served_drafter", "online_tolerance")},
     }
 
 
 def report_snakemake(root: Path, *args: str, repo: Path = REPO) -> subprocess.CompletedProcess:
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": f"{repo / 'src'}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
+    env = {
+        **os.environ,
+        "OMP_NUM_THREADS": "1",
+        "PYTHONPATH": f"{repo / 'src'}{os.pathsep}{os.environ.get('PYTHONPATH', '')}",
+    }
     command = [sys.executable, "-m", "snakemake", "--snakefile", "Snakefile", "--cores", "1", *args]
     return subprocess.run(command, cwd=root, env=env, capture_output=True, text=True, timeout=300)
 

@@ -54,5 +54,9 @@ def pauser(settings: dict, seconds: float, until: Path | None = None) -> subproc
     """A separate process that holds the server paused for `seconds` (and then until the file `until`
     exists), as an extraction job does."""
     args = [str(seconds)] + ([str(until)] if until else [])
-    return subprocess.Popen([sys.executable, "-c", PAUSER, json.dumps(settings), *args],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    return subprocess.Popen(
+        [sys.executable, "-c", PAUSER, json.dumps(settings), *args],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )

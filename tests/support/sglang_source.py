@@ -18,12 +18,15 @@ def sglang_srt() -> Path:
     if os.environ.get("DFLASH_EVAL_SGLANG_SRC"):
         srt = Path(os.environ["DFLASH_EVAL_SGLANG_SRC"])
         if not (srt / "entrypoints/openai/protocol.py").is_file():
-            pytest.fail(f"DFLASH_EVAL_SGLANG_SRC={srt} is not an sglang/srt directory (no entrypoints/openai/protocol.py)")
+            pytest.fail(
+                f"DFLASH_EVAL_SGLANG_SRC={srt} is not an sglang/srt directory (no entrypoints/openai/protocol.py)"
+            )
     else:
         spec = importlib.util.find_spec("sglang")
         if spec is None or not spec.submodule_search_locations:
-            pytest.skip("SGLang's source is not installed: pip install --no-deps sglang==0.5.23 "
-                        "(or set DFLASH_EVAL_SGLANG_SRC)")
+            pytest.skip(
+                "SGLang's source is not installed: pip install --no-deps sglang==0.5.23 (or set DFLASH_EVAL_SGLANG_SRC)"
+            )
         srt = Path(next(iter(spec.submodule_search_locations))) / "srt"
     version_file = srt.parent / "_version.py"  # written by the wheel's build
     version = version_file.read_text() if version_file.is_file() else ""

@@ -23,11 +23,22 @@ def tiny_target(seed: int = 0, layers: int = 4, hidden: int = 64) -> Qwen3_5ForC
     """A 3 linear : 1 full attention Qwen3.5 target in float32."""
     torch.manual_seed(seed)
     config = Qwen3_5TextConfig(
-        vocab_size=VOCAB, hidden_size=hidden, intermediate_size=2 * hidden, num_hidden_layers=layers,
-        num_attention_heads=4, num_key_value_heads=2, head_dim=16,
-        linear_num_key_heads=2, linear_num_value_heads=4, linear_key_head_dim=16, linear_value_head_dim=16,
+        vocab_size=VOCAB,
+        hidden_size=hidden,
+        intermediate_size=2 * hidden,
+        num_hidden_layers=layers,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=16,
+        linear_num_key_heads=2,
+        linear_num_value_heads=4,
+        linear_key_head_dim=16,
+        linear_value_head_dim=16,
         layer_types=["linear_attention" if (i + 1) % 4 else "full_attention" for i in range(layers)],
-        tie_word_embeddings=False, eos_token_id=1, bos_token_id=0, pad_token_id=0,
+        tie_word_embeddings=False,
+        eos_token_id=1,
+        bos_token_id=0,
+        pad_token_id=0,
     )
     return Qwen3_5ForCausalLM(config).eval()
 
@@ -35,24 +46,42 @@ def tiny_target(seed: int = 0, layers: int = 4, hidden: int = 64) -> Qwen3_5ForC
 def tiny_attention_target(layers: int = 3) -> Qwen3ForCausalLM:
     """A Qwen3 target of attention layers only (no Gated DeltaNet) in float32, seed 0: the loops' non-hybrid case."""
     torch.manual_seed(0)
-    config = Qwen3Config(vocab_size=VOCAB, hidden_size=64, intermediate_size=128, num_hidden_layers=layers,
-                         num_attention_heads=4, num_key_value_heads=2, head_dim=16, tie_word_embeddings=False)
+    config = Qwen3Config(
+        vocab_size=VOCAB,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=layers,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=16,
+        tie_word_embeddings=False,
+    )
     return Qwen3ForCausalLM(config).eval()
 
 
-def tiny_drafter_config(layer_ids: list[int], hidden: int = 64, block_size: int = 4, window: int | None = 5,
-                        num_target_layers: int = 4) -> Qwen3Config:
+def tiny_drafter_config(
+    layer_ids: list[int], hidden: int = 64, block_size: int = 4, window: int | None = 5, num_target_layers: int = 4
+) -> Qwen3Config:
     """Drafter config shaped like the z-lab ones: a sliding layer then a full-attention layer.
 
     window=None gives a drafter of full-attention layers only.
     """
     return Qwen3Config(
-        vocab_size=VOCAB, hidden_size=hidden, intermediate_size=2 * hidden, num_hidden_layers=2,
-        num_attention_heads=4, num_key_value_heads=2, head_dim=16, max_position_embeddings=4096,
+        vocab_size=VOCAB,
+        hidden_size=hidden,
+        intermediate_size=2 * hidden,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=16,
+        max_position_embeddings=4096,
         layer_types=["sliding_attention" if window else "full_attention", "full_attention"],
         use_sliding_window=window is not None,
-        sliding_window=window, max_window_layers=0, architectures=["DFlashDraftModel"],
-        block_size=block_size, num_target_layers=num_target_layers,
+        sliding_window=window,
+        max_window_layers=0,
+        architectures=["DFlashDraftModel"],
+        block_size=block_size,
+        num_target_layers=num_target_layers,
         dflash_config={"mask_token_id": MASK_ID, "target_layer_ids": layer_ids},
     )
 
@@ -89,12 +118,15 @@ def greedy_sequences(model, prompt_lens: list[int], layer_ids: list[int], max_ne
     completion and its features (what the tests train a drafter on and evaluate it against)."""
     from dflash_eval.demo.drafters import TrainingSequence
 
-    prompts = [torch.randint(2, 290, (n,), generator=torch.Generator().manual_seed(i)) for i, n in enumerate(prompt_lens)]
+    prompts = [
+        torch.randint(2, 290, (n,), generator=torch.Generator().manual_seed(i)) for i, n in enumerate(prompt_lens)
+    ]
     sequences = []
     with torch.no_grad():
         for prompt in prompts:
-            ids = model.generate(prompt[None], max_new_tokens=max_new, do_sample=False, eos_token_id=eos,
-                                 pad_token_id=eos)[0]
+            ids = model.generate(
+                prompt[None], max_new_tokens=max_new, do_sample=False, eos_token_id=eos, pad_token_id=eos
+            )[0]
             sequences.append(TrainingSequence(ids, layer_features(model, ids, layer_ids), len(prompt)))
     return prompts, sequences
 
@@ -149,6 +181,11 @@ def build_demo_target(
         s = target.TrainSettings(steps=steps, batch_size=2, seq_len=64, warmup=1, corpus_bytes=300_000)
         files = select_sources(seed=seed, max_bytes=s.corpus_bytes)
         target.train(model, target.packed_windows(tokenizer, files, seed, steps * 2, s.seq_len), s, seed)
-    info = {"kind": "dflash-eval tiny test target", "seed": seed, "steps": steps, "tokenizer_json_sha256": tokenizer_sha}
+    info = {
+        "kind": "dflash-eval tiny test target",
+        "seed": seed,
+        "steps": steps,
+        "tokenizer_json_sha256": tokenizer_sha,
+    }
     target.save_target(model, tokenizer, out_dir, info)
     return out_dir

@@ -47,5 +47,7 @@ def sequences(runner, count=9, seed=1, dtype=torch.float32):
 
 
 def specs(sequences):
-    return [SampleSpec(key, len(tokens), lambda f=features, t=tokens, lim=limits: LoadedSample(f, t, lim))
-            for key, features, tokens, limits in sequences]
+    return [
+        SampleSpec(key, len(tokens), lambda f=features, t=tokens, lim=limits: LoadedSample(f, t, lim))
+        for key, features, tokens, limits in sequences
+    ]

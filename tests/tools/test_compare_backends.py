@@ -41,8 +41,21 @@ def test_cli_with_fla_on_cpu_is_a_clear_error_before_the_model_loads(tmp_path, c
     target.save_pretrained(tmp_path / "target")
     record = {"id": "a", "prompt_token_ids": [5, 6, 7], "completion_token_ids": [8, 9]}
     (tmp_path / "c.jsonl").write_text(json.dumps(record) + "\n")
-    code = main(["compare-backends", "--target", str(tmp_path / "target"), "--completions", str(tmp_path / "c.jsonl"),
-                 "--layers", "0,2", "--device", "cpu", "--dtype", "float32"])
+    code = main(
+        [
+            "compare-backends",
+            "--target",
+            str(tmp_path / "target"),
+            "--completions",
+            str(tmp_path / "c.jsonl"),
+            "--layers",
+            "0,2",
+            "--device",
+            "cpu",
+            "--dtype",
+            "float32",
+        ]
+    )
     assert code == 2
     err = capsys.readouterr().err
     assert "kernel backend 'fla' cannot run on device 'cpu'" in err and "CUDA" in err
@@ -53,8 +66,9 @@ def test_cli_with_fla_on_cpu_is_a_clear_error_before_the_model_loads(tmp_path, c
 def test_fla_against_torch_on_cuda_with_a_drafter():
     target = tiny_target(layers=8, hidden=64).to("cuda", torch.bfloat16)
     drafter = tiny_drafter([1, 5], num_target_layers=8)
-    runner = BlockDrafter(drafter, target.model.embed_tokens.weight.detach(), target.lm_head.weight.detach(),
-                          MASK_ID).to("cuda", torch.bfloat16)
+    runner = BlockDrafter(
+        drafter, target.model.embed_tokens.weight.detach(), target.lm_head.weight.detach(), MASK_ID
+    ).to("cuda", torch.bfloat16)
     tokens = [torch.randint(2, 290, (n,), generator=torch.Generator().manual_seed(n)) for n in (40, 300)]
     check = DrafterCheck(runner, [1, 5], [10, 20], {1}, [None, None])
     result = compare_backends(target, tokens, [1, 5, 7], "cuda", ("fla", "torch"), drafter=check)

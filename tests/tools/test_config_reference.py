@@ -12,9 +12,15 @@ from dflash_eval.tools import config_reference as ref
 
 PAGE = Path(__file__).resolve().parents[2] / "docs" / "configuration.md"
 ROW = re.compile(r"^\| `([^`]+)` \| (.*) \| (.*) \| (.*) \|$")
-MINIMAL = {"target": {"path": "t"}, "server": {"kind": "managed", "base_url": "http://127.0.0.1:1", "command": "true"},
-           "fetch": {}, "datasets": {"d": {"prompts": "p.jsonl"}}, "extraction": {}, "evaluation": {},
-           "drafters": {"a": {"path": "ckpt"}}}
+MINIMAL = {
+    "target": {"path": "t"},
+    "server": {"kind": "managed", "base_url": "http://127.0.0.1:1", "command": "true"},
+    "fetch": {},
+    "datasets": {"d": {"prompts": "p.jsonl"}},
+    "extraction": {},
+    "evaluation": {},
+    "drafters": {"a": {"path": "ckpt"}},
+}
 
 
 def page_rows() -> dict[str, tuple[str, str]]:
@@ -66,6 +72,8 @@ def test_values_in_words_by_hand():
     assert ref.describe({"type": "integer", "minimum": 1}) == "integer, >= 1"
     assert ref.describe({"type": ["string", "null"]}) == "string or null"
     assert ref.describe({"enum": ["a", "b"]}) == "one of `a`, `b`"
-    assert ref.describe({"oneOf": [{"type": "array", "items": {"type": "integer", "minimum": 2}}, {"const": "all"}]}) \
+    assert (
+        ref.describe({"oneOf": [{"type": "array", "items": {"type": "integer", "minimum": 2}}, {"const": "all"}]})
         == "array of integer, >= 2 or `all`"
+    )
     assert ref.describe({"type": "integer", "minimum": -1, "not": {"const": 0}}) == "integer, >= -1, not 0"

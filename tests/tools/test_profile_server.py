@@ -19,10 +19,14 @@ NEW = 13  # 12 tokens after the prefill's: k = 1, 2, 4 take 12, 6 and 3 steps (b
 
 
 def test_the_command_without_speculation_by_hand():
-    command = ("env OMP_NUM_THREADS=1 dflash-eval demo-server --port 1 --speculative-algorithm DFLASH "
-               "--speculative-draft-model-path 'my dir/d' --speculative-num-draft-tokens=8 --enable-metrics")
-    assert sp.command_without_speculation(command) == "env OMP_NUM_THREADS=1 dflash-eval demo-server --port 1 " \
-                                                      "--enable-metrics"
+    command = (
+        "env OMP_NUM_THREADS=1 dflash-eval demo-server --port 1 --speculative-algorithm DFLASH "
+        "--speculative-draft-model-path 'my dir/d' --speculative-num-draft-tokens=8 --enable-metrics"
+    )
+    assert (
+        sp.command_without_speculation(command) == "env OMP_NUM_THREADS=1 dflash-eval demo-server --port 1 "
+        "--enable-metrics"
+    )
     with pytest.raises(DflashEvalError, match="no --speculative-"):
         sp.command_without_speculation("python -m sglang.launch_server --port 1")
 
@@ -32,7 +36,9 @@ def test_a_request_s_numbers_by_hand():
     row = sp.request_numbers(meta, speculates=True)
     assert row["decode_ms_per_token"] == pytest.approx(100.0)  # 1 s over the 10 tokens after the first
     assert row["ms_per_step"] == pytest.approx(250.0) and row["tokens_per_step"] == pytest.approx(2.5)
-    assert sp.expected_steps(13, 2, 4) == 6 and sp.expected_steps(13, 8, 4) == 3 and sp.expected_steps(13, 2.5, 4) is None
+    assert (
+        sp.expected_steps(13, 2, 4) == 6 and sp.expected_steps(13, 8, 4) == 3 and sp.expected_steps(13, 2.5, 4) is None
+    )
     with pytest.raises(DflashEvalError, match="spec_verify_ct"):
         sp.request_numbers({**meta, "spec_verify_ct": 0}, speculates=True)
     out = sp.spread([5.0, 1.0, 3.0, 2.0, 4.0, 6.0])
@@ -41,8 +47,11 @@ def test_a_request_s_numbers_by_hand():
 
 
 def config(**profile):
-    return {"server": {"kind": "managed", "command": "serve --speculative-algorithm DFLASH --enable-metrics"},
-            "datasets": {"a": {}}, "profile_server": {"enabled": True, **profile}}
+    return {
+        "server": {"kind": "managed", "command": "serve --speculative-algorithm DFLASH --enable-metrics"},
+        "datasets": {"a": {}},
+        "profile_server": {"enabled": True, **profile},
+    }
 
 
 def test_what_stops_the_rule_at_load():
@@ -71,8 +80,9 @@ def test_profile_against_the_demo_server_restarted_per_setting(tmp_path):
     its step time stays put while its decode time per token falls as 1 / k; the configured server is up again
     afterwards, relaunched."""
     server, _target, _drafter = demo_server(tmp_path, extra="--enable-metrics")  # block 4, as the simulate tests
-    settings = stage_settings("profile_server", {"server": server, "acceptance_lengths": [1, 2, 4], "requests": 6,
-                                                 "max_new_tokens": NEW})
+    settings = stage_settings(
+        "profile_server", {"server": server, "acceptance_lengths": [1, 2, 4], "requests": 6, "max_new_tokens": NEW}
+    )
     ctl = ServerController(server)
     ctl.ensure_up()
     before = ctl.launched_pid()

@@ -27,8 +27,7 @@ pytestmark = pytest.mark.slow  # three demo-server launches per case on the 2-co
 
 
 def _cli(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "dflash_eval.cli", *args], capture_output=True, text=True,
-                          timeout=300)
+    return subprocess.run([sys.executable, "-m", "dflash_eval.cli", *args], capture_output=True, text=True, timeout=300)
 
 
 def _killed_in_the_variant(tmp_path: Path) -> tuple[dict, dict]:
@@ -37,19 +36,35 @@ def _killed_in_the_variant(tmp_path: Path) -> tuple[dict, dict]:
     server, _target, _drafter = demo_server(tmp_path, extra="--enable-metrics")
     ctl = ServerController(server)
     ctl.ensure_up()
-    (tmp_path / "c.jsonl").write_text("".join(json.dumps({"id": f"s{i}", "prompt_token_ids": [5 + i, 6, 7]}) + "\n"
-                                              for i in range(2)))
-    settings = stage_settings("profile_server", {"server": server, "acceptance_lengths": [4], "requests": 2,
-                                                 "max_new_tokens": 9, "command_no_spec": None})
-    job = subprocess.Popen([sys.executable, "-m", "dflash_eval.cli", "profile-server", "--settings",
-                            json.dumps(settings), "--completions", str(tmp_path / "c.jsonl"), "--out",
-                            str(tmp_path / "profile.json")], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    (tmp_path / "c.jsonl").write_text(
+        "".join(json.dumps({"id": f"s{i}", "prompt_token_ids": [5 + i, 6, 7]}) + "\n" for i in range(2))
+    )
+    settings = stage_settings(
+        "profile_server",
+        {"server": server, "acceptance_lengths": [4], "requests": 2, "max_new_tokens": 9, "command_no_spec": None},
+    )
+    job = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "dflash_eval.cli",
+            "profile-server",
+            "--settings",
+            json.dumps(settings),
+            "--completions",
+            str(tmp_path / "c.jsonl"),
+            "--out",
+            str(tmp_path / "profile.json"),
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     deadline = time.monotonic() + 240
     try:
         while True:
             events = entries(server["log_dir"])
             variant = [i for i, e in enumerate(events) if e.get("variant") == "acc-len-4" and e["event"] == "launched"]
-            if variant and "healthy" in [e["event"] for e in events[variant[0]:]]:
+            if variant and "healthy" in [e["event"] for e in events[variant[0] :]]:
                 break
             assert job.poll() is None and time.monotonic() < deadline, "the variant never became healthy"
             time.sleep(0.05)

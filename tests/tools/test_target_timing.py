@@ -34,16 +34,19 @@ def test_measured_profile_is_a_valid_profile(tmp_path, monkeypatch):
         assert profile["spread"]["repeats"][n] >= 2
     monkeypatch.setattr(profiling, "sizes_to_measure", lambda options: [1, 3])
     path = tmp_path / PROFILE_NAME
-    written = write_target_profile(tiny_target().eval(), path, {"context_tokens": 16, "repeats": 1,
-                                                                "stamps": {"code_identity": "x"}})
+    written = write_target_profile(
+        tiny_target().eval(), path, {"context_tokens": 16, "repeats": 1, "stamps": {"code_identity": "x"}}
+    )
     assert load_profile(path)["t_verify_ms"][1] > 0 and json.loads(path.read_text())["t_ar_ms"] == written["t_ar_ms"]
     assert "previous" not in written and written["code_identity"] == "x"
 
 
 def test_a_failed_timing_fails_and_writes_nothing(tmp_path, monkeypatch):
     """The profile is its own rule's output: a timing that fails fails that job, loudly, and writes nothing."""
+
     def broken(*args, **kwargs):
         raise RuntimeError("out of memory")
+
     monkeypatch.setattr(profiling, "measure_target", broken)
     with pytest.raises(RuntimeError, match="out of memory"):
         write_target_profile(tiny_target(), tmp_path / PROFILE_NAME, {"context_tokens": 16, "repeats": 1})
@@ -52,13 +55,18 @@ def test_a_failed_timing_fails_and_writes_nothing(tmp_path, monkeypatch):
 
 def test_a_failed_graph_timing_is_timed_eagerly_and_says_why(tmp_path, monkeypatch, caplog):
     """The graph path (new for hybrids) must never cost a profile: where it fails, the HF forward times it."""
+
     def no_graphs(*args, **kwargs):
         raise RuntimeError("operation not permitted when stream is capturing")
+
     monkeypatch.setattr(profiling, "timing_method", lambda model: ("graphs", "as on CUDA"))
     monkeypatch.setattr(profiling, "_static_steps", no_graphs)
     path = tmp_path / PROFILE_NAME
-    write_target_profile(tiny_target(), path, {"context_tokens": 16, "repeats": 2, "ddtree_budgets": [],
-                                               "block_sizes": [], "drafter_blocks": [2]})
+    write_target_profile(
+        tiny_target(),
+        path,
+        {"context_tokens": 16, "repeats": 2, "ddtree_budgets": [], "block_sizes": [], "drafter_blocks": [2]},
+    )
     saved = json.loads(path.read_text())
     assert saved["method"] == "eager" and "RuntimeError: operation not permitted" in saved["method_why"]
     assert "the graph-timed profile failed (RuntimeError" in caplog.text
@@ -91,8 +99,9 @@ def test_a_second_profile_is_compared_with_the_first_and_warned_about(tmp_path, 
     old = {"t_ar_ms": 1e-6, "t_verify_ms": {"1": 1e-6, "2": 1e-6}, "device": "cpu", "context_tokens": 16}
     (tmp_path / PROFILE_NAME).write_text(json.dumps(old))  # far faster than any real step: > 5% apart
     with caplog.at_level(logging.WARNING):
-        written = write_target_profile(tiny_target().eval(), tmp_path / PROFILE_NAME, {"context_tokens": 16,
-                                                                                       "repeats": 1})
+        written = write_target_profile(
+            tiny_target().eval(), tmp_path / PROFILE_NAME, {"context_tokens": 16, "repeats": 1}
+        )
     assert written["previous"]["agree"] is False and written["previous"]["beyond_5_percent"] == ["1", "2"]
     assert "differ from the previous measurement by more than 5%" in caplog.text
 
@@ -101,8 +110,17 @@ def _attention_target():
     from transformers import Qwen3Config, Qwen3ForCausalLM
 
     torch.manual_seed(0)
-    return Qwen3ForCausalLM(Qwen3Config(vocab_size=300, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-                                        num_attention_heads=4, num_key_value_heads=2, head_dim=16)).eval()
+    return Qwen3ForCausalLM(
+        Qwen3Config(
+            vocab_size=300,
+            hidden_size=64,
+            intermediate_size=128,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            head_dim=16,
+        )
+    ).eval()
 
 
 def test_the_static_cache_path_and_the_method_the_profile_names():
@@ -128,9 +146,11 @@ def test_a_hybrid_target_has_the_static_path_too_with_its_kernels_named(monkeypa
     def spy(self, model, max_len, kernels, layer_ids=None):
         made.append(kernels.name)
         real(self, model, max_len, kernels, layer_ids)
+
     monkeypatch.setattr(static_hybrid.StaticHybridTarget, "__init__", spy)
-    profile = measure_target(target, context_tokens=40, repeats=2, verify_tokens=[3, 17], method="static",
-                             backend="torch")
+    profile = measure_target(
+        target, context_tokens=40, repeats=2, verify_tokens=[3, 17], method="static", backend="torch"
+    )
     assert made == ["torch"] and profile["hybrid"] is True and profile["method"] == "static"
     assert sorted(profile["t_verify_ms"], key=int) == ["1", "3", "17"] and profile["t_ar_ms"] > 0
     with pytest.raises(BackendUnavailable, match="cannot run on device 'cpu'"):  # named: never silently another
@@ -160,10 +180,12 @@ def test_a_hybrid_verify_is_timed_with_its_state_commit_which_leaves_the_states(
         calls.append(("keep", n, int(kept)))
         real_keep(self, kept, n)
         assert all(torch.allclose(a, b, atol=1e-6) for a, b in zip(before, gdn_states(self), strict=True))
+
     monkeypatch.setattr(static_hybrid.StaticHybridTarget, "forward", forward)
     monkeypatch.setattr(static_hybrid.StaticHybridTarget, "keep", keep)
-    profile = measure_target(tiny_target(seed=0), context_tokens=40, repeats=2, verify_tokens=[3], method="static",
-                             backend="torch")
+    profile = measure_target(
+        tiny_target(seed=0), context_tokens=40, repeats=2, verify_tokens=[3], method="static", backend="torch"
+    )
     assert profile["verify_includes_state_commit"] is True
     assert ("forward", 1, True) in calls and not any(c[0] == "keep" and c[1] == 1 for c in calls)
     verifies = [c for c in calls if c[1] == 3]
@@ -172,8 +194,9 @@ def test_a_hybrid_verify_is_timed_with_its_state_commit_which_leaves_the_states(
 
 def test_the_total_cap_bounds_the_profile():
     """With nothing left of the total, each size stops at 3 calls (the fewest a spread needs), unstable."""
-    profile = measure_target(_attention_target(), context_tokens=16, repeats=10, verify_tokens=[2, 4],
-                             total_seconds=0.0)
+    profile = measure_target(
+        _attention_target(), context_tokens=16, repeats=10, verify_tokens=[2, 4], total_seconds=0.0
+    )
     assert profile["spread"]["repeats"] == {"1": 3, "2": 3, "4": 3} and profile["spread"]["unstable"] == [1, 2, 4]
     assert profile["total_seconds"] == 0.0
 
@@ -182,8 +205,13 @@ def test_a_profile_of_another_target_is_not_compared(tmp_path, monkeypatch, capl
     monkeypatch.setattr(profiling, "sizes_to_measure", lambda options: [1])
     target = tiny_target().eval()
     options = {"context_tokens": 16, "repeats": 1}
-    other = {"t_ar_ms": 1e-6, "t_verify_ms": {"1": 1e-6}, "device": "cpu", "context_tokens": 16,
-             "target": "another config sha256:0"}
+    other = {
+        "t_ar_ms": 1e-6,
+        "t_verify_ms": {"1": 1e-6},
+        "device": "cpu",
+        "context_tokens": 16,
+        "target": "another config sha256:0",
+    }
     (tmp_path / PROFILE_NAME).write_text(json.dumps(other))
     assert "previous" not in write_target_profile(target, tmp_path / PROFILE_NAME, options)
     same = {**other, "target": profiling.target_identity(target), "method": "eager"}

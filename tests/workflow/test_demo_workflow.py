@@ -33,24 +33,32 @@ def workdir(tmp_path_factory):
     target_config = json.loads((target_dir / "config.json").read_text())
     tokenizer = json.loads((target_dir / "tokenizer.json").read_text())
     mask_id = next(t["id"] for t in tokenizer["added_tokens"] if t["content"] == "<|mask|>")
-    config = tiny_drafter_config([1, 2], hidden=target_config["hidden_size"], block_size=4, window=8,
-                                 num_target_layers=target_config["num_hidden_layers"])
+    config = tiny_drafter_config(
+        [1, 2],
+        hidden=target_config["hidden_size"],
+        block_size=4,
+        window=8,
+        num_target_layers=target_config["num_hidden_layers"],
+    )
     config.vocab_size = target_config["vocab_size"]
     config.dflash_config["mask_token_id"] = mask_id
     torch.manual_seed(0)
     drafter = DFlashDraftModel(config)
     drafter.save_pretrained(root / "drafters" / "hf")
     torch.save({"model_state_dict": drafter.state_dict(), "global_step": 7, "epoch": 0.5}, root / "drafters" / "d.pt")
-    prompts = [{"id": f"p{i}", "messages": [{"role": "user", "content": f"Write a function number {i}."}]}
-               for i in range(3)]
+    prompts = [
+        {"id": f"p{i}", "messages": [{"role": "user", "content": f"Write a function number {i}."}]} for i in range(3)
+    ]
     (root / "prompts.jsonl").write_text("".join(json.dumps(p) + "\n" for p in prompts))
     port = free_port()
     settings = yaml.safe_load((REPO / "config.yaml").read_text())
     settings.pop("demo")
     settings["target"]["path"] = str(target_dir)
-    settings["server"].update(base_url=f"http://127.0.0.1:{port}", health_timeout_s=600,
-                              command=f"{sys.executable} {TORCH_SERVE} serve --port {port} --device cpu --dtype float32 "
-                                      f"{target_dir}")
+    settings["server"].update(
+        base_url=f"http://127.0.0.1:{port}",
+        health_timeout_s=600,
+        command=f"{sys.executable} {TORCH_SERVE} serve --port {port} --device cpu --dtype float32 {target_dir}",
+    )
     settings["fetch"].update(max_tokens=12, concurrency=2)
     settings["datasets"] = {"tiny": {"prompts": str(root / "prompts.jsonl")}}
     settings["evaluation"]["bootstrap"] = 50
@@ -58,8 +66,12 @@ def workdir(tmp_path_factory):
     settings["profile_server"]["enabled"] = False  # it needs a speculating server; test_profile_rule.py runs it
     settings["drafters"] = {
         "hf": {"path": str(root / "drafters" / "hf"), "trained_with": "torch"},
-        "pt": {"path": str(root / "drafters" / "d.pt"), "config": str(root / "drafters" / "hf" / "config.json"),
-               "layer_ids": [1, 2], "trained_with": "torch"},
+        "pt": {
+            "path": str(root / "drafters" / "d.pt"),
+            "config": str(root / "drafters" / "hf" / "config.json"),
+            "layer_ids": [1, 2],
+            "trained_with": "torch",
+        },
     }
     (root / "config.yaml").write_text(yaml.safe_dump(settings))
     return root
@@ -75,7 +87,9 @@ def test_pipeline_end_to_end(workdir):
         row = summary[summary["drafter"] == name].iloc[0]
         assert row["tau_mean_of_samples"] == pytest.approx(metrics["chain"]["tau_mean_of_samples"])
         assert metrics["chain"]["samples"] == 3 and metrics["chain"]["tau_token_weighted"] >= 1.0
-    hf, pt = (json.loads((workdir / "results" / "eval" / n / "tiny" / "metrics.json").read_text()) for n in ("hf", "pt"))
+    hf, pt = (
+        json.loads((workdir / "results" / "eval" / n / "tiny" / "metrics.json").read_text()) for n in ("hf", "pt")
+    )
     assert hf["chain"] == pt["chain"], "the same weights in two layouts must give the same numbers"
     assert pt["checkpoint"]["global_step"] == 7
     assert "hf" in (workdir / "results" / "summary.md").read_text()

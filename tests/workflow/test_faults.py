@@ -42,7 +42,8 @@ def test_missing_paths_and_contradictions_stop_the_run_at_load_with_results_inta
     config["drafters"]["a"]["path"] = "ckpt/moved"  # a directory that is not there
     (root / "prompts" / "d2.jsonl").write_text(
         '{"id": "p0", "messages": [{"role": "user", "content": "q"}]}\n'
-        '{"id": "p1", "messages": [{"role": "user", "content": "   "}]}\n')
+        '{"id": "p1", "messages": [{"role": "user", "content": "   "}]}\n'
+    )
     config["datasets"]["d3"] = {"prompts": "prompts/d3.jsonl"}  # a new dataset whose file is missing
     (root / "prompts" / "d4.jsonl").write_bytes(b'{"id": "p0", "messages": [{"role": "user", "content": "\xff"}]}\n')
     config["datasets"]["d4"] = {"prompts": "prompts/d4.jsonl"}
@@ -70,12 +71,16 @@ def test_missing_paths_and_contradictions_stop_the_run_at_load_with_results_inta
         "datasets.d2.prompts: prompts/d2.jsonl:2: messages[0] (user): content is empty or whitespace only",
         "datasets.d3.prompts: prompts/d3.jsonl does not exist",
         "datasets.d4.prompts: prompts/d4.jsonl:1: byte 0xff at column 56 is not UTF-8",
-        ("drafters.b: ckpt/b: config.yaml says layer_ids [1, 2] but the drafter config (ckpt/b/config.json) says "
-         "target_layer_ids [1, 3]"),
+        (
+            "drafters.b: ckpt/b: config.yaml says layer_ids [1, 2] but the drafter config (ckpt/b/config.json) says "
+            "target_layer_ids [1, 3]"
+        ),
         "drafters.wide: ckpt/wide: fc.weight (8, 24) takes 3 target layers but target_layer_ids [1, 2] has 2",
         "drafters.fla.trained_with: fla, but target.backend is torch",
-        (f"drafters.cut: ckpt/cut/model.safetensors: {weights.stat().st_size} bytes, but its header says "
-         f"{weights.stat().st_size + 10}: the file is truncated"),
+        (
+            f"drafters.cut: ckpt/cut/model.safetensors: {weights.stat().st_size} bytes, but its header says "
+            f"{weights.stat().st_size + 10}: the file is truncated"
+        ),
     ] + (["evaluation.device is cuda:0, but the installed torch"] if cpu_torch else [])
     for line in expected:
         assert line in text, line
@@ -92,8 +97,10 @@ def test_config_errors_name_the_configfile_that_set_the_key_and_the_minimum(case
     text = run.stdout + run.stderr
     assert run.returncode != 0
     assert "config.yaml + extra.yaml is not valid" in text
-    assert "evaluation.block_sizes (in extra.yaml): [1] is none of the allowed forms: 1 is less than the minimum " \
-           "of 2 (at evaluation.block_sizes.0); or 'all' was expected" in text
+    assert (
+        "evaluation.block_sizes (in extra.yaml): [1] is none of the allowed forms: 1 is less than the minimum "
+        "of 2 (at evaluation.block_sizes.0); or 'all' was expected" in text
+    )
     assert "evaluation (in extra.yaml): Additional properties are not allowed ('bogus' was unexpected)" in text
     assert snapshot(root) == before
 
@@ -107,8 +114,13 @@ def test_a_cache_shard_modified_after_extraction_is_reported_by_the_dry_run(case
     workflow, root = case
     cache = root / "results" / "hidden" / "d1" / "L1-2"
     shutil.rmtree(cache)
-    header = {"dataset": "d1", "target": {}, "backend": {"name": "torch"}, "device": "cpu",
-              "completions": {"path": "results/completions/d1.jsonl"}}
+    header = {
+        "dataset": "d1",
+        "target": {},
+        "backend": {"name": "torch"},
+        "device": "cpu",
+        "completions": {"path": "results/completions/d1.jsonl"},
+    }
     with CacheWriter(cache, layer_ids=[1, 2], shard_tokens=8, store_argmax=False, header=header) as writer:
         for i in range(3):
             writer.add(f"p{i}", torch.arange(5), {1: torch.ones(5, 4), 2: torch.ones(5, 4)}, None, 2)
@@ -122,8 +134,10 @@ def test_a_cache_shard_modified_after_extraction_is_reported_by_the_dry_run(case
     run = snakemake(workflow, root, "--dry-run")
     text = run.stdout + run.stderr
     assert run.returncode == 0
-    assert ("WARNING: 1 shard(s) of the hidden cache results/hidden/d1/L1-2 changed after its extraction: "
-            "results/hidden/d1/L1-2/shard_00001.safetensors (size or modification time differs") in text
+    assert (
+        "WARNING: 1 shard(s) of the hidden cache results/hidden/d1/L1-2 changed after its extraction: "
+        "results/hidden/d1/L1-2/shard_00001.safetensors (size or modification time differs"
+    ) in text
     assert "snakemake --forcerun results/hidden/d1/L1-2" in text and "--layers 1,2" in text
 
 
@@ -154,8 +168,9 @@ def test_a_prompt_file_edit_loses_no_completions_and_sends_only_the_new_prompt(t
         assert len(first) == 3 and len(_requests(log)) == 3
 
         with open(prompts, "a") as handle:
-            handle.write(json.dumps({"id": "p3", "messages": [{"role": "user", "content": "Question 3: and 3 + 3?"}]})
-                         + "\n")
+            handle.write(
+                json.dumps({"id": "p3", "messages": [{"role": "user", "content": "Question 3: and 3 + 3?"}]}) + "\n"
+            )
         check(snakemake(workflow, root, str(completions.relative_to(root))))
         again = completions.read_text().splitlines()
         assert again[:3] == first and len(again) == 4, "the 3 earlier records reused as they were"

@@ -15,7 +15,7 @@ from dflash_eval.evaluate import placement
 from dflash_eval.testing.workflow import check, snakemake, tiny_project
 from tests.support.checkout import copy_workflow_with_stand_in
 
-STAND_IN = r'''#!{python}
+STAND_IN = r"""#!{python}
 import os, subprocess, sys, time
 args = sys.argv[1:]
 rest = args[2:] if args[:1] == ["--log"] else args
@@ -26,7 +26,7 @@ if rest[0] == "evaluate":
     time.sleep(float(os.environ["HOLD_S"]))
 code = subprocess.run([os.path.join(os.path.dirname(sys.argv[0]), "recorder"), *args]).returncode
 sys.exit(code)
-'''
+"""
 
 DRAFTERS = 4
 
@@ -41,14 +41,28 @@ def test_k_evaluations_at_once_each_on_its_own_gpu(tmp_path, fake_gpus=3, k=2):
     root = tmp_path / "project"
     tiny_project(root, drafters=DRAFTERS, datasets=1, big_checkpoint=False)
     gpus = ",".join(f"GPU-fake{i}" for i in range(fake_gpus))
-    check(snakemake(workflow, root, "--cores", "8", "--resources", f"gpu={k}", "server_lock=1",
-                    "--set-resources", "evaluate:gpu=1", "--set-threads", "evaluate=1",
-                    env={"FAKE_GPUS": gpus, "HOLD_S": "1.0", "DFLASH_EVAL_GPU_LOCKS": str(tmp_path / "locks")}))
+    check(
+        snakemake(
+            workflow,
+            root,
+            "--cores",
+            "8",
+            "--resources",
+            f"gpu={k}",
+            "server_lock=1",
+            "--set-resources",
+            "evaluate:gpu=1",
+            "--set-threads",
+            "evaluate=1",
+            env={"FAKE_GPUS": gpus, "HOLD_S": "1.0", "DFLASH_EVAL_GPU_LOCKS": str(tmp_path / "locks")},
+        )
+    )
     records = placement.read_records([root / "results" / "benchmarks" / "evaluate"])
     assert len(records) == DRAFTERS
     result = placement.check_placements(records)
     assert result.ok, result
     assert result.peak == k, f"{result.peak} evaluations ran at once with --resources gpu={k}"
     assert sum(result.jobs_per_gpu.values()) == DRAFTERS and len(result.jobs_per_gpu) >= k
-    assert sorted(r["job"] for r in records) == [f"results/benchmarks/evaluate/{name}/d1.gpu.json"
-                                                 for name in ("a", "b", "x2", "x3")]
+    assert sorted(r["job"] for r in records) == [
+        f"results/benchmarks/evaluate/{name}/d1.gpu.json" for name in ("a", "b", "x2", "x3")
+    ]

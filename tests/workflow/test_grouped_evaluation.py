@@ -27,11 +27,14 @@ def prepared(tmp_path_factory):
     root = tmp_path_factory.mktemp("grouped")
     prep = root / "prep"
     eval_project.extract_tiny(prep)
-    checkpoints = eval_project.build_checkpoints(prep / "resources/demo/target", eval_project.LAYER_IDS, 4,
-                                                 prep / "ckpt")
+    checkpoints = eval_project.build_checkpoints(
+        prep / "resources/demo/target", eval_project.LAYER_IDS, 4, prep / "ckpt"
+    )
     workflow = copy_workflow_with_stand_in(root / "workflow", eval_project.WORKFLOW_STAND_IN)
-    env = {"DFLASH_EVAL_TEST_COMPLETIONS": str(prep / "results/completions"),
-           "DFLASH_EVAL_TEST_HIDDEN": str(prep / "results/hidden")}
+    env = {
+        "DFLASH_EVAL_TEST_COMPLETIONS": str(prep / "results/completions"),
+        "DFLASH_EVAL_TEST_HIDDEN": str(prep / "results/hidden"),
+    }
     return workflow, prep, checkpoints, env
 
 
@@ -44,10 +47,14 @@ def project(prepared, root: Path, per_job: int) -> Path:
     config = {
         "target": {"path": "target", "device": "cpu", "dtype": "float32", "backend": "torch"},
         "server": {"kind": "managed", "base_url": "http://127.0.0.1:9", "command": "true"},
-        "fetch": {"max_tokens": 12}, "datasets": {DATASET: {"prompts": "prompts.jsonl"}}, "extraction": {},
+        "fetch": {"max_tokens": 12},
+        "datasets": {DATASET: {"prompts": "prompts.jsonl"}},
+        "extraction": {},
         "evaluation": {"bootstrap": 10, "ddtree_budgets": [8], "topk": [1], "checkpoints_per_job": per_job},
-        "drafters": {name: {"path": f"ckpt/{name}", "layer_ids": eval_project.LAYER_IDS, "trained_with": "torch"}
-                     for name in DRAFTERS},
+        "drafters": {
+            name: {"path": f"ckpt/{name}", "layer_ids": eval_project.LAYER_IDS, "trained_with": "torch"}
+            for name in DRAFTERS
+        },
     }
     (root / "config.yaml").write_text(yaml.safe_dump(config, sort_keys=False))
     return root

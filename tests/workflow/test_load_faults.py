@@ -29,7 +29,7 @@ def test_a_copied_drafter_block_is_refused_naming_the_file_and_both_lines(case):
     text = (root / "config.yaml").read_text()
     lines = text.splitlines()
     start = lines.index("  a:")
-    block = [lines[start]] + [line for line in lines[start + 1:start + 8] if line.startswith("    ")]
+    block = [lines[start]] + [line for line in lines[start + 1 : start + 8] if line.startswith("    ")]
     (root / "config.yaml").write_text(text + "\n".join(block).replace("  a:", "drafters:\n  a:", 1) + "\n")
     # a second top-level `drafters:` repeats that key too; the first repeat found is named
     out = refused(workflow, root)
@@ -49,8 +49,15 @@ def test_a_repeated_key_inside_a_configfile_names_that_file(case):
 def test_a_drafter_directory_given_as_the_target_is_refused_at_load(case):
     workflow, root = case
     target = root / "target" / "config.json"
-    target.write_text(json.dumps({"architectures": ["DFlashDraftModel"], "num_hidden_layers": 4,
-                                  "dflash_config": {"target_layer_ids": [1, 2]}}))
+    target.write_text(
+        json.dumps(
+            {
+                "architectures": ["DFlashDraftModel"],
+                "num_hidden_layers": 4,
+                "dflash_config": {"target_layer_ids": [1, 2]},
+            }
+        )
+    )
     out = refused(workflow, root)
     assert "target.path: target holds a DFlash drafter (DFlashDraftModel), not a target model" in out
 
@@ -58,12 +65,18 @@ def test_a_drafter_directory_given_as_the_target_is_refused_at_load(case):
 def test_a_prompt_id_that_is_a_turn_id_of_a_multi_turn_prompt_is_refused_at_load(case):
     workflow, root = case
     prompts = root / "prompts" / "d1.jsonl"
-    prompts.write_text(prompts.read_text()
-                       + json.dumps({"id": "q", "turns": ["one", "two"]}) + "\n"
-                       + json.dumps({"id": "q#2", "messages": [{"role": "user", "content": "x"}]}) + "\n")
+    prompts.write_text(
+        prompts.read_text()
+        + json.dumps({"id": "q", "turns": ["one", "two"]})
+        + "\n"
+        + json.dumps({"id": "q#2", "messages": [{"role": "user", "content": "x"}]})
+        + "\n"
+    )
     out = refused(workflow, root)
-    assert ("datasets.d1.prompts: prompts/d1.jsonl:3: prompt 'q#2' has record id 'q#2', which the prompt at "
-            "prompts/d1.jsonl:2 already has") in out
+    assert (
+        "datasets.d1.prompts: prompts/d1.jsonl:3: prompt 'q#2' has record id 'q#2', which the prompt at "
+        "prompts/d1.jsonl:2 already has"
+    ) in out
 
 
 def test_block_sizes_beyond_a_drafters_own_and_max_tokens_past_the_positions_warn_at_load(finished, tmp_path):
@@ -94,15 +107,36 @@ def test_a_tab_in_config_yaml_names_the_file_line_and_column(case):
     lines[number] = "\t" + lines[number].lstrip()
     config.write_text("\n".join(lines) + "\n")
     before = snapshot(root)
-    run = subprocess.run([sys.executable, "-m", "snakemake", "--snakefile", str(workflow / "Snakefile"), "--directory",
-                          str(root), "--workflow-profile", str(workflow / "profiles" / "default"), "--cores", "1"],
-                         cwd=root, capture_output=True, text=True, timeout=300,
-                         env={**os.environ, "PYTHONPATH": str(workflow / "src"),
-                              "PATH": f"{workflow / 'bin'}{os.pathsep}{os.environ['PATH']}"})
+    run = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "snakemake",
+            "--snakefile",
+            str(workflow / "Snakefile"),
+            "--directory",
+            str(root),
+            "--workflow-profile",
+            str(workflow / "profiles" / "default"),
+            "--cores",
+            "1",
+        ],
+        cwd=root,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={
+            **os.environ,
+            "PYTHONPATH": str(workflow / "src"),
+            "PATH": f"{workflow / 'bin'}{os.pathsep}{os.environ['PATH']}",
+        },
+    )
     text = run.stdout + run.stderr
     assert run.returncode != 0, text
-    assert f"config.yaml:{number + 1}:1: not valid YAML: found character '\\t' that cannot start any token (YAML " \
-           "indents with spaces, never tabs: replace the tab there with spaces)" in text
+    assert (
+        f"config.yaml:{number + 1}:1: not valid YAML: found character '\\t' that cannot start any token (YAML "
+        "indents with spaces, never tabs: replace the tab there with spaces)" in text
+    )
     assert snapshot(root) == before and not (root / "calls.log").exists(), "nothing ran, nothing was lost"
 
 
@@ -112,8 +146,9 @@ def test_the_rejection_scheme_for_a_dflash2_drafter_is_refused_at_load(case):
     (root / "ckpt" / "a" / "config.json").write_text('{"block_size": 4, "architectures": ["DFlash2DraftModel"]}')
     (root / "extra.yaml").write_text("evaluation:\n  verify: [target_only, rejection]\n")
     out = refused(workflow, root, "--configfile", str(root / "extra.yaml"))
-    assert "drafters.a (in config.yaml): drafter a is a DFlash2DraftModel, but evaluation.verify asks for rejection" \
-        in out, out
+    assert (
+        "drafters.a (in config.yaml): drafter a is a DFlash2DraftModel, but evaluation.verify asks for rejection" in out
+    ), out
     assert "set evaluation.verify: target_only" in out and "drafters.b" not in out
 
 
@@ -121,8 +156,10 @@ def test_ddtree_under_the_rejection_scheme_alone_is_refused_at_load_naming_the_m
     workflow, root = case
     (root / "extra.yaml").write_text("evaluation:\n  verify: rejection\n  ddtree_budgets: [8, 32]\n")
     out = refused(workflow, root, "--configfile", str(root / "extra.yaml"))
-    assert "evaluation.verify (in extra.yaml): rejection alone, but evaluation.ddtree_budgets asks for ddtree-8, " \
-           "ddtree-32" in out, out
+    assert (
+        "evaluation.verify (in extra.yaml): rejection alone, but evaluation.ddtree_budgets asks for ddtree-8, "
+        "ddtree-32" in out
+    ), out
     assert "Set evaluation.verify: [target_only, rejection]" in out and "evaluation.ddtree_budgets: []" in out
 
 
@@ -134,8 +171,10 @@ def test_the_rejection_scheme_on_greedy_datasets_warns_at_load_and_stores_no_log
     run = snakemake(workflow, root, "-n", "--configfile", str(root / "extra.yaml"))
     text = run.stdout + run.stderr
     assert run.returncode == 0, text
-    assert ("evaluation.verify asks for rejection, but datasets d1, d2 are greedy (temperature 0), where "
-            "dflash_generate's scheme is target_only's greedy verification") in text
+    assert (
+        "evaluation.verify asks for rejection, but datasets d1, d2 are greedy (temperature 0), where "
+        "dflash_generate's scheme is target_only's greedy verification"
+    ) in text
     assert "rule extract" not in text and "rule fetch" not in text, text
 
 
@@ -151,8 +190,9 @@ def test_a_training_run_of_bare_safetensors_steps_expands_to_one_drafter_per_ste
     config["drafters"]["run"] = {"path": "ckpt/run", "layer_ids": [1, 2], "trained_with": "torch"}
     save_config(root, config)
     before = snapshot(root)
-    assert fold_exports(plan(workflow, root)) == {job("evaluate", f"run-step{s}", d) for s in (100, 200) for d in ("d1", "d2")} \
-        | {job("report")}
+    assert fold_exports(plan(workflow, root)) == {
+        job("evaluate", f"run-step{s}", d) for s in (100, 200) for d in ("d1", "d2")
+    } | {job("report")}
     assert snapshot(root) == before
     write_bytes(run / "model.safetensors", 2048, seed=1)  # the variation: an HF directory with steps beside it
     out = refused(workflow, root)
@@ -169,12 +209,18 @@ def test_a_truncated_training_checkpoint_is_refused_at_load_with_its_reason_and_
     torch.save({"model_state_dict": {"fc.weight": torch.zeros(64, 64)}, "global_step": 5}, saved)
     whole = saved.stat().st_size
     saved.write_bytes(saved.read_bytes()[: whole // 2])
-    config["drafters"]["t"] = {"path": "ckpt/t.pt", "config": "ckpt/a/config.json", "layer_ids": [1, 2],
-                               "trained_with": "torch"}
+    config["drafters"]["t"] = {
+        "path": "ckpt/t.pt",
+        "config": "ckpt/a/config.json",
+        "layer_ids": [1, 2],
+        "trained_with": "torch",
+    }
     save_config(root, config)
     out = refused(workflow, root)
-    assert (f"drafters.t: ckpt/t.pt: {whole // 2} bytes, and its zip directory (the index torch.save writes at the "
-            "end of the file) cannot be read (File is not a zip file): the file is truncated or damaged") in out
+    assert (
+        f"drafters.t: ckpt/t.pt: {whole // 2} bytes, and its zip directory (the index torch.save writes at the "
+        "end of the file) cannot be read (File is not a zip file): the file is truncated or damaged"
+    ) in out
     assert "allow_pickle" not in out
     assert "To evaluate the other drafters meanwhile, leave t out: snakemake --config only=a,b" in out
 
@@ -195,8 +241,12 @@ def test_an_empty_training_checkpoint_is_refused_at_load(case):
     workflow, root = case
     (root / "ckpt" / "t.pt").write_bytes(b"")
     config = load_config(root)
-    config["drafters"]["t"] = {"path": "ckpt/t.pt", "config": "ckpt/a/config.json", "layer_ids": [1, 2],
-                               "trained_with": "torch"}
+    config["drafters"]["t"] = {
+        "path": "ckpt/t.pt",
+        "config": "ckpt/a/config.json",
+        "layer_ids": [1, 2],
+        "trained_with": "torch",
+    }
     save_config(root, config)
     out = refused(workflow, root)
     assert "drafters.t: ckpt/t.pt: 0 bytes: the file is empty (a save or copy that never wrote it)" in out

@@ -74,8 +74,9 @@ def test_a_missing_server_profile_is_rebuilt_by_a_plain_run(case):
 def test_server_handling_settings_rerun_no_profile_and_still_reach_it(case):
     workflow, root = case
     config = load_config(root)
-    config["server"].update(base_url="http://127.0.0.1:10", command=COMMAND.format(port=10), health_timeout_s=1234,
-                            stop_grace_s=7)
+    config["server"].update(
+        base_url="http://127.0.0.1:10", command=COMMAND.format(port=10), health_timeout_s=1234, stop_grace_s=7
+    )
     config["profile_server"]["timeout_s"] = 99
     save_config(root, config)
     assert plan(workflow, root) == set()

@@ -41,7 +41,9 @@ def project(root, **profile):
     (root / "Snakefile").write_text(SNAKEFILE.format(repo=REPO))
     path = results / "completions" / "humaneval.jsonl"  # the prompts the requests send: ids in the tiny vocabulary
     records = [json.loads(line) for line in path.read_text().splitlines()]
-    path.write_text("".join(json.dumps({**r, "prompt_token_ids": [5 + i, 6, 7, 8]}) + "\n" for i, r in enumerate(records)))
+    path.write_text(
+        "".join(json.dumps({**r, "prompt_token_ids": [5 + i, 6, 7, 8]}) + "\n" for i, r in enumerate(records))
+    )
     config = report_config()
     config["profile_server"] = {"enabled": True, "dataset": "humaneval", **profile}
     return results, config
@@ -49,8 +51,12 @@ def project(root, **profile):
 
 def test_a_server_kind_that_cannot_restart_stops_the_load(tmp_path):
     _, config = project(tmp_path)
-    config["server"] = {"kind": "external", "base_url": "http://127.0.0.1:1", "start_command": "true",
-                        "stop_command": "true"}
+    config["server"] = {
+        "kind": "external",
+        "base_url": "http://127.0.0.1:1",
+        "start_command": "true",
+        "stop_command": "true",
+    }
     (tmp_path / "config.yaml").write_text(yaml.safe_dump(config))
     run = report_snakemake(tmp_path, "-n")
     assert run.returncode != 0 and "profile_server.enabled needs server.kind: managed" in run.stdout + run.stderr

@@ -29,14 +29,14 @@ def test_a_failing_report_command_keeps_the_last_report_and_names_the_file(tmp_p
     assert first.returncode == 0, first.stderr[-3000:]
     good = report_files(results)
     broken = results / "eval" / "step-2000" / "gsm8k" / "metrics.json"
-    broken.write_text(broken.read_text()[:100])            # a half-written metrics file: the report refuses it
+    broken.write_text(broken.read_text()[:100])  # a half-written metrics file: the report refuses it
 
     run = report_snakemake(tmp_path, "--show-failed-logs")
     text = run.stdout + run.stderr
     assert run.returncode != 0
     assert f"{broken.relative_to(tmp_path)}: not valid JSON" in text, text[-3000:]
     assert "latency" not in text
-    assert report_files(results) == good                    # every file, byte for byte
+    assert report_files(results) == good  # every file, byte for byte
 
 
 def test_an_evaluation_that_cannot_be_made_stops_the_run_before_the_report_is_touched(tmp_path):
@@ -55,7 +55,7 @@ def test_an_evaluation_that_cannot_be_made_stops_the_run_before_the_report_is_to
         assert "ckpt/missing" in text and "latency" not in text, text[-3000:]
         assert report_files(root / "results") == good
     calls = (root / "calls.log").read_text().splitlines()
-    assert [call for call in calls if call.startswith("report ")] == ["report results/summary.csv"]   # ran once
+    assert [call for call in calls if call.startswith("report ")] == ["report results/summary.csv"]  # ran once
 
 
 def test_a_report_job_that_failed_after_a_change_is_rebuilt_by_the_next_run(tmp_path, monkeypatch):
@@ -67,7 +67,7 @@ def test_a_report_job_that_failed_after_a_change_is_rebuilt_by_the_next_run(tmp_
     harness.check(report_snakemake(root))
     good = report_files(results)
     config = yaml.safe_load((root / "config.yaml").read_text())
-    config["report"]["online_tolerance"] = config["report"]["online_tolerance"] * 2   # a params change
+    config["report"]["online_tolerance"] = config["report"]["online_tolerance"] * 2  # a params change
     (root / "config.yaml").write_text(yaml.safe_dump(config))
     broken_cli = tmp_path / "bin"
     broken_cli.mkdir()
@@ -78,13 +78,13 @@ def test_a_report_job_that_failed_after_a_change_is_rebuilt_by_the_next_run(tmp_
 
     failed = report_snakemake(root)
     assert failed.returncode != 0, failed.stdout[-2000:]
-    assert report_files(results) == good                       # the last report, kept
+    assert report_files(results) == good  # the last report, kept
 
     monkeypatch.setenv("PATH", real_path)
     dry = report_snakemake(root, "--dry-run")
     assert "Nothing to be done" not in dry.stdout + dry.stderr, dry.stdout[-2000:]
     assert "the last report job failed" in dry.stdout
-    assert not (results / ".report_failed").exists()           # read once: the kept files' dates say it now
+    assert not (results / ".report_failed").exists()  # read once: the kept files' dates say it now
     rebuilt = report_snakemake(root)
     harness.check(rebuilt)
     assert "rule report" in rebuilt.stdout + rebuilt.stderr

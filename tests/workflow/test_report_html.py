@@ -24,7 +24,7 @@ def test_report_rule_runs_and_snakemake_report_builds_the_html(tmp_path):
     for name in (plot.file for plot in plots.PLOTS.values()):
         assert (results / "plots" / name).stat().st_size > 10_000
     markdown = (results / "summary.md").read_text()
-    assert "| `results/hidden/gsm8k/L1-3` |" in markdown and "60.5 s in all" in markdown   # caches, outages found
+    assert "| `results/hidden/gsm8k/L1-3` |" in markdown and "60.5 s in all" in markdown  # caches, outages found
 
     html = report_snakemake(tmp_path, "--report", "results/report.html")
     assert html.returncode == 0, html.stderr[-3000:]

@@ -70,9 +70,16 @@ def test_outputs_an_interrupted_forcerun_removed_are_rebuilt_by_a_plain_rerun(ca
     assert plan(workflow, root) == {job("evaluate", "a", "d1"), job("report")}
     (root / "results" / "completions" / "d2.jsonl").unlink()
     shutil.rmtree(root / "results" / "hidden" / "d1" / "L1-2")
-    assert plan(workflow, root) == {job("fetch", "d2"), job("extract", "d2", "L1-2"), job("extract", "d1", "L1-2"),
-                                    job("evaluate", "a", "d2"), job("evaluate", "b", "d2"),
-                                    job("evaluate", "a", "d1"), job("evaluate", "b", "d1"), job("report")}
+    assert plan(workflow, root) == {
+        job("fetch", "d2"),
+        job("extract", "d2", "L1-2"),
+        job("extract", "d1", "L1-2"),
+        job("evaluate", "a", "d2"),
+        job("evaluate", "b", "d2"),
+        job("evaluate", "a", "d1"),
+        job("evaluate", "b", "d1"),
+        job("report"),
+    }
 
 
 def test_checkpoint_content_change_reruns_its_evaluations_and_the_report(case):
@@ -84,8 +91,12 @@ def test_checkpoint_content_change_reruns_its_evaluations_and_the_report(case):
 def test_touched_checkpoints_with_the_same_content_rerun_nothing(case):
     workflow, root = case
     later = Path(root / "results" / "summary.csv").stat().st_mtime + 3600
-    for path in (root / "ckpt" / "a" / "model.safetensors", root / "ckpt" / "b.pt", root / "ckpt" / "b.json",
-                 root / "target" / "model.safetensors"):
+    for path in (
+        root / "ckpt" / "a" / "model.safetensors",
+        root / "ckpt" / "b.pt",
+        root / "ckpt" / "b.json",
+        root / "target" / "model.safetensors",
+    ):
         os.utime(path, (later, later))
     write_bytes(root / "ckpt" / "b.pt", 50 * 2**20, seed=20)  # rewritten, same bytes
     assert (root / "ckpt" / "b.pt").stat().st_size == 50 * 2**20
@@ -97,8 +108,13 @@ def test_layer_list_change_extracts_the_new_set_and_keeps_the_old_cache(case):
     config = load_config(root)
     config["drafters"]["b"]["layer_ids"] = [1, 3]
     save_config(root, config)
-    expected = {job("extract", "d1", "L1-3"), job("extract", "d2", "L1-3"),
-                job("evaluate", "b", "d1"), job("evaluate", "b", "d2"), job("report")}
+    expected = {
+        job("extract", "d1", "L1-3"),
+        job("extract", "d2", "L1-3"),
+        job("evaluate", "b", "d1"),
+        job("evaluate", "b", "d2"),
+        job("report"),
+    }
     assert plan(workflow, root) == expected
     check(snakemake(workflow, root))
     ran = fold_exports(set((root / "calls.log").read_text().splitlines()))
@@ -112,8 +128,13 @@ def test_fetch_parameter_change_reruns_everything_downstream_of_that_dataset(cas
     config = load_config(root)
     config["datasets"]["d1"]["max_samples"] = 1
     save_config(root, config)
-    assert plan(workflow, root) == {job("fetch", "d1"), job("extract", "d1", "L1-2"), job("evaluate", "a", "d1"),
-                                    job("evaluate", "b", "d1"), job("report")}
+    assert plan(workflow, root) == {
+        job("fetch", "d1"),
+        job("extract", "d1", "L1-2"),
+        job("evaluate", "a", "d1"),
+        job("evaluate", "b", "d1"),
+        job("report"),
+    }
 
 
 def test_a_prompt_files_order_reruns_nothing_and_an_edited_prompt_reruns_its_dataset(case):
@@ -123,8 +144,13 @@ def test_a_prompt_files_order_reruns_nothing_and_an_edited_prompt_reruns_its_dat
     prompts = root / "prompts" / "d1.jsonl"
     first = prompts.read_text()
     prompts.write_text(first + json.dumps({"id": "p1", "messages": [{"role": "user", "content": "q9"}]}) + "\n")
-    d1 = {job("fetch", "d1"), job("extract", "d1", "L1-2"), job("evaluate", "a", "d1"), job("evaluate", "b", "d1"),
-          job("report")}
+    d1 = {
+        job("fetch", "d1"),
+        job("extract", "d1", "L1-2"),
+        job("evaluate", "a", "d1"),
+        job("evaluate", "b", "d1"),
+        job("report"),
+    }
     assert plan(workflow, root) == d1
     check(snakemake(workflow, root))
     lines = prompts.read_text().splitlines()
@@ -299,8 +325,13 @@ def _planned_then_ran(code: Path, root: Path, expected: set[str], *args: str) ->
 
 def test_docstrings_comments_and_the_settings_modules_code_rerun_nothing(base, tmp_path):
     code, root, src = _code_case(base, tmp_path)
-    for module in ("evaluate/acceptance.py", "extract/capture.py", "fetch/sglang.py", "report/summary.py",
-                   "speedup/model.py"):
+    for module in (
+        "evaluate/acceptance.py",
+        "extract/capture.py",
+        "fetch/sglang.py",
+        "report/summary.py",
+        "speedup/model.py",
+    ):
         _replace(src / module, '"""', '"""Reworded, with a new first sentence. ')
         _edit(src / module, "\n\n# a comment, and blank lines\n\n")
     _edit(src / "config.py", "\n_A_REFACTOR_OF_THE_SETTINGS_MODULE = True\n")  # settings decide, not config.py
@@ -311,8 +342,11 @@ def test_a_report_only_table_and_its_option_rerun_the_report_only(base, tmp_path
     code, root, src = _code_case(base, tmp_path)
     (src / "report" / "new_table.py").write_text('"""A new table."""\n\n\ndef rows():\n    return []\n')
     _edit(src / "report" / "stage.py", "\nfrom dflash_eval.report import new_table  # noqa: E402,F401\n")
-    _replace(src / "report" / "settings.py", '        "bootstrap": config["evaluation"]["bootstrap"],\n',
-             '        "bootstrap": config["evaluation"]["bootstrap"],\n        "new_table": True,\n')
+    _replace(
+        src / "report" / "settings.py",
+        '        "bootstrap": config["evaluation"]["bootstrap"],\n',
+        '        "bootstrap": config["evaluation"]["bootstrap"],\n        "new_table": True,\n',
+    )
     _planned_then_ran(code, root, {job("report")})
 
 
@@ -348,14 +382,23 @@ def test_the_pin_keeps_any_code_edit_out_of_the_rerun_and_status_names_what_olde
     _planned_then_ran(code, root, set(), *PIN)
     line = _status(code, root)
     assert line.startswith("dflash-eval status: 7 of 7 stamped outputs were made by older code (")
-    for output in ("results/hidden/d1/L1-2", "results/eval/a/d1/metrics.json", "results/eval/b/d2/metrics.json",
-                   "results/trust.json"):
+    for output in (
+        "results/hidden/d1/L1-2",
+        "results/eval/a/d1/metrics.json",
+        "results/eval/b/d2/metrics.json",
+        "results/trust.json",
+    ):
         assert output in line
     config = load_config(root)  # settings still count under the pin
     config["datasets"]["d1"]["max_samples"] = 1
     save_config(root, config)
-    d1 = {job("fetch", "d1"), job("extract", "d1", "L1-2"), job("evaluate", "a", "d1"), job("evaluate", "b", "d1"),
-          job("report")}
+    d1 = {
+        job("fetch", "d1"),
+        job("extract", "d1", "L1-2"),
+        job("evaluate", "a", "d1"),
+        job("evaluate", "b", "d1"),
+        job("report"),
+    }
     _planned_then_ran(code, root, d1, *PIN)
     assert "results/eval/a/d1/metrics.json" not in _status(code, root), "rerun by the new code: its stamp"
 
@@ -364,9 +407,14 @@ def _status(code: Path, root: Path) -> str:
     import subprocess
     import sys
 
-    done = subprocess.run([sys.executable, "-c", "from dflash_eval.cli import entry; entry()", "status"], cwd=root,
-                          env={**os.environ, "PYTHONPATH": str(code / "src")}, capture_output=True, text=True,
-                          timeout=120)
+    done = subprocess.run(
+        [sys.executable, "-c", "from dflash_eval.cli import entry; entry()", "status"],
+        cwd=root,
+        env={**os.environ, "PYTHONPATH": str(code / "src")},
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert done.returncode == 0, done.stderr
     return done.stdout.strip()
 

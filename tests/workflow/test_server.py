@@ -95,8 +95,13 @@ def test_a_second_checkout_on_the_first_ones_port_is_told_whose_server_it_is(pro
     workflow, first = project
     second = tmp_path / "second"
     shutil.copytree(first, second)  # the same config.yaml: the same port
-    up = subprocess.run([sys.executable, "-m", "dflash_eval.cli", "server", "up", "--config", "config.yaml"],
-                        cwd=first, capture_output=True, text=True, timeout=120)
+    up = subprocess.run(
+        [sys.executable, "-m", "dflash_eval.cli", "server", "up", "--config", "config.yaml"],
+        cwd=first,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert up.returncode == 0, up.stderr
     record_file = first / "results" / "logs" / "server" / "server.pid"
     record = record_file.read_bytes()
@@ -111,10 +116,15 @@ def test_a_second_checkout_on_the_first_ones_port_is_told_whose_server_it_is(pro
         assert f"that checkout's {record_file} has it on record" in fetch_log
         assert f"`cd {first} && dflash-eval server stop-launched --config config.yaml`" in fetch_log
         assert not list((second / "results").glob("completions/*.jsonl")), "nothing fetched from another's server"
-        assert record_file.read_bytes() == record and hs.group_members(json.loads(record)["pgid"]), \
+        assert record_file.read_bytes() == record and hs.group_members(json.loads(record)["pgid"]), (
             "the first checkout's server is untouched, still on its record"
+        )
         assert not (second / "results" / "logs" / "server" / "server.pid").exists()
     finally:
-        subprocess.run([sys.executable, "-m", "dflash_eval.cli", "server", "stop-launched", "--config", "config.yaml"],
-                       cwd=first, capture_output=True, timeout=120)
+        subprocess.run(
+            [sys.executable, "-m", "dflash_eval.cli", "server", "stop-launched", "--config", "config.yaml"],
+            cwd=first,
+            capture_output=True,
+            timeout=120,
+        )
     assert hs.group_members(json.loads(record)["pgid"]) == []

@@ -77,21 +77,44 @@ def _wait_for(predicate, seconds: float, what: str) -> None:
 
 def _restore_begun(root: Path) -> bool:
     events = [e["event"] for e in _entries(root)]
-    return "extraction_end" in events and "launched" in events[events.index("extraction_end"):]
+    return "extraction_end" in events and "launched" in events[events.index("extraction_end") :]
 
 
 def _interrupted_run(workflow: Path, root: Path, second: signal.Signals) -> tuple[int, str]:
     """Snakemake in a session of its own (as in a terminal); SIGINT to its group during the extraction, then
     `second` to the group once the restore has begun. Returns Snakemake's pid and all it and its jobs wrote."""
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(workflow / "src"), "EXTRACT_SECONDS": "120",
-           "PATH": f"{workflow / 'bin'}{os.pathsep}{os.environ['PATH']}"}
+    env = {
+        **os.environ,
+        "OMP_NUM_THREADS": "1",
+        "PYTHONPATH": str(workflow / "src"),
+        "EXTRACT_SECONDS": "120",
+        "PATH": f"{workflow / 'bin'}{os.pathsep}{os.environ['PATH']}",
+    }
     env.pop("DFLASH_EVAL_RUN", None)
     output = root / "interrupted-run.txt"
     with open(output, "w") as out:
-        run = subprocess.Popen([sys.executable, "-m", "snakemake", "--snakefile", str(workflow / "Snakefile"),
-                                "--directory", str(root), "--configfile", str(root / "config.yaml"),
-                                "--workflow-profile", str(workflow / "profiles" / "default"), "--cores", "2"],
-                               cwd=root, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+        run = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "snakemake",
+                "--snakefile",
+                str(workflow / "Snakefile"),
+                "--directory",
+                str(root),
+                "--configfile",
+                str(root / "config.yaml"),
+                "--workflow-profile",
+                str(workflow / "profiles" / "default"),
+                "--cores",
+                "2",
+            ],
+            cwd=root,
+            env=env,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
     try:
         _wait_for(lambda: "extraction_start" in [e["event"] for e in _entries(root)], 240, "extraction_start")
         time.sleep(0.5)
@@ -118,9 +141,11 @@ def test_a_second_signal_during_the_restore_ends_in_a_known_state_that_the_next_
     assert next(e for e in entries if e["event"] == "extraction_end")["ok"] is False
     assert "received again while the server is being restored: finishing the restore first" in text, text[-3000:]
     # the restore finished: healthy, the outage ended, the relaunched server on record
-    after = events[events.index("extraction_end"):]
-    assert "healthy" in after and next(e for e in entries[events.index("extraction_end"):]
-                                       if e["event"] == "resume")["restored"]
+    after = events[events.index("extraction_end") :]
+    assert (
+        "healthy" in after
+        and next(e for e in entries[events.index("extraction_end") :] if e["event"] == "resume")["restored"]
+    )
     assert not (log_dir / "outage.json").exists()
     relaunched = [e["pid"] for e in entries if e["event"] == "launched"][-1]
     record = json.loads((log_dir / "server.pid").read_text()) if (log_dir / "server.pid").exists() else None
@@ -139,7 +164,7 @@ def test_a_second_signal_during_the_restore_ends_in_a_known_state_that_the_next_
     else:
         assert len(lines) == 1 and f"that run {run_pid} launched" in lines[0], rerun[-3000:]
         assert "stopped that server with its process group" in lines[0]
-        stop = next(e for e in _entries(root)[len(entries):] if e["event"] == "stop_requested")
+        stop = next(e for e in _entries(root)[len(entries) :] if e["event"] == "stop_requested")
         assert stop["pid"] == record["pid"] and "which is gone" in stop["reason"]
     assert hs.group_members(relaunched) == []
     assert completions.read_bytes() == written
@@ -181,21 +206,47 @@ def test_a_second_run_s_end_does_not_stop_the_first_run_s_server_mid_fetch(tmp_p
     server = hs.tiny_helper_settings(Path("unused"))
     config["server"] = hs.server_config(server)
     (root / "config.yaml").write_text(yaml.safe_dump(config, sort_keys=False))
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(workflow / "src"),
-           "PATH": f"{workflow / 'bin'}{os.pathsep}{os.environ['PATH']}"}
+    env = {
+        **os.environ,
+        "OMP_NUM_THREADS": "1",
+        "PYTHONPATH": str(workflow / "src"),
+        "PATH": f"{workflow / 'bin'}{os.pathsep}{os.environ['PATH']}",
+    }
     env.pop("DFLASH_EVAL_RUN", None)
-    argv = [sys.executable, "-m", "snakemake", "--snakefile", str(workflow / "Snakefile"), "--directory", str(root),
-            "--configfile", str(root / "config.yaml"), "--workflow-profile", str(workflow / "profiles" / "default"),
-            "--cores", "1"]
+    argv = [
+        sys.executable,
+        "-m",
+        "snakemake",
+        "--snakefile",
+        str(workflow / "Snakefile"),
+        "--directory",
+        str(root),
+        "--configfile",
+        str(root / "config.yaml"),
+        "--workflow-profile",
+        str(workflow / "profiles" / "default"),
+        "--cores",
+        "1",
+    ]
     long_log, short_log = tmp_path / "long.txt", tmp_path / "short.txt"
     with open(tmp_path / "long.out", "w") as out:
-        long_run = subprocess.Popen([*argv, "results/completions/d1.jsonl"], cwd=root, stdout=out,
-                                    stderr=subprocess.STDOUT, env={**env, "FETCH_SECONDS": "25",
-                                                                   "FETCH_LOG": str(long_log)})
+        long_run = subprocess.Popen(
+            [*argv, "results/completions/d1.jsonl"],
+            cwd=root,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            env={**env, "FETCH_SECONDS": "25", "FETCH_LOG": str(long_log)},
+        )
     try:
         _wait_for(lambda: long_log.exists(), 120, "the long run's fetch")
-        short = subprocess.run([*argv, "results/completions/d2.jsonl"], cwd=root, capture_output=True, text=True,
-                               timeout=300, env={**env, "FETCH_SECONDS": "0", "FETCH_LOG": str(short_log)})
+        short = subprocess.run(
+            [*argv, "results/completions/d2.jsonl"],
+            cwd=root,
+            capture_output=True,
+            text=True,
+            timeout=300,
+            env={**env, "FETCH_SECONDS": "0", "FETCH_LOG": str(short_log)},
+        )
         assert short.returncode == 0, short.stdout[-3000:] + short.stderr[-3000:]
         assert short_log.read_text().splitlines() == ["fetching", "still up: True"]
         assert f"workflow run {long_run.pid}, still running, launched or uses it" in short.stdout + short.stderr

@@ -24,10 +24,23 @@ from tests.support.checkout import copy_workflow, copy_workflow_with_stand_in
 pytestmark = pytest.mark.slurm
 
 # The single-node test cluster has 2 CPUs and little memory: shrink what profiles/slurm asks for.
-SMALL = ["--set-resources", *(f"{rule}:{key}={value}" for rule in ("fetch", "extract", "evaluate", "report")
-                              for key, value in (("cpus_per_task", 1), ("mem_mb", 300), ("runtime", 10))),
-         "--default-resources", "mem_mb=300", "runtime=10", "--slurm-init-seconds-before-status-checks", "2",
-         "--jobs", "4", "--latency-wait", "10"]
+SMALL = [
+    "--set-resources",
+    *(
+        f"{rule}:{key}={value}"
+        for rule in ("fetch", "extract", "evaluate", "report")
+        for key, value in (("cpus_per_task", 1), ("mem_mb", 300), ("runtime", 10))
+    ),
+    "--default-resources",
+    "mem_mb=300",
+    "runtime=10",
+    "--slurm-init-seconds-before-status-checks",
+    "2",
+    "--jobs",
+    "4",
+    "--latency-wait",
+    "10",
+]
 
 
 def _cluster_up() -> bool:
@@ -63,8 +76,7 @@ def test_tiny_workflow_through_slurm_equals_a_local_run(tmp_path):
     tiny_project(cluster, drafters=1)
     check(snakemake(workflow, local))
 
-    text = check(snakemake(workflow, cluster, *SMALL, "--resources", "server_lock=2", profile="slurm",
-                           timeout=1700))
+    text = check(snakemake(workflow, cluster, *SMALL, "--resources", "server_lock=2", profile="slurm", timeout=1700))
     submitted = re.findall(r"submitted with SLURM jobid (\d+)", text)
     assert len(submitted) == sum(JOBS.values()), text[-4000:]
     logs = {p.stem: p for p in (cluster / "results" / "logs" / "slurm").rglob("*.log")}
@@ -80,7 +92,9 @@ def test_tiny_workflow_through_slurm_equals_a_local_run(tmp_path):
     assert packages == {str(workflow / "src" / "dflash_eval" / "__init__.py")}, "jobs saw the submitter's PYTHONPATH"
     results = _results(cluster)
     assert results == _results(local)
-    assert {"results/summary.csv", "results/hidden/d2/L1-2/manifest.json", "results/eval/a/d1/metrics.json"} <= set(results)
+    assert {"results/summary.csv", "results/hidden/d2/L1-2/manifest.json", "results/eval/a/d1/metrics.json"} <= set(
+        results
+    )
     # The SLURM run left Snakemake's metadata complete: locally, nothing is left to do.
     assert plan(workflow, cluster) == set()
 
@@ -88,7 +102,7 @@ def test_tiny_workflow_through_slurm_equals_a_local_run(tmp_path):
 # The evaluate jobs' dflash-eval for the GPU test: the GPU SLURM gave the job (CUDA_VISIBLE_DEVICES, one index on the
 # test cluster's fake GRES) is its identity, as a UUID is on real GPUs; it is claimed through the real lock code with
 # a claim record, held a while so that the two evaluations overlap, and the recorder writes the outputs.
-GPU_STAND_IN = r'''#!{python}
+GPU_STAND_IN = r"""#!{python}
 import os, subprocess, sys, time
 args = sys.argv[1:]
 rest = args[2:] if args[:1] == ["--log"] else args
@@ -99,7 +113,7 @@ if rest[0] == "evaluate":
     claim_gpu(None, "cuda", [f"GPU-fake{{visible}}"], poll_s=0.1, record=record, job=record)
     time.sleep(30)
 sys.exit(subprocess.run([os.path.join(os.path.dirname(sys.argv[0]), "recorder"), *args]).returncode)
-'''
+"""
 
 
 def _fake_gpus() -> int:
@@ -124,8 +138,10 @@ def test_gpu_jobs_request_a_gpu_each_and_cpu_jobs_none(tmp_path):
     small = [*SMALL[:1], "evaluate:gpu=1", *SMALL[1:]]
     text = check(snakemake(workflow, root, *small, profile="slurm", timeout=1700))
     submitted = re.findall(r"submitted with SLURM jobid (\d+)", text)
-    logs = {p.stem: p.relative_to(root / "results" / "logs" / "slurm").parts[0].removeprefix("rule_")
-            for p in (root / "results" / "logs" / "slurm").rglob("*.log")}
+    logs = {
+        p.stem: p.relative_to(root / "results" / "logs" / "slurm").parts[0].removeprefix("rule_")
+        for p in (root / "results" / "logs" / "slurm").rglob("*.log")
+    }
     asked = {}
     for job_id in submitted:
         shown = subprocess.run(["scontrol", "show", "job", job_id], capture_output=True, text=True).stdout

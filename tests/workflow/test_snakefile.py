@@ -38,8 +38,11 @@ def test_without_demo_enabled_the_demo_is_not_built_and_its_paths_say_so(project
     run = snakemake(REPO, project, "-n")
     text = run.stdout + run.stderr
     assert run.returncode != 0
-    assert re.search(r"resources/demo/\S+ does not exist \(the workflow builds the demo's models only with "
-                     r"demo\.enabled: true\)", text)  # named when the workflow loads (workflow.preflight.check_inputs)
+    assert re.search(
+        r"resources/demo/\S+ does not exist \(the workflow builds the demo's models only with "
+        r"demo\.enabled: true\)",
+        text,
+    )  # named when the workflow loads (workflow.preflight.check_inputs)
 
 
 def test_wildcards_match_only_configured_names(project):

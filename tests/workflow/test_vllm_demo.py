@@ -29,14 +29,20 @@ def workdir(tmp_path_factory):
     target_config = json.loads((target_dir / "config.json").read_text())
     tokenizer = json.loads((target_dir / "tokenizer.json").read_text())
     mask_id = next(t["id"] for t in tokenizer["added_tokens"] if t["content"] == "<|mask|>")
-    config = tiny_drafter_config([1, 2], hidden=target_config["hidden_size"], block_size=BLOCK, window=8,
-                                 num_target_layers=target_config["num_hidden_layers"])
+    config = tiny_drafter_config(
+        [1, 2],
+        hidden=target_config["hidden_size"],
+        block_size=BLOCK,
+        window=8,
+        num_target_layers=target_config["num_hidden_layers"],
+    )
     config.vocab_size = target_config["vocab_size"]
     config.dflash_config["mask_token_id"] = mask_id
     torch.manual_seed(0)
     DFlashDraftModel(config).save_pretrained(root / "drafters" / "hf")
-    prompts = [{"id": f"p{i}", "messages": [{"role": "user", "content": f"Write a function number {i}."}]}
-               for i in range(4)]
+    prompts = [
+        {"id": f"p{i}", "messages": [{"role": "user", "content": f"Write a function number {i}."}]} for i in range(4)
+    ]
     (root / "prompts.jsonl").write_text("".join(json.dumps(p) + "\n" for p in prompts))
     port = free_port()
     spec = json.dumps({"method": "dflash", "model": str(root / "drafters" / "hf"), "num_speculative_tokens": BLOCK - 1})
@@ -44,14 +50,24 @@ def workdir(tmp_path_factory):
     settings.pop("demo")
     settings["target"]["path"] = str(target_dir)
     settings["server"].update(
-        base_url=f"http://127.0.0.1:{port}", health_timeout_s=600, engine="vllm",
+        base_url=f"http://127.0.0.1:{port}",
+        health_timeout_s=600,
+        engine="vllm",
         command=f"env OMP_NUM_THREADS=1 VLLM_SERVER_DEV_MODE=1 {sys.executable} -m dflash_eval.cli demo-server "
-                f"--engine vllm --port {port} --model-path {target_dir} --speculative-config '{spec}' "
-                "--per-request-spec-decode-metrics detailed --enable-sleep-mode")
+        f"--engine vllm --port {port} --model-path {target_dir} --speculative-config '{spec}' "
+        "--per-request-spec-decode-metrics detailed --enable-sleep-mode",
+    )
     settings["fetch"].update(max_tokens=24, concurrency=2)
-    settings["datasets"] = {"tiny": {"prompts": str(root / "prompts.jsonl")},
-                            "tiny-t07": {"prompts": str(root / "prompts.jsonl"), "temperature": 0.7, "top_p": 0.95,
-                                         "n": 2, "sampling_seed": 0}}
+    settings["datasets"] = {
+        "tiny": {"prompts": str(root / "prompts.jsonl")},
+        "tiny-t07": {
+            "prompts": str(root / "prompts.jsonl"),
+            "temperature": 0.7,
+            "top_p": 0.95,
+            "n": 2,
+            "sampling_seed": 0,
+        },
+    }
     settings["evaluation"]["bootstrap"] = 50
     settings["report"]["served_drafter"] = "hf"
     settings["profile_server"]["enabled"] = False
@@ -64,8 +80,10 @@ def test_the_online_panel_is_equal_per_request_at_t0_and_t07(workdir):
     run = snakemake_in(workdir)
     assert run.returncode == 0, run.stdout[-4000:] + run.stderr[-4000:]
     for dataset, count in (("tiny", 4), ("tiny-t07", 8)):
-        records = [json.loads(line) for line in
-                   (workdir / "results" / "completions" / f"{dataset}.jsonl").read_text().splitlines()]
+        records = [
+            json.loads(line)
+            for line in (workdir / "results" / "completions" / f"{dataset}.jsonl").read_text().splitlines()
+        ]
         assert len(records) == count
         for record in records:
             assert record["completion_ids_source"] == "server" and record["request"]["prompt_format"] == "token_ids"

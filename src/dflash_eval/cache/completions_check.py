@@ -44,31 +44,44 @@ def token_identity(record: dict[str, Any]) -> str:
 
 def identities(path: str | Path, records: Iterable[dict[str, Any]]) -> dict[str, Any]:
     """The manifest's `completions` entry: the file, its sha256 and each sample's token identity."""
-    return {"path": str(path), "sha256": sha256_file(path),
-            IDENTITY_KEY: {str(r["id"]): token_identity(r) for r in records}}
+    return {
+        "path": str(path),
+        "sha256": sha256_file(path),
+        IDENTITY_KEY: {str(r["id"]): token_identity(r) for r in records},
+    }
 
 
-def check(directory: str | Path, manifest: dict[str, Any], completions: str | Path,
-          records: dict[str, dict[str, Any]]) -> None:
+def check(
+    directory: str | Path, manifest: dict[str, Any], completions: str | Path, records: dict[str, dict[str, Any]]
+) -> None:
     """Raise CompletionsMismatch unless every cached sample is the one of that id in `completions`."""
     directory, completions = Path(directory), Path(completions)
     recorded = manifest.get("completions") or {}
-    fix = (f"evaluate with the completions file the cache was built from ({recorded.get('path', 'see its manifest')}), "
-           f"or rebuild the cache from this one: `snakemake --forcerun {directory}` in the workflow, or by hand "
-           f"`dflash-eval extract ... --completions {completions} --out {directory}`")
+    fix = (
+        f"evaluate with the completions file the cache was built from ({recorded.get('path', 'see its manifest')}), "
+        f"or rebuild the cache from this one: `snakemake --forcerun {directory}` in the workflow, or by hand "
+        f"`dflash-eval extract ... --completions {completions} --out {directory}`"
+    )
     where = f"{manifest_path(directory)} against {completions}"
     lengths = []
     for entry in manifest["samples"]:
         record = records.get(str(entry["id"]))
         if record is None or not all(isinstance(record.get(key), list) for key in TOKEN_KEYS):
             continue  # absent ones are judged below, by the file's identity
-        prompt, total = len(record["prompt_token_ids"]), len(record["prompt_token_ids"]) + len(record["completion_token_ids"])
+        prompt, total = (
+            len(record["prompt_token_ids"]),
+            len(record["prompt_token_ids"]) + len(record["completion_token_ids"]),
+        )
         if (entry["length"], entry["prompt_len"]) != (total, prompt):
-            lengths.append(f"{entry['id']!r} ({entry['length']} tokens, {entry['prompt_len']} of prompt, in the cache; "
-                           f"{total} and {prompt} in the completions)")
+            lengths.append(
+                f"{entry['id']!r} ({entry['length']} tokens, {entry['prompt_len']} of prompt, in the cache; "
+                f"{total} and {prompt} in the completions)"
+            )
     if lengths:
-        raise CompletionsMismatch(f"{where}: {len(lengths)} sample(s) differ in length: {_listed(lengths)}; the "
-                                  f"cache's manifest was edited or comes from other completions: {fix}")
+        raise CompletionsMismatch(
+            f"{where}: {len(lengths)} sample(s) differ in length: {_listed(lengths)}; the "
+            f"cache's manifest was edited or comes from other completions: {fix}"
+        )
     if recorded.get("sha256") == sha256_file(completions):
         return
     held = recorded.get(IDENTITY_KEY)
@@ -76,20 +89,39 @@ def check(directory: str | Path, manifest: dict[str, Any], completions: str | Pa
         raise CompletionsMismatch(
             f"{where}: the cache was extracted from {recorded.get('path')!r} (sha256 {str(recorded.get('sha256'))[:12]}), "
             f"not this file, and predates the per-sample record ({IDENTITY_KEY}), so its samples cannot be checked "
-            f"against it: {fix}")
+            f"against it: {fix}"
+        )
     cached = [str(entry["id"]) for entry in manifest["samples"]]
-    differ = [i for i in cached if i in records and (not all(isinstance(records[i].get(k), list) for k in TOKEN_KEYS)
-                                                     or held.get(i) != token_identity(records[i]))]
+    differ = [
+        i
+        for i in cached
+        if i in records
+        and (
+            not all(isinstance(records[i].get(k), list) for k in TOKEN_KEYS)
+            or held.get(i) != token_identity(records[i])
+        )
+    ]
     absent = [i for i in cached if i not in records]
     extra = sorted(set(records) - set(cached))
-    problems = [f"{len(ids)} {what}: {_listed(ids)}" for ids, what in
-                ((differ, "sample(s) with other token ids"), (absent, "cached sample(s) not in the completions"),
-                 (extra, "completion(s) not in the cache")) if ids]
+    problems = [
+        f"{len(ids)} {what}: {_listed(ids)}"
+        for ids, what in (
+            (differ, "sample(s) with other token ids"),
+            (absent, "cached sample(s) not in the completions"),
+            (extra, "completion(s) not in the cache"),
+        )
+        if ids
+    ]
     if problems:
-        raise CompletionsMismatch(f"{where}: not the completions the cache was extracted from ({'; '.join(problems)}): "
-                                  f"{fix}")
-    log.info("%s is not the completions file %s was extracted from (sha256 differs), but every sample's token ids "
-             "are the same: evaluating", completions, directory)
+        raise CompletionsMismatch(
+            f"{where}: not the completions the cache was extracted from ({'; '.join(problems)}): {fix}"
+        )
+    log.info(
+        "%s is not the completions file %s was extracted from (sha256 differs), but every sample's token ids "
+        "are the same: evaluating",
+        completions,
+        directory,
+    )
 
 
 def _listed(items: list[str]) -> str:

@@ -30,14 +30,25 @@ def manifest_path(directory: str | Path) -> Path:
     return Path(directory) / MANIFEST
 
 
-def build(header: dict[str, Any], layer_ids: Sequence[int], store_argmax: bool, samples: list[dict[str, Any]],
-          shards: list[dict[str, Any]]) -> dict[str, Any]:
+def build(
+    header: dict[str, Any],
+    layer_ids: Sequence[int],
+    store_argmax: bool,
+    samples: list[dict[str, Any]],
+    shards: list[dict[str, Any]],
+) -> dict[str, Any]:
     """The manifest of a finished cache; `header` is what the extract stage recorded (HEADER_KEYS at least)."""
     missing = [key for key in HEADER_KEYS if key not in header]
     if missing:
         raise CacheError(f"manifest header lacks {missing}")
-    return {"format_version": FORMAT_VERSION, **header, "layer_ids": layer_ids, "store_argmax": store_argmax,
-            "samples": samples, "shards": shards}
+    return {
+        "format_version": FORMAT_VERSION,
+        **header,
+        "layer_ids": layer_ids,
+        "store_argmax": store_argmax,
+        "samples": samples,
+        "shards": shards,
+    }
 
 
 def write(directory: str | Path, manifest: dict[str, Any]) -> None:
@@ -87,12 +98,18 @@ def _require(condition: bool, directory: Path, what: str) -> None:
 
 
 def _validate(d: Path, m: dict[str, Any]) -> None:
-    _require(m.get("format_version") == FORMAT_VERSION, d,
-             f"format_version {m.get('format_version')!r}, this reader understands {FORMAT_VERSION}")
+    _require(
+        m.get("format_version") == FORMAT_VERSION,
+        d,
+        f"format_version {m.get('format_version')!r}, this reader understands {FORMAT_VERSION}",
+    )
     for key in (*HEADER_KEYS, "layer_ids", "store_argmax", "samples", "shards"):
         _require(key in m, d, f"missing key {key!r}")
-    _require(isinstance(m["layer_ids"], list) and all(isinstance(i, int) for i in m["layer_ids"]), d,
-             "layer_ids must be integers")
+    _require(
+        isinstance(m["layer_ids"], list) and all(isinstance(i, int) for i in m["layer_ids"]),
+        d,
+        "layer_ids must be integers",
+    )
     for name, keys in (("samples", _SAMPLE_KEYS), ("shards", _SHARD_KEYS)):
         _require(isinstance(m[name], list), d, f"{name} must be a list")
         for index, entry in enumerate(m[name]):
@@ -105,5 +122,8 @@ def _validate(d: Path, m: dict[str, Any]) -> None:
     _require(len(set(ids)) == len(ids), d, "sample ids repeat")
     for s in m["samples"]:
         shard = shards.get(s["shard"])
-        _require(shard is not None and 0 <= s["offset"] and s["offset"] + s["length"] <= shard["tokens"], d,
-                 f"sample {s['id']!r} points outside its shard {s['shard']}")
+        _require(
+            shard is not None and 0 <= s["offset"] and s["offset"] + s["length"] <= shard["tokens"],
+            d,
+            f"sample {s['id']!r} points outside its shard {s['shard']}",
+        )

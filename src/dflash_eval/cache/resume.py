@@ -177,8 +177,10 @@ def _entries_from_manifest(out: Path, key: str) -> list[dict[str, Any]] | None:
     by_shard: dict[str, list[dict[str, Any]]] = {}
     for sample in manifest["samples"]:
         by_shard.setdefault(sample["shard"], []).append(sample)
-    return [{**shard, "index": index, "samples": by_shard.get(shard["file"], []), "backend": manifest["backend"]}
-            for index, shard in enumerate(manifest["shards"])]
+    return [
+        {**shard, "index": index, "samples": by_shard.get(shard["file"], []), "backend": manifest["backend"]}
+        for index, shard in enumerate(manifest["shards"])
+    ]
 
 
 def prepare_resume(out: Path, key: str, plan: list[list[int]], sample_ids: Sequence[str]) -> ResumeState:
@@ -224,6 +226,12 @@ def prepare_resume(out: Path, key: str, plan: list[list[int]], sample_ids: Seque
             continue
         state.kept[index] = entry
     if state.kept or redo:
-        log.info("resuming %s: %d of %d shards already complete and verified; redoing %d%s", out,
-                 len(state.kept), len(plan), len(state.todo), f", of them {', '.join(redo)}" if redo else "")
+        log.info(
+            "resuming %s: %d of %d shards already complete and verified; redoing %d%s",
+            out,
+            len(state.kept),
+            len(plan),
+            len(state.todo),
+            f", of them {', '.join(redo)}" if redo else "",
+        )
     return state

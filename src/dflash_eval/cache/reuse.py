@@ -67,8 +67,12 @@ def keep_published(out: Path) -> None:
                 os.link(file, tmp / file.name)
     except OSError as error:
         shutil.rmtree(tmp, ignore_errors=True)
-        log.warning("%s: not kept for reruns (hard links failed: %s); a rerun after Snakemake removes the cache "
-                    "extracts everything again", out, error)
+        log.warning(
+            "%s: not kept for reruns (hard links failed: %s); a rerun after Snakemake removes the cache "
+            "extracts everything again",
+            out,
+            error,
+        )
         return
     if kept.exists():
         os.replace(kept, old)
@@ -91,13 +95,18 @@ class KeptStates:
         if manifest is None:
             return
         if manifest.get("state_key") not in (state_key, *also):
-            log.info("%s: kept states are from other inputs (target, layers, backend, versions or code); not reused",
-                     self.directory)
+            log.info(
+                "%s: kept states are from other inputs (target, layers, backend, versions or code); not reused",
+                self.directory,
+            )
             return
         self.manifest = manifest
         if manifest.get("state_key") != state_key:
-            log.info("%s: kept states were made by the previous release's state code key; the code is the same, so "
-                     "they are reused (once: the new cache carries this release's key)", self.directory)
+            log.info(
+                "%s: kept states were made by the previous release's state code key; the code is the same, so "
+                "they are reused (once: the new cache carries this release's key)",
+                self.directory,
+            )
 
     def find(self, records: Sequence[dict[str, Any]], store_argmax: bool) -> int:
         """Mark each record whose kept sample has the same token ids in an intact shard; how many."""
@@ -107,7 +116,11 @@ class KeptStates:
         candidates: dict[str, list[tuple[dict[str, Any], dict[str, Any]]]] = {}
         for record in records:
             entry = by_id.get(str(record["id"]))
-            if entry is not None and entry["length"] == _length(record) and entry["prompt_len"] == len(record["prompt_token_ids"]):
+            if (
+                entry is not None
+                and entry["length"] == _length(record)
+                and entry["prompt_len"] == len(record["prompt_token_ids"])
+            ):
                 candidates.setdefault(entry["shard"], []).append((record, entry))
         shards = {s["file"]: s for s in self.manifest["shards"]}
         with ThreadPoolExecutor(max_workers=_HASH_THREADS, thread_name_prefix="kept-sha256") as pool:
@@ -119,7 +132,7 @@ class KeptStates:
                 input_ids = handle.get_tensor("input_ids")
             for record, entry in pairs:
                 ids = record["prompt_token_ids"] + record["completion_token_ids"]
-                if input_ids[entry["offset"]: entry["offset"] + entry["length"]].tolist() == ids:
+                if input_ids[entry["offset"] : entry["offset"] + entry["length"]].tolist() == ids:
                     self.usable[str(record["id"])] = entry
         return len(self.usable)
 
@@ -138,8 +151,13 @@ class KeptStates:
     def __contains__(self, sample_id: str) -> bool:
         return sample_id in self.usable
 
-    def states(self, sample_id: str, layer_ids: Sequence[int], store_argmax: bool, device: torch.device,
-               ) -> tuple[torch.Tensor, dict[int, torch.Tensor], torch.Tensor | None]:
+    def states(
+        self,
+        sample_id: str,
+        layer_ids: Sequence[int],
+        store_argmax: bool,
+        device: torch.device,
+    ) -> tuple[torch.Tensor, dict[int, torch.Tensor], torch.Tensor | None]:
         """Token ids, layer states and argmax of a usable kept sample, on `device` (as a forward leaves them)."""
         entry = self.usable[sample_id]
         rows = slice(entry["offset"], entry["offset"] + entry["length"])

@@ -56,15 +56,27 @@ def from_record(record: dict[str, Any], where: str) -> SamplingParams | None:
     if sampling is None:
         return None
     try:
-        params = SamplingParams(temperature=float(sampling["temperature"]), top_p=float(sampling.get("top_p", 1.0)),
-                                top_k=int(sampling.get("top_k", -1)), min_p=float(sampling.get("min_p", 0.0)))
+        params = SamplingParams(
+            temperature=float(sampling["temperature"]),
+            top_p=float(sampling.get("top_p", 1.0)),
+            top_k=int(sampling.get("top_k", -1)),
+            min_p=float(sampling.get("min_p", 0.0)),
+        )
     except (KeyError, TypeError, ValueError) as error:
-        raise DflashEvalError(f"{where}: record {record.get('id')!r} has a malformed sampling object {sampling!r} "
-                              f"({error!r}); re-fetch the dataset") from None
-    if not (params.temperature > 0 and 0 < params.top_p <= 1 and (params.top_k == -1 or params.top_k >= 1)
-            and 0 <= params.min_p < 1):
-        raise DflashEvalError(f"{where}: record {record.get('id')!r}: sampling {sampling!r} is out of range "
-                              "(temperature > 0, top_p in (0, 1], top_k -1 or >= 1, min_p in [0, 1)); re-fetch")
+        raise DflashEvalError(
+            f"{where}: record {record.get('id')!r} has a malformed sampling object {sampling!r} "
+            f"({error!r}); re-fetch the dataset"
+        ) from None
+    if not (
+        params.temperature > 0
+        and 0 < params.top_p <= 1
+        and (params.top_k == -1 or params.top_k >= 1)
+        and 0 <= params.min_p < 1
+    ):
+        raise DflashEvalError(
+            f"{where}: record {record.get('id')!r}: sampling {sampling!r} is out of range "
+            "(temperature > 0, top_p in (0, 1], top_k -1 or >= 1, min_p in [0, 1)); re-fetch"
+        )
     return params
 
 
@@ -91,8 +103,9 @@ def sampling_probs(logits: torch.Tensor, params: SamplingParams, convention: str
     return probs
 
 
-def token_logprobs(logits: torch.Tensor, tokens: torch.Tensor, params: SamplingParams,
-                   convention: str = "dflash") -> torch.Tensor:
+def token_logprobs(
+    logits: torch.Tensor, tokens: torch.Tensor, params: SamplingParams, convention: str = "dflash"
+) -> torch.Tensor:
     """log of `sampling_probs(logits)` at `tokens` (logits [..., V], tokens [...]); -inf outside the support."""
     probs = sampling_probs(logits, params, convention)
     return probs.gather(-1, tokens[..., None].long())[..., 0].log()

@@ -34,7 +34,7 @@ def _positive(path: Path, field: str, value: Any) -> float:
 def _sizes(path: Path, field: str, table: Any) -> dict[int, float]:
     """{"<tokens>": ms} checked, keyed by int and sorted."""
     if not isinstance(table, dict) or not table:
-        raise DflashEvalError(f"{path}: field {field!r} must be an object {{\"<tokens>\": ms}} with at least one entry")
+        raise DflashEvalError(f'{path}: field {field!r} must be an object {{"<tokens>": ms}} with at least one entry')
     sizes = {}
     for key, value in table.items():
         try:
@@ -55,13 +55,17 @@ def check_profile(data: Any, path: str | Path) -> dict[str, Any]:
     for required in ("t_ar_ms", "t_verify_ms"):
         if required not in data:
             raise DflashEvalError(f"{path}: field {required!r} is missing (see {__name__}'s docstring for the format)")
-    profile = {**data, "t_ar_ms": _positive(path, "t_ar_ms", data["t_ar_ms"]),
-               "t_verify_ms": _sizes(path, "t_verify_ms", data["t_verify_ms"])}
+    profile = {
+        **data,
+        "t_ar_ms": _positive(path, "t_ar_ms", data["t_ar_ms"]),
+        "t_verify_ms": _sizes(path, "t_verify_ms", data["t_verify_ms"]),
+    }
     if data.get("t_step_ms") is not None:
         profile["t_step_ms"] = _sizes(path, "t_step_ms", data["t_step_ms"])
     if data.get("hybrid") is not None and not isinstance(data["hybrid"], bool):
-        raise DflashEvalError(f"{path}: field 'hybrid' must be true or false (a Gated DeltaNet hybrid target), "
-                              f"got {data['hybrid']!r}")
+        raise DflashEvalError(
+            f"{path}: field 'hybrid' must be true or false (a Gated DeltaNet hybrid target), got {data['hybrid']!r}"
+        )
     if data.get("t_draft_ms") is not None:
         profile["t_draft_ms"] = _positive(path, "t_draft_ms", data["t_draft_ms"])
     return profile
@@ -74,4 +78,6 @@ def load_profile(path: str | Path) -> dict[str, Any]:
     return check_profile(read_json_object(path), path)
 
 
-ESTIMATE_STAMP = "estimate_code"  # a measured profile's stamp: the estimate code that timed it (tools/profile_target.py)
+ESTIMATE_STAMP = (
+    "estimate_code"  # a measured profile's stamp: the estimate code that timed it (tools/profile_target.py)
+)

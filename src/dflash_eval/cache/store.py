@@ -58,7 +58,10 @@ def layer_key(layer_id: int) -> str:
 
 
 _SAFETENSORS_DTYPES = {
-    torch.bfloat16: "BF16", torch.float16: "F16", torch.float32: "F32", torch.int64: "I64",
+    torch.bfloat16: "BF16",
+    torch.float16: "F16",
+    torch.float32: "F32",
+    torch.int64: "I64",
 }
 
 
@@ -73,8 +76,11 @@ def write_safetensors(path: Path, tensors: dict[str, torch.Tensor], metadata: di
     offset = 0
     for name, tensor in tensors.items():
         size = tensor.numel() * tensor.element_size()
-        header[name] = {"dtype": _SAFETENSORS_DTYPES[tensor.dtype], "shape": list(tensor.shape),
-                        "data_offsets": [offset, offset + size]}
+        header[name] = {
+            "dtype": _SAFETENSORS_DTYPES[tensor.dtype],
+            "shape": list(tensor.shape),
+            "data_offsets": [offset, offset + size],
+        }
         offset += size
     encoded = json.dumps(header, separators=(",", ":")).encode()
     encoded += b" " * (-len(encoded) % 8)
@@ -82,8 +88,11 @@ def write_safetensors(path: Path, tensors: dict[str, torch.Tensor], metadata: di
     # Hashing and writing each chunk run side by side (both release the GIL): a shard then costs
     # max(hash, write) instead of their sum, which decides whether the GPU ever waits for the disk.
     with open(path, "wb") as handle, ThreadPoolExecutor(max_workers=1, thread_name_prefix="sha256") as hasher:
-        for chunk in (len(encoded).to_bytes(8, "little"), encoded,
-                      *(t.contiguous().view(torch.uint8).numpy().data for t in tensors.values())):
+        for chunk in (
+            len(encoded).to_bytes(8, "little"),
+            encoded,
+            *(t.contiguous().view(torch.uint8).numpy().data for t in tensors.values()),
+        ):
             hashed = hasher.submit(digest.update, chunk)
             handle.write(chunk)
             hashed.result()
@@ -93,8 +102,16 @@ def write_safetensors(path: Path, tensors: dict[str, torch.Tensor], metadata: di
 class _ShardBuffer:
     """Preallocated host rows for one shard; pinned when the states come from a GPU."""
 
-    def __init__(self, layer_ids: Sequence[int], capacity: int, hidden: int, dtype: torch.dtype,
-                 store_argmax: bool, pin: bool, store_logprob: bool = False) -> None:
+    def __init__(
+        self,
+        layer_ids: Sequence[int],
+        capacity: int,
+        hidden: int,
+        dtype: torch.dtype,
+        store_argmax: bool,
+        pin: bool,
+        store_logprob: bool = False,
+    ) -> None:
         def rows(*shape: int, dtype: torch.dtype = torch.int64) -> torch.Tensor:
             return torch.empty(*shape, dtype=dtype, pin_memory=pin)
 
@@ -106,8 +123,14 @@ class _ShardBuffer:
         self.tokens = 0
         self.write: Future | None = None  # the pending write that reads this buffer
 
-    def put(self, input_ids: torch.Tensor, states: dict[int, torch.Tensor], argmax: torch.Tensor | None,
-            stream: torch.cuda.Stream | None = None, logprob: torch.Tensor | None = None) -> None:
+    def put(
+        self,
+        input_ids: torch.Tensor,
+        states: dict[int, torch.Tensor],
+        argmax: torch.Tensor | None,
+        stream: torch.cuda.Stream | None = None,
+        logprob: torch.Tensor | None = None,
+    ) -> None:
         """Copy one sample in; from a GPU asynchronously, on `stream` (wait for it before reading the rows).
 
         On a side stream the copies overlap the next forward instead of queueing behind it; the
@@ -169,12 +192,19 @@ class _PendingCopies:
             return
         row, column = (~self.finite).nonzero()[0].tolist()
         sample, layer_id = samples[row], self.layer_ids[column]
-        raise _nonfinite_error(sample["id"], layer_id,
-                               layers[layer_id][sample["offset"]: sample["offset"] + sample["length"]])
+        raise _nonfinite_error(
+            sample["id"], layer_id, layers[layer_id][sample["offset"] : sample["offset"] + sample["length"]]
+        )
 
 
-def _write_shard(path: Path, buffer: _ShardBuffer, journal: Path | None = None, index: int = 0,
-                 samples: Sequence[dict[str, Any]] = (), pending: _PendingCopies | None = None) -> dict[str, Any]:
+def _write_shard(
+    path: Path,
+    buffer: _ShardBuffer,
+    journal: Path | None = None,
+    index: int = 0,
+    samples: Sequence[dict[str, Any]] = (),
+    pending: _PendingCopies | None = None,
+) -> dict[str, Any]:
     """Check, save and hash one shard, then journal it; runs on a writer thread.
 
     A shard with a non-finite state raises before its file is opened, so it never reaches disk.
@@ -276,8 +306,15 @@ class CacheWriter:
         if exc_type is not None:
             self.abort()
 
-    def _check(self, sample_id: str, input_ids: torch.Tensor, states: dict[int, torch.Tensor],
-               argmax: torch.Tensor | None, prompt_len: int, logprob: torch.Tensor | None = None) -> torch.Tensor:
+    def _check(
+        self,
+        sample_id: str,
+        input_ids: torch.Tensor,
+        states: dict[int, torch.Tensor],
+        argmax: torch.Tensor | None,
+        prompt_len: int,
+        logprob: torch.Tensor | None = None,
+    ) -> torch.Tensor:
         """Reject a sample whose shapes or keys do not fit the cache; its finite flags per layer.
 
         CPU states are checked for NaN/Inf here; GPU flags are returned unread (see `add`).
@@ -290,18 +327,24 @@ class CacheWriter:
         if sorted(states) != sorted(self.layer_ids):
             raise CacheError(f"sample {sample_id!r}: layers {sorted(states)} given, cache holds {self.layer_ids}")
         if (argmax is not None) != self.store_argmax:
-            raise CacheError(f"sample {sample_id!r}: argmax {'missing' if argmax is None else 'given'} "
-                             f"but store_argmax={self.store_argmax}")
+            raise CacheError(
+                f"sample {sample_id!r}: argmax {'missing' if argmax is None else 'given'} "
+                f"but store_argmax={self.store_argmax}"
+            )
         if argmax is not None and argmax.shape != (length,):
             raise CacheError(f"sample {sample_id!r}: argmax shape {tuple(argmax.shape)}, expected ({length},)")
         if (logprob is not None) != self.store_logprob or (logprob is not None and logprob.shape != (length,)):
-            raise CacheError(f"sample {sample_id!r}: target log-probs {'missing' if logprob is None else tuple(logprob.shape)}"
-                             f", expected ({length},) when store_logprob (here {self.store_logprob}), else none")
+            raise CacheError(
+                f"sample {sample_id!r}: target log-probs {'missing' if logprob is None else tuple(logprob.shape)}"
+                f", expected ({length},) when store_logprob (here {self.store_logprob}), else none"
+            )
         for layer_id, state in states.items():
             hidden = (state.shape[-1], state.dtype)
             if state.dim() != 2 or state.shape[0] != length or self._hidden not in (None, hidden):
-                raise CacheError(f"sample {sample_id!r}, layer {layer_id}: state {tuple(state.shape)} {state.dtype}, "
-                                 f"expected ({length}, H) with one H and dtype for the whole cache")
+                raise CacheError(
+                    f"sample {sample_id!r}, layer {layer_id}: state {tuple(state.shape)} {state.dtype}, "
+                    f"expected ({length}, H) with one H and dtype for the whole cache"
+                )
             self._hidden = hidden
         finite = torch.stack([torch.isfinite(states[i]).all() for i in self.layer_ids])
         if not finite.is_cuda:  # reading a GPU flag now would stall the queue; see _pending_copies
@@ -334,8 +377,15 @@ class CacheWriter:
         hidden, dtype = self._hidden
         return _ShardBuffer(self.layer_ids, capacity, hidden, dtype, self.store_argmax, pin, self.store_logprob)
 
-    def add(self, sample_id: str, input_ids: torch.Tensor, states: dict[int, torch.Tensor],
-            argmax: torch.Tensor | None, prompt_len: int, logprob: torch.Tensor | None = None) -> None:
+    def add(
+        self,
+        sample_id: str,
+        input_ids: torch.Tensor,
+        states: dict[int, torch.Tensor],
+        argmax: torch.Tensor | None,
+        prompt_len: int,
+        logprob: torch.Tensor | None = None,
+    ) -> None:
         """Copy one sample's tokens, layer states [T, H], argmax [T] and target log-probs [T] into the shard buffer."""
         input_ids = input_ids.reshape(-1)
         finite = self._check(sample_id, input_ids, states, argmax, prompt_len, logprob)
@@ -356,8 +406,15 @@ class CacheWriter:
                 buffer = self._buffers[0]
         offset = buffer.tokens
         buffer.put(input_ids, states, argmax, self._copy_stream if finite.is_cuda else None, logprob)
-        self.samples.append({"id": sample_id, "shard": shard_name(len(self._shards)), "offset": offset,
-                             "length": length, "prompt_len": int(prompt_len)})
+        self.samples.append(
+            {
+                "id": sample_id,
+                "shard": shard_name(len(self._shards)),
+                "offset": offset,
+                "length": length,
+                "prompt_len": int(prompt_len),
+            }
+        )
         self._ids.add(sample_id)
         if finite.is_cuda:
             self._pending_finite.append(finite)
@@ -385,10 +442,11 @@ class CacheWriter:
         index = len(self._shards)
         path = self.tmp / shard_name(index)
         journal = self.tmp / JOURNAL if self.resume else None
-        samples = self.samples[self._unsubmitted:]
+        samples = self.samples[self._unsubmitted :]
         self._unsubmitted = len(self.samples)
-        buffer.write = self._pool.submit(self._write_or_explain, path, buffer, journal, index, samples,
-                                         self._pending_copies())
+        buffer.write = self._pool.submit(
+            self._write_or_explain, path, buffer, journal, index, samples, self._pending_copies()
+        )
         self._shards.append(buffer.write)
 
     def _write_or_explain(self, path: Path, buffer: _ShardBuffer, *args: Any) -> dict[str, Any]:
@@ -410,14 +468,18 @@ class CacheWriter:
             rerun = "a rerun resumes from the shards written" if self.resume else "a rerun starts this cache again"
         elif self.resume is not None:
             left = len([i for i in self.resume.todo if i >= index])
-            need = (f"this cache needs about {_gib(left * shard_bytes)} more ({left} shard(s) of about "
-                    f"{_gib(shard_bytes)} still to write, this one included)")
+            need = (
+                f"this cache needs about {_gib(left * shard_bytes)} more ({left} shard(s) of about "
+                f"{_gib(shard_bytes)} still to write, this one included)"
+            )
             rerun = f"a rerun resumes from the shards already journaled in {self.tmp} (kept) and writes only the rest"
         else:
             need = f"this shard needs {_gib(shard_bytes)}"
             rerun = "a rerun starts this cache again"
-        return (f"{path}: the disk is full ({error.strerror}): {_gib(free)} free there, and {need}. Free that space "
-                f"(or give results/hidden a larger disk) and rerun; {rerun}. Nothing published before is touched.")
+        return (
+            f"{path}: the disk is full ({error.strerror}): {_gib(free)} free there, and {need}. Free that space "
+            f"(or give results/hidden a larger disk) and rerun; {rerun}. Nothing published before is touched."
+        )
 
     def close_shard(self) -> None:
         """End the shard being filled here, as the plan says (cache.resume.plan_shards); no-op when empty."""
@@ -449,8 +511,9 @@ class CacheWriter:
         self._buffers, self._oversize = [], None
         for shard in shards:  # what `snakemake -n` compares with later (cache.verify.changed_since_extraction)
             shard["mtime_ns"] = (self.tmp / shard["file"]).stat().st_mtime_ns
-        manifest = cache_manifest.build({**self.header, **updates}, self.layer_ids, self.store_argmax,
-                                        self.samples, shards)
+        manifest = cache_manifest.build(
+            {**self.header, **updates}, self.layer_ids, self.store_argmax, self.samples, shards
+        )
         if self.resume:
             manifest.update(plan_key=self.resume.key, resumed_shards=self.adopted)
         try:
@@ -462,9 +525,16 @@ class CacheWriter:
         self._publish()
         for name in (JOURNAL, PLAN):  # bookkeeping of the partial directory, not part of the cache
             (self.out / name).unlink(missing_ok=True)
-        log.info("hidden cache %s: %d samples, %d tokens, %d shards; the forward waited %.1f s for the writers, "
-                 "and the last shards took %.1f s after it", self.out, len(self.samples),
-                 sum(s["tokens"] for s in shards), len(shards), self.writer_wait_s, self.tail_s)
+        log.info(
+            "hidden cache %s: %d samples, %d tokens, %d shards; the forward waited %.1f s for the writers, "
+            "and the last shards took %.1f s after it",
+            self.out,
+            len(self.samples),
+            sum(s["tokens"] for s in shards),
+            len(shards),
+            self.writer_wait_s,
+            self.tail_s,
+        )
         return self.out
 
     def _publish(self) -> None:
@@ -522,9 +592,11 @@ class HiddenCache:
             path = self.directory / shard["file"]
             size = path.stat().st_size
             if size != shard["bytes"]:
-                raise CacheError(f"{path}: {size} bytes, but the manifest says {shard['bytes']}: the shard is "
-                                 f"{'truncated' if size < shard['bytes'] else 'damaged'}; "
-                                 f"{repair_command(self.directory, self.manifest)}")
+                raise CacheError(
+                    f"{path}: {size} bytes, but the manifest says {shard['bytes']}: the shard is "
+                    f"{'truncated' if size < shard['bytes'] else 'damaged'}; "
+                    f"{repair_command(self.directory, self.manifest)}"
+                )
 
     @property
     def layer_ids(self) -> list[int]:
@@ -554,8 +626,9 @@ class HiddenCache:
         except KeyError:
             raise CacheError(f"sample {sample_id!r} is not in the hidden cache {self.directory}") from None
 
-    def load_sample(self, sample_id: str, layer_ids: Sequence[int] | None = None,
-                    dtype: torch.dtype | None = None) -> SampleStates:
+    def load_sample(
+        self, sample_id: str, layer_ids: Sequence[int] | None = None, dtype: torch.dtype | None = None
+    ) -> SampleStates:
         """States of one sample, concatenated over `layer_ids` in that order (default: the cache's).
 
         Features keep the stored dtype unless `dtype` is given.
@@ -563,8 +636,10 @@ class HiddenCache:
         layer_ids = self.layer_ids if layer_ids is None else list(layer_ids)
         absent = [i for i in layer_ids if i not in self.manifest["layer_ids"]]
         if absent:
-            raise CacheError(f"layers {absent} are not in the hidden cache {self.directory} "
-                             f"(it holds {self.layer_ids}); extract a layer set that includes them")
+            raise CacheError(
+                f"layers {absent} are not in the hidden cache {self.directory} "
+                f"(it holds {self.layer_ids}); extract a layer set that includes them"
+            )
         entry = self.sample(sample_id)
         rows = slice(entry["offset"], entry["offset"] + entry["length"])
         if self.verifier is not None:
@@ -576,12 +651,15 @@ class HiddenCache:
                 argmax = handle.get_slice("argmax")[rows] if self.store_argmax else None
                 logprob = handle.get_slice(LOGPROB_KEY)[rows] if self.target_logprobs else None
         except SafetensorError as error:
-            raise CacheError(f"{self.directory / entry['shard']}: not a readable safetensors shard ({error}); "
-                             f"{repair_command(self.directory, self.manifest)}") from None
+            raise CacheError(
+                f"{self.directory / entry['shard']}: not a readable safetensors shard ({error}); "
+                f"{repair_command(self.directory, self.manifest)}"
+            ) from None
         if dtype is not None:
             features = features.to(dtype)
-        return SampleStates(input_ids=input_ids, features=features, argmax=argmax, prompt_len=entry["prompt_len"],
-                            logprob=logprob)
+        return SampleStates(
+            input_ids=input_ids, features=features, argmax=argmax, prompt_len=entry["prompt_len"], logprob=logprob
+        )
 
     def verified(self) -> list[dict[str, Any]]:
         """Wait for the hashes of every shard read so far; raise for a damaged one; what matched, for the record."""

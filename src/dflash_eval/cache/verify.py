@@ -26,9 +26,11 @@ def repair_command(directory: Path, manifest: dict[str, Any] | None = None) -> s
     manifest = manifest or {}
     layers = ",".join(str(i) for i in manifest.get("layer_ids", [])) or "<ids>"
     completions = (manifest.get("completions") or {}).get("path") or "results/completions/<dataset>.jsonl"
-    return (f"rebuild it with `snakemake --forcerun {directory}` (the extraction keeps the intact shards and "
-            f"recomputes only the damaged ones), or by hand `dflash-eval extract --config config.yaml --dataset "
-            f"{manifest.get('dataset') or '<dataset>'} --layers {layers} --completions {completions} --out {directory}`")
+    return (
+        f"rebuild it with `snakemake --forcerun {directory}` (the extraction keeps the intact shards and "
+        f"recomputes only the damaged ones), or by hand `dflash-eval extract --config config.yaml --dataset "
+        f"{manifest.get('dataset') or '<dataset>'} --layers {layers} --completions {completions} --out {directory}`"
+    )
 
 
 class ShardDamaged(CacheError):
@@ -64,7 +66,8 @@ class ShardVerifier:
                 raise ShardDamaged(
                     f"{self.directory / file}: sha256 differs from the manifest ({digest[:12]}... instead of "
                     f"{self._expected[file]['sha256'][:12]}...): the shard is damaged (disk, copy or edit), so nothing "
-                    f"was evaluated from it; {repair_command(self.directory, self.manifest)}")
+                    f"was evaluated from it; {repair_command(self.directory, self.manifest)}"
+                )
             self.verified[file] = digest
         if wait:
             self._pool.shutdown(wait=True)

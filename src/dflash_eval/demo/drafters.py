@@ -45,26 +45,37 @@ def default_layer_ids(num_target_layers: int, num_draft_layers: int) -> list[int
     return [round(1 + i * (num_target_layers - 4) / (num_draft_layers - 1)) for i in range(num_draft_layers)]
 
 
-def drafter_config(target_config, mask_token_id: int, layer_ids: list[int], block_size: int = BLOCK_SIZE,
-                   window: int = 64) -> Qwen3Config:
+def drafter_config(
+    target_config, mask_token_id: int, layer_ids: list[int], block_size: int = BLOCK_SIZE, window: int = 64
+) -> Qwen3Config:
     """A small drafter shaped like the z-lab ones: sliding-window layers, then one full-attention layer."""
     return Qwen3Config(
-        vocab_size=target_config.vocab_size, hidden_size=target_config.hidden_size,
-        intermediate_size=2 * target_config.hidden_size, num_hidden_layers=DRAFT_LAYERS,
-        num_attention_heads=4, num_key_value_heads=2, head_dim=target_config.hidden_size // 4,
-        max_position_embeddings=4096, rms_norm_eps=target_config.rms_norm_eps, rope_theta=10000.0,
+        vocab_size=target_config.vocab_size,
+        hidden_size=target_config.hidden_size,
+        intermediate_size=2 * target_config.hidden_size,
+        num_hidden_layers=DRAFT_LAYERS,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=target_config.hidden_size // 4,
+        max_position_embeddings=4096,
+        rms_norm_eps=target_config.rms_norm_eps,
+        rope_theta=10000.0,
         layer_types=["sliding_attention"] * (DRAFT_LAYERS - 1) + ["full_attention"],
-        use_sliding_window=True, sliding_window=window, max_window_layers=0,
-        architectures=["DFlashDraftModel"], block_size=block_size,
+        use_sliding_window=True,
+        sliding_window=window,
+        max_window_layers=0,
+        architectures=["DFlashDraftModel"],
+        block_size=block_size,
         num_target_layers=target_config.num_hidden_layers,
         dflash_config={"mask_token_id": mask_token_id, "target_layer_ids": layer_ids},
-        tie_word_embeddings=False, dtype="float32",
+        tie_word_embeddings=False,
+        dtype="float32",
     )
 
 
 @dataclass
 class TrainingSequence:
-    tokens: torch.Tensor    # [T] prompt + greedy completion
+    tokens: torch.Tensor  # [T] prompt + greedy completion
     features: torch.Tensor  # [T, n_layers * H]
     prompt_len: int
 
@@ -80,11 +91,13 @@ def training_prompts(tokenizer, count: int, seed: int) -> list[torch.Tensor]:
 
 
 @torch.inference_mode()
-def greedy_sequence(target, prompt: torch.Tensor, layer_ids: list[int], max_new_tokens: int,
-                    eos: int) -> TrainingSequence:
+def greedy_sequence(
+    target, prompt: torch.Tensor, layer_ids: list[int], max_new_tokens: int, eos: int
+) -> TrainingSequence:
     """One prompt's greedy completion and the target's features along it (batch 1: no padding)."""
-    tokens = target.generate(prompt, max_new_tokens=max_new_tokens, do_sample=False, eos_token_id=eos,
-                             pad_token_id=eos)[0]
+    tokens = target.generate(
+        prompt, max_new_tokens=max_new_tokens, do_sample=False, eos_token_id=eos, pad_token_id=eos
+    )[0]
     hidden = target(tokens[None], output_hidden_states=True).hidden_states
     features = torch.cat([hidden[i + 1][0] for i in layer_ids], dim=-1)
     return TrainingSequence(tokens=tokens, features=features, prompt_len=prompt.shape[1])
@@ -105,8 +118,16 @@ def _worker_sequence(args: tuple[torch.Tensor, list[int], int, int]) -> Training
     return greedy_sequence(_worker_target, *args)
 
 
-def greedy_sequences(target, target_dir: Path, tokenizer, layer_ids: list[int], count: int, max_new_tokens: int,
-                     seed: int, workers: int = 1) -> list[TrainingSequence]:
+def greedy_sequences(
+    target,
+    target_dir: Path,
+    tokenizer,
+    layer_ids: list[int],
+    count: int,
+    max_new_tokens: int,
+    seed: int,
+    workers: int = 1,
+) -> list[TrainingSequence]:
     """The target's own greedy completions of the training prompts, in `workers` processes.
 
     Each sequence is computed alone (batch 1) with the same thread count in every process, so the
@@ -119,13 +140,18 @@ def greedy_sequences(target, target_dir: Path, tokenizer, layer_ids: list[int], 
     if workers <= 1:
         return [greedy_sequence(target, *job) for job in tqdm(jobs, **progress)]
     context = multiprocessing.get_context("spawn")
-    with ProcessPoolExecutor(workers, mp_context=context, initializer=_load_worker_target,
-                             initargs=(str(target_dir), torch.get_num_threads())) as pool:
+    with ProcessPoolExecutor(
+        workers,
+        mp_context=context,
+        initializer=_load_worker_target,
+        initargs=(str(target_dir), torch.get_num_threads()),
+    ) as pool:
         return list(tqdm(pool.map(_worker_sequence, jobs), **progress))
 
 
-def block_loss(runner: BlockDrafter, sequence: TrainingSequence, anchors_per_seq: int, rng: random.Random,
-               decay: float) -> torch.Tensor:
+def block_loss(
+    runner: BlockDrafter, sequence: TrainingSequence, anchors_per_seq: int, rng: random.Random, decay: float
+) -> torch.Tensor:
     """Cross-entropy of the block's predictions against the next tokens, early positions weighted more."""
     last = len(sequence.tokens) - 2
     if last < sequence.prompt_len:
@@ -157,8 +183,17 @@ def save_checkpoint(model, out_dir: Path, name: str, step: int, epoch: float) ->
     torch.save({"model_state_dict": state, "global_step": step, "epoch": epoch}, pt_dir / f"step_{step}.pt")
 
 
-def build_drafters(target_dir: Path, out_dir: Path, steps: list[int], seed: int = 0, sequences: int = 48,
-                   max_new_tokens: int = 128, anchors_per_seq: int = 32, lr: float = 2e-3, workers: int = 1) -> dict:
+def build_drafters(
+    target_dir: Path,
+    out_dir: Path,
+    steps: list[int],
+    seed: int = 0,
+    sequences: int = 48,
+    max_new_tokens: int = 128,
+    anchors_per_seq: int = 32,
+    lr: float = 2e-3,
+    workers: int = 1,
+) -> dict:
     """Train one drafter, saving the untrained start and a checkpoint at each of `steps`."""
     torch.manual_seed(seed)
     rng = random.Random(seed)
@@ -175,14 +210,16 @@ def build_drafters(target_dir: Path, out_dir: Path, steps: list[int], seed: int 
     from dflash import DFlashDraftModel
 
     model = DFlashDraftModel(drafter_config(config, mask_id, layer_ids))
-    runner = BlockDrafter(model, target.get_input_embeddings().weight.detach(),
-                          target.get_output_embeddings().weight.detach(), mask_id)
+    runner = BlockDrafter(
+        model, target.get_input_embeddings().weight.detach(), target.get_output_embeddings().weight.detach(), mask_id
+    )
     out_dir.mkdir(parents=True, exist_ok=True)
     save_checkpoint(model, out_dir, "untrained", 0, 0.0)
     optimizer = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.01)
     total = max(steps)
     schedule = torch.optim.lr_scheduler.LambdaLR(
-        optimizer, lambda i: min(1.0, (i + 1) / 50) * 0.5 * (1 + math.cos(math.pi * min(i, total) / total)))
+        optimizer, lambda i: min(1.0, (i + 1) / 50) * 0.5 * (1 + math.cos(math.pi * min(i, total) / total))
+    )
     model.train()
     losses: list[float] = []
     progress = tqdm(range(1, total + 1), desc="train demo drafter", unit="step")
@@ -201,9 +238,16 @@ def build_drafters(target_dir: Path, out_dir: Path, steps: list[int], seed: int 
             model.eval()
             save_checkpoint(model, out_dir, f"step{step}", step, step / len(data))
             model.train()
-    info = {"layer_ids": layer_ids, "block_size": BLOCK_SIZE, "mask_token_id": mask_id, "steps": sorted(steps),
-            "sequences": len(data), "seed": seed, "final_loss": sum(losses[-20:]) / min(20, len(losses)),
-            "seconds": round(time.perf_counter() - started, 1)}
+    info = {
+        "layer_ids": layer_ids,
+        "block_size": BLOCK_SIZE,
+        "mask_token_id": mask_id,
+        "steps": sorted(steps),
+        "sequences": len(data),
+        "seed": seed,
+        "final_loss": sum(losses[-20:]) / min(20, len(losses)),
+        "seconds": round(time.perf_counter() - started, 1),
+    }
     atomic_write_json(out_dir / "build_info.json", info)
     log.info("demo drafters -> %s (%s)", out_dir, info)
     return info
@@ -216,13 +260,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--sequences", type=int, default=48)
     parser.add_argument("--threads", type=int, default=2, help="torch CPU threads per process (decides the bits)")
-    parser.add_argument("--workers", type=int, default=1,
-                        help="processes for the target's greedy completions (same result for any number)")
+    parser.add_argument(
+        "--workers",
+        type=int,
+        default=1,
+        help="processes for the target's greedy completions (same result for any number)",
+    )
 
 
 def run(args: argparse.Namespace) -> int:
     torch.set_num_threads(args.threads)
     bind_backend("torch", "cpu")  # the target's features for training come from CPU forwards
-    build_drafters(args.target, args.out, args.steps, seed=args.seed, sequences=args.sequences,
-                   workers=args.workers)
+    build_drafters(args.target, args.out, args.steps, seed=args.seed, sequences=args.sequences, workers=args.workers)
     return 0

@@ -42,8 +42,15 @@ def _host_clock_on_cpu(device: torch.device) -> Iterator[None]:
         reference._cuda_time = original
 
 
-def run_loop(drafter: torch.nn.Module | None, target: torch.nn.Module, prompt: torch.Tensor, max_new_tokens: int,
-             block_size: int, simulate_tau: float | None = None, seed: int = 0) -> LoopRun:
+def run_loop(
+    drafter: torch.nn.Module | None,
+    target: torch.nn.Module,
+    prompt: torch.Tensor,
+    max_new_tokens: int,
+    block_size: int,
+    simulate_tau: float | None = None,
+    seed: int = 0,
+) -> LoopRun:
     """One timed dflash_generate: block_size 1 is the autoregressive loop (`drafter` unused), otherwise the
     speculative one, with acceptance forced to `simulate_tau` (speedup/simulate.py) when given."""
     import dflash.model as reference
@@ -55,8 +62,9 @@ def run_loop(drafter: torch.nn.Module | None, target: torch.nn.Module, prompt: t
             stack.enter_context(exact_target_rollback(target))
         if block_size > 1 and simulate_tau is not None:
             stack.enter_context(forced_acceptance(target, simulate_tau, seed))
-        stats = reference.dflash_generate(drafter, target, prompt, max_new_tokens, None, temperature=0.0,
-                                          block_size=block_size, return_stats=True)
+        stats = reference.dflash_generate(
+            drafter, target, prompt, max_new_tokens, None, temperature=0.0, block_size=block_size, return_stats=True
+        )
     tokens = int(stats.num_output_tokens)
     return LoopRun(stats.time_per_output_token * tokens, tokens, list(stats.acceptance_lengths))
 

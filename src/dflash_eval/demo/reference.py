@@ -43,8 +43,12 @@ def exact_target_rollback(target):
             last["replaying"] = True
             try:
                 positions = last["positions"]
-                target(last["ids"][:, :keep], position_ids=None if positions is None else positions[:, :keep],
-                       past_key_values=cache, use_cache=True)
+                target(
+                    last["ids"][:, :keep],
+                    position_ids=None if positions is None else positions[:, :keep],
+                    past_key_values=cache,
+                    use_cache=True,
+                )
             finally:
                 last["replaying"] = False
         original_crop(cache, length)
@@ -59,9 +63,18 @@ def exact_target_rollback(target):
         handle.remove()
 
 
-def run_reference_loop(drafter, target, prompt_ids: list[int], max_new_tokens: int, stop_ids: list[int],
-                      block_size: int | None = None, exact_rollback: bool = True, temperature: float = 0.0,
-                      top_p: float = 1.0, top_k: int = 0):
+def run_reference_loop(
+    drafter,
+    target,
+    prompt_ids: list[int],
+    max_new_tokens: int,
+    stop_ids: list[int],
+    block_size: int | None = None,
+    exact_rollback: bool = True,
+    temperature: float = 0.0,
+    top_p: float = 1.0,
+    top_k: int = 0,
+):
     """Run the reference loop (temperature 0 unless given); returns (acceptance_lengths, output ids).
 
     At temperature > 0 it is dflash's speculative sampling (drafts from q, accepted with min(1, p/q); top_k 0 is
@@ -80,10 +93,18 @@ def run_reference_loop(drafter, target, prompt_ids: list[int], max_new_tokens: i
     reference._cuda_time = time.perf_counter  # the reference synchronises CUDA for its timers
     try:
         with exact_target_rollback(target) if exact_rollback else nullcontext():
-            stats = reference.dflash_generate(drafter, target, torch.tensor([prompt_ids], device=target.device),
-                                              max_new_tokens, stop_ids, temperature=temperature, top_p=top_p,
-                                              top_k=top_k, block_size=block_size,
-                                              return_stats=True)
+            stats = reference.dflash_generate(
+                drafter,
+                target,
+                torch.tensor([prompt_ids], device=target.device),
+                max_new_tokens,
+                stop_ids,
+                temperature=temperature,
+                top_p=top_p,
+                top_k=top_k,
+                block_size=block_size,
+                return_stats=True,
+            )
     finally:
         reference._cuda_time = original
     return list(stats.acceptance_lengths), stats.output_ids[0].tolist()

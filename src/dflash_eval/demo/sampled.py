@@ -47,14 +47,26 @@ def _draft(drafter: Any, target: Any, context: torch.Tensor, last: int, start: i
     block[0, 0] = last
     noise = _raw_input_embeddings(target, block, float(_draft_value(drafter.config, "input_embedding_scale", 1.0)))
     positions = torch.arange(start + block_size).unsqueeze(0)
-    hidden = drafter(target_hidden=context[:, :start], noise_embedding=noise, position_ids=positions,
-                     past_key_values=None, use_cache=False)[:, 1 - block_size:, :]
+    hidden = drafter(
+        target_hidden=context[:, :start],
+        noise_embedding=noise,
+        position_ids=positions,
+        past_key_values=None,
+        use_cache=False,
+    )[:, 1 - block_size :, :]
     return [int(t) for t in drafter.compute_logits(hidden, _output_head(target)).argmax(dim=-1)[0]]
 
 
-def sampled_generate(drafter: Any, target: Any, prompt_ids: list[int], max_new_tokens: int, stops: list[int],
-                     block_size: int, drawn: dict[str, Any], thresholds: tuple[float, float] = (1.0, 1.0),
-                     ) -> tuple[list[int], list[int]]:
+def sampled_generate(
+    drafter: Any,
+    target: Any,
+    prompt_ids: list[int],
+    max_new_tokens: int,
+    stops: list[int],
+    block_size: int,
+    drawn: dict[str, Any],
+    thresholds: tuple[float, float] = (1.0, 1.0),
+) -> tuple[list[int], list[int]]:
     """A sampled completion (stop token included) and SGLang's raw steps (tokens each verification produced)."""
     seed = drawn.get("seed")
     generator = torch.Generator().manual_seed(DEFAULT_SEED if seed is None else int(seed))
@@ -81,10 +93,10 @@ def sampled_generate(drafter: Any, target: Any, prompt_ids: list[int], max_new_t
         coins = torch.rand((len(candidates),), generator=generator).tolist()
         final = float(torch.rand((), generator=generator))
         accepted, bonus = target_only_verify(candidates, probs, coins, final, *thresholds)
-        completion += candidates[1:accepted + 1] + [bonus]
+        completion += candidates[1 : accepted + 1] + [bonus]
         steps.append(accepted + 1)
     for index, token in enumerate(completion):  # the output is cut after its first stop token, then at the cap
         if token in stops:
-            completion = completion[:index + 1]
+            completion = completion[: index + 1]
             break
     return completion[:max_new_tokens], steps

@@ -110,7 +110,7 @@ def fixed_tokens(completion: list[int], stops: list[int], max_tokens: int) -> li
     max_tokens, or after the first FIXED_TOKEN_ID when that id is a stop token (schedule_batch.py's finish checks)."""
     out = (completion[:1] + [FIXED_TOKEN_ID] * (len(completion) - 1))[:max_tokens]
     if FIXED_TOKEN_ID in stops and FIXED_TOKEN_ID in out[1:]:
-        out = out[:out.index(FIXED_TOKEN_ID, 1) + 1]
+        out = out[: out.index(FIXED_TOKEN_ID, 1) + 1]
     return out
 
 
@@ -136,10 +136,14 @@ def spec_counters(steps: list[int], completion_tokens: int, block_size: int) -> 
     for n in correct:
         histogram[n] += 1
     proposed = len(steps) * (block_size - 1)
-    return {"spec_accept_rate": sum(correct) / proposed if proposed else 0.0,
-            "spec_accept_length": completion_tokens / len(steps),
-            "spec_num_correct_drafts": sum(correct), "spec_num_proposed_drafts": proposed,
-            "spec_verify_ct": len(steps), "spec_correct_drafts_histogram": histogram}
+    return {
+        "spec_accept_rate": sum(correct) / proposed if proposed else 0.0,
+        "spec_accept_length": completion_tokens / len(steps),
+        "spec_num_correct_drafts": sum(correct),
+        "spec_num_proposed_drafts": proposed,
+        "spec_verify_ct": len(steps),
+        "spec_correct_drafts_histogram": histogram,
+    }
 
 
 class Engine:
@@ -168,8 +172,10 @@ class Engine:
         self.simulate = simulation_from_env(dict(os.environ)) if self.drafter is not None else None
         vocab = int(self.target.config.vocab_size)
         if self.simulate and self.simulate["token_mode"] == "fixed" and FIXED_TOKEN_ID >= vocab:
-            raise SystemExit(f"SGLANG_SIMULATE_ACC_TOKEN_MODE fixed writes token {FIXED_TOKEN_ID}, outside this "
-                             f"target's vocabulary of {vocab}: use real-draft-token")
+            raise SystemExit(
+                f"SGLANG_SIMULATE_ACC_TOKEN_MODE fixed writes token {FIXED_TOKEN_ID}, outside this "
+                f"target's vocabulary of {vocab}: use real-draft-token"
+            )
         self.simulated_requests = 0  # the seed of each request's draws: runs repeat, requests differ
         self.lock = threading.Lock()
         self.released = False
@@ -183,9 +189,14 @@ class Engine:
         if self.first_token_at is None:
             self.first_token_at = time.perf_counter()
 
-    def timed_generate(self, prompt_ids: list[int], max_new_tokens: int, drawn: dict[str, Any] | None,
-                       received: float, ignore_eos: bool = False
-                       ) -> tuple[list[int], dict[str, Any] | None, dict[str, float]]:
+    def timed_generate(
+        self,
+        prompt_ids: list[int],
+        max_new_tokens: int,
+        drawn: dict[str, Any] | None,
+        received: float,
+        ignore_eos: bool = False,
+    ) -> tuple[list[int], dict[str, Any] | None, dict[str, float]]:
         """generate() with its meta_info timing (seconds since `received`, the request's arrival): e2e_latency,
         and with --enable-metrics first_token_latency, queue_time and decode_throughput, as 0.5.23 computes them
         (sglang/srt/observability/req_time_stats.py: get_e2e_latency, get_first_token_latency, get_decode_throughput)."""
@@ -208,8 +219,9 @@ class Engine:
                 timing["decode_throughput"] = (len(completion) - 1) / (finished - first)
         return completion, spec, timing
 
-    def generate(self, prompt_ids: list[int], max_new_tokens: int,
-                 drawn: dict[str, Any] | None = None) -> tuple[list[int], dict[str, Any] | None]:
+    def generate(
+        self, prompt_ids: list[int], max_new_tokens: int, drawn: dict[str, Any] | None = None
+    ) -> tuple[list[int], dict[str, Any] | None]:
         """Completion ids (the stop token included, as SGLang's output_ids) and the counters; greedy unless
         `drawn` (sampling_request's parameters) says how to sample. Called under the lock (timed_generate)."""
         import torch
@@ -217,8 +229,10 @@ class Engine:
         from dflash_eval.demo.reference import run_reference_loop
 
         if drawn is not None and self.simulate is not None:
-            raise ValueError("the demo server simulates acceptance (SGLANG_SIMULATE_ACC_LEN) for greedy requests "
-                             "only; send temperature 0 or unset the variable")
+            raise ValueError(
+                "the demo server simulates acceptance (SGLANG_SIMULATE_ACC_LEN) for greedy requests "
+                "only; send temperature 0 or unset the variable"
+            )
         if self.simulate is not None:
             return self.simulated(prompt_ids, max_new_tokens)
         if drawn is not None:
@@ -226,17 +240,30 @@ class Engine:
 
             with torch.no_grad():
                 completion, steps = sampled_generate(
-                    self.drafter, self.target, prompt_ids, max_new_tokens, self.stops, self.block_size or 1, drawn,
-                    (self.args.speculative_accept_threshold_single, self.args.speculative_accept_threshold_acc))
+                    self.drafter,
+                    self.target,
+                    prompt_ids,
+                    max_new_tokens,
+                    self.stops,
+                    self.block_size or 1,
+                    drawn,
+                    (self.args.speculative_accept_threshold_single, self.args.speculative_accept_threshold_acc),
+                )
             self.last_steps = list(steps) if self.drafter is not None else []
-            return completion, (spec_counters(steps, len(completion), self.block_size)
-                                if self.drafter is not None else None)
+            return completion, (
+                spec_counters(steps, len(completion), self.block_size) if self.drafter is not None else None
+            )
         with torch.no_grad():
             if self.drafter is not None:
-                steps, output = run_reference_loop(self.drafter, self.target, prompt_ids,
-                                                  max_new_tokens + self.block_size, self.stops,
-                                                  block_size=self.block_size)  # full blocks up to max_new_tokens
-                completion = output[len(prompt_ids):][:max_new_tokens]
+                steps, output = run_reference_loop(
+                    self.drafter,
+                    self.target,
+                    prompt_ids,
+                    max_new_tokens + self.block_size,
+                    self.stops,
+                    block_size=self.block_size,
+                )  # full blocks up to max_new_tokens
+                completion = output[len(prompt_ids) :][:max_new_tokens]
                 self.last_steps = sglang_steps(steps, len(completion))  # vLLM's full blocks are cut the same way
                 return completion, spec_counters(self.last_steps, len(completion), self.block_size)
             ids, cache, completion = torch.tensor([prompt_ids]), None, []
@@ -263,11 +290,19 @@ class Engine:
 
         real = self.simulate["token_mode"] == "real-draft-token"
         self.simulated_requests += 1
-        with torch.no_grad(), forced_acceptance(self.target, self.simulate["length"], seed=self.simulated_requests) \
-                as drawn:
-            _, output = run_reference_loop(self.drafter, self.target, prompt_ids, max_new_tokens + self.block_size,
-                                              self.stops if real else [], block_size=self.block_size)
-        completion = output[len(prompt_ids):][:max_new_tokens]
+        with (
+            torch.no_grad(),
+            forced_acceptance(self.target, self.simulate["length"], seed=self.simulated_requests) as drawn,
+        ):
+            _, output = run_reference_loop(
+                self.drafter,
+                self.target,
+                prompt_ids,
+                max_new_tokens + self.block_size,
+                self.stops if real else [],
+                block_size=self.block_size,
+            )
+        completion = output[len(prompt_ids) :][:max_new_tokens]
         if not real:
             completion = fixed_tokens(completion, self.stops, max_new_tokens)
         # counted as drawn: SGLang counts a step's forced k - 1 drafts raw, the step that met a stop token too
@@ -279,21 +314,31 @@ class Engine:
         num_steps and eagle_topk resolved to 1 (arg_groups/speculative_hook.py, handle_speculative_decoding
         and _handle_dflash); the block the server really serves as speculative_num_draft_tokens."""
         a, speculates = self.args, self.drafter is not None
-        return {"model_path": a.model_path, "tokenizer_path": a.tokenizer_path or a.model_path,
-                "served_model_name": a.served_model_name or a.model_path, "host": a.host, "port": a.port,
-                "speculative_algorithm": a.speculative_algorithm.upper() if speculates else None,
-                "speculative_draft_model_path": a.speculative_draft_model_path,
-                "speculative_num_draft_tokens": self.block_size, "speculative_num_steps": 1 if speculates else None,
-                "speculative_eagle_topk": 1 if speculates else None,
-                "speculative_accept_threshold_single": a.speculative_accept_threshold_single,
-                "speculative_accept_threshold_acc": a.speculative_accept_threshold_acc,
-                "version": VERSION, "frontend": "python"}
+        return {
+            "model_path": a.model_path,
+            "tokenizer_path": a.tokenizer_path or a.model_path,
+            "served_model_name": a.served_model_name or a.model_path,
+            "host": a.host,
+            "port": a.port,
+            "speculative_algorithm": a.speculative_algorithm.upper() if speculates else None,
+            "speculative_draft_model_path": a.speculative_draft_model_path,
+            "speculative_num_draft_tokens": self.block_size,
+            "speculative_num_steps": 1 if speculates else None,
+            "speculative_eagle_topk": 1 if speculates else None,
+            "speculative_accept_threshold_single": a.speculative_accept_threshold_single,
+            "speculative_accept_threshold_acc": a.speculative_accept_threshold_acc,
+            "version": VERSION,
+            "frontend": "python",
+        }
 
 
 def penalties_set(params: dict[str, Any] | None) -> dict[str, float]:
     """The request's penalties that are not off (SGLang's off values: repetition 1.0, frequency and presence 0)."""
-    return {key: params[key] for key, off in PENALTY_OFF.items()
-            if (params or {}).get(key) is not None and float(params[key]) != off}
+    return {
+        key: params[key]
+        for key, off in PENALTY_OFF.items()
+        if (params or {}).get(key) is not None and float(params[key]) != off
+    }
 
 
 def sampling_request(params: dict[str, Any], seed: Any) -> dict[str, Any] | None:
@@ -304,8 +349,13 @@ def sampling_request(params: dict[str, Any], seed: Any) -> dict[str, Any] | None
     if temperature < 1e-6 or top_k == 1:
         return None
     top_p = params.get("top_p")
-    return {"temperature": temperature, "top_p": 1.0 if top_p is None else float(top_p), "top_k": top_k,
-            "min_p": float(params.get("min_p") or 0.0), "seed": None if seed is None else int(seed)}
+    return {
+        "temperature": temperature,
+        "top_p": 1.0 if top_p is None else float(top_p),
+        "top_k": top_k,
+        "min_p": float(params.get("min_p") or 0.0),
+        "seed": None if seed is None else int(seed),
+    }
 
 
 def authorized(path: str, header: str | None, key: str | None) -> bool:
@@ -372,14 +422,31 @@ class Handler(BaseHTTPRequestHandler):
         if path in ("/health", "/health_generate"):
             return 503 if engine.released else 200, {}
         if path == "/v1/models":
-            card = check_fields({"id": name, "object": "model", "created": int(time.time()), "owned_by": "sglang",
-                                 "root": name, "parent": None, "max_model_len": 4096}, "ModelCard")
+            card = check_fields(
+                {
+                    "id": name,
+                    "object": "model",
+                    "created": int(time.time()),
+                    "owned_by": "sglang",
+                    "root": name,
+                    "parent": None,
+                    "max_model_len": 4096,
+                },
+                "ModelCard",
+            )
             return 200, check_fields({"object": "list", "data": [card]}, "ModelList")
         if path in ("/get_model_info", "/model_info"):
-            return 200, check_fields({"model_path": engine.args.model_path, "served_model_name": name,
-                                      "tokenizer_path": engine.args.tokenizer_path or engine.args.model_path,
-                                      "is_generation": True, "weight_version": "default",
-                                      "model_type": "qwen3_5_text"}, "ModelInfo")
+            return 200, check_fields(
+                {
+                    "model_path": engine.args.model_path,
+                    "served_model_name": name,
+                    "tokenizer_path": engine.args.tokenizer_path or engine.args.model_path,
+                    "is_generation": True,
+                    "weight_version": "default",
+                    "model_type": "qwen3_5_text",
+                },
+                "ModelInfo",
+            )
         if path in ("/get_server_info", "/server_info"):
             return 200, check_fields(engine.server_info(), *SERVER_INFO)
         return 404, {"detail": "Not Found"}
@@ -403,19 +470,37 @@ class Handler(BaseHTTPRequestHandler):
             else:
                 self.send(404, {"detail": "Not Found"})
         except Exception as error:  # noqa: BLE001 (every failure answered as SGLang's error object)
-            self.send(400, {"object": "error", "message": f"{type(error).__name__}: {error}", "type": "BadRequestError",
-                            "param": None, "code": 400})
+            self.send(
+                400,
+                {
+                    "object": "error",
+                    "message": f"{type(error).__name__}: {error}",
+                    "type": "BadRequestError",
+                    "param": None,
+                    "code": 400,
+                },
+            )
 
     def refuse(self, body: dict[str, Any], model: str) -> tuple[int, dict[str, Any]] | None:
         unknown = unknown_fields(body, model)
         if unknown:
-            return 400, {"object": "error", "message": f"fields {unknown} are not in SGLang 0.5.23's {model}",
-                         "type": "BadRequestError", "param": None, "code": 400}
+            return 400, {
+                "object": "error",
+                "message": f"fields {unknown} are not in SGLang 0.5.23's {model}",
+                "type": "BadRequestError",
+                "param": None,
+                "code": 400,
+            }
         penalized = penalties_set(body.get("sampling_params") if model == "GenerateReqInput" else body)
         if penalized:
-            return 400, {"object": "error", "message": f"{penalized}: the demo server applies no penalties (SGLang "
-                         "would), so it refuses them rather than serve another distribution", "type": "BadRequestError",
-                         "param": None, "code": 400}
+            return 400, {
+                "object": "error",
+                "message": f"{penalized}: the demo server applies no penalties (SGLang "
+                "would), so it refuses them rather than serve another distribution",
+                "type": "BadRequestError",
+                "param": None,
+                "code": 400,
+            }
         return None
 
     def native(self, body: dict[str, Any], received: float) -> tuple[int, dict[str, Any]]:
@@ -427,15 +512,30 @@ class Handler(BaseHTTPRequestHandler):
         if prompt is None:
             prompt = engine.tokenizer(body["text"], add_special_tokens=False)["input_ids"]
         max_tokens = int(params.get("max_new_tokens", 128))
-        completion, spec, timing = engine.timed_generate([int(t) for t in prompt], max_tokens,
-                                                         sampling_request(params, params.get("sampling_seed")),
-                                                         received, ignore_eos=bool(params.get("ignore_eos")))
+        completion, spec, timing = engine.timed_generate(
+            [int(t) for t in prompt],
+            max_tokens,
+            sampling_request(params, params.get("sampling_seed")),
+            received,
+            ignore_eos=bool(params.get("ignore_eos")),
+        )
         stops = [] if params.get("ignore_eos") else engine.stops
-        meta = check_fields({"id": "gen-0", "finish_reason": finish(completion, stops, max_tokens),
-                             "prompt_tokens": len(prompt), "completion_tokens": len(completion), **(spec or {}),
-                             **timing}, "MetaInfo")
-        return 200, {"text": engine.tokenizer.decode(completion, skip_special_tokens=True),
-                     "output_ids": completion, "meta_info": meta}
+        meta = check_fields(
+            {
+                "id": "gen-0",
+                "finish_reason": finish(completion, stops, max_tokens),
+                "prompt_tokens": len(prompt),
+                "completion_tokens": len(completion),
+                **(spec or {}),
+                **timing,
+            },
+            "MetaInfo",
+        )
+        return 200, {
+            "text": engine.tokenizer.decode(completion, skip_special_tokens=True),
+            "output_ids": completion,
+            "meta_info": meta,
+        }
 
     def openai(self, body: dict[str, Any], chat: bool, received: float) -> tuple[int, dict[str, Any]]:
         model = "ChatCompletionRequest" if chat else "CompletionRequest"
@@ -444,8 +544,9 @@ class Handler(BaseHTTPRequestHandler):
             return refused
         engine = self.engine
         if chat:
-            text = engine.tokenizer.apply_chat_template(body["messages"], add_generation_prompt=True, tokenize=False,
-                                                        **(body.get("chat_template_kwargs") or {}))
+            text = engine.tokenizer.apply_chat_template(
+                body["messages"], add_generation_prompt=True, tokenize=False, **(body.get("chat_template_kwargs") or {})
+            )
             prompt = engine.tokenizer(text, add_special_tokens=False)["input_ids"]
             max_tokens = int(body.get("max_completion_tokens") or body.get("max_tokens") or 128)
         else:
@@ -454,38 +555,65 @@ class Handler(BaseHTTPRequestHandler):
                 prompt = engine.tokenizer(prompt, add_special_tokens=False)["input_ids"]
             max_tokens = int(body.get("max_tokens", 16))
         prompt = [int(t) for t in prompt]
-        completion, spec, timing = engine.timed_generate(prompt, max_tokens, sampling_request(body, body.get("seed")),
-                                                         received)
+        completion, spec, timing = engine.timed_generate(
+            prompt, max_tokens, sampling_request(body, body.get("seed")), received
+        )
         reason = finish(completion, engine.stops, max_tokens)
         text = engine.tokenizer.decode(completion, skip_special_tokens=True)
         ids = bool(body.get("return_token_ids"))
-        choice: dict[str, Any] = {"index": 0, "logprobs": None, "finish_reason": reason["type"],
-                                  "matched_stop": reason.get("matched")}
+        choice: dict[str, Any] = {
+            "index": 0,
+            "logprobs": None,
+            "finish_reason": reason["type"],
+            "matched_stop": reason.get("matched"),
+        }
         if chat:
-            choice["message"] = check_fields({"role": "assistant", "content": text, "reasoning_content": None},
-                                             "ChatMessage")
+            choice["message"] = check_fields(
+                {"role": "assistant", "content": text, "reasoning_content": None}, "ChatMessage"
+            )
             if ids or body.get("return_prompt_token_ids"):
                 choice["prompt_token_ids"] = prompt
             if ids:
                 choice["response_token_ids"] = completion
             if body.get("return_meta_info"):
-                choice["meta_info"] = check_fields({"id": "chat-0", "finish_reason": reason,
-                                                    "prompt_tokens": len(prompt), "completion_tokens": len(completion),
-                                                    **(spec or {}), **timing}, "MetaInfo")
+                choice["meta_info"] = check_fields(
+                    {
+                        "id": "chat-0",
+                        "finish_reason": reason,
+                        "prompt_tokens": len(prompt),
+                        "completion_tokens": len(completion),
+                        **(spec or {}),
+                        **timing,
+                    },
+                    "MetaInfo",
+                )
         else:
             choice["text"] = text
             if ids:
                 choice.update(token_ids=completion, prompt_token_ids=prompt)
         response: dict[str, Any] = {
-            "id": "cmpl-0", "object": "chat.completion" if chat else "text_completion", "created": int(time.time()),
-            "model": body.get("model") or engine.args.model_path, "choices": [choice],
-            "usage": check_fields({"prompt_tokens": len(prompt), "total_tokens": len(prompt) + len(completion),
-                                   "completion_tokens": len(completion), "prompt_tokens_details": None,
-                                   "reasoning_tokens": 0}, "UsageInfo"),
-            "metadata": None}
+            "id": "cmpl-0",
+            "object": "chat.completion" if chat else "text_completion",
+            "created": int(time.time()),
+            "model": body.get("model") or engine.args.model_path,
+            "choices": [choice],
+            "usage": check_fields(
+                {
+                    "prompt_tokens": len(prompt),
+                    "total_tokens": len(prompt) + len(completion),
+                    "completion_tokens": len(completion),
+                    "prompt_tokens_details": None,
+                    "reasoning_tokens": 0,
+                },
+                "UsageInfo",
+            ),
+            "metadata": None,
+        }
         if body.get("return_spec_tokens_details") and spec is not None:
-            details = check_fields({"spec_cap_length": 0.0, "spec_block_accept_length": 0.0,
-                                    "spec_cap_lens_histogram": [], **spec}, "SpecTokensDetails")
+            details = check_fields(
+                {"spec_cap_length": 0.0, "spec_block_accept_length": 0.0, "spec_cap_lens_histogram": [], **spec},
+                "SpecTokensDetails",
+            )
             response["sglext"] = check_fields({"spec_tokens_details": details}, "SglExt")
         check_fields(choice, "ChatCompletionResponseChoice" if chat else "CompletionResponseChoice")
         return 200, check_fields(response, "ChatCompletionResponse" if chat else "CompletionResponse")
@@ -501,13 +629,24 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--speculative-algorithm")
     parser.add_argument("--speculative-draft-model-path")
     parser.add_argument("--speculative-num-draft-tokens", type=int)
-    parser.add_argument("--speculative-accept-threshold-single", type=float, default=1.0,
-                        help="SGLang's: accept a draft whose target probability is at least this (1.0: lossless)")
-    parser.add_argument("--speculative-accept-threshold-acc", type=float, default=1.0,
-                        help="SGLang's: accept when coin <= p / this (1.0: lossless)")
+    parser.add_argument(
+        "--speculative-accept-threshold-single",
+        type=float,
+        default=1.0,
+        help="SGLang's: accept a draft whose target probability is at least this (1.0: lossless)",
+    )
+    parser.add_argument(
+        "--speculative-accept-threshold-acc",
+        type=float,
+        default=1.0,
+        help="SGLang's: accept when coin <= p / this (1.0: lossless)",
+    )
     parser.add_argument("--api-key", help="the key every route but /health* wants as a Bearer token")
-    parser.add_argument("--enable-metrics", action="store_true",
-                        help="SGLang's: meta_info also gets first_token_latency, queue_time and decode_throughput")
+    parser.add_argument(
+        "--enable-metrics",
+        action="store_true",
+        help="SGLang's: meta_info also gets first_token_latency, queue_time and decode_throughput",
+    )
     parser.add_argument("--threads", type=int, default=1, help="torch threads")
     add_vllm_arguments(parser)
 

@@ -70,8 +70,9 @@ def _torch_top_p_renorm(probs: torch.Tensor, top_p: float) -> torch.Tensor:
     return torch.zeros_like(ordered).scatter_(-1, order, ordered)
 
 
-def verify_probs(logits: torch.Tensor, temperature: float, top_p: float = 1.0, top_k: int = -1,
-                 backend: str = "flashinfer") -> torch.Tensor:
+def verify_probs(
+    logits: torch.Tensor, temperature: float, top_p: float = 1.0, top_k: int = -1, backend: str = "flashinfer"
+) -> torch.Tensor:
     """build_speculative_verify_target_probs (`speculative/dflash_utils.py:1038`) for one request: rows of logits ->
     rows of the distribution that verification accepts drafts against (temperature > 0). A top-k that filters takes
     SGLang's sparse path (torch.topk, exactly k; softmax over the kept logits, top-p among them); otherwise softmax
@@ -88,8 +89,14 @@ def verify_probs(logits: torch.Tensor, temperature: float, top_p: float = 1.0, t
     return _top_p_renorm(probs, top_p, backend) if top_p < 1.0 else probs
 
 
-def sampler_probs(logits: torch.Tensor, temperature: float, top_p: float = 1.0, top_k: int = -1,
-                  min_p: float = 0.0, backend: str = "flashinfer") -> torch.Tensor:
+def sampler_probs(
+    logits: torch.Tensor,
+    temperature: float,
+    top_p: float = 1.0,
+    top_k: int = -1,
+    min_p: float = 0.0,
+    backend: str = "flashinfer",
+) -> torch.Tensor:
     """The prefill token's distribution (renormalised here; SGLang samples the filtered weights in proportion,
     which is the same distribution), `layers/sampler.py`.
 
@@ -131,8 +138,14 @@ def draw(probs: torch.Tensor, coin: float) -> int:
     return min(position, probs.shape[-1] - 1)
 
 
-def target_only_verify(candidates: list[int], probs: torch.Tensor, coins: list[float], final_coin: float,
-                       threshold_single: float = 1.0, threshold_acc: float = 1.0) -> tuple[int, int]:
+def target_only_verify(
+    candidates: list[int],
+    probs: torch.Tensor,
+    coins: list[float],
+    final_coin: float,
+    threshold_single: float = 1.0,
+    threshold_acc: float = 1.0,
+) -> tuple[int, int]:
     """One chain verification: candidates = [the last token, d_1 .. d_{B-1}], probs[j] = verify_probs at
     candidate j (the distribution of the token after it), coins = B uniforms; returns (accepted drafts, bonus).
 

@@ -30,8 +30,12 @@ GUARDED_PREFIX = ("/v1", "/v2", "/inference", "/cohere")  # serve/middleware/aut
 def resolve_args(args: argparse.Namespace) -> None:
     """Fill the engine's speculative arguments from vLLM's `--speculative-config` JSON (method dflash only)."""
     if not args.speculative_config:
-        args.vllm_speculative = {"method": "dflash", "model": args.speculative_draft_model_path,
-                                 "draft_sample_method": "greedy", "rejection_sample_method": "standard"}
+        args.vllm_speculative = {
+            "method": "dflash",
+            "model": args.speculative_draft_model_path,
+            "draft_sample_method": "greedy",
+            "rejection_sample_method": "standard",
+        }
         return
     config = json.loads(args.speculative_config)
     unknown = unknown_fields(config, "SpeculativeConfig")
@@ -43,11 +47,16 @@ def resolve_args(args: argparse.Namespace) -> None:
     args.speculative_draft_model_path = config["model"]
     tokens = config.get("num_speculative_tokens")
     args.speculative_num_draft_tokens = None if tokens is None else int(tokens) + 1
-    args.vllm_speculative = {"method": "dflash", "model": config["model"],
-                             "draft_sample_method": config.get("draft_sample_method", "greedy"),
-                             "rejection_sample_method": config.get("rejection_sample_method", "standard")}
-    if args.vllm_speculative["rejection_sample_method"] != "standard" or \
-            args.vllm_speculative["draft_sample_method"] != "greedy":
+    args.vllm_speculative = {
+        "method": "dflash",
+        "model": config["model"],
+        "draft_sample_method": config.get("draft_sample_method", "greedy"),
+        "rejection_sample_method": config.get("rejection_sample_method", "standard"),
+    }
+    if (
+        args.vllm_speculative["rejection_sample_method"] != "standard"
+        or args.vllm_speculative["draft_sample_method"] != "greedy"
+    ):
         raise SystemExit("the demo verifies with greedy drafts and standard rejection only")
 
 
@@ -68,11 +77,15 @@ def spec_metrics(steps: list[int], num_spec_tokens: int, detailed: bool) -> dict
         histogram[step - 1] += 1
     accepted = sum(step - 1 for step in steps)
     drafted = num_spec_tokens * len(steps)
-    out: dict[str, Any] = {"mean_acceptance_length": 1.0 + accepted / len(steps) if steps else 1.0,
-                           "draft_acceptance_rate": accepted / drafted if drafted else 0.0,
-                           "acceptance_histogram": histogram, "num_spec_steps": len(steps),
-                           "num_accepted_draft_tokens": accepted, "num_draft_tokens": drafted,
-                           "num_spec_tokens": num_spec_tokens}
+    out: dict[str, Any] = {
+        "mean_acceptance_length": 1.0 + accepted / len(steps) if steps else 1.0,
+        "draft_acceptance_rate": accepted / drafted if drafted else 0.0,
+        "acceptance_histogram": histogram,
+        "num_spec_steps": len(steps),
+        "num_accepted_draft_tokens": accepted,
+        "num_draft_tokens": drafted,
+        "num_spec_tokens": num_spec_tokens,
+    }
     if detailed and steps:  # to_dict adds the arrays only when populated
         out.update(per_step_accepted=[step - 1 for step in steps], per_step_drafted=[num_spec_tokens] * len(steps))
     return check_fields(out, "SpecDecodeMetricsDict")
@@ -103,9 +116,19 @@ class VllmRoutes:
         if path == "/version":
             return 200, {"version": VERSION}
         if path == "/v1/models":
-            card = check_fields({"id": name, "object": "model", "created": int(time.time()), "owned_by": "vllm",
-                                 "root": self.args.model_path, "parent": None, "max_model_len": 4096,
-                                 "permission": []}, "ModelCard")
+            card = check_fields(
+                {
+                    "id": name,
+                    "object": "model",
+                    "created": int(time.time()),
+                    "owned_by": "vllm",
+                    "root": self.args.model_path,
+                    "parent": None,
+                    "max_model_len": 4096,
+                    "permission": [],
+                },
+                "ModelCard",
+            )
             return 200, check_fields({"object": "list", "data": [card]}, "ModelList")
         if self.dev_mode() and path == "/server_info":
             return 200, {"vllm_config": self.vllm_config(), "vllm_env": {DEV_MODE_ENV: True}, "system_env": {}}
@@ -117,15 +140,24 @@ class VllmRoutes:
         """The parts of `/server_info?config_format=json`'s vllm_config that dflash-eval reads."""
         speculative = None
         if self.engine.drafter is not None:
-            speculative = check_fields({**self.args.vllm_speculative,
-                                        "num_speculative_tokens": self.engine.block_size - 1}, "SpeculativeConfig")
-        return check_fields({
-            "model_config": check_fields({"model": self.args.model_path,
-                                          "enable_sleep_mode": bool(self.args.enable_sleep_mode)}, "ModelConfig"),
-            "speculative_config": speculative,
-            "observability_config": check_fields({"per_request_spec_decode_metrics":
-                                                  self.args.per_request_spec_decode_metrics}, "ObservabilityConfig"),
-        }, "VllmConfig")
+            speculative = check_fields(
+                {**self.args.vllm_speculative, "num_speculative_tokens": self.engine.block_size - 1},
+                "SpeculativeConfig",
+            )
+        return check_fields(
+            {
+                "model_config": check_fields(
+                    {"model": self.args.model_path, "enable_sleep_mode": bool(self.args.enable_sleep_mode)},
+                    "ModelConfig",
+                ),
+                "speculative_config": speculative,
+                "observability_config": check_fields(
+                    {"per_request_spec_decode_metrics": self.args.per_request_spec_decode_metrics},
+                    "ObservabilityConfig",
+                ),
+            },
+            "VllmConfig",
+        )
 
     def post(self, path: str, query: str, body: dict[str, Any], received: float) -> tuple[int, dict[str, Any]]:
         from urllib.parse import parse_qs
@@ -153,13 +185,17 @@ class VllmRoutes:
         unknown = unknown_fields(body, model)
         penalized = penalties_set(body)
         if unknown or penalized:
-            why = (f"fields {unknown} are not in vLLM {VERSION}'s {model}" if unknown else
-                   f"{penalized}: the demo server applies no penalties, so it refuses them")
+            why = (
+                f"fields {unknown} are not in vLLM {VERSION}'s {model}"
+                if unknown
+                else f"{penalized}: the demo server applies no penalties, so it refuses them"
+            )
             return 400, {"error": {"message": why, "type": "BadRequestError", "code": 400}}
         engine = self.engine
         if chat:
-            text = engine.tokenizer.apply_chat_template(body["messages"], add_generation_prompt=True, tokenize=False,
-                                                        **(body.get("chat_template_kwargs") or {}))
+            text = engine.tokenizer.apply_chat_template(
+                body["messages"], add_generation_prompt=True, tokenize=False, **(body.get("chat_template_kwargs") or {})
+            )
             prompt = engine.tokenizer(text, add_special_tokens=False)["input_ids"]
             max_tokens = int(body.get("max_completion_tokens") or body.get("max_tokens") or 128)
         else:
@@ -168,40 +204,70 @@ class VllmRoutes:
                 prompt = engine.tokenizer(prompt, add_special_tokens=False)["input_ids"]
             max_tokens = int(body.get("max_tokens") or 16)
         prompt = [int(t) for t in prompt]
-        completion, _, _ = engine.timed_generate(prompt, max_tokens, sampling_request(sampling(body), body.get("seed")),
-                                                 received)
+        completion, _, _ = engine.timed_generate(
+            prompt, max_tokens, sampling_request(sampling(body), body.get("seed")), received
+        )
         stopped = bool(completion) and completion[-1] in engine.stops
         primary_eos = engine.tokenizer.eos_token_id
         stop_reason = completion[-1] if stopped and completion[-1] != primary_eos else None
         text = engine.tokenizer.decode(completion, skip_special_tokens=True)
         ids = bool(body.get("return_token_ids"))
-        choice: dict[str, Any] = {"index": 0, "logprobs": None, "finish_reason": "stop" if stopped else "length",
-                                  "stop_reason": stop_reason}
-        response: dict[str, Any] = {"id": "cmpl-0", "object": "chat.completion" if chat else "text_completion",
-                                    "created": int(time.time()), "model": body.get("model") or self.args.model_path}
+        choice: dict[str, Any] = {
+            "index": 0,
+            "logprobs": None,
+            "finish_reason": "stop" if stopped else "length",
+            "stop_reason": stop_reason,
+        }
+        response: dict[str, Any] = {
+            "id": "cmpl-0",
+            "object": "chat.completion" if chat else "text_completion",
+            "created": int(time.time()),
+            "model": body.get("model") or self.args.model_path,
+        }
         if chat:
             choice["message"] = check_fields({"role": "assistant", "content": text, "reasoning": None}, "ChatMessage")
             choice["token_ids"] = completion if ids else None
             response["prompt_token_ids"] = prompt if ids else None
         else:
             choice.update(text=text, token_ids=completion if ids else None, prompt_token_ids=prompt if ids else None)
-        response["choices"] = [check_fields(choice, "ChatCompletionResponseChoice" if chat else "CompletionResponseChoice")]
-        response["usage"] = check_fields({"prompt_tokens": len(prompt), "total_tokens": len(prompt) + len(completion),
-                                          "completion_tokens": len(completion)}, "UsageInfo")
+        response["choices"] = [
+            check_fields(choice, "ChatCompletionResponseChoice" if chat else "CompletionResponseChoice")
+        ]
+        response["usage"] = check_fields(
+            {
+                "prompt_tokens": len(prompt),
+                "total_tokens": len(prompt) + len(completion),
+                "completion_tokens": len(completion),
+            },
+            "UsageInfo",
+        )
         level = self.args.per_request_spec_decode_metrics
         response["metrics"] = None
         if engine.drafter is not None and level != "none":
-            response["metrics"] = check_fields({"speculative_decoding": spec_metrics(
-                engine.last_steps, engine.block_size - 1, level == "detailed")}, "PerRequestMetrics")
+            response["metrics"] = check_fields(
+                {"speculative_decoding": spec_metrics(engine.last_steps, engine.block_size - 1, level == "detailed")},
+                "PerRequestMetrics",
+            )
         return 200, check_fields(response, "ChatCompletionResponse" if chat else "CompletionResponse")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """vLLM's own launch flags for the demo's vLLM mode."""
-    parser.add_argument("--engine", choices=("sglang", "vllm"), default="sglang",
-                        help="answer as SGLang 0.5.23 (default) or as vLLM 0.34.0 does")
+    parser.add_argument(
+        "--engine",
+        choices=("sglang", "vllm"),
+        default="sglang",
+        help="answer as SGLang 0.5.23 (default) or as vLLM 0.34.0 does",
+    )
     parser.add_argument("--speculative-config", help="vLLM's: JSON with method dflash, model, num_speculative_tokens")
-    parser.add_argument("--per-request-spec-decode-metrics", choices=("none", "summary", "detailed"), default="none",
-                        help="vLLM's: metrics.speculative_decoding per response (detailed: the per-step arrays)")
-    parser.add_argument("--enable-sleep-mode", action="store_true",
-                        help="vLLM's: /sleep and /wake_up (routes registered with VLLM_SERVER_DEV_MODE=1)")
+    parser.add_argument(
+        "--per-request-spec-decode-metrics",
+        choices=("none", "summary", "detailed"),
+        default="none",
+        help="vLLM's: metrics.speculative_decoding per response (detailed: the per-step arrays)",
+    )
+    parser.add_argument(
+        "--enable-sleep-mode",
+        action="store_true",
+        help="vLLM's: /sleep and /wake_up (routes registered with VLLM_SERVER_DEV_MODE=1)",
+    )

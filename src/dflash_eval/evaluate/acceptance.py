@@ -20,12 +20,14 @@ import torch
 class SequenceLimits:
     """Where one sample's reference loop starts and must end."""
 
-    prompt_len: int       # index of the first completion token (the loop's first anchor)
-    total_len: int        # prompt + completion tokens available offline
-    max_length: int       # prompt_len + max_new_tokens, as the reference loop computes it
+    prompt_len: int  # index of the first completion token (the loop's first anchor)
+    total_len: int  # prompt + completion tokens available offline
+    max_length: int  # prompt_len + max_new_tokens, as the reference loop computes it
 
 
-def sequence_limits(prompt_len: int, total_len: int, max_new_tokens: int | None, ends_with_stop: bool) -> SequenceLimits:
+def sequence_limits(
+    prompt_len: int, total_len: int, max_new_tokens: int | None, ends_with_stop: bool
+) -> SequenceLimits:
     """The reference loop's max_length; without a final stop token the completion's end is the limit.
 
     A completion that stopped on a stop token could have run to prompt_len + max_new_tokens; one

@@ -39,9 +39,9 @@ class AnchorOutcomes:
     """Per-anchor results for anchors prompt_len .. total_len - 2."""
 
     chain: dict[int, np.ndarray] = field(default_factory=dict)  # block size -> matched draft tokens
-    tree: dict[int, np.ndarray] = field(default_factory=dict)   # budget -> matched tree depth
-    topk_hits: np.ndarray | None = None   # [B - 1, len(topk)] true token within the top-k, per position
-    topk_seen: np.ndarray | None = None   # [B - 1] anchors with a true token at that position
+    tree: dict[int, np.ndarray] = field(default_factory=dict)  # budget -> matched tree depth
+    topk_hits: np.ndarray | None = None  # [B - 1, len(topk)] true token within the top-k, per position
+    topk_seen: np.ndarray | None = None  # [B - 1] anchors with a true token at that position
 
 
 @dataclass
@@ -60,9 +60,16 @@ def _truth(tokens: torch.Tensor, anchors: torch.Tensor, width: int) -> torch.Ten
 
 
 @torch.inference_mode()
-def anchor_outcomes(drafter: BlockDrafter, features: torch.Tensor, tokens: torch.Tensor, limits: SequenceLimits,
-                    block_sizes: Sequence[int] = (), budgets: Sequence[int] = (), topk: Sequence[int] = (),
-                    chunk: int = 128) -> AnchorOutcomes:
+def anchor_outcomes(
+    drafter: BlockDrafter,
+    features: torch.Tensor,
+    tokens: torch.Tensor,
+    limits: SequenceLimits,
+    block_sizes: Sequence[int] = (),
+    budgets: Sequence[int] = (),
+    topk: Sequence[int] = (),
+    chunk: int = 128,
+) -> AnchorOutcomes:
     """Drafts at every anchor for each chain block size; DDTree and top-k from the drafter's own size."""
     full = drafter.block_size
     sizes_wanted = sorted(set(block_sizes) | {full})
@@ -82,8 +89,9 @@ def anchor_outcomes(drafter: BlockDrafter, features: torch.Tensor, tokens: torch
             draft = drafter.draft_tokens(drafted.hidden, drafted.logits, tokens[drafted.anchors])
             accepted[drafted.where] = matched_prefix(draft, tokens, drafted.anchors)
             if block == full:
-                _tree_and_topk(out, drafted.logits, _truth(tokens, drafted.anchors, drafted.size - 1), drafted.part,
-                               budgets, topk)
+                _tree_and_topk(
+                    out, drafted.logits, _truth(tokens, drafted.anchors, drafted.size - 1), drafted.part, budgets, topk
+                )
         out.chain[block] = accepted.cpu().numpy()
     return out
 
@@ -92,16 +100,15 @@ def anchor_outcomes(drafter: BlockDrafter, features: torch.Tensor, tokens: torch
 class DraftedBlocks:
     """The drafter's blocks at some anchors: their indices from the first anchor, positions, states and logits."""
 
-    part: np.ndarray        # anchor index - prompt_len, on the host
-    where: torch.Tensor     # the same on the device
-    anchors: torch.Tensor   # absolute positions
-    size: int               # block length (the reference loop's verify size there)
-    hidden: torch.Tensor    # [m, size, H]
-    logits: torch.Tensor    # [m, size - 1, V]
+    part: np.ndarray  # anchor index - prompt_len, on the host
+    where: torch.Tensor  # the same on the device
+    anchors: torch.Tensor  # absolute positions
+    size: int  # block length (the reference loop's verify size there)
+    hidden: torch.Tensor  # [m, size, H]
+    logits: torch.Tensor  # [m, size - 1, V]
 
 
-def anchor_blocks(drafter: BlockDrafter, context, tokens: torch.Tensor, limits: SequenceLimits, block: int,
-                  chunk: int):
+def anchor_blocks(drafter: BlockDrafter, context, tokens: torch.Tensor, limits: SequenceLimits, block: int, chunk: int):
     """The block the reference loop drafts at every anchor for block size `block`, `chunk` anchors at a time.
 
     Near the token budget the block is shorter (verify_sizes), and a block of one token drafts nothing, so those
@@ -114,16 +121,23 @@ def anchor_blocks(drafter: BlockDrafter, context, tokens: torch.Tensor, limits: 
             continue  # a block of one token drafts nothing: the step yields only the bonus token
         index = np.nonzero(sizes == size)[0]
         for begin in range(0, len(index), chunk):
-            part = index[begin:begin + chunk]
+            part = index[begin : begin + chunk]
             where = torch.as_tensor(part, device=tokens.device)
             anchors = anchors_all[where]
-            hidden = drafter.block_hidden(context, tokens, anchors, block_size=int(size),
-                                          ctx_len=limits.prompt_len + int(part.max()))
+            hidden = drafter.block_hidden(
+                context, tokens, anchors, block_size=int(size), ctx_len=limits.prompt_len + int(part.max())
+            )
             yield DraftedBlocks(part, where, anchors, int(size), hidden, drafter.logits(hidden))
 
 
-def _tree_and_topk(out: AnchorOutcomes, logits: torch.Tensor, truth: torch.Tensor, part: np.ndarray,
-                   budgets: Sequence[int], topk: Sequence[int]) -> None:
+def _tree_and_topk(
+    out: AnchorOutcomes,
+    logits: torch.Tensor,
+    truth: torch.Tensor,
+    part: np.ndarray,
+    budgets: Sequence[int],
+    topk: Sequence[int],
+) -> None:
     if budgets:
         depths = tree_accepted(logits, truth, budgets).cpu().numpy()
         for row, budget in enumerate(budgets):
@@ -138,9 +152,17 @@ def _tree_and_topk(out: AnchorOutcomes, logits: torch.Tensor, truth: torch.Tenso
             out.topk_hits[:width, column] += hit[..., :k].any(dim=-1).sum(dim=0).cpu().numpy()
 
 
-def evaluate_sample(drafter: BlockDrafter, features: torch.Tensor, tokens: torch.Tensor, limits: SequenceLimits,
-                    stop_ids: set[int], block_sizes: Sequence[int] = (), budgets: Sequence[int] = (),
-                    topk: Sequence[int] = (), chunk: int = 128) -> SampleResult:
+def evaluate_sample(
+    drafter: BlockDrafter,
+    features: torch.Tensor,
+    tokens: torch.Tensor,
+    limits: SequenceLimits,
+    stop_ids: set[int],
+    block_sizes: Sequence[int] = (),
+    budgets: Sequence[int] = (),
+    topk: Sequence[int] = (),
+    chunk: int = 128,
+) -> SampleResult:
     """All methods for one sample from its cached features [T, n_layers * H] and tokens [T]."""
     outcomes = anchor_outcomes(drafter, features, tokens, limits, block_sizes, budgets, topk, chunk)
     is_stop = [t in stop_ids for t in tokens.tolist()]

@@ -90,6 +90,7 @@ class BlockDrafter(nn.Module):
         def setting(name: str, default: float | None) -> float | None:  # where dflash.model reads its settings
             value = dflash_config.get(name, getattr(self.config, name, default))
             return None if value is None else float(value)
+
         self.embed_scale = setting("input_embedding_scale", 1.0)
         self.output_multiplier = setting("output_multiplier", 1.0)
         softcap = setting("final_logit_softcapping", None)
@@ -125,12 +126,20 @@ class BlockDrafter(nn.Module):
         query = anchors[:, None] + offsets[None]  # [m, block]
         key = torch.cat([torch.arange(ctx_len, device=device).expand(len(anchors), -1), query], dim=1)
         visible = torch.ones(len(anchors), block, ctx_len + block, dtype=torch.bool, device=device)
-        visible[:, :, :ctx_len] = (key[:, None, :ctx_len] < anchors[:, None, None])
+        visible[:, :, :ctx_len] = key[:, None, :ctx_len] < anchors[:, None, None]
         rule = visibility_rule(attn, query[:, :, None] - key[:, None, :])
         return visible if rule is None else visible & rule
 
-    def _attention(self, attn: nn.Module, hidden: torch.Tensor, ctx: LayerContext, ctx_len: int,
-                   visible: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    def _attention(
+        self,
+        attn: nn.Module,
+        hidden: torch.Tensor,
+        ctx: LayerContext,
+        ctx_len: int,
+        visible: torch.Tensor,
+        cos: torch.Tensor,
+        sin: torch.Tensor,
+    ) -> torch.Tensor:
         m, block, _ = hidden.shape
         q = attn.q_norm(attn.q_proj(hidden).view(m, block, -1, self.head_dim)).transpose(1, 2)
         k = attn.k_norm(attn.k_proj(hidden).view(m, block, -1, self.head_dim)).transpose(1, 2)
@@ -142,19 +151,29 @@ class BlockDrafter(nn.Module):
         # is one copy of them, masked in place, and softmax accumulates in fp32 inside its kernel.
         q = (q * attn.scaling).reshape(m, n_kv, self.kv_groups, block, self.head_dim)
         ctx_keys, ctx_values = ctx.keys[:, :ctx_len], ctx.values[:, :ctx_len]
-        scores = torch.cat([
-            torch.einsum("mkgbd,ktd->mkgbt", q, ctx_keys),
-            torch.einsum("mkgbd,mkid->mkgbi", q, k),
-        ], dim=-1)
+        scores = torch.cat(
+            [
+                torch.einsum("mkgbd,ktd->mkgbt", q, ctx_keys),
+                torch.einsum("mkgbd,mkid->mkgbi", q, k),
+            ],
+            dim=-1,
+        )
         scores.masked_fill_(~visible[:, None, None], float("-inf"))
         weights = torch.softmax(scores, dim=-1)
-        out = (torch.einsum("mkgbt,ktd->mkgbd", weights[..., :ctx_len], ctx_values)
-               + torch.einsum("mkgbi,mkid->mkgbd", weights[..., ctx_len:], v))
+        out = torch.einsum("mkgbt,ktd->mkgbd", weights[..., :ctx_len], ctx_values) + torch.einsum(
+            "mkgbi,mkid->mkgbd", weights[..., ctx_len:], v
+        )
         out = out.reshape(m, -1, block, self.head_dim).transpose(1, 2).reshape(m, block, -1)
         return attn.o_proj(out)
 
-    def block_hidden(self, context: SampleContext, tokens: torch.Tensor, anchors: torch.Tensor,
-                     block_size: int | None = None, ctx_len: int | None = None) -> torch.Tensor:
+    def block_hidden(
+        self,
+        context: SampleContext,
+        tokens: torch.Tensor,
+        anchors: torch.Tensor,
+        block_size: int | None = None,
+        ctx_len: int | None = None,
+    ) -> torch.Tensor:
         """Final (normed) drafter hidden states [m, block, H] for blocks anchored at `anchors`.
 
         `tokens` [T] are the sample's token ids; the block of anchor s is [tokens[s], mask, ...].
@@ -176,10 +195,13 @@ class BlockDrafter(nn.Module):
             if kind not in masks:
                 masks[kind] = self._visible(attn, anchors, block, ctx_len)
             hidden = hidden + _around_conv(
-                getattr(layer, "attention_conv", None), layer.input_layernorm(hidden),
-                lambda x: self._attention(attn, x, layer_ctx, ctx_len, masks[kind], cos, sin))
-            hidden = hidden + _around_conv(getattr(layer, "mlp_conv", None), layer.post_attention_layernorm(hidden),
-                                           layer.mlp)
+                getattr(layer, "attention_conv", None),
+                layer.input_layernorm(hidden),
+                lambda x: self._attention(attn, x, layer_ctx, ctx_len, masks[kind], cos, sin),
+            )
+            hidden = hidden + _around_conv(
+                getattr(layer, "mlp_conv", None), layer.post_attention_layernorm(hidden), layer.mlp
+            )
         return self.drafter.norm(hidden)
 
     def draft_tokens(self, hidden: torch.Tensor, logits: torch.Tensor, anchor_ids: torch.Tensor) -> torch.Tensor:

@@ -21,20 +21,30 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--metrics", help="output metrics.json (one checkpoint)")
     parser.add_argument("--samples", help="output per-sample CSV (one checkpoint)")
     parser.add_argument("--placement", help="write which device (GPU) this evaluation claimed, and when, here (JSON)")
-    parser.add_argument("--member", nargs="+", action="extend", metavar="JSON",
-                        help='several checkpoints in this one process, each {"settings": {...}, "metrics": path, '
-                             '"samples": path}, all on this --hidden and --completions (instead of --settings, '
-                             "--metrics, --samples; what evaluation.checkpoints_per_job runs)")
-    parser.add_argument("--store", help="with --member: keep each finished evaluation here, by content, and restore "
-                                        "those whose inputs are unchanged (evaluate/result_store.py)")
+    parser.add_argument(
+        "--member",
+        nargs="+",
+        action="extend",
+        metavar="JSON",
+        help='several checkpoints in this one process, each {"settings": {...}, "metrics": path, '
+        '"samples": path}, all on this --hidden and --completions (instead of --settings, '
+        "--metrics, --samples; what evaluation.checkpoints_per_job runs)",
+    )
+    parser.add_argument(
+        "--store",
+        help="with --member: keep each finished evaluation here, by content, and restore "
+        "those whose inputs are unchanged (evaluate/result_store.py)",
+    )
 
 
 def run(args: argparse.Namespace) -> int:
     if args.member:
         return run_several(args)
     if not (args.metrics and args.samples):
-        raise DflashEvalError("evaluate: give --metrics and --samples (one checkpoint), or --member JSON ... "
-                              "(several checkpoints in one process)")
+        raise DflashEvalError(
+            "evaluate: give --metrics and --samples (one checkpoint), or --member JSON ... "
+            "(several checkpoints in one process)"
+        )
     settings = settings_from_args(args, evaluate_settings, "drafter", "dataset")
     metrics, rows = stage.run_evaluation(settings, args.hidden, args.completions, args.placement)
     stage.write_outputs(metrics, rows, args.metrics, args.samples)

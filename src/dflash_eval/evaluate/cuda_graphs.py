@@ -49,6 +49,7 @@ MIN_QUERIES = 16  # queries per group are padded to a power of two, at least thi
 def cuda_capture(pool) -> Capture:
     """Captures a forward as a CUDA graph in the memory `pool` (shared by every graph of an evaluator: they
     replay one at a time); returns its replay, which gives the graph's own output tensor."""
+
     def capture(forward: Callable[[], torch.Tensor]) -> Callable[[], torch.Tensor]:
         stream = torch.cuda.Stream()
         stream.wait_stream(torch.cuda.current_stream())
@@ -63,7 +64,9 @@ def cuda_capture(pool) -> Capture:
         def replay() -> torch.Tensor:
             graph.replay()
             return out
+
         return replay
+
     return capture
 
 
@@ -97,9 +100,17 @@ class GraphedForward:
     """packed_hidden for rounds of at most max(`token_sizes`) flat tokens, from graphs captured on first use, one
     per (token size, queries per group, attention kind); `capture` makes one (cuda_capture on CUDA)."""
 
-    def __init__(self, drafter: BlockDrafter, pool: ContextPool, cos: torch.Tensor, sin: torch.Tensor,
-                 token_sizes: Sequence[int], capture: Capture, exact_tokens: bool = False,
-                 max_graphs: int | None = None) -> None:
+    def __init__(
+        self,
+        drafter: BlockDrafter,
+        pool: ContextPool,
+        cos: torch.Tensor,
+        sin: torch.Tensor,
+        token_sizes: Sequence[int],
+        capture: Capture,
+        exact_tokens: bool = False,
+        max_graphs: int | None = None,
+    ) -> None:
         self.drafter, self.pool, self.cos, self.sin = drafter, pool, cos, sin
         self.sizes = sorted({int(s) for s in token_sizes})
         # exact_tokens: a graph per round's own flat token count (up to max(token_sizes)), so that every GEMM runs
@@ -116,8 +127,11 @@ class GraphedForward:
     @staticmethod
     def supports(drafter: BlockDrafter) -> bool:
         """False for DFlash2's block convolution (its [blocks, longest] row layout varies per round)."""
-        return not any(getattr(layer, name, None) is not None for layer in drafter.drafter.layers
-                       for name in ("attention_conv", "mlp_conv"))
+        return not any(
+            getattr(layer, name, None) is not None
+            for layer in drafter.drafter.layers
+            for name in ("attention_conv", "mlp_conv")
+        )
 
     def padding(self, size: np.ndarray, slot: np.ndarray) -> Padding | None:
         """The fixed shapes for this round's blocks, or None when no captured size holds its tokens."""
@@ -131,8 +145,9 @@ class GraphedForward:
         queries = int(np.bincount(slot, weights=size, minlength=self.slots).max())
         return Padding(fits, queries_bucket(queries), self.slots, self.pool.capacity)
 
-    def __call__(self, slot: np.ndarray, anchor: np.ndarray, size: np.ndarray, tokens: np.ndarray,
-                 fused: bool) -> torch.Tensor | None:
+    def __call__(
+        self, slot: np.ndarray, anchor: np.ndarray, size: np.ndarray, tokens: np.ndarray, fused: bool
+    ) -> torch.Tensor | None:
         """Hidden states [N, H] of the blocks (as packed_hidden), or None: run this round eagerly."""
         padding = self.padding(size, slot)
         if padding is None:
@@ -151,7 +166,7 @@ class GraphedForward:
         flat = np.concatenate([arrays[name].reshape(-1) for name in FIXED_FIELDS])
         captured.inputs.copy_(to_device([flat], self.device)[0], non_blocking=True)
         self.replays += 1
-        return captured.replay()[:int(size.sum())]
+        return captured.replay()[: int(size.sum())]
 
     def _clock(self) -> float:
         if self.device.type == "cuda":
@@ -159,19 +174,31 @@ class GraphedForward:
         return time.perf_counter()
 
     def _capture(self, padding: Padding, fused: bool) -> Captured:
-        shapes = {"token_ids": (padding.tokens,), "positions": (padding.tokens,),
-                  "query_gather": (padding.slots, padding.queries), "padded_index": (padding.tokens,),
-                  "query_anchor": (padding.slots, padding.queries), "query_pos": (padding.slots, padding.queries),
-                  "query_row": (padding.slots, padding.queries)}
+        shapes = {
+            "token_ids": (padding.tokens,),
+            "positions": (padding.tokens,),
+            "query_gather": (padding.slots, padding.queries),
+            "padded_index": (padding.tokens,),
+            "query_anchor": (padding.slots, padding.queries),
+            "query_pos": (padding.slots, padding.queries),
+            "query_row": (padding.slots, padding.queries),
+        }
         sizes = [int(np.prod(shapes[name])) for name in FIXED_FIELDS]
         inputs = torch.zeros(sum(sizes), dtype=torch.int64, device=self.device)
         offsets = np.concatenate([[0], np.cumsum(sizes)])
-        views = {name: inputs[lo:hi].view(shapes[name])
-                 for name, lo, hi in zip(FIXED_FIELDS, offsets[:-1], offsets[1:])}
+        views = {
+            name: inputs[lo:hi].view(shapes[name]) for name, lo, hi in zip(FIXED_FIELDS, offsets[:-1], offsets[1:])
+        }
         views["query_row"].fill_(-1)  # the warm-up's inputs: all padding
         unused = torch.zeros(1, 1, dtype=torch.int64, device=self.device)  # the convolution's layout (none here)
-        batch = PackedBlocks(**views, row_index=unused, row_flat=unused[0], slots=slice(0, padding.slots),
-                             ctx_len=padding.context, group_ctx=np.full(padding.slots, padding.context),
-                             group_queries=np.full(padding.slots, padding.queries))
+        batch = PackedBlocks(
+            **views,
+            row_index=unused,
+            row_flat=unused[0],
+            slots=slice(0, padding.slots),
+            ctx_len=padding.context,
+            group_ctx=np.full(padding.slots, padding.context),
+            group_queries=np.full(padding.slots, padding.queries),
+        )
         drafter, pool, cos, sin = self.drafter, self.pool, self.cos, self.sin
         return Captured(inputs, self.capture(lambda: packed.packed_hidden(drafter, pool, batch, cos, sin, fused)))

@@ -32,7 +32,9 @@ import numpy as np
 import torch
 
 
-def truth_path_ranks(logits: torch.Tensor, truth: torch.Tensor, width: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def truth_path_ranks(
+    logits: torch.Tensor, truth: torch.Tensor, width: int
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Top-`width` log-probs per position and where the true token lies in them.
 
     logits [m, P, V], truth [m, P] (-1 where there is no true token). Returns the top log-probs
@@ -71,8 +73,9 @@ def candidate_pairs(budget: int, parents: int, width: int, device: torch.device)
     return torch.from_numpy(parent).to(device), torch.from_numpy(token).to(device)
 
 
-def better_node_counts(values: torch.Tensor, truth_score: torch.Tensor, exists: torch.Tensor, budget: int,
-                       host_reads: bool = True) -> torch.Tensor:
+def better_node_counts(
+    values: torch.Tensor, truth_score: torch.Tensor, exists: torch.Tensor, budget: int, host_reads: bool = True
+) -> torch.Tensor:
     """For each depth, how many tree nodes score strictly above the truth node: [m, P].
 
     values [m, P, W] are the per-position top-W log-probs (W = min(budget, vocabulary)). Counts are
@@ -103,7 +106,7 @@ def better_node_counts(values: torch.Tensor, truth_score: torch.Tensor, exists: 
         best[active] = merged
         # truth depths still undecided: the node exists and scores at least the budget-th best known
         scores = truth_score[active]
-        open_ = exists[active] & (scores >= merged[:, budget - 1:budget])
+        open_ = exists[active] & (scores >= merged[:, budget - 1 : budget])
         floor = torch.where(open_, scores, torch.full_like(scores, float("inf"))).min(dim=1).values
         beam = torch.where(beam > floor[:, None], beam, neg_inf)
         if depth + 1 == positions:
@@ -118,8 +121,9 @@ def better_node_counts(values: torch.Tensor, truth_score: torch.Tensor, exists: 
     return (best[:, None, :] > truth_score[:, :, None]).sum(dim=-1)
 
 
-def better_node_counts_on_device(values: torch.Tensor, truth_score: torch.Tensor, exists: torch.Tensor,
-                                  budget: int) -> torch.Tensor:
+def better_node_counts_on_device(
+    values: torch.Tensor, truth_score: torch.Tensor, exists: torch.Tensor, budget: int
+) -> torch.Tensor:
     """better_node_counts without a host read: fixed shapes at every depth (so also a CUDA graph could hold it)."""
     m, positions, width = values.shape
     neg_inf = torch.tensor(float("-inf"), device=values.device)
@@ -131,7 +135,7 @@ def better_node_counts_on_device(values: torch.Tensor, truth_score: torch.Tensor
             candidates = beam[:, parent] + values[:, depth][:, token]
             beam = torch.topk(candidates, min(budget, candidates.shape[1]), dim=-1).values
         best = torch.topk(torch.cat([best, beam], dim=1), budget, dim=-1).values
-        open_ = exists & (truth_score >= best[:, budget - 1:budget])
+        open_ = exists & (truth_score >= best[:, budget - 1 : budget])
         floor = torch.where(open_, truth_score, torch.full_like(truth_score, float("inf"))).min(dim=1).values
         beam = torch.where(beam > floor[:, None], beam, neg_inf)
     return (best[:, None, :] > truth_score[:, :, None]).sum(dim=-1)
@@ -148,8 +152,9 @@ def tree_host_reads_for(device: torch.device) -> bool:
     return {"cuda": False, "cpu": False}.get(device.type, True)
 
 
-def tree_accepted(logits: torch.Tensor, truth: torch.Tensor, budgets: Sequence[int],
-                  host_reads: bool = True) -> torch.Tensor:
+def tree_accepted(
+    logits: torch.Tensor, truth: torch.Tensor, budgets: Sequence[int], host_reads: bool = True
+) -> torch.Tensor:
     """Accepted draft length (deepest matching path) for each budget: [len(budgets), m].
 
     logits [m, P, V] are the drafter's block logits for positions 1..P; truth [m, P] the true next

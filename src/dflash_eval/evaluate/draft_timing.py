@@ -49,11 +49,13 @@ def static_unsupported(runner: BlockDrafter) -> str | None:
     layers; DFlash2's block convolutions and candidate selector are the evaluator's alone."""
     drafter = runner.drafter
     if getattr(drafter, "mask_token_id", None) != runner.mask_token_id:
-        return (f"the drafter's config names mask token {getattr(drafter, 'mask_token_id', None)!r} and evaluation "
-                f"uses {runner.mask_token_id}: the static drafter reads the config's")
+        return (
+            f"the drafter's config names mask token {getattr(drafter, 'mask_token_id', None)!r} and evaluation "
+            f"uses {runner.mask_token_id}: the static drafter reads the config's"
+        )
     if getattr(drafter, "candidate_selector", None) is not None or any(
-            getattr(layer, name, None) is not None for layer in drafter.layers
-            for name in ("attention_conv", "mlp_conv")):
+        getattr(layer, name, None) is not None for layer in drafter.layers for name in ("attention_conv", "mlp_conv")
+    ):
         return "a DFlash2 drafter (block convolutions, candidate selector): the static drafter runs DFlash's layers"
     return None
 
@@ -70,9 +72,18 @@ def timing_method(runner: BlockDrafter, device: torch.device, target_method: str
 
 
 @torch.inference_mode()
-def drafter_step_ms(runner: BlockDrafter, features: torch.Tensor, tokens: torch.Tensor, context_tokens: int,
-                    repeats: int, block_size: int | None = None, project_tokens: int = 1,
-                    method: str = "eager", method_why: str = "asked", budget: int | None = None) -> dict[str, Any]:
+def drafter_step_ms(
+    runner: BlockDrafter,
+    features: torch.Tensor,
+    tokens: torch.Tensor,
+    context_tokens: int,
+    repeats: int,
+    block_size: int | None = None,
+    project_tokens: int = 1,
+    method: str = "eager",
+    method_why: str = "asked",
+    budget: int | None = None,
+) -> dict[str, Any]:
     """Median ms (and spread) of one drafter step at anchor min(context_tokens, T - 1): the projection of
     `project_tokens` new context rows, then a block of `block_size` (the drafter's own by default) + LM head;
     with a `budget`, a DDTree's step (its block the drafter's own): the tree's top-k, read, build and upload."""
@@ -89,12 +100,18 @@ def drafter_step_ms(runner: BlockDrafter, features: torch.Tensor, tokens: torch.
     if method == "eager":
         step = _eager_step(runner, features, tokens, anchor, block, project, tree)
     else:
-        step = static_step(runner, features, tokens, anchor, block, project, graphs=method == "graphs",
-                           tree=tree)[0]
+        step = static_step(runner, features, tokens, anchor, block, project, graphs=method == "graphs", tree=tree)[0]
     timing = timed_ms(step if tree is None else tree.after(step), tokens.device, repeats, budget_s=2.0)
-    return {**timing, "context_tokens": anchor, "block_size": block, "project_tokens": project,
-            "device": str(tokens.device), "method": method, "method_why": method_why,
-            **({} if budget is None else {"budget": int(budget)})}
+    return {
+        **timing,
+        "context_tokens": anchor,
+        "block_size": block,
+        "project_tokens": project,
+        "device": str(tokens.device),
+        "method": method,
+        "method_why": method_why,
+        **({} if budget is None else {"budget": int(budget)}),
+    }
 
 
 class TreeWork:
@@ -118,20 +135,29 @@ class TreeWork:
 
     def after(self, step: Callable[[], None]) -> Callable[[], None]:
         """`step` (which ends in on_device) and then the host's share: the whole DDTree drafting step."""
+
         def both() -> None:
             step()
             self.on_host()
+
         return both
 
 
-def _eager_step(runner: BlockDrafter, features: torch.Tensor, tokens: torch.Tensor, anchor: int, block: int,
-                project: int, tree: TreeWork | None = None) -> Callable[[], None]:
-    context = runner.context(features[:anchor + 1])
+def _eager_step(
+    runner: BlockDrafter,
+    features: torch.Tensor,
+    tokens: torch.Tensor,
+    anchor: int,
+    block: int,
+    project: int,
+    tree: TreeWork | None = None,
+) -> Callable[[], None]:
+    context = runner.context(features[: anchor + 1])
     anchors = torch.tensor([anchor], device=tokens.device)
 
     def step() -> None:
-        runner.context(features[anchor + 1 - project:anchor + 1])  # the per-step projection (its cost only)
-        logits = runner.logits(runner.block_hidden(context, tokens[:anchor + 1], anchors, block, ctx_len=anchor))
+        runner.context(features[anchor + 1 - project : anchor + 1])  # the per-step projection (its cost only)
+        logits = runner.logits(runner.block_hidden(context, tokens[: anchor + 1], anchors, block, ctx_len=anchor))
         if tree is None:
             logits.argmax(-1)
         else:
@@ -140,9 +166,16 @@ def _eager_step(runner: BlockDrafter, features: torch.Tensor, tokens: torch.Tens
     return step
 
 
-def static_step(runner: BlockDrafter, features: torch.Tensor, tokens: torch.Tensor, anchor: int, block: int,
-                project: int, graphs: bool,
-                tree: TreeWork | None = None) -> tuple[Callable[[], None], Callable[[], torch.Tensor]]:
+def static_step(
+    runner: BlockDrafter,
+    features: torch.Tensor,
+    tokens: torch.Tensor,
+    anchor: int,
+    block: int,
+    project: int,
+    graphs: bool,
+    tree: TreeWork | None = None,
+) -> tuple[Callable[[], None], Callable[[], torch.Tensor]]:
     """The same step on the static drafter (as the validated loop runs it): context rows before the last
     `project` ones written once; per call, those `project` rows projected into the buffer and the block
     [token at the anchor, masks] drafted at the anchor's position (with a `tree`, its logits' top-k taken in the
@@ -154,10 +187,10 @@ def static_step(runner: BlockDrafter, features: torch.Tensor, tokens: torch.Tens
         static = StaticDrafter(runner.drafter, runner.embed, runner.head_logits, anchor + block)
         if first > 0:
             static.context(features[:first], torch.zeros(1, dtype=torch.long, device=device))
-        rows = features[first:anchor + 1].clone()
+        rows = features[first : anchor + 1].clone()
         ctx_start = torch.full((1,), first, dtype=torch.long, device=device)
         start = torch.full((1,), anchor, dtype=torch.long, device=device)
-        bonus = tokens[anchor:anchor + 1].clone()
+        bonus = tokens[anchor : anchor + 1].clone()
         drafts = torch.zeros(block - 1, dtype=torch.long, device=device)
 
     def step() -> None:
@@ -181,9 +214,17 @@ class _Holding:
         self.run()
 
 
-def time_on_cache(runner: BlockDrafter, cache, layer_ids: list[int], device: torch.device, dtype: torch.dtype,
-                  options: dict[str, Any], projections: dict[int, int], target_method: str | None = None,
-                  trees: dict[int, int] | None = None) -> dict[str, Any] | None:
+def time_on_cache(
+    runner: BlockDrafter,
+    cache,
+    layer_ids: list[int],
+    device: torch.device,
+    dtype: torch.dtype,
+    options: dict[str, Any],
+    projections: dict[int, int],
+    target_method: str | None = None,
+    trees: dict[int, int] | None = None,
+) -> dict[str, Any] | None:
     """drafter_step_ms at each block size (-> the context rows its step projects) and at each DDTree budget
     (`trees`: budget -> rows; the drafter's own block), on the cache's longest sample (the closest to a typical
     serving context), timed as `timing_method` chooses from the target profile's `target_method`:
@@ -201,10 +242,18 @@ def time_on_cache(runner: BlockDrafter, cache, layer_ids: list[int], device: tor
     context, repeats = int(options["context_tokens"]), int(options["repeats"])
 
     def steps(method: str, why: str) -> tuple[dict[int, dict], dict[int, dict]]:
-        return ({block: drafter_step_ms(runner, features, tokens, context, repeats, block, rows, method, why)
-                 for block, rows in blocks.items()},
-                {budget: drafter_step_ms(runner, features, tokens, context, repeats, None, rows, method, why,
-                                         budget=budget) for budget, rows in budgets.items()})
+        return (
+            {
+                block: drafter_step_ms(runner, features, tokens, context, repeats, block, rows, method, why)
+                for block, rows in blocks.items()
+            },
+            {
+                budget: drafter_step_ms(
+                    runner, features, tokens, context, repeats, None, rows, method, why, budget=budget
+                )
+                for budget, rows in budgets.items()
+            },
+        )
 
     try:
         by_block, by_budget = steps(method, why)
@@ -215,5 +264,11 @@ def time_on_cache(runner: BlockDrafter, cache, layer_ids: list[int], device: tor
         method, why = "eager", f"CUDA graph timing failed: {error}"
         by_block, by_budget = steps(method, why)
     first = next(iter({**by_block, **by_budget}.values()))
-    return {"by_block": by_block, "by_budget": by_budget, "device": first["device"],
-            "context_tokens": first["context_tokens"], "method": method, "method_why": why}
+    return {
+        "by_block": by_block,
+        "by_budget": by_budget,
+        "device": first["device"],
+        "context_tokens": first["context_tokens"],
+        "method": method,
+        "method_why": why,
+    }

@@ -34,6 +34,7 @@ from dflash_eval.evaluate.drafter_model import DrafterConfig
 
 log = logging.getLogger(__name__)
 
+
 @dataclass
 class LoadedDrafter:
     """A drafter ready to run, with the facts the evaluation records about it."""
@@ -97,8 +98,12 @@ def _build(model_class: type, config: Any, path: Path) -> torch.nn.Module:
     try:
         return model_class(config)
     except (TypeError, ValueError, KeyError) as error:  # _draft_value(...) gave None for a needed setting
-        hint = ("; a DFlash2DraftModel needs conv_kernel_size, conv_group_size, selector_rank and selector_top_k "
-                "in dflash_config" if "DFlash2" in model_class.__name__ else "; check its config.json")
+        hint = (
+            "; a DFlash2DraftModel needs conv_kernel_size, conv_group_size, selector_rank and selector_top_k "
+            "in dflash_config"
+            if "DFlash2" in model_class.__name__
+            else "; check its config.json"
+        )
         raise DflashEvalError(
             f"{path}: cannot build {model_class.__name__} from its config ({type(error).__name__}: {error}){hint}"
         ) from error
@@ -141,8 +146,9 @@ def load_drafter(
         raise DflashEvalError(f"{path}: no dflash_config.mask_token_id in the drafter config")
     check_against_target(path, None, mask_token_id, None, vocab_size)
     state, meta = read_state(path, layout, allow_pickle)
-    check_finite(path, state, "the checkpoint is broken (a diverged training step, or a damaged file): "
-                 "evaluate another one")
+    check_finite(
+        path, state, "the checkpoint is broken (a diverged training step, or a damaged file): evaluate another one"
+    )
     with torch.device("meta"):
         skeleton = _build(model_class, qwen_config, path)
     state = _codebook_keys(_strip_prefixes(state, set(skeleton.state_dict())))
@@ -156,8 +162,13 @@ def load_drafter(
     model.eval()
     step = meta.get("global_step", meta.get("step"))
     return LoadedDrafter(
-        model=model, config=qwen_config, layer_ids=list(ids), block_size=int(model.block_size),
-        mask_token_id=int(mask_token_id), layout=layout, path=str(path),
+        model=model,
+        config=qwen_config,
+        layer_ids=list(ids),
+        block_size=int(model.block_size),
+        mask_token_id=int(mask_token_id),
+        layout=layout,
+        path=str(path),
         global_step=None if step is None else int(step),
         epoch=None if meta.get("epoch") is None else float(meta["epoch"]),
     )

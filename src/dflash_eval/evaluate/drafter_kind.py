@@ -23,21 +23,28 @@ DFLASH2 = "DFlash2DraftModel"
 
 
 def _why(drafter: str, datasets: list[str]) -> str:
-    return (f"drafter {drafter} is a {DFLASH2}, and datasets {', '.join(datasets)} sample (temperature > 0): "
-            "SGLang 0.5.23 samples a DFlash2 drafter's candidate-selector path there and accepts it by rejection "
-            "against the selector's q (speculative/dflash_worker_v2.py), which dflash-eval does not compute; the "
-            "greedy-draft tau it could give is a number no engine produces. Evaluate this drafter in a config whose "
-            "datasets are greedy (temperature 0), or remove it from this run")
+    return (
+        f"drafter {drafter} is a {DFLASH2}, and datasets {', '.join(datasets)} sample (temperature > 0): "
+        "SGLang 0.5.23 samples a DFlash2 drafter's candidate-selector path there and accepts it by rejection "
+        "against the selector's q (speculative/dflash_worker_v2.py), which dflash-eval does not compute; the "
+        "greedy-draft tau it could give is a number no engine produces. Evaluate this drafter in a config whose "
+        "datasets are greedy (temperature 0), or remove it from this run"
+    )
 
 
-def sampled_problems(config: dict[str, Any], architecture: Callable[[dict[str, Any]], str | None]) -> list[tuple[str, str]]:
+def sampled_problems(
+    config: dict[str, Any], architecture: Callable[[dict[str, Any]], str | None]
+) -> list[tuple[str, str]]:
     """(key, why) for each DFlash2 drafter of a config with a sampled dataset; `architecture(spec)` reads a drafter
     entry's class (None where it cannot be read before the run)."""
     sampled = sorted(name for name, spec in config["datasets"].items() if dataset_samples(spec))
     if not sampled:
         return []
-    return [(f"drafters.{name}", _why(name, sampled)) for name, spec in config["drafters"].items()
-            if architecture(spec) == DFLASH2]
+    return [
+        (f"drafters.{name}", _why(name, sampled))
+        for name, spec in config["drafters"].items()
+        if architecture(spec) == DFLASH2
+    ]
 
 
 def check_sampled(drafter: str, model: Any, dataset: str, sampling: list[dict] | None) -> None:

@@ -32,10 +32,22 @@ from torch.nn import functional as F
 
 # Qwen3Config's defaults, for the keys a config.json leaves out (transformers' configuration_qwen3.py).
 QWEN3_DEFAULTS: dict[str, Any] = {
-    "vocab_size": 151936, "hidden_size": 4096, "intermediate_size": 22016, "num_hidden_layers": 32,
-    "num_attention_heads": 32, "num_key_value_heads": 32, "head_dim": 128, "hidden_act": "silu",
-    "max_position_embeddings": 32768, "rms_norm_eps": 1e-6, "attention_bias": False, "use_sliding_window": False,
-    "sliding_window": 4096, "max_window_layers": 28, "layer_types": None, "attention_dropout": 0.0,
+    "vocab_size": 151936,
+    "hidden_size": 4096,
+    "intermediate_size": 22016,
+    "num_hidden_layers": 32,
+    "num_attention_heads": 32,
+    "num_key_value_heads": 32,
+    "head_dim": 128,
+    "hidden_act": "silu",
+    "max_position_embeddings": 32768,
+    "rms_norm_eps": 1e-6,
+    "attention_bias": False,
+    "use_sliding_window": False,
+    "sliding_window": 4096,
+    "max_window_layers": 28,
+    "layer_types": None,
+    "attention_dropout": 0.0,
     "rope_parameters": None,
 }
 DEFAULT_ROPE_THETA = 10_000.0  # transformers' default_theta
@@ -60,8 +72,12 @@ class DrafterConfig:
         if self.num_key_value_heads is None:
             self.num_key_value_heads = self.num_attention_heads
         if self.layer_types is None:
-            self.layer_types = ["sliding_attention" if self.sliding_window is not None and i >= self.max_window_layers
-                                else "full_attention" for i in range(self.num_hidden_layers)]
+            self.layer_types = [
+                "sliding_attention"
+                if self.sliding_window is not None and i >= self.max_window_layers
+                else "full_attention"
+                for i in range(self.num_hidden_layers)
+            ]
         rope = dict(rope_scaling or self.rope_parameters or {})
         if not any(isinstance(value, dict) for value in rope.values()):  # one global entry (not per layer type)
             rope.setdefault("rope_theta", DEFAULT_ROPE_THETA if rope_theta is None else rope_theta)
@@ -135,7 +151,7 @@ class RotaryEmbedding(nn.Module):
         # On the CPU even inside a meta-device skeleton: arange on the meta device imports torch._refs (and sympy),
         # seconds of an evaluation's start-up (benchmarks/results/startup.md).
         exponents = torch.arange(0, dim, 2, dtype=torch.float, device="cpu") / dim
-        self.register_buffer("inv_freq", 1.0 / (base ** exponents), persistent=False)
+        self.register_buffer("inv_freq", 1.0 / (base**exponents), persistent=False)
         self.attention_scaling = 1.0
 
     def forward(self, x: torch.Tensor, position_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -161,7 +177,7 @@ class Attention(nn.Module):
         self.layer_idx = layer_idx
         self.head_dim = getattr(config, "head_dim", config.hidden_size // config.num_attention_heads)
         self.num_key_value_groups = config.num_attention_heads // config.num_key_value_heads
-        self.scaling = self.head_dim ** -0.5
+        self.scaling = self.head_dim**-0.5
         heads, kv = config.num_attention_heads * self.head_dim, config.num_key_value_heads * self.head_dim
         self.q_proj = nn.Linear(config.hidden_size, heads, bias=config.attention_bias)
         self.k_proj = nn.Linear(config.hidden_size, kv, bias=config.attention_bias)
@@ -233,8 +249,9 @@ class CandidateSelector(nn.Module):
         self.successor_codebook = nn.Embedding(config.vocab_size, rank)
         self.hidden_projection = nn.Linear(config.hidden_size, rank, bias=False)
 
-    def select(self, hidden: torch.Tensor, logits: torch.Tensor, anchor_ids: torch.Tensor,
-               temperature: float) -> tuple[torch.Tensor, torch.Tensor, None]:
+    def select(
+        self, hidden: torch.Tensor, logits: torch.Tensor, anchor_ids: torch.Tensor, temperature: float
+    ) -> tuple[torch.Tensor, torch.Tensor, None]:
         """(path [m, L], candidates [m, L, k], None) at temperature 0, the only one the evaluation drafts at."""
         if temperature > 0:
             raise ValueError("the evaluation's drafter selects greedily (temperature 0)")
@@ -242,8 +259,11 @@ class CandidateSelector(nn.Module):
         projected = self.hidden_projection(hidden)
         previous, path = anchor_ids, []
         for position in range(projected.shape[1]):
-            pair = torch.einsum("br,bkr->bk", self.predecessor_codebook(previous) * projected[:, position],
-                                self.successor_codebook(candidates[:, position]))
+            pair = torch.einsum(
+                "br,bkr->bk",
+                self.predecessor_codebook(previous) * projected[:, position],
+                self.successor_codebook(candidates[:, position]),
+            )
             best = torch.argmax(unary[:, position] + pair, dim=-1)
             previous = candidates[:, position].gather(-1, best[:, None])[:, 0]
             path.append(previous)
@@ -273,7 +293,10 @@ class DFlash2DraftModel(DFlashDraftModel):
 
     def __init__(self, config: DrafterConfig) -> None:
         super().__init__(config)
-        kernel_size, group_size = int(config.draft_value("conv_kernel_size")), int(config.draft_value("conv_group_size"))
+        kernel_size, group_size = (
+            int(config.draft_value("conv_kernel_size")),
+            int(config.draft_value("conv_group_size")),
+        )
         for layer in self.layers:
             layer.attention_conv = BlockConvolution(config.hidden_size, kernel_size, group_size)
             layer.mlp_conv = BlockConvolution(config.hidden_size, kernel_size, group_size)
@@ -298,8 +321,9 @@ def materialize(model: DFlashDraftModel) -> DFlashDraftModel:
     for module in model.modules():
         for name, tensor in module._parameters.items():
             if tensor is not None:
-                module._parameters[name] = nn.Parameter(torch.empty(tensor.shape, dtype=tensor.dtype, device="cpu"),
-                                                        requires_grad=tensor.requires_grad)
+                module._parameters[name] = nn.Parameter(
+                    torch.empty(tensor.shape, dtype=tensor.dtype, device="cpu"), requires_grad=tensor.requires_grad
+                )
         for name, tensor in module._buffers.items():
             if tensor is not None:
                 module._buffers[name] = torch.empty(tensor.shape, dtype=tensor.dtype, device="cpu")

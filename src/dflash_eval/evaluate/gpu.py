@@ -68,25 +68,39 @@ def _try_lock(path: Path) -> IO | None:
     return handle
 
 
-def claim_device(requested: str, gpus: Sequence[str] | None = None, directory: Path | None = None,
-                 poll_s: float = 2.0, timeout_s: float | None = None, record: Path | str | None = None,
-                 job: str = "") -> torch.device:
+def claim_device(
+    requested: str,
+    gpus: Sequence[str] | None = None,
+    directory: Path | None = None,
+    poll_s: float = 2.0,
+    timeout_s: float | None = None,
+    record: Path | str | None = None,
+    job: str = "",
+) -> torch.device:
     """The device to evaluate on; for `cuda` / `cuda:N` a GPU that no other evaluation holds (`claim_gpu`)."""
     import torch
 
     device = torch.device(requested)
     if device.type != "cuda":
         if record is not None:
-            _write_record(Path(record), {**_identity(job, requested), "device": str(device), "start": time.time()},
-                          finish=True)
+            _write_record(
+                Path(record), {**_identity(job, requested), "device": str(device), "start": time.time()}, finish=True
+            )
         return device
     index = claim_gpu(device.index, requested, gpus, directory, poll_s, timeout_s, record, job)
     return torch.device("cuda", index)
 
 
-def claim_gpu(index: int | None, requested: str, gpus: Sequence[str] | None = None, directory: Path | None = None,
-              poll_s: float = 2.0, timeout_s: float | None = None, record: Path | str | None = None,
-              job: str = "") -> int:
+def claim_gpu(
+    index: int | None,
+    requested: str,
+    gpus: Sequence[str] | None = None,
+    directory: Path | None = None,
+    poll_s: float = 2.0,
+    timeout_s: float | None = None,
+    record: Path | str | None = None,
+    job: str = "",
+) -> int:
     """Lock GPU `index` (None: the first free one) for the rest of this process and return its index.
 
     `gpus` (identities, one per visible index) defaults to the visible CUDA devices; tests pass their own
@@ -96,8 +110,10 @@ def claim_gpu(index: int | None, requested: str, gpus: Sequence[str] | None = No
     """
     gpus = list(visible_gpus() if gpus is None else gpus)
     if not gpus:
-        raise DflashEvalError(f"evaluation.device is {requested!r} but no CUDA device is visible; "
-                              "set evaluation.device: cpu or run on a GPU machine")
+        raise DflashEvalError(
+            f"evaluation.device is {requested!r} but no CUDA device is visible; "
+            "set evaluation.device: cpu or run on a GPU machine"
+        )
     if index is not None and index >= len(gpus):
         raise DflashEvalError(f"evaluation.device is {requested!r} but only {len(gpus)} CUDA device(s) are visible")
     candidates = range(len(gpus)) if index is None else [index]
@@ -109,19 +125,34 @@ def claim_gpu(index: int | None, requested: str, gpus: Sequence[str] | None = No
             handle = _try_lock(directory / f"{gpus[index]}.lock")
             if handle is not None:
                 _held.append(handle)
-                log.info("evaluating on cuda:%d (%s), pid %d on %s, CUDA_VISIBLE_DEVICES=%s%s", index, gpus[index],
-                         os.getpid(), socket.gethostname(), os.environ.get("CUDA_VISIBLE_DEVICES", "(unset)"),
-                         f" after waiting {time.monotonic() - started:.0f} s" if waited else "")
+                log.info(
+                    "evaluating on cuda:%d (%s), pid %d on %s, CUDA_VISIBLE_DEVICES=%s%s",
+                    index,
+                    gpus[index],
+                    os.getpid(),
+                    socket.gethostname(),
+                    os.environ.get("CUDA_VISIBLE_DEVICES", "(unset)"),
+                    f" after waiting {time.monotonic() - started:.0f} s" if waited else "",
+                )
                 if record is not None:
-                    _write_record(Path(record), {**_identity(job, requested), "device": f"cuda:{index}",
-                                                 "index": index, "gpu": gpus[index],
-                                                 "lock": str(directory / f"{gpus[index]}.lock"),
-                                                 "waited_s": round(time.monotonic() - started, 3),
-                                                 "start": time.time()})
+                    _write_record(
+                        Path(record),
+                        {
+                            **_identity(job, requested),
+                            "device": f"cuda:{index}",
+                            "index": index,
+                            "gpu": gpus[index],
+                            "lock": str(directory / f"{gpus[index]}.lock"),
+                            "waited_s": round(time.monotonic() - started, 3),
+                            "start": time.time(),
+                        },
+                    )
                 return index
         if timeout_s is not None and time.monotonic() - started > timeout_s:
-            raise DflashEvalError(f"no free GPU for {requested!r} after {timeout_s:.0f} s: other evaluations hold "
-                                  f"the locks in {directory}")
+            raise DflashEvalError(
+                f"no free GPU for {requested!r} after {timeout_s:.0f} s: other evaluations hold "
+                f"the locks in {directory}"
+            )
         if not waited:
             log.info("all GPUs for %r are held by other evaluations (locks in %s); waiting", requested, directory)
             waited = True
@@ -129,9 +160,14 @@ def claim_gpu(index: int | None, requested: str, gpus: Sequence[str] | None = No
 
 
 def _identity(job: str, requested: str) -> dict:
-    return {"job": job, "requested": requested, "pid": os.getpid(), "host": socket.gethostname(),
-            "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES"),
-            "slurm_job_id": os.environ.get("SLURM_JOB_ID")}
+    return {
+        "job": job,
+        "requested": requested,
+        "pid": os.getpid(),
+        "host": socket.gethostname(),
+        "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES"),
+        "slurm_job_id": os.environ.get("SLURM_JOB_ID"),
+    }
 
 
 def _write_record(path: Path, record: dict, finish: bool = False) -> None:

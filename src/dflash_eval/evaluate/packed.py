@@ -43,8 +43,9 @@ FUSED_MIN_QUERIES = 64
 class ContextPool:
     """The projected context (normed, rotated keys and values) of the resident samples, one slot each."""
 
-    def __init__(self, drafter: BlockDrafter, slots: int, capacity: int, device: torch.device,
-                 dtype: torch.dtype) -> None:
+    def __init__(
+        self, drafter: BlockDrafter, slots: int, capacity: int, device: torch.device, dtype: torch.dtype
+    ) -> None:
         self.capacity = capacity
         # Zeros, not empty: a masked key still meets its value in the weights @ values product (0 * NaN).
         self.keys, self.values = [], []
@@ -71,19 +72,19 @@ class ContextPool:
 class PackedBlocks:
     """One forward's blocks, rows sorted by slot; index tensors on the device."""
 
-    token_ids: torch.Tensor      # [N] block tokens, flat
-    positions: torch.Tensor      # [N] absolute positions
-    query_gather: torch.Tensor   # [S, Q] flat token of each slot's query q (padding: token 0, hidden, never read)
-    padded_index: torch.Tensor   # [N] where each flat token sits in the [S * Q] padded layout
-    query_anchor: torch.Tensor   # [S, Q] anchor of the query's block (0 for padding: no context)
-    query_pos: torch.Tensor      # [S, Q] absolute position (0 for padding)
-    query_row: torch.Tensor      # [S, Q] block (row) id (-1 for padding: padding sees only padding)
-    row_index: torch.Tensor      # [m, Bmax] flat token of each block position (N: past the block's end)
-    row_flat: torch.Tensor       # [N] where each flat token sits in the [m * Bmax] row layout
+    token_ids: torch.Tensor  # [N] block tokens, flat
+    positions: torch.Tensor  # [N] absolute positions
+    query_gather: torch.Tensor  # [S, Q] flat token of each slot's query q (padding: token 0, hidden, never read)
+    padded_index: torch.Tensor  # [N] where each flat token sits in the [S * Q] padded layout
+    query_anchor: torch.Tensor  # [S, Q] anchor of the query's block (0 for padding: no context)
+    query_pos: torch.Tensor  # [S, Q] absolute position (0 for padding)
+    query_row: torch.Tensor  # [S, Q] block (row) id (-1 for padding: padding sees only padding)
+    row_index: torch.Tensor  # [m, Bmax] flat token of each block position (N: past the block's end)
+    row_flat: torch.Tensor  # [N] where each flat token sits in the [m * Bmax] row layout
     slots: slice | torch.Tensor  # the pool slot of each of the S query groups
-    ctx_len: int                 # context keys any query may see (max anchor)
-    group_ctx: np.ndarray        # [S] context keys the queries of each group may see (host)
-    group_queries: np.ndarray    # [S] real queries of each group (host)
+    ctx_len: int  # context keys any query may see (max anchor)
+    group_ctx: np.ndarray  # [S] context keys the queries of each group may see (host)
+    group_queries: np.ndarray  # [S] real queries of each group (host)
 
 
 @dataclass(frozen=True)
@@ -100,8 +101,15 @@ class Padding:
 FIXED_FIELDS = ["token_ids", "positions", "query_gather", "padded_index", "query_anchor", "query_pos", "query_row"]
 
 
-def pack_arrays(slot: np.ndarray, anchor: np.ndarray, size: np.ndarray, tokens: np.ndarray, mask_token_id: int,
-                groups: str = "slot", padding: Padding | None = None) -> tuple[dict[str, np.ndarray], dict]:
+def pack_arrays(
+    slot: np.ndarray,
+    anchor: np.ndarray,
+    size: np.ndarray,
+    tokens: np.ndarray,
+    mask_token_id: int,
+    groups: str = "slot",
+    padding: Padding | None = None,
+) -> tuple[dict[str, np.ndarray], dict]:
     """The host arrays of `pack` (by PackedBlocks field) and its host facts (batch_slots, contiguous, ctx_len,
     group_ctx, group_queries).
 
@@ -129,8 +137,9 @@ def pack_arrays(slot: np.ndarray, anchor: np.ndarray, size: np.ndarray, tokens: 
     queries = int(slot_tokens.max())
     if padding is not None:
         if n > padding.tokens or queries > padding.queries or int(anchor.max()) > padding.context:
-            raise ValueError(f"{n} tokens, {queries} queries a group, context {int(anchor.max())}: "
-                             f"more than the padding {padding}")
+            raise ValueError(
+                f"{n} tokens, {queries} queries a group, context {int(anchor.max())}: more than the padding {padding}"
+            )
         queries = padding.queries
     slot_first = np.concatenate([[0], np.cumsum(slot_tokens)[:-1]])
     token_slot = slot_of_row[token_row]
@@ -152,23 +161,42 @@ def pack_arrays(slot: np.ndarray, anchor: np.ndarray, size: np.ndarray, tokens: 
         token_ids = np.concatenate([token_ids, np.full(extra, mask_token_id)])
         positions, padded = np.concatenate([positions, np.zeros(extra)]), np.concatenate([padded, np.zeros(extra)])
     lo, hi = int(batch_slots[0]), int(batch_slots[-1]) + 1
-    arrays = dict(token_ids=token_ids, positions=positions, query_gather=query_gather.reshape(-1, queries),
-                  padded_index=padded, query_anchor=query_anchor.reshape(-1, queries),
-                  query_pos=query_pos.reshape(-1, queries), query_row=query_row.reshape(-1, queries),
-                  row_index=row_index.reshape(m, widest), row_flat=row_flat)
+    arrays = dict(
+        token_ids=token_ids,
+        positions=positions,
+        query_gather=query_gather.reshape(-1, queries),
+        padded_index=padded,
+        query_anchor=query_anchor.reshape(-1, queries),
+        query_pos=query_pos.reshape(-1, queries),
+        query_row=query_row.reshape(-1, queries),
+        row_index=row_index.reshape(m, widest),
+        row_flat=row_flat,
+    )
     if padding is None:
         group_ctx = np.maximum.reduceat(anchor, np.r_[0, np.flatnonzero(np.diff(slot_of_row)) + 1])
         ctx_len, group_queries = int(anchor.max()), slot_tokens
     else:
         ctx_len = padding.context
         group_ctx, group_queries = np.full(padding.slots, ctx_len), np.full(padding.slots, queries)
-    facts = dict(batch_slots=batch_slots, contiguous=hi - lo == len(batch_slots) and groups == "slot",
-                 ctx_len=ctx_len, group_ctx=group_ctx, group_queries=group_queries)
+    facts = dict(
+        batch_slots=batch_slots,
+        contiguous=hi - lo == len(batch_slots) and groups == "slot",
+        ctx_len=ctx_len,
+        group_ctx=group_ctx,
+        group_queries=group_queries,
+    )
     return arrays, facts
 
 
-def pack(slot: np.ndarray, anchor: np.ndarray, size: np.ndarray, tokens: np.ndarray, mask_token_id: int,
-         device: torch.device, groups: str = "slot") -> PackedBlocks:
+def pack(
+    slot: np.ndarray,
+    anchor: np.ndarray,
+    size: np.ndarray,
+    tokens: np.ndarray,
+    mask_token_id: int,
+    device: torch.device,
+    groups: str = "slot",
+) -> PackedBlocks:
     """Index tensors for blocks (slot, anchor, size), rows sorted by slot; tokens [slots, width] the token ids.
 
     groups "slot": the queries of all blocks of a sample attend together, to one view of its context;
@@ -180,8 +208,11 @@ def pack(slot: np.ndarray, anchor: np.ndarray, size: np.ndarray, tokens: np.ndar
     moved = to_device(list(arrays.values()) + ([] if facts["contiguous"] else [batch_slots]), device)
     lo, hi = int(batch_slots[0]), int(batch_slots[-1]) + 1
     return PackedBlocks(
-        **dict(zip(names, moved)), slots=slice(lo, hi) if facts["contiguous"] else moved[-1],
-        ctx_len=facts["ctx_len"], group_ctx=facts["group_ctx"], group_queries=facts["group_queries"],
+        **dict(zip(names, moved)),
+        slots=slice(lo, hi) if facts["contiguous"] else moved[-1],
+        ctx_len=facts["ctx_len"],
+        group_ctx=facts["group_ctx"],
+        group_queries=facts["group_queries"],
     )
 
 
@@ -205,7 +236,7 @@ class Part:
     """Consecutive query groups that attend in one pass, trimmed to the context and queries they need."""
 
     groups: slice
-    see: int    # context keys
+    see: int  # context keys
     width: int  # queries (and block keys) per group
 
 
@@ -224,11 +255,18 @@ def _parts(batch: PackedBlocks, heads: int) -> list[Part]:
 
     def split(count: int) -> list[Part]:
         size = max(1, min(-(-slots // count), smallest))
-        return [Part(slice(lo, min(lo + size, slots)), int(batch.group_ctx[lo:lo + size].max()),
-                     int(batch.group_queries[lo:lo + size].max())) for lo in range(0, slots, size)]
+        return [
+            Part(
+                slice(lo, min(lo + size, slots)),
+                int(batch.group_ctx[lo : lo + size].max()),
+                int(batch.group_queries[lo : lo + size].max()),
+            )
+            for lo in range(0, slots, size)
+        ]
 
     def elements(parts: list[Part]) -> int:
         return sum((part.groups.stop - part.groups.start) * part.width * (part.see + part.width) for part in parts)
+
     best = split(1)
     count = 2
     while count <= PARTS and count <= slots:
@@ -246,8 +284,9 @@ def fused_attention_for(device: torch.device) -> bool:
     return device.type == "cuda"
 
 
-def _score_bias(visible: torch.Tensor, batch: PackedBlocks, parts: list[Part], dtype: torch.dtype,
-                groups: int | None = None) -> list[torch.Tensor]:
+def _score_bias(
+    visible: torch.Tensor, batch: PackedBlocks, parts: list[Part], dtype: torch.dtype, groups: int | None = None
+) -> list[torch.Tensor]:
     """Per part, 0 where a query sees a key and -inf where not, [p, 1, Q_part, see + Q_part] (shared by every layer
     of a kind). Added to the (finite) scores it gives what filling them with -inf gives, bit for bit, and an add is
     much faster than a masked fill (benchmarks/results/score_ops.md). For the fused attention
@@ -255,9 +294,9 @@ def _score_bias(visible: torch.Tensor, batch: PackedBlocks, parts: list[Part], d
     ctx, queries = batch.ctx_len, batch.query_gather.shape[1]
     biases = []
     for part in parts:
-        mask = visible[part.groups, :part.width]
+        mask = visible[part.groups, : part.width]
         if part.see < ctx or part.width < queries:
-            mask = torch.cat([mask[..., :part.see], mask[..., ctx:ctx + part.width]], dim=-1)
+            mask = torch.cat([mask[..., : part.see], mask[..., ctx : ctx + part.width]], dim=-1)
         bias = torch.zeros(mask.shape, dtype=dtype, device=mask.device).masked_fill_(~mask, float("-inf"))
         if groups is not None:
             bias = bias[:, None].expand(-1, groups, -1, -1).reshape(bias.shape[0], -1, bias.shape[-1])
@@ -265,9 +304,20 @@ def _score_bias(visible: torch.Tensor, batch: PackedBlocks, parts: list[Part], d
     return biases
 
 
-def _attention(drafter: BlockDrafter, attn: nn.Module, hidden: torch.Tensor, keys: torch.Tensor,
-               values: torch.Tensor, batch: PackedBlocks, parts: list[Part], biases: list[torch.Tensor],
-               cos: torch.Tensor, sin: torch.Tensor, fused: bool, block_mask=None) -> torch.Tensor:
+def _attention(
+    drafter: BlockDrafter,
+    attn: nn.Module,
+    hidden: torch.Tensor,
+    keys: torch.Tensor,
+    values: torch.Tensor,
+    batch: PackedBlocks,
+    parts: list[Part],
+    biases: list[torch.Tensor],
+    cos: torch.Tensor,
+    sin: torch.Tensor,
+    fused: bool,
+    block_mask=None,
+) -> torch.Tensor:
     n = hidden.shape[0]
     head_dim, groups = drafter.head_dim, drafter.kv_groups
     q = attn.q_norm(attn.q_proj(hidden).view(n, -1, head_dim))
@@ -281,9 +331,18 @@ def _attention(drafter: BlockDrafter, attn: nn.Module, hidden: torch.Tensor, key
     return attn.o_proj(_attend(q, k, v, keys, values, batch, parts, biases, groups, fused))
 
 
-def _attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, keys: torch.Tensor, values: torch.Tensor,
-            batch: PackedBlocks, parts: list[Part], biases: list[torch.Tensor], groups: int,
-            fused: bool = False) -> torch.Tensor:
+def _attend(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    keys: torch.Tensor,
+    values: torch.Tensor,
+    batch: PackedBlocks,
+    parts: list[Part],
+    biases: list[torch.Tensor],
+    groups: int,
+    fused: bool = False,
+) -> torch.Tensor:
     """Scaled q [N, heads, D], block k, v [N, Hkv, D] against their slots' context: [N, heads * D].
 
     As in blocks.py: the scale on q, one copy of the scores masked in place (here by adding the bias), softmax in
@@ -296,8 +355,8 @@ def _attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, keys: torch.Tenso
     heads, n_kv, head_dim = q.shape[1], k.shape[1], k.shape[2]
     qkv = torch.cat([q, k, v], dim=1)[batch.query_gather]  # [S, Q, heads + 2 Hkv, D]
     q = qkv[:, :, :heads].view(slots, queries, n_kv, groups, head_dim).permute(0, 2, 3, 1, 4)  # [S, Hkv, g, Q, D]
-    k = qkv[:, :, heads:heads + n_kv].transpose(1, 2)  # [S, Hkv, Q, D]
-    v = qkv[:, :, heads + n_kv:].transpose(1, 2)
+    k = qkv[:, :, heads : heads + n_kv].transpose(1, 2)  # [S, Hkv, Q, D]
+    v = qkv[:, :, heads + n_kv :].transpose(1, 2)
     out = None
     for part, bias in zip(parts, biases):
         lo, hi, see, width = part.groups.start, part.groups.stop, part.see, part.width
@@ -305,11 +364,17 @@ def _attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, keys: torch.Tenso
         if fused:
             with sdpa_kernel(FUSED_BACKENDS):
                 done = F.scaled_dot_product_attention(
-                    part_q, torch.cat([keys[lo:hi, :, :see], k[lo:hi, :, :width]], dim=2),
-                    torch.cat([values[lo:hi, :, :see], v[lo:hi, :, :width]], dim=2), attn_mask=bias, scale=1.0)
+                    part_q,
+                    torch.cat([keys[lo:hi, :, :see], k[lo:hi, :, :width]], dim=2),
+                    torch.cat([values[lo:hi, :, :see], v[lo:hi, :, :width]], dim=2),
+                    attn_mask=bias,
+                    scale=1.0,
+                )
         else:
-            scores = torch.cat([part_q @ keys[lo:hi, :, :see].transpose(-1, -2),
-                                part_q @ k[lo:hi, :, :width].transpose(-1, -2)], dim=-1)
+            scores = torch.cat(
+                [part_q @ keys[lo:hi, :, :see].transpose(-1, -2), part_q @ k[lo:hi, :, :width].transpose(-1, -2)],
+                dim=-1,
+            )
             scores.view(hi - lo, n_kv, groups, width, -1).add_(bias[:, None])
             weights = torch.softmax(scores, dim=-1)
             done = weights[..., :see] @ values[lo:hi, :, :see] + weights[..., see:] @ v[lo:hi, :, :width]
@@ -339,6 +404,7 @@ def flex_mask_mod(attn: nn.Module, batch: PackedBlocks):
         seen = torch.where(in_context, kv < anchor[b, q], (row[b, q] == row[b, own]) & (kv <= ctx + last))
         rule = visibility_rule(attn, pos[b, q] - torch.where(in_context, kv, pos[b, own]))
         return seen if rule is None else seen & rule
+
     return mask_mod
 
 
@@ -349,6 +415,7 @@ def _flex_kernel(device: torch.device):
     """flex_attention compiled (one fused kernel) on CUDA; eager on a CPU (the unfused reference form, for tests)."""
     if device.type not in _FLEX:
         from torch.nn.attention.flex_attention import flex_attention
+
         _FLEX[device.type] = torch.compile(flex_attention) if device.type == "cuda" else flex_attention
     return _FLEX[device.type]
 
@@ -359,19 +426,38 @@ def flex_block_mask(attn: nn.Module, batch: PackedBlocks):
 
     slots, queries = batch.query_gather.shape
     device = batch.query_pos.device
-    return create_block_mask(flex_mask_mod(attn, batch), slots, None, queries, batch.ctx_len + queries,
-                             device=device, _compile=device.type == "cuda")
+    return create_block_mask(
+        flex_mask_mod(attn, batch),
+        slots,
+        None,
+        queries,
+        batch.ctx_len + queries,
+        device=device,
+        _compile=device.type == "cuda",
+    )
 
 
-def _attend_flex(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, keys: torch.Tensor, values: torch.Tensor,
-                 batch: PackedBlocks, block_mask) -> torch.Tensor:
+def _attend_flex(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    keys: torch.Tensor,
+    values: torch.Tensor,
+    batch: PackedBlocks,
+    block_mask,
+) -> torch.Tensor:
     """`_attend` through flex_attention: every group in one call, the mask as a block mask (no bias, no parts)."""
     slots, queries = batch.query_gather.shape
     heads, n_kv = q.shape[1], k.shape[1]
     qkv = torch.cat([q, k, v], dim=1)[batch.query_gather].transpose(1, 2)  # [S, heads + 2 Hkv, Q, D]
     out = _flex_kernel(q.device)(
-        qkv[:, :heads], torch.cat([keys, qkv[:, heads:heads + n_kv]], dim=2),
-        torch.cat([values, qkv[:, heads + n_kv:]], dim=2), block_mask=block_mask, scale=1.0, enable_gqa=True)
+        qkv[:, :heads],
+        torch.cat([keys, qkv[:, heads : heads + n_kv]], dim=2),
+        torch.cat([values, qkv[:, heads + n_kv :]], dim=2),
+        block_mask=block_mask,
+        scale=1.0,
+        enable_gqa=True,
+    )
     return out.transpose(1, 2).reshape(slots * queries, -1)[batch.padded_index]
 
 
@@ -391,8 +477,15 @@ def _around_conv(conv: nn.Module | None, hidden: torch.Tensor, inner, batch: Pac
     return conv.finish(_padded(out, batch.row_index), kernel).reshape(-1, width)[batch.row_flat]
 
 
-def packed_hidden(drafter: BlockDrafter, pool: ContextPool, batch: PackedBlocks, cos: torch.Tensor,
-                  sin: torch.Tensor, fused: bool = False, flex: bool = False) -> torch.Tensor:
+def packed_hidden(
+    drafter: BlockDrafter,
+    pool: ContextPool,
+    batch: PackedBlocks,
+    cos: torch.Tensor,
+    sin: torch.Tensor,
+    fused: bool = False,
+    flex: bool = False,
+) -> torch.Tensor:
     """Final (normed) drafter hidden states [N, H] of the packed blocks; cos/sin [max position, D] tables;
     `fused`: the fused attention kernel may run (see fused_attention_for); it does where a group holds at least
     FUSED_MIN_QUERIES queries. `flex`: every attention through flex_attention with a block mask (a lever under
@@ -410,13 +503,22 @@ def packed_hidden(drafter: BlockDrafter, pool: ContextPool, batch: PackedBlocks,
         if flex and kind not in masks:
             masks[kind] = flex_block_mask(attn, batch)
         elif not flex and kind not in biases:
-            biases[kind] = _score_bias(_visible(attn, batch), batch, parts, hidden.dtype,
-                                       drafter.kv_groups if fused else None)
-        keys, values = keys[batch.slots, :, :batch.ctx_len], values[batch.slots, :, :batch.ctx_len]  # what any query sees
+            biases[kind] = _score_bias(
+                _visible(attn, batch), batch, parts, hidden.dtype, drafter.kv_groups if fused else None
+            )
+        keys, values = (
+            keys[batch.slots, :, : batch.ctx_len],
+            values[batch.slots, :, : batch.ctx_len],
+        )  # what any query sees
         hidden = hidden + _around_conv(
-            getattr(layer, "attention_conv", None), layer.input_layernorm(hidden),
-            lambda x: _attention(drafter, attn, x, keys, values, batch, parts, biases.get(kind), cos, sin, fused,
-                                 masks.get(kind)), batch)
-        hidden = hidden + _around_conv(getattr(layer, "mlp_conv", None), layer.post_attention_layernorm(hidden),
-                                       layer.mlp, batch)
+            getattr(layer, "attention_conv", None),
+            layer.input_layernorm(hidden),
+            lambda x: _attention(
+                drafter, attn, x, keys, values, batch, parts, biases.get(kind), cos, sin, fused, masks.get(kind)
+            ),
+            batch,
+        )
+        hidden = hidden + _around_conv(
+            getattr(layer, "mlp_conv", None), layer.post_attention_layernorm(hidden), layer.mlp, batch
+        )
     return drafter.drafter.norm(hidden)

@@ -45,8 +45,10 @@ def read_records(paths: list[Path]) -> list[dict]:
             raise DflashEvalError(f"{file}: not a GPU claim record ({problem}); delete it and rerun its job")
         records.append({**record, "file": str(file)})
     if not records:
-        raise DflashEvalError(f"no GPU claim records (*{SUFFIX}) in {', '.join(map(str, paths))}: nothing to check "
-                              "(an evaluation writes one per job next to its benchmark, results/benchmarks/evaluate/)")
+        raise DflashEvalError(
+            f"no GPU claim records (*{SUFFIX}) in {', '.join(map(str, paths))}: nothing to check "
+            "(an evaluation writes one per job next to its benchmark, results/benchmarks/evaluate/)"
+        )
     return records
 
 
@@ -91,8 +93,10 @@ def check_placements(records: list[dict]) -> PlacementCheck:
         if not str(record["device"]).startswith("cuda"):
             result.cpu_jobs += 1
         elif record.get("end") is None:
-            result.unfinished.append(f"{record['file']}: {record['device']} claimed at {record['start']:.3f} has no "
-                                     "end (the job was killed, or is still running)")
+            result.unfinished.append(
+                f"{record['file']}: {record['device']} claimed at {record['start']:.3f} has no "
+                "end (the job was killed, or is still running)"
+            )
         else:
             gpu_jobs.append(record)
     by_gpu: dict[str, list[dict]] = {}
@@ -103,8 +107,10 @@ def check_placements(records: list[dict]) -> PlacementCheck:
         claims.sort(key=lambda r: r["start"])
         for first, second in zip(claims, claims[1:], strict=False):
             if second["start"] < first["end"]:
-                result.overlaps.append(f"{name}: {second['file']} started at {second['start']:.3f}, before "
-                                       f"{first['file']} ended at {first['end']:.3f}")
+                result.overlaps.append(
+                    f"{name}: {second['file']} started at {second['start']:.3f}, before "
+                    f"{first['file']} ended at {first['end']:.3f}"
+                )
     # the peak: ends sort before starts at the same instant (a GPU handed over is not two at once)
     events = sorted([(r["start"], 1) for r in gpu_jobs] + [(r["end"], -1) for r in gpu_jobs])
     running = 0
@@ -119,8 +125,10 @@ def check_placements(records: list[dict]) -> PlacementCheck:
 def report_lines(check: PlacementCheck) -> list[str]:
     lines = ["| GPU (host/identity) | jobs |", "|---|---|"]
     lines += [f"| {name} | {count} |" for name, count in check.jobs_per_gpu.items()]
-    lines.append(f"\nGPU jobs at once, at most: {check.peak}; span {check.span_s:.1f} s; CPU jobs: {check.cpu_jobs}; "
-                 f"overlaps on one GPU: {len(check.overlaps)}; unfinished: {len(check.unfinished)}")
+    lines.append(
+        f"\nGPU jobs at once, at most: {check.peak}; span {check.span_s:.1f} s; CPU jobs: {check.cpu_jobs}; "
+        f"overlaps on one GPU: {len(check.overlaps)}; unfinished: {len(check.unfinished)}"
+    )
     return lines + [f"OVERLAP {line}" for line in check.overlaps] + [f"UNFINISHED {line}" for line in check.unfinished]
 
 
@@ -185,8 +193,12 @@ class UtilisationSampler:
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("paths", nargs="+", type=Path,
-                        help=f"claim records (*{SUFFIX}) or folders of them, e.g. results/benchmarks/evaluate")
+    parser.add_argument(
+        "paths",
+        nargs="+",
+        type=Path,
+        help=f"claim records (*{SUFFIX}) or folders of them, e.g. results/benchmarks/evaluate",
+    )
     parser.add_argument("--expect-peak", type=int, help="fail unless exactly this many GPU jobs ran at once at most")
     parser.add_argument("--json", type=Path, help="also write the check as JSON here")
 
@@ -198,8 +210,10 @@ def run(args: argparse.Namespace) -> int:
         args.json.parent.mkdir(parents=True, exist_ok=True)
         args.json.write_text(json.dumps(check.__dict__, indent=1) + "\n")
     if not check.ok:
-        raise DflashEvalError(f"{len(check.overlaps)} overlap(s) and {len(check.unfinished)} unfinished claim(s) "
-                              "in the GPU records (listed above)")
+        raise DflashEvalError(
+            f"{len(check.overlaps)} overlap(s) and {len(check.unfinished)} unfinished claim(s) "
+            "in the GPU records (listed above)"
+        )
     if args.expect_peak is not None and check.peak != args.expect_peak:
         raise DflashEvalError(f"at most {check.peak} GPU job(s) ran at once, not the {args.expect_peak} expected")
     return 0

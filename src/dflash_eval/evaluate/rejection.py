@@ -32,9 +32,9 @@ from dflash_eval.evaluate.all_anchor import anchor_blocks
 class StepDistribution:
     """One sample's step count distribution given its path, and expected counts per step length."""
 
-    tokens: int                # N: tokens produced from the first anchor to the end (fixed by the path)
-    steps_pmf: np.ndarray      # P(S = s), s = 0 .. N
-    produced: np.ndarray       # [B]: expected number of steps producing m = 1 .. B tokens
+    tokens: int  # N: tokens produced from the first anchor to the end (fixed by the path)
+    steps_pmf: np.ndarray  # P(S = s), s = 0 .. N
+    produced: np.ndarray  # [B]: expected number of steps producing m = 1 .. B tokens
 
     @property
     def expected_steps(self) -> float:
@@ -51,7 +51,7 @@ class StepDistribution:
 
     @property
     def tau_variance(self) -> float:
-        return self._tau_moment(2) - self.expected_tau ** 2 if self.tokens else float("nan")
+        return self._tau_moment(2) - self.expected_tau**2 if self.tokens else float("nan")
 
 
 def _end(limits: SequenceLimits, is_stop: Sequence[bool]) -> int:
@@ -71,8 +71,9 @@ def read_positions(limits: SequenceLimits, is_stop: Sequence[bool]) -> range:
     return range(start + 1, _end(limits, is_stop))
 
 
-def step_distribution(alpha: np.ndarray, limits: SequenceLimits, is_stop: Sequence[bool],
-                      block_size: int) -> StepDistribution:
+def step_distribution(
+    alpha: np.ndarray, limits: SequenceLimits, is_stop: Sequence[bool], block_size: int
+) -> StepDistribution:
     """The chain over anchors for one sample (dflash_generate's step rule: acceptance.chain_steps).
 
     `alpha[i, j - 1]` is the acceptance probability of block position j at anchor prompt_len + i given the
@@ -123,9 +124,17 @@ def expected_token_weighted(samples: Sequence[StepDistribution]) -> float:
 
 
 @torch.inference_mode()
-def anchor_alpha(drafter, features: torch.Tensor, tokens: torch.Tensor, target_logprob: torch.Tensor,
-                 limits: SequenceLimits, params: SamplingParams, chunk: int = 128, block: int | None = None,
-                 context: torch.Tensor | None = None) -> np.ndarray:
+def anchor_alpha(
+    drafter,
+    features: torch.Tensor,
+    tokens: torch.Tensor,
+    target_logprob: torch.Tensor,
+    limits: SequenceLimits,
+    params: SamplingParams,
+    chunk: int = 128,
+    block: int | None = None,
+    context: torch.Tensor | None = None,
+) -> np.ndarray:
     """alpha [n_anchors, b - 1] from the drafter's block of b tokens at every anchor (as dflash_generate with
     block_size b drafts it there; b defaults to the drafter's B, and a shorter block is drafted as a b-token block,
     not cut from the B-token one: full-attention layers see the whole block).
@@ -150,7 +159,8 @@ def anchor_alpha(drafter, features: torch.Tensor, tokens: torch.Tensor, target_l
         log_q = token_logprobs(drafted.logits.float(), tokens[clamped], params)
         log_p = target_logprob.to(log_q.device)[clamped]
         ratio = torch.exp(torch.clamp(log_q - log_p, max=0.0))
-        values = torch.where(inside, torch.where(torch.isneginf(log_p), torch.zeros_like(ratio), ratio),
-                             torch.ones_like(log_q))
+        values = torch.where(
+            inside, torch.where(torch.isneginf(log_p), torch.zeros_like(ratio), ratio), torch.ones_like(log_q)
+        )
         alpha[drafted.part, :width] = values.double().cpu().numpy()
     return alpha

@@ -36,33 +36,45 @@ def check_cache(cache, drafter_name: str, runner) -> dict:
     """The cache must hold target log-probs, and the drafter must draft DFlash blocks (not DFlash2's selector)."""
     stored = cache.target_logprobs
     if stored is None:
-        raise DflashEvalError(f"{cache.directory}: evaluation.verify asks for the rejection scheme, but this cache "
-                              "holds no target log-probs; re-run extraction with evaluation.verify including rejection")
+        raise DflashEvalError(
+            f"{cache.directory}: evaluation.verify asks for the rejection scheme, but this cache "
+            "holds no target log-probs; re-run extraction with evaluation.verify including rejection"
+        )
     if getattr(runner.drafter, "candidate_selector", None) is not None:
-        raise DflashEvalError(f"drafter {drafter_name} is a DFlash2DraftModel, whose sampled proposal is its candidate "
-                              "selector's, not independent per position; the rejection scheme covers DFlashDraftModel "
-                              "drafters only: set evaluation.verify: target_only for it")
+        raise DflashEvalError(
+            f"drafter {drafter_name} is a DFlash2DraftModel, whose sampled proposal is its candidate "
+            "selector's, not independent per position; the rejection scheme covers DFlashDraftModel "
+            "drafters only: set evaluation.verify: target_only for it"
+        )
     return stored
 
 
 def sample_params(stored: dict, record: dict, completions: str) -> SamplingParams:
     """The record's sampling parameters, which must be those the cache's log-probs were computed with."""
     params = from_record(record, completions)
-    penalized = {key: value for key, value in (record.get("request") or {}).items()
-                 if key in PENALTY_OFF and float(value) != PENALTY_OFF[key]}
+    penalized = {
+        key: value
+        for key, value in (record.get("request") or {}).items()
+        if key in PENALTY_OFF and float(value) != PENALTY_OFF[key]
+    }
     if penalized:
-        raise DflashEvalError(f"{completions}: record {record['id']!r} was served with {penalized}, which the rejection "
-                              "scheme's target distribution does not apply (SGLang's verify does); evaluate it with "
-                              "evaluation.verify: target_only, or fetch without penalties")
+        raise DflashEvalError(
+            f"{completions}: record {record['id']!r} was served with {penalized}, which the rejection "
+            "scheme's target distribution does not apply (SGLang's verify does); evaluate it with "
+            "evaluation.verify: target_only, or fetch without penalties"
+        )
     cached = stored["sampling"].get(str(record["id"]))
     if params is None or cached != params.as_dict():
-        raise DflashEvalError(f"{completions}: record {record['id']!r} has sampling {record.get('sampling')!r}, but the "
-                              f"cache's target log-probs were computed with {cached!r}; re-run extraction")
+        raise DflashEvalError(
+            f"{completions}: record {record['id']!r} has sampling {record.get('sampling')!r}, but the "
+            f"cache's target log-probs were computed with {cached!r}; re-run extraction"
+        )
     return params
 
 
-def sample_distribution(runner, load: Loaded, params: SamplingParams, stops: set[int], chunk: int,
-                        blocks: list[int] | None = None) -> tuple[dict[int, StepDistribution], int, int]:
+def sample_distribution(
+    runner, load: Loaded, params: SamplingParams, stops: set[int], chunk: int, blocks: list[int] | None = None
+) -> tuple[dict[int, StepDistribution], int, int]:
     """One sample's step distribution per chain block size b (default: the drafter's B alone), how many tokens the
     chain reads, and how many of them lie outside dflash's support of the target (p_T = 0: scored as rejected drafts, see
     rejection.anchor_alpha). Chain-B<b> is dflash_generate run with block_size b: the same programme over b-token
@@ -71,7 +83,7 @@ def sample_distribution(runner, load: Loaded, params: SamplingParams, stops: set
     features, tokens, logprob, limits = load()
     is_stop = [t in stops for t in tokens.tolist()]
     read = read_positions(limits, is_stop)
-    outside = int((~torch.isfinite(logprob[read.start:read.stop])).sum()) if len(read) else 0
+    outside = int((~torch.isfinite(logprob[read.start : read.stop])).sum()) if len(read) else 0
     context = runner.context(features) if limits.total_len - 1 > limits.prompt_len else None
     out = {}
     for block in blocks or [runner.block_size]:
@@ -85,13 +97,24 @@ def outside_support(outside: dict[str, int], tokens: dict[str, int]) -> dict:
     not dropped), with their shares: beside the rejection tau, so a bf16 target's or a tie rule's gaps are seen."""
     hit = sum(1 for n in outside.values() if n)
     read = sum(tokens.values())
-    return {"samples": hit, "samples_scored": len(outside), "share_of_samples": hit / len(outside) if outside else 0.0,
-            "tokens": int(sum(outside.values())), "tokens_read": int(read),
-            "share_of_tokens": sum(outside.values()) / read if read else 0.0}
+    return {
+        "samples": hit,
+        "samples_scored": len(outside),
+        "share_of_samples": hit / len(outside) if outside else 0.0,
+        "tokens": int(sum(outside.values())),
+        "tokens_read": int(read),
+        "share_of_tokens": sum(outside.values()) / read if read else 0.0,
+    }
 
 
-def section(dists: dict[str, dict[int, StepDistribution]], params: dict[str, SamplingParams], blocks: list[int],
-            settings: dict, clusters: dict[str, str] | None = None, outside: dict | None = None) -> dict:
+def section(
+    dists: dict[str, dict[int, StepDistribution]],
+    params: dict[str, SamplingParams],
+    blocks: list[int],
+    settings: dict,
+    clusters: dict[str, str] | None = None,
+    outside: dict | None = None,
+) -> dict:
     """The `rejection` section of metrics.json from the samples' step distributions per chain block size b in
     `blocks` (the cache's order): one method chain-B<b> each; the bootstrap resamples `clusters` (sample id -> its
     prompt) when given; `outside`: outside_support's counts."""
@@ -99,9 +122,13 @@ def section(dists: dict[str, dict[int, StepDistribution]], params: dict[str, Sam
     for size in sorted(blocks):
         entry = _method({i: d[size] for i, d in dists.items()}, size, settings, clusters)
         methods[entry["method"]] = entry
-    return {"scheme": "rejection", "convention": "dflash",
-            "sampling": [dict(t) for t in sorted({tuple(sorted(p.as_dict().items())) for p in params.values()})],
-            "outside_support": outside or outside_support({}, {}), "methods": methods}
+    return {
+        "scheme": "rejection",
+        "convention": "dflash",
+        "sampling": [dict(t) for t in sorted({tuple(sorted(p.as_dict().items())) for p in params.values()})],
+        "outside_support": outside or outside_support({}, {}),
+        "methods": methods,
+    }
 
 
 def _method(dists: dict[str, StepDistribution], block: int, settings: dict, clusters: dict[str, str] | None) -> dict:
@@ -114,16 +141,30 @@ def _method(dists: dict[str, StepDistribution], block: int, settings: dict, clus
     produced = sum((d.produced for d in used.values()), np.zeros(block))
     total_steps = float(expected_steps.sum())
     method = {
-        "method": chain_method(block), "scheme": "rejection", "block_size": block,
+        "method": chain_method(block),
+        "scheme": "rejection",
+        "block_size": block,
         "tau_mean_of_samples": float(means.mean()) if len(means) else float("nan"),
         "tau_token_weighted": expected_token_weighted(list(used.values())),
-        "ci95": stats.bootstrap_per_sample(means, tokens, expected_steps, settings["bootstrap"], settings["seed"],
-                                           clusters=labels),
-        "samples": len(used), "expected_steps": total_steps, "tokens": int(tokens.sum()),
-        "acceptance_by_position": [float(produced[k:].sum() / total_steps) if total_steps else float("nan")
-                                   for k in range(1, block)],
+        "ci95": stats.bootstrap_per_sample(
+            means, tokens, expected_steps, settings["bootstrap"], settings["seed"], clusters=labels
+        ),
+        "samples": len(used),
+        "expected_steps": total_steps,
+        "tokens": int(tokens.sum()),
+        "acceptance_by_position": [
+            float(produced[k:].sum() / total_steps) if total_steps else float("nan") for k in range(1, block)
+        ],
         "expected_histogram": {str(m): float(produced[m - 1]) for m in range(1, block + 1)},
-        "per_sample": [{"id": i, "tokens": d.tokens, "expected_steps": d.expected_steps,
-                        "expected_tau": d.expected_tau, "tau_variance": d.tau_variance} for i, d in used.items()],
+        "per_sample": [
+            {
+                "id": i,
+                "tokens": d.tokens,
+                "expected_steps": d.expected_steps,
+                "expected_tau": d.expected_tau,
+                "tau_variance": d.tau_variance,
+            }
+            for i, d in used.items()
+        ],
     }
     return method

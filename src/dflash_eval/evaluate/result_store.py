@@ -55,8 +55,11 @@ def key_parts(settings: dict, hidden: str | Path, completions: str | Path) -> di
         "cache_manifest": sha256_file(manifest),
         # the shards as they lie now (the evaluation checks each against the manifest's sha256 as it reads it;
         # a restore reads none, so a shard rewritten since is caught by its size and mtime here)
-        "cache_files": sorted([p.name, p.stat().st_size, p.stat().st_mtime_ns] for p in hidden.iterdir()
-                              if p.is_file() and p.name != "manifest.json"),
+        "cache_files": sorted(
+            [p.name, p.stat().st_size, p.stat().st_mtime_ns]
+            for p in hidden.iterdir()
+            if p.is_file() and p.name != "manifest.json"
+        ),
         "completions": sha256_file(completions),
         "profile": sha256_file(profile) if profile else None,
         "code": stage_identity("evaluate"),

@@ -32,10 +32,19 @@ def check(agreement: float | None, seen: int, sampling: list[dict] | None, rejec
     support = 1.0 - float(outside["share_of_tokens"]) if outside and outside.get("tokens_read") else None
     suspect = []
     if support is not None and support < SUPPORT_FLOOR:
-        suspect.append(f"{support:.1%} of the completion tokens read lie inside the cached target's top-k/top-p "
-                       "support (a served token lies inside it but at the filters' edges)")
+        suspect.append(
+            f"{support:.1%} of the completion tokens read lie inside the cached target's top-k/top-p "
+            "support (a served token lies inside it but at the filters' edges)"
+        )
     if floor is not None and agreement is not None and seen >= MIN_TOKENS and agreement < floor / 2:
-        suspect.append(f"argmax agreement {agreement:.1%} is under half of {floor:.1%}, the least a token drawn "
-                       "under top-k gives the target that served it")
-    return {"support_share": support, "argmax_agreement": agreement, "argmax_floor": floor, "tokens_seen": seen,
-            "suspect": suspect}
+        suspect.append(
+            f"argmax agreement {agreement:.1%} is under half of {floor:.1%}, the least a token drawn "
+            "under top-k gives the target that served it"
+        )
+    return {
+        "support_share": support,
+        "argmax_agreement": agreement,
+        "argmax_floor": floor,
+        "tokens_seen": seen,
+        "suspect": suspect,
+    }

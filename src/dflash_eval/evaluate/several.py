@@ -41,15 +41,18 @@ def parse_members(texts: list[str], runtime: str | None = None) -> list[Member]:
             raise DflashEvalError(f"--member {i + 1}: not valid JSON ({error})") from error
         missing = [key for key in ("settings", "metrics", "samples") if not isinstance(data, dict) or key not in data]
         if missing:
-            raise DflashEvalError(f"--member {i + 1}: needs the keys settings, metrics and samples (missing "
-                                  f"{', '.join(missing)})")
+            raise DflashEvalError(
+                f"--member {i + 1}: needs the keys settings, metrics and samples (missing {', '.join(missing)})"
+            )
         raw = data["settings"] if isinstance(data["settings"], str) else json.dumps(data["settings"])
         settings = settings_from_args(argparse.Namespace(settings=raw, runtime=runtime), evaluate_settings)
         members.append(Member(settings, str(data["metrics"]), str(data["samples"])))
     devices = sorted({m.settings["device"] for m in members})
     if len(devices) > 1:
-        raise DflashEvalError(f"--member: the checkpoints of one process share its device, but they ask for "
-                              f"{', '.join(devices)}; run one process per device")
+        raise DflashEvalError(
+            f"--member: the checkpoints of one process share its device, but they ask for "
+            f"{', '.join(devices)}; run one process per device"
+        )
     outputs = [path for m in members for path in (m.metrics, m.samples)]
     repeated = sorted({p for p in outputs if outputs.count(p) > 1})
     if repeated:
@@ -63,8 +66,9 @@ def run_several(args: argparse.Namespace) -> int:
     members = parse_members(args.member, getattr(args, "runtime", None))
     store = ResultStore(args.store) if args.store else None
     names = ", ".join(m.settings["drafter"] for m in members)
-    device = stage.claim_settings_device(members[0].settings, args.placement,
-                                         f"evaluate {names} {members[0].settings['dataset']}")
+    device = stage.claim_settings_device(
+        members[0].settings, args.placement, f"evaluate {names} {members[0].settings['dataset']}"
+    )
     done = {"evaluated": 0, "restored": 0}
     for i, member in enumerate(members):
         settings, started = member.settings, time.perf_counter()
@@ -76,18 +80,24 @@ def run_several(args: argparse.Namespace) -> int:
             key = key_of(parts)
             if store.restore(settings["drafter"], settings["dataset"], key, outputs):
                 done["restored"] += 1
-                log.info("%s: restored from %s (its inputs are unchanged)", what,
-                         store.entry(settings["drafter"], settings["dataset"]))
+                log.info(
+                    "%s: restored from %s (its inputs are unchanged)",
+                    what,
+                    store.entry(settings["drafter"], settings["dataset"]),
+                )
                 continue
         metrics, rows = stage.run_evaluation(settings, args.hidden, args.completions, device=device)
         stage.write_outputs(metrics, rows, member.metrics, member.samples)
         if store is not None:
             if metrics["checkpoint"]["sha256"] != parts["checkpoint"]:  # rewritten between the key and the load
-                raise DflashEvalError(f"{settings['checkpoint']['path']}: the checkpoint changed while this job ran; "
-                                      "its outputs are written but not kept in the store: rerun")
+                raise DflashEvalError(
+                    f"{settings['checkpoint']['path']}: the checkpoint changed while this job ran; "
+                    "its outputs are written but not kept in the store: rerun"
+                )
             store.save(settings["drafter"], settings["dataset"], key, parts, outputs)
         done["evaluated"] += 1
         log.info("%s: evaluated in %.2f s", what, time.perf_counter() - started)
-    log.info("%d checkpoint(s) evaluated, %d restored, in one process on %s", done["evaluated"], done["restored"],
-             device)
+    log.info(
+        "%d checkpoint(s) evaluated, %d restored, in one process on %s", done["evaluated"], done["restored"], device
+    )
     return 0

@@ -41,11 +41,15 @@ def tree_projections(methods: dict[str, dict]) -> dict[int, int]:
     return dict(sorted(trees.items()))
 
 
-def drafter_section(methods: dict[str, dict],
-                    time_drafter: Callable[[dict[int, int], dict[int, int]], dict[str, Any] | None]) -> dict[str, Any]:
+def drafter_section(
+    methods: dict[str, dict], time_drafter: Callable[[dict[int, int], dict[int, int]], dict[str, Any] | None]
+) -> dict[str, Any]:
     """metrics.json's `speedup` section as evaluation writes it: `draft_timing`, `time_drafter(projections(methods),
     tree_projections(methods))` ({"by_block": {b: timing}, "by_budget": {N: timing}, "device", "context_tokens",
     "method"}; None where speedup.measure says not to), and the estimate code that timed it."""
-    return {"estimate": True, "made_in": "the report, from this section, tau and the target profile",
-            "draft_timing": time_drafter(projections(methods), tree_projections(methods)),
-            "estimate_code": {"evaluation": estimate_code_hash()}}
+    return {
+        "estimate": True,
+        "made_in": "the report, from this section, tau and the target profile",
+        "draft_timing": time_drafter(projections(methods), tree_projections(methods)),
+        "estimate_code": {"evaluation": estimate_code_hash()},
+    }

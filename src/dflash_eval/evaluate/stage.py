@@ -90,7 +90,9 @@ def stop_token_ids(settings: dict) -> list[int]:
             eos = data.get("eos_token_id", data.get("text_config", {}).get("eos_token_id"))
             if eos is not None:
                 return [int(eos)] if isinstance(eos, int) else [int(i) for i in eos]
-    raise DflashEvalError(f"{target}: no eos_token_id in generation_config.json or config.json; set evaluation.stop_token_ids")
+    raise DflashEvalError(
+        f"{target}: no eos_token_id in generation_config.json or config.json; set evaluation.stop_token_ids"
+    )
 
 
 def check_last_layer(cache, settings: dict) -> None:
@@ -106,7 +108,8 @@ def check_last_layer(cache, settings: dict) -> None:
             f"{cache.directory}: drafter {settings['drafter']} taps the target's last layer ({final}) and was trained "
             f"on its {wanted} output, but this cache holds the {held} output there. Set drafters."
             f"{settings['drafter']}.last_layer to what the drafter was trained on (final_norm: what dflash_generate "
-            f"feeds; pre_norm: the layer's own output) and re-run extraction for its layer set")
+            f"feeds; pre_norm: the layer's own output) and re-run extraction for its layer set"
+        )
 
 
 def check_cache(cache, settings: dict) -> dict:
@@ -120,7 +123,9 @@ def check_cache(cache, settings: dict) -> dict:
         settings = {**settings, "checkpoint": checkpoint}
     missing = [i for i in checkpoint["layer_ids"] if i not in cache.layer_ids]
     if missing:
-        raise DflashEvalError(f"{cache.directory}: cache lacks layers {missing} that drafter {settings['drafter']} needs")
+        raise DflashEvalError(
+            f"{cache.directory}: cache lacks layers {missing} that drafter {settings['drafter']} needs"
+        )
     check_last_layer(cache, settings)
     expected_hash = target_config_hash(settings["target"]["path"])
     cached_hash = cache_manifest.entry(cache.directory, cache.manifest, "target.config_hash")
@@ -138,12 +143,18 @@ def check_cache(cache, settings: dict) -> dict:
             "Extract with the training backend (target.backend), or set evaluation.allow_backend_mismatch: true "
             "to evaluate anyway (the report will say so)."
         )
-    return {"dir": str(cache.directory), "backend": backend, "trained_with": checkpoint["trained_with"],
-            "backend_mismatch_allowed": mismatch, "target_config_hash": cached_hash}
+    return {
+        "dir": str(cache.directory),
+        "backend": backend,
+        "trained_with": checkpoint["trained_with"],
+        "backend_mismatch_allowed": mismatch,
+        "target_config_hash": cached_hash,
+    }
 
 
-def run_evaluation(settings: dict, hidden: str, completions: str,
-                   placement: str | None = None, device: torch.device | None = None) -> tuple[dict, list[dict]]:
+def run_evaluation(
+    settings: dict, hidden: str, completions: str, placement: str | None = None, device: torch.device | None = None
+) -> tuple[dict, list[dict]]:
     """One checkpoint on one cache. `device`: one this process claimed already (`run_several`), else claimed here."""
     from dflash_eval.cache.store import HiddenCache
 
@@ -157,10 +168,18 @@ def run_evaluation(settings: dict, hidden: str, completions: str,
     head = load_target_head(settings["target"]["path"])
     checkpoint = settings["checkpoint"]
     sha256_at_load = checkpoint_sha256(checkpoint["path"])  # before the load; compared again after the evaluation
-    loaded = load_drafter(checkpoint["path"], checkpoint["layout"], checkpoint.get("config"),
-                          checkpoint["layer_ids"], checkpoint["allow_pickle"], vocab_size=head.embed.shape[0])
+    loaded = load_drafter(
+        checkpoint["path"],
+        checkpoint["layout"],
+        checkpoint.get("config"),
+        checkpoint["layer_ids"],
+        checkpoint["allow_pickle"],
+        vocab_size=head.embed.shape[0],
+    )
     check_against_target(loaded.path, loaded.config.hidden_size, None, head.embed.shape[1], None)
-    drafter_kind.check_sampled(settings["drafter"], loaded.model, settings["dataset"], _sampling_of(records, completions))
+    drafter_kind.check_sampled(
+        settings["drafter"], loaded.model, settings["dataset"], _sampling_of(records, completions)
+    )
     runner = BlockDrafter(loaded.model, head.embed, head.lm_head, loaded.mask_token_id).to(device=device, dtype=dtype)
     stops = stop_token_ids(settings)
     block = loaded.block_size
@@ -180,10 +199,11 @@ def run_evaluation(settings: dict, hidden: str, completions: str,
             max_tokens = record.get("request", {}).get("max_tokens", settings.get("max_tokens"))
             limits = acceptance.sequence_limits(states.prompt_len, len(tokens), max_tokens, int(tokens[-1]) in stops)
             if states.argmax is not None and len(tokens) > states.prompt_len:
-                predicted = states.argmax[states.prompt_len - 1:-1]
-                agreement["agree"] += int((predicted == states.input_ids[states.prompt_len:]).sum())
+                predicted = states.argmax[states.prompt_len - 1 : -1]
+                agreement["agree"] += int((predicted == states.input_ids[states.prompt_len :]).sum())
                 agreement["seen"] += len(predicted)
             return LoadedSample(states.features.to(device=device, dtype=dtype), tokens, limits)
+
         return load
 
     specs, order = [], []
@@ -197,10 +217,23 @@ def run_evaluation(settings: dict, hidden: str, completions: str,
             continue
         specs.append(SampleSpec(sample_id, int(entry["length"]), loader(sample_id, record)))
         order.append((sample_id, entry))
-    evaluator = TrajectoryEvaluator(runner, set(stops), block_sizes, budgets, topk, settings["blocks_per_forward"],
-                                    **graph_options(settings.get("cuda_graphs") or "none", device, runner))
-    results = dict(tqdm(evaluator.run(specs), total=len(specs), unit="sample",
-                        desc=f"evaluate {settings['drafter']} on {settings['dataset']}"))
+    evaluator = TrajectoryEvaluator(
+        runner,
+        set(stops),
+        block_sizes,
+        budgets,
+        topk,
+        settings["blocks_per_forward"],
+        **graph_options(settings.get("cuda_graphs") or "none", device, runner),
+    )
+    results = dict(
+        tqdm(
+            evaluator.run(specs),
+            total=len(specs),
+            unit="sample",
+            desc=f"evaluate {settings['drafter']} on {settings['dataset']}",
+        )
+    )
     agree, seen = agreement["agree"], agreement["seen"]
     for sample_id, entry in order:  # by id (above)
         result = results[sample_id]
@@ -208,43 +241,89 @@ def run_evaluation(settings: dict, hidden: str, completions: str,
         topk_seen += result.topk_seen
         for method, steps in result.steps.items():
             per_method.setdefault(method, {})[sample_id] = steps
-            rows.append({"id": sample_id, "method": method, "prompt_tokens": entry["prompt_len"],
-                         "completion_tokens": entry["length"] - entry["prompt_len"], "steps": len(steps),
-                         "tokens": sum(steps), "tau": sum(steps) / len(steps) if steps else float("nan"),
-                         "acceptance_lengths": " ".join(map(str, steps))})
+            rows.append(
+                {
+                    "id": sample_id,
+                    "method": method,
+                    "prompt_tokens": entry["prompt_len"],
+                    "completion_tokens": entry["length"] - entry["prompt_len"],
+                    "steps": len(steps),
+                    "tokens": sum(steps),
+                    "tau": sum(steps) / len(steps) if steps else float("nan"),
+                    "acceptance_lengths": " ".join(map(str, steps)),
+                }
+            )
     cache_info["shards_verified"] = cache.verified()  # raises for a damaged shard: no metrics from it
-    clusters = {sample_id: prompt_cluster(sample_id, records[sample_id].get("sampling") is not None)
-                for sample_id, _entry in order}  # the n draws of a prompt are resampled together
-    methods = {method: method_metrics(method, list(by_sample.values()), block, settings,
-                                      [clusters[i] for i in by_sample])
-               for method, by_sample in per_method.items()}
+    clusters = {
+        sample_id: prompt_cluster(sample_id, records[sample_id].get("sampling") is not None)
+        for sample_id, _entry in order
+    }  # the n draws of a prompt are resampled together
+    methods = {
+        method: method_metrics(method, list(by_sample.values()), block, settings, [clusters[i] for i in by_sample])
+        for method, by_sample in per_method.items()
+    }
     primary = chain_method(block)
-    speedup = drafter_section(methods, lambda blocks, trees: time_drafter_on_cache(
-        runner, cache, loaded.layer_ids, device, dtype, settings.get("speedup") or {}, blocks, None, trees))
+    speedup = drafter_section(
+        methods,
+        lambda blocks, trees: time_drafter_on_cache(
+            runner, cache, loaded.layer_ids, device, dtype, settings.get("speedup") or {}, blocks, None, trees
+        ),
+    )
     rejection, sampling = None, _sampling_of(records, completions)
     # greedy completions: dflash_generate's scheme at T = 0 is target_only's greedy verification (docs/sampling.md)
     if "rejection" in verify_schemes(settings.get("verify")) and sampling is not None:
-        rejection = _rejection(runner, cache, records, order, completions, loaded.layer_ids, device, dtype, stops,
-                               settings, block_sizes, clusters)
+        rejection = _rejection(
+            runner,
+            cache,
+            records,
+            order,
+            completions,
+            loaded.layer_ids,
+            device,
+            dtype,
+            stops,
+            settings,
+            block_sizes,
+            clusters,
+        )
         cache_info["shards_verified"] = cache.verified()
     _check_unchanged(loaded.path, sha256_at_load)
     metrics = {
         STAMP: stage_stamp("evaluate"),  # the code that made these numbers (`dflash-eval status` reads it)
-        "drafter": settings["drafter"], "dataset": settings["dataset"],
-        "checkpoint": {"path": loaded.path, "layout": loaded.layout, "sha256": sha256_at_load,
-                       "global_step": loaded.global_step, "epoch": loaded.epoch, "step": checkpoint.get("step")},
-        "block_size": block, "layer_ids": loaded.layer_ids, "cache": cache_info, "stop_token_ids": stops,
-        "device": str(device), "dtype": settings["dtype"],
+        "drafter": settings["drafter"],
+        "dataset": settings["dataset"],
+        "checkpoint": {
+            "path": loaded.path,
+            "layout": loaded.layout,
+            "sha256": sha256_at_load,
+            "global_step": loaded.global_step,
+            "epoch": loaded.epoch,
+            "step": checkpoint.get("step"),
+        },
+        "block_size": block,
+        "layer_ids": loaded.layer_ids,
+        "cache": cache_info,
+        "stop_token_ids": stops,
+        "device": str(device),
+        "dtype": settings["dtype"],
         "chain": methods.get(primary) or method_metrics(primary, [], block, settings),
         "methods": methods,
-        "topk_accuracy": {"k": topk, "counted_on": f"the blocks {primary}'s trajectory drafts",
-                          "positions_seen": topk_seen.tolist(),
-                          "by_position": [[float(h) / s if s else None for h in hits]
-                                          for hits, s in zip(topk_hits.tolist(), topk_seen.tolist())]},
-        "diagnostics": {"argmax_agreement": agree / seen if seen else None, "tokens_seen": seen,
-                        "samples_skipped": skipped, "drafter_blocks": evaluator.counts.blocks,
-                        "sampled_check": sampled_check.check(agree / seen if seen else None, seen, sampling, rejection),
-                        "all_anchor_blocks": evaluator.counts.all_anchor_blocks},
+        "topk_accuracy": {
+            "k": topk,
+            "counted_on": f"the blocks {primary}'s trajectory drafts",
+            "positions_seen": topk_seen.tolist(),
+            "by_position": [
+                [float(h) / s if s else None for h in hits] for hits, s in zip(topk_hits.tolist(), topk_seen.tolist())
+            ],
+        },
+        "diagnostics": {
+            "argmax_agreement": agree / seen if seen else None,
+            "tokens_seen": seen,
+            "samples_skipped": skipped,
+            "drafter_blocks": evaluator.counts.blocks,
+            "sampled_check": sampled_check.check(agree / seen if seen else None, seen, sampling, rejection),
+            "all_anchor_blocks": evaluator.counts.all_anchor_blocks,
+        },
         "speedup": speedup,
         "verify": verify_schemes(settings.get("verify")),
         "sampling": sampling,
@@ -262,8 +341,9 @@ def _sampling_of(records: dict, completions: str) -> list[dict] | None:
     return [dict(t) for t in sorted(found)] or None
 
 
-def _rejection(runner, cache, records, order, completions, layer_ids, device, dtype, stops, settings, block_sizes,
-               clusters) -> dict:
+def _rejection(
+    runner, cache, records, order, completions, layer_ids, device, dtype, stops, settings, block_sizes, clusters
+) -> dict:
     """The rejection scheme's section (evaluate.rejection_metrics), over the samples the trajectories used: one
     chain per evaluated block size (DDTree has no rejection-sampled reference: preflight refuses it alone)."""
     stored = rejection_metrics.check_cache(cache, settings["drafter"], runner)
@@ -278,10 +358,13 @@ def _rejection(runner, cache, records, order, completions, layer_ids, device, dt
             max_tokens = record.get("request", {}).get("max_tokens", settings.get("max_tokens"))
             limits = acceptance.sequence_limits(states.prompt_len, len(tokens), max_tokens, int(tokens[-1]) in stops)
             return states.features.to(device=device, dtype=dtype), tokens, states.logprob.to(device), limits
+
         dists[sample_id], outside[sample_id], read[sample_id] = rejection_metrics.sample_distribution(
-            runner, load, params[sample_id], set(stops), settings["blocks_per_forward"], block_sizes)
-    return rejection_metrics.section(dists, params, block_sizes, settings, clusters,
-                                     rejection_metrics.outside_support(outside, read))
+            runner, load, params[sample_id], set(stops), settings["blocks_per_forward"], block_sizes
+        )
+    return rejection_metrics.section(
+        dists, params, block_sizes, settings, clusters, rejection_metrics.outside_support(outside, read)
+    )
 
 
 def requested_block_sizes(requested: list[int] | str | None, block: int) -> list[int]:
@@ -295,21 +378,27 @@ def requested_block_sizes(requested: list[int] | str | None, block: int) -> list
     return [b for b in sizes if b <= block]
 
 
-def method_metrics(method: str, per_sample: list[list[int]], block: int, settings: dict,
-                   clusters: list[str] | None = None) -> dict:
+def method_metrics(
+    method: str, per_sample: list[list[int]], block: int, settings: dict, clusters: list[str] | None = None
+) -> dict:
     """tau (both conventions), bootstrap CI (over `clusters`, one per sample, when given), counts, acceptance by
     position and histogram of one method."""
     parsed = parse_method(method)
     depth = parsed.block_size(block)
-    return {"method": method, "kind": parsed.kind.name, "scheme": "target_only", "block_size": depth,
-            "budget": parsed.budget, **stats.tau_stats(per_sample),
-            "ci95": stats.bootstrap_ci(per_sample, settings["bootstrap"], settings["seed"], clusters=clusters),
-            "acceptance_by_position": stats.acceptance_by_position(per_sample, depth),
-            "histogram": stats.histogram(per_sample, depth)}
+    return {
+        "method": method,
+        "kind": parsed.kind.name,
+        "scheme": "target_only",
+        "block_size": depth,
+        "budget": parsed.budget,
+        **stats.tau_stats(per_sample),
+        "ci95": stats.bootstrap_ci(per_sample, settings["bootstrap"], settings["seed"], clusters=clusters),
+        "acceptance_by_position": stats.acceptance_by_position(per_sample, depth),
+        "histogram": stats.histogram(per_sample, depth),
+    }
 
 
-SAMPLES_COLUMNS = ("id", "method", "prompt_tokens", "completion_tokens", "steps", "tokens", "tau",
-                   "acceptance_lengths")
+SAMPLES_COLUMNS = ("id", "method", "prompt_tokens", "completion_tokens", "steps", "tokens", "tau", "acceptance_lengths")
 
 
 def samples_csv(rows: list[dict]) -> str:
@@ -328,9 +417,11 @@ def _check_unchanged(path: str, sha256_at_load: str) -> None:
     old weights' tau. Nothing is written then; the next run evaluates the new file."""
     now = checkpoint_sha256(path)
     if now != sha256_at_load:
-        raise DflashEvalError(f"{path}: the checkpoint changed while it was evaluated (sha256 {sha256_at_load[:12]} "
-                              f"before the load, {now[:12]} after the evaluation); no metrics are written: rerun "
-                              "once the file is no longer being written")
+        raise DflashEvalError(
+            f"{path}: the checkpoint changed while it was evaluated (sha256 {sha256_at_load[:12]} "
+            f"before the load, {now[:12]} after the evaluation); no metrics are written: rerun "
+            "once the file is no longer being written"
+        )
 
 
 def claim_settings_device(settings: dict, placement: str | None, job: str) -> torch.device:
@@ -344,8 +435,15 @@ def claim_settings_device(settings: dict, placement: str | None, job: str) -> to
 
 def write_outputs(metrics: dict, rows: list[dict], metrics_path: str, samples_path: str) -> None:
     for method, numbers in metrics["methods"].items():
-        log.info("%s on %s, %s: tau %.3f (z-lab mean), %.3f (token-weighted), %d samples, %d steps",
-                 metrics["drafter"], metrics["dataset"], method, numbers["tau_mean_of_samples"],
-                 numbers["tau_token_weighted"], numbers["samples"], numbers["steps"])
+        log.info(
+            "%s on %s, %s: tau %.3f (z-lab mean), %.3f (token-weighted), %d samples, %d steps",
+            metrics["drafter"],
+            metrics["dataset"],
+            method,
+            numbers["tau_mean_of_samples"],
+            numbers["tau_token_weighted"],
+            numbers["samples"],
+            numbers["steps"],
+        )
     atomic_write_text(samples_path, samples_csv(rows))
     atomic_write_json(metrics_path, metrics)

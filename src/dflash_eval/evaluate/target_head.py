@@ -57,7 +57,9 @@ def _read(files: dict[str, Path], key: str) -> torch.Tensor:
         with safe_open(str(files[key]), framework="pt") as handle:
             tensor = handle.get_tensor(key)
     except SafetensorError as error:
-        raise DflashEvalError(f"{files[key]}: not a readable safetensors file ({error}); copy the target again") from None
+        raise DflashEvalError(
+            f"{files[key]}: not a readable safetensors file ({error}); copy the target again"
+        ) from None
     check_finite(files[key], {key: tensor}, "the target checkpoint is damaged: copy it again")
     return tensor
 
@@ -86,5 +88,9 @@ def load_target_head(target_dir: str | Path) -> TargetHead:
     vocab = text.get("vocab_size")
     if vocab is not None and embed.shape[0] != vocab:
         raise DflashEvalError(f"{target_dir}: {embed_key} has {embed.shape[0]} rows but vocab_size is {vocab}")
-    return TargetHead(embed=embed, lm_head=lm_head, tied=head_key is None,
-                      source={"path": str(target_dir), "embed_key": embed_key, "head_key": head_key})
+    return TargetHead(
+        embed=embed,
+        lm_head=lm_head,
+        tied=head_key is None,
+        source={"path": str(target_dir), "embed_key": embed_key, "head_key": head_key},
+    )

@@ -123,13 +123,27 @@ class TrajectoryEvaluator:
     `max_graphs`: at most that many graphs, later new shapes run eagerly.
     """
 
-    def __init__(self, drafter: BlockDrafter, stop_ids: set[int], block_sizes: Sequence[int] = (),
-                 budgets: Sequence[int] = (), topk: Sequence[int] = (), blocks_per_forward: int = 128,
-                 pool_slots: int | None = None, head_split: int | None = 4, pool_bytes: int | None = None,
-                 attention_groups: str = "slot", fused_attention: bool | None = None,
-                 flex_attention: bool = False, tree_host_reads: bool | None = None, lookahead_below: int = 0,
-                 cuda_graph_tokens: Sequence[int] = (), graph_capture: Capture | None = None,
-                 graph_exact_tokens: bool = False, max_graphs: int | None = None) -> None:
+    def __init__(
+        self,
+        drafter: BlockDrafter,
+        stop_ids: set[int],
+        block_sizes: Sequence[int] = (),
+        budgets: Sequence[int] = (),
+        topk: Sequence[int] = (),
+        blocks_per_forward: int = 128,
+        pool_slots: int | None = None,
+        head_split: int | None = 4,
+        pool_bytes: int | None = None,
+        attention_groups: str = "slot",
+        fused_attention: bool | None = None,
+        flex_attention: bool = False,
+        tree_host_reads: bool | None = None,
+        lookahead_below: int = 0,
+        cuda_graph_tokens: Sequence[int] = (),
+        graph_capture: Capture | None = None,
+        graph_exact_tokens: bool = False,
+        max_graphs: int | None = None,
+    ) -> None:
         self.drafter = drafter
         self.stop_ids = set(stop_ids)
         self.block = drafter.block_size
@@ -160,8 +174,10 @@ class TrajectoryEvaluator:
             self.counts.read_by_size = {}
         self.graph_tokens = list(cuda_graph_tokens)
         if self.graph_tokens and (flex_attention or attention_groups != "slot" or not GraphedForward.supports(drafter)):
-            raise ValueError("cuda_graph_tokens: not with flex attention, 'row' attention groups or a drafter with "
-                             "DFlash2's block convolution (their shapes vary per round)")
+            raise ValueError(
+                "cuda_graph_tokens: not with flex attention, 'row' attention groups or a drafter with "
+                "DFlash2's block convolution (their shapes vary per round)"
+            )
         self.graph_capture = graph_capture
         self.graph_exact_tokens, self.max_graphs = graph_exact_tokens, max_graphs
         self.graphed: GraphedForward | None = None
@@ -181,14 +197,16 @@ class TrajectoryEvaluator:
         cos, sin = self.drafter.rotary(width, self.pool.keys[0])
         self.cos, self.sin = cos, sin
         if self.graph_tokens:
-            capture = self.graph_capture or (cuda_capture(torch.cuda.graph_pool_handle())
-                                             if self.device.type == "cuda" else eager_capture)
-            self.graphed = GraphedForward(self.drafter, self.pool, cos, sin, self.graph_tokens, capture,
-                                          self.graph_exact_tokens, self.max_graphs)
+            capture = self.graph_capture or (
+                cuda_capture(torch.cuda.graph_pool_handle()) if self.device.type == "cuda" else eager_capture
+            )
+            self.graphed = GraphedForward(
+                self.drafter, self.pool, cos, sin, self.graph_tokens, capture, self.graph_exact_tokens, self.max_graphs
+            )
         methods = len(self.names)
         self.keys: list[str | None] = [None] * slots
-        self.tokens = np.full((slots, width), -1, dtype=np.int64)      # -1 past a sample's end: no true token
-        self.next_stop = np.zeros((slots, width), dtype=np.int64)      # first stop position >= t
+        self.tokens = np.full((slots, width), -1, dtype=np.int64)  # -1 past a sample's end: no true token
+        self.next_stop = np.zeros((slots, width), dtype=np.int64)  # first stop position >= t
         self.total_len = np.zeros(slots, dtype=np.int64)
         self.max_len = np.zeros(slots, dtype=np.int64)
         self.start = np.zeros((slots, methods), dtype=np.int64)
@@ -209,13 +227,16 @@ class TrajectoryEvaluator:
         limits, features = loaded.limits, loaded.features
         host = loaded.tokens.cpu().numpy().astype(np.int64)
         if not len(host) == limits.total_len == spec.length:
-            raise ValueError(f"sample {spec.key}: {len(host)} tokens, its limits say {limits.total_len} "
-                             f"and its spec {spec.length}")
+            raise ValueError(
+                f"sample {spec.key}: {len(host)} tokens, its limits say {limits.total_len} and its spec {spec.length}"
+            )
         self.counts.all_anchor_blocks += all_anchor_blocks(limits, self.sizes, self.block)
         self.keys[slot] = spec.key
         self.tokens[slot] = -1
-        self.tokens[slot, :len(host)] = host
-        is_stop = np.isin(self.tokens[slot], list(self.stop_ids)) if self.stop_ids else np.zeros(self.tokens.shape[1], bool)
+        self.tokens[slot, : len(host)] = host
+        is_stop = (
+            np.isin(self.tokens[slot], list(self.stop_ids)) if self.stop_ids else np.zeros(self.tokens.shape[1], bool)
+        )
         sentinel = self.tokens.shape[1] + 1
         stops = np.where(is_stop, np.arange(len(is_stop)), sentinel)
         self.next_stop[slot] = np.minimum.accumulate(stops[::-1])[::-1]
@@ -235,8 +256,11 @@ class TrajectoryEvaluator:
         return True
 
     def _result(self, slot: int) -> TrajectoryResult:
-        return TrajectoryResult(steps=dict(zip(self.names, self.steps[slot])), topk_hits=self.hits[slot].copy(),
-                                topk_seen=self.seen[slot].copy())
+        return TrajectoryResult(
+            steps=dict(zip(self.names, self.steps[slot])),
+            topk_hits=self.hits[slot].copy(),
+            topk_seen=self.seen[slot].copy(),
+        )
 
     # -- one round -----------------------------------------------------------------------------
     def _round(self) -> None:
@@ -245,8 +269,10 @@ class TrajectoryEvaluator:
         past = start + 1 >= self.total_len[slot]
         if past.any():
             where = int(np.argmax(past))
-            raise ValueError(f"sample {self.keys[slot[where]]}: offline trajectory ran past the completion at "
-                             f"position {start[where]}")
+            raise ValueError(
+                f"sample {self.keys[slot[where]]}: offline trajectory ran past the completion at "
+                f"position {start[where]}"
+            )
         size = np.minimum(self.method_block[method], self.max_len[slot] - start)
         wanted = self.matched[slot, start, size] == UNKNOWN
         width, capacity = self.block + 1, self.matched.shape[1]
@@ -265,7 +291,7 @@ class TrajectoryEvaluator:
             s, a, width = slot[own], start[own], size[own] - 1
             inside = np.minimum(width, self.total_len[s] - a - 1)
             self.seen[s] += np.arange(self.block - 1)[None] < inside[:, None]
-            self.hits[s] += self.topk_hit[s, a, :, :len(self.topk)]
+            self.hits[s] += self.topk_hit[s, a, :, : len(self.topk)]
         produced = np.minimum(accepted + 1, self.max_len[slot] - start - 1)
         stop = self.next_stop[slot, start + 1]
         stopped = stop <= start + produced
@@ -298,7 +324,9 @@ class TrajectoryEvaluator:
         s = np.tile(slot, len(ahead))  # nearest offsets first
         m = np.tile(method, len(ahead))
         a = np.tile(start, len(ahead)) + np.repeat(ahead, len(slot))
-        reach = (a + 1 < np.minimum(self.max_len[s], self.total_len[s])) & (self.next_stop[s, np.tile(start, len(ahead)) + 1] > a)
+        reach = (a + 1 < np.minimum(self.max_len[s], self.total_len[s])) & (
+            self.next_stop[s, np.tile(start, len(ahead)) + 1] > a
+        )
         s, m, a = s[reach], m[reach], a[reach]
         size = np.minimum(self.method_block[m], self.max_len[s] - a)
         unknown = self.matched[s, a, size] == UNKNOWN
@@ -345,19 +373,24 @@ class TrajectoryEvaluator:
                 if len(rows) == 0:
                     continue
                 positions = anchor[rows][:, None] + 1 + np.arange(block - 1)[None]
-                index, truth, first = to_device([row_start[rows][:, None] + np.arange(block)[None],
-                                                 self.tokens[slot[rows][:, None], positions],
-                                                 self.tokens[slot[rows], anchor[rows]]], device)
+                index, truth, first = to_device(
+                    [
+                        row_start[rows][:, None] + np.arange(block)[None],
+                        self.tokens[slot[rows][:, None], positions],
+                        self.tokens[slot[rows], anchor[rows]],
+                    ],
+                    device,
+                )
                 states = hidden[index]  # [m, block, H]
                 table = torch.zeros(len(rows), 1 + budgets + width * ks, dtype=torch.int64, device=device)
                 if wide:
                     matched, depths, hit = self._full(states, truth, first)
                     if depths is not None:
-                        table[:, 1:1 + budgets] = depths.T
+                        table[:, 1 : 1 + budgets] = depths.T
                     if hit is not None:  # positions past a shortened block stay misses
                         padded = torch.zeros(len(rows), width, ks, dtype=torch.int64, device=device)
-                        padded[:, :block - 1] = hit
-                        table[:, 1 + budgets:] = padded.reshape(len(rows), -1)
+                        padded[:, : block - 1] = hit
+                        table[:, 1 + budgets :] = padded.reshape(len(rows), -1)
                 else:
                     matched = self._chain(states, truth, first)
                 table[:, 0] = matched
@@ -369,9 +402,9 @@ class TrajectoryEvaluator:
         self.matched[s, a, size[rows]] = table[:, 0]
         wide = wide_rows[rows]
         if budgets:
-            self.tree[s[wide], a[wide], :budgets] = table[wide, 1:1 + budgets]
+            self.tree[s[wide], a[wide], :budgets] = table[wide, 1 : 1 + budgets]
         if ks:
-            self.topk_hit[s[wide], a[wide], :, :ks] = table[wide, 1 + budgets:].reshape(-1, width, ks).astype(bool)
+            self.topk_hit[s[wide], a[wide], :, :ks] = table[wide, 1 + budgets :].reshape(-1, width, ks).astype(bool)
         self.counts.forwards += 1
         self.counts.blocks += len(slot)
         for block in size.tolist():
@@ -393,8 +426,9 @@ class TrajectoryEvaluator:
             hit = (rank[..., None] < torch.tensor(self.topk, device=rank.device)) & (truth >= 0)[..., None]
         return matched, depths, hit
 
-    def _chain_flat(self, hidden: torch.Tensor, slot: np.ndarray, anchor: np.ndarray, size: np.ndarray,
-                    row_start: np.ndarray) -> torch.Tensor:
+    def _chain_flat(
+        self, hidden: torch.Tensor, slot: np.ndarray, anchor: np.ndarray, size: np.ndarray, row_start: np.ndarray
+    ) -> torch.Tensor:
         """Matched draft length of chain-only blocks of any sizes at once, for argmax drafts: the LM head runs on
         the draft positions themselves (no padding), the first `head_split` of every block, then the rest only
         for the blocks that matched all of those (chosen on the device: one wait for the GPU, for their count)."""
@@ -407,8 +441,9 @@ class TrajectoryEvaluator:
         order = np.concatenate([np.nonzero(first)[0], np.nonzero(~first)[0]])  # the first stage's positions first
         leading = int(first.sum())
         row, offset = row[order], offset[order]
-        flat, row, offset, truth = to_device([row_start[row] + 1 + offset, row, offset,
-                                              self.tokens[slot[row], anchor[row] + 1 + offset]], self.device)
+        flat, row, offset, truth = to_device(
+            [row_start[row] + 1 + offset, row, offset, self.tokens[slot[row], anchor[row] + 1 + offset]], self.device
+        )
         hits = torch.zeros(rows, int(positions.max()), dtype=torch.int64, device=self.device)
 
         def score(where: slice | torch.Tensor) -> None:
@@ -436,8 +471,8 @@ class TrajectoryEvaluator:
             self.counts.head_positions += logits.shape[0] * positions
             draft = self.drafter.draft_tokens(states, logits, first)
             return (draft == truth).to(torch.int64).cumprod(dim=1).sum(dim=1)
-        head = self.drafter.logits(states[:, :split + 1])
-        draft = self.drafter.draft_tokens(states[:, :split + 1], head, first)
+        head = self.drafter.logits(states[:, : split + 1])
+        draft = self.drafter.draft_tokens(states[:, : split + 1], head, first)
         matched = (draft == truth[:, :split]).to(torch.int64).cumprod(dim=1).sum(dim=1)
         alive = torch.nonzero(matched == split)[:, 0]
         rows = states.shape[0]

@@ -55,8 +55,14 @@ KERNELS = {
     "conv_update": ("causal_conv1d", "causal_conv1d_update"),
 }
 _DISTRIBUTIONS = (
-    "torch", "transformers", "flash-linear-attention", "fla-core", "triton",
-    "causal-conv1d", "flash-qla", "kernels",
+    "torch",
+    "transformers",
+    "flash-linear-attention",
+    "fla-core",
+    "triton",
+    "causal-conv1d",
+    "flash-qla",
+    "kernels",
 )
 
 
@@ -225,8 +231,12 @@ def select_backend(name: BackendName, device: str | torch.device) -> BackendInfo
     device = torch.device(device)
     module = _loaded_modeling_modules()[0]
     chosen = _implementations(name, device, module)
-    log.info("transformers bound %s by itself; backend %r forces %s", ambient_binding(module, "chunk"), name,
-             qualified_name(chosen["chunk"]))
+    log.info(
+        "transformers bound %s by itself; backend %r forces %s",
+        ambient_binding(module, "chunk"),
+        name,
+        qualified_name(chosen["chunk"]),
+    )
     return BackendInfo(
         name=name,
         device=str(device),
@@ -293,8 +303,9 @@ class BackendRun:
         @functools.wraps(original)
         def call(*args: Any, **kwargs: Any) -> Any:
             if is_torch and kwargs.get("cu_seqlens") is not None:
-                raise BackendUnavailable("the torch Gated DeltaNet path cannot keep packed sequences "
-                                         "apart (cu_seqlens)")
+                raise BackendUnavailable(
+                    "the torch Gated DeltaNet path cannot keep packed sequences apart (cu_seqlens)"
+                )
             tensors = [a for a in args if isinstance(a, torch.Tensor)]
             if not is_torch and any(t.device.type != "cuda" for t in tensors):
                 raise BackendUnavailable(

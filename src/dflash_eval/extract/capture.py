@@ -54,8 +54,9 @@ def greedy_tokens(lm_head: torch.nn.Module, hidden: torch.Tensor) -> torch.Tenso
     (4096 x 5120 x 248,320 for Qwen3.6-27B), whose cost beside the forward is negligible
     (benchmarks/results/argmax_speed.md).
     """
-    return torch.cat([lm_head(hidden[start:start + ARGMAX_CHUNK]).argmax(dim=-1)
-                      for start in range(0, len(hidden), ARGMAX_CHUNK)])
+    return torch.cat(
+        [lm_head(hidden[start : start + ARGMAX_CHUNK]).argmax(dim=-1) for start in range(0, len(hidden), ARGMAX_CHUNK)]
+    )
 
 
 def capture_layers(
@@ -90,14 +91,19 @@ def capture_layers(
             states[layer_id] = hidden[0].detach()
             if stop_after_last and layer_id == last:
                 raise _StopForward
+
         return hook
 
     if last_layer not in LAST_LAYER:
         raise DflashEvalError(f"last_layer must be one of {LAST_LAYER}, got {last_layer!r}")
     final = len(decoder.layers) - 1
     # The final norm runs after the last layer, so stopping after that layer would skip it: hook the norm instead.
-    handles = [(decoder.norm if i == final and last_layer == "final_norm" else decoder.layers[i])
-               .register_forward_hook(keep(i)) for i in ids]
+    handles = [
+        (decoder.norm if i == final and last_layer == "final_norm" else decoder.layers[i]).register_forward_hook(
+            keep(i)
+        )
+        for i in ids
+    ]
     argmax = logprob = None
     try:
         with torch.inference_mode():

@@ -10,8 +10,10 @@ from dflash_eval.errors import DflashEvalError
 def check_layer_ids(layer_ids: Sequence[int], num_layers: int) -> list[int]:
     """Layer ids as a list, each in [0, num_layers), without repeats."""
     if not isinstance(layer_ids, (list, tuple)):
-        raise DflashEvalError(f"layer_ids must be a list of layer ids such as [1, 16, 31], got {layer_ids!r} "
-                              "(in settings written by hand: give the drafter's target_layer_ids)")
+        raise DflashEvalError(
+            f"layer_ids must be a list of layer ids such as [1, 16, 31], got {layer_ids!r} "
+            "(in settings written by hand: give the drafter's target_layer_ids)"
+        )
     ids = list(layer_ids)
     bad = [i for i in ids if not isinstance(i, int) or isinstance(i, bool) or not 0 <= i < num_layers]
     if bad:

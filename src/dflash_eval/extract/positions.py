@@ -26,8 +26,15 @@ def past_positions(records: list[dict[str, Any]], text_config: dict[str, Any], w
     past = [str(r["id"]) for r in records if len(r["prompt_token_ids"]) + len(r["completion_token_ids"]) > limit]
     if past:
         more = f" and {len(past) - _LISTED} more" if len(past) > _LISTED else ""
-        log.warning("%d of %d samples of %s run past the target's max_position_embeddings %d (prompt + completion): "
-                    "%s%s; their states are extracted anyway (RoPE extrapolates) and the report counts them. Drop "
-                    "or shorten those prompts, or lower fetch.max_tokens, for states inside the target's positions",
-                    len(past), len(records), where, limit, ", ".join(past[:_LISTED]), more)
+        log.warning(
+            "%d of %d samples of %s run past the target's max_position_embeddings %d (prompt + completion): "
+            "%s%s; their states are extracted anyway (RoPE extrapolates) and the report counts them. Drop "
+            "or shorten those prompts, or lower fetch.max_tokens, for states inside the target's positions",
+            len(past),
+            len(records),
+            where,
+            limit,
+            ", ".join(past[:_LISTED]),
+            more,
+        )
     return {"max_position_embeddings": limit, "past": past}

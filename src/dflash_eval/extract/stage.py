@@ -83,7 +83,9 @@ def settings_from_cli(args: argparse.Namespace) -> dict[str, Any]:
     layers = args.layers
     if layers is not None and not layers.strip().startswith("L"):
         layers = layerset_name(parse_layers(layers), "final_norm")
-    return settings_from_args(argparse.Namespace(**{**vars(args), "layers": layers}), extract_settings, "dataset", "layers")
+    return settings_from_args(
+        argparse.Namespace(**{**vars(args), "layers": layers}), extract_settings, "dataset", "layers"
+    )
 
 
 @dataclass
@@ -124,14 +126,18 @@ def _check_token_range(records: list[dict[str, Any]], vocab_size: int) -> None:
     for record in records:
         ids = record["prompt_token_ids"] + record["completion_token_ids"]
         if any(not 0 <= t < vocab_size for t in ids):
-            raise DflashEvalError(f"sample {record['id']!r} has token ids outside the target's vocabulary "
-                                  f"(size {vocab_size}); the completions come from another model")
+            raise DflashEvalError(
+                f"sample {record['id']!r} has token ids outside the target's vocabulary "
+                f"(size {vocab_size}); the completions come from another model"
+            )
 
 
 def _server_paused(server: dict[str, Any] | None) -> AbstractContextManager:
     if server is None:  # tests and by-hand runs without a server; the workflow always passes one (--runtime)
-        log.warning("no server settings (the workflow passes them as --runtime JSON): no inference server is "
-                    "paused, so a server on this GPU keeps its memory while the target loads")
+        log.warning(
+            "no server settings (the workflow passes them as --runtime JSON): no inference server is "
+            "paused, so a server on this GPU keeps its memory while the target loads"
+        )
         return nullcontext()
     from dflash_eval.server.control import server_paused
 
@@ -170,9 +176,15 @@ def _length(record: dict[str, Any]) -> int:
     return len(record["prompt_token_ids"]) + len(record["completion_token_ids"])
 
 
-def run_records(model: torch.nn.Module | None, records: list[dict[str, Any]], settings: dict[str, Any],
-                 backend: BackendRun | None, writer: CacheWriter, resume: ResumeState | None = None,
-                 reuse: KeptStates | None = None) -> dict[str, int] | None:
+def run_records(
+    model: torch.nn.Module | None,
+    records: list[dict[str, Any]],
+    settings: dict[str, Any],
+    backend: BackendRun | None,
+    writer: CacheWriter,
+    resume: ResumeState | None = None,
+    reuse: KeptStates | None = None,
+) -> dict[str, int] | None:
     """One verified forward per record, captured layers to the writer; returns the argmax agreement.
 
     Shards end where `plan_shards` says (the resume plan when resuming). With `resume`, shards an
@@ -181,14 +193,18 @@ def run_records(model: torch.nn.Module | None, records: list[dict[str, Any]], se
     of computed (no model needed when it holds them all).
     """
     layer_ids, store_argmax = list(settings["layer_ids"]), bool(settings["store_argmax"])
-    sampling = ({i: SamplingParams(**d) for i, d in writer.header["target_logprobs"]["sampling"].items()}
-                if writer.store_logprob else None)
+    sampling = (
+        {i: SamplingParams(**d) for i, d in writer.header["target_logprobs"]["sampling"].items()}
+        if writer.store_logprob
+        else None
+    )
     device = torch.device(settings["target"]["device"])
     plan = resume.plan if resume else plan_shards([_length(r) for r in records], writer.shard_tokens)
     todo = [records[i] for index, shard in enumerate(plan) if not (resume and index in resume.kept) for i in shard]
     matches, completion_tokens = torch.zeros((), dtype=torch.long, device=device), 0
-    with tqdm(total=sum(map(_length, todo)), unit="tok", unit_scale=True,
-              desc=f"extract {settings.get('dataset', '')}") as bar:
+    with tqdm(
+        total=sum(map(_length, todo)), unit="tok", unit_scale=True, desc=f"extract {settings.get('dataset', '')}"
+    ) as bar:
         for record in _planned(records, plan, resume, writer):
             sample_id = str(record["id"])
             ids = record["prompt_token_ids"] + record["completion_token_ids"]
@@ -198,11 +214,23 @@ def run_records(model: torch.nn.Module | None, records: list[dict[str, Any]], se
                 tokens, states, argmax = reuse.states(sample_id, layer_ids, store_argmax, device)
             else:
                 tokens = _upload(ids, device)
-                logprobs = None if sampling is None else (
-                    lambda head, hidden, t=tokens, n=prompt_len, s=sampling[sample_id]:
-                    completion_logprobs(head, hidden, t, n, s))
-                captured = capture_layers(model, layer_ids, tokens, want_argmax=store_argmax,
-                                          last_layer=settings["last_layer"], logprobs=logprobs)
+                logprobs = (
+                    None
+                    if sampling is None
+                    else (
+                        lambda head, hidden, t=tokens, n=prompt_len, s=sampling[sample_id]: completion_logprobs(
+                            head, hidden, t, n, s
+                        )
+                    )
+                )
+                captured = capture_layers(
+                    model,
+                    layer_ids,
+                    tokens,
+                    want_argmax=store_argmax,
+                    last_layer=settings["last_layer"],
+                    logprobs=logprobs,
+                )
                 backend.verify()
                 states, argmax, logprob = captured.states, captured.argmax, captured.logprob
             writer.add(sample_id, tokens, states, argmax, prompt_len, logprob)
@@ -213,8 +241,7 @@ def run_records(model: torch.nn.Module | None, records: list[dict[str, Any]], se
     return {"matches": int(matches), "tokens": completion_tokens} if store_argmax else None
 
 
-def _planned(records: list[dict[str, Any]], plan: list[list[int]], resume: ResumeState | None,
-             writer: CacheWriter):
+def _planned(records: list[dict[str, Any]], plan: list[list[int]], resume: ResumeState | None, writer: CacheWriter):
     """The records to compute, in plan order, adopting finished shards on the way."""
     for index, shard in enumerate(plan):
         if resume and index in resume.kept:
@@ -231,47 +258,78 @@ def _state_key(settings: dict[str, Any], header: dict[str, Any], code: str | Non
     code's key (this release's, provenance.identity.state_code_hash, by default)."""
     target = settings["target"]
     weights = sorted(str(p) for p in Path(target["path"]).glob("*.safetensors"))
-    return plan_key({"target": header["target"], "weights": FingerprintCache().files(weights, "target.path"),
-                     "layer_ids": list(settings["layer_ids"]), "store_argmax": bool(settings["store_argmax"]),
-                     "device": torch.device(target["device"]).type, "backend": target["backend"],
-                     "versions": package_versions(), "code": code or state_code_hash(),
-                     **({"target_logprobs": header["target_logprobs"]} if "target_logprobs" in header else {})})
+    return plan_key(
+        {
+            "target": header["target"],
+            "weights": FingerprintCache().files(weights, "target.path"),
+            "layer_ids": list(settings["layer_ids"]),
+            "store_argmax": bool(settings["store_argmax"]),
+            "device": torch.device(target["device"]).type,
+            "backend": target["backend"],
+            "versions": package_versions(),
+            "code": code or state_code_hash(),
+            **({"target_logprobs": header["target_logprobs"]} if "target_logprobs" in header else {}),
+        }
+    )
 
 
 def _resume_key(state_key: str, settings: dict[str, Any], header: dict[str, Any]) -> str:
     """What decides the cache's bytes, shard by shard: a resumed plan with another value starts afresh."""
-    return plan_key({"state": state_key, "completions": header["completions"]["sha256"],
-                     "shard_tokens": int(settings["shard_tokens"])})
+    return plan_key(
+        {
+            "state": state_key,
+            "completions": header["completions"]["sha256"],
+            "shard_tokens": int(settings["shard_tokens"]),
+        }
+    )
 
 
 def _writer(settings: dict[str, Any], header: dict[str, Any], out: Path, resume: ResumeState) -> CacheWriter:
-    return CacheWriter(out, layer_ids=settings["layer_ids"], shard_tokens=int(settings["shard_tokens"]),
-                       store_argmax=bool(settings["store_argmax"]), header=header, resume=resume,
-                       store_logprob="target_logprobs" in header)
+    return CacheWriter(
+        out,
+        layer_ids=settings["layer_ids"],
+        shard_tokens=int(settings["shard_tokens"]),
+        store_argmax=bool(settings["store_argmax"]),
+        header=header,
+        resume=resume,
+        store_logprob="target_logprobs" in header,
+    )
 
 
-def _publish_resumed(settings: dict[str, Any], header: dict[str, Any], out: Path, resume: ResumeState,
-                     planned: BackendInfo) -> Path:
+def _publish_resumed(
+    settings: dict[str, Any], header: dict[str, Any], out: Path, resume: ResumeState, planned: BackendInfo
+) -> Path:
     """Every shard was finished by an earlier run: publish without loading the model."""
     with _writer(settings, header, out, resume) as writer:
         for index, entry in sorted(resume.kept.items()):
             writer.adopt(index, entry)
         log.info("all %d shards were already complete; no forward needed", len(resume.plan))
-        return writer.finish(backend={**planned.to_manifest(), "note": "no forward ran in the resuming run"},
-                             argmax_agreement=None)
+        return writer.finish(
+            backend={**planned.to_manifest(), "note": "no forward ran in the resuming run"}, argmax_agreement=None
+        )
 
 
-def _publish_reused(settings: dict[str, Any], records: list[dict[str, Any]], header: dict[str, Any], out: Path,
-                    resume: ResumeState, planned: BackendInfo, reuse: KeptStates) -> Path:
+def _publish_reused(
+    settings: dict[str, Any],
+    records: list[dict[str, Any]],
+    header: dict[str, Any],
+    out: Path,
+    resume: ResumeState,
+    planned: BackendInfo,
+    reuse: KeptStates,
+) -> Path:
     """Every sample still to do is in the kept cache: copy them on the CPU, without the model or a server pause."""
     on_cpu = {**settings, "target": {**settings["target"], "device": "cpu"}}
     with _writer(on_cpu, header, out, resume) as writer:
         agreement = run_records(None, records, on_cpu, None, writer, resume, reuse)
-        log.info("all %d samples still to do were reused from %s; no forward needed", len(reuse.usable),
-                 reuse.directory)
-        path = writer.finish(backend={**planned.to_manifest(), "note": f"no forward ran: states reused from "
-                                      f"{reuse.directory}"}, argmax_agreement=agreement,
-                             reused_samples=len(reuse.usable))
+        log.info(
+            "all %d samples still to do were reused from %s; no forward needed", len(reuse.usable), reuse.directory
+        )
+        path = writer.finish(
+            backend={**planned.to_manifest(), "note": f"no forward ran: states reused from {reuse.directory}"},
+            argmax_agreement=agreement,
+            reused_samples=len(reuse.usable),
+        )
     return path
 
 
@@ -290,33 +348,56 @@ def warm_up(model: torch.nn.Module, records: list[dict[str, Any]], device: torch
         model(input_ids=torch.tensor([ids], device=device))
     torch.cuda.synchronize(device)
     seconds = time.perf_counter() - started
-    log.info("kernel warm-up (a %d-token forward: Triton compiles and autotunes on a fresh machine; "
-             "TRITON_CACHE_DIR keeps it for the next run) took %.1f s, apart from the extraction rate", len(ids), seconds)
+    log.info(
+        "kernel warm-up (a %d-token forward: Triton compiles and autotunes on a fresh machine; "
+        "TRITON_CACHE_DIR keeps it for the next run) took %.1f s, apart from the extraction rate",
+        len(ids),
+        seconds,
+    )
     return seconds
 
 
-def _extract_on_device(settings: dict[str, Any], records: list[dict[str, Any]], header: dict[str, Any],
-                       out: Path, resume: ResumeState, reuse: KeptStates | None = None) -> Path:
+def _extract_on_device(
+    settings: dict[str, Any],
+    records: list[dict[str, Any]],
+    header: dict[str, Any],
+    out: Path,
+    resume: ResumeState,
+    reuse: KeptStates | None = None,
+) -> Path:
     """Load the target, run the records still to do under the verified backend, publish the cache."""
     target = settings["target"]
     model, _ = load_target(target["path"], target["dtype"], target["device"])
     header["target"]["dtype"] = str(model.dtype).removeprefix("torch.")
-    with (use_backend(target["backend"], target["device"], model) as backend,
-          _writer(settings, header, out, resume) as writer):
+    with (
+        use_backend(target["backend"], target["device"], model) as backend,
+        _writer(settings, header, out, resume) as writer,
+    ):
         warm_up(model, records, torch.device(target["device"]))
         started = time.perf_counter()
         agreement = run_records(model, records, settings, backend, writer, resume, reuse)
         info = backend.verify()
-        path = writer.finish(backend=info.to_manifest(), argmax_agreement=agreement,
-                             reused_samples=len(reuse.usable) if reuse else 0)
+        path = writer.finish(
+            backend=info.to_manifest(), argmax_agreement=agreement, reused_samples=len(reuse.usable) if reuse else 0
+        )
         seconds = time.perf_counter() - started
-    kept = {s["id"] for index in resume.kept for s in resume.kept[index]["samples"]} | set(reuse.usable if reuse else ())
+    kept = {s["id"] for index in resume.kept for s in resume.kept[index]["samples"]} | set(
+        reuse.usable if reuse else ()
+    )
     tokens = sum(s["length"] for s in writer.samples if s["id"] not in kept)
-    log.info("extracted %d tokens in %.1f s (%.0f tokens/s) with %s", tokens, seconds, tokens / max(seconds, 1e-9),
-             info.implementation)
+    log.info(
+        "extracted %d tokens in %.1f s (%.0f tokens/s) with %s",
+        tokens,
+        seconds,
+        tokens / max(seconds, 1e-9),
+        info.implementation,
+    )
     if agreement and agreement["tokens"]:
-        log.info("target argmax equals the completion token at %.2f%% of %d completion positions",
-                 100 * agreement["matches"] / agreement["tokens"], agreement["tokens"])
+        log.info(
+            "target argmax equals the completion token at %.2f%% of %d completion positions",
+            100 * agreement["matches"] / agreement["tokens"],
+            agreement["tokens"],
+        )
     return path
 
 
@@ -349,8 +430,10 @@ def extract(settings: dict[str, Any], completions: str | Path, out: str | Path) 
         "positions": past_positions(records, text_config, str(completions)),  # samples past the target's positions
     }
     if settings.get("target_logprobs"):  # evaluation.verify asks for the rejection scheme
-        header["target_logprobs"] = {"convention": "dflash",
-                                     "sampling": {i: p.as_dict() for i, p in sampling_by_id(records, completions).items()}}
+        header["target_logprobs"] = {
+            "convention": "dflash",
+            "sampling": {i: p.as_dict() for i, p in sampling_by_id(records, completions).items()},
+        }
     out = Path(out)
     plan = plan_shards([_length(r) for r in records], int(settings["shard_tokens"]))
     state_key = _state_key(settings, header)
@@ -363,8 +446,13 @@ def extract(settings: dict[str, Any], completions: str | Path, out: str | Path) 
         reuse = KeptStates(out, state_key, also=[_state_key(settings, header, legacy_state_code_hash())])
         if "target_logprobs" not in header and reuse.find(todo, bool(settings["store_argmax"])):  # (reuse copies no
             # log-probs: a cache with them is computed afresh, or resumed shard by shard)
-            log.info("%d of the %d samples still to do have unchanged token ids in %s: their states are copied, "
-                     "not computed", len(reuse.usable), len(todo), reuse.directory)
+            log.info(
+                "%d of the %d samples still to do have unchanged token ids in %s: their states are copied, "
+                "not computed",
+                len(reuse.usable),
+                len(todo),
+                reuse.directory,
+            )
         if len(reuse.usable) == len(todo):
             path = _publish_reused(settings, records, header, out, resume, planned, reuse)
         else:
@@ -373,8 +461,14 @@ def extract(settings: dict[str, Any], completions: str | Path, out: str | Path) 
     return path
 
 
-def _extract_with_server_paused(settings: dict[str, Any], records: list[dict[str, Any]], header: dict[str, Any],
-                                out: Path, resume: ResumeState, reuse: KeptStates) -> Path:
+def _extract_with_server_paused(
+    settings: dict[str, Any],
+    records: list[dict[str, Any]],
+    header: dict[str, Any],
+    out: Path,
+    resume: ResumeState,
+    reuse: KeptStates,
+) -> Path:
     """Extract with the server paused; the published cache is kept (`<out>.kept/`) before the server is
     restored, so that nothing that happens to the restore (a server that dies as it comes back, a second
     Ctrl-C, SIGTERM, SIGKILL) costs the extraction: a restore that fails is reported by server_paused and

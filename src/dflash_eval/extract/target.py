@@ -28,9 +28,12 @@ __all__ = ["load_target", "parse_device", "parse_dtype", "read_config_json", "ta
 log = logging.getLogger(__name__)
 
 DTYPES = {
-    "bfloat16": torch.bfloat16, "bf16": torch.bfloat16,
-    "float16": torch.float16, "fp16": torch.float16,
-    "float32": torch.float32, "fp32": torch.float32,
+    "bfloat16": torch.bfloat16,
+    "bf16": torch.bfloat16,
+    "float16": torch.float16,
+    "fp16": torch.float16,
+    "float32": torch.float32,
+    "fp32": torch.float32,
 }
 
 

@@ -15,14 +15,15 @@ from dflash_eval.errors import DflashEvalError
 from dflash_eval.extract.capture import ARGMAX_CHUNK
 
 
-def completion_logprobs(lm_head: torch.nn.Module, hidden: torch.Tensor, tokens: torch.Tensor, prompt_len: int,
-                        params: SamplingParams) -> torch.Tensor:
+def completion_logprobs(
+    lm_head: torch.nn.Module, hidden: torch.Tensor, tokens: torch.Tensor, prompt_len: int, params: SamplingParams
+) -> torch.Tensor:
     """[T] float32: log p_T(tokens[t] | tokens[:t]) for t >= prompt_len (NaN before), ARGMAX_CHUNK rows at a time."""
     out = torch.full((len(tokens),), float("nan"), dtype=torch.float32, device=hidden.device)
     first = max(prompt_len, 1)
     for start in range(first, len(tokens), ARGMAX_CHUNK):
         stop = min(start + ARGMAX_CHUNK, len(tokens))
-        logits = lm_head(hidden[start - 1:stop - 1])
+        logits = lm_head(hidden[start - 1 : stop - 1])
         out[start:stop] = token_logprobs(logits, tokens[start:stop].to(hidden.device), params)
     return out
 
@@ -37,12 +38,16 @@ def sampling_by_id(records: list[dict], completions) -> dict[str, SamplingParams
     for record in records:
         params = from_record(record, str(completions))
         if params is None:
-            raise DflashEvalError(f"{completions}: record {record['id']!r} was fetched greedily (no 'sampling'), but "
-                                  "evaluation.verify asks for the rejection scheme, which scores sampled completions; "
-                                  "fetch the dataset at a temperature > 0 or set evaluation.verify: target_only")
+            raise DflashEvalError(
+                f"{completions}: record {record['id']!r} was fetched greedily (no 'sampling'), but "
+                "evaluation.verify asks for the rejection scheme, which scores sampled completions; "
+                "fetch the dataset at a temperature > 0 or set evaluation.verify: target_only"
+            )
         if params.min_p > 0:
-            raise DflashEvalError(f"{completions}: record {record['id']!r} was sampled with min_p {params.min_p}, "
-                                  "which dflash_generate (the rejection scheme) does not apply; fetch with min_p 0 or "
-                                  "set evaluation.verify: target_only")
+            raise DflashEvalError(
+                f"{completions}: record {record['id']!r} was sampled with min_p {params.min_p}, "
+                "which dflash_generate (the rejection scheme) does not apply; fetch with min_p 0 or "
+                "set evaluation.verify: target_only"
+            )
         out[str(record["id"])] = params
     return out

@@ -51,17 +51,47 @@ class Preset:
 
 
 PRESETS: dict[str, Preset] = {
-    "gsm8k": Preset("openai/gsm8k", "main", "test", ("question",),
-                    lambda row: [row["question"] + REASON_BOXED], lambda row, i: f"gsm8k-{i}"),
-    "math500": Preset("HuggingFaceH4/MATH-500", None, "test", ("problem",),
-                      lambda row: [row["problem"] + REASON_BOXED], lambda row, i: f"math500-{i}"),
-    "humaneval": Preset("openai/openai_humaneval", None, "test", ("task_id", "prompt"),
-                        lambda row: [f"{HUMANEVAL_INTRO}```python\n{row['prompt']}\n```"],
-                        lambda row, i: str(row["task_id"])),
-    "mbpp": Preset("google-research-datasets/mbpp", "sanitized", "test", ("task_id", "prompt"),
-                   lambda row: [row["prompt"]], lambda row, i: f"mbpp-{row['task_id']}"),
-    "mt-bench": Preset("HuggingFaceH4/mt_bench_prompts", None, "train", ("prompt_id", "prompt"),
-                       lambda row: list(row["prompt"]), lambda row, i: f"mt-bench-{row['prompt_id']}", multi_turn=True),
+    "gsm8k": Preset(
+        "openai/gsm8k",
+        "main",
+        "test",
+        ("question",),
+        lambda row: [row["question"] + REASON_BOXED],
+        lambda row, i: f"gsm8k-{i}",
+    ),
+    "math500": Preset(
+        "HuggingFaceH4/MATH-500",
+        None,
+        "test",
+        ("problem",),
+        lambda row: [row["problem"] + REASON_BOXED],
+        lambda row, i: f"math500-{i}",
+    ),
+    "humaneval": Preset(
+        "openai/openai_humaneval",
+        None,
+        "test",
+        ("task_id", "prompt"),
+        lambda row: [f"{HUMANEVAL_INTRO}```python\n{row['prompt']}\n```"],
+        lambda row, i: str(row["task_id"]),
+    ),
+    "mbpp": Preset(
+        "google-research-datasets/mbpp",
+        "sanitized",
+        "test",
+        ("task_id", "prompt"),
+        lambda row: [row["prompt"]],
+        lambda row, i: f"mbpp-{row['task_id']}",
+    ),
+    "mt-bench": Preset(
+        "HuggingFaceH4/mt_bench_prompts",
+        None,
+        "train",
+        ("prompt_id", "prompt"),
+        lambda row: list(row["prompt"]),
+        lambda row, i: f"mt-bench-{row['prompt_id']}",
+        multi_turn=True,
+    ),
 }
 
 
@@ -90,7 +120,8 @@ def _optional_import(module: str, source: Path, what: str) -> Any:
     except ImportError:
         raise DflashEvalError(
             f"{source}: reading {what} needs the `{module.split('.')[0]}` package: pip install 'dflash-eval[presets]', "
-            "or convert the split to a .jsonl file (one JSON row per line) and point source at that") from None
+            "or convert the split to a .jsonl file (one JSON row per line) and point source at that"
+        ) from None
 
 
 def _read_file(path: Path) -> list[dict[str, Any]]:
@@ -107,8 +138,11 @@ def _read_file(path: Path) -> list[dict[str, Any]]:
 def _split_files(root: Path, p: Preset) -> list[Path]:
     """The data files of the preset's split in a directory (a hub snapshot): `<split>.jsonl`,
     `<split>-00000-of-00001.parquet`, ..., preferring those under a folder named after the config."""
-    found = sorted(f for f in root.rglob("*") if f.is_file() and f.suffix in DATA_SUFFIXES
-                   and (f.stem == p.split or f.stem.startswith(p.split + "-")))
+    found = sorted(
+        f
+        for f in root.rglob("*")
+        if f.is_file() and f.suffix in DATA_SUFFIXES and (f.stem == p.split or f.stem.startswith(p.split + "-"))
+    )
     if p.config:
         in_config = [f for f in found if p.config in f.relative_to(root).parts[:-1]]
         found = in_config or found
@@ -139,7 +173,8 @@ def _load_local(name: str, source: Path) -> list[dict[str, Any]]:
     if not files:
         raise DflashEvalError(
             f"preset {name}: no {'/'.join(DATA_SUFFIXES)} file of the {p.split!r} split under {source} "
-            f"(expected e.g. {p.split}.jsonl or {p.config or 'data'}/{p.split}-00000-of-00001.parquet)")
+            f"(expected e.g. {p.split}.jsonl or {p.config or 'data'}/{p.split}-00000-of-00001.parquet)"
+        )
     return [row for f in files for row in _read_file(f)]
 
 
@@ -150,14 +185,16 @@ def _load_hub(name: str, cache_dir: str | None) -> list[dict[str, Any]]:
     except ImportError:
         raise DflashEvalError(
             f"preset {name} without a source needs the `datasets` package: pip install 'dflash-eval[presets]'; "
-            f"or {how_to_copy(name)}") from None
+            f"or {how_to_copy(name)}"
+        ) from None
     try:
         data = datasets.load_dataset(p.hub_id, p.config, split=p.split, cache_dir=cache_dir)
     except Exception as exc:  # ConnectionError, DatasetNotFoundError, offline mode, ...: all mean "not here"
         where = f"{p.hub_id}" + (f" ({p.config})" if p.config else "") + f", split {p.split}"
         raise DflashEvalError(
             f"preset {name}: cannot load {where} from the Hugging Face hub or the datasets cache"
-            f"{' ' + cache_dir if cache_dir else ''} ({type(exc).__name__}: {exc}). {how_to_copy(name)}") from None
+            f"{' ' + cache_dir if cache_dir else ''} ({type(exc).__name__}: {exc}). {how_to_copy(name)}"
+        ) from None
     return data.to_list()
 
 
@@ -176,7 +213,8 @@ def load_preset(name: str, source: str | Path | None = None, cache_dir: str | No
         if missing:
             raise DflashEvalError(
                 f"{where}: no column {missing} (the {name} preset reads {list(p.columns)}; the row has {sorted(row)}): "
-                f"is this {p.hub_id}" + (f" ({p.config})" if p.config else "") + "?")
+                f"is this {p.hub_id}" + (f" ({p.config})" if p.config else "") + "?"
+            )
         turns = p.turns(row)
         rec: dict[str, Any] = {"id": p.record_id(row, i)}
         if p.multi_turn:

@@ -120,14 +120,18 @@ def note_unique_id(first: dict[Any, str], prompt: Prompt, where: str) -> None:
         if ("record", rid) in first:
             raise PromptFileError(
                 f"{where}: prompt {prompt.id!r} has record id {rid!r}, which the prompt at {first['record', rid]} "
-                "already has (a multi-turn prompt's records are '<id>#<turn>'); rename one of the two ids")
+                "already has (a multi-turn prompt's records are '<id>#<turn>'); rename one of the two ids"
+            )
     first[prompt.id] = where
     for rid in rids:
         first["record", rid] = where
 
 
-def json_lines(path: Path, lines: Iterable[str], error: type[DflashEvalError] = PromptFileError,
-               ) -> Iterator[tuple[int, Any]]:
+def json_lines(
+    path: Path,
+    lines: Iterable[str],
+    error: type[DflashEvalError] = PromptFileError,
+) -> Iterator[tuple[int, Any]]:
     """(line number, value) of each non-blank line of a JSONL file; a bad line is `error` naming path:line."""
     for lineno, line in enumerate(lines, start=1):
         if not line.strip():
@@ -157,8 +161,10 @@ def _not_plain_utf8(head: bytes) -> str | None:
         if head.startswith(signature):
             return kind
     if b"\x00" in head:
-        return ("holds NUL bytes: UTF-16 or UTF-32 text without a byte-order mark, or not text at all; "
-                "save it as UTF-8 (iconv -f utf-16le -t utf-8)")
+        return (
+            "holds NUL bytes: UTF-16 or UTF-32 text without a byte-order mark, or not text at all; "
+            "save it as UTF-8 (iconv -f utf-16le -t utf-8)"
+        )
     return None
 
 
@@ -175,8 +181,10 @@ def utf8_lines(path: Path, error: type[DflashEvalError] = PromptFileError) -> It
                 try:
                     line = raw.decode("utf-8")
                 except UnicodeDecodeError as exc:
-                    raise error(f"{path}:{lineno}: byte 0x{raw[exc.start]:02x} at column {exc.start + 1} is not "
-                                "UTF-8; save the file as UTF-8 (e.g. iconv -f latin1 -t utf-8)") from None
+                    raise error(
+                        f"{path}:{lineno}: byte 0x{raw[exc.start]:02x} at column {exc.start + 1} is not "
+                        "UTF-8; save the file as UTF-8 (e.g. iconv -f latin1 -t utf-8)"
+                    ) from None
                 yield line
     except OSError as exc:
         raise error(f"{path}: cannot be read ({exc.strerror}); check the path in config.yaml") from None

@@ -80,7 +80,9 @@ async def with_retries(
             reason = transient_reason(exc)
             if reason is None:
                 status = getattr(exc, "status_code", "?")
-                raise FetchError(f"{label}: the server rejected the request (HTTP {status}): {server_message(exc)}") from exc
+                raise FetchError(
+                    f"{label}: the server rejected the request (HTTP {status}): {server_message(exc)}"
+                ) from exc
             if attempt >= retries:
                 raise FetchError(
                     f"{label}: still failing after {retries} retries ({reason}: {exc}); completed records are kept, "

@@ -45,9 +45,13 @@ def record_sampling(settings: dict[str, Any], record_id: str) -> dict[str, Any] 
     """The record's `sampling` key (None when greedy): what this one completion was drawn with."""
     if not dataset_samples(settings):
         return None
-    return {"temperature": float(settings["temperature"]), "top_p": float(settings["top_p"]),
-            "top_k": int(settings["top_k"]), "min_p": float(settings["min_p"]),
-            "seed": record_seed(settings["sampling_seed"], record_id)}
+    return {
+        "temperature": float(settings["temperature"]),
+        "top_p": float(settings["top_p"]),
+        "top_k": int(settings["top_k"]),
+        "min_p": float(settings["min_p"]),
+        "seed": record_seed(settings["sampling_seed"], record_id),
+    }
 
 
 def penalties(settings: dict[str, Any]) -> dict[str, float]:
@@ -73,12 +77,15 @@ def sent_fields(settings: dict[str, Any], sampling: dict[str, Any] | None, sglan
     return out
 
 
-def request_fields(settings: dict[str, Any], sampling: dict[str, Any] | None,
-                   sglang: bool) -> tuple[dict[str, Any], dict[str, Any]]:
+def request_fields(
+    settings: dict[str, Any], sampling: dict[str, Any] | None, sglang: bool
+) -> tuple[dict[str, Any], dict[str, Any]]:
     """sent_fields split as one request carries them: (OpenAI arguments, extra body)."""
     sent = sent_fields(settings, sampling, sglang)
-    return ({k: v for k, v in sent.items() if k in OPENAI_FIELDS},
-            {k: v for k, v in sent.items() if k not in OPENAI_FIELDS})
+    return (
+        {k: v for k, v in sent.items() if k in OPENAI_FIELDS},
+        {k: v for k, v in sent.items() if k not in OPENAI_FIELDS},
+    )
 
 
 def defaults_warning(settings: dict[str, Any], sglang: bool) -> str | None:
@@ -86,11 +93,20 @@ def defaults_warning(settings: dict[str, Any], sglang: bool) -> str | None:
     every field explicitly)."""
     if sglang:
         return None
-    unsent = [key for key, value in {**OFF, **PENALTY_OFF}.items() if key not in sent_fields(
-        settings, record_sampling(settings, "any"), sglang)]
-    return (f"the server is not SGLang, so {', '.join(unsent)} (not OpenAI fields, or at their off values) are not "
+    unsent = [
+        key
+        for key, value in {**OFF, **PENALTY_OFF}.items()
+        if key not in sent_fields(settings, record_sampling(settings, "any"), sglang)
+    ]
+    return (
+        (
+            f"the server is not SGLang, so {', '.join(unsent)} (not OpenAI fields, or at their off values) are not "
             "sent and the server's own defaults apply to them: check that they are off there (for transformers "
-            "serve, the model's generation_config.json)") if unsent else None
+            "serve, the model's generation_config.json)"
+        )
+        if unsent
+        else None
+    )
 
 
 def request_identity(settings: dict[str, Any]) -> dict[str, Any]:
@@ -99,5 +115,7 @@ def request_identity(settings: dict[str, Any]) -> dict[str, Any]:
     filters and sampling_seed when sampled. The per-record seed follows from `sampling_seed` and the id."""
     if not dataset_samples(settings):
         return penalties(settings)
-    return {**{key: settings[key] for key in ("top_p", "top_k", "min_p", "sampling_seed")},  # n: a larger n adds ids
-            **penalties(settings)}
+    return {
+        **{key: settings[key] for key in ("top_p", "top_k", "min_p", "sampling_seed")},  # n: a larger n adds ids
+        **penalties(settings),
+    }

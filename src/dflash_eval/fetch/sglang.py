@@ -22,16 +22,27 @@ log = logging.getLogger(__name__)
 
 
 # The per-request counters we record: SpecTokensDetails (protocol.py:456-467) less the capped/ragged extras.
-SPEC_COUNTERS = ("spec_verify_ct", "spec_num_correct_drafts", "spec_num_proposed_drafts",
-                 "spec_correct_drafts_histogram", "spec_accept_length", "spec_accept_rate")
+SPEC_COUNTERS = (
+    "spec_verify_ct",
+    "spec_num_correct_drafts",
+    "spec_num_proposed_drafts",
+    "spec_correct_drafts_histogram",
+    "spec_accept_length",
+    "spec_accept_rate",
+)
 # The engine's own timing of a request, in seconds, as meta_info names it (sglang_protocol's MetaInfo):
 # e2e_latency for every finished request (tokenizer_manager.py, _handle_batch_output: finished - created, so
 # queueing and prefill included); with --enable-metrics also first_token_latency (request received to the
 # prefill's token), queue_time (waiting in the scheduler) and decode_throughput (tokens/s after the first).
 TIMING_FIELDS = ("e2e_latency", "first_token_latency", "queue_time", "decode_throughput")
 # The server args that say how the server speculates (arg_groups/fields/spec.py).
-SPEC_SETTINGS = ("speculative_algorithm", "speculative_draft_model_path", "speculative_num_draft_tokens",
-                 "speculative_num_steps", "speculative_eagle_topk")
+SPEC_SETTINGS = (
+    "speculative_algorithm",
+    "speculative_draft_model_path",
+    "speculative_num_draft_tokens",
+    "speculative_num_steps",
+    "speculative_eagle_topk",
+)
 # The server args that say whether sampled verification is lossless (arg_groups/fields/spec.py; 1.0 = lossless).
 ACCEPT_THRESHOLDS = ("speculative_accept_threshold_single", "speculative_accept_threshold_acc")
 
@@ -100,7 +111,9 @@ def server_spec_settings(base_url: str, key_env: str | None = None) -> dict[str,
     return server_spec_and_thresholds(base_url, key_env)[0]
 
 
-def server_spec_and_thresholds(base_url: str, key_env: str | None = None) -> tuple[dict[str, Any] | None, dict[str, Any] | None]:
+def server_spec_and_thresholds(
+    base_url: str, key_env: str | None = None
+) -> tuple[dict[str, Any] | None, dict[str, Any] | None]:
     """server_spec_settings' answer, and `/get_server_info`'s ACCEPT_THRESHOLDS (None where it did not answer)."""
     url = base_url + "/get_server_info"
     status, body = http_request(url, timeout=30.0, key_env=key_env)
@@ -109,9 +122,13 @@ def server_spec_and_thresholds(base_url: str, key_env: str | None = None) -> tup
     except ValueError:
         info = None
     if not isinstance(info, dict):
-        log.warning("%s answered /get_model_info as SGLang does but %s answered %s: the server's speculative "
-                    "settings (its drafter, block size) are unknown and the report cannot verify the served drafter",
-                    base_url, url, f"HTTP {status}" if status != 200 else f"no JSON object: {body[:200]!r}")
+        log.warning(
+            "%s answered /get_model_info as SGLang does but %s answered %s: the server's speculative "
+            "settings (its drafter, block size) are unknown and the report cannot verify the served drafter",
+            base_url,
+            url,
+            f"HTTP {status}" if status != 200 else f"no JSON object: {body[:200]!r}",
+        )
         return None, None
     out = {key: info.get(key) for key in SPEC_SETTINGS}
     out["version"] = info.get("version")
@@ -119,8 +136,9 @@ def server_spec_and_thresholds(base_url: str, key_env: str | None = None) -> tup
     return out, {key: info.get(key) for key in ACCEPT_THRESHOLDS}
 
 
-def sampling_warning(speculative: dict[str, Any] | None, thresholds: dict[str, Any] | None,
-                     drawn: dict[str, Any] | None) -> str | None:
+def sampling_warning(
+    speculative: dict[str, Any] | None, thresholds: dict[str, Any] | None, drawn: dict[str, Any] | None
+) -> str | None:
     """Why this server's sampled output is not the target's own distribution, or None.
 
     SGLang's DFlash verify accepts draft d when coin <= p(d) / threshold_acc or p(d) >= threshold_single
@@ -138,25 +156,35 @@ def sampling_warning(speculative: dict[str, Any] | None, thresholds: dict[str, A
         return None
     problems = []
     if thresholds is None:
-        problems.append("the server did not report speculative_accept_threshold_single/_acc, so whether its "
-                        "verification is lossless is unknown")
+        problems.append(
+            "the server did not report speculative_accept_threshold_single/_acc, so whether its "
+            "verification is lossless is unknown"
+        )
     else:
         off = {key: value for key, value in thresholds.items() if value is None or float(value) != 1.0}
         if off:
-            problems.append(f"{', '.join(f'{k}={v}' for k, v in off.items())} (not 1.0, lossy): the server accepts "
-                            "drafts the target would not have sampled, so its completions are biased toward the served "
-                            "drafter and tau on them (offline or online) is not the tau of the target's distribution; "
-                            "relaunch without --speculative-accept-threshold-single/-acc for a lossless server")
+            problems.append(
+                f"{', '.join(f'{k}={v}' for k, v in off.items())} (not 1.0, lossy): the server accepts "
+                "drafts the target would not have sampled, so its completions are biased toward the served "
+                "drafter and tau on them (offline or online) is not the tau of the target's distribution; "
+                "relaunch without --speculative-accept-threshold-single/-acc for a lossless server"
+            )
     if float(drawn.get("min_p") or 0.0) > 0.0 and (speculative or {}).get("speculative_algorithm") == "DFLASH":
-        problems.append(f"min_p {drawn['min_p']}: SGLang {VERSION}'s DFlash verification ignores min_p (only the "
-                        "first token, sampled at prefill, is filtered by it), so the served text is not the min_p "
-                        "distribution asked for (offline target_only still equals the counters)")
+        problems.append(
+            f"min_p {drawn['min_p']}: SGLang {VERSION}'s DFlash verification ignores min_p (only the "
+            "first token, sampled at prefill, is filtered by it), so the served text is not the min_p "
+            "distribution asked for (offline target_only still equals the counters)"
+        )
     return "; ".join(problems) or None
 
 
 def check_version(version: Any, base_url: str) -> None:
     """Warn when the server is not the SGLang release whose field names and counters were checked."""
     if version != VERSION:
-        log.warning("the server at %s is SGLang %s, but fetch's field names and counter definitions were checked "
-                    "against SGLang %s only (docs/sglang_protocol.md): check them against this version's source",
-                    base_url, version, VERSION)
+        log.warning(
+            "the server at %s is SGLang %s, but fetch's field names and counter definitions were checked "
+            "against SGLang %s only (docs/sglang_protocol.md): check them against this version's source",
+            base_url,
+            version,
+            VERSION,
+        )

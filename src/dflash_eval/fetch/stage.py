@@ -63,10 +63,14 @@ class ServerInfo:
     model_path: str | None
     weight_version: str | None
     sglang: bool  # answers /get_model_info: accepts and returns token ids, reports speculative counters
-    speculative: dict[str, Any] | None = None  # the speculative settings (fetch.sglang / fetch.vllm server_spec_settings)
+    speculative: dict[str, Any] | None = (
+        None  # the speculative settings (fetch.sglang / fetch.vllm server_spec_settings)
+    )
     key_env: str | None = None  # server.api_key_env: the variable whose key every request sends (not recorded)
     accept_thresholds: dict[str, Any] | None = None  # speculative_accept_threshold_single/_acc (fetch.sglang)
-    sampling_warning: str | None = None  # why the served sampled output is not the target's distribution (fetch.sglang.sampling_warning)
+    sampling_warning: str | None = (
+        None  # why the served sampled output is not the target's distribution (fetch.sglang.sampling_warning)
+    )
     engine: str = "openai"  # "sglang", "vllm" (fetch.vllm), or "openai": a plain OpenAI-compatible server
 
     @property
@@ -89,21 +93,25 @@ def load_prompt_set(settings: dict[str, Any]) -> tuple[list[Prompt], str]:
     if settings["preset"] is not None:
         from dflash_eval.fetch.presets import load_preset
 
-        return load_preset(settings["preset"], settings["source"], settings["cache_dir"]), f"preset {settings['preset']}"
+        return load_preset(
+            settings["preset"], settings["source"], settings["cache_dir"]
+        ), f"preset {settings['preset']}"
     return load_prompts(settings["prompts"]), str(settings["prompts"])
 
 
 def _same_model(a: str, b: str) -> bool:
     """Whether two model names or paths name the same model: equal, or the same last path component
     (the server may mount the weights elsewhere, or list a hub id such as Qwen/Qwen3.6-27B)."""
+
     def last(x: str) -> str:
         return x.rstrip("/").rsplit("/", 1)[-1].lower()
 
     return a == b or last(a) == last(b)
 
 
-def server_identity(base_url: str, model: str | None, target: str, key_env: str | None = None,
-                    engine: str = "auto") -> ServerInfo:
+def server_identity(
+    base_url: str, model: str | None, target: str, key_env: str | None = None, engine: str = "auto"
+) -> ServerInfo:
     """Who answers at base_url: /v1/models for the model name, /get_model_info (SGLang) for path and version.
 
     The completions must be the target's own: a server that serves another model is an error, since
@@ -121,24 +129,30 @@ def server_identity(base_url: str, model: str | None, target: str, key_env: str 
             raise FetchError(f"{base_url}/v1/models lists no model (HTTP {status}); set server.model")
         model = served[0]
     elif served and model not in served:
-        raise FetchError(f"server.model is {model!r} but {base_url} serves {served}; set server.model to the served name")
+        raise FetchError(
+            f"server.model is {model!r} but {base_url} serves {served}; set server.model to the served name"
+        )
     info = ServerInfo(base_url, model, model_path=model, weight_version=None, sglang=False, key_env=key_env)
     if engine == "openai":
-        log.info("%s: server.engine is openai: completions are retokenized and no speculative counters recorded",
-                 base_url)
+        log.info(
+            "%s: server.engine is openai: completions are retokenized and no speculative counters recorded", base_url
+        )
         return _checked_target(info, model, target)
     status, body = http_request(base_url + "/get_model_info", timeout=30.0, key_env=key_env)
     meta = _json_object(body) if status == 200 else None
     version = vllm.detected(base_url, key_env) if meta is None and status == 404 and engine != "sglang" else None
     if engine != "auto" and (engine == "sglang") != (meta is not None) or engine == "vllm" and version is None:
-        raise FetchError(f"server.engine is {engine}, but {base_url} does not answer as {engine} does "
-                         f"(/get_model_info: HTTP {status}{'' if engine != 'vllm' else '; /version: no vLLM answer'}):"
-                         " set server.engine to the server's engine, or auto")
+        raise FetchError(
+            f"server.engine is {engine}, but {base_url} does not answer as {engine} does "
+            f"(/get_model_info: HTTP {status}{'' if engine != 'vllm' else '; /version: no vLLM answer'}):"
+            " set server.engine to the server's engine, or auto"
+        )
     if version is not None:
         info.engine = "vllm"
         info.speculative = vllm.server_spec_settings(base_url, version, key_env)
-        log.info("%s is vLLM %s: token ids in and out; per-request speculative metrics from each response", base_url,
-                 version)
+        log.info(
+            "%s is vLLM %s: token ids in and out; per-request speculative metrics from each response", base_url, version
+        )
     elif meta is not None:
         info.engine = "sglang"
         info.model_path = meta.get("model_path", model)
@@ -150,10 +164,14 @@ def server_identity(base_url: str, model: str | None, target: str, key_env: str 
             f"{base_url}/get_model_info answered {f'HTTP {status}' if status else 'nothing'}"
             f"{'' if status != 200 else ' (not a JSON object)'}, while /v1/models answered: fetch cannot tell "
             "whether this is SGLang (token ids and counters) or a plain OpenAI-compatible server (retokenized "
-            "text). Fix the server, or front it with one that answers /get_model_info with 404 or as SGLang does")
+            "text). Fix the server, or front it with one that answers /get_model_info with 404 or as SGLang does"
+        )
     else:
-        log.info("%s has no /get_model_info (HTTP 404) and is not vLLM: a plain OpenAI-compatible server; completions "
-                 "are retokenized and no speculative counters are recorded", base_url)
+        log.info(
+            "%s has no /get_model_info (HTTP 404) and is not vLLM: a plain OpenAI-compatible server; completions "
+            "are retokenized and no speculative counters are recorded",
+            base_url,
+        )
     return _checked_target(info, model, target)
 
 
@@ -178,7 +196,9 @@ def _json_object(body: bytes) -> dict[str, Any] | None:
     return value if isinstance(value, dict) else None
 
 
-def render(tokenizer: Any, messages: list[dict[str, Any]], chat_template_kwargs: dict[str, Any]) -> tuple[str, list[int]]:
+def render(
+    tokenizer: Any, messages: list[dict[str, Any]], chat_template_kwargs: dict[str, Any]
+) -> tuple[str, list[int]]:
     """Apply the target's chat template and tokenize the result exactly as the template wrote it."""
     return render_all(tokenizer, [messages], chat_template_kwargs)[0]
 
@@ -240,7 +260,9 @@ async def _request_one(client: Any, settings: dict[str, Any], info: ServerInfo, 
     else:
         if settings["chat_template_kwargs"]:
             extra["chat_template_kwargs"] = settings["chat_template_kwargs"]
-        raw = await client.chat.completions.with_raw_response.create(messages=r.messages, extra_body=extra or None, **common)
+        raw = await client.chat.completions.with_raw_response.create(
+            messages=r.messages, extra_body=extra or None, **common
+        )
     try:
         body = json.loads(raw.content)
     except ValueError:
@@ -250,8 +272,9 @@ async def _request_one(client: Any, settings: dict[str, Any], info: ServerInfo, 
     return body
 
 
-def completion_ids(choice: dict[str, Any], text: str, finish_reason: str | None, tokenizer: Any,
-                   engine: str = "sglang") -> tuple[list[int], str]:
+def completion_ids(
+    choice: dict[str, Any], text: str, finish_reason: str | None, tokenizer: Any, engine: str = "sglang"
+) -> tuple[list[int], str]:
     """The completion's token ids, stop token included when finish_reason is "stop", and their source."""
     server_ids = vllm.completion_token_ids(choice) if engine == "vllm" else sglang.completion_token_ids(choice)
     if server_ids is not None:
@@ -282,7 +305,11 @@ def request_params(settings: dict[str, Any], info: ServerInfo) -> dict[str, Any]
 
 
 def build_record(
-    resp: dict[str, Any], r: Rendered, settings: dict[str, Any], info: ServerInfo, tokenizer: Any,
+    resp: dict[str, Any],
+    r: Rendered,
+    settings: dict[str, Any],
+    info: ServerInfo,
+    tokenizer: Any,
     wall_s: float | None = None,
 ) -> dict[str, Any]:
     """One completions-file record (docs/contracts.md); `wall_s`: our client-side time of the request."""
@@ -330,8 +357,11 @@ def build_record(
         "spec": spec,
         # the server's own timing (fetch.sglang.engine_timing), and ours: the client-side wall time of the
         # request (send to parsed answer, retries included), with how many requests were in flight at most
-        "engine": (sglang.engine_timing(choice, usage.get("completion_tokens", len(ids)), spec)
-                   if info.engine != "vllm" else {"completion_tokens": int(usage.get("completion_tokens", len(ids)))}),
+        "engine": (
+            sglang.engine_timing(choice, usage.get("completion_tokens", len(ids)), spec)
+            if info.engine != "vllm"
+            else {"completion_tokens": int(usage.get("completion_tokens", len(ids)))}
+        ),
         "client_timing": {"wall_s": wall_s, "concurrency": int(settings["concurrency"])},
     }
     if info.engine == "vllm" and (why := vllm.spec_why(info.speculative, spec)) is not None:
@@ -341,8 +371,13 @@ def build_record(
     return record
 
 
-def reusable(rec: dict[str, Any] | None, messages: list[dict[str, Any]], request: dict[str, Any], info: ServerInfo,
-             drawn: dict[str, Any] | None = None) -> bool:
+def reusable(
+    rec: dict[str, Any] | None,
+    messages: list[dict[str, Any]],
+    request: dict[str, Any],
+    info: ServerInfo,
+    drawn: dict[str, Any] | None = None,
+) -> bool:
     """Whether a record kept from an earlier run answers exactly this request of the same model (and, sampled,
     was drawn with the same parameters and seed, `drawn`)."""
     return (
@@ -356,8 +391,9 @@ def reusable(rec: dict[str, Any] | None, messages: list[dict[str, Any]], request
     )
 
 
-def kept_without_server(prompts: list[Prompt], settings: dict[str, Any], stored: list[dict[str, Any]]
-                        ) -> list[dict[str, Any]] | None:
+def kept_without_server(
+    prompts: list[Prompt], settings: dict[str, Any], stored: list[dict[str, Any]]
+) -> list[dict[str, Any]] | None:
     """Every record of the dataset from the kept ones, when they alone prove it valid; None when the server is
     needed (a record missing, or made with other settings or by another server).
 
@@ -372,22 +408,36 @@ def kept_without_server(prompts: list[Prompt], settings: dict[str, Any], stored:
     servers = {json.dumps(rec.get("server"), sort_keys=True) for rec in kept.values()}
     requests = {json.dumps(rec.get("request"), sort_keys=True) for rec in kept.values()}
     if missing or len(servers) != 1 or len(requests) != 1:
-        why = (f"{len(missing)} of {len(expected)} records are not kept" if missing
-               else "the kept records were made by several servers or requests")
+        why = (
+            f"{len(missing)} of {len(expected)} records are not kept"
+            if missing
+            else "the kept records were made by several servers or requests"
+        )
         log.info("fetch %s: %s; asking the server", settings["dataset"], why)
         return None
     server, request = json.loads(servers.pop()), json.loads(requests.pop())
-    engine = ((server.get("speculative") or {}).get("engine")
-              or ("sglang" if request.get("prompt_format") == "token_ids" else "openai"))
-    info = ServerInfo(str(settings["server"]["base_url"]), str(request.get("model")), server.get("model_path"),
-                      server.get("weight_version"), sglang=engine == "sglang", speculative=server.get("speculative"),
-                      engine=engine)
+    engine = (server.get("speculative") or {}).get("engine") or (
+        "sglang" if request.get("prompt_format") == "token_ids" else "openai"
+    )
+    info = ServerInfo(
+        str(settings["server"]["base_url"]),
+        str(request.get("model")),
+        server.get("model_path"),
+        server.get("weight_version"),
+        sglang=engine == "sglang",
+        speculative=server.get("speculative"),
+        engine=engine,
+    )
     wanted_model = settings["server"].get("model")
     names = {info.model, info.model_path or info.model}
-    if (wanted_model is not None and wanted_model != info.model) or request != request_params(settings, info) or \
-            not any(_same_model(name, str(settings["tokenizer"])) for name in names):
-        log.info("fetch %s: the kept records answer other settings or another model; asking the server",
-                 settings["dataset"])
+    if (
+        (wanted_model is not None and wanted_model != info.model)
+        or request != request_params(settings, info)
+        or not any(_same_model(name, str(settings["tokenizer"])) for name in names)
+    ):
+        log.info(
+            "fetch %s: the kept records answer other settings or another model; asking the server", settings["dataset"]
+        )
         return None
     records: dict[str, dict[str, Any]] = {}
     for prompt in prompts:
@@ -395,16 +445,26 @@ def kept_without_server(prompts: list[Prompt], settings: dict[str, Any], stored:
             answers: list[str] = []
             for turn, rid in enumerate(rids, start=1):
                 rec = kept[rid]
-                if not reusable(rec, turn_messages(prompt, turn, answers), request, info,
-                                sampling.record_sampling(settings, rid)):
-                    log.info("fetch %s: kept record %s answers other messages or another draw; asking the server",
-                             settings["dataset"], rid)
+                if not reusable(
+                    rec, turn_messages(prompt, turn, answers), request, info, sampling.record_sampling(settings, rid)
+                ):
+                    log.info(
+                        "fetch %s: kept record %s answers other messages or another draw; asking the server",
+                        settings["dataset"],
+                        rid,
+                    )
                     return None
                 records[rid] = rec
                 answers.append(rec["text"])
-    log.info("fetch %s: all %d records reused without the server: each kept record answers these settings' request "
-             "of %s (model path %s, weight version %s), the identity they all recorded", settings["dataset"],
-             len(expected), info.model, info.model_path, info.weight_version)
+    log.info(
+        "fetch %s: all %d records reused without the server: each kept record answers these settings' request "
+        "of %s (model path %s, weight version %s), the identity they all recorded",
+        settings["dataset"],
+        len(expected),
+        info.model,
+        info.model_path,
+        info.weight_version,
+    )
     return [records[rid] for rid in expected]
 
 
@@ -504,12 +564,18 @@ async def fetch_all(
             if not reusable(rec, messages, request, info, drawn):
                 if rec is not None and rec.get("request") == request:
                     progress.bar.total += 1  # counted as kept at the start, but an earlier turn changed
-                text, ids = first_rendered.pop(rid, None) or render(tokenizer, messages, settings["chat_template_kwargs"])
+                text, ids = first_rendered.pop(rid, None) or render(
+                    tokenizer, messages, settings["chat_template_kwargs"]
+                )
                 r = Rendered(rid, prompt.id, turn, messages, text, ids, drawn)
                 async with sem:
                     sent = time.perf_counter()
                     resp = await with_retries(
-                        lambda: request_one(client, settings, info, r), f"record {rid}", retries, backoff_s, retry_counts
+                        lambda: request_one(client, settings, info, r),
+                        f"record {rid}",
+                        retries,
+                        backoff_s,
+                        retry_counts,
                     )
                     wall_s = time.perf_counter() - sent
                 rec = build_record(resp, r, settings, info, tokenizer, wall_s)
@@ -547,7 +613,9 @@ def heap_frozen() -> Iterator[None]:
     made before the block is collected later and repeated in-process runs leave the collector as they
     found it; left alone when the caller has frozen the heap itself (theirs to undo).
     """
-    if gc.get_freeze_count():  # walks the frozen objects (benchmarks/results/fetch_speed.md); instant when there are none
+    if (
+        gc.get_freeze_count()
+    ):  # walks the frozen objects (benchmarks/results/fetch_speed.md); instant when there are none
         yield
         return
     gc.freeze()
@@ -566,7 +634,9 @@ def summarize(records: list[dict[str, Any]]) -> dict[str, Any]:
         "prompt_tokens": sum(len(r["prompt_token_ids"]) for r in records),
         "completion_tokens": sum(len(r["completion_token_ids"]) for r in records),
         "prompt_token_mismatches": [r["id"] for r in records if r["token_check"]["prompt_tokens_match"] is False],
-        "completion_token_mismatches": [r["id"] for r in records if r["token_check"]["completion_tokens_match"] is False],
+        "completion_token_mismatches": [
+            r["id"] for r in records if r["token_check"]["completion_tokens_match"] is False
+        ],
     }
 
 
@@ -579,7 +649,9 @@ def fetch(settings: dict[str, Any], out: Path) -> list[dict[str, Any]]:
     """
     settings = stage_settings("fetch", settings)
     prompt_set, origin = load_prompt_set(settings)
-    prompts = select_subset(prompt_set, settings["max_samples"], int(settings["seed"]), by_id=settings["preset"] is None)
+    prompts = select_subset(
+        prompt_set, settings["max_samples"], int(settings["seed"]), by_id=settings["preset"] is None
+    )
     expected = expected_ids(prompts, settings)
     from transformers import (
         AutoTokenizer,  # slow to import: only once the prompts are known good
@@ -594,22 +666,42 @@ def fetch(settings: dict[str, Any], out: Path) -> list[dict[str, Any]]:
         return offline
     controller = ServerController(settings["server"])
     controller.ensure_up()
-    info = server_identity(controller.base_url, controller.settings["model"], str(settings["tokenizer"]),
-                           controller.settings["api_key_env"], controller.settings.get("engine") or "auto")
+    info = server_identity(
+        controller.base_url,
+        controller.settings["model"],
+        str(settings["tokenizer"]),
+        controller.settings["api_key_env"],
+        controller.settings.get("engine") or "auto",
+    )
     drawn = sampling.record_sampling(settings, "any")
-    info.sampling_warning = (vllm.sampling_warning(info.speculative, drawn) if info.engine == "vllm" else
-                             sglang.sampling_warning(info.speculative, info.accept_thresholds, drawn))
+    info.sampling_warning = (
+        vllm.sampling_warning(info.speculative, drawn)
+        if info.engine == "vllm"
+        else sglang.sampling_warning(info.speculative, info.accept_thresholds, drawn)
+    )
     if (defaults := sampling.defaults_warning(settings, info.token_ids)) is not None:
         log.warning("%s: %s", settings["dataset"], defaults)
     if info.sampling_warning:
-        log.warning("SAMPLING IS NOT LOSSLESS on this server for %s: %s (kept in every record's sampling_warning "
-                    "and in the report)", settings["dataset"], info.sampling_warning)
+        log.warning(
+            "SAMPLING IS NOT LOSSLESS on this server for %s: %s (kept in every record's sampling_warning "
+            "and in the report)",
+            settings["dataset"],
+            info.sampling_warning,
+        )
     retry_counts: Counter[str] = Counter()
     started, began = time.monotonic(), time.time()
     with PartialStore(Path(out)) as store, sigterm_raises():
         kept = pick_kept(store.load(), set(expected), request_params(settings, info))
-        log.info("fetching %d records (%d prompts) of %s from %s (model %s, endpoint %s); %d kept from an earlier run",
-                 len(expected), len(prompts), settings["dataset"], info.base_url, info.model, settings["endpoint"], len(kept))
+        log.info(
+            "fetching %d records (%d prompts) of %s from %s (model %s, endpoint %s); %d kept from an earlier run",
+            len(expected),
+            len(prompts),
+            settings["dataset"],
+            info.base_url,
+            info.model,
+            settings["endpoint"],
+            len(kept),
+        )
         try:
             with heap_frozen():
                 by_id = asyncio.run(fetch_all(prompts, settings, info, tokenizer, kept, store, retry_counts))
@@ -622,8 +714,14 @@ def fetch(settings: dict[str, Any], out: Path) -> list[dict[str, Any]]:
 
     summary = summarize(records)
     if whys := [r["spec_why"] for r in records if r.get("spec_why")]:
-        log.warning("%s: %d of %d records lack vLLM's per-step metrics: %s (the records are kept; the report's online "
-                    "panel says so)", settings["dataset"], len(whys), len(records), whys[0])
+        log.warning(
+            "%s: %d of %d records lack vLLM's per-step metrics: %s (the records are kept; the report's online "
+            "panel says so)",
+            settings["dataset"],
+            len(whys),
+            len(records),
+            whys[0],
+        )
     summary["fetched"] = sum(1 for r in records if kept.get(r["id"]) is not r)
     summary["reused"] = len(records) - summary["fetched"]
     summary["retries"] = dict(retry_counts)

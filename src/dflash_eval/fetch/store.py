@@ -45,8 +45,11 @@ def read_records(path: Path, repair: bool = False) -> list[dict[str, Any]]:
     data = path.read_bytes()
     end = data.rfind(b"\n") + 1
     if end < len(data):
-        log.warning("%s: dropping a torn last line (%d bytes without a newline: a run was killed while writing)",
-                    path, len(data) - end)
+        log.warning(
+            "%s: dropping a torn last line (%d bytes without a newline: a run was killed while writing)",
+            path,
+            len(data) - end,
+        )
         if repair:
             with open(path, "r+b") as fh:
                 fh.truncate(end)
@@ -80,7 +83,9 @@ class PartialStore:
         except BlockingIOError:
             os.close(self._fd)
             self._fd = None
-            raise DflashEvalError(f"{self.path} is locked by another running fetch of the same output; wait for it") from None
+            raise DflashEvalError(
+                f"{self.path} is locked by another running fetch of the same output; wait for it"
+            ) from None
         return self
 
     def __exit__(self, exc_type: object, *_: object) -> None:
@@ -105,9 +110,11 @@ class PartialStore:
 
     def _raise_sync_error(self) -> None:
         if self._sync_error is not None:
-            raise DflashEvalError(f"{self.path}: fsync failed ({self._sync_error}); the completions written since the "
-                                  "last successful fsync may not be on disk; free the disk or fix it, then rerun "
-                                  "(finished records are kept)") from self._sync_error
+            raise DflashEvalError(
+                f"{self.path}: fsync failed ({self._sync_error}); the completions written since the "
+                "last successful fsync may not be on disk; free the disk or fix it, then rerun "
+                "(finished records are kept)"
+            ) from self._sync_error
 
     def load(self) -> list[dict[str, Any]]:
         """Records from earlier runs, oldest first: the output itself if it is there (a run by hand) and
@@ -137,7 +144,7 @@ class PartialStore:
         data = memoryview(b"".join(self._buffer))
         self._buffer.clear()
         while data:  # a write may be short; O_APPEND keeps each piece at the end
-            data = data[os.write(self._fd, data):]
+            data = data[os.write(self._fd, data) :]
         self._raise_sync_error()  # an earlier fsync's failure, here rather than at the end
         if self._syncer is None:
             self._syncer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="fsync")
@@ -188,4 +195,3 @@ def pick_kept(records: list[dict[str, Any]], wanted: set[str], request: dict[str
         if rid in wanted and (rid not in kept or rec.get("request") == request or kept[rid].get("request") != request):
             kept[rid] = rec
     return kept
-

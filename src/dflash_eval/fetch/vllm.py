@@ -22,9 +22,17 @@ from dflash_eval.vllm_protocol import VERSION
 log = logging.getLogger(__name__)
 
 # SpeculativeDecodingMetrics (entrypoints/generate/base/protocol.py), as a record's `spec` keeps them
-SPEC_METRICS = ("num_spec_steps", "num_accepted_draft_tokens", "num_draft_tokens", "num_spec_tokens",
-                "acceptance_histogram", "mean_acceptance_length", "draft_acceptance_rate",
-                "per_step_accepted", "per_step_drafted")
+SPEC_METRICS = (
+    "num_spec_steps",
+    "num_accepted_draft_tokens",
+    "num_draft_tokens",
+    "num_spec_tokens",
+    "acceptance_histogram",
+    "mean_acceptance_length",
+    "draft_acceptance_rate",
+    "per_step_accepted",
+    "per_step_drafted",
+)
 # SpeculativeConfig fields read from /server_info's vllm_config.speculative_config (config/speculative.py)
 SPEC_CONFIG = ("method", "model", "num_speculative_tokens", "draft_sample_method", "rejection_sample_method")
 # The verification rule under which a draft is accepted iff it is the emitted token (docs/vllm_protocol.md)
@@ -73,10 +81,15 @@ def server_spec_settings(base_url: str, version: str | None, key_env: str | None
     level. From `/server_info?config_format=json`, a development route: without VLLM_SERVER_DEV_MODE=1 it is
     404 and every setting is None, with `unknown_why` saying so (the records still fetch)."""
     check_version(version, base_url)
-    out: dict[str, Any] = {"engine": "vllm", "version": version, "speculative_algorithm": None,
-                           "speculative_draft_model_path": None, "speculative_num_draft_tokens": None,
-                           **{key: None for key in SPEC_CONFIG if key not in ("method", "model")},
-                           "per_request_spec_decode_metrics": None}
+    out: dict[str, Any] = {
+        "engine": "vllm",
+        "version": version,
+        "speculative_algorithm": None,
+        "speculative_draft_model_path": None,
+        "speculative_num_draft_tokens": None,
+        **{key: None for key in SPEC_CONFIG if key not in ("method", "model")},
+        "per_request_spec_decode_metrics": None,
+    }
     status, body = http_request(base_url + "/server_info?config_format=json", timeout=30.0, key_env=key_env)
     try:
         info = json.loads(body) if status == 200 else None
@@ -84,21 +97,30 @@ def server_spec_settings(base_url: str, version: str | None, key_env: str | None
         info = None
     config = info.get("vllm_config") if isinstance(info, dict) else None
     if not isinstance(config, dict):
-        out["unknown_why"] = (f"{base_url}/server_info answered {f'HTTP {status}' if status != 200 else 'no vllm_config'}"
-                              f": start vLLM with {VLLM_DEV_MODE_ENV}=1 for its speculative settings")
-        log.warning("%s: the server's speculative settings are unknown (%s); the report cannot verify the served "
-                    "drafter", base_url, out["unknown_why"])
+        out["unknown_why"] = (
+            f"{base_url}/server_info answered {f'HTTP {status}' if status != 200 else 'no vllm_config'}"
+            f": start vLLM with {VLLM_DEV_MODE_ENV}=1 for its speculative settings"
+        )
+        log.warning(
+            "%s: the server's speculative settings are unknown (%s); the report cannot verify the served drafter",
+            base_url,
+            out["unknown_why"],
+        )
         return out
     spec = config.get("speculative_config") or {}
     if spec:
         method, tokens = spec.get("method"), spec.get("num_speculative_tokens")
-        out.update(speculative_algorithm=None if method is None else str(method).upper(),
-                   speculative_draft_model_path=spec.get("model"),
-                   speculative_num_draft_tokens=None if tokens is None else int(tokens) + 1,
-                   num_speculative_tokens=tokens, draft_sample_method=spec.get("draft_sample_method"),
-                   rejection_sample_method=spec.get("rejection_sample_method"))
+        out.update(
+            speculative_algorithm=None if method is None else str(method).upper(),
+            speculative_draft_model_path=spec.get("model"),
+            speculative_num_draft_tokens=None if tokens is None else int(tokens) + 1,
+            num_speculative_tokens=tokens,
+            draft_sample_method=spec.get("draft_sample_method"),
+            rejection_sample_method=spec.get("rejection_sample_method"),
+        )
     out["per_request_spec_decode_metrics"] = (config.get("observability_config") or {}).get(
-        "per_request_spec_decode_metrics")
+        "per_request_spec_decode_metrics"
+    )
     return out
 
 
@@ -109,15 +131,21 @@ def spec_why(speculative: dict[str, Any] | None, spec: dict[str, Any] | None) ->
     speculative = speculative or {}
     level = speculative.get("per_request_spec_decode_metrics")
     if spec is not None:
-        return ("the vLLM server runs --per-request-spec-decode-metrics summary: counts and histograms per request, "
-                "no per-step arrays (those need detailed)")
+        return (
+            "the vLLM server runs --per-request-spec-decode-metrics summary: counts and histograms per request, "
+            "no per-step arrays (those need detailed)"
+        )
     if speculative.get("unknown_why") is None and speculative.get("speculative_algorithm") is None:
         return "the vLLM server does not speculate (no --speculative-config)"
     if level == "none":
-        return ("the vLLM server runs --per-request-spec-decode-metrics none (the default): no metrics.speculative_decoding "
-                "in its answers; start it with --per-request-spec-decode-metrics detailed")
-    return ("the vLLM server sent no metrics.speculative_decoding (start it with --per-request-spec-decode-metrics "
-            "detailed; vLLM reports it for n == 1 only)")
+        return (
+            "the vLLM server runs --per-request-spec-decode-metrics none (the default): no metrics.speculative_decoding "
+            "in its answers; start it with --per-request-spec-decode-metrics detailed"
+        )
+    return (
+        "the vLLM server sent no metrics.speculative_decoding (start it with --per-request-spec-decode-metrics "
+        "detailed; vLLM reports it for n == 1 only)"
+    )
 
 
 def sampling_warning(speculative: dict[str, Any] | None, drawn: dict[str, Any] | None) -> str | None:
@@ -132,15 +160,21 @@ def sampling_warning(speculative: dict[str, Any] | None, drawn: dict[str, Any] |
     rule = (speculative.get("draft_sample_method"), speculative.get("rejection_sample_method"))
     if rule == EXACT_RULE:
         return None
-    return (f"vLLM verifies with draft_sample_method={rule[0]}, rejection_sample_method={rule[1]}: only greedy "
-            "drafts with standard rejection make a draft accepted iff it is the emitted token, so offline acceptance "
-            "on these completions is not the server's per request (synthetic and fly are not the target's "
-            "distribution at all)")
+    return (
+        f"vLLM verifies with draft_sample_method={rule[0]}, rejection_sample_method={rule[1]}: only greedy "
+        "drafts with standard rejection make a draft accepted iff it is the emitted token, so offline acceptance "
+        "on these completions is not the server's per request (synthetic and fly are not the target's "
+        "distribution at all)"
+    )
 
 
 def check_version(version: Any, base_url: str) -> None:
     """Warn when the server is not the vLLM release whose field names and metrics were checked."""
     if version != VERSION:
-        log.warning("the server at %s is vLLM %s, but fetch's field names and metric definitions were checked "
-                    "against vLLM %s only (docs/vllm_protocol.md): check them against this version's source",
-                    base_url, version, VERSION)
+        log.warning(
+            "the server at %s is vLLM %s, but fetch's field names and metric definitions were checked "
+            "against vLLM %s only (docs/vllm_protocol.md): check them against this version's source",
+            base_url,
+            version,
+            VERSION,
+        )

@@ -17,7 +17,7 @@ PACKAGE = "dflash_eval"
 PACKAGE_DIR = Path(__file__).resolve().parents[1]
 
 # stage -> the module that `dflash-eval <stage>` runs (commands.py names the modules, importing none)
-STAGE_MODULES = {stage: module[len(PACKAGE) + 1:] for stage, (module, *_rest) in COMMANDS.items()}
+STAGE_MODULES = {stage: module[len(PACKAGE) + 1 :] for stage, (module, *_rest) in COMMANDS.items()}
 
 
 def _module_path(dotted: str) -> Path | None:
@@ -34,7 +34,9 @@ def _package_of(path: Path) -> list[str]:
 
 
 # `from X import names` (names may be a parenthesized list over lines) and `import dflash_eval.X`
-_IMPORT = re.compile(r"^[ \t]*(?:from[ \t]+([.\w]+)[ \t]+import[ \t]+(\([^)]*\)|[^\n]*)|import[ \t]+(dflash_eval\.[.\w]+))", re.M)
+_IMPORT = re.compile(
+    r"^[ \t]*(?:from[ \t]+([.\w]+)[ \t]+import[ \t]+(\([^)]*\)|[^\n]*)|import[ \t]+(dflash_eval\.[.\w]+))", re.M
+)
 
 
 def _imports(path: Path, source: str) -> set[str]:
@@ -46,7 +48,7 @@ def _imports(path: Path, source: str) -> set[str]:
     found: set[str] = set()
     for origin, names, plain in _IMPORT.findall(source):
         if plain:
-            found.add(plain[len(PACKAGE) + 1:])
+            found.add(plain[len(PACKAGE) + 1 :])
             continue
         if origin.startswith("."):
             level = len(origin) - len(origin.lstrip("."))

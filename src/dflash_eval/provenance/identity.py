@@ -38,13 +38,31 @@ STATE_CODE = ("extract.capture", "extract.backends", "extract.target")
 # The code that makes the expected speedup: the target's step timing (the profile_target rule's), the drafter's
 # (evaluation's), the formula (the report's). The validation record (speedup/validation.py) is stamped with its
 # hash; a profile and a metrics.json are too.
-ESTIMATE_CODE = ("tools.target_timing", "speedup.model", "speedup.timing", "speedup.static_models",
-                 "speedup.static_loop", "speedup.static_hybrid", "speedup.static_tree",
-                 "evaluate.draft_timing", "evaluate.speedup", "report.speedup")
+ESTIMATE_CODE = (
+    "tools.target_timing",
+    "speedup.model",
+    "speedup.timing",
+    "speedup.static_models",
+    "speedup.static_loop",
+    "speedup.static_hybrid",
+    "speedup.static_tree",
+    "evaluate.draft_timing",
+    "evaluate.speedup",
+    "report.speedup",
+)
 # The target's step timing alone: the profile_target rule's, with the target's loading and kernels (STATE_CODE's).
-TARGET_TIMING_CODE = ("tools.profile_target", "tools.target_timing", "speedup.timing", "speedup.static_models",
-                      "speedup.static_loop", "speedup.static_hybrid", "extract.backends", "extract.target",
-                      "target_identity", "stats")
+TARGET_TIMING_CODE = (
+    "tools.profile_target",
+    "tools.target_timing",
+    "speedup.timing",
+    "speedup.static_models",
+    "speedup.static_loop",
+    "speedup.static_hybrid",
+    "extract.backends",
+    "extract.target",
+    "target_identity",
+    "stats",
+)
 # Imported (through static_loop and static_tree) but only run by the live loops of benchmarks/speedup_validation.py.
 VALIDATION_LOOPS = ("speedup.loop_run", "speedup.simulate")
 # Imported by extraction only for extract.backends' GdnKernels type (its gdn_kernels serves the target's timing,
@@ -62,49 +80,133 @@ class StageCode:
     version: int = 1
 
 
-_EVALUATE_DECIDES = ("evaluate.stage", "evaluate.acceptance", "evaluate.all_anchor", "evaluate.blocks",
-                     "evaluate.ddtree", "evaluate.drafter", "evaluate.drafter_model", "evaluate.packed",
-                     "evaluate.rejection", "evaluate.rejection_metrics", "evaluate.sampled_check", "evaluate.drafter_kind",
-                     "evaluate.target_head",
-                     "evaluate.trajectory", "evaluate.draft_timing", "evaluate.speedup",
-                     "checkpoint",
-                     "checkpoint_weights", "methods", "stats", "cache.sampling", "speedup.model", "speedup.labels",
-                     "speedup.timing", "speedup.static_models", "speedup.static_loop", "speedup.static_tree")
-_EXTRACT_DECIDES = (*STATE_CODE, "extract.stage", "extract.layers", "extract.positions", "extract.target_logprobs",
-                    "cache.manifest", "cache.store", "cache.sampling", "target_identity", "stats")
+_EVALUATE_DECIDES = (
+    "evaluate.stage",
+    "evaluate.acceptance",
+    "evaluate.all_anchor",
+    "evaluate.blocks",
+    "evaluate.ddtree",
+    "evaluate.drafter",
+    "evaluate.drafter_model",
+    "evaluate.packed",
+    "evaluate.rejection",
+    "evaluate.rejection_metrics",
+    "evaluate.sampled_check",
+    "evaluate.drafter_kind",
+    "evaluate.target_head",
+    "evaluate.trajectory",
+    "evaluate.draft_timing",
+    "evaluate.speedup",
+    "checkpoint",
+    "checkpoint_weights",
+    "methods",
+    "stats",
+    "cache.sampling",
+    "speedup.model",
+    "speedup.labels",
+    "speedup.timing",
+    "speedup.static_models",
+    "speedup.static_loop",
+    "speedup.static_tree",
+)
+_EXTRACT_DECIDES = (
+    *STATE_CODE,
+    "extract.stage",
+    "extract.layers",
+    "extract.positions",
+    "extract.target_logprobs",
+    "cache.manifest",
+    "cache.store",
+    "cache.sampling",
+    "target_identity",
+    "stats",
+)
 # Files read back, checked or resumed: their checks stop a wrong run, they do not change a right one's numbers.
-_CACHE_READERS = ("cache", "cache.completions_check", "cache.resume", "cache.reuse", "cache.verify",
-                  "cache.serving_profile", "cache.manifest", "cache.store", "completions", "target_identity")
+_CACHE_READERS = (
+    "cache",
+    "cache.completions_check",
+    "cache.resume",
+    "cache.reuse",
+    "cache.verify",
+    "cache.serving_profile",
+    "cache.manifest",
+    "cache.store",
+    "completions",
+    "target_identity",
+)
 
 STAGES: dict[str, StageCode] = {
     "fetch": StageCode(
-        decides=("fetch.sglang", "fetch.vllm", "fetch.sampling", "fetch.presets", "fetch.prompts", "completions",
-                 "sglang_protocol", "vllm_protocol"),
-        runs=(*COMMON_RUNS, *SERVER_RUNS, "fetch.stage", "fetch.retry", "fetch.store")),
+        decides=(
+            "fetch.sglang",
+            "fetch.vllm",
+            "fetch.sampling",
+            "fetch.presets",
+            "fetch.prompts",
+            "completions",
+            "sglang_protocol",
+            "vllm_protocol",
+        ),
+        runs=(*COMMON_RUNS, *SERVER_RUNS, "fetch.stage", "fetch.retry", "fetch.store"),
+    ),
     "extract": StageCode(
-        decides=_EXTRACT_DECIDES,
-        runs=(*COMMON_RUNS, *SERVER_RUNS, *_CACHE_READERS, *VALIDATION_LOOPS, *STATIC_TIMING)),
+        decides=_EXTRACT_DECIDES, runs=(*COMMON_RUNS, *SERVER_RUNS, *_CACHE_READERS, *VALIDATION_LOOPS, *STATIC_TIMING)
+    ),
     "evaluate": StageCode(
         decides=_EVALUATE_DECIDES,
-        runs=(*COMMON_RUNS, *_CACHE_READERS, *VALIDATION_LOOPS, "evaluate.command", "evaluate.several",
-              "evaluate.result_store", "evaluate.gpu", "evaluate.cuda_graphs", "evaluate.transfer")),
+        runs=(
+            *COMMON_RUNS,
+            *_CACHE_READERS,
+            *VALIDATION_LOOPS,
+            "evaluate.command",
+            "evaluate.several",
+            "evaluate.result_store",
+            "evaluate.gpu",
+            "evaluate.cuda_graphs",
+            "evaluate.transfer",
+        ),
+    ),
     "report": StageCode(
-        decides=("report.*", "methods", "stats", "completions", "speedup.labels", "speedup.model", "speedup.validation",
-                 "checkpoint", "checkpoint_weights", "cache.serving_profile", "cache.manifest"),
-        runs=(*COMMON_RUNS, "cache", "speedup")),  # two packages' __init__ (docstrings)
+        decides=(
+            "report.*",
+            "methods",
+            "stats",
+            "completions",
+            "speedup.labels",
+            "speedup.model",
+            "speedup.validation",
+            "checkpoint",
+            "checkpoint_weights",
+            "cache.serving_profile",
+            "cache.manifest",
+        ),
+        runs=(*COMMON_RUNS, "cache", "speedup"),
+    ),  # two packages' __init__ (docstrings)
     "compare-backends": StageCode(
         decides=("tools.compare_backends", *_EXTRACT_DECIDES, *_EVALUATE_DECIDES),
-        runs=(*COMMON_RUNS, *SERVER_RUNS, *_CACHE_READERS, *VALIDATION_LOOPS, *STATIC_TIMING, "evaluate.*")),
+        runs=(*COMMON_RUNS, *SERVER_RUNS, *_CACHE_READERS, *VALIDATION_LOOPS, *STATIC_TIMING, "evaluate.*"),
+    ),
     "export": StageCode(
         decides=("report.export", "report.speculation_profile", "stats", "methods", "completions", "cache.manifest"),
-        runs=(*COMMON_RUNS, "cache")),  # the package's __init__ (a docstring)
+        runs=(*COMMON_RUNS, "cache"),
+    ),  # the package's __init__ (a docstring)
     "profile-target": StageCode(
         decides=TARGET_TIMING_CODE,
-        runs=(*COMMON_RUNS, *SERVER_RUNS, "cache", "cache.serving_profile", "extract", "tools", "speedup",
-              *VALIDATION_LOOPS)),
+        runs=(
+            *COMMON_RUNS,
+            *SERVER_RUNS,
+            "cache",
+            "cache.serving_profile",
+            "extract",
+            "tools",
+            "speedup",
+            *VALIDATION_LOOPS,
+        ),
+    ),
     "profile-server": StageCode(
         decides=("tools.profile_server", "cache.serving_profile", "speedup.labels", "stats", "completions"),
-        runs=(*COMMON_RUNS, *SERVER_RUNS)),
+        runs=(*COMMON_RUNS, *SERVER_RUNS),
+    ),
 }
 
 
@@ -133,8 +235,12 @@ def _without_docstrings(tree: ast.AST) -> ast.AST:
     for node in ast.walk(tree):
         if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)):
             body = node.body
-            if body and isinstance(body[0], ast.Expr) and isinstance(getattr(body[0], "value", None), ast.Constant) \
-                    and isinstance(body[0].value.value, str):
+            if (
+                body
+                and isinstance(body[0], ast.Expr)
+                and isinstance(getattr(body[0], "value", None), ast.Constant)
+                and isinstance(body[0].value.value, str)
+            ):
                 node.body = body[1:] or [ast.Pass()]
     return tree
 

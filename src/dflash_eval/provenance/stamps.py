@@ -27,8 +27,13 @@ def stage_stamp(stage: str) -> str:
     current = stage_identity(stage)
     planned = os.environ.get(PLANNED)
     if planned and planned.split(".", 1)[0] == stage and planned != current:
-        log.warning("this %s job was planned with code %s but runs %s (the code changed meanwhile): its outputs are "
-                    "stamped with the code that ran, and `dflash-eval status` names them", stage, planned, current)
+        log.warning(
+            "this %s job was planned with code %s but runs %s (the code changed meanwhile): its outputs are "
+            "stamped with the code that ran, and `dflash-eval status` names them",
+            stage,
+            planned,
+            current,
+        )
     return current
 
 

@@ -14,8 +14,12 @@ from dflash_eval.provenance.identity import stage_identity
 from dflash_eval.provenance.stamps import read_stamp
 
 # stage -> the stamped outputs under the results folder (workflow/rules/common.smk names the same paths)
-STAMPED = {"extract": "hidden/*/*/manifest.json", "profile-target": "profile/*/*.json",
-           "evaluate": "eval/*/*/metrics.json", "report": "trust.json"}
+STAMPED = {
+    "extract": "hidden/*/*/manifest.json",
+    "profile-target": "profile/*/*.json",
+    "evaluate": "eval/*/*/metrics.json",
+    "report": "trust.json",
+}
 
 
 def older_outputs(results: Path) -> tuple[int, dict[str, list[str]]]:
@@ -29,8 +33,9 @@ def older_outputs(results: Path) -> tuple[int, dict[str, list[str]]]:
             count += 1
             stamp = read_stamp(path)
             if stamp != current:
-                older.setdefault(stage if stamp else f"{stage} (unstamped)", []).append(str(path.parent if stage ==
-                                                                                        "extract" else path))
+                older.setdefault(stage if stamp else f"{stage} (unstamped)", []).append(
+                    str(path.parent if stage == "extract" else path)
+                )
     return count, older
 
 

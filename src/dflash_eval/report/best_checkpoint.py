@@ -35,26 +35,44 @@ class Best:
     def verdict(self) -> str:
         """The plain sentence: best, and whether the runner-up is within noise of it."""
         best, second = self.best, self.runner_up
-        head = (f"{self.run} on {self.dataset}: step {best['training_step']} ({best['drafter']}) is best, tau "
-                f"{best['tau_mean_of_samples']:.3f}")
+        head = (
+            f"{self.run} on {self.dataset}: step {best['training_step']} ({best['drafter']}) is best, tau "
+            f"{best['tau_mean_of_samples']:.3f}"
+        )
         low, high = self.ci95
         if math.isnan(low) or math.isnan(high):
             return f"{head}; its difference to step {second['training_step']} could not be paired (no common samples)"
         interval = f"paired 95% CI [{low:+.3f}, {high:+.3f}] over {self.samples} samples"
         if low > 0:
-            return (f"{head}; it beats the runner-up, step {second['training_step']} (tau "
-                    f"{second['tau_mean_of_samples']:.3f}), by {self.difference:+.3f} ({interval})")
-        return (f"{head}; step {second['training_step']} (tau {second['tau_mean_of_samples']:.3f}) is within noise "
-                f"of it ({self.difference:+.3f}, {interval})")
+            return (
+                f"{head}; it beats the runner-up, step {second['training_step']} (tau "
+                f"{second['tau_mean_of_samples']:.3f}), by {self.difference:+.3f} ({interval})"
+            )
+        return (
+            f"{head}; step {second['training_step']} (tau {second['tau_mean_of_samples']:.3f}) is within noise "
+            f"of it ({self.difference:+.3f}, {interval})"
+        )
 
     def as_dict(self) -> dict:
-        return {"run": self.run, "dataset": self.dataset, "method": self.best["method"],
-                "best": {"drafter": self.best["drafter"], "step": self.best["training_step"],
-                         "tau_mean_of_samples": self.best["tau_mean_of_samples"]},
-                "runner_up": {"drafter": self.runner_up["drafter"], "step": self.runner_up["training_step"],
-                              "tau_mean_of_samples": self.runner_up["tau_mean_of_samples"]},
-                "difference": self.difference, "ci95": list(self.ci95), "samples": self.samples,
-                "verdict": self.verdict}
+        return {
+            "run": self.run,
+            "dataset": self.dataset,
+            "method": self.best["method"],
+            "best": {
+                "drafter": self.best["drafter"],
+                "step": self.best["training_step"],
+                "tau_mean_of_samples": self.best["tau_mean_of_samples"],
+            },
+            "runner_up": {
+                "drafter": self.runner_up["drafter"],
+                "step": self.runner_up["training_step"],
+                "tau_mean_of_samples": self.runner_up["tau_mean_of_samples"],
+            },
+            "difference": self.difference,
+            "ci95": list(self.ci95),
+            "samples": self.samples,
+            "verdict": self.verdict,
+        }
 
 
 def _rank(row: dict) -> tuple[float, float, int]:
@@ -68,8 +86,11 @@ def find(rows: list[dict], evaluations: list[Evaluation], settings: dict) -> lis
     found = []
     for run, members in training_runs(served, settings).items():
         for dataset in settings["datasets"]:
-            points = sorted((r for r in members if r["dataset"] == dataset and not math.isnan(r["tau_mean_of_samples"])),
-                            key=_rank, reverse=True)
+            points = sorted(
+                (r for r in members if r["dataset"] == dataset and not math.isnan(r["tau_mean_of_samples"])),
+                key=_rank,
+                reverse=True,
+            )
             if len(points) < 2:
                 continue
             best, second = points[:2]
@@ -91,8 +112,12 @@ def mark(rows: list[dict], evaluations: list[Evaluation], settings: dict) -> lis
         for row in training_runs([r for r in rows if r["scheme"] == "target_only"], settings)[best.run]:
             if row["dataset"] == best.dataset:
                 row["best_step"] = row is best.best
-        best.best.update(runner_up=best.runner_up["drafter"], diff_vs_runner_up=best.difference,
-                         runner_up_ci_low=best.ci95[0], runner_up_ci_high=best.ci95[1])
+        best.best.update(
+            runner_up=best.runner_up["drafter"],
+            diff_vs_runner_up=best.difference,
+            runner_up_ci_low=best.ci95[0],
+            runner_up_ci_high=best.ci95[1],
+        )
     return found
 
 
@@ -100,7 +125,11 @@ def lines(found: list[Best]) -> list[str]:
     """summary.md's section: one verdict per run x dataset."""
     if not found:
         return []
-    out = ["## Best checkpoint per training run", "",
-           "Highest tau (z-lab mean, own block size, target_only verification) among each run's checkpoints, "
-           "against the runner-up on the same samples (paired bootstrap); starred on tau_vs_step.png.", ""]
+    out = [
+        "## Best checkpoint per training run",
+        "",
+        "Highest tau (z-lab mean, own block size, target_only verification) among each run's checkpoints, "
+        "against the runner-up on the same samples (paired bootstrap); starred on tau_vs_step.png.",
+        "",
+    ]
     return out + [f"- {best.verdict}" for best in found] + [""]

@@ -30,17 +30,26 @@ from dflash_eval.methods import chain_method
 from dflash_eval.report.summary import dataset_sampling
 from dflash_eval.speedup import labels
 
-INCLUDES = ("e2e_latency (SGLang meta_info) runs from the request's arrival to its last token: the engine step "
-            "time from it includes the prefill, tokenization and any queueing; decode-only subtracts "
-            "first_token_latency (given by a server started with --enable-metrics)")
-BATCHED = ("fetched with {n} requests in flight: the server batched them, so a step served several requests and "
-           "these per-request figures are not the batch-1 step our estimate models")
+INCLUDES = (
+    "e2e_latency (SGLang meta_info) runs from the request's arrival to its last token: the engine step "
+    "time from it includes the prefill, tokenization and any queueing; decode-only subtracts "
+    "first_token_latency (given by a server started with --enable-metrics)"
+)
+BATCHED = (
+    "fetched with {n} requests in flight: the server batched them, so a step served several requests and "
+    "these per-request figures are not the batch-1 step our estimate models"
+)
 # what each source of a step time is called beside the estimate
 ENGINE = "engine-measured (SGLang meta_info)"
-ESTIMATE_SOURCES = {labels.USER: "user profile", labels.USER_SGLANG: labels.USER_SGLANG,
-                    labels.MEASURED: "HF profile (measured by us)"}
-PROFILED = ("measured by dflash-eval profile-server on the managed server (profile_server.enabled): batch 1, native "
-            "/generate, decode = e2e_latency - first_token_latency, one restart per setting")
+ESTIMATE_SOURCES = {
+    labels.USER: "user profile",
+    labels.USER_SGLANG: labels.USER_SGLANG,
+    labels.MEASURED: "HF profile (measured by us)",
+}
+PROFILED = (
+    "measured by dflash-eval profile-server on the managed server (profile_server.enabled): batch 1, native "
+    "/generate, decode = e2e_latency - first_token_latency, one restart per setting"
+)
 
 
 def request_timing(record: dict[str, Any]) -> dict[str, Any] | None:
@@ -66,17 +75,28 @@ def measured(records: Iterable[dict[str, Any]]) -> dict[str, Any]:
         if block is not None:
             blocks.add(int(block))
     if not timed:
-        return {"recorded": False, "requests": total,
-                "why": "no record has meta_info's e2e_latency with spec_verify_ct (fetch from a speculating "
-                       "SGLang over the chat endpoint: /v1/completions returns no meta_info)"}
+        return {
+            "recorded": False,
+            "requests": total,
+            "why": "no record has meta_info's e2e_latency with spec_verify_ct (fetch from a speculating "
+            "SGLang over the chat endpoint: /v1/completions returns no meta_info)",
+        }
     e2e = sum(t["e2e_latency"] for t in timed)
     steps = sum(int(t["spec_verify_ct"]) for t in timed)
     tokens = sum(int(t["completion_tokens"]) for t in timed)
     out: dict[str, Any] = {
-        "recorded": True, "source": ENGINE, "requests": len(timed), "requests_without_timing": total - len(timed),
-        "verify_steps": steps, "completion_tokens": tokens, "e2e_latency_s": e2e,
-        "ms_per_step": 1e3 * e2e / steps, "tokens_per_s": tokens / e2e,
-        "concurrency": sorted(concurrency), "block_sizes": sorted(blocks), "includes": INCLUDES,
+        "recorded": True,
+        "source": ENGINE,
+        "requests": len(timed),
+        "requests_without_timing": total - len(timed),
+        "verify_steps": steps,
+        "completion_tokens": tokens,
+        "e2e_latency_s": e2e,
+        "ms_per_step": 1e3 * e2e / steps,
+        "tokens_per_s": tokens / e2e,
+        "concurrency": sorted(concurrency),
+        "block_sizes": sorted(blocks),
+        "includes": INCLUDES,
     }
     if all(t.get("first_token_latency") is not None for t in timed):
         decode = sum(t["e2e_latency"] - t["first_token_latency"] for t in timed)
@@ -99,9 +119,15 @@ def estimate(metrics: dict[str, Any], block: int) -> dict[str, Any]:
         why = section.get("why") or (section.get("not_measured") or {}).get(method) or f"no estimate for {method}"
         return {"method": method, "available": False, "source": source, "why": why}
     t_step = priced["t_step_ms"] if "t_step_ms" in priced else priced["t_draft_ms"] + priced["t_verify_ms"]
-    return {"method": method, "available": True, "source": source, "target_source": section.get("target_source"),
-            "t_step_ms": t_step, "t_step_from": "t_step_ms" if "t_step_ms" in priced else "T_draft + T_verify(n)",
-            "expected_speedup": numbers.get("expected_speedup")}
+    return {
+        "method": method,
+        "available": True,
+        "source": source,
+        "target_source": section.get("target_source"),
+        "t_step_ms": t_step,
+        "t_step_from": "t_step_ms" if "t_step_ms" in priced else "T_draft + T_verify(n)",
+        "expected_speedup": numbers.get("expected_speedup"),
+    }
 
 
 def entry(records: list[dict[str, Any]], metrics: dict[str, Any] | None, drafter: str | None) -> dict[str, Any]:
@@ -121,8 +147,9 @@ def entry(records: list[dict[str, Any]], metrics: dict[str, Any] | None, drafter
     return out
 
 
-def panel(metrics_by_key: dict[tuple[str, str], dict], settings: dict[str, Any],
-          completion_files: Iterable[str | Path]) -> dict[str, dict[str, Any]]:
+def panel(
+    metrics_by_key: dict[tuple[str, str], dict], settings: dict[str, Any], completion_files: Iterable[str | Path]
+) -> dict[str, dict[str, Any]]:
     """Per dataset with a completions file: entry() for report.served_drafter (None: engine numbers alone)."""
     served = settings.get("served_drafter")
     out = {}
@@ -143,14 +170,18 @@ def lines(entries: dict[str, dict[str, Any]]) -> list[str]:
     """summary.md's table: the engine's measured step time beside our estimate (nothing when no dataset has one)."""
     if not any(e["engine"]["recorded"] for e in entries.values()):
         return []
-    out = ["### The engine's own step time beside the estimate", "",
-           f"Per dataset, the served drafter at the served block: engine ms per verify step = sum(e2e_latency) / "
-           f"sum(spec_verify_ct), and tokens/s = completion tokens / e2e_latency, over the requests fetch timed "
-           f"({ENGINE}), beside our estimate's T_step for that method and its expected speedup, with the estimate's "
-           f"source. {INCLUDES}.", "",
-           "| dataset | served drafter | method | requests | concurrency | engine ms / step | decode-only ms / step "
-           "| tokens/s per request | estimate T_step | engine / estimate | expected speedup (estimate) | estimate source |",
-           "| --- | --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- |"]
+    out = [
+        "### The engine's own step time beside the estimate",
+        "",
+        f"Per dataset, the served drafter at the served block: engine ms per verify step = sum(e2e_latency) / "
+        f"sum(spec_verify_ct), and tokens/s = completion tokens / e2e_latency, over the requests fetch timed "
+        f"({ENGINE}), beside our estimate's T_step for that method and its expected speedup, with the estimate's "
+        f"source. {INCLUDES}.",
+        "",
+        "| dataset | served drafter | method | requests | concurrency | engine ms / step | decode-only ms / step "
+        "| tokens/s per request | estimate T_step | engine / estimate | expected speedup (estimate) | estimate source |",
+        "| --- | --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- |",
+    ]
     notes = []
     for dataset, e in entries.items():
         engine = e["engine"]
@@ -158,12 +189,20 @@ def lines(entries: dict[str, dict[str, Any]]) -> list[str]:
             continue
         guess = e.get("estimate") or {"available": False, "why": "report.served_drafter not set"}
         speedup = guess.get("expected_speedup")
-        cells = [dataset, e["drafter"] or "–", guess.get("method", "–"), engine["requests"],
-                 ", ".join(map(str, engine["concurrency"])) or "–", _ms(engine["ms_per_step"]),
-                 _ms(engine.get("decode_ms_per_step")), f"{engine['tokens_per_s']:.4g}",
-                 _ms(guess.get("t_step_ms")) if guess["available"] else f"none: {guess['why']}",
-                 f"{e['engine_over_estimate']:.3g}×" if "engine_over_estimate" in e else "–",
-                 "–" if speedup is None else f"{speedup:.2f}×", guess.get("source", "–")]
+        cells = [
+            dataset,
+            e["drafter"] or "–",
+            guess.get("method", "–"),
+            engine["requests"],
+            ", ".join(map(str, engine["concurrency"])) or "–",
+            _ms(engine["ms_per_step"]),
+            _ms(engine.get("decode_ms_per_step")),
+            f"{engine['tokens_per_s']:.4g}",
+            _ms(guess.get("t_step_ms")) if guess["available"] else f"none: {guess['why']}",
+            f"{e['engine_over_estimate']:.3g}×" if "engine_over_estimate" in e else "–",
+            "–" if speedup is None else f"{speedup:.2f}×",
+            guess.get("source", "–"),
+        ]
         out.append("| " + " | ".join(str(c) for c in cells) + " |")
         if engine.get("batched"):
             notes.append(f"- {dataset}: {engine['batched']}.")
@@ -176,8 +215,10 @@ def load_profile(path: str | Path) -> dict[str, Any]:
     """A profile-server file, checked as a serving profile (errors name the file and field) and by its format."""
     data = read_json_object(Path(path))
     if data.get("format") != labels.SERVER_PROFILE_FORMAT:
-        raise DflashEvalError(f"{path}: not a dflash-eval profile-server file (format {data.get('format')!r}, want "
-                              f"{labels.SERVER_PROFILE_FORMAT!r})")
+        raise DflashEvalError(
+            f"{path}: not a dflash-eval profile-server file (format {data.get('format')!r}, want "
+            f"{labels.SERVER_PROFILE_FORMAT!r})"
+        )
     return check_profile(data, path)
 
 
@@ -186,8 +227,9 @@ def _tau(metrics: dict[str, Any] | None, method: str) -> float | None:
     return None if tau is None or tau != tau else float(tau)
 
 
-def profile_panel(profile: dict[str, Any], metrics_by_key: dict[tuple[str, str], dict],
-                  settings: dict[str, Any]) -> dict[str, Any]:
+def profile_panel(
+    profile: dict[str, Any], metrics_by_key: dict[tuple[str, str], dict], settings: dict[str, Any]
+) -> dict[str, Any]:
     """trust.json's `server_profile`: what profile-server measured per setting, and per dataset the served drafter's
     chain at the served block priced from that profile (user profile (SGLang)): predicted speedup = offline tau x
     T_AR / T_step(b) and the tokens/s it implies (x 1000 / T_AR), beside the engine's own measured tokens/s and
@@ -198,44 +240,78 @@ def profile_panel(profile: dict[str, Any], metrics_by_key: dict[tuple[str, str],
     by_name = {s["name"]: s for s in profile["settings"]}
     run = by_name.get("served") or {}
     engine_ms_per_token = (run.get("decode_ms_per_token") or {}).get("median")
-    engine = {"source": ENGINE, "setting": "served", "requests": run.get("requests"),
-              "ms_per_step": (run.get("ms_per_step") or {}).get("median"),
-              "tokens_per_step": (run.get("tokens_per_step") or {}).get("median"),
-              "tokens_per_s": None if not engine_ms_per_token else 1e3 / engine_ms_per_token,
-              "speedup": None if not engine_ms_per_token else t_ar / engine_ms_per_token}
+    engine = {
+        "source": ENGINE,
+        "setting": "served",
+        "requests": run.get("requests"),
+        "ms_per_step": (run.get("ms_per_step") or {}).get("median"),
+        "tokens_per_step": (run.get("tokens_per_step") or {}).get("median"),
+        "tokens_per_s": None if not engine_ms_per_token else 1e3 / engine_ms_per_token,
+        "speedup": None if not engine_ms_per_token else t_ar / engine_ms_per_token,
+    }
     datasets = {}
     for dataset in settings["datasets"]:
         metrics = metrics_by_key.get((served, dataset)) if served else None
         tau = _tau(metrics, method)
-        entry_ = {"drafter": served, "method": method, "tau_token_weighted": tau, "source": labels.USER_SGLANG,
-                  "t_ar_ms": t_ar, "t_step_ms": t_step,
-                  "predicted_speedup": None if tau is None else tau * t_ar / t_step}
-        entry_["predicted_tokens_per_s"] = (None if entry_["predicted_speedup"] is None
-                                            else entry_["predicted_speedup"] * 1e3 / t_ar)
+        entry_ = {
+            "drafter": served,
+            "method": method,
+            "tau_token_weighted": tau,
+            "source": labels.USER_SGLANG,
+            "t_ar_ms": t_ar,
+            "t_step_ms": t_step,
+            "predicted_speedup": None if tau is None else tau * t_ar / t_step,
+        }
+        entry_["predicted_tokens_per_s"] = (
+            None if entry_["predicted_speedup"] is None else entry_["predicted_speedup"] * 1e3 / t_ar
+        )
         temperature = float(dataset_sampling(metrics or {}).get("temperature") or 0.0)
         if temperature != 0.0:  # the profile's requests are greedy: the engine's acceptance is not this dataset's
-            entry_["engine_comparable"] = (f"no: the profile's requests are greedy, this dataset samples at T = "
-                                           f"{temperature:g}")
+            entry_["engine_comparable"] = (
+                f"no: the profile's requests are greedy, this dataset samples at T = {temperature:g}"
+            )
         elif entry_["predicted_tokens_per_s"] and engine["tokens_per_s"]:
             entry_["engine_over_predicted"] = engine["tokens_per_s"] / entry_["predicted_tokens_per_s"]
         if metrics is not None:
             entry_["our_estimate"] = estimate(metrics, block)
         datasets[dataset] = entry_
-    return {"source": labels.USER_SGLANG, "measured": PROFILED, "file_source": profile.get("source"),
-            "measured_at": profile.get("measured_at"), "block_size": block, "max_new_tokens": profile.get("max_new_tokens"),
-            "t_ar_ms": t_ar, "t_step_ms": t_step, "t_step_from": profile.get("t_step_from"),
-            "settings": [{key: s.get(key) for key in ("name", "SGLANG_SIMULATE_ACC_LEN", "requests", "restart_s",
-                                                       "decode_ms_per_token", "ms_per_step", "tokens_per_step")}
-                         for s in profile["settings"]],
-            "engine": engine, "datasets": datasets}
+    return {
+        "source": labels.USER_SGLANG,
+        "measured": PROFILED,
+        "file_source": profile.get("source"),
+        "measured_at": profile.get("measured_at"),
+        "block_size": block,
+        "max_new_tokens": profile.get("max_new_tokens"),
+        "t_ar_ms": t_ar,
+        "t_step_ms": t_step,
+        "t_step_from": profile.get("t_step_from"),
+        "settings": [
+            {
+                key: s.get(key)
+                for key in (
+                    "name",
+                    "SGLANG_SIMULATE_ACC_LEN",
+                    "requests",
+                    "restart_s",
+                    "decode_ms_per_token",
+                    "ms_per_step",
+                    "tokens_per_step",
+                )
+            }
+            for s in profile["settings"]
+        ],
+        "engine": engine,
+        "datasets": datasets,
+    }
 
 
 def _spread(stats: dict[str, Any] | None) -> str:
     if not stats:
         return "–"
     ci = stats.get("ci95")
-    return f"{stats['median']:.3g} ms" + (f" ({ci[0]:.3g}..{ci[1]:.3g})" if ci else
-                                          f" (n {stats['n']}: min..max {stats['min']:.3g}..{stats['max']:.3g})")
+    return f"{stats['median']:.3g} ms" + (
+        f" ({ci[0]:.3g}..{ci[1]:.3g})" if ci else f" (n {stats['n']}: min..max {stats['min']:.3g}..{stats['max']:.3g})"
+    )
 
 
 def _x(value: Any) -> str:
@@ -247,38 +323,71 @@ def profile_lines(panel: dict[str, Any] | None) -> list[str]:
     if not panel:
         return []
     engine = panel["engine"]
-    out = ["### Measured on your server: profile-server", "",
-           f"{PROFILED}. Per setting: decode ms per token and ms per verify step, median over the requests with its "
-           f"distribution-free 95% CI (min..max where fewer than 6 requests give none), tokens per step, and how "
-           f"long the restart took. T_AR = {panel['t_ar_ms']:.3g} ms (no speculation), T_step(b{panel['block_size']}) = "
-           f"{panel['t_step_ms']:.3g} ms ({panel['t_step_from']}).", "",
-           "| setting | SGLANG_SIMULATE_ACC_LEN | requests | restart | decode ms / token | ms / verify step "
-           "| tokens / step |", "| --- | ---: | ---: | ---: | ---: | ---: | ---: |"]
+    out = [
+        "### Measured on your server: profile-server",
+        "",
+        f"{PROFILED}. Per setting: decode ms per token and ms per verify step, median over the requests with its "
+        f"distribution-free 95% CI (min..max where fewer than 6 requests give none), tokens per step, and how "
+        f"long the restart took. T_AR = {panel['t_ar_ms']:.3g} ms (no speculation), T_step(b{panel['block_size']}) = "
+        f"{panel['t_step_ms']:.3g} ms ({panel['t_step_from']}).",
+        "",
+        "| setting | SGLANG_SIMULATE_ACC_LEN | requests | restart | decode ms / token | ms / verify step "
+        "| tokens / step |",
+        "| --- | ---: | ---: | ---: | ---: | ---: | ---: |",
+    ]
     for s in panel["settings"]:
         length = s.get("SGLANG_SIMULATE_ACC_LEN")
-        out.append("| " + " | ".join([
-            s["name"], "–" if length is None else f"{length:g}", str(s["requests"]),
-            "restored by the pause" if s.get("restart_s") is None else f"{s['restart_s']:.1f} s",
-            _spread(s.get("decode_ms_per_token")), _spread(s.get("ms_per_step")),
-            "–" if not s.get("tokens_per_step") else f"{s['tokens_per_step']['median']:.3g}"]) + " |")
-    out += ["", f"Per dataset, the served drafter's chain at the served block: the speedup predicted from this profile "
-            f"({labels.USER_SGLANG}: offline token-weighted tau x T_AR / T_step) and the tokens/s it implies, beside "
-            f"the engine's own tokens/s and speedup over T_AR for the served configuration ({ENGINE}, the `served` "
-            f"setting: its own acceptance, {engine['tokens_per_step'] or 0:.3g} tokens per step on the profile's "
-            "prompts), and our estimate with its source.", "",
-            "| dataset | served drafter | method | tau (offline) | predicted speedup | predicted tokens/s "
-            "| engine tokens/s | engine speedup | engine / predicted | our estimate | our estimate's source |",
-            "| --- | --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- |"]
+        out.append(
+            "| "
+            + " | ".join(
+                [
+                    s["name"],
+                    "–" if length is None else f"{length:g}",
+                    str(s["requests"]),
+                    "restored by the pause" if s.get("restart_s") is None else f"{s['restart_s']:.1f} s",
+                    _spread(s.get("decode_ms_per_token")),
+                    _spread(s.get("ms_per_step")),
+                    "–" if not s.get("tokens_per_step") else f"{s['tokens_per_step']['median']:.3g}",
+                ]
+            )
+            + " |"
+        )
+    out += [
+        "",
+        f"Per dataset, the served drafter's chain at the served block: the speedup predicted from this profile "
+        f"({labels.USER_SGLANG}: offline token-weighted tau x T_AR / T_step) and the tokens/s it implies, beside "
+        f"the engine's own tokens/s and speedup over T_AR for the served configuration ({ENGINE}, the `served` "
+        f"setting: its own acceptance, {engine['tokens_per_step'] or 0:.3g} tokens per step on the profile's "
+        "prompts), and our estimate with its source.",
+        "",
+        "| dataset | served drafter | method | tau (offline) | predicted speedup | predicted tokens/s "
+        "| engine tokens/s | engine speedup | engine / predicted | our estimate | our estimate's source |",
+        "| --- | --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- |",
+    ]
     for dataset, e in panel["datasets"].items():
         ours = e.get("our_estimate") or {}
-        mine = (_x(ours.get("expected_speedup")) if ours.get("available")
-                else f"none: {ours['why']}" if ours else "–")
-        out.append("| " + " | ".join([
-            dataset, e["drafter"] or "–", e["method"], "–" if e["tau_token_weighted"] is None else
-            f"{e['tau_token_weighted']:.3f}", _x(e["predicted_speedup"]),
-            "–" if e["predicted_tokens_per_s"] is None else f"{e['predicted_tokens_per_s']:.4g}",
-            "–" if engine["tokens_per_s"] is None else f"{engine['tokens_per_s']:.4g}", _x(engine["speedup"]),
-            f"{e['engine_over_predicted']:.3g}×" if "engine_over_predicted" in e else
-            "n/a (greedy profile, sampled dataset)" if "engine_comparable" in e else "–", mine,
-            ours.get("source", "–")]) + " |")
+        mine = _x(ours.get("expected_speedup")) if ours.get("available") else f"none: {ours['why']}" if ours else "–"
+        out.append(
+            "| "
+            + " | ".join(
+                [
+                    dataset,
+                    e["drafter"] or "–",
+                    e["method"],
+                    "–" if e["tau_token_weighted"] is None else f"{e['tau_token_weighted']:.3f}",
+                    _x(e["predicted_speedup"]),
+                    "–" if e["predicted_tokens_per_s"] is None else f"{e['predicted_tokens_per_s']:.4g}",
+                    "–" if engine["tokens_per_s"] is None else f"{engine['tokens_per_s']:.4g}",
+                    _x(engine["speedup"]),
+                    f"{e['engine_over_predicted']:.3g}×"
+                    if "engine_over_predicted" in e
+                    else "n/a (greedy profile, sampled dataset)"
+                    if "engine_comparable" in e
+                    else "–",
+                    mine,
+                    ours.get("source", "–"),
+                ]
+            )
+            + " |"
+        )
     return out + [""]

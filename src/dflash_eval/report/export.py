@@ -40,17 +40,24 @@ NUMBER_KEYS = ("tau_mean_of_samples", "tau_token_weighted", "ci95", "samples", "
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--settings", help="JSON: context_buckets, bootstrap, seed, and the settings to record "
-                                           "(evaluate, fetch), as the workflow passes them")
+    parser.add_argument(
+        "--settings",
+        help="JSON: context_buckets, bootstrap, seed, and the settings to record "
+        "(evaluate, fetch), as the workflow passes them",
+    )
     parser.add_argument("--metrics", help="the evaluation's metrics.json")
     parser.add_argument("--samples", help="its samples.csv (default: beside metrics.json)")
     parser.add_argument("--completions", help="the completions JSONL it evaluated")
     parser.add_argument("--hidden", help="the hidden-state cache it read (default: metrics.json's cache.dir)")
     parser.add_argument("--profile", help="output: speculation_profile.json")
     parser.add_argument("--record", help="output: record.json")
-    parser.add_argument("--check", metavar="RECORD", help="re-read a record.json and check it against the files it "
-                                                          "names (relative paths: from the project directory, as "
-                                                          "the workflow wrote them); exit 1 and list what differs")
+    parser.add_argument(
+        "--check",
+        metavar="RECORD",
+        help="re-read a record.json and check it against the files it "
+        "names (relative paths: from the project directory, as "
+        "the workflow wrote them); exit 1 and list what differs",
+    )
 
 
 def installed_versions() -> dict[str, str]:
@@ -83,9 +90,13 @@ def server_identity(records: list[dict]) -> dict:
     for record in records:
         server = record.get("server") or {}
         speculative = server.get("speculative") or {}
-        identity = {"model": server.get("model"), "model_path": server.get("model_path"),
-                    "weight_version": server.get("weight_version"), "version": speculative.get("version"),
-                    "speculative": speculative or None}
+        identity = {
+            "model": server.get("model"),
+            "model_path": server.get("model_path"),
+            "weight_version": server.get("weight_version"),
+            "version": speculative.get("version"),
+            "speculative": speculative or None,
+        }
         seen.setdefault(json.dumps(identity, sort_keys=True), identity)
     servers = list(seen.values())
     return servers[0] if len(servers) == 1 else {"several": servers}
@@ -94,15 +105,26 @@ def server_identity(records: list[dict]) -> dict:
 def seeds(settings: dict, records: list[dict]) -> dict:
     """Every seed that decides a number: the bootstrap's, the dataset subset's, each sampled completion's."""
     fetch = settings.get("fetch") or {}
-    drawn = sorted({r["sampling"]["seed"] for r in records
-                    if isinstance(r.get("sampling"), dict) and r["sampling"].get("seed") is not None})
-    return {"bootstrap_seed": settings["seed"], "bootstrap_resamples": settings["bootstrap"],
-            "dataset_subset_seed": fetch.get("seed"), "max_samples": fetch.get("max_samples"),
-            "sampling_seed": fetch.get("sampling_seed"), "completion_sampling_seeds": drawn or None}
+    drawn = sorted(
+        {
+            r["sampling"]["seed"]
+            for r in records
+            if isinstance(r.get("sampling"), dict) and r["sampling"].get("seed") is not None
+        }
+    )
+    return {
+        "bootstrap_seed": settings["seed"],
+        "bootstrap_resamples": settings["bootstrap"],
+        "dataset_subset_seed": fetch.get("seed"),
+        "max_samples": fetch.get("max_samples"),
+        "sampling_seed": fetch.get("sampling_seed"),
+        "completion_sampling_seeds": drawn or None,
+    }
 
 
-def build_record(metrics_path: Path, samples_path: Path, completions: Path, hidden: Path, profile_path: Path,
-                 settings: dict) -> dict:
+def build_record(
+    metrics_path: Path, samples_path: Path, completions: Path, hidden: Path, profile_path: Path, settings: dict
+) -> dict:
     """The record of one evaluation (see the module's docstring); the profile must be written already."""
     metrics = read_json_object(metrics_path)
     manifest = cache_manifest.read(hidden) or {}
@@ -110,28 +132,47 @@ def build_record(metrics_path: Path, samples_path: Path, completions: Path, hidd
     cache = metrics["cache"]
     return {
         "format": RECORD_FORMAT,
-        "drafter": metrics["drafter"], "dataset": metrics["dataset"],
+        "drafter": metrics["drafter"],
+        "dataset": metrics["dataset"],
         "numbers": numbers(metrics),
-        "versions": {"exported_with": installed_versions(), "extraction": (manifest.get("backend") or {}),
-                     "server": server_identity(records)},
-        "settings": {"evaluate": settings.get("evaluate"), "fetch": settings.get("fetch"),
-                     "evaluation": {"device": metrics.get("device"), "dtype": metrics.get("dtype"),
-                                    "verify": metrics.get("verify"), "block_size": metrics["block_size"],
-                                    "layer_ids": metrics["layer_ids"], "stop_token_ids": metrics.get("stop_token_ids"),
-                                    "sampling": metrics.get("sampling")}},
+        "versions": {
+            "exported_with": installed_versions(),
+            "extraction": (manifest.get("backend") or {}),
+            "server": server_identity(records),
+        },
+        "settings": {
+            "evaluate": settings.get("evaluate"),
+            "fetch": settings.get("fetch"),
+            "evaluation": {
+                "device": metrics.get("device"),
+                "dtype": metrics.get("dtype"),
+                "verify": metrics.get("verify"),
+                "block_size": metrics["block_size"],
+                "layer_ids": metrics["layer_ids"],
+                "stop_token_ids": metrics.get("stop_token_ids"),
+                "sampling": metrics.get("sampling"),
+            },
+        },
         "seeds": seeds(settings, records),
         "inputs": {
             "completions": _file(completions),
             "checkpoint": {k: metrics["checkpoint"].get(k) for k in ("path", "layout", "sha256", "global_step")},
-            "target": {"path": (manifest.get("target") or {}).get("path"),
-                       "config_hash": cache.get("target_config_hash")},
-            "hidden_cache": {"dir": str(hidden), "backend": cache.get("backend"),
-                             "completions_sha256": (manifest.get("completions") or {}).get("sha256"),
-                             "shards": [{"file": s["file"], "sha256": s["sha256"]}
-                                        for s in cache.get("shards_verified") or []]},
+            "target": {
+                "path": (manifest.get("target") or {}).get("path"),
+                "config_hash": cache.get("target_config_hash"),
+            },
+            "hidden_cache": {
+                "dir": str(hidden),
+                "backend": cache.get("backend"),
+                "completions_sha256": (manifest.get("completions") or {}).get("sha256"),
+                "shards": [{"file": s["file"], "sha256": s["sha256"]} for s in cache.get("shards_verified") or []],
+            },
         },
-        "outputs": {"metrics": _file(metrics_path), "samples": _file(samples_path),
-                    "speculation_profile": _file(profile_path)},
+        "outputs": {
+            "metrics": _file(metrics_path),
+            "samples": _file(samples_path),
+            "speculation_profile": _file(profile_path),
+        },
     }
 
 
@@ -167,18 +208,21 @@ def _same(a: Any, b: Any) -> bool:
         return a.keys() == b.keys() and all(_same(a[k], b[k]) for k in a)
     if isinstance(a, list) and isinstance(b, list):
         return len(a) == len(b) and all(_same(x, y) for x, y in zip(a, b))
-    nan = (lambda v: v is None or (isinstance(v, float) and math.isnan(v)))
+    nan = lambda v: v is None or (isinstance(v, float) and math.isnan(v))
     return (nan(a) and nan(b)) or a == b
 
 
 def lines() -> list[str]:
     """summary.md's pointer to what each evaluation hands on (the rows' speculation_profile column names each)."""
-    return ["## Handed on", "",
-            f"Beside each evaluation's metrics.json: `{speculation_profile.FILE}` (conditional and marginal "
-            "acceptance per draft position, the histogram and tau per method and context length, for deployment "
-            f"simulators; summary.csv's speculation_profile column) and `{RECORD_FILE}` (numbers, versions, "
-            "settings, seeds and input identities; `dflash-eval export --check` re-reads one against the files it "
-            "names)."]
+    return [
+        "## Handed on",
+        "",
+        f"Beside each evaluation's metrics.json: `{speculation_profile.FILE}` (conditional and marginal "
+        "acceptance per draft position, the histogram and tau per method and context length, for deployment "
+        f"simulators; summary.csv's speculation_profile column) and `{RECORD_FILE}` (numbers, versions, "
+        "settings, seeds and input identities; `dflash-eval export --check` re-reads one against the files it "
+        "names).",
+    ]
 
 
 def run(args: argparse.Namespace) -> int:
@@ -197,11 +241,19 @@ def run(args: argparse.Namespace) -> int:
     samples_path = Path(args.samples) if args.samples else metrics_path.with_name("samples.csv")
     metrics = read_json_object(metrics_path)
     hidden = Path(args.hidden or metrics["cache"]["dir"])
-    profile = speculation_profile.build(metrics, speculation_profile.read_samples(samples_path), settings,
-                                        cache_manifest.read(hidden), str(metrics_path))
+    profile = speculation_profile.build(
+        metrics,
+        speculation_profile.read_samples(samples_path),
+        settings,
+        cache_manifest.read(hidden),
+        str(metrics_path),
+    )
     atomic_write_json(args.profile, profile)
-    atomic_write_json(args.record, build_record(metrics_path, samples_path, Path(args.completions), hidden,
-                                                Path(args.profile), settings))
-    log.info("%s on %s: speculation profile %s, record %s", metrics["drafter"], metrics["dataset"], args.profile,
-             args.record)
+    atomic_write_json(
+        args.record,
+        build_record(metrics_path, samples_path, Path(args.completions), hidden, Path(args.profile), settings),
+    )
+    log.info(
+        "%s on %s: speculation profile %s, record %s", metrics["drafter"], metrics["dataset"], args.profile, args.record
+    )
     return 0

@@ -14,8 +14,9 @@ from collections.abc import Iterable
 from pathlib import Path
 
 
-def date_kept_report_before_inputs(marker: str | Path, outputs: Iterable[str | Path],
-                                   inputs: Iterable[str | Path]) -> list[str]:
+def date_kept_report_before_inputs(
+    marker: str | Path, outputs: Iterable[str | Path], inputs: Iterable[str | Path]
+) -> list[str]:
     """After a failed report job: date each kept output a second before the oldest input, drop the marker.
 
     Returns the outputs dated (none when no job failed). Dating, not deleting, keeps the last report readable

@@ -8,7 +8,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
-DIGITS = 2                           # tau precision shown; the CI is wider than 0.01 in practice
+DIGITS = 2  # tau precision shown; the CI is wider than 0.01 in practice
 
 
 def missing(value: Any) -> bool:

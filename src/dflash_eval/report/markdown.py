@@ -28,7 +28,7 @@ from dflash_eval.report.trust import NOT_RECORDED
 from dflash_eval.speedup import labels as speedup
 from dflash_eval.speedup import validation
 
-LOW_AGREEMENT = 0.95                 # below this the cached target is likely not the one that served
+LOW_AGREEMENT = 0.95  # below this the cached target is likely not the one that served
 MAX_LISTED_SKIPS = 5
 
 
@@ -79,8 +79,10 @@ def is_tree(method: str) -> bool:
     return parse(method).kind.name == TREE.name
 
 
-HYPOTHETICAL_TREE = ("†: DDTree at T > 0 is hypothetical: SGLang 0.5.23 serves no DDTree, and the tree is built "
-                     "from the untempered drafter, each child accepted iff it is the served token (docs/sampling.md).")
+HYPOTHETICAL_TREE = (
+    "†: DDTree at T > 0 is hypothetical: SGLang 0.5.23 serves no DDTree, and the tree is built "
+    "from the untempered drafter, each child accepted iff it is the served token (docs/sampling.md)."
+)
 
 
 def _best(rows: list[dict], column: tuple[str, str], value: str) -> float | None:
@@ -112,8 +114,10 @@ def _method_grid(rows: list[dict], settings: dict, value: str, cell: Any, keep: 
     by_key = {(r["drafter"], r["dataset"], r["method"]): r for r in rows}
     best = {column: _best(rows, column, value) for column in columns}
     lead = ["drafter", "training step"] if steps else ["drafter"]
-    lines = [table_row(lead + [_column_label(rows, d, m) for d, m in columns]),
-             table_row(["---"] * len(lead) + ["---:"] * len(columns))]
+    lines = [
+        table_row(lead + [_column_label(rows, d, m) for d, m in columns]),
+        table_row(["---"] * len(lead) + ["---:"] * len(columns)),
+    ]
     for drafter in settings["drafters"]:
         cells = [drafter_label(drafter, settings)] + ([steps.get(drafter, "")] if steps else [])
         cells += [cell(by_key.get((drafter, *column)), best[column]) for column in columns]
@@ -130,8 +134,10 @@ def reference_table(rows: list[dict], settings: dict) -> list[str]:
     """tau (z-lab mean) of each drafter as a percentage of the reference drafter's (main-table methods)."""
     columns = _columns(rows, settings)
     by_key = {(r["drafter"], r["dataset"], r["method"]): r for r in rows}
-    lines = [table_row(["drafter"] + [_column_label(rows, d, m) for d, m in columns]),
-             table_row(["---"] + ["---:"] * len(columns))]
+    lines = [
+        table_row(["drafter"] + [_column_label(rows, d, m) for d, m in columns]),
+        table_row(["---"] + ["---:"] * len(columns)),
+    ]
     for drafter in settings["drafters"]:
         cells = [drafter_label(drafter, settings)]
         for column in columns:
@@ -144,14 +150,26 @@ def reference_table(rows: list[dict], settings: dict) -> list[str]:
 
 def verdict_table(rows: list[dict], settings: dict) -> list[str]:
     """One line per drafter x dataset x method compared with the reference."""
-    lines = [table_row(["drafter", "dataset", "method", "difference", "95% CI", "verdict"]),
-             table_row(["---", "---", "---", "---:", "---", "---"])]
+    lines = [
+        table_row(["drafter", "dataset", "method", "difference", "95% CI", "verdict"]),
+        table_row(["---", "---", "---", "---:", "---", "---"]),
+    ]
     for row in rows:
         if not row["verdict"]:
             continue
         verdict = f"**{row['verdict']}**" if row["verdict"] in ("better", "worse") else row["verdict"]
-        lines.append(table_row([row["drafter"], row["dataset"], row["method"], f"{row['diff_vs_reference']:+.{DIGITS}f}",
-                                f"[{fmt(row['diff_ci_low'])}, {fmt(row['diff_ci_high'])}]", verdict]))
+        lines.append(
+            table_row(
+                [
+                    row["drafter"],
+                    row["dataset"],
+                    row["method"],
+                    f"{row['diff_vs_reference']:+.{DIGITS}f}",
+                    f"[{fmt(row['diff_ci_low'])}, {fmt(row['diff_ci_high'])}]",
+                    verdict,
+                ]
+            )
+        )
     return lines
 
 
@@ -164,24 +182,51 @@ def rejection_table(rows: list[dict], settings: dict) -> list[str]:
     if not rejection:
         return []
     served = {(r["drafter"], r["dataset"], r["method"]): r for r in rows if r["scheme"] == "target_only"}
-    lines = ["## Under dflash_generate's speculative sampling (verify: rejection)", "",
-             "Expected tau given each sampled completion (docs/sampling_rejection.md), beside SGLang's target-only "
-             "verification on the same completions; each with the samples it covers. Outside support: samples "
-             "with a verified token that dflash's top-k/top-p filter excludes (flashinfer's tie rule, or a bf16 "
-             "server's logits near the cut), scored as a rejection at its anchor.", "",
-             table_row(["drafter", "dataset", "method", "sampling", "tau target_only", "samples",
-                        "tau rejection (expected)", "95% CI", "samples", "outside support"]),
-             table_row(["---"] * 4 + ["---:"] * 6)]
+    lines = [
+        "## Under dflash_generate's speculative sampling (verify: rejection)",
+        "",
+        "Expected tau given each sampled completion (docs/sampling_rejection.md), beside SGLang's target-only "
+        "verification on the same completions; each with the samples it covers. Outside support: samples "
+        "with a verified token that dflash's top-k/top-p filter excludes (flashinfer's tie rule, or a bf16 "
+        "server's logits near the cut), scored as a rejection at its anchor.",
+        "",
+        table_row(
+            [
+                "drafter",
+                "dataset",
+                "method",
+                "sampling",
+                "tau target_only",
+                "samples",
+                "tau rejection (expected)",
+                "95% CI",
+                "samples",
+                "outside support",
+            ]
+        ),
+        table_row(["---"] * 4 + ["---:"] * 6),
+    ]
     for row in rejection:
         other = served.get((row["drafter"], row["dataset"], row["method"]))
         drawn = drawn_label({key: row[key] for key in ("temperature", "top_p", "top_k", "min_p")})
         outside = row.get("outside_support_samples")
         share = "–" if outside is None else f"{outside} ({row['outside_support_share']:.1%})"
-        lines.append(table_row([drafter_label(row["drafter"], settings), row["dataset"], row["method"], drawn,
-                                fmt(other["tau_mean_of_samples"]) if other else "-",
-                                other["samples"] if other else "-",
-                                fmt(row["tau_mean_of_samples"]),
-                                f"{fmt(row['ci_low'])}..{fmt(row['ci_high'])}", row["samples"], share]))
+        lines.append(
+            table_row(
+                [
+                    drafter_label(row["drafter"], settings),
+                    row["dataset"],
+                    row["method"],
+                    drawn,
+                    fmt(other["tau_mean_of_samples"]) if other else "-",
+                    other["samples"] if other else "-",
+                    fmt(row["tau_mean_of_samples"]),
+                    f"{fmt(row['ci_low'])}..{fmt(row['ci_high'])}",
+                    row["samples"],
+                    share,
+                ]
+            )
+        )
     return [*lines, ""]
 
 
@@ -204,25 +249,34 @@ def evaluation_warnings(evaluations: list[Evaluation]) -> list[str]:
         metrics, (drafter, dataset) = evaluation.metrics, evaluation.key
         cache, diagnostics = metrics["cache"], metrics["diagnostics"]
         if cache["backend_mismatch_allowed"]:
-            found.append(f"**Backend mismatch**: {drafter} on {dataset} was evaluated on hidden states from the "
-                         f"`{cache['backend']}` kernels but trained with `{cache.get('trained_with', '?')}` ones "
-                         "(allowed by evaluation.allow_backend_mismatch); its tau is not the deployed one.")
+            found.append(
+                f"**Backend mismatch**: {drafter} on {dataset} was evaluated on hidden states from the "
+                f"`{cache['backend']}` kernels but trained with `{cache.get('trained_with', '?')}` ones "
+                "(allowed by evaluation.allow_backend_mismatch); its tau is not the deployed one."
+            )
         agreement = diagnostics.get("argmax_agreement")
         if agreement_is_low(metrics):
-            found.append(f"**Low argmax agreement**: {drafter} on {dataset}: {agreement:.1%} of completion tokens "
-                         "are the cached target's own greedy choice; the cache may not come from the served model.")
+            found.append(
+                f"**Low argmax agreement**: {drafter} on {dataset}: {agreement:.1%} of completion tokens "
+                "are the cached target's own greedy choice; the cache may not come from the served model."
+            )
         outside = (metrics.get("rejection") or {}).get("outside_support") or {}
         if outside.get("samples"):
-            found.append(f"**Tokens outside dflash's support**: {drafter} on {dataset}: {outside['samples']} of "
-                         f"{outside['samples_scored']} samples ({outside['share_of_samples']:.1%}; {outside['tokens']} "
-                         "tokens) hold a verified token dflash's top-k/top-p filter excludes, scored as a rejection at "
-                         "its anchor: their expected tau under `rejection` is a lower bound.")
+            found.append(
+                f"**Tokens outside dflash's support**: {drafter} on {dataset}: {outside['samples']} of "
+                f"{outside['samples_scored']} samples ({outside['share_of_samples']:.1%}; {outside['tokens']} "
+                "tokens) hold a verified token dflash's top-k/top-p filter excludes, scored as a rejection at "
+                "its anchor: their expected tau under `rejection` is a lower bound."
+            )
         for why in (diagnostics.get("sampled_check") or {}).get("suspect", []):
-            found.append(f"**Sampled cache check**: {drafter} on {dataset}: {why}; the cache may not come from the "
-                         "served model.")
+            found.append(
+                f"**Sampled cache check**: {drafter} on {dataset}: {why}; the cache may not come from the served model."
+            )
         if diagnostics.get("samples_skipped"):
-            found.append(f"**Skipped samples**: {drafter} on {dataset}: {len(diagnostics['samples_skipped'])} "
-                         "sample(s) not evaluated (see Diagnostics).")
+            found.append(
+                f"**Skipped samples**: {drafter} on {dataset}: {len(diagnostics['samples_skipped'])} "
+                "sample(s) not evaluated (see Diagnostics)."
+            )
         if int(metrics["chain"]["samples"]) == 0:
             found.append(f"**No samples**: {drafter} on {dataset} evaluated no sample; its tau is undefined.")
     return found
@@ -261,8 +315,20 @@ def _checkpoint_summary(checkpoint: dict) -> str:
 
 def diagnostics_table(evaluations: list[Evaluation], fetch: dict[str, dict]) -> list[str]:
     """Per evaluation: kernel backend, mismatch (loud), fetch token checks, argmax agreement, skips, checkpoint."""
-    header = ["drafter", "dataset", "cache backend", "trained with", "backend mismatch", "token mismatches at fetch",
-              "completion ids from", "argmax agreement", "samples", "skipped", "layer ids", "checkpoint"]
+    header = [
+        "drafter",
+        "dataset",
+        "cache backend",
+        "trained with",
+        "backend mismatch",
+        "token mismatches at fetch",
+        "completion ids from",
+        "argmax agreement",
+        "samples",
+        "skipped",
+        "layer ids",
+        "checkpoint",
+    ]
     lines = [table_row(header), table_row(["---"] * len(header))]
     for evaluation in evaluations:
         metrics = evaluation.metrics
@@ -274,12 +340,23 @@ def diagnostics_table(evaluations: list[Evaluation], fetch: dict[str, dict]) -> 
         elif agreement is not None and sampled_at(metrics) != 0:
             agreement_text += f" (sampled at T {sampled_at(metrics):g}: {_sampled_check_text(diagnostics)})"
         mismatch = "**⚠️ YES (allowed)**" if cache["backend_mismatch_allowed"] else "no"
-        lines.append(table_row([
-            metrics["drafter"], metrics["dataset"], cache["backend"], cache.get("trained_with", "?"), mismatch,
-            *fetch_cells(fetch.get(metrics["dataset"]) or {}),
-            agreement_text, metrics["chain"]["samples"], _skipped_summary(diagnostics.get("samples_skipped") or []),
-            ", ".join(str(i) for i in metrics["layer_ids"]), _checkpoint_summary(metrics.get("checkpoint") or {}),
-        ]))
+        lines.append(
+            table_row(
+                [
+                    metrics["drafter"],
+                    metrics["dataset"],
+                    cache["backend"],
+                    cache.get("trained_with", "?"),
+                    mismatch,
+                    *fetch_cells(fetch.get(metrics["dataset"]) or {}),
+                    agreement_text,
+                    metrics["chain"]["samples"],
+                    _skipped_summary(diagnostics.get("samples_skipped") or []),
+                    ", ".join(str(i) for i in metrics["layer_ids"]),
+                    _checkpoint_summary(metrics.get("checkpoint") or {}),
+                ]
+            )
+        )
     return lines
 
 
@@ -293,7 +370,7 @@ SPEEDUP_INTRO = (
     "the drafter step at evaluation, batch 1: on CUDA, as CUDA graphs over a static cache (and static Gated DeltaNet "
     "states for a hybrid) where the target's architecture supports it, else HF transformers' eager forward, "
     "launch-bound on a GPU, so not a tuned server's; serving_profile.json names the method; docs/speedup.md). "
-    "\"Made from\" below says how far such estimates were measured to be from a real speedup. **Bold**: best in "
+    '"Made from" below says how far such estimates were measured to be from a real speedup. **Bold**: best in '
     "its column."
 )
 
@@ -318,8 +395,15 @@ def _speedup_cell(row: dict | None, best: float | None) -> str:
 
 def best_budget_table(rows: list[dict], settings: dict) -> list[str]:
     """Per drafter x dataset: the DDTree budget with the highest expected speedup, beside the own chain's."""
-    header = ["drafter", "dataset", "best DDTree budget", "expected speedup (estimate)", "tau (token-weighted)",
-              "own chain expected speedup (estimate)", "source"]
+    header = [
+        "drafter",
+        "dataset",
+        "best DDTree budget",
+        "expected speedup (estimate)",
+        "tau (token-weighted)",
+        "own chain expected speedup (estimate)",
+        "source",
+    ]
     lines = [table_row(header), table_row(["---", "---", "---:", "---:", "---:", "---:", "---"])]
     for drafter in settings["drafters"]:
         for dataset in settings["datasets"]:
@@ -331,13 +415,25 @@ def best_budget_table(rows: list[dict], settings: dict) -> list[str]:
             tree = None if missing(budget) else next((r for r in mine if r["method"] == tree_method(int(budget))), None)
             own = "–" if chain is None else _speedup_cell(chain, None)
             if tree is None:
-                lines.append(table_row([drafter_label(drafter, settings), dataset, "–", "–", "–", own,
-                                        mine[0]["speedup_source"]]))
+                lines.append(
+                    table_row(
+                        [drafter_label(drafter, settings), dataset, "–", "–", "–", own, mine[0]["speedup_source"]]
+                    )
+                )
                 continue
-            lines.append(table_row([drafter_label(drafter, settings), dataset,
-                                    f"**{int(budget)}**" + (" †" if samples(tree) else ""),
-                                    _speedup_text(tree["expected_speedup"]), fmt(tree["tau_token_weighted"]), own,
-                                    tree["speedup_source"]]))
+            lines.append(
+                table_row(
+                    [
+                        drafter_label(drafter, settings),
+                        dataset,
+                        f"**{int(budget)}**" + (" †" if samples(tree) else ""),
+                        _speedup_text(tree["expected_speedup"]),
+                        fmt(tree["tau_token_weighted"]),
+                        own,
+                        tree["speedup_source"],
+                    ]
+                )
+            )
     return lines
 
 
@@ -350,8 +446,10 @@ def speedup_sources(evaluations: list[Evaluation]) -> list[str]:
             continue
         key = (str(section.get("target_source")), str(section.get("draft_source")))
         grouped.setdefault(key, []).append("{} on {}".format(*evaluation.key))
-    lines = [f"- target step: {target}; drafter step: {draft} ({', '.join(names)})"
-             for (target, draft), names in grouped.items()]
+    lines = [
+        f"- target step: {target}; drafter step: {draft} ({', '.join(names)})"
+        for (target, draft), names in grouped.items()
+    ]
     return lines + speedup_caveats(evaluations) + validation_lines(evaluations)
 
 
@@ -384,8 +482,9 @@ def validation_lines(evaluations: list[Evaluation]) -> list[str]:
     that was the estimate code that made these numbers, by their stamps (speedup/validation.py:
     benchmarks/speedup_validation.py's record)."""
     entries = validation.load()
-    return [f"- {validation.describe(source, entries, made_by)}"
-            for source, made_by in estimate_stamps(evaluations).items()]
+    return [
+        f"- {validation.describe(source, entries, made_by)}" for source, made_by in estimate_stamps(evaluations).items()
+    ]
 
 
 def speedup_caveats(evaluations: list[Evaluation]) -> list[str]:
@@ -410,12 +509,18 @@ def speedup_lines(rows: list[dict], evaluations: list[Evaluation], settings: dic
             f"No expected speedup ({', '.join(reasons)}): it needs a serving profile. Name one measured on your "
             "deployment as `speedup.profile` in config.yaml, or extract on a CUDA device (`speedup.measure: auto`, "
             "the default, times the target there and the drafter step at evaluation; on a CPU nothing is timed: a "
-            "CPU step says nothing about serving). summary.csv leaves `expected_speedup` empty.", ""]
+            "CPU step says nothing about serving). summary.csv leaves `expected_speedup` empty.",
+            "",
+        ]
     lines += [SPEEDUP_INTRO, ""]
     lines += _method_grid(rows, settings, "expected_speedup", _speedup_cell) + [""]
-    lines += ["### Best DDTree budget by expected speedup", "",
-              "tau keeps rising with the budget while a tree of N nodes costs the target N + 1 tokens to verify: the "
-              "fastest budget is where the two balance (under this profile).", ""]
+    lines += [
+        "### Best DDTree budget by expected speedup",
+        "",
+        "tau keeps rising with the budget while a tree of N nodes costs the target N + 1 tokens to verify: the "
+        "fastest budget is where the two balance (under this profile).",
+        "",
+    ]
     lines += best_budget_table(rows, settings) + [""]
     lines += ["Made from:", ""] + speedup_sources(evaluations) + [""]
     return lines
@@ -423,43 +528,58 @@ def speedup_lines(rows: list[dict], evaluations: list[Evaluation], settings: dic
 
 # -- the trust panel ------------------------------------------------------------------------------
 
+
 def trust_warnings(trust: dict) -> list[str]:
     """The trust findings that make a number suspect, one markdown line each."""
     found = []
     for dataset, fetch in trust["fetch"].items():
         bad = sorted(set(fetch.get("prompt_token_mismatches", [])) | set(fetch.get("completion_token_mismatches", [])))
         if bad:
-            found.append(f"**Token mismatch at fetch**: {dataset}: {len(bad)} of {fetch['records']} records' token "
-                         f"ids disagree with the server's own counts (e.g. {', '.join(bad[:3])}); their tau "
-                         "is measured on tokens the server may not have produced.")
+            found.append(
+                f"**Token mismatch at fetch**: {dataset}: {len(bad)} of {fetch['records']} records' token "
+                f"ids disagree with the server's own counts (e.g. {', '.join(bad[:3])}); their tau "
+                "is measured on tokens the server may not have produced."
+            )
     for dataset, fetch in trust["fetch"].items():
         for warning in fetch.get("sampling_warnings", []):
             found.append(f"**Sampling not lossless**: {dataset}: {warning}.")
     for cache in trust["caches"]:
         if cache.get("completions_match") is False:
-            found.append(f"**Stale cache**: {cache['dir']} was extracted from another completions file "
-                         f"(sha256 {str(cache['completions_sha256'])[:12]}) than the one fetched now; re-run extraction.")
+            found.append(
+                f"**Stale cache**: {cache['dir']} was extracted from another completions file "
+                f"(sha256 {str(cache['completions_sha256'])[:12]}) than the one fetched now; re-run extraction."
+            )
         past = (cache.get("positions") or {}).get("past")
         if past:
-            found.append(f"**Past the target's positions**: {cache['dir']}: {len(past)} of {cache['samples']} samples "
-                         f"are longer than its max_position_embeddings {cache['positions']['max_position_embeddings']} "
-                         f"(e.g. {', '.join(past[:3])}); the target's states there are extrapolated.")
+            found.append(
+                f"**Past the target's positions**: {cache['dir']}: {len(past)} of {cache['samples']} samples "
+                f"are longer than its max_position_embeddings {cache['positions']['max_position_embeddings']} "
+                f"(e.g. {', '.join(past[:3])}); the target's states there are extrapolated."
+            )
     for dataset, online in trust["online"].items():
         check = online.get("served_drafter_check") or {}
         if check.get("status") == "mismatch":
-            what = "paired anyway (report.allow_served_drafter_mismatch)" if check["allowed"] else \
-                "not paired (report.allow_served_drafter_mismatch: true pairs them anyway)"
-            found.append(f"**Served drafter ≠ report.served_drafter**: {dataset}: {'; '.join(check['problems'])}; "
-                         f"{what}.")
+            what = (
+                "paired anyway (report.allow_served_drafter_mismatch)"
+                if check["allowed"]
+                else "not paired (report.allow_served_drafter_mismatch: true pairs them anyway)"
+            )
+            found.append(
+                f"**Served drafter ≠ report.served_drafter**: {dataset}: {'; '.join(check['problems'])}; {what}."
+            )
         if online.get("beyond_tolerance"):
-            found.append(f"**Online ≠ offline**: {dataset}: the server measured tau "
-                         f"{online['online_tau_compared']:.2f}, offline gives {online['offline_tau_compared']:.2f} for "
-                         f"{online['drafter']} on the same {online['samples_compared']} samples "
-                         f"({online['relative_difference']:.1%} apart, tolerance {online['tolerance']:.1%}).")
+            found.append(
+                f"**Online ≠ offline**: {dataset}: the server measured tau "
+                f"{online['online_tau_compared']:.2f}, offline gives {online['offline_tau_compared']:.2f} for "
+                f"{online['drafter']} on the same {online['samples_compared']} samples "
+                f"({online['relative_difference']:.1%} apart, tolerance {online['tolerance']:.1%})."
+            )
     server = trust["server"]
     if server.get("recorded") and server["unrestored"]:
-        found.append(f"**Server not restored**: {server['unrestored']} pause(s) in {server['path']} have no "
-                     "successful resume; check that the server is up.")
+        found.append(
+            f"**Server not restored**: {server['unrestored']} pause(s) in {server['path']} have no "
+            "successful resume; check that the server is up."
+        )
     return found
 
 
@@ -473,25 +593,50 @@ def _versions(versions: dict | None) -> str:
 
 def cache_table(caches: list[dict]) -> list[str]:
     """One row per cache: what produced the hidden states the drafters were scored on."""
-    header = ["cache", "target", "layers", "kernel backend", "versions", "dtype", "device", "shards (sha256)",
-              "built from completions"]
+    header = [
+        "cache",
+        "target",
+        "layers",
+        "kernel backend",
+        "versions",
+        "dtype",
+        "device",
+        "shards (sha256)",
+        "built from completions",
+    ]
     lines = [table_row(header), table_row(["---"] * len(header))]
     for cache in caches:
         if not cache["recorded"]:
             lines.append(table_row([f"`{cache['dir']}`"] + [NOT_RECORDED] * (len(header) - 1)))
             continue
-        target = f"{cache['target']} ({cache['model_type']}, {cache['num_hidden_layers']} layers, config " \
-                 f"{_short(cache['target_config_hash'])})"
+        target = (
+            f"{cache['target']} ({cache['model_type']}, {cache['num_hidden_layers']} layers, config "
+            f"{_short(cache['target_config_hash'])})"
+        )
         device = cache["device"] or NOT_RECORDED
         if cache.get("device_name") and cache["device_name"] != device:
             device += f" ({cache['device_name']})"
         shards = "<br>".join(f"{s['file']} {_short(s['sha256'])}" for s in cache["shards"]) or NOT_RECORDED
-        built = {None: f"{_short(cache['completions_sha256'])} (current file {NOT_RECORDED})",
-                 True: f"{_short(cache['completions_sha256'])} (= current file)",
-                 False: f"**{_short(cache['completions_sha256'])} ⚠️ NOT the current file**"}[cache["completions_match"]]
-        lines.append(table_row([f"`{cache['dir']}`", target, ", ".join(map(str, cache["layer_ids"] or [])) or NOT_RECORDED,
-                                f"{cache['backend'] or NOT_RECORDED}", _versions(cache["versions"]),
-                                cache["dtype"] or NOT_RECORDED, device, shards, built]))
+        built = {
+            None: f"{_short(cache['completions_sha256'])} (current file {NOT_RECORDED})",
+            True: f"{_short(cache['completions_sha256'])} (= current file)",
+            False: f"**{_short(cache['completions_sha256'])} ⚠️ NOT the current file**",
+        }[cache["completions_match"]]
+        lines.append(
+            table_row(
+                [
+                    f"`{cache['dir']}`",
+                    target,
+                    ", ".join(map(str, cache["layer_ids"] or [])) or NOT_RECORDED,
+                    f"{cache['backend'] or NOT_RECORDED}",
+                    _versions(cache["versions"]),
+                    cache["dtype"] or NOT_RECORDED,
+                    device,
+                    shards,
+                    built,
+                ]
+            )
+        )
     return lines
 
 
@@ -514,25 +659,51 @@ ONLINE_DEFINITIONS = (
     "it exceeds tau by 1/steps per request. Equal per request: the server's verification steps and completion "
     "tokens equal ours, and its accepted drafts (spec_num_correct_drafts, histogram) equal ours except for what a "
     "last step accepted past the stop token or max_tokens, which SGLang counts and the output does not hold "
-    "(exactly: no such difference).")
+    "(exactly: no such difference)."
+)
 
 
 def online_table(online: dict[str, dict]) -> list[str]:
     """Per dataset: the server's tau beside ours on the same requests, both conventions (report/online.py)."""
-    lines = [table_row(["dataset", "served drafter", "method", "requests", "online tau", "offline tau",
-                        "online − offline (95% CI)", "SGLang accept length online / offline", "equal per request",
-                        "flag"]),
-             table_row(["---", "---", "---", "---:", "---:", "---:", "---:", "---:", "---:", "---"])]
+    lines = [
+        table_row(
+            [
+                "dataset",
+                "served drafter",
+                "method",
+                "requests",
+                "online tau",
+                "offline tau",
+                "online − offline (95% CI)",
+                "SGLang accept length online / offline",
+                "equal per request",
+                "flag",
+            ]
+        ),
+        table_row(["---", "---", "---", "---:", "---:", "---:", "---:", "---:", "---:", "---"]),
+    ]
     for dataset, e in online.items():
         drafter = e.get("drafter") or "not set (report.served_drafter)"
         if not e.get("recorded"):
             why = e.get("why") or "no speculative counters in the completions"
             lines.append(table_row([dataset, drafter, "–", "–", f"{NOT_RECORDED} ({why})", "–", "–", "–", "–", "–"]))
         elif not e.get("compared"):
-            lines.append(table_row([dataset, drafter, e.get("method") or "–", e["samples_with_stats"],
-                                    f"{e['online_tau_mean_of_samples']:.3f}", "–", "–",
-                                    f"{e['online_tau_sglang_mean_of_samples']:.3f} / –", "–",
-                                    f"not compared: {e.get('why', '')}"]))
+            lines.append(
+                table_row(
+                    [
+                        dataset,
+                        drafter,
+                        e.get("method") or "–",
+                        e["samples_with_stats"],
+                        f"{e['online_tau_mean_of_samples']:.3f}",
+                        "–",
+                        "–",
+                        f"{e['online_tau_sglang_mean_of_samples']:.3f} / –",
+                        "–",
+                        f"not compared: {e.get('why', '')}",
+                    ]
+                )
+            )
         else:
             diff = e["paired_difference"]
             flag = f"**⚠️ beyond {e['tolerance']:.1%}**" if e["beyond_tolerance"] else f"within {e['tolerance']:.1%}"
@@ -541,11 +712,22 @@ def online_table(online: dict[str, dict]) -> list[str]:
             equal = f"{e['equal_requests']} of {e['samples_compared']} ({e['exact_requests']} exactly)"
             if e["unequal_ids"]:
                 equal += f"; differ: {', '.join(e['unequal_ids'][:3])}"
-            lines.append(table_row([dataset, drafter, e["method"], e["samples_compared"],
-                                    f"{e['online_tau_compared']:.3f}", f"{e['offline_tau_compared']:.3f}",
-                                    f"{diff['difference']:+.4f} ({diff['ci95'][0]:+.4f}, {diff['ci95'][1]:+.4f})",
-                                    f"{e['online_tau_sglang_compared']:.3f} / {e['offline_tau_sglang_compared']:.3f}",
-                                    equal, flag]))
+            lines.append(
+                table_row(
+                    [
+                        dataset,
+                        drafter,
+                        e["method"],
+                        e["samples_compared"],
+                        f"{e['online_tau_compared']:.3f}",
+                        f"{e['offline_tau_compared']:.3f}",
+                        f"{diff['difference']:+.4f} ({diff['ci95'][0]:+.4f}, {diff['ci95'][1]:+.4f})",
+                        f"{e['online_tau_sglang_compared']:.3f} / {e['offline_tau_sglang_compared']:.3f}",
+                        equal,
+                        flag,
+                    ]
+                )
+            )
     return lines
 
 
@@ -558,15 +740,29 @@ def outage_lines(server: dict) -> list[str]:
         return [f"No server outage in `{server['path']}` (the server was never paused while up)."]
     longest = "n/a" if server["longest_s"] is None else f"{server['longest_s']:.1f} s"
     profiled = any(outage.get("profiles") for outage in server["outages"])  # profile-server's pauses, apart
-    lines = [f"{server['count']} outage(s) in `{server['path']}`, {server['total_s']:.1f} s in all, longest {longest}.",
-             "", table_row(["paused at", "back at", "outage", "restored", "extractions"]
-                           + (["profile-server runs"] if profiled else [])),
-             table_row(["---", "---", "---:", "---", "---:"] + (["---:"] if profiled else []))]
+    lines = [
+        f"{server['count']} outage(s) in `{server['path']}`, {server['total_s']:.1f} s in all, longest {longest}.",
+        "",
+        table_row(
+            ["paused at", "back at", "outage", "restored", "extractions"]
+            + (["profile-server runs"] if profiled else [])
+        ),
+        table_row(["---", "---", "---:", "---", "---:"] + (["---:"] if profiled else [])),
+    ]
     for outage in server["outages"]:
         seconds = "**never ended ⚠️**" if outage["seconds"] is None else f"{outage['seconds']:.1f} s"
-        lines.append(table_row([outage["start"], outage["end"] or "–", seconds,
-                                "yes" if outage["restored"] else "**no ⚠️**", outage.get("extractions", 0)]
-                               + ([outage.get("profiles", 0)] if profiled else [])))
+        lines.append(
+            table_row(
+                [
+                    outage["start"],
+                    outage["end"] or "–",
+                    seconds,
+                    "yes" if outage["restored"] else "**no ⚠️**",
+                    outage.get("extractions", 0),
+                ]
+                + ([outage.get("profiles", 0)] if profiled else [])
+            )
+        )
     return lines
 
 
@@ -587,9 +783,11 @@ def drawn_label(d: dict) -> str:
         return "several samplings"
     if not d.get("temperature"):
         return "greedy (T 0)"
-    parts = [f"T {d['temperature']:g}"] + [f"{name} {d[key]:g}" for key, name, off in
-                                           (("top_p", "top-p", 1.0), ("top_k", "top-k", -1), ("min_p", "min-p", 0.0))
-                                           if d.get(key) is not None and not missing(d[key]) and d[key] != off]
+    parts = [f"T {d['temperature']:g}"] + [
+        f"{name} {d[key]:g}"
+        for key, name, off in (("top_p", "top-p", 1.0), ("top_k", "top-k", -1), ("min_p", "min-p", 0.0))
+        if d.get(key) is not None and not missing(d[key]) and d[key] != off
+    ]
     return ", ".join(parts)
 
 
@@ -605,17 +803,30 @@ def temperature_lines(rows: list[dict], panel: dict) -> list[str]:
     fetched = panel.get("fetch") or {}
     if not any(f.get("sampling") for f in fetched.values()):
         return []
-    lines = ["## tau against temperature (target_only verification)", "",
-             "Each drafter's own chain, z-lab mean with its 95% interval, on each dataset at the sampling it was "
-             "fetched with; datasets of the same prompts at several temperatures show how tau falls as the target "
-             "samples (docs/sampling.md; plots/tau_vs_temperature.png). With n draws per prompt the intervals "
-             "resample prompts, the n draws of one together.", "",
-             table_row(["drafter", "dataset", "sampling", "samples", "tau (z-lab mean)"]),
-             table_row(["---"] * 5)]
+    lines = [
+        "## tau against temperature (target_only verification)",
+        "",
+        "Each drafter's own chain, z-lab mean with its 95% interval, on each dataset at the sampling it was "
+        "fetched with; datasets of the same prompts at several temperatures show how tau falls as the target "
+        "samples (docs/sampling.md; plots/tau_vs_temperature.png). With n draws per prompt the intervals "
+        "resample prompts, the n draws of one together.",
+        "",
+        table_row(["drafter", "dataset", "sampling", "samples", "tau (z-lab mean)"]),
+        table_row(["---"] * 5),
+    ]
     for row in rows:
         if row["primary"]:
-            lines.append(table_row([row["drafter"], row["dataset"], sampling_label(fetched.get(row["dataset"], {})),
-                                    row["samples"], _tau_cell(row, "tau_mean_of_samples", "ci_low", "ci_high", None)]))
+            lines.append(
+                table_row(
+                    [
+                        row["drafter"],
+                        row["dataset"],
+                        sampling_label(fetched.get(row["dataset"], {})),
+                        row["samples"],
+                        _tau_cell(row, "tau_mean_of_samples", "ci_low", "ci_high", None),
+                    ]
+                )
+            )
     return lines + [""]
 
 
@@ -634,8 +845,10 @@ def intro(rows: list[dict], evaluations: list[Evaluation]) -> str:
         return INTRO
     text = SAMPLED_INTRO + INTRO.split("completions. ", 1)[1]
     if any(e.metrics.get("rejection") for e in evaluations):
-        text += (" The last section is dflash_generate's scheme (verify: rejection): its expected tau given each "
-                 "sampled completion, with the samples it covers.")
+        text += (
+            " The last section is dflash_generate's scheme (verify: rejection): its expected tau given each "
+            "sampled completion, with the samples it covers."
+        )
     if any(is_tree(r["method"]) and samples(r) for r in rows):
         text += " " + HYPOTHETICAL_TREE
     return text
@@ -650,9 +863,13 @@ def render(rows: list[dict], evaluations: list[Evaluation], settings: dict, pane
     lines += ["## tau, z-lab mean (mean of per-sample means)", ""]
     lines += tau_table(rows, settings, "tau_mean_of_samples", "ci_low", "ci_high") + [""]
     if settings.get("reference") is not None:
-        lines += [f"## Verdicts against the reference ({settings['reference']})", "",
-                  "Paired difference in tau (z-lab mean) on the same samples, with its 95% paired bootstrap "
-                  "interval: **better** or **worse** when the whole interval is above or below zero.", ""]
+        lines += [
+            f"## Verdicts against the reference ({settings['reference']})",
+            "",
+            "Paired difference in tau (z-lab mean) on the same samples, with its 95% paired bootstrap "
+            "interval: **better** or **worse** when the whole interval is above or below zero.",
+            "",
+        ]
         lines += verdict_table(rows, settings) + [""]
         lines += [f"## tau relative to the reference ({settings['reference']}), z-lab mean", ""]
         lines += reference_table(rows, settings) + [""]
@@ -664,26 +881,40 @@ def render(rows: list[dict], evaluations: list[Evaluation], settings: dict, pane
     lines += engine_timing.profile_lines(panel.get("server_profile"))  # profile-server's, beside the estimate
     shorter = [r for r in rows if not headline(r)]
     if shorter:
-        lines += ["## Chain drafting with shorter blocks, z-lab mean", "",
-                  "The same drafter run with blocks of n < B tokens (each its own pass; full-attention drafter "
-                  "layers see the whole block, so a shorter block drafts differently).", ""]
-        lines += tau_table(rows, settings, "tau_mean_of_samples", "ci_low", "ci_high",
-                           keep=lambda r: not headline(r)) + [""]
-    lines += ["## Diagnostics: can I trust these numbers?", "",
-              "### Per evaluation", "",
-              "Argmax agreement: share of completion tokens that equal the cached target's own greedy "
-              "prediction; well below 100% means the cached target is not the model that served the "
-              "completions. A backend mismatch means the hidden states came from other kernels than the "
-              "drafter was trained with. Token mismatches at fetch: records whose token ids disagree with the "
-              "server's own prompt / completion token counts.", ""]
+        lines += [
+            "## Chain drafting with shorter blocks, z-lab mean",
+            "",
+            "The same drafter run with blocks of n < B tokens (each its own pass; full-attention drafter "
+            "layers see the whole block, so a shorter block drafts differently).",
+            "",
+        ]
+        lines += tau_table(
+            rows, settings, "tau_mean_of_samples", "ci_low", "ci_high", keep=lambda r: not headline(r)
+        ) + [""]
+    lines += [
+        "## Diagnostics: can I trust these numbers?",
+        "",
+        "### Per evaluation",
+        "",
+        "Argmax agreement: share of completion tokens that equal the cached target's own greedy "
+        "prediction; well below 100% means the cached target is not the model that served the "
+        "completions. A backend mismatch means the hidden states came from other kernels than the "
+        "drafter was trained with. Token mismatches at fetch: records whose token ids disagree with the "
+        "server's own prompt / completion token counts.",
+        "",
+    ]
     lines += diagnostics_table(evaluations, panel["fetch"]) + [""]
     lines += ["### Hidden-state caches", ""] + cache_table(panel["caches"]) + [""]
     tolerance = float(settings["online_tolerance"])
-    lines += ["### Online vs offline", "",
-              "The server's own speculative counters (SGLang's `sglext.spec_tokens_details`) per request, beside "
-              "the served drafter's offline steps at the served block size on the same samples. "
-              + ONLINE_DEFINITIONS
-              + f" Flagged when the two tau differ by more than {tolerance:.1%} (report.online_tolerance).", ""]
+    lines += [
+        "### Online vs offline",
+        "",
+        "The server's own speculative counters (SGLang's `sglext.spec_tokens_details`) per request, beside "
+        "the served drafter's offline steps at the served block size on the same samples. "
+        + ONLINE_DEFINITIONS
+        + f" Flagged when the two tau differ by more than {tolerance:.1%} (report.online_tolerance).",
+        "",
+    ]
     lines += online_table(panel["online"]) + [""]
     lines += ["### Server outages", ""] + outage_lines(panel["server"]) + [""]
     return "\n".join(lines)

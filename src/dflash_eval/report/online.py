@@ -37,8 +37,10 @@ from dflash_eval.stats import paired_difference
 
 TAU_OURS = "tokens produced by verification steps / steps (the first completion token, from prefill, not counted)"
 TAU_SGLANG = "completion tokens / steps = SGLang's spec_accept_length (the prefill token counted)"
-TAU_VLLM = ("1 + accepted drafts / steps = vLLM's mean_acceptance_length (the bonus token counted, the prefill "
-            "token not: our tau, with the last step's accepted drafts counted before the output is cut)")
+TAU_VLLM = (
+    "1 + accepted drafts / steps = vLLM's mean_acceptance_length (the bonus token counted, the prefill "
+    "token not: our tau, with the last step's accepted drafts counted before the output is cut)"
+)
 EXACT_VLLM_RULE = ("greedy", "standard")  # draft_sample_method, rejection_sample_method
 
 
@@ -55,13 +57,16 @@ def request_counters(record: dict[str, Any]) -> dict[str, Any] | None:
         completion = len(record.get("completion_token_ids") or [])
     speculative = (record.get("server") or {}).get("speculative") or {}
     correct = spec.get("spec_num_correct_drafts")
-    return {"verify_ct": int(spec["spec_verify_ct"]), "completion_tokens": int(completion),
-            "correct_drafts": None if correct is None else int(correct),
-            "histogram": [int(n) for n in spec.get("spec_correct_drafts_histogram") or []],
-            "accept_length": spec.get("spec_accept_length"),
-            "block_size": speculative.get("speculative_num_draft_tokens"),
-            "draft_model": speculative.get("speculative_draft_model_path"),
-            "max_tokens": (record.get("request") or {}).get("max_tokens")}
+    return {
+        "verify_ct": int(spec["spec_verify_ct"]),
+        "completion_tokens": int(completion),
+        "correct_drafts": None if correct is None else int(correct),
+        "histogram": [int(n) for n in spec.get("spec_correct_drafts_histogram") or []],
+        "accept_length": spec.get("spec_accept_length"),
+        "block_size": speculative.get("speculative_num_draft_tokens"),
+        "draft_model": speculative.get("speculative_draft_model_path"),
+        "max_tokens": (record.get("request") or {}).get("max_tokens"),
+    }
 
 
 def _vllm_counters(record: dict[str, Any], spec: dict[str, Any]) -> dict[str, Any] | None:
@@ -82,14 +87,20 @@ def _vllm_counters(record: dict[str, Any], spec: dict[str, Any]) -> dict[str, An
     block = speculative.get("speculative_num_draft_tokens")
     if block is None and spec.get("num_spec_tokens") is not None:
         block = int(spec["num_spec_tokens"]) + 1  # the metrics name K themselves: known without dev mode
-    return {"verify_ct": int(spec["num_spec_steps"]), "completion_tokens": int(completion),
-            "correct_drafts": int(spec["num_accepted_draft_tokens"]), "histogram": histogram,
-            "accept_length": spec.get("mean_acceptance_length"), "block_size": block,
-            "draft_model": speculative.get("speculative_draft_model_path"),
-            "max_tokens": (record.get("request") or {}).get("max_tokens"), "engine": "vllm",
-            "steps": None if accepted is None else [int(a) + 1 for a in accepted],
-            "drafted": spec.get("per_step_drafted"),
-            "rule": (speculative.get("draft_sample_method"), speculative.get("rejection_sample_method"))}
+    return {
+        "verify_ct": int(spec["num_spec_steps"]),
+        "completion_tokens": int(completion),
+        "correct_drafts": int(spec["num_accepted_draft_tokens"]),
+        "histogram": histogram,
+        "accept_length": spec.get("mean_acceptance_length"),
+        "block_size": block,
+        "draft_model": speculative.get("speculative_draft_model_path"),
+        "max_tokens": (record.get("request") or {}).get("max_tokens"),
+        "engine": "vllm",
+        "steps": None if accepted is None else [int(a) + 1 for a in accepted],
+        "drafted": spec.get("per_step_drafted"),
+        "rule": (speculative.get("draft_sample_method"), speculative.get("rejection_sample_method")),
+    }
 
 
 def served_settings(record: dict[str, Any]) -> dict[str, Any] | None:
@@ -112,8 +123,10 @@ def weights_differ(served_path: str, checkpoint: dict[str, Any]) -> str | None:
     ours = Path(str(checkpoint.get("path")))
     if ours.exists() and _tensors_digest(Path(served_path)) == _tensors_digest(ours):
         return None
-    return (f"the served draft weights {served_path} (sha256 {digest[:12]}) are not {ours}'s (sha256 "
-            f"{str(checkpoint.get('sha256'))[:12]}{', and their tensors differ' if ours.exists() else ''})")
+    return (
+        f"the served draft weights {served_path} (sha256 {digest[:12]}) are not {ours}'s (sha256 "
+        f"{str(checkpoint.get('sha256'))[:12]}{', and their tensors differ' if ours.exists() else ''})"
+    )
 
 
 def _tensors_digest(path: Path) -> str:
@@ -128,13 +141,20 @@ def _tensors_digest(path: Path) -> str:
     )
 
     state, _ = read_state(path, detect_layout(path), allow_pickle=False)
-    rows = sorted(f"{tuple(t.shape)}:{t.dtype}:{hashlib.sha256(t.contiguous().view(-1).view(torch.uint8).numpy()).hexdigest()}"
-                  for t in state.values())
+    rows = sorted(
+        f"{tuple(t.shape)}:{t.dtype}:{hashlib.sha256(t.contiguous().view(-1).view(torch.uint8).numpy()).hexdigest()}"
+        for t in state.values()
+    )
     return hashlib.sha256("\n".join(rows).encode()).hexdigest()
 
 
-def check_served_drafter(served: list[dict[str, Any]], checkpoint: dict[str, Any], own_block: int | None,
-                         allowed: bool, differ: Callable[[str, dict], str | None] = weights_differ) -> dict[str, Any]:
+def check_served_drafter(
+    served: list[dict[str, Any]],
+    checkpoint: dict[str, Any],
+    own_block: int | None,
+    allowed: bool,
+    differ: Callable[[str, dict], str | None] = weights_differ,
+) -> dict[str, Any]:
     """Whether the server speculates with report.served_drafter's checkpoint: algorithm DFLASH, and the draft
     weights equal where the served path is readable here (weights_differ), else the same directory name.
 
@@ -144,8 +164,13 @@ def check_served_drafter(served: list[dict[str, Any]], checkpoint: dict[str, Any
     served block (chain-B<served>).
     """
     if not served:
-        return {"status": "unverified", "problems": [], "notes": ["the completions record no speculative settings "
-                "(the server did not answer /get_server_info)"], "refused": False, "allowed": allowed}
+        return {
+            "status": "unverified",
+            "problems": [],
+            "notes": ["the completions record no speculative settings (the server did not answer /get_server_info)"],
+            "refused": False,
+            "allowed": allowed,
+        }
     problems, notes, verified = [], [], True
     if len(served) > 1:
         problems.append(f"the records were served with {len(served)} different speculative settings")
@@ -173,8 +198,13 @@ def check_served_drafter(served: list[dict[str, Any]], checkpoint: dict[str, Any
         if own_block is not None and block is not None and int(block) != int(own_block):
             notes.append(f"served at block {block}, the drafter's own is {own_block}")
     status = "mismatch" if problems else "verified" if verified else "unverified"
-    return {"status": status, "problems": problems, "notes": notes, "refused": bool(problems) and not allowed,
-            "allowed": allowed}
+    return {
+        "status": status,
+        "problems": problems,
+        "notes": notes,
+        "refused": bool(problems) and not allowed,
+        "allowed": allowed,
+    }
 
 
 def _vllm_layout_problem(path: Path) -> str | None:
@@ -211,8 +241,7 @@ def last_step_only(online: list[int], offline: list[int]) -> bool:
         return True
     moved_from = [i for i, d in enumerate(delta) if d == -1]
     moved_to = [i for i, d in enumerate(delta) if d == 1]
-    return (sum(d != 0 for d in delta) == 2 and len(moved_from) == len(moved_to) == 1
-            and moved_to[0] > moved_from[0])
+    return sum(d != 0 for d in delta) == 2 and len(moved_from) == len(moved_to) == 1 and moved_to[0] > moved_from[0]
 
 
 def shortened_from(steps: Sequence[int], block_size: int, max_tokens: int | None) -> int | None:
@@ -277,24 +306,37 @@ def compare_request(online: dict[str, Any], steps: Sequence[int], block_size: in
     per_step = online.get("steps")
     if per_step is not None:  # vLLM's detailed arrays: step by step, the last (or from the tail on) as above
         head = len(steps) - 1 if first is None else first
-        equal = equal and list(per_step[:head]) == list(steps[:head]) and (
-            first is not None or (len(per_step) == len(steps) and 0 <= per_step[-1] - steps[-1] <= block_size - 1))
+        equal = (
+            equal
+            and list(per_step[:head]) == list(steps[:head])
+            and (first is not None or (len(per_step) == len(steps) and 0 <= per_step[-1] - steps[-1] <= block_size - 1))
+        )
     out = {
-        "online_steps": online["verify_ct"], "offline_steps": len(steps),
-        "online_correct_drafts": online["correct_drafts"], "offline_correct_drafts": offline_correct,
-        "online_histogram": online["histogram"], "offline_histogram": histogram,
-        "online_tau": (online["completion_tokens"] - 1) / online["verify_ct"], "offline_tau": produced / len(steps),
+        "online_steps": online["verify_ct"],
+        "offline_steps": len(steps),
+        "online_correct_drafts": online["correct_drafts"],
+        "offline_correct_drafts": offline_correct,
+        "online_histogram": online["histogram"],
+        "offline_histogram": histogram,
+        "online_tau": (online["completion_tokens"] - 1) / online["verify_ct"],
+        "offline_tau": produced / len(steps),
         "online_tau_sglang": online["completion_tokens"] / online["verify_ct"],
         "offline_tau_sglang": (produced + 1) / len(steps),
         "tail_shortened_from_step": first,
         "equal": equal,
-        "exact": same_steps and same_tokens and surplus in (0, None) and online["histogram"] in ([], histogram)
+        "exact": same_steps
+        and same_tokens
+        and surplus in (0, None)
+        and online["histogram"] in ([], histogram)
         and per_step in (None, list(steps)),
     }
     if online.get("engine") == "vllm":
-        out.update(online_mean_acceptance_length=online["accept_length"], offline_mean_acceptance_length=produced / len(steps),
-                   online_steps_list=per_step, drafted_full_blocks=all(
-                       int(d) == block_size - 1 for d in online.get("drafted") or []))
+        out.update(
+            online_mean_acceptance_length=online["accept_length"],
+            offline_mean_acceptance_length=produced / len(steps),
+            online_steps_list=per_step,
+            drafted_full_blocks=all(int(d) == block_size - 1 for d in online.get("drafted") or []),
+        )
     return out
 
 
@@ -303,9 +345,15 @@ def _pseudo_steps(total: int, count: int) -> list[int]:
     return [total // count + (1 if i < total % count else 0) for i in range(count)]
 
 
-def compare(online: dict[str, dict[str, Any]], offline_by_method: dict[str, dict[str, list[int]]] | None,
-            own_block: int | None, tolerance: float, bootstrap: int = 1000, seed: int = 0,
-            sampled: bool = False) -> dict[str, Any]:
+def compare(
+    online: dict[str, dict[str, Any]],
+    offline_by_method: dict[str, dict[str, list[int]]] | None,
+    own_block: int | None,
+    tolerance: float,
+    bootstrap: int = 1000,
+    seed: int = 0,
+    sampled: bool = False,
+) -> dict[str, Any]:
     """Per request and pooled, online (the server's counters) against offline (our steps) on the same samples.
 
     `offline_by_method`: the served drafter's per-sample steps by method ("chain-B<b>"); the served block
@@ -315,8 +363,13 @@ def compare(online: dict[str, dict[str, Any]], offline_by_method: dict[str, dict
     """
     without = [c["no_data_why"] for c in online.values() if "no_data_why" in c]
     online = {i: c for i, c in online.items() if "no_data_why" not in c}
-    result: dict[str, Any] = {"recorded": bool(online), "samples_with_stats": len(online), "tolerance": tolerance,
-                              "tau_definition": TAU_OURS, "tau_sglang_definition": TAU_SGLANG}
+    result: dict[str, Any] = {
+        "recorded": bool(online),
+        "samples_with_stats": len(online),
+        "tolerance": tolerance,
+        "tau_definition": TAU_OURS,
+        "tau_sglang_definition": TAU_SGLANG,
+    }
     if without:
         result.update(requests_without_data=len(without), why_without_data=without[0])
     if not online:
@@ -330,19 +383,26 @@ def compare(online: dict[str, dict[str, Any]], offline_by_method: dict[str, dict
         result["verification_rule"] = sorted(list(r) for r in rules if r != (None, None))
         known = [r for r in rules if r != (None, None)]
         if any(r != EXACT_VLLM_RULE for r in known):
-            result.update(compared=False, why=f"vLLM verified with {sorted(known)} (draft_sample_method, "
-                          "rejection_sample_method): only greedy drafts with standard rejection accept a draft iff "
-                          "it is the emitted token, so offline target_only is not the server's rule per request")
+            result.update(
+                compared=False,
+                why=f"vLLM verified with {sorted(known)} (draft_sample_method, "
+                "rejection_sample_method): only greedy drafts with standard rejection accept a draft iff "
+                "it is the emitted token, so offline target_only is not the server's rule per request",
+            )
         elif not known:
-            result["rule_note"] = ("the server did not report its verification rule (no VLLM_SERVER_DEV_MODE=1): "
-                                   "compared as greedy drafts with standard rejection, vLLM's defaults")
+            result["rule_note"] = (
+                "the server did not report its verification rule (no VLLM_SERVER_DEV_MODE=1): "
+                "compared as greedy drafts with standard rejection, vLLM's defaults"
+            )
         if any(c.get("steps") is None for c in online.values()):
-            result["per_step_note"] = ("no per-step arrays (--per-request-spec-decode-metrics summary): compared "
-                                       "on counts and histograms only")
+            result["per_step_note"] = (
+                "no per-step arrays (--per-request-spec-decode-metrics summary): compared on counts and histograms only"
+            )
     taus = [(c["completion_tokens"] - 1) / c["verify_ct"] for c in online.values()]
     result["online_tau_mean_of_samples"] = sum(taus) / len(taus)
-    result["online_tau_sglang_mean_of_samples"] = sum(c["completion_tokens"] / c["verify_ct"]
-                                                      for c in online.values()) / len(online)
+    result["online_tau_sglang_mean_of_samples"] = sum(
+        c["completion_tokens"] / c["verify_ct"] for c in online.values()
+    ) / len(online)
     blocks = {c["block_size"] for c in online.values() if c["block_size"] is not None}
     served_block = next(iter(blocks)) if len(blocks) == 1 else own_block
     result["served_block_size"] = served_block
@@ -354,8 +414,11 @@ def compare(online: dict[str, dict[str, Any]], offline_by_method: dict[str, dict
     if result.get("compared") is False:
         return result
     if steps is None:
-        why = "no offline steps of the served drafter" if offline_by_method is None else \
-            f"the served drafter was not evaluated at {method} (evaluation.block_sizes)"
+        why = (
+            "no offline steps of the served drafter"
+            if offline_by_method is None
+            else f"the served drafter was not evaluated at {method} (evaluation.block_sizes)"
+        )
         return {**result, "compared": False, "why": why}
     ids = sorted(i for i in online if steps.get(i))
     if not ids:
@@ -368,23 +431,39 @@ def compare(online: dict[str, dict[str, Any]], offline_by_method: dict[str, dict
     paired = paired_difference(online_steps, {i: steps[i] for i in ids}, bootstrap, seed, clusters=clusters)
     online_mean, offline_mean = sum(online_tau) / len(ids), sum(offline_tau) / len(ids)
     relative = abs(online_mean - offline_mean) / offline_mean if offline_mean else math.nan
-    return {**result, "compared": True, "samples_compared": len(ids),
-            "online_tau_compared": online_mean, "offline_tau_compared": offline_mean,
-            "online_tau_sglang_compared": sum(per_request[i]["online_tau_sglang"] for i in ids) / len(ids),
-            "offline_tau_sglang_compared": sum(per_request[i]["offline_tau_sglang"] for i in ids) / len(ids),
-            "online_tau_token_weighted": sum(online[i]["completion_tokens"] - 1 for i in ids)
-            / sum(online[i]["verify_ct"] for i in ids),
-            "offline_tau_token_weighted": sum(sum(steps[i]) for i in ids) / sum(len(steps[i]) for i in ids),
-            "paired_difference": paired["tau_mean_of_samples"],
-            "paired_difference_token_weighted": paired["tau_token_weighted"],
-            "equal_requests": sum(r["equal"] for r in per_request.values()),
-            "tail_shortened_requests": sum(r["tail_shortened_from_step"] is not None for r in per_request.values()),
-            "tail_step_count_differs": sum(r["tail_shortened_from_step"] is not None
-                                           and r["online_steps"] != r["offline_steps"] for r in per_request.values()),
-            "exact_requests": sum(r["exact"] for r in per_request.values()),
-            "unequal_ids": [i for i in ids if not per_request[i]["equal"]],
-            "per_request": per_request,
-            "relative_difference": relative, "beyond_tolerance": bool(relative > tolerance),
-            **({"online_mean_acceptance_length_compared": sum(per_request[i]["online_mean_acceptance_length"]
-                                                              for i in ids) / len(ids),
-                "offline_mean_acceptance_length_compared": offline_mean} if vllm else {})}
+    return {
+        **result,
+        "compared": True,
+        "samples_compared": len(ids),
+        "online_tau_compared": online_mean,
+        "offline_tau_compared": offline_mean,
+        "online_tau_sglang_compared": sum(per_request[i]["online_tau_sglang"] for i in ids) / len(ids),
+        "offline_tau_sglang_compared": sum(per_request[i]["offline_tau_sglang"] for i in ids) / len(ids),
+        "online_tau_token_weighted": sum(online[i]["completion_tokens"] - 1 for i in ids)
+        / sum(online[i]["verify_ct"] for i in ids),
+        "offline_tau_token_weighted": sum(sum(steps[i]) for i in ids) / sum(len(steps[i]) for i in ids),
+        "paired_difference": paired["tau_mean_of_samples"],
+        "paired_difference_token_weighted": paired["tau_token_weighted"],
+        "equal_requests": sum(r["equal"] for r in per_request.values()),
+        "tail_shortened_requests": sum(r["tail_shortened_from_step"] is not None for r in per_request.values()),
+        "tail_step_count_differs": sum(
+            r["tail_shortened_from_step"] is not None and r["online_steps"] != r["offline_steps"]
+            for r in per_request.values()
+        ),
+        "exact_requests": sum(r["exact"] for r in per_request.values()),
+        "unequal_ids": [i for i in ids if not per_request[i]["equal"]],
+        "per_request": per_request,
+        "relative_difference": relative,
+        "beyond_tolerance": bool(relative > tolerance),
+        **(
+            {
+                "online_mean_acceptance_length_compared": sum(
+                    per_request[i]["online_mean_acceptance_length"] for i in ids
+                )
+                / len(ids),
+                "offline_mean_acceptance_length_compared": offline_mean,
+            }
+            if vllm
+            else {}
+        ),
+    }

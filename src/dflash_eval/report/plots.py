@@ -21,18 +21,18 @@ from dflash_eval.methods import TREE, is_kind
 from dflash_eval.report.labels import drafter_label, fmt, missing
 
 TAU_LABEL = "acceptance length tau (tokens per verification step)"
-FIGSIZE, DPI = (12, 6), 100          # 1200 x 600 px
-DEFAULT_RUN = "training run"         # label of the drafters that name no `run:`
+FIGSIZE, DPI = (12, 6), 100  # 1200 x 600 px
+DEFAULT_RUN = "training run"  # label of the drafters that name no `run:`
 
 
 @dataclass(frozen=True)
 class PlotData:
     """Everything a plot may draw from, the same for every plot."""
 
-    rows: list[dict]                          # summary rows (summary.csv), config order
-    metrics: dict[tuple[str, str], dict]      # (drafter, dataset) -> its metrics.json
-    settings: dict                            # the report settings, drafters in config order
-    trust: dict                               # the trust panel (trust.json): online vs offline, outages, ...
+    rows: list[dict]  # summary rows (summary.csv), config order
+    metrics: dict[tuple[str, str], dict]  # (drafter, dataset) -> its metrics.json
+    settings: dict  # the report settings, drafters in config order
+    trust: dict  # the trust panel (trust.json): online vs offline, outages, ...
 
     def chain(self, drafter: str, dataset: str) -> dict:
         """The own-block chain of one evaluation (acceptance by position, histogram); {} when absent."""
@@ -44,7 +44,7 @@ class Plot:
     """One registered plot: the PNG's name in the plot folder, how to draw it, its caption in workflow/report/."""
 
     file: str
-    draw: Callable[[PlotData], Any]           # returns a matplotlib Figure
+    draw: Callable[[PlotData], Any]  # returns a matplotlib Figure
     caption: str
 
 
@@ -117,12 +117,21 @@ def draw_tau(data: PlotData) -> Any:
         present = [d for d in datasets if d in mine]
         xs = [datasets.index(d) + (index - (len(drafters) - 1) / 2) * width for d in present]
         values = [0.0 if missing(mine[d]["tau_mean_of_samples"]) else mine[d]["tau_mean_of_samples"] for d in present]
-        bars = axes.bar(xs, values, width * 0.92, yerr=_error_bars([mine[d] for d in present]), capsize=3,
-                        color=color, label=drafter_label(drafter, settings),
-                        hatch="//" if drafter == settings.get("reference") else None)
+        bars = axes.bar(
+            xs,
+            values,
+            width * 0.92,
+            yerr=_error_bars([mine[d] for d in present]),
+            capsize=3,
+            color=color,
+            label=drafter_label(drafter, settings),
+            hatch="//" if drafter == settings.get("reference") else None,
+        )
         if label_bars:
-            labels = [fmt(mine[d]["tau_mean_of_samples"]) + (" ⚠" if mine[d]["backend_mismatch_allowed"] else "")
-                      for d in present]
+            labels = [
+                fmt(mine[d]["tau_mean_of_samples"]) + (" ⚠" if mine[d]["backend_mismatch_allowed"] else "")
+                for d in present
+            ]
             axes.bar_label(bars, labels=labels, padding=2, fontsize=8)
     axes.set_xticks(range(len(datasets)), datasets)
     axes.set_xlabel("dataset")
@@ -163,22 +172,33 @@ def draw_tau_vs_step(data: PlotData) -> Any:
         steps = [int(r["training_step"]) for r in points]
         label = f"{run} / {dataset}" if several_runs else dataset
         axes.plot(steps, [r["tau_mean_of_samples"] for r in points], marker="o", color=color, label=label)
-        axes.fill_between(steps, [r["ci_low"] for r in points], [r["ci_high"] for r in points], color=color,
-                          alpha=0.2)
+        axes.fill_between(steps, [r["ci_low"] for r in points], [r["ci_high"] for r in points], color=color, alpha=0.2)
         for best in (r for r in points if r.get("best_step") is True):  # report/best_checkpoint.py's choice
-            axes.plot([int(best["training_step"])], [best["tau_mean_of_samples"]], marker="*", markersize=18,
-                      color=color, markeredgecolor="black", linestyle="none")
+            axes.plot(
+                [int(best["training_step"])],
+                [best["tau_mean_of_samples"]],
+                marker="*",
+                markersize=18,
+                color=color,
+                markeredgecolor="black",
+                linestyle="none",
+            )
         drawn += 1
     if not drawn:
-        _nothing_to_show(axes, "No training run with two or more checkpoints of known step:\n"
-                               "set drafters.<name>.step (and drafters.<name>.run) in config.yaml")
+        _nothing_to_show(
+            axes,
+            "No training run with two or more checkpoints of known step:\n"
+            "set drafters.<name>.step (and drafters.<name>.run) in config.yaml",
+        )
     else:
         axes.set_xlabel("training step (optimizer steps)")
         axes.set_ylabel(TAU_LABEL)
         axes.grid(alpha=0.3)
         _legend(axes, "training run / dataset" if several_runs else "dataset")
-    axes.set_title("DFlash drafters: tau (z-lab mean, own block size) against training step, 95% CI band\n"
-                   "★ best step of its run (paired against the runner-up in summary.md)")
+    axes.set_title(
+        "DFlash drafters: tau (z-lab mean, own block size) against training step, 95% CI band\n"
+        "★ best step of its run (paired against the runner-up in summary.md)"
+    )
     return figure
 
 
@@ -192,9 +212,11 @@ def temperature_families(rows: list[dict], settings: dict) -> dict[str, list[dic
         if row.get("scheme", "target_only") != "target_only" or missing(temperature) or row["dataset"] not in sources:
             continue  # several sampling sets in one dataset (NaN) have no one temperature
         families.setdefault(sources[row["dataset"]], []).append(row)
-    return {source: sorted(members, key=lambda r: float(r.get("temperature", 0.0)))
-            for source, members in families.items()
-            if len({float(r.get("temperature", 0.0)) for r in members}) >= 2}
+    return {
+        source: sorted(members, key=lambda r: float(r.get("temperature", 0.0)))
+        for source, members in families.items()
+        if len({float(r.get("temperature", 0.0)) for r in members}) >= 2
+    }
 
 
 def draw_tau_vs_temperature(data: PlotData) -> Any:
@@ -205,8 +227,11 @@ def draw_tau_vs_temperature(data: PlotData) -> Any:
     figure = _figure()
     title = "DFlash drafters: tau (z-lab mean, own block size, target_only verification) against temperature, 95% CI"
     if not families:
-        _nothing_to_show(figure.subplots(), "No prompt set evaluated at several temperatures: add a dataset of the "
-                                            "same prompts with temperature > 0 (docs/sampling.md)")
+        _nothing_to_show(
+            figure.subplots(),
+            "No prompt set evaluated at several temperatures: add a dataset of the "
+            "same prompts with temperature > 0 (docs/sampling.md)",
+        )
         figure.suptitle(title)
         return figure
     drafters = list(settings["drafters"])
@@ -217,9 +242,15 @@ def draw_tau_vs_temperature(data: PlotData) -> Any:
             mine = [r for r in members if r["drafter"] == drafter and not missing(r["tau_mean_of_samples"])]
             if not mine:
                 continue
-            axes.errorbar([float(r.get("temperature", 0.0)) for r in mine], [r["tau_mean_of_samples"] for r in mine],
-                          yerr=_error_bars(mine), marker="o", capsize=3, color=color,
-                          label=drafter_label(drafter, settings))
+            axes.errorbar(
+                [float(r.get("temperature", 0.0)) for r in mine],
+                [r["tau_mean_of_samples"] for r in mine],
+                yerr=_error_bars(mine),
+                marker="o",
+                capsize=3,
+                color=color,
+                label=drafter_label(drafter, settings),
+            )
         axes.set_xticks(temperatures, [f"{t:g}" + (" (greedy)" if t == 0 else "") for t in temperatures])
         axes.set_title(source, fontsize=10)
         axes.set_xlabel("sampling temperature T")
@@ -246,8 +277,9 @@ def draw_acceptance_by_position(data: PlotData) -> Any:
             if not shares:
                 continue
             percent = [float("nan") if missing(s) else 100 * float(s) for s in shares]
-            axes.plot(range(1, len(percent) + 1), percent, marker="o",
-                      color=color, label=drafter_label(drafter, settings))
+            axes.plot(
+                range(1, len(percent) + 1), percent, marker="o", color=color, label=drafter_label(drafter, settings)
+            )
         axes.set_title(dataset)
         axes.set_xlabel("draft position k (k-th token after the bonus token)")
         _whole_number_ticks(axes)
@@ -275,8 +307,13 @@ def draw_acceptance_histogram(data: PlotData) -> Any:
             lengths |= set(counts)
             xs = sorted(counts)
             offset = (index - (len(drafters) - 1) / 2) * width
-            axes.bar([x + offset for x in xs], [100 * counts[x] / total for x in xs], width * 0.92, color=color,
-                     label=drafter_label(drafter, settings))
+            axes.bar(
+                [x + offset for x in xs],
+                [100 * counts[x] / total for x in xs],
+                width * 0.92,
+                color=color,
+                label=drafter_label(drafter, settings),
+            )
         if lengths:
             axes.set_xticks(sorted(lengths))
         axes.set_title(dataset)
@@ -292,8 +329,10 @@ def draw_acceptance_histogram(data: PlotData) -> Any:
 
 SPEEDUP_LABEL = "expected speedup (estimate,\nx plain decoding)"
 BUDGET_LABEL = "DDTree budget N (tree nodes besides the root)"
-NO_PROFILE_TEXT = ("No expected speedup: it needs a serving profile (speedup.profile, measured on your deployment; "
-                   "or extraction on CUDA, speedup.measure)")
+NO_PROFILE_TEXT = (
+    "No expected speedup: it needs a serving profile (speedup.profile, measured on your deployment; "
+    "or extraction on CUDA, speedup.measure)"
+)
 
 
 def ddtree_rows(rows: list[dict], drafter: str, dataset: str) -> list[dict]:
@@ -320,8 +359,15 @@ def _budget_curve(axes: Any, trees: list[dict], value: str, chain: dict | None, 
     axes.plot(*zip(*points), marker="o", color=color, label=label)
     best = trees[0]["best_ddtree_budget"]
     if not missing(best) and int(best) in dict(points):
-        axes.plot([int(best)], [dict(points)[int(best)]], marker="*", markersize=18, color=color,
-                  markeredgecolor="black", linestyle="none")
+        axes.plot(
+            [int(best)],
+            [dict(points)[int(best)]],
+            marker="*",
+            markersize=18,
+            color=color,
+            markeredgecolor="black",
+            linestyle="none",
+        )
     if chain is not None and not missing(chain[value]):
         axes.axhline(chain[value], color=color, linestyle="--", alpha=0.6)
     return True
@@ -350,8 +396,9 @@ def draw_speedup(data: PlotData) -> Any:
             if not mine:
                 continue
             budgets |= {int(r["budget"]) for r in mine}
-            chain = next((r for r in data.rows if r["drafter"] == drafter and r["dataset"] == dataset and r["primary"]),
-                         None)
+            chain = next(
+                (r for r in data.rows if r["drafter"] == drafter and r["dataset"] == dataset and r["primary"]), None
+            )
             label = drafter_label(drafter, settings)
             _budget_curve(grid[0][column], mine, "tau_token_weighted", chain, color, label)
             if sources:
@@ -377,8 +424,9 @@ PLOTS: dict[str, Plot] = {
     "tau": Plot("tau.png", draw_tau, "tau.rst"),
     "tau_vs_step": Plot("tau_vs_step.png", draw_tau_vs_step, "tau_vs_step.rst"),
     "tau_vs_temperature": Plot("tau_vs_temperature.png", draw_tau_vs_temperature, "tau_vs_temperature.rst"),
-    "acceptance_by_position": Plot("acceptance_by_position.png", draw_acceptance_by_position,
-                                   "acceptance_by_position.rst"),
+    "acceptance_by_position": Plot(
+        "acceptance_by_position.png", draw_acceptance_by_position, "acceptance_by_position.rst"
+    ),
     "acceptance_histogram": Plot("acceptance_histogram.png", draw_acceptance_histogram, "acceptance_histogram.rst"),
     "speedup": Plot("speedup.png", draw_speedup, "speedup.rst"),
 }

@@ -35,8 +35,10 @@ def vllm_layout(config: dict[str, Any]) -> list[dict[str, Any]]:
         if sliding:
             window = dflash.get("swa_window_size", config.get("sliding_window"))
             if window is None:
-                raise ValueError(f"layer {i} is sliding but neither dflash_config.swa_window_size nor sliding_window "
-                                 "is set (vLLM refuses the checkpoint)")
+                raise ValueError(
+                    f"layer {i} is sliding but neither dflash_config.swa_window_size nor sliding_window "
+                    "is set (vLLM refuses the checkpoint)"
+                )
         out.append({"causal": causal, "sliding_window": None if window is None else int(window)})
     return out
 
@@ -59,5 +61,7 @@ def layout_difference(config: dict[str, Any]) -> str | None:
     differ = [f"layer {i}: vLLM {s}, dflash {o}" for i, (s, o) in enumerate(zip(served, ours)) if s != o]
     if not differ:
         return None
-    return ("vLLM resolves this checkpoint's attention layout otherwise than the offline drafter (dflash's rule: "
-            f"no dflash_config.causal, use_swa or swa_window_size): {'; '.join(differ[:4])}")
+    return (
+        "vLLM resolves this checkpoint's attention layout otherwise than the offline drafter (dflash's rule: "
+        f"no dflash_config.causal, use_swa or swa_window_size): {'; '.join(differ[:4])}"
+    )

@@ -11,8 +11,10 @@ from dflash_eval.config import drafter_layer_ids, prompt_set, stage_builder
 @stage_builder("report")
 def report_settings(config: dict) -> dict:
     return {
-        "drafters": {name: {"step": spec.get("step"), "run": spec.get("run"), "layer_ids": drafter_layer_ids(config, name)}
-                     for name, spec in config["drafters"].items()},
+        "drafters": {
+            name: {"step": spec.get("step"), "run": spec.get("run"), "layer_ids": drafter_layer_ids(config, name)}
+            for name, spec in config["drafters"].items()
+        },
         "drafter_order": list(config["drafters"]),  # the settings JSON sorts keys; the report keeps config order
         "datasets": list(config["datasets"]),
         "dataset_prompts": {name: prompt_set(spec) for name, spec in config["datasets"].items()},

@@ -37,8 +37,10 @@ FORMAT = "dflash-eval speculation profile 1"
 FILE = "speculation_profile.json"  # beside metrics.json (workflow/rules/report.smk's PROFILE)
 # where samples.csv's numbers are recomputed, they must equal metrics.json's to this (both are sums of integers)
 TOLERANCE = 1e-9
-VALIDATION = ("offline: greedy drafts verified against the served completion from the target's cached hidden states, "
-              "step by step equal to dflash.model.dflash_generate's loop (docs/trust.md)")
+VALIDATION = (
+    "offline: greedy drafts verified against the served completion from the target's cached hidden states, "
+    "step by step equal to dflash.model.dflash_generate's loop (docs/trust.md)"
+)
 
 
 @dataclass(frozen=True)
@@ -62,8 +64,10 @@ def read_samples(path: str | Path) -> dict[str, list[SampleSteps]]:
     """method -> its samples, in samples.csv's order (the evaluation's, by id); an error names a bad row."""
     path = Path(path)
     if not path.is_file():
-        raise DflashEvalError(f"{path} not found; the speculation profile is made from the evaluate stage's "
-                              "samples.csv: run that evaluation first")
+        raise DflashEvalError(
+            f"{path} not found; the speculation profile is made from the evaluate stage's "
+            "samples.csv: run that evaluation first"
+        )
     out: dict[str, list[SampleSteps]] = {}
     with path.open(newline="", encoding="utf-8") as handle:
         for line, row in enumerate(csv.DictReader(handle), start=2):
@@ -72,8 +76,9 @@ def read_samples(path: str | Path) -> dict[str, list[SampleSteps]]:
                 sample = SampleSteps(str(row["id"]), int(row["prompt_tokens"]), steps)
                 method = row["method"]
             except (KeyError, TypeError, ValueError) as error:
-                raise DflashEvalError(f"{path}:{line}: not a samples.csv row of `dflash-eval evaluate` ({error!r})") \
-                    from None
+                raise DflashEvalError(
+                    f"{path}:{line}: not a samples.csv row of `dflash-eval evaluate` ({error!r})"
+                ) from None
             out.setdefault(method, []).append(sample)
     return out
 
@@ -89,8 +94,9 @@ def position_rates(per_sample: Sequence[Sequence[int]], depth: int) -> dict[str,
     return {"conditional_accept_rates": conditional, "marginal_accept_rates": marginal}
 
 
-def rates(samples: Sequence[SampleSteps], depth: int, n_boot: int, seed: int, sampled: bool,
-          ci95: dict | None = None) -> dict:
+def rates(
+    samples: Sequence[SampleSteps], depth: int, n_boot: int, seed: int, sampled: bool, ci95: dict | None = None
+) -> dict:
     """The profile's numbers over `samples`: both rates, tau in both conventions with 95% intervals (`ci95`:
     metrics.json's, else the same cluster bootstrap here), the histogram and the counts."""
     per_sample = [list(s.steps) for s in samples]
@@ -106,10 +112,15 @@ def rates(samples: Sequence[SampleSteps], depth: int, n_boot: int, seed: int, sa
         "mean_accept_length_per_request": tau["tau_mean_of_samples"],
         "mean_accept_length_per_request_ci95": list(ci95["tau_mean_of_samples"]),
         "acceptance_length_histogram": stats.histogram(per_sample, depth),
-        "num_samples": tau["samples"], "num_steps": tau["steps"], "num_tokens": tau["tokens"],
-        "validation": {"mean_consistency": {
-            "implied_mean_accept_length": implied if tau["steps"] else None,
-            "passed": bool(tau["steps"]) and abs(implied - tau["tau_token_weighted"]) <= TOLERANCE}},
+        "num_samples": tau["samples"],
+        "num_steps": tau["steps"],
+        "num_tokens": tau["tokens"],
+        "validation": {
+            "mean_consistency": {
+                "implied_mean_accept_length": implied if tau["steps"] else None,
+                "passed": bool(tau["steps"]) and abs(implied - tau["tau_token_weighted"]) <= TOLERANCE,
+            }
+        },
     }
 
 
@@ -122,15 +133,19 @@ def bucket_edges(edges: Sequence[int]) -> list[tuple[int, int | None]]:
     return list(zip(lows, [*edges, None]))
 
 
-def by_context(samples: Sequence[SampleSteps], depth: int, edges: Sequence[int], n_boot: int, seed: int,
-               sampled: bool) -> list[dict]:
+def by_context(
+    samples: Sequence[SampleSteps], depth: int, edges: Sequence[int], n_boot: int, seed: int, sampled: bool
+) -> list[dict]:
     """The rates per context-length bucket; a bucket no step fell into is left out."""
     out = []
     for low, high in bucket_edges(edges):
         inside = []
         for sample in samples:
-            kept = tuple(step for step, context in zip(sample.steps, sample.contexts())
-                         if context >= low and (high is None or context < high))
+            kept = tuple(
+                step
+                for step, context in zip(sample.steps, sample.contexts())
+                if context >= low and (high is None or context < high)
+            )
             if kept:
                 inside.append(SampleSteps(sample.id, sample.prompt_tokens, kept))
         if inside:
@@ -140,13 +155,19 @@ def by_context(samples: Sequence[SampleSteps], depth: int, edges: Sequence[int],
 
 def _check_against_metrics(numbers: dict, recorded: dict, method: str, where: str) -> None:
     """samples.csv and metrics.json are one evaluation's two outputs: a profile from a mismatched pair is refused."""
-    for ours, theirs in (("mean_accept_length", "tau_token_weighted"),
-                         ("mean_accept_length_per_request", "tau_mean_of_samples"),
-                         ("num_samples", "samples"), ("num_steps", "steps"), ("num_tokens", "tokens")):
+    for ours, theirs in (
+        ("mean_accept_length", "tau_token_weighted"),
+        ("mean_accept_length_per_request", "tau_mean_of_samples"),
+        ("num_samples", "samples"),
+        ("num_steps", "steps"),
+        ("num_tokens", "tokens"),
+    ):
         if not math.isclose(float(numbers[ours]), float(recorded[theirs]), rel_tol=TOLERANCE, abs_tol=TOLERANCE):
-            raise DflashEvalError(f"{where}: {method}'s {theirs} is {recorded[theirs]} in metrics.json but "
-                                  f"{numbers[ours]} from samples.csv; they are not one evaluation's outputs: "
-                                  "rerun it (snakemake --forcerun evaluate)")
+            raise DflashEvalError(
+                f"{where}: {method}'s {theirs} is {recorded[theirs]} in metrics.json but "
+                f"{numbers[ours]} from samples.csv; they are not one evaluation's outputs: "
+                "rerun it (snakemake --forcerun evaluate)"
+            )
 
 
 def method_profile(method: str, samples: Sequence[SampleSteps], metrics: dict, settings: dict, where: str) -> dict:
@@ -169,35 +190,54 @@ def method_profile(method: str, samples: Sequence[SampleSteps], metrics: dict, s
         "verification_method": "longest_prefix" if chain else "tree",
         "accept_length_model": "measured_per_k",
         **numbers,
-        "by_context_length": by_context(samples, depth, settings["context_buckets"], settings["bootstrap"],
-                                        settings["seed"], sampled),
+        "by_context_length": by_context(
+            samples, depth, settings["context_buckets"], settings["bootstrap"], settings["seed"], sampled
+        ),
     }
 
 
-def build(metrics: dict, samples: dict[str, list[SampleSteps]], settings: dict, manifest: dict | None,
-          where: str) -> dict:
+def build(
+    metrics: dict, samples: dict[str, list[SampleSteps]], settings: dict, manifest: dict | None, where: str
+) -> dict:
     """The profile file of one evaluation: its identities and conditions once, then one profile per method that
     samples.csv holds (the target_only scheme's; metrics.json lists the methods it must hold)."""
     missing = sorted(set(metrics["methods"]) - set(samples))
     if missing:
-        raise DflashEvalError(f"{where}: samples.csv holds no rows of {', '.join(missing)}, which metrics.json "
-                              "lists; rerun the evaluation")
+        raise DflashEvalError(
+            f"{where}: samples.csv holds no rows of {', '.join(missing)}, which metrics.json "
+            "lists; rerun the evaluation"
+        )
     checkpoint, target = metrics["checkpoint"], (manifest or {}).get("target") or {}
     return {
         "format": FORMAT,
-        "drafter": metrics["drafter"], "dataset": metrics["dataset"],
-        "draft_checkpoint": {"name": metrics["drafter"], "path": checkpoint.get("path"),
-                             "layout": checkpoint.get("layout"), "sha256": checkpoint.get("sha256"),
-                             "global_step": checkpoint.get("global_step"), "layer_ids": metrics["layer_ids"]},
-        "target_model": {"path": target.get("path"), "config_hash": metrics["cache"].get("target_config_hash"),
-                         "model_type": target.get("model_type"), "dtype": target.get("dtype"),
-                         "backend": metrics["cache"].get("backend")},
+        "drafter": metrics["drafter"],
+        "dataset": metrics["dataset"],
+        "draft_checkpoint": {
+            "name": metrics["drafter"],
+            "path": checkpoint.get("path"),
+            "layout": checkpoint.get("layout"),
+            "sha256": checkpoint.get("sha256"),
+            "global_step": checkpoint.get("global_step"),
+            "layer_ids": metrics["layer_ids"],
+        },
+        "target_model": {
+            "path": target.get("path"),
+            "config_hash": metrics["cache"].get("target_config_hash"),
+            "model_type": target.get("model_type"),
+            "dtype": target.get("dtype"),
+            "backend": metrics["cache"].get("backend"),
+        },
         "measurement_conditions": {
-            "dataset": metrics["dataset"], "verification_scheme": "target_only",
+            "dataset": metrics["dataset"],
+            "verification_scheme": "target_only",
             "sampling": metrics.get("sampling") or "greedy",
-            "evaluation_dtype": metrics.get("dtype"), "validation": VALIDATION,
+            "evaluation_dtype": metrics.get("dtype"),
+            "validation": VALIDATION,
             "context_buckets": list(settings["context_buckets"]),
-            "bootstrap": settings["bootstrap"], "seed": settings["seed"]},
-        "profiles": {method: method_profile(method, samples[method], metrics, settings, where)
-                     for method in metrics["methods"]},
+            "bootstrap": settings["bootstrap"],
+            "seed": settings["seed"],
+        },
+        "profiles": {
+            method: method_profile(method, samples[method], metrics, settings, where) for method in metrics["methods"]
+        },
     }

@@ -38,8 +38,13 @@ def load_target_profile(path: str | Path | None, named_by_user: bool) -> tuple[d
     return profile, f"measured by the profile_target rule on {profile.get('device', '?')}{how} ({path})", stamp
 
 
-def estimate(methods: dict[str, dict], target: dict | None, target_source: str, named_by_user: bool,
-             timing: dict[str, Any] | None) -> dict[str, Any]:
+def estimate(
+    methods: dict[str, dict],
+    target: dict | None,
+    target_source: str,
+    named_by_user: bool,
+    timing: dict[str, Any] | None,
+) -> dict[str, Any]:
     """The `speedup` section (and each method's expected_speedup) for one evaluation's `methods`.
 
     T_draft comes from the target profile when it gives one (a user's `t_draft_ms`: one value for every block and
@@ -56,19 +61,29 @@ def estimate(methods: dict[str, dict], target: dict | None, target_source: str, 
     if timing is not None:
         draft_ms, draft_kind = {int(b): t["ms"] for b, t in timing["by_block"].items()}, MEASURED
         tree_ms = {int(n): t["ms"] for n, t in (timing.get("by_budget") or {}).items()}
-        spread = ", ".join([f"b{b} {t['ms']:.3g} ({t['min_ms']:.3g}..{t['max_ms']:.3g})"
-                            for b, t in timing["by_block"].items()] +
-                           [f"ddtree-{n} {t['ms']:.3g} ({t['min_ms']:.3g}..{t['max_ms']:.3g})"
-                            for n, t in (timing.get("by_budget") or {}).items()])
-        draft_source = (f"timed at evaluation on {timing['device']} ({timing.get('method', 'eager')}), context "
-                        f"{timing['context_tokens']}, per block with the step's context projection (a DDTree's "
-                        f"with its top-N, read and tree build), median ms (min..max): {spread}")
+        spread = ", ".join(
+            [f"b{b} {t['ms']:.3g} ({t['min_ms']:.3g}..{t['max_ms']:.3g})" for b, t in timing["by_block"].items()]
+            + [
+                f"ddtree-{n} {t['ms']:.3g} ({t['min_ms']:.3g}..{t['max_ms']:.3g})"
+                for n, t in (timing.get("by_budget") or {}).items()
+            ]
+        )
+        draft_source = (
+            f"timed at evaluation on {timing['device']} ({timing.get('method', 'eager')}), context "
+            f"{timing['context_tokens']}, per block with the step's context projection (a DDTree's "
+            f"with its top-N, read and tree build), median ms (min..max): {spread}"
+        )
         if target is not None and target.get("method") == "eager" and timing.get("method") not in (None, "eager"):
-            draft_source += (" (the target profile was timed eagerly and the drafter step with CUDA graphs: the two "
-                             "terms were timed two ways)")
+            draft_source += (
+                " (the target profile was timed eagerly and the drafter step with CUDA graphs: the two "
+                "terms were timed two ways)"
+            )
     if draft_ms is None:
-        draft_source = ("not timed (speedup.measure false, or auto on a CPU; no t_draft_ms in the profile)"
-                        if target else "not timed")
+        draft_source = (
+            "not timed (speedup.measure false, or auto on a CPU; no t_draft_ms in the profile)"
+            if target
+            else "not timed"
+        )
     section = speedup_section(methods, target, target_source, draft_ms, draft_source, tree_ms)
     if draft_kind is None and target is not None and target.get("t_step_ms"):
         draft_kind = target_kind  # the profile's whole steps stand in for T_draft + T_verify at their blocks
@@ -78,14 +93,14 @@ def estimate(methods: dict[str, dict], target: dict | None, target_source: str, 
     return section
 
 
-def apply(metrics: dict[str, Any], target: dict | None, target_source: str, named_by_user: bool,
-          profile_stamp: str | None) -> dict[str, Any]:
+def apply(
+    metrics: dict[str, Any], target: dict | None, target_source: str, named_by_user: bool, profile_stamp: str | None
+) -> dict[str, Any]:
     """Replace `metrics`' speedup section (what evaluation wrote: the drafter's timing and its estimate-code stamp)
     with the estimate made from it and the target profile; each method's expected_speedup with it. The section's
     estimate_code names both codes: the evaluation's and the profile's (None for a user's profile)."""
     written = metrics.get("speedup") or {}
-    section = estimate(metrics.get("methods") or {}, target, target_source, named_by_user,
-                       written.get("draft_timing"))
+    section = estimate(metrics.get("methods") or {}, target, target_source, named_by_user, written.get("draft_timing"))
     stamps = written.get("estimate_code") or {}
     section["estimate_code"] = {"evaluation": stamps.get("evaluation"), "profile": profile_stamp}
     metrics["speedup"] = section

@@ -43,27 +43,47 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--settings", help="report settings as JSON (what the workflow passes)")
     parser.add_argument("--config", help="config.yaml, to run by hand")
     parser.add_argument("--metrics", nargs="+", required=True, help="metrics.json of every drafter x dataset")
-    parser.add_argument("--hidden", nargs="*", default=[],
-                        help="hidden-state cache directories, for the trust panel (default: each metrics' cache dir)")
-    parser.add_argument("--completions", nargs="*", default=[],
-                        help="completions JSONL per dataset (results/completions/{dataset}.jsonl), for the trust panel")
+    parser.add_argument(
+        "--hidden",
+        nargs="*",
+        default=[],
+        help="hidden-state cache directories, for the trust panel (default: each metrics' cache dir)",
+    )
+    parser.add_argument(
+        "--completions",
+        nargs="*",
+        default=[],
+        help="completions JSONL per dataset (results/completions/{dataset}.jsonl), for the trust panel",
+    )
     parser.add_argument("--transitions", help="the server hook's transitions.jsonl (default: from the settings)")
     parser.add_argument("--csv", required=True, help="output tidy summary CSV")
     parser.add_argument("--md", required=True, help="output markdown summary")
     parser.add_argument("--trust", help="output JSON: the trust panel, machine-readable")
-    parser.add_argument("--backend-comparisons", nargs="*", default=[],
-                        help="compare-backends results (results/backends/{drafter}/{dataset}/{dtype}.json)")
-    parser.add_argument("--server-profile", help="dflash-eval profile-server's JSON (results/server_profile.json), "
-                                                 "set beside the estimate (profile_server.enabled)")
+    parser.add_argument(
+        "--backend-comparisons",
+        nargs="*",
+        default=[],
+        help="compare-backends results (results/backends/{drafter}/{dataset}/{dtype}.json)",
+    )
+    parser.add_argument(
+        "--server-profile",
+        help="dflash-eval profile-server's JSON (results/server_profile.json), "
+        "set beside the estimate (profile_server.enabled)",
+    )
     add_profile_arguments(parser)
-    parser.add_argument("--plot-dir", required=True, help="output folder of the plots: " + ", ".join(
-        plot.file for plot in plots.PLOTS.values()))
+    parser.add_argument(
+        "--plot-dir",
+        required=True,
+        help="output folder of the plots: " + ", ".join(plot.file for plot in plots.PLOTS.values()),
+    )
 
 
 def add_profile_arguments(parser: argparse.ArgumentParser) -> None:
     """The target profile the expected speedup is made from (report/speedup.py): one of the two, or neither."""
-    parser.add_argument("--target-profile", help="the profile the profile_target rule timed "
-                                                 "(results/profile/<target>/<device>-<dtype>-<backend>.json)")
+    parser.add_argument(
+        "--target-profile",
+        help="the profile the profile_target rule timed (results/profile/<target>/<device>-<dtype>-<backend>.json)",
+    )
     parser.add_argument("--user-profile", help="the user's speedup.profile (then the target was not timed)")
 
 
@@ -84,12 +104,14 @@ def run(args: argparse.Namespace) -> int:
         speedup.apply(evaluation.metrics, profile, source, named_by_user, stamp)
     rows = summary.summary_rows(evaluations, settings)
     best = best_checkpoint.mark(rows, evaluations, settings)
-    panel = trust.panel(evaluations, settings, args.hidden, args.completions,
-                        args.transitions or settings.get("transitions"))
+    panel = trust.panel(
+        evaluations, settings, args.hidden, args.completions, args.transitions or settings.get("transitions")
+    )
     panel["engine_timing"] = engine_timing.panel({e.key: e.metrics for e in evaluations}, settings, args.completions)
     if args.server_profile:
-        panel["server_profile"] = engine_timing.profile_panel(engine_timing.load_profile(args.server_profile),
-                                                              {e.key: e.metrics for e in evaluations}, settings)
+        panel["server_profile"] = engine_timing.profile_panel(
+            engine_timing.load_profile(args.server_profile), {e.key: e.metrics for e in evaluations}, settings
+        )
     panel["speedup_validation"] = validation.panel(markdown.estimate_stamps(evaluations))
     panel[STAMP], panel["inputs_code_identity"] = stage_stamp("report"), stamps_panel(evaluations, args.hidden)
     panel["best_checkpoints"] = [b.as_dict() for b in best]

@@ -11,5 +11,7 @@ from dflash_eval.report.summary import Evaluation
 
 def stamps_panel(evaluations: list[Evaluation], caches: list[str]) -> dict[str, Any]:
     """Each evaluation's and each cache's identity (None: made before stamps)."""
-    return {"evaluations": {f"{e.key[0]}/{e.key[1]}": e.metrics.get(STAMP) for e in evaluations},
-            "caches": {str(cache): read_stamp(cache) for cache in caches}}
+    return {
+        "evaluations": {f"{e.key[0]}/{e.key[1]}": e.metrics.get(STAMP) for e in evaluations},
+        "caches": {str(cache): read_stamp(cache) for cache in caches},
+    }

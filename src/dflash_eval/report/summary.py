@@ -29,22 +29,58 @@ from dflash_eval.speedup import labels as speedup
 log = logging.getLogger(__name__)
 
 COLUMNS = [
-    "drafter", "dataset", "method", "primary", "block_size", "budget", "tau_mean_of_samples", "tau_token_weighted",
-    "ci_low", "ci_high", "ci_low_tw", "ci_high_tw", "samples", "steps", "tokens", "training_step",
-    "layer_ids", "backend", "backend_mismatch_allowed", "argmax_agreement", "tau_vs_reference",
-    "diff_vs_reference", "diff_ci_low", "diff_ci_high", "verdict",
+    "drafter",
+    "dataset",
+    "method",
+    "primary",
+    "block_size",
+    "budget",
+    "tau_mean_of_samples",
+    "tau_token_weighted",
+    "ci_low",
+    "ci_high",
+    "ci_low_tw",
+    "ci_high_tw",
+    "samples",
+    "steps",
+    "tokens",
+    "training_step",
+    "layer_ids",
+    "backend",
+    "backend_mismatch_allowed",
+    "argmax_agreement",
+    "tau_vs_reference",
+    "diff_vs_reference",
+    "diff_ci_low",
+    "diff_ci_high",
+    "verdict",
     # appended after the columns above (a reader of the earlier file keeps its columns and values)
-    "expected_speedup", "speedup_source", "best_ddtree_budget",
+    "expected_speedup",
+    "speedup_source",
+    "best_ddtree_budget",
 ]
 # Appended only when an evaluation sampled (issue 25): a greedy-only summary.csv keeps its columns and bytes.
-SAMPLING_COLUMNS = ["scheme", "temperature", "top_p", "top_k", "min_p",
-                    # the rejection scheme's samples with a token outside dflash's support (evaluate/rejection.py)
-                    "outside_support_samples", "outside_support_share"]
+SAMPLING_COLUMNS = [
+    "scheme",
+    "temperature",
+    "top_p",
+    "top_k",
+    "min_p",
+    # the rejection scheme's samples with a token outside dflash's support (evaluate/rejection.py)
+    "outside_support_samples",
+    "outside_support_share",
+]
 # Appended last: the evaluation's speculation profile (beside its metrics.json) and, on the own-chain rows of a
 # training run's checkpoints, whether it is the run's best step and its paired difference to the runner-up
 # (report/best_checkpoint.py); the columns before them keep their values.
-HANDOFF_COLUMNS = ["speculation_profile", "best_step", "runner_up", "diff_vs_runner_up", "runner_up_ci_low",
-                   "runner_up_ci_high"]
+HANDOFF_COLUMNS = [
+    "speculation_profile",
+    "best_step",
+    "runner_up",
+    "diff_vs_runner_up",
+    "runner_up_ci_low",
+    "runner_up_ci_high",
+]
 
 
 @dataclass(frozen=True)
@@ -61,16 +97,32 @@ class Evaluation:
 
 # -- reading and checking ------------------------------------------------------------------------
 
-REQUIRED = ("drafter", "dataset", "block_size", "layer_ids", "checkpoint", "cache.backend",
-            "cache.backend_mismatch_allowed", "chain.tau_mean_of_samples", "chain.tau_token_weighted",
-            "chain.samples", "chain.steps", "chain.tokens", "chain.ci95", "diagnostics")
+REQUIRED = (
+    "drafter",
+    "dataset",
+    "block_size",
+    "layer_ids",
+    "checkpoint",
+    "cache.backend",
+    "cache.backend_mismatch_allowed",
+    "chain.tau_mean_of_samples",
+    "chain.tau_token_weighted",
+    "chain.samples",
+    "chain.steps",
+    "chain.tokens",
+    "chain.ci95",
+    "diagnostics",
+)
 
 
 def ordered_settings(settings: dict) -> dict:
     """Drafters in config order: the settings JSON sorts keys, `drafter_order` keeps the user's order."""
     drafters = settings.get("drafters") or {}
     listed = [n for n in settings.get("drafter_order") or [] if n in drafters]
-    return {**settings, "drafters": {name: drafters[name] for name in listed + [n for n in drafters if n not in listed]}}
+    return {
+        **settings,
+        "drafters": {name: drafters[name] for name in listed + [n for n in drafters if n not in listed]},
+    }
 
 
 def check_settings(settings: dict) -> None:
@@ -79,10 +131,14 @@ def check_settings(settings: dict) -> None:
         raise DflashEvalError("report settings name no drafters or no datasets: nothing to report")
     reference = settings.get("reference")
     if reference is not None and reference not in settings["drafters"]:
-        raise DflashEvalError(f"report reference {reference!r} is not one of the drafters: {', '.join(settings['drafters'])}")
+        raise DflashEvalError(
+            f"report reference {reference!r} is not one of the drafters: {', '.join(settings['drafters'])}"
+        )
     served = settings.get("served_drafter")
     if served is not None and served not in settings["drafters"]:
-        raise DflashEvalError(f"report served_drafter {served!r} is not one of the drafters: {', '.join(settings['drafters'])}")
+        raise DflashEvalError(
+            f"report served_drafter {served!r} is not one of the drafters: {', '.join(settings['drafters'])}"
+        )
 
 
 def _lookup(data: dict, dotted: str) -> Any:
@@ -103,7 +159,9 @@ def read_metrics(path: str | Path) -> Evaluation:
         try:
             _lookup(metrics, field)
         except KeyError:
-            raise DflashEvalError(f"{path}: no {field!r}; is it a metrics.json written by `dflash-eval evaluate`?") from None
+            raise DflashEvalError(
+                f"{path}: no {field!r}; is it a metrics.json written by `dflash-eval evaluate`?"
+            ) from None
     return Evaluation(path=path, metrics=metrics)
 
 
@@ -117,10 +175,14 @@ def collect(settings: dict, paths: Iterable[str | Path]) -> list[Evaluation]:
     for path in paths:
         evaluation = read_metrics(path)
         if evaluation.key in found:
-            raise DflashEvalError(f"{found[evaluation.key].path} and {path} both hold drafter "
-                                  f"{evaluation.key[0]!r} on dataset {evaluation.key[1]!r}; pass one")
+            raise DflashEvalError(
+                f"{found[evaluation.key].path} and {path} both hold drafter "
+                f"{evaluation.key[0]!r} on dataset {evaluation.key[1]!r}; pass one"
+            )
         found[evaluation.key] = evaluation
-    ordered = [_expected(found, drafter, dataset) for drafter in settings["drafters"] for dataset in settings["datasets"]]
+    ordered = [
+        _expected(found, drafter, dataset) for drafter in settings["drafters"] for dataset in settings["datasets"]
+    ]
     for key in sorted(set(found) - {e.key for e in ordered}):
         log.warning("%s: drafter %r on dataset %r is not in the config; left out of the report", found[key].path, *key)
     for evaluation in ordered:
@@ -142,11 +204,14 @@ def _check_layers(evaluation: Evaluation, spec: dict) -> None:
     expected = spec.get("layer_ids")
     actual = list(evaluation.metrics["layer_ids"])
     if expected is not None and list(expected) != actual:
-        raise DflashEvalError(f"{evaluation.path}: evaluated with layer ids {actual} but the config says "
-                              f"{list(expected)} for drafter {evaluation.key[0]!r}; re-run its evaluation")
+        raise DflashEvalError(
+            f"{evaluation.path}: evaluated with layer ids {actual} but the config says "
+            f"{list(expected)} for drafter {evaluation.key[0]!r}; re-run its evaluation"
+        )
 
 
 # -- the tidy table ------------------------------------------------------------------------------
+
 
 def training_step(metrics: dict, spec: dict) -> int | None:
     """The checkpoint's own global_step is the truth; the config's step is the fallback."""
@@ -190,23 +255,40 @@ def method_rows(evaluation: Evaluation, spec: dict) -> list[dict]:
     for method in sorted(methods, key=lambda name: method_order(name, evaluation.path)):
         numbers = methods[method]
         ci, ci_tw = _pair(numbers["ci95"].get("tau_mean_of_samples")), _pair(numbers["ci95"].get("tau_token_weighted"))
-        rows.append({
-            "drafter": metrics["drafter"], "dataset": metrics["dataset"], "method": method,
-            "primary": method == own_chain,
-            "block_size": int(numbers.get("block_size", metrics["block_size"])), "budget": numbers.get("budget"),
-            "tau_mean_of_samples": _float(numbers["tau_mean_of_samples"]),
-            "tau_token_weighted": _float(numbers["tau_token_weighted"]),
-            "ci_low": ci[0], "ci_high": ci[1], "ci_low_tw": ci_tw[0], "ci_high_tw": ci_tw[1],
-            "samples": int(numbers["samples"]), "steps": int(numbers["steps"]), "tokens": int(numbers["tokens"]),
-            "training_step": training_step(metrics, spec),
-            "layer_ids": " ".join(str(i) for i in metrics["layer_ids"]),
-            "backend": cache["backend"], "backend_mismatch_allowed": bool(cache["backend_mismatch_allowed"]),
-            "argmax_agreement": _float(agreement), "tau_vs_reference": math.nan,
-            "diff_vs_reference": math.nan, "diff_ci_low": math.nan, "diff_ci_high": math.nan, "verdict": "",
-            "expected_speedup": _float(numbers.get("expected_speedup")), "speedup_source": source,
-            "best_ddtree_budget": best, **sampling_fields(metrics, "target_only"),
-            "speculation_profile": str(evaluation.path.with_name(speculation_profile.FILE)),
-        })
+        rows.append(
+            {
+                "drafter": metrics["drafter"],
+                "dataset": metrics["dataset"],
+                "method": method,
+                "primary": method == own_chain,
+                "block_size": int(numbers.get("block_size", metrics["block_size"])),
+                "budget": numbers.get("budget"),
+                "tau_mean_of_samples": _float(numbers["tau_mean_of_samples"]),
+                "tau_token_weighted": _float(numbers["tau_token_weighted"]),
+                "ci_low": ci[0],
+                "ci_high": ci[1],
+                "ci_low_tw": ci_tw[0],
+                "ci_high_tw": ci_tw[1],
+                "samples": int(numbers["samples"]),
+                "steps": int(numbers["steps"]),
+                "tokens": int(numbers["tokens"]),
+                "training_step": training_step(metrics, spec),
+                "layer_ids": " ".join(str(i) for i in metrics["layer_ids"]),
+                "backend": cache["backend"],
+                "backend_mismatch_allowed": bool(cache["backend_mismatch_allowed"]),
+                "argmax_agreement": _float(agreement),
+                "tau_vs_reference": math.nan,
+                "diff_vs_reference": math.nan,
+                "diff_ci_low": math.nan,
+                "diff_ci_high": math.nan,
+                "verdict": "",
+                "expected_speedup": _float(numbers.get("expected_speedup")),
+                "speedup_source": source,
+                "best_ddtree_budget": best,
+                **sampling_fields(metrics, "target_only"),
+                "speculation_profile": str(evaluation.path.with_name(speculation_profile.FILE)),
+            }
+        )
     return rows + rejection_rows(evaluation, spec)
 
 
@@ -223,8 +305,13 @@ def dataset_sampling(metrics: dict) -> dict:
 def sampling_fields(metrics: dict, scheme: str) -> dict:
     """The scheme and the dataset's sampling parameters of a row; greedy when metrics.json names none."""
     sampling = dataset_sampling(metrics)
-    return {"scheme": scheme, "temperature": float(sampling.get("temperature", 0.0)),
-            "top_p": _float(sampling.get("top_p")), "top_k": sampling.get("top_k"), "min_p": _float(sampling.get("min_p"))}
+    return {
+        "scheme": scheme,
+        "temperature": float(sampling.get("temperature", 0.0)),
+        "top_p": _float(sampling.get("top_p")),
+        "top_k": sampling.get("top_k"),
+        "min_p": _float(sampling.get("min_p")),
+    }
 
 
 def rejection_rows(evaluation: Evaluation, spec: dict) -> list[dict]:
@@ -236,21 +323,41 @@ def rejection_rows(evaluation: Evaluation, spec: dict) -> list[dict]:
     rows = []
     for method, numbers in sorted((section.get("methods") or {}).items()):
         ci, ci_tw = _pair(numbers["ci95"].get("tau_mean_of_samples")), _pair(numbers["ci95"].get("tau_token_weighted"))
-        rows.append({
-            "drafter": metrics["drafter"], "dataset": metrics["dataset"], "method": method, "primary": False,
-            "block_size": int(numbers["block_size"]), "budget": None,
-            "tau_mean_of_samples": _float(numbers["tau_mean_of_samples"]),
-            "tau_token_weighted": _float(numbers["tau_token_weighted"]),
-            "ci_low": ci[0], "ci_high": ci[1], "ci_low_tw": ci_tw[0], "ci_high_tw": ci_tw[1],
-            "samples": int(numbers["samples"]), "steps": None, "tokens": int(numbers["tokens"]),
-            "training_step": training_step(metrics, spec), "layer_ids": " ".join(str(i) for i in metrics["layer_ids"]),
-            "backend": metrics["cache"]["backend"],
-            "backend_mismatch_allowed": bool(metrics["cache"]["backend_mismatch_allowed"]),
-            "argmax_agreement": math.nan, "tau_vs_reference": math.nan, "diff_vs_reference": math.nan,
-            "diff_ci_low": math.nan, "diff_ci_high": math.nan, "verdict": "", "expected_speedup": math.nan,
-            "speedup_source": "", "best_ddtree_budget": None, **sampling_fields(metrics, "rejection"),
-            "outside_support_samples": outside.get("samples"), "outside_support_share": outside.get("share_of_samples"),
-        })
+        rows.append(
+            {
+                "drafter": metrics["drafter"],
+                "dataset": metrics["dataset"],
+                "method": method,
+                "primary": False,
+                "block_size": int(numbers["block_size"]),
+                "budget": None,
+                "tau_mean_of_samples": _float(numbers["tau_mean_of_samples"]),
+                "tau_token_weighted": _float(numbers["tau_token_weighted"]),
+                "ci_low": ci[0],
+                "ci_high": ci[1],
+                "ci_low_tw": ci_tw[0],
+                "ci_high_tw": ci_tw[1],
+                "samples": int(numbers["samples"]),
+                "steps": None,
+                "tokens": int(numbers["tokens"]),
+                "training_step": training_step(metrics, spec),
+                "layer_ids": " ".join(str(i) for i in metrics["layer_ids"]),
+                "backend": metrics["cache"]["backend"],
+                "backend_mismatch_allowed": bool(metrics["cache"]["backend_mismatch_allowed"]),
+                "argmax_agreement": math.nan,
+                "tau_vs_reference": math.nan,
+                "diff_vs_reference": math.nan,
+                "diff_ci_low": math.nan,
+                "diff_ci_high": math.nan,
+                "verdict": "",
+                "expected_speedup": math.nan,
+                "speedup_source": "",
+                "best_ddtree_budget": None,
+                **sampling_fields(metrics, "rejection"),
+                "outside_support_samples": outside.get("samples"),
+                "outside_support_share": outside.get("share_of_samples"),
+            }
+        )
     return rows
 
 
@@ -295,16 +402,26 @@ def add_verdicts(rows: list[dict], evaluations: list[Evaluation], settings: dict
         theirs = steps.get((reference, row["dataset"]), {})
         method = row["method"] if row["method"] in theirs else None
         if row["primary"]:  # own-block chains compare across block sizes, as in tau_vs_reference
-            method = next((r["method"] for r in rows if r["drafter"] == reference and r["dataset"] == row["dataset"]
-                           and r["primary"]), None)
+            method = next(
+                (
+                    r["method"]
+                    for r in rows
+                    if r["drafter"] == reference and r["dataset"] == row["dataset"] and r["primary"]
+                ),
+                None,
+            )
         if method is None or row["method"] not in mine:
             continue
-        clusters = ({i: prompt_cluster(i, True) for i in mine[row["method"]]} if row["dataset"] in sampled
-                    else None)
-        paired = stats.paired_difference(mine[row["method"]], theirs[method], settings["bootstrap"],
-                                         settings["seed"], clusters=clusters)["tau_mean_of_samples"]
-        row.update(diff_vs_reference=paired["difference"], diff_ci_low=paired["ci95"][0],
-                   diff_ci_high=paired["ci95"][1], verdict=stats.verdict(paired["ci95"]))
+        clusters = {i: prompt_cluster(i, True) for i in mine[row["method"]]} if row["dataset"] in sampled else None
+        paired = stats.paired_difference(
+            mine[row["method"]], theirs[method], settings["bootstrap"], settings["seed"], clusters=clusters
+        )["tau_mean_of_samples"]
+        row.update(
+            diff_vs_reference=paired["difference"],
+            diff_ci_low=paired["ci95"][0],
+            diff_ci_high=paired["ci95"][1],
+            verdict=stats.verdict(paired["ci95"]),
+        )
 
 
 def summary_rows(evaluations: list[Evaluation], settings: dict) -> list[dict]:
@@ -313,8 +430,11 @@ def summary_rows(evaluations: list[Evaluation], settings: dict) -> list[dict]:
     add_verdicts(rows, evaluations, settings)
     reference = settings.get("reference")
     if reference is not None:
-        baseline = {(r["dataset"], r["scheme"], _comparable(r)): r["tau_mean_of_samples"]
-                    for r in rows if r["drafter"] == reference}
+        baseline = {
+            (r["dataset"], r["scheme"], _comparable(r)): r["tau_mean_of_samples"]
+            for r in rows
+            if r["drafter"] == reference
+        }
         for row in rows:
             base = baseline.get((row["dataset"], row["scheme"], _comparable(row)), math.nan)
             row["tau_vs_reference"] = row["tau_mean_of_samples"] / base if base and not math.isnan(base) else math.nan

@@ -35,6 +35,7 @@ NOT_RECORDED = "not recorded"
 
 # -- caches ---------------------------------------------------------------------------------------
 
+
 def cache_entry(directory: str | Path, completions_sha256: str | None) -> dict:
     """One cache's provenance from its manifest; `completions_match` compares the file it was built from."""
     directory = Path(directory)
@@ -46,25 +47,37 @@ def cache_entry(directory: str | Path, completions_sha256: str | None) -> dict:
     built_from = (manifest.get("completions") or {}).get("sha256")
     flags = manifest.get("token_flags")
     return {
-        "dir": str(directory), "recorded": True, "dataset": manifest.get("dataset"),
-        "target": target.get("path"), "model_type": target.get("model_type"),
-        "target_config_hash": target.get("config_hash"), "num_hidden_layers": target.get("num_hidden_layers"),
-        "layer_ids": manifest.get("layer_ids"), "dtype": target.get("dtype"), "device": manifest.get("device"),
-        "device_name": backend.get("device_name"), "backend": backend.get("name"),
-        "implementation": backend.get("implementation"), "versions": backend.get("versions"),
-        "shards": [{"file": s.get("file"), "sha256": s.get("sha256"), "tokens": s.get("tokens"),
-                    "bytes": s.get("bytes")} for s in manifest.get("shards") or []],
+        "dir": str(directory),
+        "recorded": True,
+        "dataset": manifest.get("dataset"),
+        "target": target.get("path"),
+        "model_type": target.get("model_type"),
+        "target_config_hash": target.get("config_hash"),
+        "num_hidden_layers": target.get("num_hidden_layers"),
+        "layer_ids": manifest.get("layer_ids"),
+        "dtype": target.get("dtype"),
+        "device": manifest.get("device"),
+        "device_name": backend.get("device_name"),
+        "backend": backend.get("name"),
+        "implementation": backend.get("implementation"),
+        "versions": backend.get("versions"),
+        "shards": [
+            {"file": s.get("file"), "sha256": s.get("sha256"), "tokens": s.get("tokens"), "bytes": s.get("bytes")}
+            for s in manifest.get("shards") or []
+        ],
         "samples": len(manifest.get("samples") or []),
         "argmax_agreement": agreement["matches"] / agreement["tokens"] if agreement.get("tokens") else None,
         "token_flags": None if flags is None else {k: list(v) for k, v in flags.items()},
         "positions": manifest.get("positions"),  # {max_position_embeddings, past: ids}; None: not recorded
         "completions_sha256": built_from,
-        "completions_match": None if built_from is None or completions_sha256 is None
+        "completions_match": None
+        if built_from is None or completions_sha256 is None
         else built_from == completions_sha256,
     }
 
 
 # -- fetch records --------------------------------------------------------------------------------
+
 
 @dataclass
 class FetchRecords:
@@ -77,9 +90,9 @@ class FetchRecords:
     unchecked: list[str] = field(default_factory=list)
     sources: dict[str, int] = field(default_factory=dict)
     records: int = 0
-    spec: dict[str, dict] = field(default_factory=dict)        # id -> online.request_counters(record)
-    served: list[dict] = field(default_factory=list)           # the distinct online.served_settings
-    sampling: list[dict] = field(default_factory=list)         # the distinct sampling parameters (seed aside)
+    spec: dict[str, dict] = field(default_factory=dict)  # id -> online.request_counters(record)
+    served: list[dict] = field(default_factory=list)  # the distinct online.served_settings
+    sampling: list[dict] = field(default_factory=list)  # the distinct sampling parameters (seed aside)
     sampling_warnings: list[str] = field(default_factory=list)  # the distinct fetch.sglang.sampling_warning texts
 
 
@@ -119,25 +132,42 @@ def fetch_entry(records: FetchRecords | None) -> dict:
     """Per dataset: token mismatches between our ids and the server's counts, and where ids came from."""
     if records is None:
         return {"recorded": False}
-    return {"recorded": True, "path": str(records.path), "sha256": records.sha256, "records": records.records,
-            "prompt_token_mismatches": records.prompt_mismatch,
-            "completion_token_mismatches": records.completion_mismatch,
-            "token_check_absent": records.unchecked, "completion_ids_source": dict(sorted(records.sources.items())),
-            "with_spec_stats": len(records.spec),
-            **({"sampling": records.sampling} if records.sampling else {}),  # a greedy file: no key (as before)
-            **({"sampling_warnings": records.sampling_warnings} if records.sampling_warnings else {})}
+    return {
+        "recorded": True,
+        "path": str(records.path),
+        "sha256": records.sha256,
+        "records": records.records,
+        "prompt_token_mismatches": records.prompt_mismatch,
+        "completion_token_mismatches": records.completion_mismatch,
+        "token_check_absent": records.unchecked,
+        "completion_ids_source": dict(sorted(records.sources.items())),
+        "with_spec_stats": len(records.spec),
+        **({"sampling": records.sampling} if records.sampling else {}),  # a greedy file: no key (as before)
+        **({"sampling_warnings": records.sampling_warnings} if records.sampling_warnings else {}),
+    }
 
 
 # -- online vs offline ----------------------------------------------------------------------------
 
-def online_vs_offline(records: FetchRecords | None, offline_steps: dict[str, dict[str, list[int]]] | None,
-                      tolerance: float, own_block: int | None = None) -> dict:
+
+def online_vs_offline(
+    records: FetchRecords | None,
+    offline_steps: dict[str, dict[str, list[int]]] | None,
+    tolerance: float,
+    own_block: int | None = None,
+) -> dict:
     """The server's own counters beside the offline steps on the same samples (report.online.compare)."""
-    return online_check.compare(records.spec if records is not None else {}, offline_steps, own_block, tolerance,
-                                sampled=bool(records is not None and records.sampling))
+    return online_check.compare(
+        records.spec if records is not None else {},
+        offline_steps,
+        own_block,
+        tolerance,
+        sampled=bool(records is not None and records.sampling),
+    )
 
 
 # -- server outages -------------------------------------------------------------------------------
+
 
 def server_outages(path: str | Path | None) -> dict:
     """Outages from transitions.jsonl: each `pause` with the server up, until its `resume`.
@@ -158,7 +188,7 @@ def server_outages(path: str | Path | None) -> dict:
                 continue
             try:
                 event = json.loads(line)
-                name, _unix = event["event"], float(event["unix"])   # checked here: _outage measures from it
+                name, _unix = event["event"], float(event["unix"])  # checked here: _outage measures from it
             except (json.JSONDecodeError, KeyError, TypeError, ValueError) as error:
                 raise DflashEvalError(f"{path}:{number}: not a server transition ({error!r})") from error
             if name == "pause" and event.get("was_up"):
@@ -175,23 +205,41 @@ def server_outages(path: str | Path | None) -> dict:
     if open_pause is not None:
         outages.append(_outage(open_pause, None, extractions, profiles))
     ended = [o["seconds"] for o in outages if o["seconds"] is not None]
-    return {"recorded": True, "path": str(path), "outages": outages, "count": len(outages),
-            "total_s": sum(ended), "longest_s": max(ended) if ended else None,
-            "unrestored": sum(o["seconds"] is None or not o["restored"] for o in outages)}
+    return {
+        "recorded": True,
+        "path": str(path),
+        "outages": outages,
+        "count": len(outages),
+        "total_s": sum(ended),
+        "longest_s": max(ended) if ended else None,
+        "unrestored": sum(o["seconds"] is None or not o["restored"] for o in outages),
+    }
 
 
 def _outage(pause: dict, resume: dict | None, extractions: int, profiles: int = 0) -> dict:
     restored = bool(resume and resume.get("restored"))
     seconds = None if resume is None else round(float(resume["unix"]) - float(pause["unix"]), 3)
-    return {"start": pause.get("time"), "end": None if resume is None else resume.get("time"),
-            "seconds": seconds, "restored": restored, "by_pid": pause.get("by_pid"), "extractions": extractions,
-            "profiles": profiles}
+    return {
+        "start": pause.get("time"),
+        "end": None if resume is None else resume.get("time"),
+        "seconds": seconds,
+        "restored": restored,
+        "by_pid": pause.get("by_pid"),
+        "extractions": extractions,
+        "profiles": profiles,
+    }
 
 
 # -- the panel ------------------------------------------------------------------------------------
 
-def panel(evaluations: list[Evaluation], settings: dict, hidden: Iterable[str | Path],
-          completions: Iterable[str | Path], transitions: str | Path | None) -> dict:
+
+def panel(
+    evaluations: list[Evaluation],
+    settings: dict,
+    hidden: Iterable[str | Path],
+    completions: Iterable[str | Path],
+    transitions: str | Path | None,
+) -> dict:
     """Everything the "can I trust this" panel shows (trust.json holds it, with the warnings added)."""
     fetched = {}
     for path in map(Path, completions):
@@ -200,7 +248,7 @@ def panel(evaluations: list[Evaluation], settings: dict, hidden: Iterable[str | 
         else:
             log.warning("%s not found: its fetch checks are reported as not recorded", path)
     cache_dataset = {os.path.abspath(e.metrics["cache"]["dir"]): e.key[1] for e in evaluations}
-    directories: dict[str, str] = {}   # absolute path -> as first named (relative paths stay relative)
+    directories: dict[str, str] = {}  # absolute path -> as first named (relative paths stay relative)
     for directory in [str(h) for h in hidden] + [str(e.metrics["cache"]["dir"]) for e in evaluations]:
         directories.setdefault(os.path.abspath(directory), os.path.normpath(directory))
     caches = []
@@ -216,14 +264,25 @@ def panel(evaluations: list[Evaluation], settings: dict, hidden: Iterable[str | 
             evaluation = by_key[(served, dataset)]
             steps, own_block = per_sample_steps(evaluation), evaluation.metrics["block_size"]
             records = fetched.get(dataset)
-            check = online_check.check_served_drafter(records.served if records else [],
-                                                      evaluation.metrics["checkpoint"], own_block,
-                                                      bool(settings["allow_served_drafter_mismatch"]))
-        entry = online_vs_offline(fetched.get(dataset), None if check and check["refused"] else steps,
-                                  float(settings["online_tolerance"]), own_block)
+            check = online_check.check_served_drafter(
+                records.served if records else [],
+                evaluation.metrics["checkpoint"],
+                own_block,
+                bool(settings["allow_served_drafter_mismatch"]),
+            )
+        entry = online_vs_offline(
+            fetched.get(dataset),
+            None if check and check["refused"] else steps,
+            float(settings["online_tolerance"]),
+            own_block,
+        )
         if check and check["refused"] and entry.get("recorded"):
-            entry = {**entry, "compared": False, "why": "the server does not serve report.served_drafter: "
-                     f"{'; '.join(check['problems'])} (report.allow_served_drafter_mismatch: true pairs them anyway)"}
+            entry = {
+                **entry,
+                "compared": False,
+                "why": "the server does not serve report.served_drafter: "
+                f"{'; '.join(check['problems'])} (report.allow_served_drafter_mismatch: true pairs them anyway)",
+            }
         online[dataset] = {**entry, "drafter": served, "served_drafter_check": check}
     return {
         "caches": caches,
@@ -238,8 +297,15 @@ def evaluation_entry(evaluation: Evaluation) -> dict:
     """What one evaluation says about itself: backend, argmax agreement with the completions, skips."""
     metrics = evaluation.metrics
     cache, diagnostics = metrics["cache"], metrics["diagnostics"]
-    return {"drafter": metrics["drafter"], "dataset": metrics["dataset"], "cache_dir": cache["dir"],
-            "backend": cache["backend"], "trained_with": cache.get("trained_with"),
-            "backend_mismatch_allowed": bool(cache["backend_mismatch_allowed"]),
-            "argmax_agreement": diagnostics.get("argmax_agreement"), "tokens_seen": diagnostics.get("tokens_seen"),
-            "samples": int(metrics["chain"]["samples"]), "samples_skipped": list(diagnostics.get("samples_skipped") or [])}
+    return {
+        "drafter": metrics["drafter"],
+        "dataset": metrics["dataset"],
+        "cache_dir": cache["dir"],
+        "backend": cache["backend"],
+        "trained_with": cache.get("trained_with"),
+        "backend_mismatch_allowed": bool(cache["backend_mismatch_allowed"]),
+        "argmax_agreement": diagnostics.get("argmax_agreement"),
+        "tokens_seen": diagnostics.get("tokens_seen"),
+        "samples": int(metrics["chain"]["samples"]),
+        "samples_skipped": list(diagnostics.get("samples_skipped") or []),
+    }

@@ -88,8 +88,11 @@ class ServerController:
         (issue 32: a second Ctrl-C) can leave it recorded while the server it relaunched runs, holding the GPU."""
         if not (self.server.live_launch() or self.is_healthy()):
             return
-        log.warning("server %s is up although %s records an outage that no live job held: taking it down "
-                    "again", self.base_url, self.outage_file)
+        log.warning(
+            "server %s is up although %s records an outage that no live job held: taking it down again",
+            self.base_url,
+            self.outage_file,
+        )
         self.record("stale_outage", since=current.since, action="taken down again")
 
         def note(how: str) -> None:
@@ -151,18 +154,24 @@ class ServerController:
                     outage.save(self.outage_file, current)
                     self.record("restore_failed", error=current.restore_error)
                 raise ServerError(f"{error}\n{self.restore_advice()}") from error
-        with signals_deferred("ending the outage record"):  # a server up with its outage still open misleads the next job
+        with signals_deferred(
+            "ending the outage record"
+        ):  # a server up with its outage still open misleads the next job
             outage.clear(self.outage_file)
             self.record("resume", restored=current.was_up)
 
     def restore_advice(self) -> str:
         """After a failed restore: what is on disk and what retries it (true of what the end-of-run hook does)."""
-        text = (f"The server {self.base_url} ({self.kind}) is down; its log is {self.server.server_log}, and "
-                f"{self.outage_file} keeps the outage (restore_error says why the restore failed). "
-                f"`{UP_COMMAND}` retries the restore now; the next fetch or extraction retries it too")
+        text = (
+            f"The server {self.base_url} ({self.kind}) is down; its log is {self.server.server_log}, and "
+            f"{self.outage_file} keeps the outage (restore_error says why the restore failed). "
+            f"`{UP_COMMAND}` retries the restore now; the next fetch or extraction retries it too"
+        )
         if self.server.stopped_at_end_of_run:
-            return text + (". The end-of-run hook (`dflash-eval server finish`) does not: a launched server is not "
-                           "kept after a run (keep_running: false), so it deletes that record instead.")
+            return text + (
+                ". The end-of-run hook (`dflash-eval server finish`) does not: a launched server is not "
+                "kept after a run (keep_running: false), so it deletes that record instead."
+            )
         return text + ", and so does the end-of-run hook (`dflash-eval server finish`)."
 
     # ----- up -----
@@ -194,7 +203,8 @@ class ServerController:
                     f"server {self.base_url} has been held down for {waited:.0f} s (server.outage_wait_s="
                     f"{self.settings['outage_wait_s']}) by the extraction of {current.holders} (recorded in "
                     f"{self.outage_file}); wait for that job, raise server.outage_wait_s, or end a stuck one "
-                    "(its restore runs in `finally`; `dflash-eval server finish` restores what it left down)")
+                    "(its restore runs in `finally`; `dflash-eval server finish` restores what it left down)"
+                )
             if time.monotonic() - announced > WAIT_LOG_S:
                 log.info("server %s is held down by %s for their extraction: waiting", self.base_url, current.holders)
                 announced = time.monotonic()
@@ -224,8 +234,10 @@ class ServerController:
             return ""
         last = stops[-1]
         run = f" of workflow run {last['by_run']}" if last.get("by_run") else ""
-        return (f"; the server was stopped meanwhile, at {last.get('time')}, by pid {last.get('by_pid')}{run} "
-                f"(`{last.get('by_command') or '?'}`: {last.get('reason') or 'an outage'}; see {self.transitions.path})")
+        return (
+            f"; the server was stopped meanwhile, at {last.get('time')}, by pid {last.get('by_pid')}{run} "
+            f"(`{last.get('by_command') or '?'}`: {last.get('reason') or 'an outage'}; see {self.transitions.path})"
+        )
 
     # ----- end of run -----
 
@@ -245,10 +257,15 @@ class ServerController:
             if current is not None:
                 if self.server.stopped_at_end_of_run:
                     if current.restore_error:
-                        log.warning("server %s did not come back after an extraction of this run (%s; see %s); "
-                                    "a launched server is not kept after a run, so it is not launched again now: "
-                                    "`%s` launches it", self.base_url, current.restore_error,
-                                    self.server.server_log, UP_COMMAND)
+                        log.warning(
+                            "server %s did not come back after an extraction of this run (%s; see %s); "
+                            "a launched server is not kept after a run, so it is not launched again now: "
+                            "`%s` launches it",
+                            self.base_url,
+                            current.restore_error,
+                            self.server.server_log,
+                            UP_COMMAND,
+                        )
                     outage.clear(self.outage_file)  # the run ends and would stop it again at once
                     self.record("resume", restored=False, reason="end of run: a launched server is not kept")
                 else:
@@ -281,15 +298,20 @@ class ServerController:
                     if self.server.stopped_at_end_of_run or not current.was_up:
                         outage.clear(self.outage_file)
                         self.record("resume", restored=False, reason="start of run: no live holder")
-                        done.append("forgot the outage (the server is launched again when a fetch needs it)"
-                                    if current.was_up else "ended the outage (the server was down before it)")
+                        done.append(
+                            "forgot the outage (the server is launched again when a fetch needs it)"
+                            if current.was_up
+                            else "ended the outage (the server was down before it)"
+                        )
                     else:
                         try:
                             self._end_outage(current)
                             done.append("restored the server and ended the outage")
                         except ServerError as error:
-                            done.append(f"could not restore the server ({str(error).splitlines()[0][:300]}); the "
-                                        f"record stays, and `{UP_COMMAND}` retries")
+                            done.append(
+                                f"could not restore the server ({str(error).splitlines()[0][:300]}); the "
+                                f"record stays, and `{UP_COMMAND}` retries"
+                            )
         found, done = found + orphan_found, done + orphan_done
         if not found:
             return None
@@ -347,8 +369,11 @@ def server_paused(settings: dict[str, Any], work: str = "extraction") -> Iterato
             except ServerError as error:
                 if not block_ok:
                     raise
-                log.error("the extraction finished and its outputs are complete, but the server did not come "
-                          "back after it: %s", error)
+                log.error(
+                    "the extraction finished and its outputs are complete, but the server did not come "
+                    "back after it: %s",
+                    error,
+                )
 
 
 # ----- CLI -----
@@ -356,19 +381,21 @@ def server_paused(settings: dict[str, Any], work: str = "extraction") -> Iterato
 
 ACTIONS = {
     "up": "make the server healthy: end an outage that no live job holds (bringing the server back the way it "
-          "went down), then launch it (managed), run start_command (external) or wait for it; while an "
-          "extraction holds it down, wait for that job (at most outage_wait_s)",
+    "went down), then launch it (managed), run start_command (external) or wait for it; while an "
+    "extraction holds it down, wait for that job (at most outage_wait_s)",
     "down": "take the server down (stop it, or release its GPU memory) until `up` or `finish` brings it back",
     "status": "print the state as JSON (base_url, kind, healthy, launched_pid, launch, outage); exits 0 when the server "
-              "is healthy, 3 when it is not (as systemctl does)",
+    "is healthy, 3 when it is not (as systemctl does)",
     "stop-launched": "stop the managed server that dflash-eval launched, with its whole process group, unless "
-                     "keep_running; a server it did not launch is left alone",
+    "keep_running; a server it did not launch is left alone",
     "finish": "the end-of-run hook (the Snakefile's onsuccess/onerror): restore what a job that died left down, "
-              "then stop the server this run launched, unless keep_running or another live run launched or uses "
-              "it (a profile variant whose launcher is gone always)",
+    "then stop the server this run launched, unless keep_running or another live run launched or uses "
+    "it (a profile variant whose launcher is gone always)",
 }
-EXIT_STATUS = ("exit status: 0 done (status: healthy); 2 the settings are wrong or the server did not reach the "
-               "state (the message says why); 3 from status: the server is not healthy")
+EXIT_STATUS = (
+    "exit status: 0 done (status: healthy); 2 the settings are wrong or the server did not reach the "
+    "state (the message says why); 3 from status: the server is not healthy"
+)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -377,7 +404,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.formatter_class = argparse.RawDescriptionHelpFormatter
     parser.description = "actions:\n" + "\n".join(
         textwrap.fill(text, 100, initial_indent=f"  {name:<{width}}", subsequent_indent=" " * (width + 2))
-        for name, text in ACTIONS.items())
+        for name, text in ACTIONS.items()
+    )
     parser.epilog = textwrap.fill(EXIT_STATUS, 100)
     parser.add_argument("action", choices=list(ACTIONS), help="what to do (see actions above)")
     src = parser.add_mutually_exclusive_group(required=True)
@@ -394,7 +422,13 @@ def run(args: argparse.Namespace) -> int:
         return 0
     healthy = ctl.is_healthy()
     current = ctl.current_outage()
-    status = {"base_url": ctl.base_url, "kind": ctl.kind, "healthy": healthy, "launched_pid": ctl.launched_pid(),
-              "launch": ctl.server.launch_facts(), "outage": None if current is None else vars(current)}
+    status = {
+        "base_url": ctl.base_url,
+        "kind": ctl.kind,
+        "healthy": healthy,
+        "launched_pid": ctl.launched_pid(),
+        "launch": ctl.server.launch_facts(),
+        "outage": None if current is None else vars(current),
+    }
     print(json.dumps(status))
     return 0 if healthy else 3

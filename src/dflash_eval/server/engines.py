@@ -33,11 +33,20 @@ class MemoryCalls:
     sleeping: str | None = None  # a GET path answering {"is_sleeping": bool}, checked after resume
 
 
-SGLANG_CALLS = MemoryCalls("sglang", "/release_memory_occupation", "/resume_memory_occupation",
-                           "start SGLang with --enable-memory-saver (it releases only while no request is running)")
-VLLM_CALLS = MemoryCalls("vllm", f"{VLLM_SLEEP_ROUTE.split()[1]}?level={VLLM_SLEEP_LEVEL}", VLLM_WAKE_ROUTE.split()[1],
-                         f"start vLLM with --enable-sleep-mode and {VLLM_DEV_MODE_ENV}=1 in its environment (the "
-                         "sleep routes are development routes)", sleeping=VLLM_SLEEPING_ROUTE.split()[1])
+SGLANG_CALLS = MemoryCalls(
+    "sglang",
+    "/release_memory_occupation",
+    "/resume_memory_occupation",
+    "start SGLang with --enable-memory-saver (it releases only while no request is running)",
+)
+VLLM_CALLS = MemoryCalls(
+    "vllm",
+    f"{VLLM_SLEEP_ROUTE.split()[1]}?level={VLLM_SLEEP_LEVEL}",
+    VLLM_WAKE_ROUTE.split()[1],
+    f"start vLLM with --enable-sleep-mode and {VLLM_DEV_MODE_ENV}=1 in its environment (the "
+    "sleep routes are development routes)",
+    sleeping=VLLM_SLEEPING_ROUTE.split()[1],
+)
 
 
 def vllm_version(base_url: str, key_env: str | None = None) -> str | None:

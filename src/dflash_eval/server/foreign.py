@@ -24,8 +24,10 @@ def whose(port: int, log_dir: str | Path) -> tuple[str, str]:
     """(who holds the port, what to do about it), in words for the error message."""
     pid = port_holder(port)
     if pid is None:
-        return ("a process this host does not show (another user's, or one in a container behind a forwarded port)",
-                "stop it where it runs")
+        return (
+            "a process this host does not show (another user's, or one in a container behind a forwarded port)",
+            "stop it where it runs",
+        )
     facts = process_facts(pid)
     switch = (facts["environ"] or {}).get(SIMULATE_ENV)  # SGLang's fake acceptance: never to be measured from
     who = f"pid {pid}" + (f" (`{facts['cmdline'][:200]}`)" if facts["cmdline"] else "")

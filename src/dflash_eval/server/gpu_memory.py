@@ -53,8 +53,10 @@ def _nvml() -> tuple[Any, str]:
 
 def _from_nvml(pynvml: Any) -> Reading:
     try:
-        used = sum(pynvml.nvmlDeviceGetMemoryInfo(pynvml.nvmlDeviceGetHandleByIndex(index)).used
-                   for index in range(pynvml.nvmlDeviceGetCount()))
+        used = sum(
+            pynvml.nvmlDeviceGetMemoryInfo(pynvml.nvmlDeviceGetHandleByIndex(index)).used
+            for index in range(pynvml.nvmlDeviceGetCount())
+        )
     except pynvml.NVMLError as error:
         return Reading(None, f"{NVML} could not read the GPU memory: {error}")
     return Reading(used / 2**20, NVML)

@@ -37,13 +37,14 @@ def auth_refusal(url: str, status: int, key_env: str | None) -> AuthError:
     """The error for a 401/403 from `url`, naming the setting, the variable and whether it was set."""
     name = key_env or "(none)"
     held = "holds a key the server refused" if api_key(key_env) else "is not set"
-    return AuthError(f"{url} answered HTTP {status}: the server wants an API key and ${name} ({KEY_SETTING}) "
-                     f"{held}. Export the server's --api-key as ${name}, or point {KEY_SETTING} at the variable "
-                     "that holds it")
+    return AuthError(
+        f"{url} answered HTTP {status}: the server wants an API key and ${name} ({KEY_SETTING}) "
+        f"{held}. Export the server's --api-key as ${name}, or point {KEY_SETTING} at the variable "
+        "that holds it"
+    )
 
 
-def http_request(url: str, method: str = "GET", timeout: float = 5.0,
-                 key_env: str | None = None) -> tuple[int, bytes]:
+def http_request(url: str, method: str = "GET", timeout: float = 5.0, key_env: str | None = None) -> tuple[int, bytes]:
     """One HTTP request; returns (status, body), status 0 when nothing answered.
 
     A POST sends an empty JSON object: SGLang's release/resume endpoints parse the body as a request

@@ -76,8 +76,9 @@ class Server:
 
     def is_up(self) -> bool:
         """True when the health endpoint answers 200."""
-        status, _ = http_request(self.base_url + self.settings["health_path"], timeout=5.0,
-                                 key_env=self.settings["api_key_env"])
+        status, _ = http_request(
+            self.base_url + self.settings["health_path"], timeout=5.0, key_env=self.settings["api_key_env"]
+        )
         return status == 200
 
     def stop(self, note: Callable[[str], None]) -> None:
@@ -157,10 +158,13 @@ class Server:
         with open(self.server_log, "ab") as out:
             out.write(f"\n===== {time.strftime('%Y-%m-%d %H:%M:%S')} running: {command}\n".encode())
             out.flush()
-            rc = subprocess.run(command, shell=True, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
-                                check=False).returncode
+            rc = subprocess.run(
+                command, shell=True, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT, check=False
+            ).returncode
         if rc != 0:
-            raise ServerError(f"`{command}` exited with {rc}; {self.server_log} ends with:\n{log_tail(self.server_log)}")
+            raise ServerError(
+                f"`{command}` exited with {rc}; {self.server_log} ends with:\n{log_tail(self.server_log)}"
+            )
 
 
 @dataclass(frozen=True)
@@ -186,10 +190,15 @@ class Launch:
         exports = " ".join(f"{k}={v}" for k, v in self.env.items())
         by = self.launcher or {}
         state = "running" if by and outage.holder_alive(by) else "gone"
-        return (f"profile-server's variant {self.variant} (pid {self.pid}, process group {self.pgid}"
-                + (f", {exports}: a simulated-acceptance server, not the configured one" if exports else
-                   ": the configured command without speculation, not the configured server")
-                + f"), launched by profile-server pid {by.get('pid')} ({state}); its command: {self.command}")
+        return (
+            f"profile-server's variant {self.variant} (pid {self.pid}, process group {self.pgid}"
+            + (
+                f", {exports}: a simulated-acceptance server, not the configured one"
+                if exports
+                else ": the configured command without speculation, not the configured server"
+            )
+            + f"), launched by profile-server pid {by.get('pid')} ({state}); its command: {self.command}"
+        )
 
     def runs_using(self) -> list[dict]:
         """The workflow runs that launched or use this server (the owner first)."""
@@ -228,13 +237,19 @@ class Managed(Server):
         try:
             info = json.loads(self.pid_file.read_text())
             pid = int(info["pid"])
-            launch = Launch(pid=pid, start_ticks=info.get("start_ticks"), pgid=int(info.get("pgid", pid)),
-                            group_start_ticks=info.get("group_start_ticks", info.get("start_ticks")),
-                            command=str(info.get("command")), base_url=str(info.get("base_url")),
-                            owner=info.get("owner") if isinstance(info.get("owner"), dict) else None,
-                            launcher=info.get("launcher") if isinstance(info.get("launcher"), dict) else None,
-                            users=[u for u in info.get("users") or [] if isinstance(u, dict)],
-                            variant=info.get("variant"), env=dict(info.get("env") or {}))
+            launch = Launch(
+                pid=pid,
+                start_ticks=info.get("start_ticks"),
+                pgid=int(info.get("pgid", pid)),
+                group_start_ticks=info.get("group_start_ticks", info.get("start_ticks")),
+                command=str(info.get("command")),
+                base_url=str(info.get("base_url")),
+                owner=info.get("owner") if isinstance(info.get("owner"), dict) else None,
+                launcher=info.get("launcher") if isinstance(info.get("launcher"), dict) else None,
+                users=[u for u in info.get("users") or [] if isinstance(u, dict)],
+                variant=info.get("variant"),
+                env=dict(info.get("env") or {}),
+            )
         except (OSError, ValueError, KeyError, TypeError):
             return None
         if self._proc is not None:
@@ -269,14 +284,25 @@ class Managed(Server):
         """The record names a launch other than this one (a profile variant, or the configured server while a
         variant is to start): stop it when its launcher is gone, else say who holds the port."""
         if launch.variant is None:
-            raise ServerError(f"{self.base_url}: {launch.describe()} is on record in {self.pid_file}; a profile "
-                              "variant starts only while the configured server is paused (profile-server pauses it)")
-        if launch.launcher is not None and outage.holder_alive(launch.launcher) \
-                and not same_run(launch.launcher, outage.this_process()):
-            raise ServerError(f"the port of {self.base_url} is held by {launch.describe()}: profile-server is "
-                              "measuring with it, and brings the configured server back when it ends; wait for it")
-        self._stop_group(launch, reason=f"{launch.variant} left running by profile-server pid "
-                                        f"{(launch.launcher or {}).get('pid')}, which is gone", variant=launch.variant)
+            raise ServerError(
+                f"{self.base_url}: {launch.describe()} is on record in {self.pid_file}; a profile "
+                "variant starts only while the configured server is paused (profile-server pauses it)"
+            )
+        if (
+            launch.launcher is not None
+            and outage.holder_alive(launch.launcher)
+            and not same_run(launch.launcher, outage.this_process())
+        ):
+            raise ServerError(
+                f"the port of {self.base_url} is held by {launch.describe()}: profile-server is "
+                "measuring with it, and brings the configured server back when it ends; wait for it"
+            )
+        self._stop_group(
+            launch,
+            reason=f"{launch.variant} left running by profile-server pid "
+            f"{(launch.launcher or {}).get('pid')}, which is gone",
+            variant=launch.variant,
+        )
 
     def start(self, how: str | None) -> None:
         launch = self.launched()
@@ -306,10 +332,15 @@ class Managed(Server):
             gone = launch.launcher is None or not outage.holder_alive(launch.launcher)
             raise ServerError(
                 f"the server at {self.base_url} is {launch.describe()}, not "
-                + ("the configured server" if self.variant is None else f"variant {self.variant.name}") + ". "
-                + ("Its launcher is gone: `dflash-eval server finish --config config.yaml` stops it, and so does the "
-                   "next workflow run's start" if gone else
-                   "profile-server brings the configured server back when it ends: wait for it"))
+                + ("the configured server" if self.variant is None else f"variant {self.variant.name}")
+                + ". "
+                + (
+                    "Its launcher is gone: `dflash-eval server finish --config config.yaml` stops it, and so does the "
+                    "next workflow run's start"
+                    if gone
+                    else "profile-server brings the configured server back when it ends: wait for it"
+                )
+            )
 
     def add_user(self, run: dict | None) -> None:
         launch = self.launched()
@@ -319,11 +350,13 @@ class Managed(Server):
 
     def _not_ours(self) -> str:
         who, fix = foreign.whose(url_port(self.base_url), self.log_dir)
-        return (f"the server at {self.base_url} is up, but this checkout did not launch it ({self.pid_file} names no "
-                f"live launch): it is {who}. A managed server must be this checkout's own: another's may serve "
-                f"another model, and it goes down when its own run ends or extracts. Give this checkout a port of "
-                f"its own (server.base_url and the port in server.command), or {fix} and rerun; a server you keep "
-                "running yourself belongs under server.kind: external")
+        return (
+            f"the server at {self.base_url} is up, but this checkout did not launch it ({self.pid_file} names no "
+            f"live launch): it is {who}. A managed server must be this checkout's own: another's may serve "
+            f"another model, and it goes down when its own run ends or extracts. Give this checkout a port of "
+            f"its own (server.base_url and the port in server.command), or {fix} and rerun; a server you keep "
+            "running yourself belongs under server.kind: external"
+        )
 
     def stop_launched(self) -> bool:
         launch = self.launched()
@@ -340,12 +373,16 @@ class Managed(Server):
         if launch is None:
             return False
         if launch.variant is not None:  # whatever keep_running says: a variant never outlives its profile-server
-            if launch.launcher is not None and outage.holder_alive(launch.launcher) \
-                    and not same_run(launch.launcher, outage.this_process()):
+            if (
+                launch.launcher is not None
+                and outage.holder_alive(launch.launcher)
+                and not same_run(launch.launcher, outage.this_process())
+            ):
                 log.info("%s left running: profile-server still measures with it", launch.describe())
                 return False
-            self._stop_group(launch, reason=f"end of run: {launch.variant} outlived its profile-server",
-                             variant=launch.variant)
+            self._stop_group(
+                launch, reason=f"end of run: {launch.variant} outlived its profile-server", variant=launch.variant
+            )
             return True
         if self.settings["keep_running"]:
             log.info("server %s (pid %d) left running: keep_running is set", self.base_url, launch.pid)
@@ -357,10 +394,19 @@ class Managed(Server):
             owner = users.pop(0) if same_run(launch.owner, me) and users else launch.owner
             self._write(replace(launch, owner=owner, users=users))
             pids = ", ".join(str(r.get("pid")) for r in others)
-            log.warning("server %s (pid %d) left running: workflow run %s, still running, launched or uses it and "
-                        "stops it at its own end", self.base_url, launch.pid, pids)
-            self.transitions.record("kept", pid=launch.pid, runs=[r.get("pid") for r in others],
-                                    reason="another live run launched or uses it")
+            log.warning(
+                "server %s (pid %d) left running: workflow run %s, still running, launched or uses it and "
+                "stops it at its own end",
+                self.base_url,
+                launch.pid,
+                pids,
+            )
+            self.transitions.record(
+                "kept",
+                pid=launch.pid,
+                runs=[r.get("pid") for r in others],
+                reason="another live run launched or uses it",
+            )
             return False
         self._stop_group(launch, reason="end of run")
         return True
@@ -393,18 +439,23 @@ class Managed(Server):
             return None
         if launch.variant is not None:
             return f"{launch.describe()}, still running at {self.base_url} after its launcher died"
-        return (f"the managed server at {self.base_url} (pid {launch.pid}, process group {launch.pgid}) that run "
-                f"{launch.owner['pid']} launched is still running, and that run is gone without its end-of-run "
-                "hook (`dflash-eval server finish`)")
+        return (
+            f"the managed server at {self.base_url} (pid {launch.pid}, process group {launch.pgid}) that run "
+            f"{launch.owner['pid']} launched is still running, and that run is gone without its end-of-run "
+            "hook (`dflash-eval server finish`)"
+        )
 
     def stop_orphan(self) -> None:
         launch = self._orphan_launch()
         if launch is None:
             return
         if launch.variant is not None:
-            self._stop_group(launch, reason=f"{launch.variant} left running by profile-server pid "
-                                            f"{(launch.launcher or {}).get('pid')}, which is gone",
-                             variant=launch.variant)
+            self._stop_group(
+                launch,
+                reason=f"{launch.variant} left running by profile-server pid "
+                f"{(launch.launcher or {}).get('pid')}, which is gone",
+                variant=launch.variant,
+            )
         else:
             self._stop_group(launch, reason=f"left running by run {launch.owner['pid']}, which is gone")
 
@@ -413,9 +464,15 @@ class Managed(Server):
         launch = self.launched()
         if launch is None:
             return None
-        return {"pid": launch.pid, "pgid": launch.pgid, "variant": launch.variant, "env": launch.env,
-                "launcher": launch.launcher and {**launch.launcher, "alive": outage.holder_alive(launch.launcher)},
-                "runs": [{**r, "alive": run_alive(r)} for r in launch.runs_using()], "command": launch.command}
+        return {
+            "pid": launch.pid,
+            "pgid": launch.pgid,
+            "variant": launch.variant,
+            "env": launch.env,
+            "launcher": launch.launcher and {**launch.launcher, "alive": outage.holder_alive(launch.launcher)},
+            "runs": [{**r, "alive": run_alive(r)} for r in launch.runs_using()],
+            "command": launch.command,
+        }
 
     @property
     def stopped_at_end_of_run(self) -> bool:
@@ -423,8 +480,10 @@ class Managed(Server):
 
     def _check_still_starting(self) -> None:
         if (self._proc is not None and self._proc.poll() is not None) or self.launched() is None:
-            raise ServerError(f"the managed server exited before it became healthy; {self.server_log} ends with:\n"
-                              + log_tail(self.server_log))
+            raise ServerError(
+                f"the managed server exited before it became healthy; {self.server_log} ends with:\n"
+                + log_tail(self.server_log)
+            )
 
     def _launch(self) -> None:
         if port_open(self.base_url):
@@ -450,11 +509,23 @@ class Managed(Server):
             )
             pid = self._proc.pid
             ticks = process_start_ticks(pid)
-            self._write(Launch(pid=pid, start_ticks=ticks, pgid=pid, group_start_ticks=ticks, command=command,
-                               base_url=self.base_url, owner=current_run(), launcher=outage.this_process(),
-                               variant=self._variant_name, env=dict(self.variant.env) if self.variant else {}))
-            self.transitions.record("launched", pid=pid, command=command,
-                                    **({"variant": self._variant_name} if self.variant else {}))
+            self._write(
+                Launch(
+                    pid=pid,
+                    start_ticks=ticks,
+                    pgid=pid,
+                    group_start_ticks=ticks,
+                    command=command,
+                    base_url=self.base_url,
+                    owner=current_run(),
+                    launcher=outage.this_process(),
+                    variant=self._variant_name,
+                    env=dict(self.variant.env) if self.variant else {},
+                )
+            )
+            self.transitions.record(
+                "launched", pid=pid, command=command, **({"variant": self._variant_name} if self.variant else {})
+            )
 
     def _record_server_pid(self) -> None:
         """Once healthy, put the process that serves the port on record instead of the shell around it
@@ -473,17 +544,30 @@ class Managed(Server):
         """SIGTERM every process of the launch's group, SIGKILL them after stop_grace_s, then wait for the port
         to close; recorded before and after."""
         by_run = current_run()
-        self.transitions.record("stop_requested", pid=launch.pid, by_command=argv_text(),
-                                by_run=None if by_run is None else by_run.get("pid"), **details)
+        self.transitions.record(
+            "stop_requested",
+            pid=launch.pid,
+            by_command=argv_text(),
+            by_run=None if by_run is None else by_run.get("pid"),
+            **details,
+        )
         grace = float(self.settings["stop_grace_s"])
         _signal_group(launch.pgid, signal.SIGTERM)
         if not self._wait_group_gone(launch.pgid, grace):
-            log.warning("server %s (process group %d) ignored SIGTERM for %.0f s: sending SIGKILL",
-                        self.base_url, launch.pgid, grace)
+            log.warning(
+                "server %s (process group %d) ignored SIGTERM for %.0f s: sending SIGKILL",
+                self.base_url,
+                launch.pgid,
+                grace,
+            )
             _signal_group(launch.pgid, signal.SIGKILL)
             if not self._wait_group_gone(launch.pgid, KILL_WAIT_S):
-                log.warning("processes %s of server %s outlived SIGKILL by %.0f s", group_members(launch.pgid),
-                            self.base_url, KILL_WAIT_S)
+                log.warning(
+                    "processes %s of server %s outlived SIGKILL by %.0f s",
+                    group_members(launch.pgid),
+                    self.base_url,
+                    KILL_WAIT_S,
+                )
         self.pid_file.unlink(missing_ok=True)
         deadline = time.monotonic() + 10.0
         while port_open(self.base_url) and time.monotonic() < deadline:
@@ -504,8 +588,9 @@ class Managed(Server):
 
 def argv_text() -> str:
     """This process's command line (what stopped a server, in the transitions log), JSON arguments elided."""
-    words = [Path(sys.argv[0]).name] + ["JSON" if before in ("--settings", "--runtime") else word
-                                        for before, word in zip(sys.argv, sys.argv[1:])]
+    words = [Path(sys.argv[0]).name] + [
+        "JSON" if before in ("--settings", "--runtime") else word for before, word in zip(sys.argv, sys.argv[1:])
+    ]
     return " ".join(words)[:300]
 
 
@@ -537,8 +622,10 @@ class External(Server):
         deadline = time.monotonic() + timeout
         while self.is_up():
             if time.monotonic() > deadline:
-                raise ServerError(f"server at {self.base_url} still healthy {timeout:.0f} s after "
-                                  f"server.stop_command `{self.settings['stop_command']}`; see {self.server_log}")
+                raise ServerError(
+                    f"server at {self.base_url} still healthy {timeout:.0f} s after "
+                    f"server.stop_command `{self.settings['stop_command']}`; see {self.server_log}"
+                )
             time.sleep(POLL_S)
         self.transitions.record("down")
 
@@ -565,8 +652,9 @@ class Release(External):
         before = self._read_gpu_memory()  # a broken probe fails here, before anything changed
         calls = self.calls
         if calls.sleeping is not None and self._asleep(calls) is None:  # no sleep routes: fail before anything changed
-            raise ServerError(f"GET {self.base_url}{calls.sleeping} did not answer, so the server cannot sleep: "
-                              f"{calls.needs}")
+            raise ServerError(
+                f"GET {self.base_url}{calls.sleeping} did not answer, so the server cannot sleep: {calls.needs}"
+            )
         note("released")
         action = calls.release.lstrip("/")
         self.transitions.record("stop_requested", action=action, engine=calls.engine)
@@ -599,13 +687,16 @@ class Release(External):
     def _check_awake(self, calls: engines.MemoryCalls) -> None:
         """For an engine that says whether it sleeps (vLLM's /is_sleeping, healthy while asleep): that it woke."""
         if calls.sleeping is not None and self._asleep(calls) is not False:
-            raise ServerError(f"POST {self.base_url}{calls.resume} answered 200 but GET {self.base_url}{calls.sleeping} "
-                              "does not say awake")
+            raise ServerError(
+                f"POST {self.base_url}{calls.resume} answered 200 but GET {self.base_url}{calls.sleeping} "
+                "does not say awake"
+            )
 
     def _asleep(self, calls: engines.MemoryCalls) -> bool | None:
         """What `calls.sleeping` answers ({"is_sleeping": bool}), None when it does not answer so."""
-        status, body = http_request(self.base_url + str(calls.sleeping), timeout=30.0,
-                                    key_env=self.settings["api_key_env"])
+        status, body = http_request(
+            self.base_url + str(calls.sleeping), timeout=30.0, key_env=self.settings["api_key_env"]
+        )
         try:
             value = json.loads(body).get("is_sleeping") if status == 200 else None
         except (ValueError, AttributeError):
@@ -621,8 +712,10 @@ class Release(External):
         probe = self.settings["memory_probe"]
         reading = gpu_memory.used_mib(probe)
         if probe and reading.mib is None:
-            raise ServerError(f"server.memory_probe: {reading.source}; it must print the used GPU memory in MiB "
-                              "(one number per GPU), or set it to null to read it from the NVIDIA driver")
+            raise ServerError(
+                f"server.memory_probe: {reading.source}; it must print the used GPU memory in MiB "
+                "(one number per GPU), or set it to null to read it from the NVIDIA driver"
+            )
         return reading
 
     def _memory_dropped(self, before: gpu_memory.Reading) -> bool:
@@ -638,17 +731,26 @@ class Release(External):
             after = self._read_gpu_memory()
             dropped = after.mib is not None and before.mib - after.mib >= needed
             if dropped or time.monotonic() >= deadline:
-                self.transitions.record("memory_check", checked=True, freed=dropped, before_mib=before.mib,
-                                        after_mib=after.mib, needed_mib=needed, source=before.source)
+                self.transitions.record(
+                    "memory_check",
+                    checked=True,
+                    freed=dropped,
+                    before_mib=before.mib,
+                    after_mib=after.mib,
+                    needed_mib=needed,
+                    source=before.source,
+                )
                 return dropped
             time.sleep(2 * POLL_S)
 
     def _post(self, path: str) -> None:
-        status, body = http_request(self.base_url + path, method="POST", timeout=300.0,
-                                    key_env=self.settings["api_key_env"])
+        status, body = http_request(
+            self.base_url + path, method="POST", timeout=300.0, key_env=self.settings["api_key_env"]
+        )
         if status != 200:
-            raise ServerError(f"POST {self.base_url}{path} answered {status or 'nothing'}: {body[:500]!r}"
-                              f" ({self.calls.needs})")
+            raise ServerError(
+                f"POST {self.base_url}{path} answered {status or 'nothing'}: {body[:500]!r} ({self.calls.needs})"
+            )
 
 
 KIND_CLASSES: dict[str, type[Server]] = {cls.kind: cls for cls in (Managed, External, Release)}

@@ -57,8 +57,13 @@ def load(path: Path) -> Outage | None:
         return None
     try:
         data = json.loads(text)
-        outage = Outage(was_up=bool(data["was_up"]), how=data.get("how"), holders=list(data.get("holders", [])),
-                        since=float(data.get("since", 0.0)), restore_error=data.get("restore_error"))
+        outage = Outage(
+            was_up=bool(data["was_up"]),
+            how=data.get("how"),
+            holders=list(data.get("holders", [])),
+            since=float(data.get("since", 0.0)),
+            restore_error=data.get("restore_error"),
+        )
         outage.holders = [h for h in outage.holders if holder_alive(h)]  # a malformed holder fails here too
     except (ValueError, KeyError, TypeError, AttributeError) as error:
         raise DflashEvalError(
@@ -66,8 +71,10 @@ def load(path: Path) -> Outage | None:
             "then delete this file"
         ) from error
     if outage.how not in HOWS:
-        raise DflashEvalError(f"{path}: `how` is {outage.how!r}, not one of {HOWS}; delete the file once the server "
-                              "is in the state you want")
+        raise DflashEvalError(
+            f"{path}: `how` is {outage.how!r}, not one of {HOWS}; delete the file once the server "
+            "is in the state you want"
+        )
     return outage
 
 

@@ -110,7 +110,9 @@ def process_facts(pid: int) -> dict:
     (each None when it cannot be read)."""
     facts: dict = {"pid": pid, "cmdline": None, "cwd": None, "environ": None}
     with contextlib.suppress(OSError):
-        facts["cmdline"] = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace").strip()
+        facts["cmdline"] = (
+            Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace").strip()
+        )
     with contextlib.suppress(OSError):
         facts["cwd"] = os.readlink(f"/proc/{pid}/cwd")
     with contextlib.suppress(OSError):

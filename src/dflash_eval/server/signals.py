@@ -50,12 +50,17 @@ class SigtermGuard:
             return
         if self.mode == "defer":
             self.pending = self.pending or signum
-            log.warning("%s received during a server transition: acting on it once the transition is complete",
-                        _name(signum))
+            log.warning(
+                "%s received during a server transition: acting on it once the transition is complete", _name(signum)
+            )
         else:
-            log.warning("%s received again while the server is being restored: finishing the restore first "
-                        "(at most server.health_timeout_s; `kill -9 %d` abandons it, and the next run or "
-                        "`dflash-eval server up` ends what it leaves)", _name(signum), os.getpid())
+            log.warning(
+                "%s received again while the server is being restored: finishing the restore first "
+                "(at most server.health_timeout_s; `kill -9 %d` abandons it, and the next run or "
+                "`dflash-eval server up` ends what it leaves)",
+                _name(signum),
+                os.getpid(),
+            )
 
     @contextlib.contextmanager
     def deferred(self) -> Iterator[None]:

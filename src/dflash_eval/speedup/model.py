@@ -33,10 +33,12 @@ from dflash_eval.speedup.labels import (
     USER_SGLANG,
 )
 
-HYBRID_TREE_NOTE = ("DDTree on this Gated DeltaNet hybrid target is priced as a causal pass of N + 1 tokens: "
-                    "such a target cannot verify a tree in one causal pass (its recurrent state is per branch), "
-                    "and as of SGLang 0.5.23 no engine we know verifies trees on GDN hybrids; an upper bound on "
-                    "what a tree could give there, not a served configuration")
+HYBRID_TREE_NOTE = (
+    "DDTree on this Gated DeltaNet hybrid target is priced as a causal pass of N + 1 tokens: "
+    "such a target cannot verify a tree in one causal pass (its recurrent state is per branch), "
+    "and as of SGLang 0.5.23 no engine we know verifies trees on GDN hybrids; an upper bound on "
+    "what a tree could give there, not a served configuration"
+)
 
 
 def target_kind(profile: dict[str, Any], named_by_user: bool) -> str:
@@ -61,9 +63,14 @@ def draft_ms(t_draft_ms: float | dict[int, float], block: int) -> float | None:
     return t_draft_ms.get(int(block)) if isinstance(t_draft_ms, dict) else t_draft_ms
 
 
-def speedup_section(by_method: dict[str, dict], target: dict[str, Any] | None, target_source: str,
-                    t_draft_ms: float | dict[int, float] | None, draft_source: str,
-                    t_tree_draft_ms: dict[int, float] | None = None) -> dict[str, Any]:
+def speedup_section(
+    by_method: dict[str, dict],
+    target: dict[str, Any] | None,
+    target_source: str,
+    t_draft_ms: float | dict[int, float] | None,
+    draft_source: str,
+    t_tree_draft_ms: dict[int, float] | None = None,
+) -> dict[str, Any]:
     """Adds `expected_speedup` to each method (None where it cannot be estimated) and returns
     metrics.json's `speedup` section: the inputs, their sources and the best DDTree budget.
 
@@ -97,23 +104,39 @@ def speedup_section(by_method: dict[str, dict], target: dict[str, Any] | None, t
         else:
             t_draft = draft_ms(t_draft_ms, block) if block is not None or not isinstance(t_draft_ms, dict) else None
         if t_verify is None or t_draft is None:
-            not_measured[name] = (f"{tokens} verified tokens: not in the profile" if t_verify is None else
-                                  f"the drafter step at block {block} was not timed")
+            not_measured[name] = (
+                f"{tokens} verified tokens: not in the profile"
+                if t_verify is None
+                else f"the drafter step at block {block} was not timed"
+            )
             continue
-        verify[name] = {"tokens": tokens, "t_verify_ms": t_verify, "block_size": block, "t_draft_ms": t_draft,
-                        **({"t_draft_step": "DDTree drafting step (block, top-N, read, tree build)"}
-                           if tree_step else {})}
+        verify[name] = {
+            "tokens": tokens,
+            "t_verify_ms": t_verify,
+            "block_size": block,
+            "t_draft_ms": t_draft,
+            **({"t_draft_step": "DDTree drafting step (block, top-N, read, tree build)"} if tree_step else {}),
+        }
         if tau is not None and not math.isnan(tau):
             stats["expected_speedup"] = expected_speedup(float(tau), target["t_ar_ms"], t_draft, t_verify)
-    trees = [(s["expected_speedup"], methods.parse(name).budget, name) for name, s in by_method.items()
-             if methods.is_kind(name, methods.TREE.name) and s["expected_speedup"] is not None]
+    trees = [
+        (s["expected_speedup"], methods.parse(name).budget, name)
+        for name, s in by_method.items()
+        if methods.is_kind(name, methods.TREE.name) and s["expected_speedup"] is not None
+    ]
     best = max(trees, key=lambda t: (t[0], -t[1])) if trees else None
     trees_priced = any(methods.is_kind(name, methods.TREE.name) for name in verify)
     return {
-        "estimate": True, "available": True, "formula": FORMULA, "tau": TAU_CONVENTION,
+        "estimate": True,
+        "available": True,
+        "formula": FORMULA,
+        "tau": TAU_CONVENTION,
         "ddtree_note": HYBRID_TREE_NOTE if target.get("hybrid") and trees_priced else None,
-        "target_source": target_source, "draft_source": draft_source,
-        "context_tokens": target.get("context_tokens"), "t_ar_ms": target["t_ar_ms"], "t_draft_ms": t_draft_ms,
+        "target_source": target_source,
+        "draft_source": draft_source,
+        "context_tokens": target.get("context_tokens"),
+        "t_ar_ms": target["t_ar_ms"],
+        "t_draft_ms": t_draft_ms,
         "verify": verify,
         "not_measured": {name: f"{why} (sizes are measured, never interpolated)" for name, why in not_measured.items()},
         "best_ddtree": None if best is None else {"method": best[2], "budget": best[1], "expected_speedup": best[0]},

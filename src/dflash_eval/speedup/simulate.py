@@ -30,8 +30,11 @@ import torch
 from dflash_eval.errors import DflashEvalError
 
 # SGLang 0.5.23's env switches (environ.py), with their defaults there
-ENV_LENGTH, ENV_METHOD, ENV_TOKEN_MODE = ("SGLANG_SIMULATE_ACC_LEN", "SGLANG_SIMULATE_ACC_METHOD",
-                                          "SGLANG_SIMULATE_ACC_TOKEN_MODE")
+ENV_LENGTH, ENV_METHOD, ENV_TOKEN_MODE = (
+    "SGLANG_SIMULATE_ACC_LEN",
+    "SGLANG_SIMULATE_ACC_METHOD",
+    "SGLANG_SIMULATE_ACC_TOKEN_MODE",
+)
 MATCH_EXPECTED = "match-expected"
 
 

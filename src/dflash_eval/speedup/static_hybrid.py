@@ -52,8 +52,10 @@ def hybrid_unsupported(model: torch.nn.Module) -> str | None:
     for layer in layers:
         gdn = getattr(layer, "linear_attn", None)
         if gdn is not None and not (type(gdn).__name__.endswith("GatedDeltaNet") and hasattr(gdn, "in_proj_qkv")):
-            return (f"linear layer {type(gdn).__name__}: only Qwen3.5's Gated DeltaNet (separate in_proj_qkv/z/b/a) "
-                    "is written here")
+            return (
+                f"linear layer {type(gdn).__name__}: only Qwen3.5's Gated DeltaNet (separate in_proj_qkv/z/b/a) "
+                "is written here"
+            )
     if getattr(config, "hidden_act", "silu") != "silu":
         return f"hidden_act {config.hidden_act!r}: the conv activation is silu in Qwen3.5"
     return None
@@ -64,11 +66,11 @@ class _Record:
     """One GDN layer's verify of n tokens, kept for `keep`: the conv window and the delta rule's inputs."""
 
     window: torch.Tensor  # [conv_dim, K-1+n] pre-conv: old conv state, then the n tokens
-    q: torch.Tensor       # [1, n, Hv, dk] post-conv, per value head (not l2-normed: the kernels norm them)
-    k: torch.Tensor       # [1, n, Hv, dk]
-    v: torch.Tensor       # [1, n, Hv, dv]
-    g: torch.Tensor       # [1, n, Hv] fp32, log decay
-    beta: torch.Tensor    # [1, n, Hv]
+    q: torch.Tensor  # [1, n, Hv, dk] post-conv, per value head (not l2-normed: the kernels norm them)
+    k: torch.Tensor  # [1, n, Hv, dk]
+    v: torch.Tensor  # [1, n, Hv, dv]
+    g: torch.Tensor  # [1, n, Hv] fp32, log decay
+    beta: torch.Tensor  # [1, n, Hv]
 
 
 class _GdnLayer:
@@ -79,8 +81,9 @@ class _GdnLayer:
         weight = gdn.in_proj_qkv.weight
         self.width = int(gdn.conv_kernel_size) - 1
         self.conv = torch.zeros(gdn.conv_dim, self.width, device=weight.device, dtype=weight.dtype)
-        self.recurrent = torch.zeros(gdn.num_v_heads, gdn.head_k_dim, gdn.head_v_dim, device=weight.device,
-                                     dtype=torch.float32)
+        self.recurrent = torch.zeros(
+            gdn.num_v_heads, gdn.head_k_dim, gdn.head_v_dim, device=weight.device, dtype=torch.float32
+        )
         self.records: dict[int, _Record] = {}
 
     def prepare(self, n: int) -> None:
@@ -94,7 +97,8 @@ class _GdnLayer:
             k=torch.zeros(1, n, gdn.num_v_heads, gdn.head_k_dim, device=like.device, dtype=like.dtype),
             v=torch.zeros(1, n, gdn.num_v_heads, gdn.head_v_dim, device=like.device, dtype=like.dtype),
             g=torch.zeros(1, n, gdn.num_v_heads, device=like.device, dtype=torch.float32),
-            beta=torch.zeros(1, n, gdn.num_v_heads, device=like.device, dtype=like.dtype))
+            beta=torch.zeros(1, n, gdn.num_v_heads, device=like.device, dtype=like.dtype),
+        )
 
     def reset(self) -> None:
         self.conv.zero_()
@@ -119,17 +123,31 @@ class _GdnLayer:
         beta = gdn.in_proj_b(x).sigmoid()
         g = -gdn.A_log.float().exp() * F.softplus(gdn.in_proj_a(x).float() + gdn.dt_bias)
         rule = self.kernels.recurrent if n == 1 else self.kernels.chunk  # as transformers picks for a cached step
-        out, final = rule(q, k, v, g=g, beta=beta, initial_state=self.recurrent[None], output_final_state=commit,
-                          use_qk_l2norm_in_kernel=True)
+        out, final = rule(
+            q,
+            k,
+            v,
+            g=g,
+            beta=beta,
+            initial_state=self.recurrent[None],
+            output_final_state=commit,
+            use_qk_l2norm_in_kernel=True,
+        )
         if commit:
             self.recurrent.copy_(final[0])
-            self.conv.copy_(window[:, -self.width:])
+            self.conv.copy_(window[:, -self.width :])
         else:
             record = self.records.get(n)
             if record is None:  # a buffer first made inside a capture would not outlive it
                 raise DflashEvalError(f"no record for a verify of {n} tokens: call prepare({n}) first")
-            for buffer, value in ((record.window, window), (record.q, q), (record.k, k), (record.v, v),
-                                  (record.g, g), (record.beta, beta)):
+            for buffer, value in (
+                (record.window, window),
+                (record.q, q),
+                (record.k, k),
+                (record.v, v),
+                (record.g, g),
+                (record.beta, beta),
+            ):
                 buffer.copy_(value)
         z = gdn.in_proj_z(x).reshape(-1, gdn.head_v_dim)
         normed = gdn.norm(out.reshape(-1, gdn.head_v_dim), z).reshape(1, n, -1)
@@ -142,9 +160,16 @@ class _GdnLayer:
         live = (torch.arange(n, device=kept.device) < kept)[None, :, None]
         g = torch.where(live, record.g, torch.zeros_like(record.g))
         beta = torch.where(live, record.beta, torch.zeros_like(record.beta))
-        _, final = self.kernels.recurrent(record.q, record.k, record.v, g=g, beta=beta,
-                                          initial_state=self.recurrent[None], output_final_state=True,
-                                          use_qk_l2norm_in_kernel=True)
+        _, final = self.kernels.recurrent(
+            record.q,
+            record.k,
+            record.v,
+            g=g,
+            beta=beta,
+            initial_state=self.recurrent[None],
+            output_final_state=True,
+            use_qk_l2norm_in_kernel=True,
+        )
         self.recurrent.copy_(final[0])
         columns = kept + torch.arange(self.width, device=kept.device)
         self.conv.copy_(record.window.index_select(1, columns))
@@ -172,8 +197,7 @@ class StaticHybridTarget:
     commits its n tokens to the GDN states (`commit=True`: a prefill, an autoregressive step) or leaves them
     and records the tokens, and `keep(kept, n)` then commits the first `kept` (a device tensor)."""
 
-    def __init__(self, model: torch.nn.Module, max_len: int, kernels: GdnKernels,
-                 layer_ids: list[int] | None = None):
+    def __init__(self, model: torch.nn.Module, max_len: int, kernels: GdnKernels, layer_ids: list[int] | None = None):
         why = hybrid_unsupported(model)
         if why is not None:
             raise DflashEvalError(f"StaticHybridTarget cannot run this target: {why}")
@@ -214,8 +238,17 @@ class StaticHybridTarget:
         for layer in self.gdn.values():
             layer.keep(kept, n)
 
-    def _attention(self, i: int, attn: torch.nn.Module, x: torch.Tensor, slots: torch.Tensor,
-                   cos: torch.Tensor, sin: torch.Tensor, visible: torch.Tensor, span: int) -> torch.Tensor:
+    def _attention(
+        self,
+        i: int,
+        attn: torch.nn.Module,
+        x: torch.Tensor,
+        slots: torch.Tensor,
+        cos: torch.Tensor,
+        sin: torch.Tensor,
+        visible: torch.Tensor,
+        span: int,
+    ) -> torch.Tensor:
         """Qwen3.5's gated attention (q/k RMSNorm, partial rotary, sigmoid output gate) over the static cache."""
         n, d = x.shape[1], attn.head_dim
         query, gate = torch.chunk(attn.q_proj(x).view(1, n, -1, 2 * d), 2, dim=-1)
@@ -225,15 +258,22 @@ class StaticHybridTarget:
         self.keys[i].index_copy_(2, slots, k)
         self.values[i].index_copy_(2, slots, v)
         keys, values = self.keys[i][:, :, :span], self.values[i][:, :, :span]
-        out = F.scaled_dot_product_attention(q, keys, values, attn_mask=visible[None, None], scale=attn.scaling,
-                                             enable_gqa=q.shape[1] != keys.shape[1])
+        out = F.scaled_dot_product_attention(
+            q, keys, values, attn_mask=visible[None, None], scale=attn.scaling, enable_gqa=q.shape[1] != keys.shape[1]
+        )
         out = out.transpose(1, 2).reshape(1, n, -1) * torch.sigmoid(gate.reshape(1, n, -1))
         return attn.o_proj(out)
 
     @torch.inference_mode()
-    def forward(self, ids: torch.Tensor, start: torch.Tensor, features: bool = True, span: int | None = None,
-                tree: tuple[torch.Tensor, torch.Tensor] | None = None,
-                commit: bool = True) -> tuple[torch.Tensor, torch.Tensor | None]:
+    def forward(
+        self,
+        ids: torch.Tensor,
+        start: torch.Tensor,
+        features: bool = True,
+        span: int | None = None,
+        tree: tuple[torch.Tensor, torch.Tensor] | None = None,
+        commit: bool = True,
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """`span`: attend over the first `span` cache positions only (as StaticTarget). `commit`: see the class.
         A tree verify has no GDN equivalent here (its branches would need a state each)."""
         if tree is not None:
@@ -270,8 +310,15 @@ class StaticHybridLoop(StaticLoop):
     were (its snapshot) and the captured accept step commits the accepted tokens to them (`keep`). Block 1 (the
     autoregressive baseline) commits in its verify, as a server's decode step does."""
 
-    def __init__(self, target: torch.nn.Module, drafter: torch.nn.Module | None, max_len: int,
-                 blocks: list[int], graphs: bool, kernels: GdnKernels):
+    def __init__(
+        self,
+        target: torch.nn.Module,
+        drafter: torch.nn.Module | None,
+        max_len: int,
+        blocks: list[int],
+        graphs: bool,
+        kernels: GdnKernels,
+    ):
         self.kernels = kernels
         super().__init__(target, drafter, max_len, blocks, graphs)
         for b in self.blocks:
@@ -315,6 +362,7 @@ class StaticHybridLoop(StaticLoop):
                 self.start.fill_(position)
                 self.acc.fill_(block - 1)
 
-            terms["rollback"] = timed_ms(self.steps[("keep", block)], self.device, repeats, setup=reset,
-                                         budget_s=budget_s)
+            terms["rollback"] = timed_ms(
+                self.steps[("keep", block)], self.device, repeats, setup=reset, budget_s=budget_s
+            )
         return terms

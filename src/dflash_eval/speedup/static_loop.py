@@ -37,14 +37,17 @@ class StaticRun(LoopRun):
     output_ids: torch.Tensor
 
 
-def capture(step: Callable[[], None], device: torch.device, graphs: bool = True,
-            reset: Callable[[], object] | None = None) -> Callable[[], None]:
+def capture(
+    step: Callable[[], None], device: torch.device, graphs: bool = True, reset: Callable[[], object] | None = None
+) -> Callable[[], None]:
     """`step` as a CUDA graph's replay (its own memory pool: steps meet only through static buffers), or run
     eagerly where there are no graphs (`graphs` false, or not CUDA). `reset` runs before each warm-up and the
     capture (the buffers a step advances, e.g. the loop's start), so that the capture records a valid state."""
+
     def eager() -> None:
         with torch.inference_mode():
             step()
+
     if not graphs or device.type != "cuda":
         return eager
     with torch.inference_mode():  # the buffers are inference tensors: touched only in inference mode
@@ -70,8 +73,9 @@ class StaticLoop:
     """The loop for one target (pure attention) and one DFlash drafter, at the block sizes `blocks` (and 1),
     for sequences of up to `max_len` tokens. `graphs`: capture each step as a CUDA graph (CUDA only)."""
 
-    def __init__(self, target: torch.nn.Module, drafter: torch.nn.Module | None, max_len: int,
-                 blocks: list[int], graphs: bool):
+    def __init__(
+        self, target: torch.nn.Module, drafter: torch.nn.Module | None, max_len: int, blocks: list[int], graphs: bool
+    ):
         self.blocks = sorted({1} | {int(b) for b in blocks})
         # a full last block and its bonus fit past max_len; a multiple of 64 keeps the masks aligned for SDPA's kernels
         width = -(-(int(max_len) + 2 * max(self.blocks) + 1) // 64) * 64
@@ -79,9 +83,16 @@ class StaticLoop:
         with torch.inference_mode():
             layer_ids = list(drafter.target_layer_ids) if drafter is not None else []
             self.target = self._static_target(target, width, layer_ids)
-            self.drafter = None if drafter is None else StaticDrafter(
-                drafter, target.get_input_embeddings().weight,
-                lambda hidden: drafter.compute_logits(hidden, target.lm_head), width)  # dflash's class
+            self.drafter = (
+                None
+                if drafter is None
+                else StaticDrafter(
+                    drafter,
+                    target.get_input_embeddings().weight,
+                    lambda hidden: drafter.compute_logits(hidden, target.lm_head),
+                    width,
+                )
+            )  # dflash's class
             device = self.target.device
             self.device = device
             self.mask_id = -1 if drafter is None else int(drafter.mask_token_id)
@@ -93,8 +104,9 @@ class StaticLoop:
             self.ids = {b: torch.zeros(1, b, **long) for b in self.blocks}
             self.logits = {b: torch.zeros(b, vocab, device=device, dtype=self.target.dtype) for b in self.blocks}
             feature_width = len(layer_ids) * int(target.config.hidden_size)
-            self.features = {b: torch.zeros(b, feature_width, device=device, dtype=self.target.dtype)
-                             for b in self.blocks if b > 1}
+            self.features = {
+                b: torch.zeros(b, feature_width, device=device, dtype=self.target.dtype) for b in self.blocks if b > 1
+            }
         self.graphs = bool(graphs) and device.type == "cuda"
         self.steps: dict[tuple[str, int], Callable[[], None]] = {}
         for b in self.blocks:
@@ -162,13 +174,14 @@ class StaticLoop:
                 self.drafter.context(features, zero)
                 low = max(0, n - block)  # the first draft re-projects the last rows (the shape it is captured at)
                 self.features[block].zero_()
-                self.features[block][:n - low].copy_(features[low:])
+                self.features[block][: n - low].copy_(features[low:])
                 self.ctx_start.fill_(low)
         return n
 
     @torch.inference_mode()
-    def generate(self, prompt: torch.Tensor, max_new_tokens: int, block: int, simulate_tau: float | None = None,
-                 seed: int = 0) -> StaticRun:
+    def generate(
+        self, prompt: torch.Tensor, max_new_tokens: int, block: int, simulate_tau: float | None = None, seed: int = 0
+    ) -> StaticRun:
         """Greedy generation of `max_new_tokens` tokens at `block` (1: autoregressive), acceptance simulated at
         `simulate_tau` when given (one draw per step, as speedup/simulate.py's forced_acceptance draws)."""
         if block not in self.blocks:
@@ -178,8 +191,11 @@ class StaticLoop:
         if max_length + 1 > self.max_len:
             raise ValueError(f"{n} + {max_new_tokens} tokens do not fit a loop of max_len {self.max_len}")
         rng = random.Random(seed)
-        draft, verify, accept = self.steps.get(("draft", block)), self.steps[("verify", block)], \
-            self.steps[("accept", block)]
+        draft, verify, accept = (
+            self.steps.get(("draft", block)),
+            self.steps[("verify", block)],
+            self.steps[("accept", block)],
+        )
         lengths: list[int] = []
         start = n
         self._sync()
@@ -195,7 +211,7 @@ class StaticLoop:
             lengths.append(produced)
         self._sync()
         decode_s = time.perf_counter() - began
-        return StaticRun(decode_s, start + 1 - n, lengths, self.out[:start + 1].clone()[None].cpu())
+        return StaticRun(decode_s, start + 1 - n, lengths, self.out[: start + 1].clone()[None].cpu())
 
     def _sync(self) -> None:
         if self.device.type == "cuda":
@@ -214,12 +230,15 @@ class StaticLoop:
             self.sim.fill_(0)
 
         reset()
-        terms = {"verify": timed_ms(self.steps[("verify", block)], self.device, repeats, setup=reset,
-                                    budget_s=budget_s)}
+        terms = {
+            "verify": timed_ms(self.steps[("verify", block)], self.device, repeats, setup=reset, budget_s=budget_s)
+        }
         if block > 1:
-            terms["draft"] = timed_ms(self.steps[("draft", block)], self.device, repeats, setup=reset,
-                                      budget_s=budget_s)
+            terms["draft"] = timed_ms(
+                self.steps[("draft", block)], self.device, repeats, setup=reset, budget_s=budget_s
+            )
         accept = self.steps[("accept", block)]
-        terms["accept_host"] = timed_ms(lambda: (accept(), int(self.acc.item())), self.device, repeats,
-                                        setup=reset, budget_s=budget_s)
+        terms["accept_host"] = timed_ms(
+            lambda: (accept(), int(self.acc.item())), self.device, repeats, setup=reset, budget_s=budget_s
+        )
         return terms

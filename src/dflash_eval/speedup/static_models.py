@@ -19,11 +19,13 @@ from torch.nn import functional as F
 from dflash_eval.errors import DflashEvalError
 
 
-def _attend(attn: torch.nn.Module, q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor,
-            visible: torch.Tensor) -> torch.Tensor:
+def _attend(
+    attn: torch.nn.Module, q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, visible: torch.Tensor
+) -> torch.Tensor:
     """SDPA of q [1, H, n, d] over the whole key buffer [1, KV, L, d] under a [n, L] bool mask."""
-    out = F.scaled_dot_product_attention(q, keys, values, attn_mask=visible[None, None], scale=attn.scaling,
-                                         enable_gqa=q.shape[1] != keys.shape[1])
+    out = F.scaled_dot_product_attention(
+        q, keys, values, attn_mask=visible[None, None], scale=attn.scaling, enable_gqa=q.shape[1] != keys.shape[1]
+    )
     return attn.o_proj(out.transpose(1, 2).reshape(1, q.shape[2], -1))
 
 
@@ -46,13 +48,16 @@ def static_unsupported(model: torch.nn.Module) -> str | None:
     if "linear_attention" in (getattr(config, "layer_types", None) or []):
         return "a Gated DeltaNet hybrid (linear_attention layers): no position rollback of its recurrent state"
     if getattr(config, "model_type", None) != "qwen3":
-        return (f"model_type {getattr(config, 'model_type', None)!r}: the static cache is written for Qwen3-style "
-                "attention (qwen3) only")
+        return (
+            f"model_type {getattr(config, 'model_type', None)!r}: the static cache is written for Qwen3-style "
+            "attention (qwen3) only"
+        )
     return None
 
 
-def bind_target(target: object, model: torch.nn.Module, max_len: int,
-                layer_ids: list[int] | None) -> tuple[torch.nn.Module, torch.Tensor]:
+def bind_target(
+    target: object, model: torch.nn.Module, max_len: int, layer_ids: list[int] | None
+) -> tuple[torch.nn.Module, torch.Tensor]:
     """Set what every static target reads of its HF model (model, max_len, layers, layer_ids, device, dtype) on
     `target`; returns the inner decoder and the embedding weight, which the caches and tables are made from."""
     target.model, target.max_len = model, int(max_len)
@@ -72,9 +77,11 @@ class StaticTarget:
     def __init__(self, model: torch.nn.Module, max_len: int, layer_ids: list[int] | None = None):
         layer_types = getattr(model.config, "layer_types", None) or []
         if "linear_attention" in layer_types:
-            raise DflashEvalError("the static-cache loop runs pure-attention targets only: this one has Gated "
-                                  "DeltaNet (linear_attention) layers, whose recurrent state a position rollback "
-                                  "cannot undo; run it with the eager loop (--loop eager)")
+            raise DflashEvalError(
+                "the static-cache loop runs pure-attention targets only: this one has Gated "
+                "DeltaNet (linear_attention) layers, whose recurrent state a position rollback "
+                "cannot undo; run it with the eager loop (--loop eager)"
+            )
         inner, weight = bind_target(self, model, max_len, layer_ids)
         self.cos, self.sin = _tables(inner.rotary_emb, self.max_len, weight[:1])
         attn = self.layers[0].self_attn
@@ -89,8 +96,14 @@ class StaticTarget:
         self.key_index = torch.arange(self.max_len, device=self.device)
 
     @torch.inference_mode()
-    def forward(self, ids: torch.Tensor, start: torch.Tensor, features: bool = True, span: int | None = None,
-                tree: tuple[torch.Tensor, torch.Tensor] | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
+    def forward(
+        self,
+        ids: torch.Tensor,
+        start: torch.Tensor,
+        features: bool = True,
+        span: int | None = None,
+        tree: tuple[torch.Tensor, torch.Tensor] | None = None,
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """`span`: attend over the first `span` cache positions only (a fixed int, so still capturable): a
         profile's step then reads about as many keys as its context holds, as a server's paged attention does.
         `tree` = (depths [n], ancestors [n, n] bool, ancestor-or-self): ids are a tree's nodes in cache slots
@@ -137,7 +150,6 @@ class StaticTarget:
             return logits, None
         return logits, torch.cat([captured[i] for i in self.layer_ids], dim=-1)[0]
 
-
     def compact(self, start: int, slots: torch.Tensor) -> None:
         """Move the keys and values of cache `slots` (an accepted tree path, root first) to start, start+1, ..."""
         self.move_slots(slots, start + torch.arange(slots.shape[0], device=self.device))
@@ -160,8 +172,13 @@ class StaticDrafter:
     (the LM head, then its multiplier and softcap): the drafter may be dflash's class, which has compute_logits,
     or the evaluator's own (evaluate/drafter_model.py: the same parameters, no forward), which has not."""
 
-    def __init__(self, drafter: torch.nn.Module, embed: torch.Tensor,
-                 head_logits: Callable[[torch.Tensor], torch.Tensor], max_len: int):
+    def __init__(
+        self,
+        drafter: torch.nn.Module,
+        embed: torch.Tensor,
+        head_logits: Callable[[torch.Tensor], torch.Tensor],
+        max_len: int,
+    ):
         self.drafter, self.embed, self.head_logits, self.max_len = drafter, embed, head_logits, int(max_len)
         config = drafter.config
         settings = getattr(config, "dflash_config", {}) or {}
@@ -194,13 +211,15 @@ class StaticDrafter:
         self._write_context(features, start)
 
     @torch.inference_mode()
-    def draft(self, features: torch.Tensor, ctx_start: torch.Tensor, bonus: torch.Tensor,
-              start: torch.Tensor, block: int) -> torch.Tensor:
+    def draft(
+        self, features: torch.Tensor, ctx_start: torch.Tensor, bonus: torch.Tensor, start: torch.Tensor, block: int
+    ) -> torch.Tensor:
         return self.draft_logits(features, ctx_start, bonus, start, block).argmax(-1)
 
     @torch.inference_mode()
-    def draft_logits(self, features: torch.Tensor, ctx_start: torch.Tensor, bonus: torch.Tensor,
-                     start: torch.Tensor, block: int) -> torch.Tensor:
+    def draft_logits(
+        self, features: torch.Tensor, ctx_start: torch.Tensor, bonus: torch.Tensor, start: torch.Tensor, block: int
+    ) -> torch.Tensor:
         """The block's logits for positions 1..b-1 [b-1, V] (a DDTree is built from them: static_tree.py)."""
         self._write_context(features, ctx_start)
         ids = torch.full((1, block), self.mask_token_id, device=self.device, dtype=torch.long)

@@ -51,8 +51,9 @@ class TreeRun(LoopRun):
     phases_s: dict[str, float] | None = None  # breakdown=True: seconds per phase (PHASES), summed over the steps
 
 
-def build_tree(log_probs: np.ndarray, tokens: np.ndarray, budget: int,
-               spine: bool = False) -> tuple[list[int], list[int], list[int]]:
+def build_tree(
+    log_probs: np.ndarray, tokens: np.ndarray, budget: int, spine: bool = False
+) -> tuple[list[int], list[int], list[int]]:
     """DDTree's best-first tree from per-position top-k: log_probs, tokens [P, k] (k >= budget or the vocab),
     sorted best first. Returns parents (node 0 is the root), depths and tokens of the N + 1 nodes, root first.
     `spine`: the drafter's greedy chain (rank 0 at every depth) goes in first, the rest best-first (see
@@ -64,8 +65,9 @@ def build_tree(log_probs: np.ndarray, tokens: np.ndarray, budget: int,
 
     def push(depth: int, rank: int, parent: int) -> None:
         nonlocal order
-        heapq.heappush(heap, (-float(np.float32(scores[parent] + log_probs[depth - 1, rank])), order, depth, rank,
-                              parent))
+        heapq.heappush(
+            heap, (-float(np.float32(scores[parent] + log_probs[depth - 1, rank])), order, depth, rank, parent)
+        )
         order += 1
 
     def add(depth: int, rank: int, parent: int) -> int:
@@ -112,8 +114,11 @@ def tree_buffer(budget: int, device: torch.device | str = "cpu") -> torch.Tensor
 def tree_views(buffer: torch.Tensor, n: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """ids [1, n + 1], depths [n + 1] (int64) and the ancestor mask [n + 1, n + 1] (bool) over one buffer."""
     m = n + 1
-    return (buffer[:8 * m].view(torch.int64).view(1, m), buffer[8 * m:16 * m].view(torch.int64),
-            buffer[16 * m:].view(torch.bool).view(m, m))
+    return (
+        buffer[: 8 * m].view(torch.int64).view(1, m),
+        buffer[8 * m : 16 * m].view(torch.int64),
+        buffer[16 * m :].view(torch.bool).view(m, m),
+    )
 
 
 def draft_top(logits: torch.Tensor, out: torch.Tensor) -> None:
@@ -128,8 +133,7 @@ def fill_tree(top: np.ndarray, budget: int, host: torch.Tensor, spine: bool = Fa
     """A DDTree's per-step host work: build the tree from a read top-k (draft_top's [2, P, k]) and write its
     ids, depths and ancestor mask into `host` (tree_buffer's bytes; the root's id is left 0: a verify puts the
     last bonus there on the device). Returns the tree's parents and node tokens (for the walk)."""
-    parents, depths, node_tokens = build_tree(top[0].astype(np.float32), top[1].astype(np.int64), budget,
-                                              spine=spine)
+    parents, depths, node_tokens = build_tree(top[0].astype(np.float32), top[1].astype(np.int64), budget, spine=spine)
     size = len(parents)
     ids, depth, mask = (t.numpy() for t in tree_views(host, budget))
     ids[0, :] = 0
@@ -176,20 +180,33 @@ class TreeLoop(StaticLoop):
     the output tokens, the next start). The top-k is taken per budget, not sliced from the largest: a sorted
     top-k orders equal values as its kernel pleases, so a slice need not be the smaller top-k when values tie."""
 
-    def __init__(self, target: torch.nn.Module, drafter: torch.nn.Module, max_len: int, block: int,
-                 budgets: list[int], graphs: bool):
+    def __init__(
+        self,
+        target: torch.nn.Module,
+        drafter: torch.nn.Module,
+        max_len: int,
+        block: int,
+        budgets: list[int],
+        graphs: bool,
+    ):
         self.block, self.budgets = int(block), sorted({int(n) for n in budgets})
         super().__init__(target, drafter, max_len + max(self.budgets) + 1, [self.block], graphs)
         self.max_len = int(max_len)  # what a generation may reach; the cache also holds the last tree
         with torch.inference_mode():
             self._buffers(int(target.get_input_embeddings().weight.shape[0]))
         self.trace: list[torch.Tensor] | None = None  # set to a list to keep each step's draft logits (tests)
-        self.tree_draft = {n: capture(lambda n=n: self._tree_draft(n), self.device, self.graphs,
-                                      reset=self.start.zero_) for n in self.budgets}
-        self.tree_verify = {n: capture(lambda n=n: self._tree_verify(n), self.device, self.graphs,
-                                       reset=self.start.zero_) for n in self.budgets}
-        self.tree_accept = {n: capture(lambda n=n: self._tree_accept(n), self.device, self.graphs,
-                                       reset=self._reset_walk) for n in self.budgets}
+        self.tree_draft = {
+            n: capture(lambda n=n: self._tree_draft(n), self.device, self.graphs, reset=self.start.zero_)
+            for n in self.budgets
+        }
+        self.tree_verify = {
+            n: capture(lambda n=n: self._tree_verify(n), self.device, self.graphs, reset=self.start.zero_)
+            for n in self.budgets
+        }
+        self.tree_accept = {
+            n: capture(lambda n=n: self._tree_accept(n), self.device, self.graphs, reset=self._reset_walk)
+            for n in self.budgets
+        }
 
     def _buffers(self, vocab: int) -> None:
         """The steps' static buffers and their host twins. A budget's tree (ids, depths, mask) is one byte buffer
@@ -198,8 +215,7 @@ class TreeLoop(StaticLoop):
         self.draft_logits = torch.zeros(b - 1, vocab, device=device, dtype=dtype)
         self.widths = {n: min(n, vocab) for n in self.budgets}
         # log-probs and token ids in float64 (both exact there): one buffer, one read
-        self.top = {n: torch.zeros(2, b - 1, self.widths[n], device=device, dtype=torch.float64)
-                    for n in self.budgets}
+        self.top = {n: torch.zeros(2, b - 1, self.widths[n], device=device, dtype=torch.float64) for n in self.budgets}
         self.tree_bytes = {n: tree_buffer(n, device) for n in self.budgets}
         self.tree_ids = {n: tree_views(self.tree_bytes[n], n)[0] for n in self.budgets}
         self.depths = {n: tree_views(self.tree_bytes[n], n)[1] for n in self.budgets}
@@ -227,14 +243,16 @@ class TreeLoop(StaticLoop):
 
     def _tree_draft(self, n: int) -> None:
         b = self.block
-        self.draft_logits.copy_(self.drafter.draft_logits(self.features[b], self.ctx_start, self.ids[b][0, :1],
-                                                          self.start, b))
+        self.draft_logits.copy_(
+            self.drafter.draft_logits(self.features[b], self.ctx_start, self.ids[b][0, :1], self.start, b)
+        )
         draft_top(self.draft_logits, self.top[n])
 
     def _tree_verify(self, n: int) -> None:
         self.tree_ids[n][0, :1].copy_(self.ids[self.block][0, :1])  # the root: the bonus the last accept left
-        logits, features = self.target.forward(self.tree_ids[n], self.start, features=True,
-                                               tree=(self.depths[n], self.masks[n]))
+        logits, features = self.target.forward(
+            self.tree_ids[n], self.start, features=True, tree=(self.depths[n], self.masks[n])
+        )
         self.tree_logits[n].copy_(logits)
         self.tree_features[n].copy_(features)
         self.tree_argmax[n].copy_(logits.argmax(-1))
@@ -243,7 +261,7 @@ class TreeLoop(StaticLoop):
         """The walk applied with fixed shapes: pads past the path's length copy a slot onto itself, zero a
         feature row, write the bonus past the path (later steps overwrite it)."""
         b, start = self.block, self.start
-        path, length, excluded = self.walk[:b], self.walk[b:b + 1], self.walk[b + 1:b + 2]
+        path, length, excluded = self.walk[:b], self.walk[b : b + 1], self.walk[b + 1 : b + 2]
         offsets = torch.arange(b, device=self.device)
         on_path = offsets < length
         row = self.tree_logits[n].index_select(0, path.index_select(0, (length - 1).clamp(min=0)))[0].float()
@@ -260,8 +278,15 @@ class TreeLoop(StaticLoop):
         self.ids[b][0, :1].copy_(bonus)
 
     @torch.inference_mode()
-    def generate_tree(self, prompt: torch.Tensor, max_new_tokens: int, budget: int,
-                      simulate_tau: float | None = None, seed: int = 0, breakdown: bool = False) -> TreeRun:
+    def generate_tree(
+        self,
+        prompt: torch.Tensor,
+        max_new_tokens: int,
+        budget: int,
+        simulate_tau: float | None = None,
+        seed: int = 0,
+        breakdown: bool = False,
+    ) -> TreeRun:
         """Greedy generation of `max_new_tokens` tokens with DDTree-`budget` (acceptance simulated at
         `simulate_tau` when given). `breakdown`: synchronise after each phase and clock it (TreeRun.phases_s);
         the extra syncs cost time, so a run timed for its speedup leaves it off."""
@@ -305,8 +330,9 @@ class TreeLoop(StaticLoop):
         self._sync()
         decode_s = time.perf_counter() - began
         output = self.out[:max_length].clone().cpu()[None]
-        return TreeRun(decode_s, 1 + sum(lengths), lengths, output, build_s, walk_s,
-                       phases.seconds if breakdown else None)
+        return TreeRun(
+            decode_s, 1 + sum(lengths), lengths, output, build_s, walk_s, phases.seconds if breakdown else None
+        )
 
     def _upload_tree(self, top: np.ndarray, budget: int, spine: bool) -> tuple[list[int], list[int]]:
         """Build the tree from the read top-k and upload its ids, depths and mask with one copy (from a pinned
@@ -319,13 +345,14 @@ class TreeLoop(StaticLoop):
         """The path (padded to the block), its length and the bonus's excluded token: one small copy."""
         walk = self.walk_host.numpy()
         walk[:] = 0
-        walk[:len(path)] = path
+        walk[: len(path)] = path
         walk[self.block], walk[self.block + 1] = len(path), excluded
         self.walk.copy_(self.walk_host, non_blocking=True)
 
 
-def _walk(parents: list[int], node_tokens: list[int], argmax: np.ndarray | None,
-          forced: int | None) -> tuple[list[int], int]:
+def _walk(
+    parents: list[int], node_tokens: list[int], argmax: np.ndarray | None, forced: int | None
+) -> tuple[list[int], int]:
     """The accepted path (node indices, root first) and the token its bonus excludes (-1: none). Greedy
     (`argmax`, the target's per node): from the root, the child whose token is its parent's argmax; the bonus
     is the last node's argmax. Simulated (`forced` = k): the best child, k - 1 times or until a leaf; the bonus

@@ -23,9 +23,9 @@ from dflash_eval.stats import median_ci
 
 log = logging.getLogger(__name__)
 
-TOLERANCE = 0.02       # the median's 95% CI within ±2% of it
-MIN_REPEATS = 6        # the fewest for which a 95% median CI exists
-AGREEMENT = 0.05       # two measurements of one step that differ by more than this are warned about
+TOLERANCE = 0.02  # the median's 95% CI within ±2% of it
+MIN_REPEATS = 6  # the fewest for which a 95% median CI exists
+AGREEMENT = 0.05  # two measurements of one step that differ by more than this are warned about
 
 
 def wanted(options: dict[str, Any], device: torch.device) -> bool:
@@ -34,12 +34,19 @@ def wanted(options: dict[str, Any], device: torch.device) -> bool:
     return measure is True or (measure == "auto" and device.type == "cuda")
 
 
-def timed_ms(function: Callable[[], Any], device: torch.device, repeats: int,
-             setup: Callable[[], Any] | None = None, budget_s: float | None = None,
-             tolerance: float | None = TOLERANCE, max_repeats: int = 1000) -> dict[str, Any]:
+def timed_ms(
+    function: Callable[[], Any],
+    device: torch.device,
+    repeats: int,
+    setup: Callable[[], Any] | None = None,
+    budget_s: float | None = None,
+    tolerance: float | None = TOLERANCE,
+    max_repeats: int = 1000,
+) -> dict[str, Any]:
     """Median ms of synchronised calls after one warm-up, with its spread and 95% CI; `setup` runs untimed
     before each call. At least `repeats` calls; then, with a `tolerance`, more until the CI of the median
     is within ±tolerance of it (`stable`), up to `max_repeats` or `budget_s` seconds (`capped` says which)."""
+
     def sync() -> None:
         if device.type == "cuda":
             torch.cuda.synchronize(device)
@@ -78,8 +85,15 @@ def timed_ms(function: Callable[[], Any], device: torch.device, repeats: int,
     median = statistics.median(times)
     low, high = median_ci(times)
     stable = tolerance is not None and median - low <= tolerance * median and high - median <= tolerance * median
-    return {"ms": median, "min_ms": min(times), "max_ms": max(times), "ci95_ms": [low, high],
-            "repeats": len(times), "stable": stable, "capped": capped}
+    return {
+        "ms": median,
+        "min_ms": min(times),
+        "max_ms": max(times),
+        "ci95_ms": [low, high],
+        "repeats": len(times),
+        "stable": stable,
+        "capped": capped,
+    }
 
 
 def compare(previous: dict[str, float], current: dict[str, float], what: str) -> dict[str, Any]:
@@ -88,7 +102,14 @@ def compare(previous: dict[str, float], current: dict[str, float], what: str) ->
     apart = {n: r for n, r in ratios.items() if abs(r - 1) > AGREEMENT}
     if apart:
         worst = max(apart, key=lambda n: abs(apart[n] - 1))
-        log.warning("%s: %d of %d sizes differ from the previous measurement by more than %.0f%% (worst: %s "
-                    "tokens, %.3fx): the profile does not repeat; an estimate from it moves by as much",
-                    what, len(apart), len(ratios), 100 * AGREEMENT, worst, apart[worst])
+        log.warning(
+            "%s: %d of %d sizes differ from the previous measurement by more than %.0f%% (worst: %s "
+            "tokens, %.3fx): the profile does not repeat; an estimate from it moves by as much",
+            what,
+            len(apart),
+            len(ratios),
+            100 * AGREEMENT,
+            worst,
+            apart[worst],
+        )
     return {"ratios": ratios, "beyond_5_percent": sorted(apart, key=int), "agree": not apart}

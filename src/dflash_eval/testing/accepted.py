@@ -30,13 +30,20 @@ def acceptance_rate(tau: float, block: int) -> float:
     low, high = 0.0, 1.0
     for _ in range(60):
         q = (low + high) / 2
-        low, high = (q, high) if 1 + sum(q ** k for k in range(1, block)) < tau else (low, q)
+        low, high = (q, high) if 1 + sum(q**k for k in range(1, block)) < tau else (low, q)
     return (low + high) / 2
 
 
-def accepted_tokens(runner: BlockDrafter, features: list[torch.Tensor], prompt_lens: list[int], tau: float,
-                    seed: int = 0, vocab: tuple[int, int] = (8, 250), rows: int = 64,
-                    alternative: float = 0.0) -> list[torch.Tensor]:
+def accepted_tokens(
+    runner: BlockDrafter,
+    features: list[torch.Tensor],
+    prompt_lens: list[int],
+    tau: float,
+    seed: int = 0,
+    vocab: tuple[int, int] = (8, 250),
+    rows: int = 64,
+    alternative: float = 0.0,
+) -> list[torch.Tensor]:
     """One token sequence [T_i] per sample (features [T_i, n_layers * H]) with chain-B tau about `tau`.
 
     Free tokens (prompt, rejections) are drawn from `vocab` [low, high); keep stop tokens outside it. With
@@ -61,7 +68,7 @@ def accepted_tokens(runner: BlockDrafter, features: list[torch.Tensor], prompt_l
         while (anchor < lengths - 1).any():
             going = np.nonzero(anchor < lengths - 1)[0]
             for lo in range(0, len(going), rows):
-                slot = going[lo:lo + rows]
+                slot = going[lo : lo + rows]
                 size = np.minimum(block, lengths[slot] - anchor[slot])
                 batch = pack(slot, anchor[slot], size, tokens, runner.mask_token_id, device)
                 hidden = packed_hidden(runner, pool, batch, cos, sin, fused_attention_for(device))
@@ -83,7 +90,7 @@ def accepted_tokens(runner: BlockDrafter, features: list[torch.Tensor], prompt_l
                     while kept < len(draft) and rng.random() < q:
                         kept += 1
                     a = int(anchor[s])
-                    tokens[s, a + 1:a + 1 + kept] = draft[:kept]
+                    tokens[s, a + 1 : a + 1 + kept] = draft[:kept]
                     if a + 1 + kept < lengths[s] and kept < len(draft) and rng.random() < alternative:
                         tokens[s, a + 1 + kept] = others[kept]
                     elif a + 1 + kept < lengths[s]:

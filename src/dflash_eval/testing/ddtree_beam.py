@@ -14,8 +14,9 @@ from collections.abc import Sequence
 import torch
 
 
-def beam_tree_accepted(logits: torch.Tensor, truth: torch.Tensor, budgets: Sequence[int],
-                       path_order_sum: bool = True) -> torch.Tensor:
+def beam_tree_accepted(
+    logits: torch.Tensor, truth: torch.Tensor, budgets: Sequence[int], path_order_sum: bool = True
+) -> torch.Tensor:
     logprobs = torch.log_softmax(logits.float(), dim=-1)
     budget = max(budgets)
     width = min(budget, logprobs.shape[-1])

@@ -26,14 +26,22 @@ def tiny_inputs(root: Path, dataset: str = DATASET) -> tuple[Path, Path]:
     build_tokenizer(root / "tok")
     tokenizer = AutoTokenizer.from_pretrained(root / "tok")
     tokenizer.add_special_tokens({"additional_special_tokens": ["<|im_start|>", "<|mask|>"]})
-    config = target.config_for(tokenizer, hidden_size=32, intermediate_size=64, head_dim=16, linear_head_dim=16,
-                               max_position_embeddings=4096)
+    config = target.config_for(
+        tokenizer, hidden_size=32, intermediate_size=64, head_dim=16, linear_head_dim=16, max_position_embeddings=4096
+    )
     target.save_target(target.new_model(config, 0), tokenizer, root / "resources/demo/target", {})
     rng = random.Random(0)
-    records = [{"id": f"s{i}", "prompt_token_ids": [rng.randrange(3, 90) for _ in range(4)],
-                "completion_token_ids": [rng.randrange(3, 90) for _ in range(12)],
-                "completion_ids_source": "server", "token_check": {}, "request": {"max_tokens": 12}}
-               for i in range(3)]
+    records = [
+        {
+            "id": f"s{i}",
+            "prompt_token_ids": [rng.randrange(3, 90) for _ in range(4)],
+            "completion_token_ids": [rng.randrange(3, 90) for _ in range(12)],
+            "completion_ids_source": "server",
+            "token_check": {},
+            "request": {"max_tokens": 12},
+        }
+        for i in range(3)
+    ]
     completions = root / "results/completions" / f"{dataset}.jsonl"
     completions.parent.mkdir(parents=True)
     completions.write_text("".join(json.dumps(r) + "\n" for r in records))
@@ -46,9 +54,17 @@ def extract_tiny(root: Path, dataset: str = DATASET) -> Path:
 
     target, completions = tiny_inputs(root, dataset)
     cache = root / f"results/hidden/{dataset}/L{'-'.join(map(str, LAYER_IDS))}"
-    extract({"dataset": dataset, "layer_ids": LAYER_IDS, "last_layer": "final_norm", "server": None,
-             "target": {"path": str(target), "dtype": "float32", "device": "cpu", "backend": "torch"}},
-            completions, cache)
+    extract(
+        {
+            "dataset": dataset,
+            "layer_ids": LAYER_IDS,
+            "last_layer": "final_norm",
+            "server": None,
+            "target": {"path": str(target), "dtype": "float32", "device": "cpu", "backend": "torch"},
+        },
+        completions,
+        cache,
+    )
     return cache
 
 

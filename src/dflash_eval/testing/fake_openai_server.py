@@ -43,10 +43,14 @@ def fake_spec_counters(completion_tokens: int, block_size: int = 8) -> dict[str,
     histogram = [0] * block_size
     for step in steps:
         histogram[step - 1] += 1
-    return {"spec_accept_length": completion_tokens / verify, "spec_verify_ct": verify,
-            "spec_num_correct_drafts": sum(steps) - verify, "spec_num_proposed_drafts": verify * (block_size - 1),
-            "spec_correct_drafts_histogram": histogram[: max(i for i, n in enumerate(histogram) if n) + 1],
-            "spec_accept_rate": (sum(steps) - verify) / (verify * (block_size - 1))}
+    return {
+        "spec_accept_length": completion_tokens / verify,
+        "spec_verify_ct": verify,
+        "spec_num_correct_drafts": sum(steps) - verify,
+        "spec_num_proposed_drafts": verify * (block_size - 1),
+        "spec_correct_drafts_histogram": histogram[: max(i for i, n in enumerate(histogram) if n) + 1],
+        "spec_accept_rate": (sum(steps) - verify) / (verify * (block_size - 1)),
+    }
 
 
 class Fake:
@@ -88,8 +92,12 @@ class Fake:
             await asyncio.sleep(self.args.delay_s)
         if self.args.reject_max_tokens_over is not None and req.get("max_tokens", 0) > self.args.reject_max_tokens_over:
             self._log(n, req, 400)
-            return 400, {"object": "error", "message": f"max_tokens must be at most {self.args.reject_max_tokens_over}",
-                         "type": "BadRequestError", "code": 400}
+            return 400, {
+                "object": "error",
+                "message": f"max_tokens must be at most {self.args.reject_max_tokens_over}",
+                "type": "BadRequestError",
+                "code": 400,
+            }
         if first_arrival and self.args.fail_every and self.new_count % self.args.fail_every == 0:
             self._log(n, req, 500)
             return 500, {"object": "error", "message": "injected failure", "code": 500}
@@ -114,10 +122,20 @@ class Fake:
             choice["matched_stop"] = self.eos if finish == "stop" else None
             if req.get("return_spec_tokens_details"):
                 response["sglext"] = {"spec_tokens_details": fake_spec_counters(completion_tokens)}
-        usage = {"prompt_tokens": len(prompt_ids), "completion_tokens": completion_tokens,
-                 "total_tokens": len(prompt_ids) + completion_tokens}
-        return 200, {"id": f"cmpl-{n}", "object": "chat.completion" if chat else "text_completion",
-                     "created": 0, "model": self.args.model, "choices": [choice], "usage": usage, **response}
+        usage = {
+            "prompt_tokens": len(prompt_ids),
+            "completion_tokens": completion_tokens,
+            "total_tokens": len(prompt_ids) + completion_tokens,
+        }
+        return 200, {
+            "id": f"cmpl-{n}",
+            "object": "chat.completion" if chat else "text_completion",
+            "created": 0,
+            "model": self.args.model,
+            "choices": [choice],
+            "usage": usage,
+            **response,
+        }
 
     def prompt_ids(self, path: str, req: dict[str, Any]) -> list[int]:
         """The prompt as token ids: rendered from chat messages (ChatML), given as ids, or encoded from text."""
@@ -168,20 +186,34 @@ if __name__ == "__main__":
     ap.add_argument("--tokenizer", required=True, help="directory with tokenizer.json")
     ap.add_argument("--eos", default="<|im_end|>")
     ap.add_argument("--model", default="fake-model")
-    ap.add_argument("--sglang", action="store_true",
-                    help="token-id prompts; as SGLang 0.5.23: token_ids (chat: response_token_ids) and prompt_token_ids "
-                         "when asked return_token_ids, matched_stop, made-up counters in sglext.spec_tokens_details "
-                         "when asked return_spec_tokens_details")
-    ap.add_argument("--fail-every", type=int, default=0,
-                    help="HTTP 500 for the N-th, 2N-th, ... new request (first arrival of a body, 1-based)")
-    ap.add_argument("--stall-every", type=int, default=0, help="sleep --stall-s before answering every N-th new request")
+    ap.add_argument(
+        "--sglang",
+        action="store_true",
+        help="token-id prompts; as SGLang 0.5.23: token_ids (chat: response_token_ids) and prompt_token_ids "
+        "when asked return_token_ids, matched_stop, made-up counters in sglext.spec_tokens_details "
+        "when asked return_spec_tokens_details",
+    )
+    ap.add_argument(
+        "--fail-every",
+        type=int,
+        default=0,
+        help="HTTP 500 for the N-th, 2N-th, ... new request (first arrival of a body, 1-based)",
+    )
+    ap.add_argument(
+        "--stall-every", type=int, default=0, help="sleep --stall-s before answering every N-th new request"
+    )
     ap.add_argument("--stall-s", type=float, default=5.0)
-    ap.add_argument("--die-after", type=int,
-                    help="SIGKILL itself when completion request N+1 arrives (in-flight requests are lost)")
+    ap.add_argument(
+        "--die-after", type=int, help="SIGKILL itself when completion request N+1 arrives (in-flight requests are lost)"
+    )
     ap.add_argument("--reject-max-tokens-over", type=int, help="HTTP 400 with a message, as a validation error")
     ap.add_argument("--request-log")
-    ap.add_argument("--log-arrivals", action="store_true", help="also log each request as it arrives (status 'arrived')")
-    ap.add_argument("--delay-s", type=float, default=0.0, help="answer every request this late (keeps requests in flight)")
+    ap.add_argument(
+        "--log-arrivals", action="store_true", help="also log each request as it arrives (status 'arrived')"
+    )
+    ap.add_argument(
+        "--delay-s", type=float, default=0.0, help="answer every request this late (keeps requests in flight)"
+    )
     a = ap.parse_args()
     try:
         asyncio.run(main(a))

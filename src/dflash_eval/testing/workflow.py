@@ -129,8 +129,12 @@ def tiny_project(root: Path, drafters: int = 2, datasets: int = 2, big_checkpoin
         if i == 1 and big_checkpoint:  # a .pt training checkpoint, 50 MB: content-hashed, never mtime-compared
             write_bytes(root / "ckpt" / "b.pt", 50 * 2**20, seed=20)
             (root / "ckpt" / "b.json").write_text('{"block_size": 4}')
-            config["drafters"][name] = {"path": "ckpt/b.pt", "config": "ckpt/b.json", "layer_ids": [1, 2],
-                                        "trained_with": "torch"}
+            config["drafters"][name] = {
+                "path": "ckpt/b.pt",
+                "config": "ckpt/b.json",
+                "layer_ids": [1, 2],
+                "trained_with": "torch",
+            }
         else:
             add_hf_drafter(root, config, name, seed=10 + i)
     save_config(root, config)
@@ -152,21 +156,50 @@ def load_config(root: Path) -> dict:
     return yaml.safe_load((root / "config.yaml").read_text())
 
 
-def snakemake(workflow: Path, root: Path, *args: str, profile: str = "default", timeout: int = 600,
-              env: dict | None = None, fresh: bool = False) -> subprocess.CompletedProcess:
+def snakemake(
+    workflow: Path,
+    root: Path,
+    *args: str,
+    profile: str = "default",
+    timeout: int = 600,
+    env: dict | None = None,
+    fresh: bool = False,
+) -> subprocess.CompletedProcess:
     """The real snakemake on `workflow`'s copy, in `root`, with that copy's package on PYTHONPATH.
 
     By default the run is a child forked from a process that imported Snakemake once (see
     `_forked_snakemake`); `fresh=True` starts a new interpreter, as a user's command line does
     (for timings that must include Snakemake's own start-up).
     """
-    environment = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(workflow / "src"),
-                   "PATH": f"{workflow / 'bin'}{os.pathsep}{os.environ['PATH']}", **(env or {})}
-    argv = ["--snakefile", str(workflow / "Snakefile"), "--directory", str(root), "--configfile",
-            str(root / "config.yaml"), "--workflow-profile", str(workflow / "profiles" / profile), "--cores", "2", *args]
+    environment = {
+        **os.environ,
+        "OMP_NUM_THREADS": "1",
+        "PYTHONPATH": str(workflow / "src"),
+        "PATH": f"{workflow / 'bin'}{os.pathsep}{os.environ['PATH']}",
+        **(env or {}),
+    }
+    argv = [
+        "--snakefile",
+        str(workflow / "Snakefile"),
+        "--directory",
+        str(root),
+        "--configfile",
+        str(root / "config.yaml"),
+        "--workflow-profile",
+        str(workflow / "profiles" / profile),
+        "--cores",
+        "2",
+        *args,
+    ]
     if fresh:
-        return subprocess.run([sys.executable, "-m", "snakemake", *argv], cwd=root, env=environment,
-                              capture_output=True, text=True, timeout=timeout)
+        return subprocess.run(
+            [sys.executable, "-m", "snakemake", *argv],
+            cwd=root,
+            env=environment,
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+        )
     return _forked_snakemake(argv, root, environment, timeout)
 
 
@@ -229,8 +262,8 @@ def planned_jobs(text: str) -> set[str]:
             rule = match.group(1)
         elif rule and line.strip().startswith("output:"):
             if rule != "all":
-                first = line.split('output:', 1)[1].split(',')[0].strip()
-                jobs.add(f"{rule} {first.removesuffix(' (update)')}")   # the report's outputs are update()
+                first = line.split("output:", 1)[1].split(",")[0].strip()
+                jobs.add(f"{rule} {first.removesuffix(' (update)')}")  # the report's outputs are update()
             rule = None
     return jobs
 
@@ -255,6 +288,11 @@ def fold_exports(jobs: set[str]) -> set[str]:
     """`jobs` without the export job of each evaluation that is among them: an export follows exactly its
     evaluation, so the rerun tests state the evaluations (an export planned alone stays)."""
     evaluated = {j.removesuffix("/metrics.json") for j in jobs if j.startswith("evaluate ")}
-    return {j for j in jobs if not (j.startswith("export ") and
-                                    "evaluate " + j.removeprefix("export ").removesuffix("/speculation_profile.json")
-                                    in evaluated)}
+    return {
+        j
+        for j in jobs
+        if not (
+            j.startswith("export ")
+            and "evaluate " + j.removeprefix("export ").removesuffix("/speculation_profile.json") in evaluated
+        )
+    }

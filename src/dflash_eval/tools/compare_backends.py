@@ -58,9 +58,14 @@ class LayerError:
         self.max_abs = max(self.max_abs, float((a - b).abs().max()))
 
     def summary(self) -> dict[str, float | int]:
-        return {"layer": self.layer, "tokens": self.tokens, "cos_mean": self.cos_sum / self.tokens,
-                "cos_min": self.cos_min, "rel_l2": math.sqrt(self.diff_sq / self.ref_sq) if self.ref_sq else 0.0,
-                "max_abs": self.max_abs}
+        return {
+            "layer": self.layer,
+            "tokens": self.tokens,
+            "cos_mean": self.cos_sum / self.tokens,
+            "cos_min": self.cos_min,
+            "rel_l2": math.sqrt(self.diff_sq / self.ref_sq) if self.ref_sq else 0.0,
+            "max_abs": self.max_abs,
+        }
 
 
 @dataclass
@@ -86,9 +91,14 @@ class DrafterAgreement:
         return sum(steps) / len(steps) if steps else float("nan")
 
 
-def _states_per_backend(model: torch.nn.Module, tokens: Sequence[torch.Tensor], layer_ids: list[int],
-                        backends: Sequence[str], device: torch.device, last_layer: str,
-                        ) -> dict[str, list[dict[int, torch.Tensor]]]:
+def _states_per_backend(
+    model: torch.nn.Module,
+    tokens: Sequence[torch.Tensor],
+    layer_ids: list[int],
+    backends: Sequence[str],
+    device: torch.device,
+    last_layer: str,
+) -> dict[str, list[dict[int, torch.Tensor]]]:
     """Every sample's layer states under each backend, kept on the host (one backend at a time)."""
     out: dict[str, list[dict[int, torch.Tensor]]] = {}
     for name in backends:
@@ -103,9 +113,15 @@ def _states_per_backend(model: torch.nn.Module, tokens: Sequence[torch.Tensor], 
     return out
 
 
-def compare_backends(model: torch.nn.Module, tokens: Sequence[torch.Tensor], layer_ids: Sequence[int],
-                     device: str | torch.device, backends: Sequence[str] = ("fla", "torch"),
-                     drafter: DrafterCheck | None = None, last_layer: str | None = None) -> dict[str, Any]:
+def compare_backends(
+    model: torch.nn.Module,
+    tokens: Sequence[torch.Tensor],
+    layer_ids: Sequence[int],
+    device: str | torch.device,
+    backends: Sequence[str] = ("fla", "torch"),
+    drafter: DrafterCheck | None = None,
+    last_layer: str | None = None,
+) -> dict[str, Any]:
     """Per-layer errors of backends[0] against backends[1] on `tokens` (one [T] tensor per sample).
 
     `last_layer` is what the target's last layer id holds, as `drafters.<name>.last_layer` says (None: the
@@ -120,8 +136,10 @@ def compare_backends(model: torch.nn.Module, tokens: Sequence[torch.Tensor], lay
     decoder, _ = text_parts(model)
     layer_ids = check_layer_ids(layer_ids, len(decoder.layers))
     if drafter is not None and set(drafter.layer_ids) - set(layer_ids):
-        raise DflashEvalError(f"layers {sorted(set(drafter.layer_ids) - set(layer_ids))} that the drafter reads "
-                              f"are not among the compared layers {layer_ids}")
+        raise DflashEvalError(
+            f"layers {sorted(set(drafter.layer_ids) - set(layer_ids))} that the drafter reads "
+            f"are not among the compared layers {layer_ids}"
+        )
     last_layer = last_layer or drafter_default("last_layer")
     states = _states_per_backend(model, tokens, layer_ids, backends, device, last_layer)
     candidate, reference = backends
@@ -129,17 +147,25 @@ def compare_backends(model: torch.nn.Module, tokens: Sequence[torch.Tensor], lay
     for got, want in zip(states[candidate], states[reference]):
         for i in layer_ids:
             errors[i].add(got[i], want[i])
-    result: dict[str, Any] = {"candidate": candidate, "reference": reference, "samples": len(tokens),
-                              "tokens": sum(len(t) for t in tokens),
-                              "layers": [errors[i].summary() for i in layer_ids]}
+    result: dict[str, Any] = {
+        "candidate": candidate,
+        "reference": reference,
+        "samples": len(tokens),
+        "tokens": sum(len(t) for t in tokens),
+        "layers": [errors[i].summary() for i in layer_ids],
+    }
     if drafter is not None:
         result["drafter"] = _drafter_taus(drafter, tokens, states, backends, device)
     return result
 
 
-def _drafter_taus(check: DrafterCheck, tokens: Sequence[torch.Tensor],
-                  states: dict[str, list[dict[int, torch.Tensor]]], backends: Sequence[str],
-                  device: torch.device) -> dict[str, Any]:
+def _drafter_taus(
+    check: DrafterCheck,
+    tokens: Sequence[torch.Tensor],
+    states: dict[str, list[dict[int, torch.Tensor]]],
+    backends: Sequence[str],
+    device: torch.device,
+) -> dict[str, Any]:
     from dflash_eval.evaluate.acceptance import sequence_limits
     from dflash_eval.evaluate.all_anchor import evaluate_sample
     from dflash_eval.methods import chain_method
@@ -151,8 +177,9 @@ def _drafter_taus(check: DrafterCheck, tokens: Sequence[torch.Tensor],
     dtype = next(runner.parameters()).dtype
     for index, ids in enumerate(tokens):
         ids = ids.to(device)
-        limits = sequence_limits(check.prompt_lens[index], len(ids), check.max_tokens[index],
-                                 int(ids[-1]) in check.stop_ids)
+        limits = sequence_limits(
+            check.prompt_lens[index], len(ids), check.max_tokens[index], int(ids[-1]) in check.stop_ids
+        )
         per_backend = []
         for name in backends:
             per_layer = states[name][index]
@@ -162,22 +189,34 @@ def _drafter_taus(check: DrafterCheck, tokens: Sequence[torch.Tensor],
             per_backend.append(steps)
         agreement.samples_differing += per_backend[0] != per_backend[1]
     taus = {name: agreement.tau(name) for name in backends}
-    return {"method": method, "tau": taus, "tau_difference": taus[backends[0]] - taus[backends[1]],
-            "samples_differing": agreement.samples_differing}
+    return {
+        "method": method,
+        "tau": taus,
+        "tau_difference": taus[backends[0]] - taus[backends[1]],
+        "samples_differing": agreement.samples_differing,
+    }
 
 
 def format_table(result: dict[str, Any]) -> str:
     """Markdown table of a compare_backends result."""
-    lines = [f"{result['candidate']} against {result['reference']}: {result['samples']} samples, "
-             f"{result['tokens']} tokens", "",
-             "| layer | cos mean | cos min | rel L2 | max abs |", "|---:|---:|---:|---:|---:|"]
-    lines += [f"| {r['layer']} | {r['cos_mean']:.6f} | {r['cos_min']:.6f} | {r['rel_l2']:.2e} | {r['max_abs']:.3g} |"
-              for r in result["layers"]]
+    lines = [
+        f"{result['candidate']} against {result['reference']}: {result['samples']} samples, {result['tokens']} tokens",
+        "",
+        "| layer | cos mean | cos min | rel L2 | max abs |",
+        "|---:|---:|---:|---:|---:|",
+    ]
+    lines += [
+        f"| {r['layer']} | {r['cos_mean']:.6f} | {r['cos_min']:.6f} | {r['rel_l2']:.2e} | {r['max_abs']:.3g} |"
+        for r in result["layers"]
+    ]
     if "drafter" in result:
         d = result["drafter"]
         taus = ", ".join(f"{name} {tau:.3f}" for name, tau in d["tau"].items())
-        lines += ["", f"drafter {d['method']}: tau {taus}; difference {d['tau_difference']:+.3f}; "
-                      f"{d['samples_differing']} of {result['samples']} samples with different steps"]
+        lines += [
+            "",
+            f"drafter {d['method']}: tau {taus}; difference {d['tau_difference']:+.3f}; "
+            f"{d['samples_differing']} of {result['samples']} samples with different steps",
+        ]
     return "\n".join(lines)
 
 
@@ -186,14 +225,22 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--completions", required=True, help="completions JSONL (the fetch stage's output)")
     parser.add_argument("--layers", required=True, help="comma-separated layer ids, e.g. 1,16,31,46,61")
     parser.add_argument("--device", default="cuda:0", help="fla needs a CUDA device")
-    parser.add_argument("--dtype", default="bfloat16", choices=sorted(DTYPES),
-                        help="dtype the target runs in on both backends (default bfloat16, what training uses)")
+    parser.add_argument(
+        "--dtype",
+        default="bfloat16",
+        choices=sorted(DTYPES),
+        help="dtype the target runs in on both backends (default bfloat16, what training uses)",
+    )
     parser.add_argument("--backends", default="fla,torch", help="candidate,reference")
     parser.add_argument("--max-samples", type=int, default=16, help="first N completions (0: all)")
     parser.add_argument("--drafter", help="optional drafter checkpoint: also report tau on each backend's states")
     parser.add_argument("--drafter-config", help="config.json for a .pt drafter")
-    parser.add_argument("--last-layer", choices=LAST_LAYER, default=None,
-                        help="what the target's last layer id holds (drafters.<name>.last_layer; default: the schema's)")
+    parser.add_argument(
+        "--last-layer",
+        choices=LAST_LAYER,
+        default=None,
+        help="what the target's last layer id holds (drafters.<name>.last_layer; default: the schema's)",
+    )
     parser.add_argument("--out", help="write the result as JSON here")
 
 
@@ -217,13 +264,20 @@ def run(args: argparse.Namespace) -> int:
     if args.drafter:
         loaded = load_drafter(args.drafter, config=args.drafter_config)
         _, lm_head = text_parts(model)
-        runner = BlockDrafter(loaded.model, model.get_input_embeddings().weight.detach(), lm_head.weight.detach(),
-                              loaded.mask_token_id).to(device=args.device, dtype=model.dtype)
-        check = DrafterCheck(runner, list(loaded.layer_ids), [len(r["prompt_token_ids"]) for r in records],
-                             set(stop_token_ids({"target": {"path": args.target}})),
-                             [r.get("request", {}).get("max_tokens") for r in records])
+        runner = BlockDrafter(
+            loaded.model, model.get_input_embeddings().weight.detach(), lm_head.weight.detach(), loaded.mask_token_id
+        ).to(device=args.device, dtype=model.dtype)
+        check = DrafterCheck(
+            runner,
+            list(loaded.layer_ids),
+            [len(r["prompt_token_ids"]) for r in records],
+            set(stop_token_ids({"target": {"path": args.target}})),
+            [r.get("request", {}).get("max_tokens") for r in records],
+        )
     tokens = [torch.tensor(r["prompt_token_ids"] + r["completion_token_ids"]) for r in records]
-    result = compare_backends(model, tokens, layer_ids, args.device, backends, drafter=check, last_layer=args.last_layer)
+    result = compare_backends(
+        model, tokens, layer_ids, args.device, backends, drafter=check, last_layer=args.last_layer
+    )
     result.update(target=str(args.target), dtype=args.dtype, device=args.device, completions=str(args.completions))
     print(format_table(result))
     if args.out:

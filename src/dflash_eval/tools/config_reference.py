@@ -110,8 +110,10 @@ def render(schema: dict) -> str:
         if name in required:
             words.append("Required.")
         if isinstance(nested, dict):
-            words.append(f"A map: each entry is named by you (`{name}.{NAME}`)" + (f"; {nested['description']}."
-                         if nested.get("description") else "."))
+            words.append(
+                f"A map: each entry is named by you (`{name}.{NAME}`)"
+                + (f"; {nested['description']}." if nested.get("description") else ".")
+            )
         text = " ".join(word[0].upper() + word[1:] if word else word for word in words if word).strip()
         if text:
             lines += [text if text.endswith(".") else text + ".", ""]

@@ -87,8 +87,10 @@ def command_without_speculation(command: str) -> str:
             continue
         kept.append(word)
     if not removed:
-        raise DflashEvalError(f"server.command has no {SPEC_FLAG}* flags, so it does not speculate and there is no "
-                              "step time to measure: profile_server needs the speculating server's command")
+        raise DflashEvalError(
+            f"server.command has no {SPEC_FLAG}* flags, so it does not speculate and there is no "
+            "step time to measure: profile_server needs the speculating server's command"
+        )
     return shlex.join(kept)
 
 
@@ -103,8 +105,10 @@ def measurement_params(config: dict[str, Any]) -> dict[str, Any]:
     reached and handled (base_url, the port, health_timeout_s, stop_grace_s, ...) is `runtime`'s: changing it
     re-profiles nothing (a restart per setting, minutes on a large target)."""
     server = config["server"]
-    return {**{k: v for k, v in config["profile_server"].items() if k not in RUNTIME_KEYS},
-            "server": {"command": PORT_FLAG.sub(r"\1PORT", server.get("command") or ""), "model": server.get("model")}}
+    return {
+        **{k: v for k, v in config["profile_server"].items() if k not in RUNTIME_KEYS},
+        "server": {"command": PORT_FLAG.sub(r"\1PORT", server.get("command") or ""), "model": server.get("model")},
+    }
 
 
 def runtime(config: dict[str, Any]) -> dict[str, Any]:
@@ -120,17 +124,21 @@ def problems(config: dict[str, Any]) -> list[str]:
         return []
     server, out = config["server"], []
     if server["kind"] != "managed":
-        out.append(f"profile_server.enabled needs server.kind: managed (it restarts the server once per setting), "
-                   f"got {server['kind']!r}: measure by hand as docs/speedup.md says, or set profile_server.enabled "
-                   "false")
+        out.append(
+            f"profile_server.enabled needs server.kind: managed (it restarts the server once per setting), "
+            f"got {server['kind']!r}: measure by hand as docs/speedup.md says, or set profile_server.enabled "
+            "false"
+        )
         return out
     command = server.get("command") or ""
     if SPEC_FLAG not in command:
         out.append(f"profile_server.enabled: server.command has no {SPEC_FLAG}* flags, so nothing speculates")
     for key, text in (("server.command", command), ("profile_server.command_no_spec", wanted.get("command_no_spec"))):
         if text and METRICS_FLAG not in text:
-            out.append(f"profile_server.enabled: {key} lacks {METRICS_FLAG} (SGLang 0.5.23 reports first_token_latency "
-                       "only with it, and the decode time is e2e_latency minus it): add it")
+            out.append(
+                f"profile_server.enabled: {key} lacks {METRICS_FLAG} (SGLang 0.5.23 reports first_token_latency "
+                "only with it, and the decode time is e2e_latency minus it): add it"
+            )
     if wanted.get("command_no_spec") and SPEC_FLAG in wanted["command_no_spec"]:
         out.append(f"profile_server.command_no_spec must not speculate: remove its {SPEC_FLAG}* flags")
     dataset = wanted.get("dataset")
@@ -144,13 +152,20 @@ def profile_dataset(config: dict[str, Any]) -> str:
     return config["profile_server"].get("dataset") or next(iter(config["datasets"]))
 
 
-def generate(base_url: str, prompt: list[int], max_new_tokens: int, timeout: float,
-             key_env: str | None) -> dict[str, Any]:
+def generate(
+    base_url: str, prompt: list[int], max_new_tokens: int, timeout: float, key_env: str | None
+) -> dict[str, Any]:
     """One greedy request on the native /generate (input_ids in, meta_info out); its meta_info."""
-    body = {"input_ids": prompt, "sampling_params": {"max_new_tokens": max_new_tokens, "temperature": 0.0,
-                                                     "ignore_eos": True}}
-    request = urllib.request.Request(base_url + "/generate", data=json.dumps(body).encode(), method="POST",
-                                     headers={"Content-Type": "application/json", **auth_headers(key_env)})
+    body = {
+        "input_ids": prompt,
+        "sampling_params": {"max_new_tokens": max_new_tokens, "temperature": 0.0, "ignore_eos": True},
+    }
+    request = urllib.request.Request(
+        base_url + "/generate",
+        data=json.dumps(body).encode(),
+        method="POST",
+        headers={"Content-Type": "application/json", **auth_headers(key_env)},
+    )
     try:
         with urllib.request.urlopen(request, timeout=timeout) as response:
             answer = json.loads(response.read())
@@ -160,11 +175,15 @@ def generate(base_url: str, prompt: list[int], max_new_tokens: int, timeout: flo
         raise DflashEvalError(f"POST {base_url}/generate failed: {error}") from None
     meta = answer.get("meta_info") if isinstance(answer, dict) else None
     if not isinstance(meta, dict) or meta.get("e2e_latency") is None:
-        raise DflashEvalError(f"{base_url}/generate answered without meta_info.e2e_latency: not SGLang's native "
-                              "endpoint (0.5.23's tokenizer_manager sets it for every finished request)")
+        raise DflashEvalError(
+            f"{base_url}/generate answered without meta_info.e2e_latency: not SGLang's native "
+            "endpoint (0.5.23's tokenizer_manager sets it for every finished request)"
+        )
     if meta.get("first_token_latency") is None:
-        raise DflashEvalError(f"{base_url}/generate's meta_info has no first_token_latency: launch the server with "
-                              f"{METRICS_FLAG} (SGLang reports it only then)")
+        raise DflashEvalError(
+            f"{base_url}/generate's meta_info has no first_token_latency: launch the server with "
+            f"{METRICS_FLAG} (SGLang reports it only then)"
+        )
     return meta
 
 
@@ -173,14 +192,18 @@ def request_numbers(meta: dict[str, Any], speculates: bool) -> dict[str, float]:
     tokens = int(meta["completion_tokens"])
     decode_s = float(meta["e2e_latency"]) - float(meta["first_token_latency"])
     if tokens < 2 or decode_s <= 0:
-        raise DflashEvalError(f"a request produced {tokens} token(s) in {decode_s:.3g} s after its first: nothing to "
-                              "time (raise profile_server.max_new_tokens)")
+        raise DflashEvalError(
+            f"a request produced {tokens} token(s) in {decode_s:.3g} s after its first: nothing to "
+            "time (raise profile_server.max_new_tokens)"
+        )
     out = {"completion_tokens": tokens, "decode_s": decode_s, "decode_ms_per_token": 1e3 * decode_s / (tokens - 1)}
     if speculates:
         steps = int(meta.get("spec_verify_ct") or 0)
         if steps < 1:
-            raise DflashEvalError("a speculating setting's meta_info has no spec_verify_ct: the server did not "
-                                  "speculate (check server.command's --speculative-* flags)")
+            raise DflashEvalError(
+                "a speculating setting's meta_info has no spec_verify_ct: the server did not "
+                "speculate (check server.command's --speculative-* flags)"
+            )
         out.update(verify_steps=steps, ms_per_step=1e3 * decode_s / steps, tokens_per_step=(tokens - 1) / steps)
     return out
 
@@ -189,8 +212,13 @@ def spread(values: Sequence[float]) -> dict[str, Any]:
     """Median, its distribution-free 95% CI (None where n < 6 gives none), min, max and n."""
     low, high = median_ci(values)
     finite = math.isfinite(low) and math.isfinite(high)
-    return {"median": statistics.median(values), "ci95": [low, high] if finite else None,
-            "min": min(values), "max": max(values), "n": len(values)}
+    return {
+        "median": statistics.median(values),
+        "ci95": [low, high] if finite else None,
+        "min": min(values),
+        "max": max(values),
+        "n": len(values),
+    }
 
 
 def expected_steps(tokens: int, length: float, block: int) -> int | None:
@@ -201,8 +229,15 @@ def expected_steps(tokens: int, length: float, block: int) -> int | None:
     return math.ceil((tokens - 1) / min(int(length), block))
 
 
-def measure(base_url: str, prompts: list[list[int]], options: dict[str, Any], key_env: str | None,
-            speculates: bool, forced: float | None = None, block: int | None = None) -> dict[str, Any]:
+def measure(
+    base_url: str,
+    prompts: list[list[int]],
+    options: dict[str, Any],
+    key_env: str | None,
+    speculates: bool,
+    forced: float | None = None,
+    block: int | None = None,
+) -> dict[str, Any]:
     """A warm-up request, then one timed request per prompt, at batch 1 (one at a time)."""
     timeout, new = float(options["timeout_s"]), int(options["max_new_tokens"])
     generate(base_url, prompts[0], new, timeout, key_env)  # warm-up: the first request pays one-off costs
@@ -214,9 +249,13 @@ def measure(base_url: str, prompts: list[list[int]], options: dict[str, Any], ke
                 raise DflashEvalError(
                     f"{SWITCH}={forced:g}: a request of {row['completion_tokens']} tokens took {row['verify_steps']} "
                     f"verify steps, not ceil(({row['completion_tokens']} - 1) / min({forced:g}, {block})) = {want}: "
-                    "the server did not honour the switch (SGLang reads it at start-up)")
-    out = {"requests": len(rows), "completion_tokens": [r["completion_tokens"] for r in rows],
-           "decode_ms_per_token": spread([r["decode_ms_per_token"] for r in rows])}
+                    "the server did not honour the switch (SGLang reads it at start-up)"
+                )
+    out = {
+        "requests": len(rows),
+        "completion_tokens": [r["completion_tokens"] for r in rows],
+        "decode_ms_per_token": spread([r["decode_ms_per_token"] for r in rows]),
+    }
     if speculates:
         out["ms_per_step"] = spread([r["ms_per_step"] for r in rows])
         out["tokens_per_step"] = spread([r["tokens_per_step"] for r in rows])
@@ -234,8 +273,10 @@ def served_block(base_url: str, key_env: str | None) -> int:
         info = {}
     block = info.get("speculative_num_draft_tokens")
     if not isinstance(block, int) or block < 1:
-        raise DflashEvalError(f"{base_url}/get_server_info (HTTP {status}) gives no speculative_num_draft_tokens: "
-                              "the server does not speculate")
+        raise DflashEvalError(
+            f"{base_url}/get_server_info (HTTP {status}) gives no speculative_num_draft_tokens: "
+            "the server does not speculate"
+        )
     return block
 
 
@@ -256,8 +297,9 @@ def variant(server: dict[str, Any], name: str, command: str, env: dict[str, str]
     return {**server, "command": exports + command}
 
 
-def run_variant(settings: dict[str, Any], ctl: ServerController, work: Any, name: str,
-                env: dict[str, str]) -> tuple[Any, float]:
+def run_variant(
+    settings: dict[str, Any], ctl: ServerController, work: Any, name: str, env: dict[str, str]
+) -> tuple[Any, float]:
     """Launch one variant, wait for health, run `work(base_url)`, stop it (always); the result and the restart's s.
     A SIGKILL skips the stop: the record then names the variant and its dead launcher, and the end-of-run hook or
     the next run's start stops it."""
@@ -278,12 +320,15 @@ def profile(settings: dict[str, Any], prompts: list[list[int]]) -> dict[str, Any
     server = stage_settings("server", settings["server"])
     options = settings
     if server["kind"] != "managed":
-        raise DflashEvalError(f"profile-server needs server.kind managed (it restarts the server), got {server['kind']!r}")
+        raise DflashEvalError(
+            f"profile-server needs server.kind managed (it restarts the server), got {server['kind']!r}"
+        )
     base, key_env = server["base_url"], server["api_key_env"]
     plain = options.get("command_no_spec") or command_without_speculation(server["command"])
     lengths = [float(k) for k in options["acceptance_lengths"]]
     variants = [("no-speculation", plain, {}, None)] + [
-        (f"acc-len-{k:g}", server["command"], {SWITCH: f"{k:g}"}, k) for k in lengths]
+        (f"acc-len-{k:g}", server["command"], {SWITCH: f"{k:g}"}, k) for k in lengths
+    ]
     settings_out, block = [], None
     ctl = ServerController(server)
     was_up = ctl.is_healthy()
@@ -295,12 +340,20 @@ def profile(settings: dict[str, Any], prompts: list[list[int]]) -> dict[str, Any
                 nonlocal block
                 if forced is not None and block is None:
                     block = served_block(base, key_env)
-                return measure(base, prompts, options, key_env, speculates=forced is not None, forced=forced,
-                               block=block)
+                return measure(
+                    base, prompts, options, key_env, speculates=forced is not None, forced=forced, block=block
+                )
 
             numbers, restart_s = run_variant(launch, paused, work, name, env)
-            settings_out.append({"name": name, SWITCH: None if forced is None else forced, "command": launch["command"],
-                                 "restart_s": restart_s, **numbers})
+            settings_out.append(
+                {
+                    "name": name,
+                    SWITCH: None if forced is None else forced,
+                    "command": launch["command"],
+                    "restart_s": restart_s,
+                    **numbers,
+                }
+            )
             log.info("profile-server %s: %s", name, json.dumps(numbers["decode_ms_per_token"]))
     # the configured server, as it serves (restored above if it was up; launched here if it was down, then stopped)
     with sigterm_raises(sigint=True):
@@ -314,18 +367,27 @@ def profile(settings: dict[str, Any], prompts: list[list[int]]) -> dict[str, Any
         finally:
             if not was_up and ctl.server.live_launch():
                 ctl.server.stop(lambda how: None)
-    settings_out.append({"name": "served", SWITCH: None, "command": server["command"], "restart_s": restart_s,
-                         **served})
+    settings_out.append(
+        {"name": "served", SWITCH: None, "command": server["command"], "restart_s": restart_s, **served}
+    )
     ar = settings_out[0]["decode_ms_per_token"]["median"]
     forced_steps = [ms for s in settings_out[1:-1] for ms in s["per_request_ms_per_step"]]
     return {
-        "format": FORMAT, "engine": ENGINE, "base_url": base, "version": version,
+        "format": FORMAT,
+        "engine": ENGINE,
+        "base_url": base,
+        "version": version,
         "source": f"SGLang-protocol server {base} (version {version}), measured by dflash-eval profile-server",
         "measured_at": datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
-        "t_ar_ms": ar, "t_verify_ms": {"1": ar}, "t_step_ms": {str(block): statistics.median(forced_steps)},
+        "t_ar_ms": ar,
+        "t_verify_ms": {"1": ar},
+        "t_step_ms": {str(block): statistics.median(forced_steps)},
         "t_step_from": f"median over every forced length's requests ({SWITCH} {', '.join(f'{k:g}' for k in lengths)})",
-        "block_size": block, "max_new_tokens": int(options["max_new_tokens"]),
-        "prompt_tokens": [len(p) for p in prompts], "batch": 1, "settings": settings_out,
+        "block_size": block,
+        "max_new_tokens": int(options["max_new_tokens"]),
+        "prompt_tokens": [len(p) for p in prompts],
+        "batch": 1,
+        "settings": settings_out,
     }
 
 
@@ -343,12 +405,16 @@ def prompts_from(path: str | Path, count: int) -> list[list[int]]:
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     src = parser.add_mutually_exclusive_group(required=True)
-    src.add_argument("--settings", help="profile_server's keys and `server` as JSON (what the workflow passes; "
-                                        "docs/contracts.md)")
+    src.add_argument(
+        "--settings", help="profile_server's keys and `server` as JSON (what the workflow passes; docs/contracts.md)"
+    )
     src.add_argument("--config", help="config.yaml, to run by hand")
     parser.add_argument("--runtime", help=RUNTIME_HELP)
-    parser.add_argument("--completions", required=True,
-                        help="a completions JSONL (results/completions/{dataset}.jsonl) whose prompts the requests send")
+    parser.add_argument(
+        "--completions",
+        required=True,
+        help="a completions JSONL (results/completions/{dataset}.jsonl) whose prompts the requests send",
+    )
     parser.add_argument("--out", required=True, help="the profile JSON to write")
 
 

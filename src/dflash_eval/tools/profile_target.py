@@ -61,10 +61,14 @@ def drafter_config(spec: dict[str, Any]) -> str:
 def params(config: dict[str, Any]) -> dict[str, Any]:
     """What decides the profile: the rule's params (a change re-times the target, and reruns only the report)."""
     target, evaluation, speedup = config["target"], config["evaluation"], config["speedup"]
-    return {"target": {key: target[key] for key in ("path", "dtype", "device", "backend")},
-            "context_tokens": speedup["context_tokens"], "repeats": speedup["repeats"],
-            "block_sizes": evaluation.get("block_sizes"), "ddtree_budgets": evaluation.get("ddtree_budgets"),
-            "drafter_configs": sorted({drafter_config(spec) for spec in config["drafters"].values()})}
+    return {
+        "target": {key: target[key] for key in ("path", "dtype", "device", "backend")},
+        "context_tokens": speedup["context_tokens"],
+        "repeats": speedup["repeats"],
+        "block_sizes": evaluation.get("block_sizes"),
+        "ddtree_budgets": evaluation.get("ddtree_budgets"),
+        "drafter_configs": sorted({drafter_config(spec) for spec in config["drafters"].values()}),
+    }
 
 
 def drafter_blocks(configs: list[str]) -> list[int] | None:
@@ -88,7 +92,9 @@ def drafter_blocks(configs: list[str]) -> list[int] | None:
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--settings", required=True, help="the profile_target rule's params as JSON (params())")
     parser.add_argument("--runtime", help=RUNTIME_HELP)
-    parser.add_argument("--out", required=True, help="the profile, results/profile/<target>/<device>-<dtype>-<backend>.json")
+    parser.add_argument(
+        "--out", required=True, help="the profile, results/profile/<target>/<device>-<dtype>-<backend>.json"
+    )
 
 
 def checked(settings: dict[str, Any]) -> dict[str, Any]:
@@ -96,8 +102,10 @@ def checked(settings: dict[str, Any]) -> dict[str, Any]:
     missing = [k for k in ("target", "context_tokens", "repeats") if k not in settings]
     unknown = sorted(set(settings) - {*SETTINGS_KEYS, "server"})
     if missing or unknown:
-        raise DflashEvalError(f"profile-target settings: missing {missing}, unknown {unknown} (the keys: "
-                              f"{', '.join(SETTINGS_KEYS)}, and server from --runtime)")
+        raise DflashEvalError(
+            f"profile-target settings: missing {missing}, unknown {unknown} (the keys: "
+            f"{', '.join(SETTINGS_KEYS)}, and server from --runtime)"
+        )
     return settings
 
 
@@ -114,14 +122,25 @@ def profile_target(settings: dict[str, Any], out: str | Path) -> dict[str, Any]:
     from dflash_eval.tools.target_timing import sizes_to_measure, write_target_profile
 
     target = settings["target"]
-    options = {"context_tokens": settings["context_tokens"], "repeats": settings["repeats"],
-               "block_sizes": settings.get("block_sizes"), "ddtree_budgets": settings.get("ddtree_budgets"),
-               "drafter_blocks": drafter_blocks(settings.get("drafter_configs") or []),
-               "kernel_backend": target["backend"]}
-    log.info("timing the target at %d sizes: %s", len(sizes_to_measure(options)),
-             ", ".join(map(str, sizes_to_measure(options))))
-    options["stamps"] = {STAMP: stage_stamp("profile-target"), ESTIMATE_STAMP: estimate_code_hash(),
-                         "dtype": target["dtype"], "backend": target["backend"]}
+    options = {
+        "context_tokens": settings["context_tokens"],
+        "repeats": settings["repeats"],
+        "block_sizes": settings.get("block_sizes"),
+        "ddtree_budgets": settings.get("ddtree_budgets"),
+        "drafter_blocks": drafter_blocks(settings.get("drafter_configs") or []),
+        "kernel_backend": target["backend"],
+    }
+    log.info(
+        "timing the target at %d sizes: %s",
+        len(sizes_to_measure(options)),
+        ", ".join(map(str, sizes_to_measure(options))),
+    )
+    options["stamps"] = {
+        STAMP: stage_stamp("profile-target"),
+        ESTIMATE_STAMP: estimate_code_hash(),
+        "dtype": target["dtype"],
+        "backend": target["backend"],
+    }
     device = torch.device(target["device"])
     with server_paused(settings["server"]) if settings.get("server") else _no_server():
         try:

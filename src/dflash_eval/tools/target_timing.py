@@ -87,8 +87,15 @@ def timing_method(model: torch.nn.Module) -> tuple[str, str]:
         return "eager", "no CUDA graphs on this device"
     if _is_hybrid(model):
         why = hybrid_unsupported(model)
-        return ("eager", why) if why else ("graphs", "a Gated DeltaNet hybrid on CUDA: a static cache and static "
-                                           "GDN states (extraction's kernels), one CUDA graph per size")
+        return (
+            ("eager", why)
+            if why
+            else (
+                "graphs",
+                "a Gated DeltaNet hybrid on CUDA: a static cache and static "
+                "GDN states (extraction's kernels), one CUDA graph per size",
+            )
+        )
     why = static_unsupported(model)
     return ("eager", why) if why else ("graphs", "pure attention on CUDA: a static cache, one CUDA graph per size")
 
@@ -121,9 +128,16 @@ def _eager_steps(model: torch.nn.Module, ids: torch.Tensor, context: int):
         positions = torch.arange(context, context + n, device=ids.device)[None]
 
         def forward() -> None:
-            model(ids[:, context:context + n], position_ids=positions, past_key_values=cache[0],
-                  use_cache=True, logits_to_keep=n)
+            model(
+                ids[:, context : context + n],
+                position_ids=positions,
+                past_key_values=cache[0],
+                use_cache=True,
+                logits_to_keep=n,
+            )
+
         return forward, fresh_cache
+
     return step
 
 
@@ -132,8 +146,11 @@ def _static_steps(model: torch.nn.Module, ids: torch.Tensor, context: int, graph
     (`graphs`) or the same forward eagerly. Each call rewrites the same n cache rows: no copy between calls."""
     width = -(-(ids.shape[1]) // 64) * 64
     hybrid = _is_hybrid(model)
-    target = (StaticHybridTarget(model, width, gdn_kernels(backend, next(model.parameters()).device)) if hybrid
-              else StaticTarget(model, width))
+    target = (
+        StaticHybridTarget(model, width, gdn_kernels(backend, next(model.parameters()).device))
+        if hybrid
+        else StaticTarget(model, width)
+    )
     device = target.device
     target.forward(ids[:, :context], torch.zeros(1, dtype=torch.long, device=device), features=False)
     start = torch.full((1,), context, dtype=torch.long, device=device)
@@ -142,26 +159,37 @@ def _static_steps(model: torch.nn.Module, ids: torch.Tensor, context: int, graph
     def step(n: int) -> tuple[Callable[[], None], None]:
         span = min(width, -(-(context + n) // 64) * 64)
         if not hybrid:
-            return capture(lambda: target.forward(ids[:, context:context + n], start, features=False, span=span),
-                           device, graphs), None
+            return capture(
+                lambda: target.forward(ids[:, context : context + n], start, features=False, span=span), device, graphs
+            ), None
         target.drop_records()  # the last size's graph is gone (measure_target deletes it before the next size)
         if n == 1:  # as the validated loop: a decode step advances the states
-            return capture(lambda: target.forward(ids[:, context:context + n], start, features=False, span=span),
-                           device, graphs), None
+            return capture(
+                lambda: target.forward(ids[:, context : context + n], start, features=False, span=span), device, graphs
+            ), None
         target.prepare(n)
 
         def verify() -> None:  # a verify records, and the commit keeps none of it (see above)
-            target.forward(ids[:, context:context + n], start, features=False, span=span, commit=False)
+            target.forward(ids[:, context : context + n], start, features=False, span=span, commit=False)
             target.keep(nothing_kept, n)
+
         return capture(verify, device, graphs), None
+
     return step
 
 
 @torch.inference_mode()
-def measure_target(model: torch.nn.Module, context_tokens: int, repeats: int,
-                   verify_tokens: Sequence[int] = DEFAULT_VERIFY_TOKENS, seed: int = 0,
-                   seconds_per_size: float | None = None, method: str | None = None,
-                   total_seconds: float | None = None, backend: str | None = None) -> dict[str, Any]:
+def measure_target(
+    model: torch.nn.Module,
+    context_tokens: int,
+    repeats: int,
+    verify_tokens: Sequence[int] = DEFAULT_VERIFY_TOKENS,
+    seed: int = 0,
+    seconds_per_size: float | None = None,
+    method: str | None = None,
+    total_seconds: float | None = None,
+    backend: str | None = None,
+) -> dict[str, Any]:
     """The target's step profile: t_ar_ms (= T_verify(1)), t_verify_ms per n, their spread and CIs.
     `method`: `graphs`, `static` (the graphs' static cache run eagerly: their code path on a CPU) or `eager`;
     default timing_method's choice. `backend`: a hybrid's Gated DeltaNet kernels on the static path (`fla` or
@@ -180,8 +208,11 @@ def measure_target(model: torch.nn.Module, context_tokens: int, repeats: int,
     cap = SECONDS_PER_SIZE if seconds_per_size is None else seconds_per_size
     total = TOTAL_SECONDS if total_seconds is None else total_seconds
     started = time.perf_counter()
-    step = (_eager_steps(model, ids, context_tokens) if method == "eager"
-            else _static_steps(model, ids, context_tokens, graphs=method == "graphs", backend=backend))
+    step = (
+        _eager_steps(model, ids, context_tokens)
+        if method == "eager"
+        else _static_steps(model, ids, context_tokens, graphs=method == "graphs", backend=backend)
+    )
     verify, spread, ci, counts, unstable = {}, {}, {}, {}, []
     timing_s = 0.0
     for i, n in enumerate(sizes):
@@ -192,49 +223,88 @@ def measure_target(model: torch.nn.Module, context_tokens: int, repeats: int,
         timing_s += time.perf_counter() - began
         del run  # a graph's memory pool goes with it
         key = str(n)
-        verify[key], spread[key], ci[key], counts[key] = (timing["ms"], [timing["min_ms"], timing["max_ms"]],
-                                                          timing["ci95_ms"], timing["repeats"])
+        verify[key], spread[key], ci[key], counts[key] = (
+            timing["ms"],
+            [timing["min_ms"], timing["max_ms"]],
+            timing["ci95_ms"],
+            timing["repeats"],
+        )
         if not timing["stable"]:
             unstable.append(n)
     wall = time.perf_counter() - started
     name = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
     log.info("target step profile (%s): %d sizes in %.1f s; T_AR %.3f ms", method, len(verify), wall, verify["1"])
     if unstable:
-        log.warning("target step profile: %d of %d sizes did not reach a median within ±2%% (95%% CI) within their "
-                    "cap (%g s each, %g s in all) (%s tokens): their estimates are less certain than that",
-                    len(unstable), len(verify), cap, total, ", ".join(map(str, unstable)))
+        log.warning(
+            "target step profile: %d of %d sizes did not reach a median within ±2%% (95%% CI) within their "
+            "cap (%g s each, %g s in all) (%s tokens): their estimates are less certain than that",
+            len(unstable),
+            len(verify),
+            cap,
+            total,
+            ", ".join(map(str, unstable)),
+        )
     layer_types = getattr(getattr(model, "config", None), "layer_types", None) or []
-    return {"source": "measured by the profile_target rule (dflash-eval profile-target)", "device": name,
-            "target": target_identity(model), "method": method, "method_why": why,
-            "context_tokens": context_tokens, "repeats": repeats, "seconds_per_size": cap, "total_seconds": total,
-            "wall_s": wall, "t_ar_ms": verify["1"], "t_verify_ms": verify, "hybrid": "linear_attention" in layer_types,
-            "verify_includes_state_commit": "linear_attention" in layer_types and method != "eager",
-            "spread": {"t_verify_ms": spread, "ci95_ms": ci, "repeats": counts, "unstable": unstable,
-                       "note": "min and max of the repeats; distribution-free 95% CI of the median; a size is "
-                               "unstable where its CI was wider than ±2% when a time cap stopped it"},
-            "torch": torch.__version__}
+    return {
+        "source": "measured by the profile_target rule (dflash-eval profile-target)",
+        "device": name,
+        "target": target_identity(model),
+        "method": method,
+        "method_why": why,
+        "context_tokens": context_tokens,
+        "repeats": repeats,
+        "seconds_per_size": cap,
+        "total_seconds": total,
+        "wall_s": wall,
+        "t_ar_ms": verify["1"],
+        "t_verify_ms": verify,
+        "hybrid": "linear_attention" in layer_types,
+        "verify_includes_state_commit": "linear_attention" in layer_types and method != "eager",
+        "spread": {
+            "t_verify_ms": spread,
+            "ci95_ms": ci,
+            "repeats": counts,
+            "unstable": unstable,
+            "note": "min and max of the repeats; distribution-free 95% CI of the median; a size is "
+            "unstable where its CI was wider than ±2% when a time cap stopped it",
+        },
+        "torch": torch.__version__,
+    }
 
 
 def write_target_profile(model: torch.nn.Module, path: str | Path, options: dict[str, Any]) -> dict[str, Any]:
     """Measure the target and write its profile to `path`; a graph timing that fails is timed eagerly, saying
     why. Returns the profile written."""
-    measure = functools.partial(measure_target, model, int(options["context_tokens"]), int(options["repeats"]),
-                                sizes_to_measure(options), backend=options.get("kernel_backend"))
+    measure = functools.partial(
+        measure_target,
+        model,
+        int(options["context_tokens"]),
+        int(options["repeats"]),
+        sizes_to_measure(options),
+        backend=options.get("kernel_backend"),
+    )
     try:
         profile = measure()
     except Exception as error:  # noqa: BLE001  a failed graph timing is timed eagerly instead, saying why
         if timing_method(model)[0] != "graphs":
             raise
-        log.warning("the graph-timed profile failed (%s: %s); timing the target eagerly instead",
-                    type(error).__name__, error)
+        log.warning(
+            "the graph-timed profile failed (%s: %s); timing the target eagerly instead", type(error).__name__, error
+        )
         profile = measure(method="eager")
         profile["method_why"] = f"the graph timing failed: {type(error).__name__}: {error}"
     path = Path(path)
     previous = _previous(path, profile)
     if previous is not None:  # the same target on the same device, measured before: does it repeat?
-        profile["previous"] = {**compare(previous["t_verify_ms"], profile["t_verify_ms"],
-                                         f"serving profile {path} (against the one it replaces, found there)"),
-                               "found_at": str(path), "method": previous.get("method")}
+        profile["previous"] = {
+            **compare(
+                previous["t_verify_ms"],
+                profile["t_verify_ms"],
+                f"serving profile {path} (against the one it replaces, found there)",
+            ),
+            "found_at": str(path),
+            "method": previous.get("method"),
+        }
     profile.update(options.get("stamps") or {})
     atomic_write_json(path, profile)
     return profile
