@@ -209,3 +209,23 @@ def test_unmeasured_sizes_and_the_hybrid_tree_assumption_are_said(tmp_path):
         "interpolated)" in text
     )
     assert "cannot verify a tree in one causal pass" in text
+
+
+def test_budget_plot_marks_ddtree_at_t_above_0_hypothetical(out):
+    """As summary.md's † does: a dataset sampled at T > 0 gets † in its panel title and the note below the plot;
+    the greedy datasets of the same plot do not."""
+    rows = summary.summary_rows(
+        summary.collect(_settings(out), sorted((out / "eval").glob("*/*/metrics.json"))), _settings(out)
+    )
+    datasets = list(_settings(out)["datasets"])
+
+    def titles(rows: list[dict]) -> tuple[list[str], list[str]]:
+        figure = plots.draw_speedup(plots.PlotData(rows=rows, metrics={}, settings=_settings(out), trust={}))
+        return [a.get_title() for a in figure.axes[: len(datasets)]], _texts(figure)
+
+    greedy_titles, greedy_texts = titles(rows)
+    assert greedy_titles == datasets and not any(plots.HYPOTHETICAL_TREE in t for t in greedy_texts)
+    sampled = [{**r, "temperature": 0.7} if r["dataset"] == datasets[0] else r for r in rows]
+    sampled_titles, sampled_texts = titles(sampled)
+    assert sampled_titles == [f"{datasets[0]} †", *datasets[1:]]
+    assert any(plots.HYPOTHETICAL_TREE in t for t in sampled_texts)

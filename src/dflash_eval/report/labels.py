@@ -22,3 +22,14 @@ def fmt(value: Any, digits: int = DIGITS) -> str:
 
 def drafter_label(drafter: str, settings: dict) -> str:
     return f"{drafter} (reference)" if drafter == settings.get("reference") else drafter
+
+
+def samples(row: dict) -> bool:
+    """Whether a row's completions were sampled (T > 0; NaN: several samplings, all sampled)."""
+    return missing(row["temperature"]) or row["temperature"] > 0
+
+
+HYPOTHETICAL_TREE = (
+    "†: DDTree at T > 0 is hypothetical: SGLang 0.5.23 serves no DDTree, and the tree is built "
+    "from the untempered drafter, each child accepted iff it is the served token (docs/sampling.md)."
+)

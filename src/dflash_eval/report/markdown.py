@@ -22,7 +22,7 @@ from dflash_eval.methods import (
 )
 from dflash_eval.report import engine_timing
 from dflash_eval.report import online as online_check
-from dflash_eval.report.labels import DIGITS, drafter_label, fmt, missing
+from dflash_eval.report.labels import DIGITS, HYPOTHETICAL_TREE, drafter_label, fmt, missing, samples
 from dflash_eval.report.summary import Evaluation, dataset_sampling
 from dflash_eval.report.trust import NOT_RECORDED
 from dflash_eval.speedup import labels as speedup
@@ -55,11 +55,6 @@ def _columns(rows: list[dict], settings: dict, keep: Any = headline) -> list[tup
     return columns
 
 
-def samples(row: dict) -> bool:
-    """Whether a row's completions were sampled (T > 0; NaN: several samplings, all sampled)."""
-    return missing(row["temperature"]) or row["temperature"] > 0
-
-
 def _sampled_rows(rows: list[dict], dataset: str) -> list[dict]:
     return [r for r in rows if r["dataset"] == dataset and samples(r)]
 
@@ -77,12 +72,6 @@ def _column_label(rows: list[dict], dataset: str, method: str) -> str:
 
 def is_tree(method: str) -> bool:
     return parse(method).kind.name == TREE.name
-
-
-HYPOTHETICAL_TREE = (
-    "†: DDTree at T > 0 is hypothetical: SGLang 0.5.23 serves no DDTree, and the tree is built "
-    "from the untempered drafter, each child accepted iff it is the served token (docs/sampling.md)."
-)
 
 
 def _best(rows: list[dict], column: tuple[str, str], value: str) -> float | None:

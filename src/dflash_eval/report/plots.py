@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from dflash_eval.methods import TREE, is_kind
-from dflash_eval.report.labels import drafter_label, fmt, missing
+from dflash_eval.report.labels import HYPOTHETICAL_TREE, drafter_label, fmt, missing, samples
 
 TAU_LABEL = "acceptance length tau (tokens per verification step)"
 FIGSIZE, DPI = (12, 6), 100  # 1200 x 600 px
@@ -403,7 +403,8 @@ def draw_speedup(data: PlotData) -> Any:
             _budget_curve(grid[0][column], mine, "tau_token_weighted", chain, color, label)
             if sources:
                 estimated |= _budget_curve(grid[1][column], mine, "expected_speedup", chain, color, label)
-        grid[0][column].set_title(dataset)
+        hypothetical = any(samples(r) for r in trees if r["dataset"] == dataset)
+        grid[0][column].set_title(f"{dataset} †" if hypothetical else dataset)
         for axes in grid[:, column]:
             _budget_axis(axes, sorted(budgets))
         grid[-1][column].set_xlabel(BUDGET_LABEL)
@@ -415,6 +416,8 @@ def draw_speedup(data: PlotData) -> Any:
         figure.suptitle(f"{title}\n★ best budget by expected speedup, dashed: own chain; source: {', '.join(sources)}")
     else:
         figure.suptitle(f"DDTree: tau against the budget (dashed: own chain)\n{NO_PROFILE_TEXT}")
+    if any(samples(r) for r in trees):
+        figure.text(0.5, 0.005, HYPOTHETICAL_TREE, ha="center", va="bottom", fontsize=8, wrap=True)
     _legend(grid[0][-1], "drafter")
     return figure
 
