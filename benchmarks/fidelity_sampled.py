@@ -186,9 +186,9 @@ def live_records(args: argparse.Namespace, dtype: str, prompts: list[list[int]],
     records = []
     started = time.perf_counter()
     with use_backend(args.backend, args.device, target) as backend:
-        for seed in range(args.runs):
-            if seed and seed % 25 == 0:
-                progress(f"{dtype}: {seed} of {args.runs} dflash_generate runs", started)
+        for done, seed in enumerate(range(args.first_seed, args.first_seed + args.runs)):
+            if done and done % 25 == 0:
+                progress(f"{dtype}: {done} of {args.runs} dflash_generate runs", started)
             prompt = prompts[seed % len(prompts)]
             torch.manual_seed(seed)
             steps, ids = run_reference_loop(
@@ -237,6 +237,9 @@ def monte_carlo(records: list[dict], metrics: dict, block: int) -> dict:
     return {
         "runs": len(realised),
         "z": z,
+        # the sums Z is made of: the runs of several calls (--first-seed) combine as sum/sqrt(sum)
+        "residual_sum": residual,
+        "variance_sum": variance,
         "mean_expected_tau": sum(expected) / max(len(expected), 1),
         "mean_realised_tau": sum(realised) / max(len(realised), 1),
         "outside_support": metrics["rejection"]["outside_support"],
@@ -296,6 +299,9 @@ def main() -> None:
     parser.add_argument("--top-p", type=float, default=0.8)
     parser.add_argument("--top-k", type=int, default=20)
     parser.add_argument("--runs", type=int, default=200, help="seeded dflash_generate runs (0: no monte carlo)")
+    parser.add_argument(
+        "--first-seed", type=int, default=0, help="the first run's seed: calls of disjoint seeds combine their Z"
+    )
     parser.add_argument("--mc-max-tokens", type=int, default=48)
     parser.add_argument("--mc-dtypes", nargs="+", default=["bfloat16"], choices=DTYPES)
     parser.add_argument("--device", default="cuda:0")
