@@ -33,6 +33,7 @@ from dflash_eval.report import (
     trust,
 )
 from dflash_eval.report.settings import report_settings
+from dflash_eval.report.stamps import lines as stamp_lines
 from dflash_eval.report.stamps import stamps_panel
 from dflash_eval.speedup import validation
 
@@ -128,6 +129,7 @@ def run(args: argparse.Namespace) -> int:
     page = page.rstrip("\n") + "\n\n" + "\n".join(best_checkpoint.lines(best) + export.lines())
     if comparisons:  # after the diagnostics: what the other kernel backend would have done to tau
         page = page.rstrip("\n") + "\n\n" + "\n".join(backends.lines(comparisons))
+    page = page.rstrip("\n") + "\n\n" + "\n".join(stamp_lines(panel[STAMP], panel["inputs_code_identity"]))
     pngs = {Path(args.plot_dir) / plot.file: plots.png(plot, data) for plot in plots.PLOTS.values()}
     # Only now, with everything rendered, is anything written.
     atomic_write_text(args.csv, csv)

@@ -15,3 +15,18 @@ def stamps_panel(evaluations: list[Evaluation], caches: list[str]) -> dict[str, 
         "evaluations": {f"{e.key[0]}/{e.key[1]}": e.metrics.get(STAMP) for e in evaluations},
         "caches": {str(cache): read_stamp(cache) for cache in caches},
     }
+
+
+def lines(report_stamp: str, inputs: dict[str, Any]) -> list[str]:
+    """summary.md's "Made by" section: which code identity made the report and, grouped, its inputs, so that a
+    page read later says whether its numbers came from one version of the code."""
+    out = ["## Made by", "", f"- this report: `{report_stamp}`"]
+    for what, stamps in (("evaluations", inputs["evaluations"]), ("hidden-state caches", inputs["caches"])):
+        counts: dict[str, int] = {}
+        for stamp in stamps.values():
+            key = f"`{stamp}`" if stamp else "made before stamps"
+            counts[key] = counts.get(key, 0) + 1
+        shown = "; ".join(f"{key} ({count})" for key, count in sorted(counts.items()))
+        out.append(f"- {what}: {shown or 'none'}")
+    out += ["", "`dflash-eval status` names every output that other code made (docs/reruns.md)."]
+    return out
