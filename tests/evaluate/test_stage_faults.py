@@ -190,7 +190,7 @@ def test_a_checkpoint_replaced_during_its_evaluation_writes_no_metrics(project, 
 
     root, settings = project
     weights = next(Path(settings["checkpoint"]["path"]).glob("*.safetensors"))
-    original = stage.estimate_speedup
+    original = stage.drafter_section
 
     def replaced_meanwhile(*args, **kwargs):  # after every method ran, before the metrics are written
         data = bytearray(weights.read_bytes())
@@ -198,7 +198,7 @@ def test_a_checkpoint_replaced_during_its_evaluation_writes_no_metrics(project, 
         weights.write_bytes(bytes(data))
         return original(*args, **kwargs)
 
-    monkeypatch.setattr(stage, "estimate_speedup", replaced_meanwhile)
+    monkeypatch.setattr(stage, "drafter_section", replaced_meanwhile)
     before = weights.read_bytes()
     try:
         code, log, metrics = _evaluate(root, settings, tmp_path)

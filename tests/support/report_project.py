@@ -37,6 +37,7 @@ def report_config() -> dict:
         "fetch": {},
         "extraction": {},
         "evaluation": {"bootstrap": 200},
+        "speedup": {"measure": False},  # the target is not timed here: no profile_target rule is included
         "datasets": {name: {"prompts": f"{name}.jsonl"} for name in SETTINGS["datasets"]},
         "drafters": {
             name: {"path": f"/ckpt/{name}", "layer_ids": spec["layer_ids"], "step": spec["step"]}
