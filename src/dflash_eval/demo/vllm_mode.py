@@ -21,6 +21,7 @@ import os
 import time
 from typing import Any
 
+from dflash_eval.demo.request_sampling import penalties_set, sampling_request
 from dflash_eval.server.engines import VLLM_DEV_MODE_ENV as DEV_MODE_ENV
 from dflash_eval.vllm_protocol import VERSION, check_fields, unknown_fields
 
@@ -179,8 +180,6 @@ class VllmRoutes:
         return 404, {"detail": "Not Found"}
 
     def openai(self, body: dict[str, Any], chat: bool, received: float) -> tuple[int, dict[str, Any]]:
-        from dflash_eval.demo.server import penalties_set, sampling_request
-
         model = "ChatCompletionRequest" if chat else "CompletionRequest"
         unknown = unknown_fields(body, model)
         penalized = penalties_set(body)
