@@ -6,6 +6,9 @@
 #   .ci/gpu_check.sh demo    install (.[gpu]), and the GPU demo: snakemake --cores 16 --configfile config/gpu.yaml
 #   .ci/gpu_check.sh all     both, in that order
 #   .ci/gpu_check.sh sampled     the demo's models (timed per rule), then benchmarks/fidelity_sampled.py at T 0.7
+#   .ci/gpu_check.sh sampled-mc  the Monte Carlo alone, MC_PROCS processes side by side on the one GPU (disjoint
+#                                seeds, MC_RUNS each; the first also makes the served check), combined into one Z;
+#                                the demo models carried under resources/demo (built when absent)
 #   .ci/gpu_check.sh demo-warm   the demo again on the same machine: results/ made anew, the demo models kept
 #   .ci/gpu_check.sh tests-start    the same tests, the fast suite detached (setsid) so that it outlives this
 #                                   call (one device call runs at most 600 s; the suite took 888 s on an H200);
@@ -103,5 +106,32 @@ if [ "$what" = sampled ]; then
         --backend fla --dtypes bfloat16 float32 --samples 16 --n 2 --runs 120 --mc-dtypes bfloat16 \
         --server-threads 8 --record $OUT/fidelity_sampled.md --json $OUT/fidelity_sampled.json"
     tail -n 40 "$OUT/fidelity_sampled.log" >> "$summary"
+fi
+if [ "$what" = sampled-mc ]; then
+    snakemake --unlock --cores 1 --configfile config/gpu.yaml > /dev/null 2>&1
+    [ -f resources/demo/drafters/step900/config.json ] \
+        || step demo_build 250 'snakemake resources/demo/drafters/step900/config.json --cores 16 --configfile config/gpu.yaml'
+    # the first process makes the served check too, so it runs fewer of the seeds
+    procs=${MC_PROCS:-4} runs=${MC_RUNS:-50} first_runs=${MC_RUNS_FIRST:-${MC_RUNS:-50}} seed=0
+    mkdir -p "$OUT/mc"
+    for i in $(seq 0 $((procs - 1))); do
+        served="" n=$runs
+        [ "$i" = 0 ] && served=bfloat16 n=$first_runs
+        (OUT=$OUT/mc step mc_$i 450 "python benchmarks/fidelity_sampled.py --target resources/demo/target \
+            --drafter resources/demo/drafters/step900 --prompts resources/prompts/demo_code.jsonl --device cuda:0 \
+            --backend fla --dtypes $served --samples 16 --n 2 --runs $n --first-seed $seed \
+            --mc-dtypes bfloat16 --server-threads 3 --record $OUT/mc/mc_$i.md --json $OUT/mc/mc_$i.json") &
+        seed=$((seed + n))
+    done
+    if [ -n "${MC_DEBUG:-}" ]; then
+        # two extract + evaluate in one CUDA process (--in-process), killed with a traceback if it stalls
+        (OUT=$OUT/mc step stall 300 "timeout -s ABRT 240 python -X faulthandler benchmarks/fidelity_sampled.py \
+            --target resources/demo/target --drafter resources/demo/drafters/step900 \
+            --prompts resources/prompts/demo_code.jsonl --device cuda:0 --backend fla --dtypes bfloat16 float32 \
+            --samples 4 --n 2 --runs 0 --in-process --server-threads 2 --record $OUT/mc/stall.md") &
+    fi
+    wait
+    python benchmarks/fidelity_sampled.py --combine "$OUT"/mc/mc_*.json --record "$OUT/mc_combined.md" >> "$summary" 2>&1
+    tar czf "$OUT/mc.tgz" -C "$OUT" mc && rm -rf "$OUT/mc"
 fi
 cat "$summary"

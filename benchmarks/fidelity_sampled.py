@@ -24,8 +24,10 @@ Prints the tables and appends them to benchmarks/results/fidelity.md (beside the
 from __future__ import annotations
 
 import argparse
+import faulthandler
 import json
 import math
+import multiprocessing
 import platform
 import sys
 import tempfile
@@ -142,6 +144,24 @@ def evaluate(args: argparse.Namespace, dtype: str, drafter, completions: Path, w
     return metrics, {
         str(r["id"]): [int(x) for x in str(r["acceptance_lengths"]).split()] for r in rows if r["method"] == chain
     }
+
+
+def _evaluate_fresh(args: argparse.Namespace, dtype: str, completions: Path, work: Path) -> tuple[dict, dict]:
+    faulthandler.dump_traceback_later(240)  # where a stalled evaluation waits, in its log (it goes on running)
+    try:
+        return evaluate(args, dtype, load_drafter(args.drafter), completions, work)
+    finally:
+        faulthandler.cancel_dump_traceback_later()
+
+
+def evaluate_apart(args: argparse.Namespace, dtype: str, completions: Path, work: Path) -> tuple[dict, dict]:
+    """`evaluate` in a fresh process of its own, unless --in-process: on an H200 the second extract + evaluate of
+    one CUDA process stalled after the extraction (the fp32 served check after bf16; the Monte Carlo's after the
+    served one), while each ran in the first place of its process."""
+    if args.in_process:
+        return _evaluate_fresh(args, dtype, completions, work)
+    with multiprocessing.get_context("spawn").Pool(1) as pool:
+        return pool.apply(_evaluate_fresh, (args, dtype, completions, work))
 
 
 def first_token_outside(hidden: Path, layer_ids: list[int]) -> int:
@@ -286,9 +306,44 @@ def monte_carlo_table(dtype: str, m: dict) -> list[str]:
     ]
 
 
+def combined_table(paths: list[Path]) -> list[str]:
+    """One Z over the Monte Carlo runs of several calls: Z = sum of residuals / sqrt(sum of variances), the same
+    statistic one call of all the runs gives. The calls must share commit, device, backend and sampling, and their
+    seeds must not overlap."""
+    parts = [json.loads(path.read_text()) for path in paths]
+    same = ("commit", "device", "backend", "temperature", "top_p", "top_k", "min_p")
+    for path, part in zip(paths, parts):
+        differs = [key for key in same if part["meta"].get(key) != parts[0]["meta"].get(key)]
+        if differs:
+            raise SystemExit(f"{path}: differs from {paths[0]} in {differs}: not one experiment")
+    seeds = [tuple(part["meta"].get("seeds", ())) for part in parts]
+    if len({s for r in seeds for s in range(*r)}) != sum(len(range(*r)) for r in seeds):
+        raise SystemExit(f"{', '.join(map(str, paths))}: their seed ranges {seeds} overlap")
+    lines = heading(parts[0]["meta"]) + [
+        f"Combined from {len(parts)} calls (seeds {', '.join(f'{a}-{b - 1}' for a, b in seeds)}): "
+        "`python benchmarks/fidelity_sampled.py --combine " + " ".join(p.name for p in paths) + "`",
+        "",
+        "| dtype | dflash_generate runs | mean realised tau | mean expected tau | Z | Z of each call "
+        "| samples outside support |",
+        "|---|---:|---:|---:|---:|---:|---:|",
+    ]
+    dtypes = sorted({d for part in parts for d, r in part["results"].items() if "monte_carlo" in r})
+    for dtype in dtypes:
+        runs = [p["results"][dtype]["monte_carlo"] for p in parts if "monte_carlo" in p["results"].get(dtype, {})]
+        n = sum(m["runs"] for m in runs)
+        residual, variance = sum(m["residual_sum"] for m in runs), sum(m["variance_sum"] for m in runs)
+        realised = sum(m["mean_realised_tau"] * m["runs"] for m in runs) / max(n, 1)
+        expected = sum(m["mean_expected_tau"] * m["runs"] for m in runs) / max(n, 1)
+        z = residual / math.sqrt(variance) if variance > 0 else math.nan
+        outside = sum(m["outside_support"]["samples"] for m in runs)
+        each = " ".join(f"{m['z']:+.2f}" for m in runs)
+        lines.append(f"| {dtype} | {n} | {realised:.3f} | {expected:.3f} | {z:+.2f} | {each} | {outside} |")
+    return lines
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    needed = "--smoke" not in sys.argv  # --smoke builds its own tiny inputs
+    needed = not {"--smoke", "--combine"} & set(sys.argv)  # --smoke builds its own tiny inputs; --combine reads JSON
     parser.add_argument("--target", type=Path, required=needed, help="the target's HF directory (the served one)")
     parser.add_argument("--drafter", type=Path, required=needed, help="the served drafter's HF directory")
     parser.add_argument("--prompts", type=Path, required=needed, help="a prompts JSONL (fetch's input)")
@@ -306,11 +361,23 @@ def main() -> None:
     parser.add_argument("--mc-dtypes", nargs="+", default=["bfloat16"], choices=DTYPES)
     parser.add_argument("--device", default="cuda:0")
     parser.add_argument("--backend", default="fla", choices=["fla", "torch"])
-    parser.add_argument("--dtypes", nargs="+", default=list(DTYPES), choices=DTYPES)
+    parser.add_argument(
+        "--dtypes", nargs="*", default=list(DTYPES), choices=DTYPES, help="served checks (none: Monte Carlo only)"
+    )
     parser.add_argument("--server-threads", type=int, default=4)
     parser.add_argument("--bootstrap", type=int, default=200)
     parser.add_argument("--json", type=Path, help="write the results here")
     parser.add_argument("--record", type=Path, default=RECORD)
+    parser.add_argument(
+        "--in-process", action="store_true", help="every extract + evaluate in this process (see evaluate_apart)"
+    )
+    parser.add_argument(
+        "--combine",
+        type=Path,
+        nargs="+",
+        metavar="JSON",
+        help="only combine the Monte Carlo of several calls' --json files (disjoint --first-seed ranges) into one Z",
+    )
     # the code path on a tiny random target and drafter on the CPU (torch kernels), fp32: not the figures
     smoke_mode(
         parser,
@@ -328,6 +395,9 @@ def main() -> None:
         record=None,
     )
     args = parser.parse_args()
+    if args.combine:
+        print_and_record(combined_table(args.combine), args.record)
+        return
     with tempfile.TemporaryDirectory() as tmp:
         if args.smoke:
             from dflash_eval.testing.eval_project import tiny_served
@@ -354,6 +424,7 @@ def run(args: argparse.Namespace, work: Path) -> None:
         "backend": args.backend,
         "commit": checkout_commit(ROOT),
         "command": f"python benchmarks/fidelity_sampled.py {' '.join(sys.argv[1:])}",
+        "seeds": [args.first_seed, args.first_seed + args.runs],
         **sampling(args),
     }
     served_path = work / "served.jsonl"
@@ -365,13 +436,13 @@ def run(args: argparse.Namespace, work: Path) -> None:
     results: dict[str, dict] = {}
     for dtype in args.dtypes:
         started = time.perf_counter()
-        metrics, steps = evaluate(args, dtype, drafter, served_path, work)
+        metrics, steps = evaluate_apart(args, dtype, served_path, work)
         results[dtype] = {
             "served": served_check(records, metrics, steps, block),
             "seconds": time.perf_counter() - started,
         }
         progress(f"{dtype}: served requests evaluated", started)
-    print_and_record(heading(meta) + served_table(results), args.record)
+    print_and_record(heading(meta) + (served_table(results) if results else ["(no served check)"]), args.record)
     write_json(args, meta, results)
     for dtype in args.mc_dtypes if args.runs else []:
         started = time.perf_counter()
@@ -382,7 +453,7 @@ def run(args: argparse.Namespace, work: Path) -> None:
         path = work / f"live-{dtype}.jsonl"
         path.write_bytes(b"".join(serialize({k: v for k, v in r.items() if k != "live_steps"}) for r in live))
         evaluated = time.perf_counter()
-        mc_metrics, _ = evaluate(args, dtype, drafter, path, work)
+        mc_metrics, _ = evaluate_apart(args, dtype, path, work)
         progress(f"{dtype}: the runs evaluated", evaluated)
         results.setdefault(dtype, {})["monte_carlo"] = {
             **monte_carlo(live, mc_metrics, block),

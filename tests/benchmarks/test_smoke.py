@@ -32,8 +32,9 @@ SCRIPTS = {
     "profile_repeatability": ("| tokens verified | one process: run 1 ms |", False, []),
     "fetch_speed": ("| client | wall seconds per round |", False, []),
     "fidelity": ("| dtype | samples | equal step for step |", False, []),  # CPU, torch kernels, fp32, a tiny target
-    # T > 0: the demo server (a subprocess) on a tiny target, extract + evaluate under both schemes, 4 live runs
-    "fidelity_sampled": ("| dtype | served requests | offline target_only = counters per request |", False, []),
+    # T > 0: the demo server (a subprocess) on a tiny target, extract + evaluate under both schemes (each in a spawned
+    # process, so its own process: a spawned child re-runs the script as __main__), 4 live runs
+    "fidelity_sampled": ("| dtype | served requests | offline target_only = counters per request |", True, []),
     "max_tokens_tail": ("| max_tokens | requests | cut at max_tokens |", False, []),  # tiny random target and drafter
     "checkpoints_startup": ("| code | per-checkpoint wall s, median |", False, []),
     "evaluator_speed": ("| tau | methods | evaluator |", False, []),  # issue 30's CPU forwards, the demo shape
