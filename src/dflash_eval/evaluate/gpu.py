@@ -121,18 +121,22 @@ def claim_gpu(
     directory.mkdir(parents=True, exist_ok=True)
     started, waited = time.monotonic(), False
     while True:
-        for index in candidates:
-            handle = _try_lock(directory / f"{gpus[index]}.lock")
-            if handle is not None:
-                _held.append(handle)
+        own = _own(directory, gpus, candidates)
+        for index in [*(i for i in candidates if i not in own), *own]:
+            held = index in own
+            handle = None if held else _try_lock(directory / f"{gpus[index]}.lock")
+            if handle is not None or held:
+                if handle is not None:
+                    _held.append(handle)
                 log.info(
-                    "evaluating on cuda:%d (%s), pid %d on %s, CUDA_VISIBLE_DEVICES=%s%s",
+                    "evaluating on cuda:%d (%s), pid %d on %s, CUDA_VISIBLE_DEVICES=%s%s%s",
                     index,
                     gpus[index],
                     os.getpid(),
                     socket.gethostname(),
                     os.environ.get("CUDA_VISIBLE_DEVICES", "(unset)"),
                     f" after waiting {time.monotonic() - started:.0f} s" if waited else "",
+                    " (this process holds it already)" if held else "",
                 )
                 if record is not None:
                     _write_record(
@@ -157,6 +161,13 @@ def claim_gpu(
             log.info("all GPUs for %r are held by other evaluations (locks in %s); waiting", requested, directory)
             waited = True
         time.sleep(poll_s)
+
+
+def _own(directory: Path, gpus: list[str], candidates: Sequence[int]) -> list[int]:
+    """The candidates whose lock this process holds already (an earlier evaluation of the same process): tried after
+    every free GPU, and never waited for, since a process waiting for its own lock waits forever."""
+    mine = {handle.name for handle in _held if not handle.closed}
+    return [index for index in candidates if str(directory / f"{gpus[index]}.lock") in mine]
 
 
 def _identity(job: str, requested: str) -> dict:
