@@ -1,15 +1,15 @@
 """summary.md, for people: warnings first, tau with its confidence interval and the best per column in bold, the
 verdicts against the reference, then the Diagnostics ("can I trust these numbers?").
 
-The page is put together here from its sections: tau_section.py, speedup_section.py, engine_timing.py,
-diagnostics_section.py and trust_section.py (rows from report/summary.py, the trust panel's data from
-report/trust.py), so that a suspect number is impossible to miss.
+The page is put together here from its sections (tau_section.py, speedup_section.py, engine_timing.py,
+server_profile.py, diagnostics_section.py, trust_section.py), from the rows (report/summary.py) and the trust
+panel's data (report/trust.py), so that a suspect number is impossible to miss.
 """
 
 from __future__ import annotations
 
 from dflash_eval.methods import legend
-from dflash_eval.report import engine_timing
+from dflash_eval.report import engine_timing, server_profile
 from dflash_eval.report.diagnostics_section import diagnostics_table, evaluation_warnings
 from dflash_eval.report.labels import DIGITS, HYPOTHETICAL_TREE, samples
 from dflash_eval.report.speedup_section import speedup_lines
@@ -81,7 +81,7 @@ def render(rows: list[dict], evaluations: list[Evaluation], settings: dict, pane
     lines += temperature_lines(rows, panel)
     lines += speedup_lines(rows, evaluations, settings)
     lines += engine_timing.lines(panel.get("engine_timing") or {})  # the real engine's step time beside it
-    lines += engine_timing.profile_lines(panel.get("server_profile"))  # profile-server's, beside the estimate
+    lines += server_profile.profile_lines(panel.get("server_profile"))  # profile-server's, beside the estimate
     shorter = [r for r in rows if not headline(r)]
     if shorter:
         lines += [

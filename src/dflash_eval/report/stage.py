@@ -27,6 +27,7 @@ from dflash_eval.report import (
     export,
     markdown,
     plots,
+    server_profile,
     speedup,
     speedup_section,
     summary,
@@ -112,8 +113,8 @@ def run(args: argparse.Namespace) -> int:
     )
     panel["engine_timing"] = engine_timing.panel({e.key: e.metrics for e in evaluations}, settings, args.completions)
     if args.server_profile:
-        panel["server_profile"] = engine_timing.profile_panel(
-            engine_timing.load_profile(args.server_profile), {e.key: e.metrics for e in evaluations}, settings
+        panel["server_profile"] = server_profile.profile_panel(
+            server_profile.load_profile(args.server_profile), {e.key: e.metrics for e in evaluations}, settings
         )
     panel["speedup_validation"] = validation.panel(speedup_section.estimate_stamps(evaluations))
     panel[STAMP], panel["inputs_code_identity"] = stage_stamp("report"), stamps_panel(evaluations, args.hidden)
