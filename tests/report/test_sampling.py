@@ -64,10 +64,10 @@ def test_tau_against_temperature_table():
 
 def _sampled_evaluations(tmp_path):
     """step-1000 on gsm8k sampled (T 0.7, top-p 0.8, top-k 20) with a rejection section; the rest greedy."""
-    from dflash_eval.report import summary
+    from dflash_eval.report import metrics_files
     from tests.support.report_inputs import metrics_dict, write_metrics
 
-    greedy = [summary.read_metrics(path) for path in write_metrics(tmp_path)]
+    greedy = [metrics_files.read_metrics(path) for path in write_metrics(tmp_path)]
     sampled = metrics_dict("step-1000", "gsm8k")
     sampled["sampling"] = [{"temperature": 0.7, "top_p": 0.8, "top_k": 20, "min_p": 0.0}]
     sampled["rejection"] = {
@@ -87,7 +87,7 @@ def _sampled_evaluations(tmp_path):
             }
         },
     }
-    return [summary.Evaluation(greedy[0].path, sampled), *greedy[1:]]
+    return [metrics_files.Evaluation(greedy[0].path, sampled), *greedy[1:]]
 
 
 def test_every_number_names_its_scheme_and_sampling(tmp_path):

@@ -9,7 +9,7 @@ import pytest
 
 from dflash_eval.errors import DflashEvalError
 from dflash_eval.io_utils import atomic_write_json
-from dflash_eval.report import diagnostics_section, summary, tau_section
+from dflash_eval.report import diagnostics_section, metrics_files, summary, tau_section
 from dflash_eval.report import stage as report
 from tests.support.report_inputs import (
     MISMATCH,
@@ -109,7 +109,7 @@ def test_a_sampled_evaluation_adds_its_scheme_and_parameters_and_a_greedy_one_ke
     """Issue 25: summary.csv names temperature, top-p/k, min-p and the scheme once any evaluation sampled, and gives
     the rejection scheme's expected tau its own row (no integer steps: an expectation); a greedy-only summary keeps
     the columns it had, so its bytes do not change."""
-    greedy = [summary.read_metrics(path) for path in write_metrics(tmp_path)]  # in TAUS order, samples.csv beside
+    greedy = [metrics_files.read_metrics(path) for path in write_metrics(tmp_path)]  # in TAUS order, samples.csv beside
     frame = summary.summary_frame(summary.summary_rows(greedy, SETTINGS))
     assert list(frame.columns) == summary.COLUMNS + summary.HANDOFF_COLUMNS
     sampled = metrics_dict("step-1000", "gsm8k")
@@ -130,7 +130,7 @@ def test_a_sampled_evaluation_adds_its_scheme_and_parameters_and_a_greedy_one_ke
             }
         },
     }
-    evaluations = [summary.Evaluation(greedy[0].path, sampled), *greedy[1:]]
+    evaluations = [metrics_files.Evaluation(greedy[0].path, sampled), *greedy[1:]]
     rows = summary.summary_rows(evaluations, SETTINGS)
     frame = summary.summary_frame(rows)
     assert list(frame.columns) == summary.COLUMNS + summary.SAMPLING_COLUMNS + summary.HANDOFF_COLUMNS
@@ -168,7 +168,7 @@ def test_low_argmax_agreement_is_flagged_for_greedy_completions_only():
         "sampling": [{"temperature": 0.7, "top_p": 0.95, "top_k": -1, "min_p": 0.0}],
     }
     warnings = diagnostics_section.evaluation_warnings(
-        [summary.Evaluation(Path("g.json"), greedy), summary.Evaluation(Path("s.json"), sampled)]
+        [metrics_files.Evaluation(Path("g.json"), greedy), metrics_files.Evaluation(Path("s.json"), sampled)]
     )
     low = [w for w in warnings if "Low argmax agreement" in w]
     assert len(low) == 1 and "step-1000 on gsm8k" in low[0]

@@ -6,7 +6,8 @@ from __future__ import annotations
 from pathlib import Path
 
 from dflash_eval.report.md_table import table_row
-from dflash_eval.report.summary import Evaluation, dataset_sampling
+from dflash_eval.report.metrics_files import Evaluation
+from dflash_eval.report.summary import dataset_sampling
 from dflash_eval.report.trust import NOT_RECORDED
 
 LOW_AGREEMENT = 0.95  # below this the cached target is likely not the one that served

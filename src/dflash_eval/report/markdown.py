@@ -12,8 +12,8 @@ from dflash_eval.methods import legend
 from dflash_eval.report import engine_timing, server_profile
 from dflash_eval.report.diagnostics_section import diagnostics_table, evaluation_warnings
 from dflash_eval.report.labels import DIGITS, HYPOTHETICAL_TREE, samples
+from dflash_eval.report.metrics_files import Evaluation
 from dflash_eval.report.speedup_section import speedup_lines
-from dflash_eval.report.summary import Evaluation
 from dflash_eval.report.tau_section import (
     headline,
     is_tree,

@@ -8,7 +8,7 @@ from typing import Any
 from dflash_eval.methods import tree_method, verified_legend
 from dflash_eval.report.labels import DIGITS, drafter_label, fmt, missing, samples
 from dflash_eval.report.md_table import table_row
-from dflash_eval.report.summary import Evaluation
+from dflash_eval.report.metrics_files import Evaluation
 from dflash_eval.report.tau_section import method_grid
 from dflash_eval.speedup import labels as speedup
 from dflash_eval.speedup import validation

@@ -1,9 +1,9 @@
 """The report stage: every drafter x dataset metrics.json into summary.csv, summary.md, trust.json and plots.
 
-summary.py makes the rows, trust.py the trust panel's data, markdown.py the page (from its *_section.py parts),
-plots.py (a registry) the PNGs. Every file is rendered before the first is written, so a failure leaves the last
-report as it was (workflow/rules/report.smk). It reads only JSON and imports neither torch nor transformers, so the
-report reruns in a second even on a loaded machine.
+metrics_files.py reads and checks the metrics.json files, summary.py makes the rows, trust.py the trust panel's
+data, markdown.py the page (from its *_section.py parts), plots.py (a registry) the PNGs. Every file is rendered
+before the first is written, so a failure leaves the last report as it was (workflow/rules/report.smk). It reads
+only JSON and imports neither torch nor transformers, so the report reruns in a second even on a loaded machine.
 """
 
 from __future__ import annotations
@@ -26,6 +26,7 @@ from dflash_eval.report import (
     engine_timing,
     export,
     markdown,
+    metrics_files,
     plots,
     server_profile,
     speedup,
@@ -100,9 +101,9 @@ def target_profile(args: argparse.Namespace) -> tuple[dict | None, str, bool, st
 
 
 def run(args: argparse.Namespace) -> int:
-    settings = summary.ordered_settings(settings_from_args(args, report_settings))
-    summary.check_settings(settings)
-    evaluations = summary.collect(settings, args.metrics)
+    settings = metrics_files.ordered_settings(settings_from_args(args, report_settings))
+    metrics_files.check_settings(settings)
+    evaluations = metrics_files.collect(settings, args.metrics)
     profile, source, named_by_user, stamp = target_profile(args)
     for evaluation in evaluations:  # the expected speedup, made here from each metrics.json and the profile
         speedup.apply(evaluation.metrics, profile, source, named_by_user, stamp)
