@@ -1,19 +1,10 @@
 """The engine's own step time beside our estimate: what a real SGLang measured per verify step, per dataset.
 
-fetch keeps each request's timing as the server reported it (a record's `engine`: meta_info's `e2e_latency`,
-with --enable-metrics `first_token_latency`, beside `spec_verify_ct` and the completion's tokens;
-fetch/sglang.py). For the served drafter at the served block size (chain-B<b>, the method the server ran)
-this sets, per dataset,
-
-    engine ms per verify step = 1000 x sum(e2e_latency) / sum(spec_verify_ct)
-    engine tokens/s per request = sum(completion tokens) / sum(e2e_latency)
-
-beside our estimate for that configuration: its T_step (the profile's t_step_ms at b, else T_draft + T_verify(b))
-and expected speedup, with the estimate's source. e2e_latency runs from the request's arrival to its last token,
-so the step time above also holds the prefill, tokenization and any queueing; with first_token_latency known
-for every request the decode-only figure (e2e minus time to first token) is shown too. At fetch concurrency > 1
-the server batched the requests together: each step then served several requests, and the per-request figures
-say what one request saw, not the engine's batch-1 step. Only JSON is read (the report imports no torch).
+From each request's timing that fetch kept (meta_info's `e2e_latency`, with --enable-metrics
+`first_token_latency`, and `spec_verify_ct`), for the served drafter at the served block size: engine ms per
+verify step and tokens/s per request, beside our estimate's T_step and expected speedup for that configuration.
+What the figures include (prefill, queueing, batching at concurrency > 1): docs/speedup.md ("The real engine's
+own numbers"). Only JSON is read (the report imports no torch).
 """
 
 from __future__ import annotations

@@ -53,7 +53,7 @@ COLUMNS = [
     "speedup_source",
     "best_ddtree_budget",
 ]
-# Appended only when an evaluation sampled (issue 25): a greedy-only summary.csv keeps its columns and bytes.
+# Appended only when an evaluation sampled: a greedy-only summary.csv keeps its columns and bytes.
 SAMPLING_COLUMNS = [
     "scheme",
     "temperature",
