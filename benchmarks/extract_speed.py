@@ -58,7 +58,7 @@ from record import (  # benchmarks/record.py (the script's own folder)
 )
 
 from dflash_eval.cache.resume import greedy_shards, plan_shards, prepare_resume
-from dflash_eval.cache.store import CacheWriter
+from dflash_eval.cache.writer import CacheWriter
 from dflash_eval.demo.drafters import default_layer_ids
 from dflash_eval.extract.backends import use_backend
 from dflash_eval.extract.capture import capture_layers

@@ -26,7 +26,8 @@ from record import (  # benchmarks/record.py (the script's own folder)
     smoke_mode,
 )
 
-from dflash_eval.cache.store import CacheWriter, HiddenCache
+from dflash_eval.cache.store import HiddenCache
+from dflash_eval.cache.writer import CacheWriter
 from dflash_eval.io_utils import sha256_file
 
 ROOT = Path(__file__).resolve().parents[1]

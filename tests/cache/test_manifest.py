@@ -11,7 +11,8 @@ import torch
 from dflash_eval.cache import manifest, resume, store
 from dflash_eval.cache.manifest import CacheError
 from dflash_eval.cache.resume import partial_dir, prepare_resume
-from dflash_eval.cache.store import CacheWriter, HiddenCache
+from dflash_eval.cache.store import HiddenCache
+from dflash_eval.cache.writer import CacheWriter
 from dflash_eval.report import trust
 
 HEADER = {

@@ -13,7 +13,8 @@ from dflash_eval.cache.resume import (
     plan_shards,
     read_journal,
 )
-from dflash_eval.cache.store import CacheWriter, HiddenCache
+from dflash_eval.cache.store import HiddenCache
+from dflash_eval.cache.writer import CacheWriter
 from dflash_eval.extract import stage as extract_stage
 from tests.support.extract_runs import Counting, extract_settings
 from tests.support.tiny import tiny_target

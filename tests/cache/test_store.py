@@ -6,7 +6,8 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from dflash_eval.cache.store import CacheError, CacheWriter, HiddenCache
+from dflash_eval.cache.store import CacheError, HiddenCache
+from dflash_eval.cache.writer import CacheWriter
 
 LAYERS = [1, 4, 7]
 H = 8
@@ -99,7 +100,7 @@ def test_storage_is_the_states_plus_at_most_one_percent(tmp_path):
 
 def test_host_memory_is_a_few_shard_buffers_whatever_the_dataset_size(tmp_path, monkeypatch):
     """Buffers are allocated once (WRITER_THREADS + 1 of shard_tokens rows) and reused for every shard."""
-    from dflash_eval.cache import store as cache
+    from dflash_eval.cache import writer as cache
 
     allocated: list[int] = []
 
@@ -119,7 +120,7 @@ def test_samples_longer_than_a_shard_hold_one_one_off_buffer_at_a_time(tmp_path)
     pile up in host memory: the next one waits for the previous one's write."""
     import time
 
-    from dflash_eval.cache import store as cache
+    from dflash_eval.cache import writer as cache
 
     class SlowDisk(CacheWriter):
         @staticmethod

@@ -293,8 +293,8 @@ def test_a_sample_past_max_position_embeddings_is_named_recorded_and_still_extra
     """Issue 32: preflight sees only fetch.max_tokens; a long prompt passes the positions with any max_tokens."""
     import shutil
 
-    from dflash_eval.report.markdown import trust_warnings
     from dflash_eval.report.trust import cache_entry
+    from dflash_eval.report.trust_section import trust_warnings
 
     short = tmp_path / "target"
     shutil.copytree(target_dir, short)

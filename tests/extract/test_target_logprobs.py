@@ -115,7 +115,7 @@ def test_an_interrupted_extraction_resumes_with_the_same_logprobs(tmp_path, targ
 
 
 def test_the_writer_refuses_missing_or_misshapen_logprobs(tmp_path):
-    from dflash_eval.cache.store import CacheError, CacheWriter
+    from dflash_eval.cache.writer import CacheError, CacheWriter
 
     header = {"target": {}, "backend": {}, "device": "cpu", "completions": {}}
     states = {0: torch.zeros(4, 8)}

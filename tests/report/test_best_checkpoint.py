@@ -12,7 +12,7 @@ import json
 import pandas as pd
 import pytest
 
-from dflash_eval.report import best_checkpoint, plots, summary
+from dflash_eval.report import best_checkpoint, metrics_files, plots, summary
 from tests.support.report_inputs import SETTINGS, section, write_metrics
 
 
@@ -49,7 +49,7 @@ def test_the_verdict_is_a_plain_sentence(out):
 
 
 def test_the_plot_stars_each_lines_best_step(tmp_path):
-    evaluations = summary.collect(SETTINGS, write_metrics(tmp_path))
+    evaluations = metrics_files.collect(SETTINGS, write_metrics(tmp_path))
     rows = summary.summary_rows(evaluations, SETTINGS)
     found = best_checkpoint.mark(rows, evaluations, SETTINGS)
     figure = plots.draw_tau_vs_step(plots.PlotData(rows=rows, metrics={}, settings=SETTINGS, trust={}))
@@ -66,7 +66,7 @@ def test_one_checkpoint_is_no_run_to_choose_from(tmp_path):
         "served_drafter": None,
     }
     paths = [p for p in write_metrics(tmp_path) if p.parent.parent.name == "step-1000"]
-    evaluations = summary.collect(settings, paths)
+    evaluations = metrics_files.collect(settings, paths)
     rows = summary.summary_rows(evaluations, settings)
     assert best_checkpoint.mark(rows, evaluations, settings) == []
     assert best_checkpoint.lines([]) == []

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import json
 
-from dflash_eval.report import markdown, trust
+from dflash_eval.report import diagnostics_section, markdown, tau_section, trust, trust_section
 
 SAMPLED = {"temperature": 0.7, "top_p": 0.95, "top_k": -1, "min_p": 0.0}
 
@@ -49,25 +49,25 @@ def test_fetch_entry_names_the_sampling_and_its_warning_and_greedy_has_neither(t
     sampled = trust.fetch_entry(trust.scan_completions(_completions(tmp_path / "s.jsonl", SAMPLED, "lossy: x")))
     assert sampled["sampling"] == [SAMPLED]  # one entry for both draws: the seed aside
     assert sampled["sampling_warnings"] == ["lossy: x"]
-    found = markdown.trust_warnings({"fetch": {"s": sampled}, "caches": [], "online": {}, "server": {}})
+    found = trust_section.trust_warnings({"fetch": {"s": sampled}, "caches": [], "online": {}, "server": {}})
     assert any(w.startswith("**Sampling not lossless**: s: lossy: x") for w in found)
 
 
 def test_tau_against_temperature_table():
     panel = {"fetch": {"g": {"recorded": True}, "s": {"sampling": [{**SAMPLED, "top_k": 20}]}}}
-    lines = markdown.temperature_lines([_row("g", 6.5), _row("s", 3.25), _row("s", 9.0, primary=False)], panel)
+    lines = tau_section.temperature_lines([_row("g", 6.5), _row("s", 3.25), _row("s", 9.0, primary=False)], panel)
     text = "\n".join(lines)
     assert "| d | g | greedy (T 0) | 4 | 6.5" in text and "| d | s | T 0.7, top-p 0.95, top-k 20 | 4 | 3.25" in text
     assert "9.0" not in text  # only each drafter's own chain
-    assert markdown.temperature_lines([_row("g", 6.5)], {"fetch": {"g": {"recorded": True}}}) == []  # all greedy
+    assert tau_section.temperature_lines([_row("g", 6.5)], {"fetch": {"g": {"recorded": True}}}) == []  # all greedy
 
 
 def _sampled_evaluations(tmp_path):
     """step-1000 on gsm8k sampled (T 0.7, top-p 0.8, top-k 20) with a rejection section; the rest greedy."""
-    from dflash_eval.report import summary
+    from dflash_eval.report import metrics_files
     from tests.support.report_inputs import metrics_dict, write_metrics
 
-    greedy = [summary.read_metrics(path) for path in write_metrics(tmp_path)]
+    greedy = [metrics_files.read_metrics(path) for path in write_metrics(tmp_path)]
     sampled = metrics_dict("step-1000", "gsm8k")
     sampled["sampling"] = [{"temperature": 0.7, "top_p": 0.8, "top_k": 20, "min_p": 0.0}]
     sampled["rejection"] = {
@@ -87,7 +87,7 @@ def _sampled_evaluations(tmp_path):
             }
         },
     }
-    return [summary.Evaluation(greedy[0].path, sampled), *greedy[1:]]
+    return [metrics_files.Evaluation(greedy[0].path, sampled), *greedy[1:]]
 
 
 def test_every_number_names_its_scheme_and_sampling(tmp_path):
@@ -104,14 +104,14 @@ def test_every_number_names_its_scheme_and_sampling(tmp_path):
     assert "**target_only** verification, SGLang 0.5.23's DFlash scheme" in intro
     assert "greedy verification against the target's own greedy completions" not in intro
     assert "dflash_generate's scheme (verify: rejection)" in intro and "DDTree at T > 0 is hypothetical" in intro
-    header = markdown.tau_table(served, SETTINGS, "tau_mean_of_samples", "ci_low", "ci_high")[0]
+    header = tau_section.tau_table(served, SETTINGS, "tau_mean_of_samples", "ci_low", "ci_high")[0]
     assert "gsm8k (T 0.7, top-p 0.8, top-k 20, target_only)<br>chain-B4 |" in header
     assert "gsm8k (T 0.7, top-p 0.8, top-k 20, target_only)<br>ddtree-8 † |" in header
     assert "humaneval<br>ddtree-8 |" in header  # greedy: as before
-    table = "\n".join(markdown.rejection_table(rows, SETTINGS))
+    table = "\n".join(tau_section.rejection_table(rows, SETTINGS))
     assert "| tau target_only | samples | tau rejection (expected) | 95% CI | samples | outside support |" in table
     assert "| T 0.7, top-p 0.8, top-k 20 |" in table and "| 2.20..2.80 | 10 | 1 (10.0%) |" in table
-    warned = [w for w in markdown.evaluation_warnings(evaluations) if "outside dflash's support" in w]
+    warned = [w for w in diagnostics_section.evaluation_warnings(evaluations) if "outside dflash's support" in w]
     assert warned == [
         "**Tokens outside dflash's support**: step-1000 on gsm8k: 1 of 10 samples (10.0%; 1 tokens) hold "
         "a verified token dflash's top-k/top-p filter excludes, scored as a rejection at its anchor: their "

@@ -1,4 +1,4 @@
-"""profile-server's file in the report (report/engine_timing.py's profile_panel), hand-computed, and the source
+"""profile-server's file in the report (report/server_profile.py's profile_panel), hand-computed, and the source
 label of an SGLang profile named as speedup.profile."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ import json
 import pytest
 
 from dflash_eval.errors import DflashEvalError
-from dflash_eval.report import engine_timing
+from dflash_eval.report import server_profile
 from dflash_eval.report import speedup as report_speedup
 from dflash_eval.speedup import labels
 
@@ -65,12 +65,12 @@ def profile_file(tmp_path, **extra):
 def test_the_panel_by_hand(tmp_path):
     """tau 3 on chain-B8: predicted 3 x 10 / 25 = 1.2x, 1.2 x 1000 / 10 = 120 tokens/s; the engine served
     1000 / 8 = 125 tokens/s, 10 / 8 = 1.25x over T_AR; 125 / 120 engine over predicted."""
-    profile = engine_timing.load_profile(profile_file(tmp_path))
+    profile = server_profile.load_profile(profile_file(tmp_path))
     metrics = {
         "methods": {"chain-B8": {"tau_token_weighted": 3.0, "expected_speedup": None}},
         "speedup": {"available": False, "source": labels.NO_PROFILE, "why": "no target profile"},
     }
-    panel = engine_timing.profile_panel(
+    panel = server_profile.profile_panel(
         profile, {("zlab", "gsm8k"): metrics}, {"served_drafter": "zlab", "datasets": ["gsm8k", "other"]}
     )
     e = panel["datasets"]["gsm8k"]
@@ -84,39 +84,39 @@ def test_the_panel_by_hand(tmp_path):
         "why": "no target profile",
     }
     assert panel["datasets"]["other"]["predicted_speedup"] is None  # no evaluation of it: no tau, no guess
-    page = "\n".join(engine_timing.profile_lines(panel))
+    page = "\n".join(server_profile.profile_lines(panel))
     assert "| acc-len-4 | 4 | 6 | 3.5 s | 6.25 ms (5.25..7.25) | 25 ms (24..26) | 4 |" in page
     assert "| served | – | 6 | restored by the pause |" in page
     assert (
         "| gsm8k | zlab | chain-B8 | 3.000 | 1.20× | 120 | 125 | 1.25× | 1.04× | none: no target profile | no profile |"
     ) in page
-    assert engine_timing.profile_lines(None) == []
+    assert server_profile.profile_lines(None) == []
 
 
 def test_a_sampled_dataset_is_not_set_beside_the_greedy_engine_figure(tmp_path):
     """profile-server's requests are greedy, so the engine's served acceptance says nothing of a dataset sampled at
     T = 0.7: its prediction is shown, the engine / predicted ratio is not (the demo's demo-code-t07 gave 5.84x)."""
-    profile = engine_timing.load_profile(profile_file(tmp_path))
+    profile = server_profile.load_profile(profile_file(tmp_path))
     metrics = {
         "methods": {"chain-B8": {"tau_token_weighted": 1.5, "expected_speedup": None}},
         "sampling": [{"temperature": 0.7, "top_p": 1.0}],
         "speedup": {"available": False, "source": labels.NO_PROFILE, "why": "no target profile"},
     }
-    panel = engine_timing.profile_panel(
+    panel = server_profile.profile_panel(
         profile, {("zlab", "t07"): metrics}, {"served_drafter": "zlab", "datasets": ["t07"]}
     )
     e = panel["datasets"]["t07"]
     assert e["predicted_speedup"] == pytest.approx(0.6) and "engine_over_predicted" not in e
     assert e["engine_comparable"] == "no: the profile's requests are greedy, this dataset samples at T = 0.7"
-    assert "| n/a (greedy profile, sampled dataset) |" in "\n".join(engine_timing.profile_lines(panel))
+    assert "| n/a (greedy profile, sampled dataset) |" in "\n".join(server_profile.profile_lines(panel))
 
 
 def test_a_file_that_is_not_profile_server_s_is_refused_naming_it(tmp_path):
     with pytest.raises(DflashEvalError, match="not a dflash-eval profile-server file"):
-        engine_timing.load_profile(profile_file(tmp_path, format="something else"))
+        server_profile.load_profile(profile_file(tmp_path, format="something else"))
     bad = profile_file(tmp_path, t_ar_ms=-1)
     with pytest.raises(DflashEvalError, match="t_ar_ms"):
-        engine_timing.load_profile(bad)
+        server_profile.load_profile(bad)
 
 
 def test_an_sglang_profile_as_speedup_profile_says_so(tmp_path):

@@ -11,7 +11,7 @@ import pytest
 from matplotlib.text import Text
 
 from dflash_eval.io_utils import atomic_write_json
-from dflash_eval.report import plots, summary
+from dflash_eval.report import metrics_files, plots, summary
 from dflash_eval.report import speedup as report_speedup
 from dflash_eval.report import stage as report
 from tests.support.report_inputs import (
@@ -158,11 +158,11 @@ def test_budget_plot_is_drawn_with_and_without_a_profile(profiled, out):
         pixels = matplotlib.image.imread(root / "plots" / plots.PLOTS["speedup"].file)
         assert pixels.shape[:2] == (600, 1200) and pixels[..., :3].var() > 0
     rows = summary.summary_rows(
-        summary.collect(_settings(out), sorted((out / "eval").glob("*/*/metrics.json"))), _settings(out)
+        metrics_files.collect(_settings(out), sorted((out / "eval").glob("*/*/metrics.json"))), _settings(out)
     )
     shown = _texts(plots.draw_speedup(plots.PlotData(rows=rows, metrics={}, settings=_settings(out), trust={})))
     assert any(plots.NO_PROFILE_TEXT in t for t in shown) and "★" not in " ".join(shown)
-    evaluations = summary.collect(_settings(profiled), sorted((profiled / "eval").glob("*/*/metrics.json")))
+    evaluations = metrics_files.collect(_settings(profiled), sorted((profiled / "eval").glob("*/*/metrics.json")))
     target, source, stamp = report_speedup.load_target_profile(profiled / "profile.json", True)
     for evaluation in evaluations:  # as the report stage does: the estimate made from metrics.json and the profile
         report_speedup.apply(evaluation.metrics, target, source, True, stamp)
@@ -180,7 +180,7 @@ def test_budget_plot_is_drawn_with_and_without_a_profile(profiled, out):
 def _settings(root) -> dict:
     from tests.support.report_inputs import SETTINGS
 
-    return summary.ordered_settings({**SETTINGS, "drafter_order": list(SETTINGS["drafters"])})
+    return metrics_files.ordered_settings({**SETTINGS, "drafter_order": list(SETTINGS["drafters"])})
 
 
 def _texts(figure) -> list[str]:
@@ -215,7 +215,7 @@ def test_budget_plot_marks_ddtree_at_t_above_0_hypothetical(out):
     """As summary.md's † does: a dataset sampled at T > 0 gets † in its panel title and the note below the plot;
     the greedy datasets of the same plot do not."""
     rows = summary.summary_rows(
-        summary.collect(_settings(out), sorted((out / "eval").glob("*/*/metrics.json"))), _settings(out)
+        metrics_files.collect(_settings(out), sorted((out / "eval").glob("*/*/metrics.json"))), _settings(out)
     )
     datasets = list(_settings(out)["datasets"])
 

@@ -9,7 +9,7 @@ import pytest
 
 from dflash_eval.errors import DflashEvalError
 from dflash_eval.io_utils import atomic_write_json
-from dflash_eval.report import markdown, summary
+from dflash_eval.report import diagnostics_section, metrics_files, summary, tau_section
 from dflash_eval.report import stage as report
 from tests.support.report_inputs import (
     MISMATCH,
@@ -109,7 +109,7 @@ def test_a_sampled_evaluation_adds_its_scheme_and_parameters_and_a_greedy_one_ke
     """Issue 25: summary.csv names temperature, top-p/k, min-p and the scheme once any evaluation sampled, and gives
     the rejection scheme's expected tau its own row (no integer steps: an expectation); a greedy-only summary keeps
     the columns it had, so its bytes do not change."""
-    greedy = [summary.read_metrics(path) for path in write_metrics(tmp_path)]  # in TAUS order, samples.csv beside
+    greedy = [metrics_files.read_metrics(path) for path in write_metrics(tmp_path)]  # in TAUS order, samples.csv beside
     frame = summary.summary_frame(summary.summary_rows(greedy, SETTINGS))
     assert list(frame.columns) == summary.COLUMNS + summary.HANDOFF_COLUMNS
     sampled = metrics_dict("step-1000", "gsm8k")
@@ -130,7 +130,7 @@ def test_a_sampled_evaluation_adds_its_scheme_and_parameters_and_a_greedy_one_ke
             }
         },
     }
-    evaluations = [summary.Evaluation(greedy[0].path, sampled), *greedy[1:]]
+    evaluations = [metrics_files.Evaluation(greedy[0].path, sampled), *greedy[1:]]
     rows = summary.summary_rows(evaluations, SETTINGS)
     frame = summary.summary_frame(rows)
     assert list(frame.columns) == summary.COLUMNS + summary.SAMPLING_COLUMNS + summary.HANDOFF_COLUMNS
@@ -149,7 +149,7 @@ def test_a_sampled_evaluation_adds_its_scheme_and_parameters_and_a_greedy_one_ke
     assert set(other.temperature) == {0.0} and set(other.scheme) == {"target_only"}
     # the reference's (step-1000's) rejection row is no baseline for step-2000's target_only rows
     assert other[other.primary].tau_vs_reference.iloc[0] == pytest.approx(5.25 / 4.1)
-    lines = markdown.rejection_table(rows, SETTINGS)
+    lines = tau_section.rejection_table(rows, SETTINGS)
     served = mine[(mine.scheme == "target_only") & (mine.method == "chain-B4")].iloc[0]
     assert (
         f"| step-1000 (reference) | gsm8k | chain-B4 | T 0.7, top-p 0.95 | 4.10 | {served.samples} | 2.50 | "
@@ -167,9 +167,9 @@ def test_low_argmax_agreement_is_flagged_for_greedy_completions_only():
         "dataset": "humaneval",
         "sampling": [{"temperature": 0.7, "top_p": 0.95, "top_k": -1, "min_p": 0.0}],
     }
-    warnings = markdown.evaluation_warnings(
-        [summary.Evaluation(Path("g.json"), greedy), summary.Evaluation(Path("s.json"), sampled)]
+    warnings = diagnostics_section.evaluation_warnings(
+        [metrics_files.Evaluation(Path("g.json"), greedy), metrics_files.Evaluation(Path("s.json"), sampled)]
     )
     low = [w for w in warnings if "Low argmax agreement" in w]
     assert len(low) == 1 and "step-1000 on gsm8k" in low[0]
-    assert not markdown.agreement_is_low(sampled) and markdown.agreement_is_low(greedy)
+    assert not diagnostics_section.agreement_is_low(sampled) and diagnostics_section.agreement_is_low(greedy)

@@ -5,7 +5,7 @@ from types import SimpleNamespace
 import pytest
 
 from dflash_eval.errors import DflashEvalError
-from dflash_eval.report.markdown import validation_lines
+from dflash_eval.report.speedup_section import validation_lines
 from dflash_eval.speedup import labels, validation
 
 CELL = {

@@ -94,8 +94,8 @@ def test_profile_against_the_demo_server_restarted_per_setting(tmp_path):
         ctl.stop_if_launched()
     check_profile(json.loads(json.dumps(result)), "profile.json")
     # the report's outage table counts this pause as a profile-server run, not as an extraction
-    from dflash_eval.report.markdown import outage_lines
     from dflash_eval.report.trust import server_outages
+    from dflash_eval.report.trust_section import outage_lines
 
     outages = server_outages(f"{server['log_dir']}/transitions.jsonl")
     assert [(o["extractions"], o["profiles"], o["restored"]) for o in outages["outages"]] == [(0, 1, True)]

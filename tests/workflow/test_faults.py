@@ -109,7 +109,7 @@ def test_a_cache_shard_modified_after_extraction_is_reported_by_the_dry_run(case
     """The dry run cannot hash the caches, but one stat a shard shows what changed after extraction."""
     import torch
 
-    from dflash_eval.cache.store import CacheWriter
+    from dflash_eval.cache.writer import CacheWriter
 
     workflow, root = case
     cache = root / "results" / "hidden" / "d1" / "L1-2"

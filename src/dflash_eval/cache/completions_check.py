@@ -1,16 +1,9 @@
 """Whether a hidden cache was extracted from the completions file an evaluation is given.
 
-The evaluation reads token positions from the cache and request settings (max_tokens) from the
-completions file. A cache whose manifest was edited (a sample's length), or a completions file given by
-hand that is not the one the cache was built from, would evaluate with rc 0 and wrong numbers. So the
-extract stage records the completions' identity in the manifest (the file's sha256, and per sample a
-sha256 of its prompt and completion token ids: `identities`), and the evaluation checks it before any
-drafter work: every sample's lengths always (cheap), the file's sha256, and only when that differs the
-per-sample hashes, so that the usual case costs one sequential read of a file already being parsed.
-
-A cache written before the per-sample record still passes when its completions file is the same file (by
-sha256): nothing that is right has to be rebuilt. With another file it cannot be checked sample by sample
-and is refused, naming the rebuild.
+A cache whose manifest was edited, or a completions file given by hand that is not the cache's, would evaluate
+with rc 0 and wrong numbers. So the manifest records the completions' identity (the file's sha256, and per sample
+a hash of its token ids: `identities`), and evaluation checks it before any drafter work: every sample's lengths,
+the file's sha256, and only when that differs the per-sample hashes (docs/trust.md).
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """manifest.json of a hidden cache (docs/contracts.md): the one place that writes and reads it.
 
-The cache writer (cache.store.CacheWriter) builds and writes it; evaluate opens it strictly
+The cache writer (cache.writer.CacheWriter) builds and writes it; evaluate opens it strictly
 (`load`, through cache.store.HiddenCache), resume and the report read it as it is (`read`: None
 when absent). Only JSON here, no torch, so that the report stays fast.
 """

@@ -2,22 +2,11 @@
 
 Extraction stores the target's log-probability of every completion token under it (`target_logprob`), and
 evaluation applies it to the drafter's logits: `dflash_generate` renormalises p and q alike. It lives in the cache
-layer because it defines what the cache stores.
-
-Two conventions, checked against their sources in tests/cache/test_sampling.py:
-
-- "dflash" (dflash 0.1.0 `model.py: _sampling_probs`, what `dflash_generate` samples and verifies with):
-  logits / T in float32; the top k logits kept (k = 0 or k >= V: all); softmax; top-p keeps a token while the
-  mass *before* it is strictly below top_p; renormalise. No min-p.
-- "sglang" (SGLang 0.5.23's torch fallback of its DFlash verify at T > 0, `speculative/dflash_utils.py:
-  build_speculative_verify_target_probs` with `top_p_normalize_probs_torch`: `(cumsum - p) > top_p` is dropped):
-  the same top-k-first order, top-p keeping a token while the mass before it is at most top_p. A CUDA server
-  never takes it: there the filters are flashinfer's, which cut by value and keep ties together
-  (demo/sglang_sampling.py models them; docs/sampling.md).
-
-So the two differ only where the mass before a token equals top_p exactly (a tie at float rounding), and in
-their top-k spelling: SGLang's -1 (off) is dflash's 0. `SamplingParams` holds SGLang's spelling (the
-completions record's `sampling` object) and converts.
+layer because it defines what the cache stores. Two conventions, checked against their sources in
+tests/cache/test_sampling.py: "dflash" (dflash 0.1.0's `_sampling_probs`) and "sglang" (SGLang 0.5.23's torch
+fallback of its DFlash verify, which a CUDA server never takes). They differ only where the mass before a token
+equals top_p exactly, and in their top-k spelling (SGLang's -1 is dflash's 0); `SamplingParams` holds SGLang's.
+How they differ from the CUDA filters: docs/sampling.md and docs/sampling_rejection.md.
 """
 
 from __future__ import annotations

@@ -1,9 +1,9 @@
 """serving_profile.json: one serving step's cost, the one place that checks and reads the file.
 
-The profile_target rule writes a measured one per target, device, dtype and backend
-(tools/profile_target.py); a user names their own, measured on their deployment, as `speedup.profile` in
-config.yaml (then the target is not timed); the report and each export read either (report/speedup.py). Only JSON here, no torch, so that the workflow can check a user's
-file at load. Fields:
+The profile_target rule writes one per target, device, dtype and backend (tools/profile_target.py), or a user
+names their own, measured on their deployment, as `speedup.profile` (then the target is not timed); the report
+and each export read either (report/speedup.py). Only JSON here, no torch, so that the workflow can check a
+user's file at load. Fields:
     t_ar_ms       the target's decode step of one token, ms (required, > 0)
     t_verify_ms   {"<n tokens>": ms, ...} the target verifying n tokens (required; n >= 1). Only the
                   listed n count: a method verifying another n gets no estimate (never interpolated)

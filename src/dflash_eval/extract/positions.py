@@ -1,4 +1,4 @@
-"""Samples longer than the target's max_position_embeddings (issue 32): found at extraction, per sample.
+"""Samples longer than the target's max_position_embeddings: found at extraction, per sample.
 
 The load-time check (preflight) sees only fetch.max_tokens; a long prompt plus its completion can pass
 the target's positions with any max_tokens. The target still runs there (RoPE extrapolates), but its

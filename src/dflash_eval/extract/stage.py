@@ -24,7 +24,7 @@ from dflash_eval.cache import completions_check
 from dflash_eval.cache.resume import ResumeState, plan_key, plan_shards, prepare_resume
 from dflash_eval.cache.reuse import KeptStates, keep_published, legacy_state_code_hash
 from dflash_eval.cache.sampling import SamplingParams
-from dflash_eval.cache.store import CacheWriter
+from dflash_eval.cache.writer import CacheWriter
 from dflash_eval.completions import read_completions
 from dflash_eval.config import (
     RUNTIME_HELP,

@@ -117,6 +117,7 @@ _EXTRACT_DECIDES = (
     "extract.target_logprobs",
     "cache.manifest",
     "cache.store",
+    "cache.writer",
     "cache.sampling",
     "target_identity",
     "stats",
@@ -131,6 +132,7 @@ _CACHE_READERS = (
     "cache.serving_profile",
     "cache.manifest",
     "cache.store",
+    "cache.writer",
     "completions",
     "target_identity",
 )

@@ -15,8 +15,8 @@ from dataclasses import dataclass
 
 from dflash_eval import stats
 from dflash_eval.completions import prompt_cluster
+from dflash_eval.report.metrics_files import Evaluation, per_sample_steps
 from dflash_eval.report.plots import training_runs
-from dflash_eval.report.summary import Evaluation, per_sample_steps
 
 
 @dataclass(frozen=True)

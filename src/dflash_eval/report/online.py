@@ -1,27 +1,12 @@
 """Online vs offline, like for like: the server's own speculative counters beside our offline steps, per request.
 
-The two sides count the same things only once their conventions are lined up (docs/sglang_protocol.md):
-
-- steps: SGLang's `spec_verify_ct` is the number of verification steps, as `len(steps)` offline;
-- accepted drafts: `spec_num_correct_drafts` and its histogram count the draft tokens each step accepted,
-  bonus excluded, as `step - 1` offline; SGLang counts a last step before cutting the output at the stop token
-  or max_tokens, so online may exceed offline by up to B - 1, from the last step only;
-- the max_tokens tail: offline shortens a block that would run past max_tokens, SGLang verifies it full and
-  cuts afterwards; the drafter is non-causal within a block, so from the first shortened step the two may
-  take different step counts (shortened_from, tail_consistent judge those requests);
-- tau: ours (and `dflash_generate`'s `acceptance_lengths`) counts the tokens verification steps produced,
-  `(completion_tokens - 1) / steps`; SGLang's `spec_accept_length` = `completion_tokens / steps` also counts
-  the first completion token, which prefill produced: 1/steps more per request.
-
-The offline steps must be the served drafter's at the served block size (`speculative_num_draft_tokens`):
-with another block the server measured chain-B<b>, not the drafter's own chain-B<B>.
-
-vLLM (docs/vllm_protocol.md) reports the same counts under other names (`num_spec_steps`,
-`num_accepted_draft_tokens`, `acceptance_histogram`), its `mean_acceptance_length` = 1 + accepted drafts / steps
-(the bonus token counted, the prefill token not: our tau, but with the last step's raw count), and at the
-`detailed` level the ordered per-step accepted drafts, compared step by step. Its verification rule decides the
-scheme: greedy drafts with standard rejection make a draft accepted iff it is the emitted token, so offline
-target_only on the served completion is exact per request; any other rule is not compared.
+The two sides count the same things only once their conventions are lined up: verification steps, accepted drafts
+(the server counts a last step before cutting the output), the max_tokens tail (offline shortens the last block,
+SGLang verifies it full) and tau (SGLang's `spec_accept_length` also counts the prefill token). The offline steps
+are the served drafter's at the served block size. vLLM's counters are compared only under greedy drafts with
+standard rejection, where offline target_only is exact per request. Each rule with its source:
+docs/sglang_protocol.md and docs/vllm_protocol.md. The check that the server runs the drafter we pair it with is
+`check_served_drafter`.
 """
 
 from __future__ import annotations

@@ -1,22 +1,10 @@
 """A speculation profile per drafter, dataset and method: what a deployment simulator needs to know about a drafter.
 
 Simulators (dynamo's mocker, vLLM's synthetic rejection sampler) model a drafter by its per-position acceptance,
-not by its mean. The profile carries both conventions they read, from the evaluation's own per-step record
-(samples.csv: every verification step's acceptance length, in order, and each sample's prompt length), so writing
-it reruns no evaluation:
-
-- marginal_accept_rates[k-1]: P(draft token k accepted) = P(acceptance length >= k + 1), k = 1..b-1 (the bonus
-  token makes length = accepted drafts + 1); the same numbers as metrics.json's acceptance_by_position;
-- conditional_accept_rates[k-1]: P(draft token k accepted | token k-1 accepted) = marginal[k-1] / marginal[k-2]
-  (marginal[-1] = 1); null where no step accepted token k-1.
-
-Field names follow NVIDIA Model-Optimizer's proposed speculation_profile.json (PR #2247,
-https://github.com/NVIDIA/Model-Optimizer/pull/2247) where they mean the same thing; docs/contracts.md lists
-every field and which are ours. Every step counts, the loop's shortened last block included, as in the histogram:
-so mean_accept_length = 1 + sum(marginal_accept_rates) exactly (validation.mean_consistency).
-
-The same rates per context-length bucket (report.context_buckets): a step's context is the tokens before its
-block, the prompt plus every token the steps before it produced; acceptance falls as the context grows.
+not by its mean. The profile carries the marginal and conditional accept rates they read, overall and per
+context-length bucket (report.context_buckets), made from the evaluation's own per-step record (samples.csv), so
+writing it reruns no evaluation. Its fields follow NVIDIA Model-Optimizer's proposed speculation_profile.json
+where they mean the same thing; docs/contracts.md lists every field and which are ours.
 """
 
 from __future__ import annotations

@@ -1,11 +1,9 @@
 """The report stage: every drafter x dataset metrics.json into summary.csv, summary.md, trust.json and plots.
 
-summary.py makes the rows, trust.py the trust panel's data, markdown.py the page, plots.py (a
-registry) the PNGs. Every file is rendered before the first one is written, so a failure leaves the
-last report as it was (the workflow also keeps it while the job runs: see workflow/rules/report.smk).
-
-This stage reads only JSON and writes text and PNG: it imports neither torch nor transformers, so
-the report reruns in a second even on a loaded machine.
+metrics_files.py reads and checks the metrics.json files, summary.py makes the rows, trust.py the trust panel's
+data, markdown.py the page (from its *_section.py parts), plots.py (a registry) the PNGs. Every file is rendered
+before the first is written, so a failure leaves the last report as it was (workflow/rules/report.smk). It reads
+only JSON and imports neither torch nor transformers, so the report reruns in a second even on a loaded machine.
 """
 
 from __future__ import annotations
@@ -24,13 +22,19 @@ from dflash_eval.provenance.stamps import STAMP, stage_stamp
 from dflash_eval.report import (
     backends,
     best_checkpoint,
+    diagnostics_section,
     engine_timing,
     export,
     markdown,
+    metrics_files,
     plots,
+    server_profile,
     speedup,
+    speedup_section,
     summary,
+    tau_section,
     trust,
+    trust_section,
 )
 from dflash_eval.report.settings import report_settings
 from dflash_eval.report.stamps import lines as stamp_lines
@@ -97,9 +101,9 @@ def target_profile(args: argparse.Namespace) -> tuple[dict | None, str, bool, st
 
 
 def run(args: argparse.Namespace) -> int:
-    settings = summary.ordered_settings(settings_from_args(args, report_settings))
-    summary.check_settings(settings)
-    evaluations = summary.collect(settings, args.metrics)
+    settings = metrics_files.ordered_settings(settings_from_args(args, report_settings))
+    metrics_files.check_settings(settings)
+    evaluations = metrics_files.collect(settings, args.metrics)
     profile, source, named_by_user, stamp = target_profile(args)
     for evaluation in evaluations:  # the expected speedup, made here from each metrics.json and the profile
         speedup.apply(evaluation.metrics, profile, source, named_by_user, stamp)
@@ -110,13 +114,13 @@ def run(args: argparse.Namespace) -> int:
     )
     panel["engine_timing"] = engine_timing.panel({e.key: e.metrics for e in evaluations}, settings, args.completions)
     if args.server_profile:
-        panel["server_profile"] = engine_timing.profile_panel(
-            engine_timing.load_profile(args.server_profile), {e.key: e.metrics for e in evaluations}, settings
+        panel["server_profile"] = server_profile.profile_panel(
+            server_profile.load_profile(args.server_profile), {e.key: e.metrics for e in evaluations}, settings
         )
-    panel["speedup_validation"] = validation.panel(markdown.estimate_stamps(evaluations))
+    panel["speedup_validation"] = validation.panel(speedup_section.estimate_stamps(evaluations))
     panel[STAMP], panel["inputs_code_identity"] = stage_stamp("report"), stamps_panel(evaluations, args.hidden)
     panel["best_checkpoints"] = [b.as_dict() for b in best]
-    panel["warnings"] = markdown.trust_warnings(panel)
+    panel["warnings"] = trust_section.trust_warnings(panel)
     comparisons = backends.load(args.backend_comparisons)
     if comparisons:
         panel["backend_comparisons"] = comparisons
@@ -125,7 +129,7 @@ def run(args: argparse.Namespace) -> int:
     csv = summary.summary_frame(rows).to_csv(index=False)
     page = markdown.render(served, evaluations, settings, panel)
     if len(served) < len(rows):
-        page = page.rstrip("\n") + "\n\n" + "\n".join(markdown.rejection_table(rows, settings))
+        page = page.rstrip("\n") + "\n\n" + "\n".join(tau_section.rejection_table(rows, settings))
     page = page.rstrip("\n") + "\n\n" + "\n".join(best_checkpoint.lines(best) + export.lines())
     if comparisons:  # after the diagnostics: what the other kernel backend would have done to tau
         page = page.rstrip("\n") + "\n\n" + "\n".join(backends.lines(comparisons))
@@ -141,7 +145,7 @@ def run(args: argparse.Namespace) -> int:
     for path, content in pngs.items():
         atomic_write_bytes(path, content)
         written.append(path)
-    for warning in markdown.evaluation_warnings(evaluations) + panel["warnings"]:
-        log.warning("%s", markdown.plain(warning))
+    for warning in diagnostics_section.evaluation_warnings(evaluations) + panel["warnings"]:
+        log.warning("%s", diagnostics_section.plain(warning))
     log.info("report of %d evaluations written: %s", len(evaluations), ", ".join(map(str, written)))
     return 0

@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 from dflash_eval.provenance.stamps import STAMP, read_stamp
-from dflash_eval.report.summary import Evaluation
+from dflash_eval.report.metrics_files import Evaluation
 
 
 def stamps_panel(evaluations: list[Evaluation], caches: list[str]) -> dict[str, Any]:

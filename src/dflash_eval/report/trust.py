@@ -26,7 +26,7 @@ from dflash_eval.cache import manifest as cache_manifest
 from dflash_eval.errors import DflashEvalError
 from dflash_eval.io_utils import sha256_file
 from dflash_eval.report import online as online_check
-from dflash_eval.report.summary import Evaluation, per_sample_steps
+from dflash_eval.report.metrics_files import Evaluation, per_sample_steps
 
 log = logging.getLogger(__name__)
 

@@ -1,22 +1,12 @@
 """Expected speedup of each method from tau and a cost profile of one serving step: an estimate.
 
-A speculative step drafts a block (T_draft) and has the target verify n tokens (T_verify(n), n per
-method: methods.py's `verified_tokens`, b for a chain block of b, N + 1 under a tree mask for a DDTree
-of N nodes); it yields tau tokens, where plain decoding yields one per T_AR. So
-
     expected speedup = tau x T_AR / (T_draft + T_verify(n))
 
-with tau token-weighted (tokens / steps, the bonus token included: throughput counts every token).
-It is a model of a server, not a measurement of one: batch 1, no scheduling or sampling overhead,
-and the profile's own kernels (a tuned server such as SGLang uses CUDA graphs and its own kernels).
-The profile is a checked serving_profile.json (cache/serving_profile.py), already loaded.
-
-Only measured sizes count: serving cost curves are staircases (a fused Gated DeltaNet kernel that caps at
-8 tokens makes 9 cost more than 8: docs/speedup.md), so a size the profile does not list gives
-no estimate and says so (`not_measured`), never a value interpolated from its neighbours.
-A DDTree step on a Gated DeltaNet hybrid target (the profile's `hybrid`) is priced as a causal pass of
-N + 1 tokens; such a target cannot verify a tree in one causal pass (its recurrent state is per branch)
-and as of SGLang 0.5.23 no engine we know verifies trees on these hybrids, so the section says so.
+with tau token-weighted and n the tokens the method verifies (methods.py's `verified_tokens`). It models a server
+(batch 1, the profile's own kernels), it does not measure one. The profile is a checked serving_profile.json
+(cache/serving_profile.py). Only measured sizes count: a size the profile does not list gives no estimate and says
+why (`not_measured`), never an interpolated value; a DDTree step on a hybrid target is priced as a causal pass
+and says so. Why each rule: docs/speedup.md.
 """
 
 from __future__ import annotations

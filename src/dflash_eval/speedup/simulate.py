@@ -1,21 +1,9 @@
 """Simulated acceptance: the live loop runs its drafter and its target, then exactly k tokens are kept.
 
-A random-weight drafter accepts almost nothing, so a speedup measured with it says nothing about a
-trained one. SGLang 0.5.23 has a benchmark knob for this, `SGLANG_SIMULATE_ACC_LEN` (read in
-`speculative/spec_utils.py`, `sample_simulated_acc_len`, and `dflash_utils.py`): each verification
-step commits k tokens (accepted drafts + the bonus), k drawn per step with the default method
-`match-expected`: the value is clamped to [1, block], then k is its floor or its ceiling, the
-ceiling with probability equal to the fractional part, so the mean of k is the requested value.
-With `SGLANG_SIMULATE_ACC_TOKEN_MODE=real-draft-token` the k - 1 accepted tokens are the drafter's
-own candidates and the bonus is the target's argmax after them (the default mode `fixed` writes
-token 100 everywhere instead). We reproduce real-draft-token: the loop's state stays the one a
-real acceptance of k would leave.
-
-`forced_acceptance` does it for `dflash.model.dflash_generate` without touching its loop: the
-target's verify forward runs as usual, then its logits are edited (the first k - 1 positions'
-argmax made the drafted next token, position k - 1's made anything else), so the reference loop
-itself accepts exactly k - 1 drafts and takes a bonus. The edit costs a few tiny kernels per step;
-the measured loop includes them (say so beside a number measured with it).
+A random-weight drafter accepts almost nothing, so the validation loops force acceptance as SGLang 0.5.23's
+`SGLANG_SIMULATE_ACC_LEN` does (its `match-expected` draw and `real-draft-token` mode, reproduced here), and
+`forced_acceptance` does the same for `dflash_generate` by editing the verify's logits. The semantics with their
+SGLang source lines: docs/server.md; how the loops use them: docs/speedup_loops.md.
 """
 
 from __future__ import annotations

@@ -1,19 +1,10 @@
-"""The static-cache loop (static_loop.py) for a Gated DeltaNet hybrid target (Qwen3.5/3.6, `Qwen3_5ForCausalLM`,
-whose `layer_types` mix "linear_attention" and "full_attention"), so that its speedup can be measured the way a
-server runs it: fixed shapes, every position a device tensor, each step capturable as a CUDA graph.
+"""The static-cache loop (static_loop.py) for a Gated DeltaNet hybrid target (Qwen3.5/3.6), so that its speedup
+can be measured the way a server runs it: fixed shapes, every position a device tensor, each step capturable as a
+CUDA graph.
 
-The full-attention layers keep their keys in a static cache and roll back by position, as StaticTarget does. A
-Gated DeltaNet layer's state (its conv state, the last K-1 pre-conv inputs, and its recurrent state [H, dk, dv]
-in fp32) cannot be rolled back by position, so a verify of n tokens leaves both untouched (they are the snapshot)
-and records what they need: the window [old conv state | the n pre-conv inputs] and the n tokens' post-conv
-q, k, v, g and beta. Acceptance then keeps k of them (k a device tensor) by replaying the recurrence from the
-snapshot over the same n tokens with g and beta set to 0 past k (a token with beta = 0 and g = 0 leaves the state
-as it was), and gathers the conv state as the K-1 window columns that end at token k: fixed shapes, no host read.
-
-The delta-rule kernels are chosen explicitly, never by what imports: the caller passes them (GdnKernels, made by
-extract/backends.py's `gdn_kernels`): fla's `chunk_gated_delta_rule` (a block) and
-`fused_recurrent_gated_delta_rule` (one token, and the replay), or transformers' torch functions.
-The weights and per-token modules are the Hugging Face model's own.
+Full-attention layers roll back by position; a Gated DeltaNet layer's conv and recurrent states cannot, so a
+verify leaves them as its snapshot and acceptance replays the recurrence over the kept tokens. The delta-rule
+kernels are passed in explicitly (GdnKernels). Step by step: docs/speedup_loops.md.
 """
 
 from __future__ import annotations

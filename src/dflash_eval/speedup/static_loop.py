@@ -1,18 +1,10 @@
-"""A speculative decoding loop that runs like a server: static KV caches, CUDA-graph-captured forwards at the fixed
-sizes the loop uses, greedy acceptance on the device, one host sync per step.
+"""A speculative decoding loop that runs like a server, for benchmarks/speedup_validation.py: static KV caches,
+CUDA-graph-captured forwards at the fixed sizes the loop uses, greedy acceptance on the device, one host sync per
+step.
 
-Per block size b (1 is the autoregressive baseline, the same machinery at size 1) three steps, each a captured
-graph on CUDA and the same function run eagerly elsewhere (a CPU has no graphs):
-- `draft`: the drafter projects the b context rows of the last verify and drafts b - 1 tokens (b > 1);
-- `verify`: the target runs the block [bonus, drafts] at positions s..s+b-1 (logits and the drafter's features);
-- `accept`: on the device, the accepted length (the greedy prefix match, or a simulated k: speedup/simulate.py's
-  SGLang match-expected, real-draft-token: the bonus is the target's argmax after k - 1 drafts, draft k
-  excluded), the output tokens, the next start and bonus.
-The host then reads the accepted length (the one sync) to know when to stop. Rollback is by position only
-(static_models.py), which holds for pure attention; a Gated DeltaNet target is refused there.
-
-The last step verifies a full block and the output is cut after it (as SGLang's DFlash does); dflash's
-reference loop shortens its last block instead, so the last step's acceptance may differ from it, nothing else.
+Per block size b three steps (draft, verify, accept), each a captured graph on CUDA and the same function run
+eagerly elsewhere; rollback is by position only (static_models.py), so pure-attention targets only. The steps and
+the last block's rule: docs/speedup_loops.md.
 """
 
 from __future__ import annotations

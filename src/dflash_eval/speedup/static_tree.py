@@ -1,27 +1,9 @@
-"""A DDTree live loop on the static-cache machinery (static_loop.py): per step the drafter's block forward, a tree
-of N nodes built best-first from its log-probabilities, one target pass over the N + 1 tokens [bonus, nodes]
-under a tree mask, the deepest accepted path, and its keys compacted to the positions after the context.
+"""A DDTree live loop on the static-cache machinery (static_loop.py), for benchmarks/speedup_validation.py.
 
-The tree is DDTree's (liranringel/ddtree; evaluate/ddtree.py scores the same tree offline): a node at depth d
-holds one of the drafter's top-N tokens for block position d, its score the sum of the log-probabilities along
-its path (float32, in path order); pop the best, push its next sibling and its first child, N pops. Node i sits
-in cache slot start + i at position start + depth(i) and sees the context and its own ancestors. The accepted
-path follows, from the root, the child whose token is the target's argmax at its parent; the bonus is the
-target's argmax at the path's last node. Then the path's keys move to slots start.. (no other state: pure
-attention), the drafter projects the path's features.
-
-Simulated acceptance (`simulate_tau`): k - 1 drafts are accepted along the tree's best path (from the root, each
-node's best-scoring child), k drawn as speedup/simulate.py draws it, capped at the path's depth; the bonus is the
-target's argmax at the last node with the path's next token excluded (chain's rule, real-draft-token). A random
-drafter's distributions are flat, so its best-first tree is one level deep and no k > 2 could be forced; the
-simulated tree therefore takes the drafter's greedy chain as its spine first (its P nodes, then N - P best-first),
-the shape a confident trained drafter's tree has. The verify's cost is the same for any shape of N + 1 nodes.
-
-As a server runs it, the per-step bookkeeping lives in three CUDA graphs per budget (eager elsewhere): the
-drafter's forward with its top-k, the verify with its per-node argmax, and the accept step that applies the walk
-(the bonus, the compaction, the next feature rows and start). The host builds the tree and walks it, between
-one read of the top-k and (greedy only) one read of the argmax, and uploads each with one copy (their host time
-is reported: `build_s`, `walk_s`; `breakdown` clocks each phase of a step, synchronised: `phases_s`).
+Per step: the drafter's block forward, a tree of N nodes built best-first from its log-probabilities (DDTree's,
+scored offline by evaluate/ddtree.py), one target pass over the N + 1 tokens [bonus, nodes] under a tree mask, the
+deepest accepted path, and its keys compacted to the positions after the context. Simulated acceptance follows
+the tree's best path. The rules, the CUDA graphs and the host's part: docs/speedup_loops.md.
 """
 
 from __future__ import annotations

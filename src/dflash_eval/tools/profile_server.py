@@ -1,30 +1,11 @@
 """`dflash-eval profile-server`: a serving profile measured on the user's own SGLang (a managed server), not ours.
 
-Why: our HF profile times an eager HF step, which is not how SGLang runs decode; the engine's own numbers are the
-ones to decide with. This restarts the config's managed server once per setting and times batch-1 greedy requests
-on SGLang's native `/generate`, reading its meta_info (managers/tokenizer_manager.py: `e2e_latency` always,
-`first_token_latency` with `--enable-metrics`, `spec_verify_ct` when it speculates):
-
-- **T_AR**: the same server launched without its `--speculative-*` flags (`profile_server.command_no_spec`, or
-  server.command with them removed). Per request, decode ms per token = (e2e_latency - first_token_latency) /
-  (completion_tokens - 1): the prefill (and queueing) ends at the first token, so subtracting it leaves decode.
-- **T_step** at each forced acceptance length k: the speculating command with `SGLANG_SIMULATE_ACC_LEN=k` exported
-  (SGLang reads it once, at import of speculative/spec_utils.py, so every k is a restart). Per request,
-  ms per verify step = (e2e_latency - first_token_latency) / spec_verify_ct, and spec_verify_ct must be
-  ceil((completion_tokens - 1) / min(k, b)), which proves the switch took effect.
-- **served**: afterwards the server as configured (no switch), the engine's own tokens/s and step time.
-
-Each setting keeps its requests' median, the median's distribution-free 95% CI (stats.median_ci; none below 6
-requests), min and max, and how long its restart took. The file is a serving profile
-(cache/serving_profile.py: t_ar_ms, t_verify_ms {"1": t_ar_ms}, t_step_ms {"<b>": ms}) with `engine: sglang`, so
-`speedup.profile` can name it ("user profile (SGLang)"), and the report sets it beside our estimate.
-
-The server's state is restored afterwards, always: the variants run while the configured server is paused
-through control.server_paused (stopped if it was up, brought back after, also on SIGTERM and Ctrl-C); each
-variant is a Managed launch of its own on the configured server's record, `server.pid`, marked as a variant (its log
-under `<server.log_dir>/profile/<setting>/`), stopped in `finally` (and, after a SIGKILL, by the end-of-run hook or the
-next run's start);
-a server that was down before is stopped again after the served setting.
+Our HF profile times an eager step, which is not how SGLang runs decode; the engine's own numbers are the ones to
+decide with. This restarts the managed server once per setting: without speculation (T_AR), with
+`SGLANG_SIMULATE_ACC_LEN=k` for each forced acceptance length (T_step), then as configured (the engine's tokens/s).
+Each times batch-1 greedy requests on SGLang's `/generate` from their meta_info. The file is a serving profile
+with `engine: sglang` (cache/serving_profile.py). The server is paused around it and always restored.
+How each number is computed: docs/speedup.md; the variants' launches and their clean-up: docs/server.md.
 """
 
 from __future__ import annotations

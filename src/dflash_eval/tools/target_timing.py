@@ -1,26 +1,11 @@
-"""Time one serving step of the target: T_AR and T_verify(n), for the profile_target rule (tools/profile_target.py).
+"""Time one serving step of the target, T_AR and T_verify(n), for the profile_target rule (tools/profile_target.py).
 
-Batch 1, a KV cache prefilled with `context_tokens` random tokens, each size n timed as a forward of n tokens at
-positions context..context+n-1, the way servers run decode where we can (`method` in the profile):
-- `graphs` (on CUDA, a pure-attention Qwen3-style target or a Qwen3.5-style Gated DeltaNet hybrid): a static KV
-  cache (speedup/static_models.py, or speedup/static_hybrid.py with static conv and recurrent states and fla's
-  kernels), the validated loops' own forwards, each size captured as a CUDA graph and replayed; attention reads
-  the first ceil64(context + n) cache positions, about what a server's paged attention reads. A hybrid's
-  one-token step advances its states, as a decode step does; its n-token verify is the validated loop's whole
-  verify: the forward, which leaves the states and records the n tokens, and the commit that moves the GDN
-  states to the accepted prefix (the replay of the n recorded tokens, a fixed cost whatever is kept; timed at 0
-  kept, which leaves the states as they were). Without the commit the hybrid's estimate was 4-12% optimistic
-  (benchmarks/results/speedup_validation.md, fifth round): every engine pays some such per-verify state work;
-- `eager` (otherwise: another architecture, a CPU): the HF forward over a copy of the prefilled DynamicCache,
-  made untimed before each call.
-Either way each size repeats until the median's 95% CI is within ±2% of it (speedup/timing.py), capped at
-`SECONDS_PER_SIZE` and, over all sizes, `TOTAL_SECONDS` (the bound on the job's wall time beside the model load
-and the graph captures: one per size, well under a second each); the profile says which sizes stopped at a cap.
-Only the sizes the configured methods verify are timed (`sizes_to_measure`).
-A DDTree of N nodes verifies N + 1 tokens under a tree mask; we time N + 1 tokens under the causal mask, the same
-matrix work. The result is written as one profile per target, device, dtype and backend (cache/serving_profile.py's
-format) with each median's spread, the target's identity, and the comparison with the profile it replaces when that
-one timed the same target on the same device (a warning names the file where they differ by more than 5%).
+Batch 1 over a prefilled KV cache, each size n a forward of n tokens, the way servers run decode where we can:
+`graphs` on CUDA for a pure-attention or a Gated DeltaNet hybrid target (static caches, each size a CUDA graph; a
+hybrid's verify includes its state commit), else `eager` (HF's forward). Each size repeats until its median is
+stable or a time cap is spent; only the sizes the configured methods verify are timed (`sizes_to_measure`).
+The methods, the caps and the profile written: docs/speedup.md ("measured by us"); the forwards:
+docs/speedup_loops.md.
 """
 
 from __future__ import annotations
