@@ -17,6 +17,7 @@ import logging
 import textwrap
 import time
 from collections.abc import Iterator
+from contextlib import AbstractContextManager
 from pathlib import Path
 from typing import Any
 
@@ -374,6 +375,20 @@ def server_paused(settings: dict[str, Any], work: str = "extraction") -> Iterato
                     "back after it: %s",
                     error,
                 )
+
+
+def target_gpu_freed(settings: dict[str, Any], work: str = "extraction") -> AbstractContextManager:
+    """For a block that loads the target on its GPU (extraction, profile_target): `server_paused` where the server
+    shares that GPU (`server.shares_target_gpu`, the default); otherwise the server keeps serving and nothing is
+    paused, recorded or locked, so fetches run on beside the block."""
+    if stage_settings("server", settings)["shares_target_gpu"]:
+        return server_paused(settings, work)
+    log.info(
+        "server %s does not share the target's GPU (server.shares_target_gpu: false): it keeps serving during the %s",
+        settings["base_url"],
+        work,
+    )
+    return contextlib.nullcontext()
 
 
 # ----- CLI -----
