@@ -185,7 +185,10 @@ def main() -> int:
     own_chain = max((m for m in methods if m.startswith("chain-B")), key=lambda m: int(m.removeprefix("chain-B")))
     chain = [taus[name][own_chain] for name in names]
     rising = all(a < b for a, b in zip(chain, chain[1:]))
-    lines += ["", f"{own_chain} tau {' < '.join(f'{t:.3f}' for t in chain)} in training order: {'yes' if rising else 'NO'}"]
+    lines += [
+        "",
+        f"{own_chain} tau {' < '.join(f'{t:.3f}' for t in chain)} in training order: {'yes' if rising else 'NO'}",
+    ]
     print_and_record(lines, args.record)
     return 0 if rising or smoke_dir else 1
 

@@ -48,7 +48,10 @@ def test_a_drafter_build_on_the_named_device_repeats_itself_and_saves_cpu_tensor
         a = load_file(tmp_path / "a" / name / "model.safetensors")
         b = load_file(tmp_path / "b" / name / "model.safetensors")
         assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
-    trained, start = load_file(tmp_path / "a/step3/model.safetensors"), load_file(tmp_path / "a/untrained/model.safetensors")
+    trained, start = (
+        load_file(tmp_path / "a/step3/model.safetensors"),
+        load_file(tmp_path / "a/untrained/model.safetensors"),
+    )
     assert any(not torch.equal(trained[k], start[k]) for k in trained)  # it did train
     checkpoint = torch.load(tmp_path / "a/checkpoints/step_3.pt", weights_only=True)
     assert {t.device.type for t in checkpoint["model_state_dict"].values()} == {"cpu"}

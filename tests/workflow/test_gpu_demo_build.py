@@ -41,7 +41,9 @@ def test_a_cuda_build_repeats_itself_and_loads_anywhere(tmp_path):
     build(tmp_path / "b", "cuda:0")
     assert same_weights(tmp_path / "a/target/model.safetensors", tmp_path / "b/target/model.safetensors")
     for name in ("untrained", "step30"):
-        assert same_weights(tmp_path / f"a/drafters/{name}/model.safetensors", tmp_path / f"b/drafters/{name}/model.safetensors")
+        assert same_weights(
+            tmp_path / f"a/drafters/{name}/model.safetensors", tmp_path / f"b/drafters/{name}/model.safetensors"
+        )
     checkpoint = torch.load(tmp_path / "a/drafters/checkpoints/step_30.pt", weights_only=True)
     assert {t.device.type for t in checkpoint["model_state_dict"].values()} == {"cpu"}
     trained = load_file(tmp_path / "a/drafters/step30/model.safetensors")

@@ -58,7 +58,9 @@ def run_project(tmp_path: Path, shares: bool | None) -> tuple[Path, list[dict], 
     (root / "config.yaml").write_text(yaml.safe_dump(config, sort_keys=False))
     check(snakemake(workflow, root, "--cores", "4"))
     stages = [json.loads(line) for line in (root / "stages.jsonl").read_text().splitlines()]
-    events = [json.loads(line)["event"] for line in (root / "results/logs/server/transitions.jsonl").read_text().splitlines()]
+    events = [
+        json.loads(line)["event"] for line in (root / "results/logs/server/transitions.jsonl").read_text().splitlines()
+    ]
     return root, stages, events
 
 

@@ -45,5 +45,7 @@ def prepare_build_device(device: str) -> torch.device:
     torch.backends.cuda.matmul.allow_tf32 = False
     torch.backends.cudnn.allow_tf32 = False
     torch_device = torch.device(device)
-    log.info("demo build on %s (%s), deterministic algorithms on", torch_device, torch.cuda.get_device_name(torch_device))
+    log.info(
+        "demo build on %s (%s), deterministic algorithms on", torch_device, torch.cuda.get_device_name(torch_device)
+    )
     return torch_device

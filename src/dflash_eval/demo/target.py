@@ -30,13 +30,13 @@ from transformers import (
     Qwen3_5TextConfig,
 )
 
+from dflash_eval.demo.build_device import prepare_build_device
 from dflash_eval.demo.corpus import (
     SourceFile,
     chat_examples,
     corpus_fingerprint,
     select_sources,
 )
-from dflash_eval.demo.build_device import prepare_build_device
 from dflash_eval.demo.tokenizer import BUILD_INFO, ENDOFTEXT, IM_END
 from dflash_eval.extract.backends import bind_backend
 from dflash_eval.io_utils import sha256_file
