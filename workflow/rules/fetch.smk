@@ -15,7 +15,8 @@ rule fetch:
         f"{BENCH}/fetch/{{dataset}}.tsv"
     resources:
         server_lock=lambda w: int(
-            config["server"]["shares_target_gpu"] or config["profile_server"]["enabled"]
+            config["server"]["shares_target_gpu"]
+            or config["profile_server"]["enabled"]
         ),
     params:
         settings=lambda w: settings_param(cfg.fetch_params(config, w.dataset)),
