@@ -67,3 +67,35 @@ def test_the_target_build_records_its_device_and_trains_on_it(tmp_path):
     assert info["device"] == "cpu" and info["train"]["steps"] == 2
     weights = load_file(tmp_path / "t" / "model.safetensors")
     assert {t.device.type for t in weights.values()} == {"cpu"}
+
+
+def test_a_cuda_build_turns_on_what_makes_it_repeat_itself(monkeypatch):
+    """The CUDA branch on a CPU machine (CUDA's presence faked): deterministic algorithms, cuBLAS's fixed
+    workspace, no TF32, attention by the math kernel. Every global it sets is put back after."""
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: "a faked GPU")
+    monkeypatch.delenv("CUBLAS_WORKSPACE_CONFIG", raising=False)
+    for flag in ("deterministic", "benchmark", "allow_tf32"):
+        monkeypatch.setattr(torch.backends.cudnn, flag, getattr(torch.backends.cudnn, flag))
+    monkeypatch.setattr(torch.backends.cuda.matmul, "allow_tf32", torch.backends.cuda.matmul.allow_tf32)
+    sdp = {
+        "flash": torch.backends.cuda.flash_sdp_enabled(),
+        "mem_efficient": torch.backends.cuda.mem_efficient_sdp_enabled(),
+        "cudnn": torch.backends.cuda.cudnn_sdp_enabled(),
+    }
+    try:
+        assert build_device.prepare_build_device("cuda:1") == torch.device("cuda:1")
+        assert torch.are_deterministic_algorithms_enabled() and torch.is_deterministic_algorithms_warn_only_enabled()
+        assert build_device.os.environ["CUBLAS_WORKSPACE_CONFIG"] == ":4096:8"
+        assert torch.backends.cudnn.deterministic and not torch.backends.cudnn.benchmark
+        assert not torch.backends.cudnn.allow_tf32 and not torch.backends.cuda.matmul.allow_tf32
+        assert not (
+            torch.backends.cuda.flash_sdp_enabled()
+            or torch.backends.cuda.mem_efficient_sdp_enabled()
+            or torch.backends.cuda.cudnn_sdp_enabled()
+        )
+    finally:
+        torch.use_deterministic_algorithms(False)
+        torch.backends.cuda.enable_flash_sdp(sdp["flash"])
+        torch.backends.cuda.enable_mem_efficient_sdp(sdp["mem_efficient"])
+        torch.backends.cuda.enable_cudnn_sdp(sdp["cudnn"])

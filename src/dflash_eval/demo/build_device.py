@@ -1,9 +1,10 @@
 """The device the demo's target and drafters are trained on (`demo.build_device`), set up to repeat itself.
 
 On the CPU nothing is changed: the thread count the build is given decides the bits, as it always did. On CUDA
-the build runs with deterministic algorithms (cuBLAS's fixed workspace, deterministic cuDNN, no TF32), so that a
-GPU build is reproducible on the same GPU, torch and CUDA. A CUDA build gives other models than a CPU build (as
-two CPU thread counts already do), so the demo's taus are a machine's, not the project's (docs/demo.md).
+the build runs with deterministic algorithms (cuBLAS's fixed workspace, deterministic cuDNN, no TF32, attention by
+the math kernel), so that a GPU build is reproducible on the same GPU, torch and CUDA. A CUDA build gives other
+models than a CPU build (as two CPU thread counts already do), so the demo's taus are a machine's, not the
+project's (docs/demo.md).
 """
 
 from __future__ import annotations
@@ -44,6 +45,11 @@ def prepare_build_device(device: str) -> torch.device:
     torch.backends.cudnn.benchmark = False
     torch.backends.cuda.matmul.allow_tf32 = False
     torch.backends.cudnn.allow_tf32 = False
+    # attention through plain matmuls: the flash, memory-efficient and cuDNN kernels' backward passes need not
+    # repeat themselves (the demo's attention is tiny, the math kernel costs nothing here)
+    torch.backends.cuda.enable_flash_sdp(False)
+    torch.backends.cuda.enable_mem_efficient_sdp(False)
+    torch.backends.cuda.enable_cudnn_sdp(False)
     torch_device = torch.device(device)
     log.info(
         "demo build on %s (%s), deterministic algorithms on", torch_device, torch.cuda.get_device_name(torch_device)
