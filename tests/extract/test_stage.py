@@ -206,9 +206,7 @@ def _fake_server(monkeypatch):
         finally:
             events.append("resume")
 
-    # extraction frees the target's GPU through target_gpu_freed (server_paused where the server shares it)
-    fake = types.SimpleNamespace(server_paused=server_paused, target_gpu_freed=server_paused)
-    monkeypatch.setitem(sys.modules, "dflash_eval.server.control", fake)
+    monkeypatch.setitem(sys.modules, "dflash_eval.server.control", types.SimpleNamespace(server_paused=server_paused))
     return events
 
 

@@ -2,7 +2,7 @@
 the CPU). False: the server is launched once and keeps serving through extraction, nothing is paused, and the
 fetches of two datasets run side by side (no server_lock). The default (true): extraction pauses the server and
 the two fetches run one after the other. Stages replaced by the recorder as in test_server.py; the server control
-(ServerController, target_gpu_freed) and the server process are real."""
+(ServerController, server_paused) and the server process are real."""
 
 from __future__ import annotations
 
@@ -34,7 +34,7 @@ def note(**entry):
         f.write(json.dumps(dict(entry, t=time.time())) + "\n")
 
 if rest[0] in ("fetch", "extract"):
-    from dflash_eval.server.control import ServerController, target_gpu_freed
+    from dflash_eval.server.control import ServerController, server_paused
     server = json.loads(rest[rest.index("--runtime") + 1])["server"]
     out = rest[rest.index("--out") + 1]
     if rest[0] == "fetch":
@@ -43,7 +43,7 @@ if rest[0] in ("fetch", "extract"):
         time.sleep(3)
         note(stage="fetch", out=out, at="end")
     else:
-        with target_gpu_freed(server):
+        with server_paused(server):
             note(stage="extract", out=out, healthy=ServerController(server).is_healthy())
 runpy.run_path(os.path.join(os.path.dirname(os.path.abspath(__file__)), "recorder"), run_name="__main__")
 '''

@@ -139,9 +139,9 @@ def _server_paused(server: dict[str, Any] | None) -> AbstractContextManager:
             "paused, so a server on this GPU keeps its memory while the target loads"
         )
         return nullcontext()
-    from dflash_eval.server.control import target_gpu_freed
+    from dflash_eval.server.control import server_paused
 
-    return target_gpu_freed(server)
+    return server_paused(server)
 
 
 def _release_device_memory(device: torch.device) -> None:

@@ -110,8 +110,7 @@ def checked(settings: dict[str, Any]) -> dict[str, Any]:
 
 
 def profile_target(settings: dict[str, Any], out: str | Path) -> dict[str, Any]:
-    """Load the target with its GPU freed of the server (server.shares_target_gpu), time it, write the stamped
-    profile."""
+    """Load the target with the server paused, time it, write the stamped profile."""
     import torch
 
     from dflash_eval.cache.serving_profile import ESTIMATE_STAMP
@@ -119,7 +118,7 @@ def profile_target(settings: dict[str, Any], out: str | Path) -> dict[str, Any]:
     from dflash_eval.extract.target import load_target
     from dflash_eval.provenance.identity import estimate_code_hash
     from dflash_eval.provenance.stamps import STAMP, stage_stamp
-    from dflash_eval.server.control import target_gpu_freed
+    from dflash_eval.server.control import server_paused
     from dflash_eval.tools.target_timing import sizes_to_measure, write_target_profile
 
     target = settings["target"]
@@ -143,7 +142,7 @@ def profile_target(settings: dict[str, Any], out: str | Path) -> dict[str, Any]:
         "backend": target["backend"],
     }
     device = torch.device(target["device"])
-    with target_gpu_freed(settings["server"]) if settings.get("server") else _no_server():
+    with server_paused(settings["server"]) if settings.get("server") else _no_server():
         try:
             model, _ = load_target(target["path"], target["dtype"], target["device"])
             with use_backend(target["backend"], target["device"], model):
