@@ -93,6 +93,15 @@ if [ "$what" = demo ] || [ "$what" = all ] || [ "$what" = demo-warm ]; then
     [ "$what" = demo-warm ] && rm -rf results && snakemake --unlock --cores 1 --configfile config/gpu.yaml > /dev/null 2>&1
     step gpu_demo 560 'snakemake --cores 16 --configfile config/gpu.yaml'
     cp results/summary.md "$OUT/" 2>/dev/null
+    # the models a GPU build made must have learned: each dataset's primary tau rises with the training step
+    python3 - >> "$summary" 2>&1 << 'PY'
+import csv
+rows = [r for r in csv.DictReader(open("results/summary.csv")) if r["primary"] == "True"]
+for dataset in sorted({r["dataset"] for r in rows}):
+    taus = sorted((int(r["training_step"]), float(r["tau_mean_of_samples"]), r["drafter"]) for r in rows if r["dataset"] == dataset)
+    rising = all(a[1] < b[1] for a, b in zip(taus, taus[1:]))
+    print(f"{dataset}: " + " < ".join(f"{d} {t:.3f}" for _, t, d in taus) + f": rising with step {'yes' if rising else 'NO'}")
+PY
     python3 .ci/rule_times.py results/benchmarks > "$OUT/rule_times.md" 2>&1; cat "$OUT/rule_times.md" >> "$summary"
     tar czf "$OUT/demo_logs.tgz" results/logs results/benchmarks results/trust.json results/summary.csv 2>/dev/null
 fi

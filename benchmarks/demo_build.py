@@ -5,7 +5,11 @@ greedy completions of the demo prompts with Hugging Face `generate` (what the se
 returns) and evaluates every drafter from the target's hidden states with our evaluator. Prints a
 table and appends it to benchmarks/results/demo_build.md.
 
-    python benchmarks/demo_build.py --out /tmp/demo --threads 2 [--skip-build]
+    python benchmarks/demo_build.py --out /tmp/demo --threads 2 [--device cuda:0] [--skip-build]
+
+`--device` is demo.build_device (where target and drafters train); the completions and the evaluation run on the
+CPU either way. The table ends with whether the drafters' chain tau rises with training (untrained < each step),
+the check that a build on any device learned.
 """
 
 from __future__ import annotations
@@ -27,7 +31,9 @@ from record import (  # benchmarks/record.py (the script's own folder)
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def build(out: Path, target_steps: int, drafter_steps: list[int], threads: int, sequences: int) -> dict[str, float]:
+def build(
+    out: Path, target_steps: int, drafter_steps: list[int], threads: int, sequences: int, device: str = "cpu"
+) -> dict[str, float]:
     calls = {
         "tokenizer": ["demo-tokenizer", "--out", str(out / "tokenizer"), "--seed", "0"],
         "target": [
@@ -42,6 +48,8 @@ def build(out: Path, target_steps: int, drafter_steps: list[int], threads: int, 
             str(target_steps),
             "--threads",
             str(threads),
+            "--device",
+            device,
         ],
         "drafters": [
             "demo-drafters",
@@ -57,6 +65,8 @@ def build(out: Path, target_steps: int, drafter_steps: list[int], threads: int, 
             str(threads),
             "--sequences",
             str(sequences),
+            "--device",
+            device,
         ],
     }
     seconds = {}
@@ -127,6 +137,7 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, default=Path("/tmp/dflash-demo-build"))
     parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--device", default="cpu", help="demo.build_device: where target and drafters train")
     parser.add_argument("--target-steps", type=int, default=300)
     parser.add_argument("--drafter-steps", type=int, nargs="+", default=[60, 250, 900])
     parser.add_argument("--max-tokens", type=int, default=96)
@@ -151,12 +162,14 @@ def main() -> int:
         args.out = Path(smoke_dir.name)
     torch.set_num_threads(args.threads)
     seconds = (
-        {} if args.skip_build else build(args.out, args.target_steps, args.drafter_steps, args.threads, args.sequences)
+        {}
+        if args.skip_build
+        else build(args.out, args.target_steps, args.drafter_steps, args.threads, args.sequences, args.device)
     )
     names = ["untrained"] + [f"step{s}" for s in args.drafter_steps]
     taus, eval_seconds, generate_seconds = evaluate(args.out, args.max_tokens, names, args.prompts)
     lines = [
-        f"## demo build, {args.threads} threads, {platform.processor() or platform.machine()}, "
+        f"## demo build on {args.device}, {args.threads} threads, {platform.processor() or platform.machine()}, "
         f"python {platform.python_version()}, torch {torch.__version__}",
         "",
         "| stage | seconds |",
@@ -169,8 +182,15 @@ def main() -> int:
     lines += [
         f"| {k} | {eval_seconds[k]:.1f} | " + " | ".join(f"{v[m]:.3f}" for m in methods) + " |" for k, v in taus.items()
     ]
+    own_chain = max((m for m in methods if m.startswith("chain-B")), key=lambda m: int(m.removeprefix("chain-B")))
+    chain = [taus[name][own_chain] for name in names]
+    rising = all(a < b for a, b in zip(chain, chain[1:]))
+    lines += [
+        "",
+        f"{own_chain} tau {' < '.join(f'{t:.3f}' for t in chain)} in training order: {'yes' if rising else 'NO'}",
+    ]
     print_and_record(lines, args.record)
-    return 0
+    return 0 if rising or smoke_dir else 1
 
 
 if __name__ == "__main__":

@@ -2,6 +2,10 @@
 # Included only with demo.enabled (config.yaml); the settings are the validated config's (defaults in the schema).
 DEMO_STEPS = DEMO["drafter_steps"]
 DEMO_DRAFTERS = ["untrained"] + [f"step{s}" for s in DEMO_STEPS]
+# demo.build_device: where target and drafters train (cpu, or cuda in config/gpu.yaml); a param, so another
+# device rebuilds them (other models: docs/demo.md)
+DEMO_BUILD_DEVICE = DEMO["build_device"]
+DEMO_BUILD_GPUS = 0 if DEMO_BUILD_DEVICE == "cpu" else 1
 
 
 rule demo_tokenizer:
@@ -30,14 +34,17 @@ rule demo_target:
     benchmark:
         f"{BENCH}/demo/target.tsv"
     threads: 2
+    resources:
+        gpu=DEMO_BUILD_GPUS,
     params:
         seed=DEMO["seed"],
         steps=DEMO["target_steps"],
+        device=DEMO_BUILD_DEVICE,
         tokenizer=lambda w, input: os.path.dirname(input.tokenizer),
         out=lambda w, output: os.path.dirname(output.config),
     shell:
         "dflash-eval --log {log} demo-target --tokenizer {params.tokenizer} --out {params.out}"
-        " --seed {params.seed} --steps {params.steps} > /dev/null 2>> {log}"
+        " --seed {params.seed} --steps {params.steps} --device {params.device} > /dev/null 2>> {log}"
 
 
 rule demo_drafters:
@@ -57,9 +64,13 @@ rule demo_drafters:
     benchmark:
         f"{BENCH}/demo/drafters.tsv"
     # every core it is given: two torch threads per process (they decide the bits) and one worker process per
-    # two cores for the target's greedy training completions (the same bits for any number of workers)
-    threads: workflow.cores
+    # two cores for the target's greedy training completions (the same bits for any number of workers); a build
+    # on CUDA computes them on the GPU, in one process
+    threads: workflow.cores if DEMO_BUILD_DEVICE == "cpu" else 2
+    resources:
+        gpu=DEMO_BUILD_GPUS,
     params:
+        device=DEMO_BUILD_DEVICE,
         seed=DEMO["seed"],
         steps=" ".join(str(s) for s in DEMO_STEPS),
         torch_threads=lambda w, threads: min(threads, 2),
@@ -69,4 +80,4 @@ rule demo_drafters:
     shell:
         "dflash-eval --log {log} demo-drafters --target {params.target} --out {params.out}"
         " --steps {params.steps} --seed {params.seed} --threads {params.torch_threads} --workers {params.workers}"
-        " > /dev/null 2>> {log}"
+        " --device {params.device} > /dev/null 2>> {log}"

@@ -13,7 +13,7 @@ rule extract:
         f"{BENCH}/extract/{{dataset}}/{{layerset}}.tsv"
     threads: 2
     resources:
-        server_lock=1,
+        server_lock=lambda w: int(config["server"]["shares_target_gpu"]),
         gpu=lambda w: 0 if config["target"]["device"] == "cpu" else 1,
     params:
         settings=lambda w: settings_param(

@@ -14,7 +14,10 @@ rule fetch:
     benchmark:
         f"{BENCH}/fetch/{{dataset}}.tsv"
     resources:
-        server_lock=1,
+        server_lock=lambda w: int(
+            config["server"]["shares_target_gpu"]
+            or config["profile_server"]["enabled"]
+        ),
     params:
         settings=lambda w: settings_param(cfg.fetch_params(config, w.dataset)),
         prompts=lambda w: prompts_fingerprint(w.dataset),

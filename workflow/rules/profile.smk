@@ -1,7 +1,9 @@
 # profile_target: the target's serving step (T_AR, T_verify(n)) timed once per target, device, dtype and backend,
 # for the expected speedup that the report makes (docs/speedup.md). Only where speedup.measure times it (true, or
-# auto on CUDA) and no speedup.profile is named. server_lock keeps it apart from fetch and extraction; it pauses the
-# server as extraction does (the same --runtime). Its params decide the profile: the target, the timing settings and
+# auto on CUDA) and no speedup.profile is named. Where the server shares the target's GPU (server.shares_target_gpu,
+# the default) it pauses the server as extraction does (the same --runtime) and server_lock keeps it apart from fetch
+# and extraction; where not, the server keeps serving and fetch, extraction and this rule take no server_lock (a
+# fetch still takes it while profile_server may restart the server). Its params decide the profile: the target, the timing settings and
 # what picks the sizes it times (the configured methods); a change re-times it and reruns the report only.
 if TARGET_PROFILE:
 
@@ -17,7 +19,7 @@ if TARGET_PROFILE:
             f"{BENCH}/profile_target.tsv"
         threads: 2
         resources:
-            server_lock=1,
+            server_lock=lambda w: int(config["server"]["shares_target_gpu"]),
             gpu=lambda w: 0 if config["target"]["device"] == "cpu" else 1,
         params:
             settings=settings_param(target_profile.params(config)),

@@ -27,6 +27,7 @@ from torch.nn import functional as F
 from tqdm import tqdm
 from transformers import AutoModelForCausalLM, AutoTokenizer, Qwen3Config
 
+from dflash_eval.demo.build_device import prepare_build_device
 from dflash_eval.demo.corpus import chat_examples, select_sources
 from dflash_eval.evaluate.blocks import BlockDrafter
 from dflash_eval.extract.backends import bind_backend
@@ -94,7 +95,9 @@ def training_prompts(tokenizer, count: int, seed: int) -> list[torch.Tensor]:
 def greedy_sequence(
     target, prompt: torch.Tensor, layer_ids: list[int], max_new_tokens: int, eos: int
 ) -> TrainingSequence:
-    """One prompt's greedy completion and the target's features along it (batch 1: no padding)."""
+    """One prompt's greedy completion and the target's features along it (batch 1: no padding), on the target's
+    device."""
+    prompt = prompt.to(target.device)
     tokens = target.generate(
         prompt, max_new_tokens=max_new_tokens, do_sample=False, eos_token_id=eos, pad_token_id=eos
     )[0]
@@ -132,12 +135,12 @@ def greedy_sequences(
 
     Each sequence is computed alone (batch 1) with the same thread count in every process, so the
     result is bit-identical whatever `workers` is (tests/demo/test_drafter_build.py); more workers only
-    use more cores.
+    use more cores. The workers run on the CPU: a target on another device computes them itself.
     """
     eos = tokenizer.convert_tokens_to_ids("<|im_end|>")
     jobs = [(prompt, layer_ids, max_new_tokens, eos) for prompt in training_prompts(tokenizer, count, seed)]
     progress = dict(total=count, desc="target greedy completions", unit="seq")
-    if workers <= 1:
+    if workers <= 1 or target.device.type != "cpu":
         return [greedy_sequence(target, *job) for job in tqdm(jobs, **progress)]
     context = multiprocessing.get_context("spawn")
     with ProcessPoolExecutor(
@@ -154,13 +157,14 @@ def block_loss(
 ) -> torch.Tensor:
     """Cross-entropy of the block's predictions against the next tokens, early positions weighted more."""
     last = len(sequence.tokens) - 2
+    device = sequence.tokens.device
     if last < sequence.prompt_len:
-        return torch.zeros((), requires_grad=True)
+        return torch.zeros((), requires_grad=True, device=device)
     candidates = list(range(sequence.prompt_len, last + 1))
-    anchors = torch.tensor(sorted(rng.sample(candidates, min(anchors_per_seq, len(candidates)))))
+    anchors = torch.tensor(sorted(rng.sample(candidates, min(anchors_per_seq, len(candidates)))), device=device)
     context = runner.context(sequence.features)
     logits = runner.logits(runner.block_hidden(context, sequence.tokens, anchors))  # [m, B-1, V]
-    offsets = torch.arange(1, runner.block_size)
+    offsets = torch.arange(1, runner.block_size, device=device)
     positions = anchors[:, None] + offsets[None]
     valid = positions < len(sequence.tokens)
     labels = sequence.tokens[positions.clamp(max=len(sequence.tokens) - 1)].masked_fill(~valid, -100)
@@ -179,7 +183,7 @@ def save_checkpoint(model, out_dir: Path, name: str, step: int, epoch: float) ->
     atomic_write_json(config_file, config)
     pt_dir = out_dir / "checkpoints"
     pt_dir.mkdir(parents=True, exist_ok=True)
-    state = {k: v.detach().clone() for k, v in model.state_dict().items()}
+    state = {k: v.detach().cpu().clone() for k, v in model.state_dict().items()}  # loads anywhere
     torch.save({"model_state_dict": state, "global_step": step, "epoch": epoch}, pt_dir / f"step_{step}.pt")
 
 
@@ -193,13 +197,18 @@ def build_drafters(
     anchors_per_seq: int = 32,
     lr: float = 2e-3,
     workers: int = 1,
+    device: str = "cpu",
 ) -> dict:
-    """Train one drafter, saving the untrained start and a checkpoint at each of `steps`."""
+    """Train one drafter on `device`, saving the untrained start and a checkpoint at each of `steps`.
+
+    The drafter starts from the same seeded CPU initialisation on every device; `workers` CPU processes compute
+    the training completions of a CPU build (a build on CUDA computes them on the GPU)."""
+    torch_device = prepare_build_device(device)
     torch.manual_seed(seed)
     rng = random.Random(seed)
     started = time.perf_counter()
     tokenizer = AutoTokenizer.from_pretrained(target_dir)
-    target = AutoModelForCausalLM.from_pretrained(target_dir, dtype=torch.float32).eval()
+    target = AutoModelForCausalLM.from_pretrained(target_dir, dtype=torch.float32).eval().to(torch_device)
     for param in target.parameters():
         param.requires_grad_(False)
     config = target.config
@@ -209,7 +218,7 @@ def build_drafters(
     data = [TrainingSequence(s.tokens.clone(), s.features.clone(), s.prompt_len) for s in data]
     from dflash import DFlashDraftModel
 
-    model = DFlashDraftModel(drafter_config(config, mask_id, layer_ids))
+    model = DFlashDraftModel(drafter_config(config, mask_id, layer_ids)).to(torch_device)
     runner = BlockDrafter(
         model, target.get_input_embeddings().weight.detach(), target.get_output_embeddings().weight.detach(), mask_id
     )
@@ -245,6 +254,7 @@ def build_drafters(
         "steps": sorted(steps),
         "sequences": len(data),
         "seed": seed,
+        "device": device,
         "final_loss": sum(losses[-20:]) / min(20, len(losses)),
         "seconds": round(time.perf_counter() - started, 1),
     }
@@ -264,12 +274,21 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--workers",
         type=int,
         default=1,
-        help="processes for the target's greedy completions (same result for any number)",
+        help="processes for the target's greedy completions (same result for any number; a CPU build only)",
     )
+    parser.add_argument("--device", default="cpu", help="where to train: cpu, cuda or cuda:N (demo.build_device)")
 
 
 def run(args: argparse.Namespace) -> int:
     torch.set_num_threads(args.threads)
-    bind_backend("torch", "cpu")  # the target's features for training come from CPU forwards
-    build_drafters(args.target, args.out, args.steps, seed=args.seed, sequences=args.sequences, workers=args.workers)
+    bind_backend("torch", args.device)  # the target's features come from its torch kernels, on any device
+    build_drafters(
+        args.target,
+        args.out,
+        args.steps,
+        seed=args.seed,
+        sequences=args.sequences,
+        workers=args.workers,
+        device=args.device,
+    )
     return 0

@@ -30,6 +30,7 @@ from transformers import (
     Qwen3_5TextConfig,
 )
 
+from dflash_eval.demo.build_device import prepare_build_device
 from dflash_eval.demo.corpus import (
     SourceFile,
     chat_examples,
@@ -165,7 +166,9 @@ def _lr_at(step: int, s: TrainSettings) -> float:
 
 
 def train(model: Qwen3_5ForCausalLM, data: torch.Tensor, s: TrainSettings, seed: int) -> list[float]:
-    """AdamW on next-token loss over `data` windows; returns the per-step losses."""
+    """AdamW on next-token loss over `data` windows (on the CPU; each batch moves to the model's device); returns
+    the per-step losses."""
+    device = next(model.parameters()).device
     generator = torch.Generator().manual_seed(seed)
     # Epochs of seeded permutations: every window is seen once before any repeats.
     epochs = math.ceil(s.steps * s.batch_size / data.shape[0])
@@ -182,7 +185,7 @@ def train(model: Qwen3_5ForCausalLM, data: torch.Tensor, s: TrainSettings, seed:
     with logging_redirect_tqdm():
         bar = tqdm(range(s.steps), desc="demo target", unit="step")
         for step in bar:
-            batch = data[order[step * s.batch_size : (step + 1) * s.batch_size]]
+            batch = data[order[step * s.batch_size : (step + 1) * s.batch_size]].to(device)
             for group in opt.param_groups:
                 group["lr"] = _lr_at(step, s)
             loss = model(input_ids=batch, labels=batch).loss
@@ -222,12 +225,17 @@ def build_target(
     steps: int | None = None,
     settings: TrainSettings | None = None,
     threads: int = 2,
+    device: str = "cpu",
 ) -> dict:
-    """Train the demo target on chat-formatted stdlib code and save it servable; returns build info."""
+    """Train the demo target on chat-formatted stdlib code on `device` and save it servable; returns build info.
+
+    The weights start from the same seeded CPU initialisation on every device; `threads` are the CPU's torch
+    threads (on the CPU they decide the bits)."""
     s = settings or TrainSettings()
     if steps is not None:
         s = TrainSettings(**{**asdict(s), "steps": steps})
     torch.set_num_threads(threads)
+    torch_device = prepare_build_device(device)
     tokenizer_dir, out_dir = Path(tokenizer_dir), Path(out_dir)
     tokenizer = AutoTokenizer.from_pretrained(tokenizer_dir)
     t0 = time.perf_counter()
@@ -235,14 +243,16 @@ def build_target(
     # At most one window per sampled row; fewer is fine (rows then repeat).
     data = packed_windows(tokenizer, files, seed, min(s.steps * s.batch_size, 4096), s.seq_len)
     t_data = time.perf_counter() - t0
-    model = new_model(config_for(tokenizer), seed)
+    model = new_model(config_for(tokenizer), seed).to(torch_device)
     losses = train(model, data, s, seed)
+    model.to("cpu")
     t_train = time.perf_counter() - t0 - t_data
     info = {
         "kind": "dflash-eval demo target",
         "seed": seed,
         "train": asdict(s),
         "threads": threads,
+        "device": device,
         "parameters": sum(p.numel() for p in model.parameters()),
         "loss_first": losses[0] if losses else None,
         "loss_last_10": sum(losses[-10:]) / max(1, len(losses[-10:])),
@@ -265,16 +275,17 @@ def add_target_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--steps", type=int, default=TrainSettings.steps)
     parser.add_argument("--threads", type=int, default=2, help="torch CPU threads")
+    parser.add_argument("--device", default="cpu", help="where to train: cpu, cuda or cuda:N (demo.build_device)")
 
 
 def run_target(args: argparse.Namespace) -> int:
     """Train and save the demo target; the output directory is replaced only on success."""
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
-    bind_backend("torch", "cpu")  # trained on the CPU: never fla's Triton kernels, wherever fla imports
+    bind_backend("torch", args.device)  # the torch kernels on any device: never fla's Triton kernels
     out = Path(args.out)
     tmp = out.with_name(out.name + ".partial")
     shutil.rmtree(tmp, ignore_errors=True)
-    info = build_target(args.tokenizer, tmp, seed=args.seed, steps=args.steps, threads=args.threads)
+    info = build_target(args.tokenizer, tmp, seed=args.seed, steps=args.steps, threads=args.threads, device=args.device)
     shutil.rmtree(out, ignore_errors=True)
     tmp.rename(out)
     print(f"demo target -> {out} (loss {info['loss_first']:.2f} -> {info['loss_last_10']:.2f}, {info['seconds']})")

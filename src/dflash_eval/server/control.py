@@ -32,6 +32,7 @@ from dflash_eval.server.transitions import Transitions
 log = logging.getLogger(__name__)
 
 WAIT_LOG_S = 60.0  # how often a job waiting for another job's outage says so
+PORT_WORK = "profile"  # server_paused's work that needs the server's port (profile-server's variants), not its GPU
 UP_COMMAND = "dflash-eval server up --config config.yaml"
 
 
@@ -346,8 +347,22 @@ def server_paused(settings: dict[str, Any], work: str = "extraction") -> Iterato
     either way), its message saying the same.
     `work` names the block in transitions.jsonl (`<work>_start`, `<work>_end`): "extraction", or "profile" for
     profile-server, so that the report's outage table counts each for what it was.
+
+    A server that does not share the target's GPU (`server.shares_target_gpu: false`: on the CPU or other GPUs) is
+    left serving around an extraction (or profile_target's timing, also "extraction" here): nothing is paused,
+    recorded or locked, so fetches go on beside the block. profile-server's block ("profile") pauses it wherever it
+    runs: its variants are launched on the server's port.
     """
     ctl = ServerController(settings)
+    if work != PORT_WORK and not ctl.settings["shares_target_gpu"]:
+        log.info(
+            "server %s does not share the target's GPU (server.shares_target_gpu: false): it keeps serving during "
+            "the %s",
+            ctl.base_url,
+            work,
+        )
+        yield ctl
+        return
     block_ok = False
     with sigterm_raises(sigint=True) as guard:
         try:
