@@ -2,6 +2,8 @@
 
 metrics.json (the report reads it):
   drafter, dataset, checkpoint{path, layout, sha256, global_step, epoch, step}, block_size, layer_ids,
+  attention_layout{rule, layers[{causal, sliding_window, causal_from, sliding_from, window_from}]} (what each drafter
+  layer ran, as vLLM resolves the checkpoint's config, and the keys that decided it: dflash_eval.attention_layout),
   cache{dir, backend, trained_with, backend_mismatch_allowed, target_config_hash, shards_verified[{file, sha256,
   bytes, mtime_ns}]},
   stop_token_ids, methods{"chain-B<b>" | "ddtree-<N>": {method, kind, block_size, budget,
@@ -38,7 +40,7 @@ import numpy as np
 import torch
 from tqdm import tqdm
 
-from dflash_eval import stats
+from dflash_eval import attention_layout, stats
 from dflash_eval.cache import completions_check
 from dflash_eval.cache import manifest as cache_manifest
 from dflash_eval.checkpoint import (
@@ -302,6 +304,7 @@ def run_evaluation(
         },
         "block_size": block,
         "layer_ids": loaded.layer_ids,
+        "attention_layout": attention_layout.metrics_section(loaded.attention_layout),
         "cache": cache_info,
         "stop_token_ids": stops,
         "device": str(device),
