@@ -65,6 +65,7 @@ from dflash_eval.evaluate.gpu import claim_device
 from dflash_eval.evaluate.speedup import drafter_section
 from dflash_eval.evaluate.target_head import load_target_head
 from dflash_eval.evaluate.trajectory import (
+    EvaluatorOptions,
     LoadedSample,
     SampleSpec,
     TrajectoryEvaluator,
@@ -225,8 +226,10 @@ def run_evaluation(
         block_sizes,
         budgets,
         topk,
-        settings["blocks_per_forward"],
-        **graph_options(settings.get("cuda_graphs") or "none", device, runner),
+        EvaluatorOptions(
+            blocks_per_forward=settings["blocks_per_forward"],
+            **graph_options(settings.get("cuda_graphs") or "none", device, runner),
+        ),
     )
     results = dict(
         tqdm(
