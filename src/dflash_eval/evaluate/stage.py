@@ -71,7 +71,7 @@ from dflash_eval.evaluate.trajectory import (
     TrajectoryEvaluator,
 )
 from dflash_eval.io_utils import atomic_write_json, atomic_write_text
-from dflash_eval.methods import chain_method
+from dflash_eval.methods import REJECTION, TARGET_ONLY, chain_method
 from dflash_eval.methods import parse as parse_method
 from dflash_eval.provenance.fingerprint import checkpoint_sha256
 from dflash_eval.provenance.stamps import STAMP, stage_stamp
@@ -276,7 +276,7 @@ def run_evaluation(
     )
     rejection, sampling = None, _sampling_of(records, completions)
     # greedy completions: dflash_generate's scheme at T = 0 is target_only's greedy verification (docs/sampling.md)
-    if "rejection" in verify_schemes(settings.get("verify")) and sampling is not None:
+    if REJECTION in verify_schemes(settings.get("verify")) and sampling is not None:
         rejection = _rejection(
             runner,
             cache,
@@ -335,7 +335,7 @@ def run_evaluation(
         "sampling": sampling,
     }
     if rejection is not None:
-        metrics["rejection"] = rejection
+        metrics[REJECTION] = rejection
     return metrics, rows
 
 
@@ -394,7 +394,7 @@ def method_metrics(
     return {
         "method": method,
         "kind": parsed.kind.name,
-        "scheme": "target_only",
+        "scheme": TARGET_ONLY,
         "block_size": depth,
         "budget": parsed.budget,
         **stats.tau_stats(per_sample),
