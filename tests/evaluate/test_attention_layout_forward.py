@@ -7,11 +7,13 @@ from __future__ import annotations
 import json
 from types import SimpleNamespace
 
+import numpy as np
 import pytest
 import torch
 
 from dflash_eval.evaluate.blocks import BlockDrafter, visibility_rule
 from dflash_eval.evaluate.drafter import load_drafter, reference_drafter
+from dflash_eval.evaluate.packed import ContextPool, pack, packed_hidden
 from tests.support.tiny import MASK_ID, tiny_drafter, tiny_target
 
 LAYERS = [0, 2]
@@ -106,6 +108,30 @@ def test_the_forward_runs_the_resolved_layout(tmp_path, name):
             )[:, 1:]
             torch.testing.assert_close(
                 ours[row], reference.compute_logits(hidden, target.lm_head)[0], atol=2e-5, rtol=1e-5
+            )
+        # the evaluation's own forward (packed blocks of several anchors and sizes, the trajectory evaluator's)
+        pool = ContextPool(runner, 1, 24, torch.device("cpu"), torch.float32)
+        pool.write(0, runner, features)
+        cos, sin = runner.rotary(24 + 7, pool.keys[0])
+        grid = np.full((1, 24 + 7), -1, dtype=np.int64)
+        grid[0, :24] = tokens.numpy()
+        picked, sizes = np.array([3, 8, 11, 17]), np.array([6, 2, 6, 4])
+        batch = pack(np.zeros(4, dtype=np.int64), picked, sizes, grid, MASK_ID, torch.device("cpu"))
+        packed = runner.head_logits(packed_hidden(runner, pool, batch, cos, sin))
+        start = np.concatenate([[0], np.cumsum(sizes)[:-1]])
+        for row, (s, size) in enumerate(zip(picked.tolist(), sizes.tolist())):
+            block = torch.full((1, size), MASK_ID)
+            block[0, 0] = tokens[s]
+            hidden = reference(
+                target_hidden=features[None, :s],
+                noise_embedding=torch.nn.functional.embedding(block, embed),
+                position_ids=torch.arange(s + size)[None],
+            )
+            torch.testing.assert_close(
+                packed[start[row] : start[row] + size],
+                reference.compute_logits(hidden, target.lm_head)[0],
+                atol=2e-5,
+                rtol=1e-5,
             )
         if name != "default":  # the keys change the numbers: the default layout gives other logits
             default = load_drafter(_saved(tmp_path / "plain", window, {})[1])
