@@ -183,7 +183,7 @@ def load_drafter(
 def _attention_layout(config_file: Path, config: DrafterConfig) -> list[LayerLayout]:
     """Each layer's layout as vLLM resolves it, or an error naming the config file, the key and the fix."""
     try:
-        return config.attention_layout
+        return config.layer_layouts()
     except LayoutError as error:
         raise DflashEvalError(f"{config_file}: the drafter's attention layout cannot be evaluated: {error}") from error
 
@@ -216,7 +216,7 @@ def reference_drafter(model: torch.nn.Module) -> torch.nn.Module:
     with torch.device(first.device):
         reference = getattr(dflash.model, type(model).__name__)(model.config.reference_config())
     reference.load_state_dict(model.state_dict(), strict=True)
-    apply_layout(reference, model.config.attention_layout)
+    apply_layout(reference, model.config.layer_layouts())
     reference = reference.to(dtype=first.dtype).train(model.training)
     _REFERENCES[model] = (key, reference)
     return reference

@@ -60,8 +60,8 @@ class DrafterConfig:
 
     As there: a sliding window only with use_sliding_window, key/value heads default to the attention heads, layer
     types default to sliding from max_window_layers on (when there is a window: attention_layout.completed), and
-    `rope_theta`/`rope_scaling`
-    become `rope_parameters`. Keys Qwen3 does not know (dflash_config, block_size, ...) are attributes as they are.
+    `rope_theta`/`rope_scaling` become `rope_parameters`. Keys Qwen3 does not know (dflash_config, block_size, ...)
+    are attributes as they are.
     """
 
     def __init__(self, values: dict[str, Any]) -> None:
@@ -84,8 +84,7 @@ class DrafterConfig:
     def dflash_settings(self) -> dict[str, Any]:
         return getattr(self, "dflash_config", None) or {}
 
-    @property
-    def attention_layout(self) -> list[attention_layout.LayerLayout]:
+    def layer_layouts(self) -> list[attention_layout.LayerLayout]:
         """Each layer's causality and window as vLLM resolves them (LayoutError: one the forward cannot run)."""
         values = self.to_dict()
         attention_layout.check_runnable(values)
@@ -188,7 +187,7 @@ class Attention(nn.Module):
         self.o_proj = nn.Linear(heads, config.hidden_size, bias=config.attention_bias)
         self.q_norm = RMSNorm(self.head_dim, config.rms_norm_eps)
         self.k_norm = RMSNorm(self.head_dim, config.rms_norm_eps)
-        layout = config.attention_layout[layer_idx]
+        layout = config.layer_layouts()[layer_idx]
         self.is_causal, self.sliding_window = layout.causal, layout.sliding_window
 
 
