@@ -22,13 +22,12 @@ Rows, per tau and method set ("chain-B": the drafter's own chain alone; "default
 DDTree 8/16/32/64 and top-k 1/4/16, the stage's defaults):
 - all-anchor: anchors.evaluate_sample per sample (the evaluator before the trajectory one);
 - trajectory: trajectory.TrajectoryEvaluator over all samples (the stage's evaluator);
-- with --speed-levers, the first row is today's code (for sets with trees the DDTree scorer's old default, with
-  host reads, forced: on CUDA the device now picks it without them), then each of issue 30's levers
-  (TrajectoryEvaluator options, exact by construction): the scorer as the device picks it, lookahead for the
-  rounds of fewer than --lookahead-below blocks, CUDA graphs for forwards of at most max(--cuda-graph-tokens)
-  tokens, the best combination (no host reads + graphs), flex attention (at --flex-taus); each row's steps are
-  compared with today's (the first row); --fp32-samples repeats that comparison in fp32 at the first tau (the
-  exactness rule); the set "ddtree-1024" (budgets 8..1024) against "default" gives the cost of large budgets;
+- with --speed-levers, after today's code (the first row), CUDA graphs for forwards of at most
+  max(--cuda-graph-tokens) tokens (EvaluatorOptions, exact by construction); its steps are compared with today's;
+  --fp32-samples repeats that comparison in fp32 at the first tau (the exactness rule); the set "ddtree-1024"
+  (budgets 8..1024) against "default" gives the cost of large budgets. The levers measured and rejected (flex
+  attention, lookahead, the DDTree scorer with host reads) are gone from the evaluator (git and
+  benchmarks/results/evaluator_speed.md keep them);
   --time-cap starts no row after that many seconds, so a bounded call still records what it measured;
 - with --compare-attention, the same with each attention forced: the explicit products alone, and on CUDA
   the fused kernel in every forward (the device's choice mixes them by queries per sample: packed.py);
@@ -72,6 +71,7 @@ from dflash_eval.evaluate.all_anchor import evaluate_sample
 from dflash_eval.evaluate.blocks import BlockDrafter
 from dflash_eval.evaluate.packed import fused_attention_for
 from dflash_eval.evaluate.trajectory import (
+    EvaluatorOptions,
     LoadedSample,
     SampleSpec,
     TrajectoryEvaluator,
@@ -119,25 +119,13 @@ SHAPES = {
     ),
 }
 DEFAULT_METHODS = {"budgets": [8, 16, 32, 64], "topk": [1, 4, 16]}
-LEVER_LABELS = {"flex_attention": "flex attention", "lookahead_below": "lookahead", "cuda_graph_tokens": "CUDA graphs"}
+LEVER_LABELS = {"cuda_graph_tokens": "CUDA graphs"}
 LARGE_BUDGETS = [8, 16, 32, 64, 128, 256, 512, 1024]  # the "ddtree-1024" set: the default set with budgets to 1024
 
 
 def lever_label(lever: dict) -> str:
-    """A row's lever options in words (tree_host_reads True: the DDTree scorer's old default, with host reads)."""
-    words = []
-    for key, value in lever.items():
-        if key == "tree_host_reads":
-            words.append(
-                {
-                    True: "DDTree with host reads (the old default)",
-                    False: "DDTree without host reads",
-                    None: "DDTree scorer as the device picks (on CUDA: without host reads)",
-                }[value]
-            )
-        else:
-            words.append(LEVER_LABELS[key])
-    return "".join(f", {word}" for word in words)
+    """A row's lever options in words (the keys LEVER_LABELS names; the graph options' details are not)."""
+    return "".join(f", {LEVER_LABELS[key]}" for key in lever if key in LEVER_LABELS)
 
 
 def drafter_config(
@@ -239,18 +227,12 @@ def trajectory(
     lever: dict | None = None,
 ):
     """fused: None the device's choice, False the explicit products alone, True the fused kernel in every forward;
-    lever: TrajectoryEvaluator's lever options (issue 30)."""
+    lever: more EvaluatorOptions (the CUDA graphs)."""
     with patched(packed, "FUSED_MIN_QUERIES", 0) if fused else nullcontext():
-        evaluator = TrajectoryEvaluator(
-            runner,
-            set(),
-            blocks_per_forward=rows,
-            head_split=split,
-            attention_groups=groups,
-            fused_attention=fused,
-            **methods,
-            **(lever or {}),
+        options = EvaluatorOptions(
+            blocks_per_forward=rows, head_split=split, attention_groups=groups, fused_attention=fused, **(lever or {})
         )
+        evaluator = TrajectoryEvaluator(runner, set(), options=options, **methods)
         seconds, results = run_timed(evaluator, samples)
     return seconds, completion_tokens(samples), evaluator.counts, {key: result.steps for key, result in results.items()}
 
@@ -386,15 +368,7 @@ def main() -> int:
     parser.add_argument(
         "--speed-levers",
         action="store_true",
-        help="also the trajectory evaluator with each of issue 30's levers (flex attention, the DDTree "
-        "scorer without host reads, lookahead), side by side with today's",
-    )
-    parser.add_argument(
-        "--lookahead-below",
-        type=int,
-        default=256,
-        help="the lookahead lever: rounds of fewer blocks also compute the next ones (round_profile.md: "
-        "rounds of <= 256 blocks were launch-bound)",
+        help="also the trajectory evaluator with CUDA graphs, side by side with today's",
     )
     parser.add_argument("--profile", action="store_true", help="the attention's share of a trajectory evaluation")
     parser.add_argument(
@@ -417,14 +391,6 @@ def main() -> int:
         default=0,
         help="with --speed-levers: after the first tau, each lever's steps against today's in fp32 "
         "on this many samples (the exactness rule; 0: none)",
-    )
-    parser.add_argument(
-        "--flex-taus",
-        type=float,
-        nargs="+",
-        default=None,
-        help="with --speed-levers: the taus whose sets get a flex attention row (default: all; each "
-        "new shape compiles on CUDA)",
     )
     parser.add_argument(
         "--time-cap",
@@ -451,7 +417,6 @@ def main() -> int:
         rows=[64],
         chunk=32,
         record=None,
-        lookahead_below=64,
     )
     args = parser.parse_args()
     if args.threads:
@@ -517,21 +482,11 @@ def main() -> int:
         for name in dict.fromkeys(args.sets):  # in the order asked
             methods, n_traj, n_all = sets[name]
             rows = []  # label, samples, tokens, seconds, blocks per token, needed FLOPs per token
-            # With --speed-levers the first row is today's code: for sets with trees, the DDTree scorer's old default
-            # (host reads), forced; the device's choice is now without them on CUDA (ddtree.tree_host_reads_for).
-            baseline = {"tree_host_reads": True} if args.speed_levers and methods else {}
-            variants = [(per_forward, args.head_split, "slot", None, baseline) for per_forward in args.rows]
+            variants = [(per_forward, args.head_split, "slot", None, {}) for per_forward in args.rows]
             if args.levers:
                 variants += [(args.rows[0], None, "slot", None, {}), (args.rows[0], args.head_split, "row", None, {})]
             if args.speed_levers:
-                levers = speed_levers(methods, args.lookahead_below, graphs, flex=False)
-                if (
-                    name == "ddtree-1024"
-                ):  # for the cost of large budgets: the device's scorer, and the best combination
-                    levers = [levers[0], levers[-1]]
-                elif args.flex_taus is None or tau in args.flex_taus:
-                    levers.append({"flex_attention": True})
-                variants += [(args.rows[0], args.head_split, "slot", None, lever) for lever in levers]
+                variants += [(args.rows[0], args.head_split, "slot", None, lever) for lever in speed_levers(graphs)]
             if args.compare_attention:  # each attention alone (the device's choice mixes them by queries per group)
                 variants += [(args.rows[0], args.head_split, "slot", False, {})]
                 if fused_attention_for(device):
@@ -565,12 +520,10 @@ def main() -> int:
                     checks.append(
                         f"tau {tau:g}, {name}, {label}: steps = today's (first row) on "
                         f"{agreement(traj_steps, answer):.0%} of the (sample, method) trajectories; "
-                        f"{counts.forwards} forwards, {counts.lookahead_blocks} blocks computed ahead"
-                        + graph_note(counts, tokens, seconds)
+                        f"{counts.forwards} forwards" + graph_note(counts, tokens, seconds)
                     )
                     print(checks[-1], flush=True)
-                # In bf16 two variants may take different steps (rounding): each counts the work of its own answer
-                # (the distinct blocks it read: under lookahead fewer than it computed).
+                # In bf16 two variants may take different steps (rounding): each counts the work of its own answer.
                 rows.append(
                     [
                         label,
@@ -578,7 +531,7 @@ def main() -> int:
                         tokens,
                         seconds,
                         counts.blocks / tokens,
-                        needed_flops(config, counts.needed_by_size) / tokens,
+                        needed_flops(config, counts.by_size) / tokens,
                     ]
                 )
                 print(
@@ -695,14 +648,9 @@ def main() -> int:
     return 0
 
 
-def speed_levers(methods: dict, lookahead_below: int, graphs: dict, flex: bool = True) -> list[dict]:
-    """The rows after today's: each lever alone, then the best combination measured so far (DDTree without host
-    reads, the CUDA default, with CUDA graphs), flex attention last (its first call compiles, on CUDA)."""
-    trees = bool(methods.get("budgets"))
-    levers = ([{"tree_host_reads": None}] if trees else []) + [{"lookahead_below": lookahead_below}, dict(graphs)]
-    if trees:
-        levers.append({"tree_host_reads": False, **graphs})
-    return levers + ([{"flex_attention": True}] if flex else [])
+def speed_levers(graphs: dict) -> list[dict]:
+    """The rows after today's: the CUDA graphs, the one lever still under measurement."""
+    return [dict(graphs)]
 
 
 def graph_note(counts, tokens: int, seconds: float) -> str:
@@ -729,10 +677,9 @@ def fp32_check(
         config.dflash_config["mask_token_id"],
     ).to(embed.device)
     samples = [(f.float(), t, lim) for f, t, lim in samples]
-    baseline = {"tree_host_reads": True} if methods else {}
-    _, _, _, today = trajectory(runner, samples, methods, args.rows[0], args.head_split, lever=baseline)
+    _, _, _, today = trajectory(runner, samples, methods, args.rows[0], args.head_split)
     lines = []
-    for lever in speed_levers(methods, args.lookahead_below, graphs, flex=False):  # flex: tested on the CPU (slow)
+    for lever in speed_levers(graphs):
         label = lever_label(lever).lstrip(", ")
         if out_of_time():
             lines.append(f"tau {tau:g}, {name}, fp32, {label}: not run (--time-cap {args.time_cap:g} s reached)")

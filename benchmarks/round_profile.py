@@ -30,7 +30,7 @@ from torch.profiler import ProfilerActivity, profile
 
 from dflash_eval.evaluate.blocks import BlockDrafter
 from dflash_eval.evaluate.cuda_graphs import ROUTES
-from dflash_eval.evaluate.trajectory import TrajectoryEvaluator
+from dflash_eval.evaluate.trajectory import EvaluatorOptions, TrajectoryEvaluator
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -55,7 +55,9 @@ def rounds_by_size(runner, samples, methods: dict, rows: int, config):
     """The evaluation's wall and counts, and each round's wall (a round ends in a read of the GPU's results, so its
     wall is its own) bucketed by the blocks it computed: (bucket, rounds, seconds, needed FLOPs). Shows whether
     many small, launch-bound rounds or the few large ones hold the time."""
-    evaluator = TrajectoryEvaluator(runner, set(), blocks_per_forward=rows, head_split=4, **methods)
+    evaluator = TrajectoryEvaluator(
+        runner, set(), options=EvaluatorOptions(blocks_per_forward=rows, head_split=4), **methods
+    )
     inner = evaluator._round
     totals = {bucket: [0, 0.0, 0.0] for bucket in BUCKETS}
 
@@ -118,7 +120,9 @@ def phases(runner, samples, methods: dict, rows: int, config) -> tuple[dict[str,
     from dflash_eval.evaluate import packed
     from dflash_eval.evaluate import trajectory as module
 
-    evaluator = TrajectoryEvaluator(runner, set(), blocks_per_forward=rows, head_split=4, **methods)
+    evaluator = TrajectoryEvaluator(
+        runner, set(), options=EvaluatorOptions(blocks_per_forward=rows, head_split=4), **methods
+    )
     spent: dict[str, float] = defaultdict(float)
     flops: dict[str, float] = defaultdict(float)
     device = runner.embed.device

@@ -161,3 +161,13 @@ def test_every_method_the_evaluate_stage_names_round_trips():
         assert (fields["method"], fields["kind"]) == (name, parsed.kind.name)
         assert (fields["block_size"], fields["budget"]) == (parsed.block_size(block), parsed.budget)
     assert evaluator.names[evaluator.primary] == chain_method(block)
+
+
+def test_the_verification_schemes_are_the_schemas():
+    """methods.SCHEMES names evaluation.verify's values (the schema's enum), target_only first (its default)."""
+    from dflash_eval import config
+    from dflash_eval.methods import REJECTION, SCHEMES, TARGET_ONLY
+
+    verify = config.stage_schema("evaluate")["properties"]["verify"]
+    assert verify["oneOf"][0]["enum"] == list(SCHEMES) == [TARGET_ONLY, REJECTION]
+    assert verify["default"] == TARGET_ONLY

@@ -5,7 +5,7 @@ A method is a kind and one integer parameter, named `<prefix><parameter>`:
     chain-B<b>    chain drafting with block size b; the target verifies b tokens per step
     ddtree-<N>    DDTree with N nodes besides the root, drafted from the drafter's own block; N + 1 verified
 
-The evaluate stage names its methods here (metrics.json's `methods` keys, samples.csv's `method`), the
+The verification schemes (`target_only`, `rejection`) are named here too. The evaluate stage names its methods here (metrics.json's `methods` keys, samples.csv's `method`), the
 speedup model asks here how many tokens a step verifies, and the report asks here for their order and
 labels. Adding a kind is one `Kind` entry in KINDS (and its case in tests/test_methods.py); a name that no
 kind parses, or an unknown kind, is an error naming it, never a guess.
@@ -65,6 +65,12 @@ TREE = Kind(
 
 # kind name -> Kind, in the report's order (chains first, then DDTree)
 KINDS: dict[str, Kind] = {kind.name: kind for kind in (CHAIN, TREE)}
+
+# Verification schemes (evaluation.verify's values; metrics.json's `scheme`, and the key of the rejection section):
+# how the target accepts a step's drafts. docs/sampling.md, docs/sampling_rejection.md.
+TARGET_ONLY = "target_only"  # SGLang's DFlash verify: greedy drafts, accepted with the target's probability
+REJECTION = "rejection"  # dflash_generate's speculative sampling: drafts from the drafter's q, min(1, p / q)
+SCHEMES = (TARGET_ONLY, REJECTION)
 
 
 @dataclass(frozen=True)

@@ -24,7 +24,7 @@ from dflash_eval.evaluate.packed import (
     pack_arrays,
     packed_hidden,
 )
-from dflash_eval.evaluate.trajectory import TrajectoryEvaluator
+from dflash_eval.evaluate.trajectory import EvaluatorOptions, TrajectoryEvaluator
 from tests.support import trajectory_cases as cases
 from tests.support.tiny import MASK_ID, tiny_drafter, tiny_target
 from tests.support.trajectory_cases import BLOCK, BUDGETS, STOPS, TOPK
@@ -113,8 +113,8 @@ def test_the_padded_forward_equals_the_eager_one(window, fused, monkeypatch):
 def test_the_evaluator_with_graphs_takes_todays_steps(sizes):
     runner = cases.runner()
     sequences = cases.sequences(runner)
-    options = dict(blocks_per_forward=128, pool_slots=4, head_split=2)
-    today = TrajectoryEvaluator(runner, STOPS, range(2, BLOCK + 1), BUDGETS, TOPK, **options)
+    options = dict(blocks_per_forward=128, pool_slots=4, head_split=2)  # EvaluatorOptions' fields
+    today = TrajectoryEvaluator(runner, STOPS, range(2, BLOCK + 1), BUDGETS, TOPK, EvaluatorOptions(**options))
     expected = dict(today.run(cases.specs(sequences)))
     evaluator = TrajectoryEvaluator(
         runner,
@@ -122,9 +122,7 @@ def test_the_evaluator_with_graphs_takes_todays_steps(sizes):
         range(2, BLOCK + 1),
         BUDGETS,
         TOPK,
-        cuda_graph_tokens=sizes,
-        graph_capture=eager_capture,
-        **options,
+        EvaluatorOptions(cuda_graph_tokens=sizes, graph_capture=eager_capture, **options),
     )
     results = dict(evaluator.run(cases.specs(sequences)))
     for key in expected:
@@ -142,8 +140,8 @@ def test_exact_token_graphs_take_todays_steps_one_graph_per_token_count_up_to_th
     max_graphs distinct shapes a round runs eagerly; the steps stay today's."""
     runner = cases.runner()
     sequences = cases.sequences(runner)
-    options = dict(blocks_per_forward=128, pool_slots=4, head_split=2)
-    today = TrajectoryEvaluator(runner, STOPS, range(2, BLOCK + 1), BUDGETS, TOPK, **options)
+    options = dict(blocks_per_forward=128, pool_slots=4, head_split=2)  # EvaluatorOptions' fields
+    today = TrajectoryEvaluator(runner, STOPS, range(2, BLOCK + 1), BUDGETS, TOPK, EvaluatorOptions(**options))
     expected = dict(today.run(cases.specs(sequences)))
     seen = []
 
@@ -158,11 +156,9 @@ def test_exact_token_graphs_take_todays_steps_one_graph_per_token_count_up_to_th
             range(2, BLOCK + 1),
             BUDGETS,
             TOPK,
-            cuda_graph_tokens=[4096],
-            graph_capture=capture,
-            graph_exact_tokens=True,
-            max_graphs=cap,
-            **options,
+            EvaluatorOptions(
+                cuda_graph_tokens=[4096], graph_capture=capture, graph_exact_tokens=True, max_graphs=cap, **options
+            ),
         )
         results = dict(evaluator.run(cases.specs(sequences)))
         for key in expected:
@@ -193,7 +189,7 @@ def test_the_config_key_picks_a_route_on_cuda_only_and_every_route_is_a_valid_ev
     with pytest.raises(ValueError, match="evaluation.cuda_graphs: 'on'"):
         graph_options("on", cuda, runner)
     for route in ROUTES:
-        TrajectoryEvaluator(runner, STOPS, graph_capture=eager_capture, **ROUTES[route])
+        TrajectoryEvaluator(runner, STOPS, options=EvaluatorOptions(graph_capture=eager_capture, **ROUTES[route]))
 
 
 def test_the_schema_defines_the_key_once_default_none():
@@ -205,9 +201,11 @@ def test_the_schema_defines_the_key_once_default_none():
 
 def test_graphs_are_refused_where_shapes_vary():
     with pytest.raises(ValueError, match="cuda_graph_tokens"):
-        TrajectoryEvaluator(cases.runner(dflash2=True), STOPS, cuda_graph_tokens=[64])
+        TrajectoryEvaluator(cases.runner(dflash2=True), STOPS, options=EvaluatorOptions(cuda_graph_tokens=[64]))
     with pytest.raises(ValueError, match="cuda_graph_tokens"):
-        TrajectoryEvaluator(cases.runner(), STOPS, cuda_graph_tokens=[64], attention_groups="row")
+        TrajectoryEvaluator(
+            cases.runner(), STOPS, options=EvaluatorOptions(cuda_graph_tokens=[64], attention_groups="row")
+        )
 
 
 @pytest.mark.gpu
@@ -217,12 +215,14 @@ def test_the_graph_replay_takes_the_eager_steps_on_cuda():
         pytest.skip("needs a CUDA GPU")
     runner = cases.runner().to("cuda")
     sequences = [(key, f.cuda(), t.cuda(), lim) for key, f, t, lim in cases.sequences(cases.runner())]
-    options = dict(blocks_per_forward=128, pool_slots=4, head_split=2)
+    options = dict(blocks_per_forward=128, pool_slots=4, head_split=2)  # EvaluatorOptions' fields
     expected = dict(
-        TrajectoryEvaluator(runner, STOPS, range(2, BLOCK + 1), BUDGETS, TOPK, **options).run(cases.specs(sequences))
+        TrajectoryEvaluator(runner, STOPS, range(2, BLOCK + 1), BUDGETS, TOPK, EvaluatorOptions(**options)).run(
+            cases.specs(sequences)
+        )
     )
     evaluator = TrajectoryEvaluator(
-        runner, STOPS, range(2, BLOCK + 1), BUDGETS, TOPK, cuda_graph_tokens=[32, 4096], **options
+        runner, STOPS, range(2, BLOCK + 1), BUDGETS, TOPK, EvaluatorOptions(cuda_graph_tokens=[32, 4096], **options)
     )
     results = dict(evaluator.run(cases.specs(sequences)))
     for key in expected:

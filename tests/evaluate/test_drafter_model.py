@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 import torch
 
+from dflash_eval.attention_layout import LayoutError
 from dflash_eval.evaluate import drafter_model
 from dflash_eval.evaluate.blocks import BlockDrafter
 from dflash_eval.evaluate.drafter import load_drafter, reference_drafter
@@ -183,6 +184,11 @@ def test_config_completed_as_qwen3_completes_it(values):
     assert getattr(ours, "is_causal", None) == getattr(theirs, "is_causal", None)
     from dflash.model import DFlashDraftModel
 
+    if "sliding_attention" in ours.layer_types and ours.sliding_window is None:
+        # dflash runs such a layer causal and windowless; vLLM (whose layout ours runs) and SGLang refuse it
+        with pytest.raises(LayoutError, match="layer 0 is sliding"):
+            drafter_model.DFlashDraftModel(ours)
+        return
     mine, reference = drafter_model.DFlashDraftModel(ours), DFlashDraftModel(theirs)
     assert {k: v.shape for k, v in mine.state_dict().items()} == {k: v.shape for k, v in reference.state_dict().items()}
     for a, b in zip(mine.layers, reference.layers):

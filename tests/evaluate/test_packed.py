@@ -14,10 +14,8 @@ from tests.support.tiny import MASK_ID, tiny_drafter, tiny_target
 @pytest.mark.parametrize("window", [None, 3])
 @pytest.mark.parametrize("score_budget", [packed.SCORE_BUDGET, 1], ids=["one-pass", "slot-by-slot"])
 @pytest.mark.parametrize("groups", ["slot", "row"])
-@pytest.mark.parametrize("attention", ["products", "fused", "flex"])
+@pytest.mark.parametrize("attention", ["products", "fused"])
 def test_packed_blocks_equal_per_sample_blocks(dflash2, window, score_budget, groups, attention, monkeypatch):
-    if attention == "flex" and score_budget == 1:
-        pytest.skip("flex attention runs every group in one call: no parts, no score budget")
     monkeypatch.setattr(packed, "SCORE_BUDGET", score_budget)
     monkeypatch.setattr(packed, "FUSED_MIN_QUERIES", 0)  # the tiny blocks' groups are small
     target = tiny_target()
@@ -40,7 +38,7 @@ def test_packed_blocks_equal_per_sample_blocks(dflash2, window, score_budget, gr
     with torch.no_grad():
         batch = pack(slot, anchor, size, tokens, MASK_ID, torch.device("cpu"), groups)
         assert not isinstance(batch.slots, slice)
-        hidden = packed_hidden(runner, pool, batch, cos, sin, fused=attention == "fused", flex=attention == "flex")
+        hidden = packed_hidden(runner, pool, batch, cos, sin, fused=attention == "fused")
         start = np.concatenate([[0], np.cumsum(size)[:-1]])
         for row in range(len(slot)):
             s, a, b = int(slot[row]), int(anchor[row]), int(size[row])
@@ -101,31 +99,3 @@ def test_the_fused_kernel_runs_only_where_a_group_holds_enough_queries(threshold
     assert bool(calls) == runs
     assert packed.fused_attention_for(torch.device("cpu")) is False
     assert packed.fused_attention_for(torch.device("cuda")) is True
-
-
-@pytest.mark.parametrize("causal", [True, False], ids=["causal", "bidirectional"])
-@pytest.mark.parametrize("window", [None, 1, 3, 7])
-@pytest.mark.parametrize("groups", ["slot", "row"])
-def test_the_flex_mask_mod_is_the_explicit_mask_exactly(causal, window, groups):
-    """flex_attention's mask (the mask_mod's dense form) is `_visible`'s, element for element, padding included."""
-    from types import SimpleNamespace
-
-    from torch.nn.attention.flex_attention import create_mask
-
-    tokens = np.full((4, 40), 5, dtype=np.int64)
-    slot = np.array([0, 0, 0, 1, 1, 3, 3, 3, 3])
-    anchor = np.array([3, 9, 15, 4, 25, 2, 8, 10, 14])
-    size = np.array([6, 2, 5, 3, 6, 6, 4, 6, 2])
-    batch = pack(slot, anchor, size, tokens, MASK_ID, torch.device("cpu"), groups)
-    attn = SimpleNamespace(is_causal=causal, sliding_window=window)
-    slots, queries = batch.query_gather.shape
-    dense = create_mask(packed.flex_mask_mod(attn, batch), slots, 1, queries, batch.ctx_len + queries, device="cpu")
-    explicit = packed._visible(attn, batch)
-    assert dense.shape == (slots, 1, *explicit.shape[1:])
-    assert torch.equal(dense[:, 0], explicit)
-    assert explicit.any() and not explicit.all()
-    # a kernel's last tile may ask about indices past the ends: in range after clamping, and such keys hidden
-    far = packed.flex_mask_mod(attn, batch)(
-        torch.tensor(0), torch.tensor(0), torch.tensor(queries + 100), torch.tensor(batch.ctx_len + queries + 100)
-    )
-    assert not bool(far)

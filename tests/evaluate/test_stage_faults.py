@@ -207,3 +207,34 @@ def test_a_checkpoint_replaced_during_its_evaluation_writes_no_metrics(project, 
     assert code == 2
     assert "the checkpoint changed while it was evaluated" in log and "no metrics are written" in log
     assert not metrics.exists() and not (tmp_path / "samples.csv").exists()
+
+
+def test_the_attention_layout_is_recorded_and_an_unrunnable_one_refused(project, tmp_path):
+    """metrics.json's attention_layout: each layer's layout and the keys that decided it; a config.json whose layout
+    cannot run stops the evaluation at load, naming the file and the key."""
+    import shutil
+
+    root, settings = project
+    code, log, metrics = _evaluate(root, settings, tmp_path / "plain")
+    assert code == 0, log
+    section = json.loads(metrics.read_text())["attention_layout"]
+    assert section["rule"].startswith("vLLM 0.34.0")
+    assert [(layer["causal"], layer["sliding_window"], layer["causal_from"]) for layer in section["layers"]] == [
+        (True, 5, "layer_types"),
+        (False, None, "layer_types"),
+    ]
+    causal = tmp_path / "causal-drafter"
+    shutil.copytree(root / "drafter", causal)
+    config = json.loads((causal / "config.json").read_text())
+    config["dflash_config"]["causal"] = True
+    (causal / "config.json").write_text(json.dumps(config))
+    changed = {**settings, "checkpoint": {**settings["checkpoint"], "path": str(causal)}}
+    code, log, metrics = _evaluate(root, changed, tmp_path / "causal")
+    assert code == 0, log
+    layers = json.loads(metrics.read_text())["attention_layout"]["layers"]
+    assert [(layer["causal"], layer["causal_from"]) for layer in layers] == [(True, "dflash_config.causal")] * 2
+    config["dflash_config"]["attention_value_scale"] = 0.5
+    (causal / "config.json").write_text(json.dumps(config))
+    code, log, metrics = _evaluate(root, changed, tmp_path / "refused")
+    assert code != 0 and not metrics.exists()
+    assert str(causal / "config.json") in log and "dflash_config.attention_value_scale is 0.5" in log, log

@@ -14,8 +14,8 @@ import torch
 
 from dflash_eval.evaluate.acceptance import sequence_limits
 from dflash_eval.evaluate.all_anchor import evaluate_sample
-from dflash_eval.evaluate.ddtree import tree_host_reads_for
 from dflash_eval.evaluate.trajectory import (
+    EvaluatorOptions,
     LoadedSample,
     SampleSpec,
     TrajectoryEvaluator,
@@ -23,8 +23,6 @@ from dflash_eval.evaluate.trajectory import (
 from dflash_eval.methods import chain_method
 from tests.support import trajectory_cases as cases
 from tests.support.trajectory_cases import BLOCK, BUDGETS, STOPS, TOPK
-
-CPU_HOST_READS = False  # the CPU's choice, from the demo's alternating pairs (benchmarks/results/evaluator_speed.md)
 
 
 def _reference(runner, sequences):
@@ -44,7 +42,12 @@ def test_same_steps_as_the_all_anchor_evaluator(dflash2, window, pool, rows, spl
     sequences = cases.sequences(runner)
     reference = _reference(runner, sequences)
     evaluator = TrajectoryEvaluator(
-        runner, STOPS, range(2, BLOCK + 1), BUDGETS, TOPK, blocks_per_forward=rows, pool_slots=pool, head_split=split
+        runner,
+        STOPS,
+        range(2, BLOCK + 1),
+        BUDGETS,
+        TOPK,
+        EvaluatorOptions(blocks_per_forward=rows, pool_slots=pool, head_split=split),
     )
     results = dict(evaluator.run(cases.specs(sequences)))
     assert sorted(results) == sorted(reference)
@@ -61,7 +64,7 @@ def test_chain_b_alone_with_the_head_split(dflash2):
     """Without trees or top-k, blocks of full size read the LM head only up to their first mismatch too."""
     runner = cases.runner(dflash2)
     sequences = cases.sequences(runner)
-    evaluator = TrajectoryEvaluator(runner, STOPS, head_split=2)
+    evaluator = TrajectoryEvaluator(runner, STOPS, options=EvaluatorOptions(head_split=2))
     results = dict(evaluator.run(cases.specs(sequences)))
     for key, features, tokens, limits in sequences:
         expected = evaluate_sample(runner, features, tokens, limits, STOPS).steps
@@ -82,7 +85,7 @@ def test_each_distinct_block_is_computed_once():
     runner = cases.runner()
     sequences = cases.sequences(runner)
     evaluator = TrajectoryEvaluator(
-        runner, STOPS, range(2, BLOCK + 1), BUDGETS, TOPK, pool_slots=3, blocks_per_forward=4
+        runner, STOPS, range(2, BLOCK + 1), BUDGETS, TOPK, EvaluatorOptions(pool_slots=3, blocks_per_forward=4)
     )
     results = dict(evaluator.run(cases.specs(sequences)))
     distinct = set()
@@ -98,7 +101,7 @@ def test_each_distinct_block_is_computed_once():
 def test_topk_counts_the_blocks_chain_b_visits():
     runner = cases.runner()
     sequences = cases.sequences(runner)
-    evaluator = TrajectoryEvaluator(runner, STOPS, (), BUDGETS, [1, 2, 5], pool_slots=4)
+    evaluator = TrajectoryEvaluator(runner, STOPS, (), BUDGETS, [1, 2, 5], EvaluatorOptions(pool_slots=4))
     results = dict(evaluator.run(cases.specs(sequences)))
     for key, features, tokens, limits in sequences:
         hits, seen = np.zeros((BLOCK - 1, 3), dtype=np.int64), np.zeros(BLOCK - 1, dtype=np.int64)
@@ -167,70 +170,9 @@ def test_same_steps_as_the_all_anchor_evaluator_on_cuda(dflash2):
     sequences = [(key, f.cuda(), t.cuda(), lim) for key, f, t, lim in cases.sequences(cases.runner(dflash2))]
     reference = _reference(runner, sequences)
     results = dict(
-        TrajectoryEvaluator(runner, STOPS, range(2, BLOCK + 1), BUDGETS, TOPK, pool_slots=3, blocks_per_forward=5).run(
-            cases.specs(sequences)
-        )
+        TrajectoryEvaluator(
+            runner, STOPS, range(2, BLOCK + 1), BUDGETS, TOPK, EvaluatorOptions(pool_slots=3, blocks_per_forward=5)
+        ).run(cases.specs(sequences))
     )
     for key, expected in reference.items():
         assert results[key].steps == expected.steps, key
-
-
-@pytest.mark.parametrize(
-    "lever, dflash2",
-    [
-        pytest.param(dict(flex_attention=True), False, marks=pytest.mark.slow),
-        (dict(tree_host_reads=False), False),
-        (dict(tree_host_reads=False), True),
-        (dict(lookahead_below=1000), False),
-        (dict(lookahead_below=1000), True),
-        (dict(lookahead_below=12, blocks_per_forward=20), False),
-        pytest.param(
-            dict(flex_attention=True, tree_host_reads=False, lookahead_below=1000), True, marks=pytest.mark.slow
-        ),
-    ],
-    ids=[
-        "flex",
-        "ddtree-on-device",
-        "ddtree-on-device-dflash2",
-        "lookahead",
-        "lookahead-dflash2",
-        "lookahead-capped",
-        "all-three-dflash2",
-    ],
-)
-def test_each_speed_lever_takes_todays_steps_and_counts(lever, dflash2):
-    """Issue 30's levers change where and how blocks are computed, never an outcome: the same steps and top-k
-    counts as today's evaluator, fp32 (flex attention: eager on the CPU, 20-40 s a case, so marked slow; test_packed.py checks its forward fast); lookahead computes more blocks in fewer forwards and
-    counts as needed exactly the blocks today's evaluator computes."""
-    runner = cases.runner(dflash2)
-    sequences = cases.sequences(runner)
-    options = dict(blocks_per_forward=lever.pop("blocks_per_forward", 128), pool_slots=4, head_split=2)
-    today = TrajectoryEvaluator(runner, STOPS, range(2, BLOCK + 1), BUDGETS, TOPK, tree_host_reads=True, **options)
-    expected = dict(today.run(cases.specs(sequences)))
-    evaluator = TrajectoryEvaluator(runner, STOPS, range(2, BLOCK + 1), BUDGETS, TOPK, **{**options, **lever})
-    results = dict(evaluator.run(cases.specs(sequences)))
-    assert sorted(results) == sorted(expected)
-    for key in expected:  # today's evaluator: the all-anchor evaluator's steps (the tests above)
-        assert results[key].steps == expected[key].steps, key
-        assert np.array_equal(results[key].topk_hits, expected[key].topk_hits), key
-        assert np.array_equal(results[key].topk_seen, expected[key].topk_seen), key
-    assert evaluator.counts.needed_by_size == today.counts.by_size
-    if "lookahead_below" in lever:
-        assert evaluator.counts.lookahead_blocks > 0
-        assert evaluator.counts.forwards < today.counts.forwards
-        assert evaluator.counts.blocks > today.counts.blocks
-    else:
-        assert evaluator.counts.blocks == today.counts.blocks
-
-
-def test_the_ddtree_scorers_host_reads_are_chosen_by_device():
-    """One place decides (ddtree.tree_host_reads_for): none on CUDA, where the scorer without them won, nor on the
-    CPU, where it was not slower; another device keeps them; the evaluator takes that choice unless told, and an
-    explicit option wins."""
-    assert tree_host_reads_for(torch.device("cuda")) is False
-    assert tree_host_reads_for(torch.device("cpu")) is CPU_HOST_READS
-    assert tree_host_reads_for(torch.device("meta")) is True
-    runner = cases.runner()
-    assert TrajectoryEvaluator(runner, STOPS, budgets=BUDGETS).tree_host_reads is CPU_HOST_READS
-    for explicit in (True, False):
-        assert TrajectoryEvaluator(runner, STOPS, budgets=BUDGETS, tree_host_reads=explicit).tree_host_reads is explicit

@@ -11,7 +11,7 @@ real output (pack_arrays says why), only the arithmetic's shapes: on a GPU a GEM
 more (hidden) keys may round differently, so the graphs are an option, off by default, and measured.
 
 Rounds above the largest captured size, drafters with DFlash2's block convolution (its row layout has no fixed
-shape) and flex attention run eagerly. The head and the scorer after the forward are not captured: their shapes
+shape) run eagerly. The head and the scorer after the forward are not captured: their shapes
 follow the round's outcome (how many blocks matched past the head split, which blocks are of full size).
 """
 

@@ -84,7 +84,8 @@ def better_node_counts(
     many of the next position's ranks can still give a useful child. A beam row is sorted, so a finished anchor's
     row is all -inf and adds nothing to either.
 
-    `host_reads` False (a lever under measurement, issue 30): no host read at all; every anchor stays in the beam
+    `host_reads` False (the trajectory evaluator's scorer on every device: faster on CUDA, not slower on the CPU,
+    benchmarks/results/evaluator_speed.md): no host read at all; every anchor stays in the beam
     to the last depth with every token rank a child (a finished anchor's beam is all -inf). The extra nodes are
     real tree nodes that score at or below every undecided truth score, so no count changes: what enters `best`
     from them cannot exceed an open truth score, and a closed one already has `budget` better nodes.
@@ -139,17 +140,6 @@ def better_node_counts_on_device(
         floor = torch.where(open_, truth_score, torch.full_like(truth_score, float("inf"))).min(dim=1).values
         beam = torch.where(beam > floor[:, None], beam, neg_inf)
     return (best[:, None, :] > truth_score[:, :, None]).sum(dim=-1)
-
-
-def tree_host_reads_for(device: torch.device) -> bool:
-    """Whether the DDTree scorer reads the beam's width back to the host each depth (better_node_counts), by device.
-
-    On CUDA the scorer without host reads won: the default set at tau 6 (27B shape, bf16, 8 samples) in 3.93 s
-    against 4.88 s with the same steps on every trajectory (benchmarks/results/evaluator_speed.md). On the 2-core
-    VM the demo's whole evaluation without them was not slower (median of 4 alternating pairs: 0.976x the CPU
-    time, 0.971x the wall, a loaded machine; the same samples.csv and metrics.json), so no device reads them now;
-    the decision stays here, per device, for the next measurement to change."""
-    return {"cuda": False, "cpu": False}.get(device.type, True)
 
 
 def tree_accepted(

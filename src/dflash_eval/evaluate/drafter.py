@@ -7,7 +7,8 @@ equal the drafter's `target_layer_ids`.
 
 The weights go into evaluate.drafter_model's module tree (torch alone: the evaluation's start-up no longer imports
 transformers' modeling or `dflash`); `reference=True` loads them into `dflash.model`'s own classes instead, for a caller
-that runs the reference forward (`dflash_generate`: the demo server).
+that runs the reference forward (`dflash_generate`: the demo server). Either way each layer runs the attention layout
+vLLM resolves from the config (dflash_eval.attention_layout); one it cannot run is refused here, naming the key.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from typing import Any
 
 import torch
 
+from dflash_eval.attention_layout import LayerLayout, LayoutError
 from dflash_eval.checkpoint import (
     agreed_layer_ids,
     check_against_target,
@@ -48,6 +50,7 @@ class LoadedDrafter:
     path: str
     global_step: int | None = None
     epoch: float | None = None
+    attention_layout: list[LayerLayout] = field(default_factory=list)  # what each layer runs (vLLM's resolution)
     extra: dict[str, Any] = field(default_factory=dict)
 
 
@@ -134,6 +137,7 @@ def load_drafter(
     model_class = drafter_model.model_class(config_dict)
     ids = agreed_layer_ids(facts, layer_ids)
     config_dict.setdefault("dflash_config", {})["target_layer_ids"] = list(ids)
+    attention = _attention_layout(facts.config_file, DrafterConfig(config_dict))
     if reference:
         import dflash.model  # the reference classes and transformers: seconds of imports, only for their forward
 
@@ -160,6 +164,7 @@ def load_drafter(
     model = _build(model_class, qwen_config, path) if reference else drafter_model.materialize(skeleton)
     model.load_state_dict(state, strict=True)
     model.eval()
+    apply_layout(model, attention)  # the reference classes resolve dflash's way: make them run vLLM's layout too
     step = meta.get("global_step", meta.get("step"))
     return LoadedDrafter(
         model=model,
@@ -171,7 +176,22 @@ def load_drafter(
         path=str(path),
         global_step=None if step is None else int(step),
         epoch=None if meta.get("epoch") is None else float(meta["epoch"]),
+        attention_layout=attention,
     )
+
+
+def _attention_layout(config_file: Path, config: DrafterConfig) -> list[LayerLayout]:
+    """Each layer's layout as vLLM resolves it, or an error naming the config file, the key and the fix."""
+    try:
+        return config.layer_layouts()
+    except LayoutError as error:
+        raise DflashEvalError(f"{config_file}: the drafter's attention layout cannot be evaluated: {error}") from error
+
+
+def apply_layout(model: torch.nn.Module, layout: list[LayerLayout]) -> None:
+    """Set each layer's causality and window (the attributes both forwards read) to `layout`'s."""
+    for layer, resolved in zip(model.layers, layout, strict=True):
+        layer.self_attn.is_causal, layer.self_attn.sliding_window = resolved.causal, resolved.sliding_window
 
 
 _REFERENCES: weakref.WeakKeyDictionary[torch.nn.Module, tuple[tuple, torch.nn.Module]] = weakref.WeakKeyDictionary()
@@ -196,6 +216,7 @@ def reference_drafter(model: torch.nn.Module) -> torch.nn.Module:
     with torch.device(first.device):
         reference = getattr(dflash.model, type(model).__name__)(model.config.reference_config())
     reference.load_state_dict(model.state_dict(), strict=True)
+    apply_layout(reference, model.config.layer_layouts())
     reference = reference.to(dtype=first.dtype).train(model.training)
     _REFERENCES[model] = (key, reference)
     return reference

@@ -13,7 +13,7 @@ What the evaluation uses of it (and all this module provides):
 - `layers[i]`: `input_layernorm`, `post_attention_layernorm` (RMSNorm), `mlp(x)` (gated MLP: gate_proj, up_proj,
   down_proj), `attention_conv` and `mlp_conv` (None, or DFlash2's block convolution with `prepare` and `finish`),
   `self_attn`: q_proj, k_proj, v_proj, o_proj (Linear, called), q_norm, k_norm (RMSNorm, called), head_dim,
-  num_key_value_groups, scaling, is_causal, sliding_window;
+  num_key_value_groups, scaling, is_causal, sliding_window (the layout vLLM resolves: dflash_eval.attention_layout);
 - DFlash2 only: `candidate_selector.select(hidden, logits, anchor_ids, 0.0)` (greedy).
 
 The arithmetic of every submodule that runs is the reference's, operation for operation, so the logits are the same
@@ -29,6 +29,8 @@ from typing import Any
 import torch
 from torch import nn
 from torch.nn import functional as F
+
+from dflash_eval import attention_layout
 
 # Qwen3Config's defaults, for the keys a config.json leaves out (transformers' configuration_qwen3.py).
 QWEN3_DEFAULTS: dict[str, Any] = {
@@ -57,8 +59,9 @@ class DrafterConfig:
     """A drafter's config.json as attributes, completed as Qwen3Config completes it.
 
     As there: a sliding window only with use_sliding_window, key/value heads default to the attention heads, layer
-    types default to sliding from max_window_layers on (when there is a window), and `rope_theta`/`rope_scaling`
-    become `rope_parameters`. Keys Qwen3 does not know (dflash_config, block_size, ...) are attributes as they are.
+    types default to sliding from max_window_layers on (when there is a window: attention_layout.completed), and
+    `rope_theta`/`rope_scaling` become `rope_parameters`. Keys Qwen3 does not know (dflash_config, block_size, ...)
+    are attributes as they are.
     """
 
     def __init__(self, values: dict[str, Any]) -> None:
@@ -67,17 +70,10 @@ class DrafterConfig:
         rope_scaling, rope_theta = values.pop("rope_scaling", None), values.pop("rope_theta", None)
         self.__dict__.update(QWEN3_DEFAULTS)
         self.__dict__.update(values)
-        if not self.use_sliding_window:
-            self.sliding_window = None
+        layout_keys = attention_layout.completed(self.__dict__)
+        self.sliding_window, self.layer_types = layout_keys["sliding_window"], layout_keys["layer_types"]
         if self.num_key_value_heads is None:
             self.num_key_value_heads = self.num_attention_heads
-        if self.layer_types is None:
-            self.layer_types = [
-                "sliding_attention"
-                if self.sliding_window is not None and i >= self.max_window_layers
-                else "full_attention"
-                for i in range(self.num_hidden_layers)
-            ]
         rope = dict(rope_scaling or self.rope_parameters or {})
         if not any(isinstance(value, dict) for value in rope.values()):  # one global entry (not per layer type)
             rope.setdefault("rope_theta", DEFAULT_ROPE_THETA if rope_theta is None else rope_theta)
@@ -87,6 +83,12 @@ class DrafterConfig:
     @property
     def dflash_settings(self) -> dict[str, Any]:
         return getattr(self, "dflash_config", None) or {}
+
+    def layer_layouts(self) -> list[attention_layout.LayerLayout]:
+        """Each layer's causality and window as vLLM resolves them (LayoutError: one the forward cannot run)."""
+        values = self.to_dict()
+        attention_layout.check_runnable(values)
+        return attention_layout.vllm_layout(values)
 
     def draft_value(self, name: str, default: Any = None) -> Any:
         """A DFlash setting: dflash_config's, else the config's own, else `default` (where dflash.model looks)."""
@@ -185,10 +187,8 @@ class Attention(nn.Module):
         self.o_proj = nn.Linear(heads, config.hidden_size, bias=config.attention_bias)
         self.q_norm = RMSNorm(self.head_dim, config.rms_norm_eps)
         self.k_norm = RMSNorm(self.head_dim, config.rms_norm_eps)
-        kind = config.layer_types[layer_idx] if config.layer_types else "full_attention"
-        causal = getattr(config, "is_causal", None)
-        self.is_causal = kind == "sliding_attention" if causal is None else bool(causal)
-        self.sliding_window = config.sliding_window if kind == "sliding_attention" else None
+        layout = config.layer_layouts()[layer_idx]
+        self.is_causal, self.sliding_window = layout.causal, layout.sliding_window
 
 
 class DecoderLayer(nn.Module):

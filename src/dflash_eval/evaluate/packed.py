@@ -316,7 +316,6 @@ def _attention(
     cos: torch.Tensor,
     sin: torch.Tensor,
     fused: bool,
-    block_mask=None,
 ) -> torch.Tensor:
     n = hidden.shape[0]
     head_dim, groups = drafter.head_dim, drafter.kv_groups
@@ -326,8 +325,6 @@ def _attention(
     heads = q.shape[1]
     roped = _rope(torch.cat([q, k], dim=1), cos[:, None], sin[:, None])
     q, k = roped[:, :heads] * attn.scaling, roped[:, heads:]
-    if block_mask is not None:
-        return attn.o_proj(_attend_flex(q, k, v, keys, values, batch, block_mask))
     return attn.o_proj(_attend(q, k, v, keys, values, batch, parts, biases, groups, fused))
 
 
@@ -388,79 +385,6 @@ def _attend(
     return out.permute(0, 3, 1, 2, 4).reshape(slots * queries, -1)[batch.padded_index]
 
 
-def flex_mask_mod(attn: nn.Module, batch: PackedBlocks):
-    """`_visible` as a flex_attention mask_mod over (group b, head, query q, key kv): keys [0, ctx_len) are the
-    context (seen iff kv < the query's anchor), keys ctx_len + j the group's own query tokens j (seen iff j is of the
-    query's block); both under the layer's causal / sliding-window rule on absolute positions."""
-    ctx, anchor, pos, row = batch.ctx_len, batch.query_anchor, batch.query_pos, batch.query_row
-    last = batch.query_gather.shape[1] - 1
-
-    def mask_mod(b, h, q, kv):
-        # Indices clamped into range: a kernel may ask about the padding of its last tile (never a real pair);
-        # the key beyond the last is hidden.
-        q = q.clamp(max=last)
-        in_context = kv < ctx
-        own = (kv - ctx).clamp(min=0, max=last)
-        seen = torch.where(in_context, kv < anchor[b, q], (row[b, q] == row[b, own]) & (kv <= ctx + last))
-        rule = visibility_rule(attn, pos[b, q] - torch.where(in_context, kv, pos[b, own]))
-        return seen if rule is None else seen & rule
-
-    return mask_mod
-
-
-_FLEX: dict[str, object] = {}
-
-
-def _flex_kernel(device: torch.device):
-    """flex_attention compiled (one fused kernel) on CUDA; eager on a CPU (the unfused reference form, for tests)."""
-    if device.type not in _FLEX:
-        from torch.nn.attention.flex_attention import flex_attention
-
-        _FLEX[device.type] = torch.compile(flex_attention) if device.type == "cuda" else flex_attention
-    return _FLEX[device.type]
-
-
-def flex_block_mask(attn: nn.Module, batch: PackedBlocks):
-    """The block mask of one kind of layer for a forward: [S, 1, Q, ctx_len + Q], blocks no query sees skipped."""
-    from torch.nn.attention.flex_attention import create_block_mask
-
-    slots, queries = batch.query_gather.shape
-    device = batch.query_pos.device
-    return create_block_mask(
-        flex_mask_mod(attn, batch),
-        slots,
-        None,
-        queries,
-        batch.ctx_len + queries,
-        device=device,
-        _compile=device.type == "cuda",
-    )
-
-
-def _attend_flex(
-    q: torch.Tensor,
-    k: torch.Tensor,
-    v: torch.Tensor,
-    keys: torch.Tensor,
-    values: torch.Tensor,
-    batch: PackedBlocks,
-    block_mask,
-) -> torch.Tensor:
-    """`_attend` through flex_attention: every group in one call, the mask as a block mask (no bias, no parts)."""
-    slots, queries = batch.query_gather.shape
-    heads, n_kv = q.shape[1], k.shape[1]
-    qkv = torch.cat([q, k, v], dim=1)[batch.query_gather].transpose(1, 2)  # [S, heads + 2 Hkv, Q, D]
-    out = _flex_kernel(q.device)(
-        qkv[:, :heads],
-        torch.cat([keys, qkv[:, heads : heads + n_kv]], dim=2),
-        torch.cat([values, qkv[:, heads + n_kv :]], dim=2),
-        block_mask=block_mask,
-        scale=1.0,
-        enable_gqa=True,
-    )
-    return out.transpose(1, 2).reshape(slots * queries, -1)[batch.padded_index]
-
-
 def _padded(x: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
     """x[index] with index == len(x) meaning a zero row."""
     return torch.cat([x, x.new_zeros(1, *x.shape[1:])])[index]
@@ -484,25 +408,20 @@ def packed_hidden(
     cos: torch.Tensor,
     sin: torch.Tensor,
     fused: bool = False,
-    flex: bool = False,
 ) -> torch.Tensor:
     """Final (normed) drafter hidden states [N, H] of the packed blocks; cos/sin [max position, D] tables;
     `fused`: the fused attention kernel may run (see fused_attention_for); it does where a group holds at least
-    FUSED_MIN_QUERIES queries. `flex`: every attention through flex_attention with a block mask (a lever under
-    measurement, issue 30; overrides `fused`)."""
-    fused = not flex and fused and int(batch.group_queries.max()) >= FUSED_MIN_QUERIES
+    FUSED_MIN_QUERIES queries."""
+    fused = fused and int(batch.group_queries.max()) >= FUSED_MIN_QUERIES
     hidden = F.embedding(batch.token_ids, drafter.embed) * drafter.embed_scale
     cos, sin = cos[batch.positions], sin[batch.positions]
     heads = drafter.drafter.layers[0].self_attn.q_proj.out_features // drafter.head_dim
-    parts = [] if flex else _parts(batch, drafter.kv_groups if fused else heads)
+    parts = _parts(batch, drafter.kv_groups if fused else heads)
     biases: dict[tuple[bool, int | None], list[torch.Tensor]] = {}  # per kind of layer, per part
-    masks: dict[tuple[bool, int | None], object] = {}  # flex: per kind of layer
     for layer, keys, values in zip(drafter.drafter.layers, pool.keys, pool.values):
         attn = layer.self_attn
         kind = (bool(attn.is_causal), attn.sliding_window)
-        if flex and kind not in masks:
-            masks[kind] = flex_block_mask(attn, batch)
-        elif not flex and kind not in biases:
+        if kind not in biases:
             biases[kind] = _score_bias(
                 _visible(attn, batch), batch, parts, hidden.dtype, drafter.kv_groups if fused else None
             )
@@ -513,9 +432,7 @@ def packed_hidden(
         hidden = hidden + _around_conv(
             getattr(layer, "attention_conv", None),
             layer.input_layernorm(hidden),
-            lambda x: _attention(
-                drafter, attn, x, keys, values, batch, parts, biases.get(kind), cos, sin, fused, masks.get(kind)
-            ),
+            lambda x: _attention(drafter, attn, x, keys, values, batch, parts, biases[kind], cos, sin, fused),
             batch,
         )
         hidden = hidden + _around_conv(

@@ -27,7 +27,7 @@ from dflash_eval.evaluate.rejection import (
     read_positions,
     step_distribution,
 )
-from dflash_eval.methods import chain_method
+from dflash_eval.methods import REJECTION, chain_method
 
 Loaded = Callable[[], tuple[torch.Tensor, torch.Tensor, torch.Tensor | None, SequenceLimits]]
 
@@ -123,7 +123,7 @@ def section(
         entry = _method({i: d[size] for i, d in dists.items()}, size, settings, clusters)
         methods[entry["method"]] = entry
     return {
-        "scheme": "rejection",
+        "scheme": REJECTION,
         "convention": "dflash",
         "sampling": [dict(t) for t in sorted({tuple(sorted(p.as_dict().items())) for p in params.values()})],
         "outside_support": outside or outside_support({}, {}),
@@ -142,7 +142,7 @@ def _method(dists: dict[str, StepDistribution], block: int, settings: dict, clus
     total_steps = float(expected_steps.sum())
     method = {
         "method": chain_method(block),
-        "scheme": "rejection",
+        "scheme": REJECTION,
         "block_size": block,
         "tau_mean_of_samples": float(means.mean()) if len(means) else float("nan"),
         "tau_token_weighted": expected_token_weighted(list(used.values())),

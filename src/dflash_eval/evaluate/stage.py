@@ -2,6 +2,8 @@
 
 metrics.json (the report reads it):
   drafter, dataset, checkpoint{path, layout, sha256, global_step, epoch, step}, block_size, layer_ids,
+  attention_layout{rule, layers[{causal, sliding_window, causal_from, sliding_from, window_from}]} (what each drafter
+  layer ran, as vLLM resolves the checkpoint's config, and the keys that decided it: dflash_eval.attention_layout),
   cache{dir, backend, trained_with, backend_mismatch_allowed, target_config_hash, shards_verified[{file, sha256,
   bytes, mtime_ns}]},
   stop_token_ids, methods{"chain-B<b>" | "ddtree-<N>": {method, kind, block_size, budget,
@@ -38,7 +40,7 @@ import numpy as np
 import torch
 from tqdm import tqdm
 
-from dflash_eval import stats
+from dflash_eval import attention_layout, stats
 from dflash_eval.cache import completions_check
 from dflash_eval.cache import manifest as cache_manifest
 from dflash_eval.checkpoint import (
@@ -63,12 +65,13 @@ from dflash_eval.evaluate.gpu import claim_device
 from dflash_eval.evaluate.speedup import drafter_section
 from dflash_eval.evaluate.target_head import load_target_head
 from dflash_eval.evaluate.trajectory import (
+    EvaluatorOptions,
     LoadedSample,
     SampleSpec,
     TrajectoryEvaluator,
 )
 from dflash_eval.io_utils import atomic_write_json, atomic_write_text
-from dflash_eval.methods import chain_method
+from dflash_eval.methods import REJECTION, TARGET_ONLY, chain_method
 from dflash_eval.methods import parse as parse_method
 from dflash_eval.provenance.fingerprint import checkpoint_sha256
 from dflash_eval.provenance.stamps import STAMP, stage_stamp
@@ -223,8 +226,10 @@ def run_evaluation(
         block_sizes,
         budgets,
         topk,
-        settings["blocks_per_forward"],
-        **graph_options(settings.get("cuda_graphs") or "none", device, runner),
+        EvaluatorOptions(
+            blocks_per_forward=settings["blocks_per_forward"],
+            **graph_options(settings.get("cuda_graphs") or "none", device, runner),
+        ),
     )
     results = dict(
         tqdm(
@@ -271,7 +276,7 @@ def run_evaluation(
     )
     rejection, sampling = None, _sampling_of(records, completions)
     # greedy completions: dflash_generate's scheme at T = 0 is target_only's greedy verification (docs/sampling.md)
-    if "rejection" in verify_schemes(settings.get("verify")) and sampling is not None:
+    if REJECTION in verify_schemes(settings.get("verify")) and sampling is not None:
         rejection = _rejection(
             runner,
             cache,
@@ -302,6 +307,7 @@ def run_evaluation(
         },
         "block_size": block,
         "layer_ids": loaded.layer_ids,
+        "attention_layout": attention_layout.metrics_section(loaded.attention_layout),
         "cache": cache_info,
         "stop_token_ids": stops,
         "device": str(device),
@@ -329,7 +335,7 @@ def run_evaluation(
         "sampling": sampling,
     }
     if rejection is not None:
-        metrics["rejection"] = rejection
+        metrics[REJECTION] = rejection
     return metrics, rows
 
 
@@ -388,7 +394,7 @@ def method_metrics(
     return {
         "method": method,
         "kind": parsed.kind.name,
-        "scheme": "target_only",
+        "scheme": TARGET_ONLY,
         "block_size": depth,
         "budget": parsed.budget,
         **stats.tau_stats(per_sample),

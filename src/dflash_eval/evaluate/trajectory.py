@@ -36,7 +36,7 @@ from dflash_eval.evaluate.cuda_graphs import (
     cuda_capture,
     eager_capture,
 )
-from dflash_eval.evaluate.ddtree import tree_accepted, tree_host_reads_for
+from dflash_eval.evaluate.ddtree import tree_accepted
 from dflash_eval.evaluate.packed import (
     ContextPool,
     fused_attention_for,
@@ -78,25 +78,45 @@ class TrajectoryResult:
 
 @dataclass
 class Counts:
-    """What an evaluation computed: drafter blocks, forwards, rounds, LM head positions run and skipped."""
+    """What an evaluation computed: drafter blocks, forwards, rounds, LM head positions skipped, CUDA graphs."""
 
     blocks: int = 0
     forwards: int = 0
     rounds: int = 0
-    head_positions: int = 0
-    head_positions_skipped: int = 0
+    head_positions_skipped: int = 0  # LM head positions a chain block never scored (past its first mismatch)
     all_anchor_blocks: int = 0  # what all_anchor.py computes for the same samples and methods
-    by_size: dict[int, int] = field(default_factory=dict)
-    lookahead_blocks: int = 0  # blocks computed ahead of a trajectory (lookahead_below), whether read or not
-    read_by_size: dict[int, int] | None = None  # distinct blocks a trajectory read (tracked under lookahead)
+    by_size: dict[int, int] = field(default_factory=dict)  # distinct blocks computed, by length
     graphs: int = 0  # CUDA graphs captured (cuda_graph_tokens)
     graph_replays: int = 0  # forwards that replayed one
     graph_capture_seconds: float = 0.0
 
-    @property
-    def needed_by_size(self) -> dict[int, int]:
-        """The distinct blocks the answer needs, by length: those computed, unless some were computed ahead."""
-        return self.by_size if self.read_by_size is None else self.read_by_size
+
+@dataclass(frozen=True)
+class EvaluatorOptions:
+    """How the evaluator computes, never what: every choice gives the same steps (in fp32; tests/evaluate).
+
+    A forward holds at most `blocks_per_forward` blocks; the pool at most `blocks_per_forward` samples, or
+    `pool_slots`, fewer when their contexts would take more than `pool_bytes` (None: half the free GPU memory, 2 GiB
+    on CPU). `head_split`: a chain-only block's LM head runs on its first positions, the rest only where those all
+    matched. `attention_groups`: "slot" (a query group per pool slot) or "row" (per block). `fused_attention`: None
+    picks by device (packed.fused_attention_for). `cuda_graph_tokens`: forwards of at most max(these) flat tokens
+    replay a CUDA graph captured at the smallest of these sizes that holds them (cuda_graphs.py; `graph_capture`
+    None: a real graph on CUDA, the eager stand-in elsewhere; not with "row" groups or DFlash2's convolution);
+    `graph_exact_tokens`: a graph per forward's own flat token count instead, `max_graphs`: at most that many graphs,
+    later new shapes run eagerly. The stage sets `blocks_per_forward` and the graph route (evaluation.cuda_graphs,
+    cuda_graphs.graph_options); the rest are the defaults here.
+    """
+
+    blocks_per_forward: int = 128
+    pool_slots: int | None = None
+    pool_bytes: int | None = None
+    head_split: int | None = 4
+    attention_groups: str = "slot"
+    fused_attention: bool | None = None
+    cuda_graph_tokens: Sequence[int] = ()
+    graph_capture: Capture | None = None
+    graph_exact_tokens: bool = False
+    max_graphs: int | None = None
 
 
 def all_anchor_blocks(limits: SequenceLimits, block_sizes: Sequence[int], block: int) -> int:
@@ -106,22 +126,8 @@ def all_anchor_blocks(limits: SequenceLimits, block_sizes: Sequence[int], block:
 
 
 class TrajectoryEvaluator:
-    """Evaluates chain methods of `block_sizes` (plus the drafter's own B), DDTree `budgets` and top-k.
-
-    A forward holds at most `blocks_per_forward` blocks; the pool at most `blocks_per_forward` samples (fewer
-    when their contexts would take more than `pool_bytes`: default half the free GPU memory, 2 GiB on CPU).
-    `fused_attention`: None picks by device (packed.fused_attention_for).
-    `tree_host_reads`: None picks by device (ddtree.tree_host_reads_for: none on CUDA and the CPU, as measured).
-    Levers under measurement (issue 30), each exact by construction and off by default: `flex_attention` (every
-    forward's attention through flex_attention, packed.py), and `lookahead_below`: a round that needs fewer blocks than this also computes, up to
-    `blocks_per_forward`, the blocks each running trajectory may need next (its anchor plus 1..B, nearest first),
-    so that the next round often needs no forward (a late round's forward is launch-bound, not compute-bound);
-    `cuda_graph_tokens`: forwards of at most max(these) flat tokens replay a CUDA graph of the drafter forward
-    captured at the smallest of these sizes that holds them (cuda_graphs.py; `graph_capture` None: a real graph on
-    CUDA, the eager stand-in elsewhere; not with flex attention, "row" groups or DFlash2's convolution);
-    `graph_exact_tokens`: a graph per forward's own flat token count instead (GEMMs over the eager rows),
-    `max_graphs`: at most that many graphs, later new shapes run eagerly.
-    """
+    """Evaluates chain methods of `block_sizes` (plus the drafter's own B), DDTree `budgets` and top-k, computed as
+    `options` say (EvaluatorOptions)."""
 
     def __init__(
         self,
@@ -130,19 +136,7 @@ class TrajectoryEvaluator:
         block_sizes: Sequence[int] = (),
         budgets: Sequence[int] = (),
         topk: Sequence[int] = (),
-        blocks_per_forward: int = 128,
-        pool_slots: int | None = None,
-        head_split: int | None = 4,
-        pool_bytes: int | None = None,
-        attention_groups: str = "slot",
-        fused_attention: bool | None = None,
-        flex_attention: bool = False,
-        tree_host_reads: bool | None = None,
-        lookahead_below: int = 0,
-        cuda_graph_tokens: Sequence[int] = (),
-        graph_capture: Capture | None = None,
-        graph_exact_tokens: bool = False,
-        max_graphs: int | None = None,
+        options: EvaluatorOptions = EvaluatorOptions(),  # noqa: B008 (frozen: one shared default is safe)
     ) -> None:
         self.drafter = drafter
         self.stop_ids = set(stop_ids)
@@ -157,35 +151,26 @@ class TrajectoryEvaluator:
         self.method_block = np.array(sizes + [self.block] * len(self.budgets), dtype=np.int64)
         self.method_tree = np.array([-1] * len(sizes) + list(range(len(self.budgets))), dtype=np.int64)
         self.primary = sizes.index(self.block)
-        self.blocks_per_forward = max(1, int(blocks_per_forward))
-        self.pool_slots = pool_slots
-        self.pool_bytes = pool_bytes
-        self.head_split = head_split
-        self.attention_groups = attention_groups
+        self.options = options
+        self.blocks_per_forward = max(1, int(options.blocks_per_forward))
+        self.head_split = options.head_split
         self.sizes = sizes
         self.counts = Counts()
         self.device = drafter.embed.device
         self.dtype = drafter.embed.dtype
-        self.fused = fused_attention_for(self.device) if fused_attention is None else fused_attention
-        self.flex = flex_attention
-        self.tree_host_reads = tree_host_reads_for(self.device) if tree_host_reads is None else tree_host_reads
-        self.lookahead_below = int(lookahead_below)
-        if self.lookahead_below:
-            self.counts.read_by_size = {}
-        self.graph_tokens = list(cuda_graph_tokens)
-        if self.graph_tokens and (flex_attention or attention_groups != "slot" or not GraphedForward.supports(drafter)):
+        self.fused = fused_attention_for(self.device) if options.fused_attention is None else options.fused_attention
+        self.graph_tokens = list(options.cuda_graph_tokens)
+        if self.graph_tokens and (options.attention_groups != "slot" or not GraphedForward.supports(drafter)):
             raise ValueError(
-                "cuda_graph_tokens: not with flex attention, 'row' attention groups or a drafter with "
-                "DFlash2's block convolution (their shapes vary per round)"
+                "cuda_graph_tokens: not with 'row' attention groups or a drafter with DFlash2's block convolution "
+                "(their shapes vary per round)"
             )
-        self.graph_capture = graph_capture
-        self.graph_exact_tokens, self.max_graphs = graph_exact_tokens, max_graphs
         self.graphed: GraphedForward | None = None
 
     # -- the pool ------------------------------------------------------------------------------
     def _slots(self, samples: Sequence[SampleSpec], capacity: int) -> int:
-        wanted = self.pool_slots or min(len(samples), self.blocks_per_forward)
-        budget = self.pool_bytes
+        wanted = self.options.pool_slots or min(len(samples), self.blocks_per_forward)
+        budget = self.options.pool_bytes
         if budget is None:
             budget = int(0.5 * torch.cuda.mem_get_info(self.device)[0]) if self.device.type == "cuda" else 2 << 30
         fits = budget // max(ContextPool.bytes_per_slot(self.drafter, capacity, self.dtype), 1)
@@ -197,11 +182,19 @@ class TrajectoryEvaluator:
         cos, sin = self.drafter.rotary(width, self.pool.keys[0])
         self.cos, self.sin = cos, sin
         if self.graph_tokens:
-            capture = self.graph_capture or (
+            options = self.options
+            capture = options.graph_capture or (
                 cuda_capture(torch.cuda.graph_pool_handle()) if self.device.type == "cuda" else eager_capture
             )
             self.graphed = GraphedForward(
-                self.drafter, self.pool, cos, sin, self.graph_tokens, capture, self.graph_exact_tokens, self.max_graphs
+                self.drafter,
+                self.pool,
+                cos,
+                sin,
+                self.graph_tokens,
+                capture,
+                options.graph_exact_tokens,
+                options.max_graphs,
             )
         methods = len(self.names)
         self.keys: list[str | None] = [None] * slots
@@ -215,7 +208,6 @@ class TrajectoryEvaluator:
         # What each block computed so far gave: matched chain length by (anchor, size), tree depth per budget
         # and top-k hits per position for the blocks of full size.
         self.matched = np.full((slots, capacity, self.block + 1), UNKNOWN, dtype=np.int16)
-        self.read = np.zeros((slots, capacity, self.block + 1), dtype=bool) if self.lookahead_below else None
         self.tree = np.zeros((slots, capacity, max(len(self.budgets), 1)), dtype=np.int16)
         self.topk_hit = np.zeros((slots, capacity, self.block - 1, max(len(self.topk), 1)), dtype=bool)
         self.hits = np.zeros((slots, self.block - 1, len(self.topk)), dtype=np.int64)
@@ -247,8 +239,6 @@ class TrajectoryEvaluator:
         self.done[slot] = stopped or first + 1 >= limits.max_length
         self.steps[slot] = [[] for _ in self.names]
         self.matched[slot] = UNKNOWN
-        if self.read is not None:
-            self.read[slot] = False
         self.hits[slot], self.seen[slot] = 0, 0
         if self.done[slot].all():
             return False
@@ -276,12 +266,8 @@ class TrajectoryEvaluator:
         size = np.minimum(self.method_block[method], self.max_len[slot] - start)
         wanted = self.matched[slot, start, size] == UNKNOWN
         width, capacity = self.block + 1, self.matched.shape[1]
-        if self.read is not None:
-            self._count_read(slot, start, size)
         if wanted.any():
             code = np.unique((slot[wanted] * capacity + start[wanted]) * width + size[wanted])
-            if len(code) < self.lookahead_below:
-                code = self._with_lookahead(code, slot, method, start)
             self._compute(code // width // capacity, code // width % capacity, code % width)
         tree = self.method_tree[method]
         accepted = np.where(tree >= 0, self.tree[slot, start, np.maximum(tree, 0)], self.matched[slot, start, size])
@@ -303,39 +289,6 @@ class TrajectoryEvaluator:
             self.steps[s][m].append(p)
         self.counts.rounds += 1
 
-    def _count_read(self, slot: np.ndarray, start: np.ndarray, size: np.ndarray) -> None:
-        """Count the distinct blocks this round reads for the first time (the needed work, under lookahead)."""
-        fresh = ~self.read[slot, start, size]
-        width, capacity = self.block + 1, self.matched.shape[1]
-        code = np.unique((slot[fresh] * capacity + start[fresh]) * width + size[fresh])
-        self.read[code // width // capacity, code // width % capacity, code % width] = True
-        for block, count in zip(*np.unique(code % width, return_counts=True)):
-            self.counts.read_by_size[int(block)] = self.counts.read_by_size.get(int(block), 0) + int(count)
-
-    def _with_lookahead(self, code: np.ndarray, slot: np.ndarray, method: np.ndarray, start: np.ndarray) -> np.ndarray:
-        """`code` (the round's needed blocks) plus, up to blocks_per_forward in all, the unknown blocks at each
-        running trajectory's anchor + 1..B that it can still reach (no stop token on the way, a step left),
-        nearest first. Which blocks are computed never changes an outcome: each is the block of its own anchor."""
-        width, capacity = self.block + 1, self.matched.shape[1]
-        room = self.blocks_per_forward - len(code)
-        if room <= 0:
-            return code
-        ahead = np.arange(1, self.block + 1)
-        s = np.tile(slot, len(ahead))  # nearest offsets first
-        m = np.tile(method, len(ahead))
-        a = np.tile(start, len(ahead)) + np.repeat(ahead, len(slot))
-        reach = (a + 1 < np.minimum(self.max_len[s], self.total_len[s])) & (
-            self.next_stop[s, np.tile(start, len(ahead)) + 1] > a
-        )
-        s, m, a = s[reach], m[reach], a[reach]
-        size = np.minimum(self.method_block[m], self.max_len[s] - a)
-        unknown = self.matched[s, a, size] == UNKNOWN
-        extra = (s[unknown] * capacity + a[unknown]) * width + size[unknown]
-        extra = extra[np.sort(np.unique(extra, return_index=True)[1])]  # distinct, nearest first
-        extra = extra[~np.isin(extra, code)][:room]
-        self.counts.lookahead_blocks += len(extra)
-        return np.unique(np.concatenate([code, extra]))
-
     def _compute(self, slot: np.ndarray, anchor: np.ndarray, size: np.ndarray) -> None:
         """Run the blocks (slot, anchor, size), sorted by slot, and record their outcomes."""
         full = size == np.minimum(self.block, self.max_len[slot] - anchor)
@@ -347,8 +300,8 @@ class TrajectoryEvaluator:
         drafter, device = self.drafter, self.device
         hidden = None if self.graphed is None else self.graphed(slot, anchor, size, self.tokens, self.fused)
         if hidden is None:
-            batch = pack(slot, anchor, size, self.tokens, drafter.mask_token_id, device, self.attention_groups)
-            hidden = packed_hidden(drafter, self.pool, batch, self.cos, self.sin, self.fused, self.flex)
+            batch = pack(slot, anchor, size, self.tokens, drafter.mask_token_id, device, self.options.attention_groups)
+            hidden = packed_hidden(drafter, self.pool, batch, self.cos, self.sin, self.fused)
         else:
             self.counts.graph_replays += 1
             self.counts.graphs = len(self.graphed.graphs)
@@ -413,10 +366,10 @@ class TrajectoryEvaluator:
     def _full(self, states: torch.Tensor, truth: torch.Tensor, first: torch.Tensor):
         """Blocks of full size: the chain match, DDTree depths and top-k hits from all positions' logits."""
         logits = self.drafter.logits(states)
-        self.counts.head_positions += logits.shape[0] * logits.shape[1]
         draft = self.drafter.draft_tokens(states, logits, first)
         matched = (draft == truth).to(torch.int64).cumprod(dim=1).sum(dim=1)
-        depths = tree_accepted(logits, truth, self.budgets, self.tree_host_reads) if self.budgets else None
+        # the DDTree scorer without host reads: faster on CUDA, not slower on the CPU (evaluator_speed.md)
+        depths = tree_accepted(logits, truth, self.budgets, host_reads=False) if self.budgets else None
         hit = None
         if self.topk:  # the truth is in the top k iff fewer than k logits beat it (one pass, not a top-k)
             score = logits.gather(-1, truth.clamp(min=0)[..., None])
@@ -454,9 +407,7 @@ class TrajectoryEvaluator:
         matched = hits.cumprod(dim=1).sum(dim=1)
         # A block with no position past the split has none here, whatever it matched.
         rest = torch.nonzero(matched[row[leading:]] == split)[:, 0] + leading
-        later = len(order) - leading
-        self.counts.head_positions += leading + len(rest)
-        self.counts.head_positions_skipped += later - len(rest)
+        self.counts.head_positions_skipped += len(order) - leading - len(rest)
         if len(rest) == 0:
             return matched
         score(rest)
@@ -468,7 +419,6 @@ class TrajectoryEvaluator:
         split = self.head_split
         if not split or positions <= split:
             logits = self.drafter.logits(states)
-            self.counts.head_positions += logits.shape[0] * positions
             draft = self.drafter.draft_tokens(states, logits, first)
             return (draft == truth).to(torch.int64).cumprod(dim=1).sum(dim=1)
         head = self.drafter.logits(states[:, : split + 1])
@@ -477,7 +427,6 @@ class TrajectoryEvaluator:
         alive = torch.nonzero(matched == split)[:, 0]
         rows = states.shape[0]
         kept = int(alive.numel())
-        self.counts.head_positions += rows * split + kept * (positions - split)
         self.counts.head_positions_skipped += (rows - kept) * (positions - split)
         if kept == 0:
             return matched

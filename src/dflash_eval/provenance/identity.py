@@ -97,6 +97,7 @@ _EVALUATE_DECIDES = (
     "evaluate.trajectory",
     "evaluate.draft_timing",
     "evaluate.speedup",
+    "attention_layout",
     "checkpoint",
     "checkpoint_weights",
     "methods",
@@ -171,6 +172,7 @@ STAGES: dict[str, StageCode] = {
     "report": StageCode(
         decides=(
             "report.*",
+            "attention_layout",
             "methods",
             "stats",
             "completions",
