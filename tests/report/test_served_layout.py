@@ -58,3 +58,24 @@ def test_a_served_vllm_checkpoint_resolved_as_evaluated_is_verified(tmp_path):
     (served / "config.json").write_text(json.dumps({"num_hidden_layers": 1, "layer_types": [SWA]}))
     check = check_served_drafter([setting], {"path": str(served)}, 4, False, differ=lambda *_: None)
     assert check["status"] == "mismatch" and "layer 0 is sliding" in check["problems"][0]
+
+
+def test_an_sglang_server_of_a_dflash_config_causal_checkpoint_is_a_mismatch_naming_the_layer(tmp_path):
+    """online.check_served_drafter on SGLang's records (they name no engine): SGLang reads no dflash_config.causal, so
+    it runs layer 2 non-causal where the evaluation ran it causal; a plain checkpoint stays verified."""
+    from dflash_eval.report.online import check_served_drafter
+
+    served = tmp_path / "drafter"
+    served.mkdir()
+    setting = {
+        "speculative_algorithm": "DFLASH",
+        "speculative_draft_model_path": str(served),
+        "speculative_num_draft_tokens": 4,
+    }
+    (served / "config.json").write_text(json.dumps(MIXED))
+    check = check_served_drafter([setting], {"path": str(served)}, 4, False, differ=lambda *_: None)
+    assert check["status"] == "verified", check
+    (served / "config.json").write_text(json.dumps(CAUSAL))
+    check = check_served_drafter([setting], {"path": str(served)}, 4, False, differ=lambda *_: None)
+    assert check["status"] == "mismatch" and "layer 2: sglang causal=False" in check["problems"][0], check
+    assert check["refused"]

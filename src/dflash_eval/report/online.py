@@ -171,7 +171,8 @@ def check_served_drafter(
             difference = differ(path, checkpoint)
             if difference:
                 problems.append(difference)
-            if setting.get("engine") == "vllm" and (layout := _vllm_layout_problem(Path(path))) is not None:
+            # a record without an engine was served by SGLang (only vLLM's records name theirs)
+            if (layout := _served_layout_problem(Path(path), setting.get("engine") or "sglang")) is not None:
                 problems.append(layout)
         else:
             verified = False
@@ -192,18 +193,21 @@ def check_served_drafter(
     }
 
 
-def _vllm_layout_problem(path: Path) -> str | None:
-    """Where vLLM resolves the served checkpoint's attention layout otherwise than the offline drafter's rule."""
+def _served_layout_problem(path: Path, engine: str) -> str | None:
+    """Where the serving engine resolves the served checkpoint's attention layout otherwise than the offline
+    drafter's rule (vLLM's); None for an engine whose rule is not known here."""
     import json
 
-    from dflash_eval.report.served_layout import layout_difference
+    from dflash_eval.report.served_layout import ENGINES, layout_difference
 
+    if engine not in ENGINES:
+        return None
     config_file = path / "config.json" if path.is_dir() else path.with_name("config.json")
     if not config_file.is_file():
         return None
     try:
-        return layout_difference(json.loads(config_file.read_text()))
-    except ValueError as error:  # vLLM would refuse the checkpoint
+        return layout_difference(json.loads(config_file.read_text()), engine)
+    except ValueError as error:  # the engine or the evaluation would refuse the checkpoint
         return f"{config_file}: {error}"
 
 

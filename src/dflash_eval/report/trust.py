@@ -9,7 +9,7 @@ stats), and the server hook's transitions log (outages around extraction). Only 
 Online vs offline is report/online.py: the server's own counters per request beside the served
 drafter's offline steps at the served block size, the conventions lined up.
 
-Data only, as dicts (trust.json holds them); report/markdown.py renders them.
+Data only, as dicts (trust.json holds them); report/trust_section.py renders them.
 """
 
 from __future__ import annotations
