@@ -91,7 +91,7 @@ if [ "$what" = demo ] || [ "$what" = all ] || [ "$what" = demo-warm ]; then
     # kept), every output under results/ made anew
     # a run killed at its limit leaves Snakemake's lock behind, and the next run would stop at once on it
     [ "$what" = demo-warm ] && rm -rf results && snakemake --unlock --cores 1 --configfile config/gpu.yaml > /dev/null 2>&1
-    step gpu_demo 560 'snakemake --cores 16 --configfile config/gpu.yaml'
+    step gpu_demo "${DEMO_LIMIT_S:-560}" 'snakemake --cores 16 --configfile config/gpu.yaml'
     cp results/summary.md "$OUT/" 2>/dev/null
     # the models a GPU build made must have learned: each dataset's primary tau rises with the training step
     python3 - >> "$summary" 2>&1 << 'PY'
