@@ -22,7 +22,7 @@ from tqdm import tqdm
 
 from dflash_eval.cache import completions_check
 from dflash_eval.cache.resume import ResumeState, plan_key, plan_shards, prepare_resume
-from dflash_eval.cache.reuse import KeptStates, keep_published, legacy_state_code_hash
+from dflash_eval.cache.reuse import KeptStates, keep_published, legacy_state_code_hashes
 from dflash_eval.cache.sampling import SamplingParams
 from dflash_eval.cache.store import CacheWriter
 from dflash_eval.completions import read_completions
@@ -443,7 +443,7 @@ def extract(settings: dict[str, Any], completions: str | Path, out: str | Path) 
         path = _publish_resumed(settings, header, out, resume, planned)
     else:
         todo = [records[i] for index in resume.todo for i in plan[index]]
-        reuse = KeptStates(out, state_key, also=[_state_key(settings, header, legacy_state_code_hash())])
+        reuse = KeptStates(out, state_key, also=[_state_key(settings, header, k) for k in legacy_state_code_hashes()])
         if "target_logprobs" not in header and reuse.find(todo, bool(settings["store_argmax"])):  # (reuse copies no
             # log-probs: a cache with them is computed afresh, or resumed shard by shard)
             log.info(

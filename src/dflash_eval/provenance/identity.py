@@ -247,28 +247,65 @@ def _without_docstrings(tree: ast.AST) -> ast.AST:
 
 def module_code(dotted: str) -> str:
     """A module's code as it runs: its syntax tree without docstrings, unparsed (no comments, one formatting)."""
-    return _code(str(module_path(dotted)))
+    return ast.unparse(_without_docstrings(ast.parse(module_path(dotted).read_text())))
 
 
-def _code(path: str) -> str:
-    return ast.unparse(_without_docstrings(ast.parse(Path(path).read_text())))
+def _internal(node: ast.Import | ast.ImportFrom) -> bool:
+    if isinstance(node, ast.ImportFrom):
+        return node.level > 0 or node.module == PACKAGE or (node.module or "").startswith(PACKAGE + ".")
+    return any(alias.name == PACKAGE or alias.name.startswith(PACKAGE + ".") for alias in node.names)
 
 
-def _code_digest(path: str) -> str:
-    return hashlib.sha256(_code(path).encode()).hexdigest()
+def _one_name(node: ast.Import | ast.ImportFrom, alias: ast.alias) -> ast.stmt:
+    """The import of one of the names `node` binds: a split module importing the same names twice counts once."""
+    return ast.Import([alias]) if isinstance(node, ast.Import) else ast.ImportFrom(node.module, [alias], node.level)
+
+
+def _statements(path: str) -> list[str]:
+    """A module's top-level statements as they count in an identity, docstring-free and unparsed: an import of
+    another package one statement per name it binds, an import from `dflash_eval` left out (inside a function or a
+    block it is kept, its source module replaced by the package's name)."""
+    tree = _without_docstrings(ast.parse(Path(path).read_text()))
+    found: list[str] = []
+    for node in tree.body:
+        if isinstance(node, (ast.Import, ast.ImportFrom)):
+            if not _internal(node):
+                found.extend(ast.unparse(_one_name(node, alias)) for alias in node.names)
+            continue
+        for inner in ast.walk(node):
+            if isinstance(inner, (ast.Import, ast.ImportFrom)) and _internal(inner):
+                if isinstance(inner, ast.ImportFrom):
+                    inner.module, inner.level = PACKAGE, 0
+                else:
+                    inner.names = [ast.alias(PACKAGE, a.asname) for a in inner.names]
+        found.append(ast.unparse(node))
+    return found
+
+
+def _statement_digests(path: str) -> str:
+    """What is kept per file: the sha256 of each of its counted statements, sorted, one a line."""
+    return "\n".join(sorted({hashlib.sha256(s.encode()).hexdigest() for s in _statements(path)}))
 
 
 # Parsing and unparsing every declared module takes seconds on a slow machine, and the Snakefile is parsed by
-# every Snakemake process (cluster jobs too): each module's code digest is kept by path, size and mtime.
-_CODE_DIGESTS = FingerprintCache(Path(".snakemake") / "dflash-eval" / "code.json", digest=_code_digest)
+# every Snakemake process (cluster jobs too): each module's statement digests are kept by path, size and mtime.
+_CODE_DIGESTS = FingerprintCache(Path(".snakemake") / "dflash-eval" / "code_statements.json", digest=_statement_digests)
+
+
+def declared_modules(modules: tuple[str, ...]) -> list[str]:
+    """Every module the declared names cover, sorted."""
+    return sorted({m for declared in modules for m in package_modules(declared)})
 
 
 def modules_hash(modules: tuple[str, ...], version: int = 1) -> str:
-    """The one hash rule: sha256 over the output version and each declared module's docstring-free code, in name
-    order. `sha256:` and the first 16 hex digits."""
+    """The one hash rule: sha256 over the output version and the set of the declared modules' counted top-level
+    statements (`_statements`), sorted, whatever module holds each. `sha256:` and the first 16 hex digits."""
+    statements: set[str] = set()
+    for name in declared_modules(modules):
+        statements.update(_CODE_DIGESTS.file(module_path(name), name).split())
     digest = hashlib.sha256(f"version {version}\n".encode())
-    for name in sorted({m for declared in modules for m in package_modules(declared)}):
-        digest.update(f"{name}\n{_CODE_DIGESTS.file(module_path(name), name)}\n".encode())
+    for statement in sorted(statements):
+        digest.update(f"{statement}\n".encode())
     return "sha256:" + digest.hexdigest()[:16]
 
 
