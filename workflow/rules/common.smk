@@ -49,13 +49,14 @@ TARGET_PROFILE = (
 )
 
 
-def code_prefix(stage: str) -> str:
+def code_prefix(stage: str, engine: str = "auto") -> str:
     """The stage's code identity at the head of its rule's shell command: Snakemake's own `code` rerun trigger compares
     a rule's shell command, so a change of the code that decides the stage's outputs reruns it (not a param: a
     campaign pins its code with `--rerun-triggers mtime params input software-env`, settings still counting).
     The stage reads it as DFLASH_EVAL_CODE to tell whether it runs the code that was planned (docs/reruns.md).
+    `engine`: fetch's server.engine, whose own code decides the records (provenance.identity.FETCH_ENGINES).
     """
-    return f"DFLASH_EVAL_CODE={stage_identity(stage)} "
+    return f"DFLASH_EVAL_CODE={stage_identity(stage, engine)} "
 
 
 def settings_param(settings: dict) -> str:

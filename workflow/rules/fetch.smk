@@ -20,6 +20,6 @@ rule fetch:
         prompts=lambda w: prompts_fingerprint(w.dataset),
         target=target_fingerprint,
     shell:
-        code_prefix("fetch")
+        code_prefix("fetch", config["server"]["engine"])
         + 'dflash-eval --log {log} fetch --settings {params.settings:q} --runtime "$DFLASH_EVAL_FETCH_RUNTIME"'
         " --out {output} 2>> {log}"

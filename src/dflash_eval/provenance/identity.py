@@ -135,18 +135,19 @@ _CACHE_READERS = (
     "target_identity",
 )
 
+# fetch's code for every engine, and each engine's own: a record is parsed by the code of the engine that served it.
+_FETCH_DECIDES = ("fetch.sampling", "fetch.presets", "fetch.prompts", "completions")
+FETCH_ENGINES: dict[str, tuple[str, ...]] = {
+    "sglang": ("fetch.sglang", "sglang_protocol"),
+    "vllm": ("fetch.vllm", "vllm_protocol"),
+    "openai": ("fetch.sglang", "sglang_protocol"),  # a plain OpenAI-compatible answer is read by SGLang's parser
+}
+# server.engine: auto is detected from the server when fetch runs, after the plan: its identity covers every engine.
+AUTO = "auto"
+
 STAGES: dict[str, StageCode] = {
     "fetch": StageCode(
-        decides=(
-            "fetch.sglang",
-            "fetch.vllm",
-            "fetch.sampling",
-            "fetch.presets",
-            "fetch.prompts",
-            "completions",
-            "sglang_protocol",
-            "vllm_protocol",
-        ),
+        decides=(*_FETCH_DECIDES, *sorted({m for code in FETCH_ENGINES.values() for m in code})),
         runs=(*COMMON_RUNS, *SERVER_RUNS, "fetch.stage", "fetch.retry", "fetch.store"),
     ),
     "extract": StageCode(
@@ -309,15 +310,26 @@ def modules_hash(modules: tuple[str, ...], version: int = 1) -> str:
     return "sha256:" + digest.hexdigest()[:16]
 
 
-@functools.cache
-def stage_identity(stage: str) -> str:
-    """The code identity of a stage's outputs, `<stage>.v<version>.sha256:<16 hex>`: its declared modules and output
-    version, hashed by the one rule. No spaces: the workflow puts it in each rule's shell command, where Snakemake's
-    own `code` rerun trigger compares it (docs/reruns.md)."""
+def decided_by(stage: str, engine: str = AUTO) -> tuple[str, ...]:
+    """The modules that decide `stage`'s outputs; for fetch, with server.engine `engine`, that engine's own
+    (FETCH_ENGINES; every engine's for auto)."""
     if stage not in STAGES:
         raise KeyError(f"unknown stage {stage!r}; one of {', '.join(STAGES)}")
-    declared = STAGES[stage]
-    return f"{stage}.v{declared.version}.{modules_hash(declared.decides, declared.version)}"
+    if stage != "fetch" or engine == AUTO:
+        return STAGES[stage].decides
+    if engine not in FETCH_ENGINES:
+        raise KeyError(f"server.engine {engine!r}: one of {AUTO}, {', '.join(FETCH_ENGINES)}")
+    return (*_FETCH_DECIDES, *FETCH_ENGINES[engine])
+
+
+@functools.cache
+def stage_identity(stage: str, engine: str = AUTO) -> str:
+    """The code identity of a stage's outputs, `<stage>.v<version>.sha256:<16 hex>`: its declared modules (fetch's
+    for server.engine `engine`, `decided_by`) and output version, hashed by the one rule. No spaces: the workflow
+    puts it in each rule's shell command, where Snakemake's own `code` rerun trigger compares it (docs/reruns.md)."""
+    decides = decided_by(stage, engine)
+    version = STAGES[stage].version
+    return f"{stage}.v{version}.{modules_hash(decides, version)}"
 
 
 def state_code_hash() -> str:
