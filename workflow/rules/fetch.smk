@@ -4,7 +4,7 @@
 
 rule fetch:
     input:
-        prompts=lambda w: cfg.dataset_inputs(config, w.dataset),
+        prompts=lambda w: dataset_inputs(config, w.dataset),
         target=target_inputs,
         served_drafter=served_drafter_inputs,
     output:
@@ -16,7 +16,7 @@ rule fetch:
     resources:
         server_lock=1,
     params:
-        settings=lambda w: settings_param(cfg.fetch_params(config, w.dataset)),
+        settings=lambda w: settings_param(fetch_params(config, w.dataset)),
         prompts=lambda w: prompts_fingerprint(w.dataset),
         target=target_fingerprint,
     shell:

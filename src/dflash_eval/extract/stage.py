@@ -26,12 +26,7 @@ from dflash_eval.cache.reuse import KeptStates, keep_published, legacy_state_cod
 from dflash_eval.cache.sampling import SamplingParams
 from dflash_eval.cache.store import CacheWriter
 from dflash_eval.completions import read_completions
-from dflash_eval.config import (
-    RUNTIME_HELP,
-    extract_settings,
-    settings_from_args,
-    stage_settings,
-)
+from dflash_eval.config import RUNTIME_HELP, settings_from_args, stage_settings
 from dflash_eval.errors import DflashEvalError
 from dflash_eval.extract.backends import (
     BackendInfo,
@@ -42,6 +37,7 @@ from dflash_eval.extract.backends import (
 )
 from dflash_eval.extract.capture import capture_layers, check_layer_ids
 from dflash_eval.extract.positions import past_positions
+from dflash_eval.extract.settings import extract_settings
 from dflash_eval.extract.target import (
     load_target,
     read_config_json,
@@ -78,7 +74,7 @@ def settings_from_cli(args: argparse.Namespace) -> dict[str, Any]:
     """--settings JSON (and --runtime), or settings built from --config, --dataset and --layers: comma-separated
     ids (1,16,31: the last layer as the final norm gives it, the default) or the cache directory's layer-set name
     (L1-16-31, L1-16-31-prenorm), which config.extract_settings takes."""
-    from dflash_eval.config import layerset_name
+    from dflash_eval.drafters import layerset_name
 
     layers = args.layers
     if layers is not None and not layers.strip().startswith("L"):

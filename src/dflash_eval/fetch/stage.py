@@ -23,16 +23,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from dflash_eval.config import (
-    RUNTIME_HELP,
-    fetch_settings,
-    settings_from_args,
-    stage_settings,
-)
+from dflash_eval.config import RUNTIME_HELP, settings_from_args, stage_settings
 from dflash_eval.errors import DflashEvalError, Terminated
 from dflash_eval.fetch import sampling, sglang, vllm
 from dflash_eval.fetch.prompts import Prompt, load_prompts, record_ids, select_subset
 from dflash_eval.fetch.retry import FetchError, with_retries
+from dflash_eval.fetch.settings import fetch_settings
 from dflash_eval.fetch.store import PartialStore, pick_kept
 from dflash_eval.provenance.identity import AUTO
 from dflash_eval.provenance.stamps import write_side_stamp
@@ -660,7 +656,7 @@ def fetch(settings: dict[str, Any], out: Path) -> list[dict[str, Any]]:
     )
 
     tokenizer = AutoTokenizer.from_pretrained(settings["tokenizer"])
-    engine = (settings.get("server") or {}).get("engine") or AUTO  # the stamp names the code of the engine it was planned for
+    engine = (settings.get("server") or {}).get("engine") or AUTO  # the stamp names the engine's code it planned
     with PartialStore(Path(out)) as store:
         offline = kept_without_server(prompts, settings, store.load())
         if offline is not None:

@@ -28,7 +28,18 @@ PACKAGE = "dflash_eval"
 PACKAGE_DIR = Path(__file__).resolve().parents[1]
 
 # How every stage runs, whatever it computes: the command line, errors, settings, file helpers, provenance itself.
-COMMON_RUNS = ("cli", "commands", "config", "errors", "io_utils", "yaml_files", "provenance.*")
+# (`checkpoint`: the settings read a drafter's layer list through it; evaluation and the report declare it deciding.)
+COMMON_RUNS = (
+    "cli",
+    "commands",
+    "config",
+    "drafters",
+    "checkpoint",
+    "errors",
+    "io_utils",
+    "yaml_files",
+    "provenance.*",
+)
 # The server's lifecycle around fetch and extraction: like the server settings (docs/reruns.md) it reruns nothing.
 SERVER_RUNS = ("server.*",)
 
@@ -148,10 +159,11 @@ AUTO = "auto"
 STAGES: dict[str, StageCode] = {
     "fetch": StageCode(
         decides=(*_FETCH_DECIDES, *sorted({m for code in FETCH_ENGINES.values() for m in code})),
-        runs=(*COMMON_RUNS, *SERVER_RUNS, "fetch.stage", "fetch.retry", "fetch.store"),
+        runs=(*COMMON_RUNS, *SERVER_RUNS, "fetch.stage", "fetch.retry", "fetch.store", "fetch.settings"),
     ),
     "extract": StageCode(
-        decides=_EXTRACT_DECIDES, runs=(*COMMON_RUNS, *SERVER_RUNS, *_CACHE_READERS, *VALIDATION_LOOPS, *STATIC_TIMING)
+        decides=_EXTRACT_DECIDES,
+        runs=(*COMMON_RUNS, *SERVER_RUNS, *_CACHE_READERS, *VALIDATION_LOOPS, *STATIC_TIMING, "extract.settings"),
     ),
     "evaluate": StageCode(
         decides=_EVALUATE_DECIDES,
@@ -160,6 +172,7 @@ STAGES: dict[str, StageCode] = {
             *_CACHE_READERS,
             *VALIDATION_LOOPS,
             "evaluate.command",
+            "evaluate.settings",
             "evaluate.several",
             "evaluate.result_store",
             "evaluate.gpu",
@@ -185,7 +198,15 @@ STAGES: dict[str, StageCode] = {
     ),  # two packages' __init__ (docstrings)
     "compare-backends": StageCode(
         decides=("tools.compare_backends", *_EXTRACT_DECIDES, *_EVALUATE_DECIDES),
-        runs=(*COMMON_RUNS, *SERVER_RUNS, *_CACHE_READERS, *VALIDATION_LOOPS, *STATIC_TIMING, "evaluate.*"),
+        runs=(
+            *COMMON_RUNS,
+            *SERVER_RUNS,
+            *_CACHE_READERS,
+            *VALIDATION_LOOPS,
+            *STATIC_TIMING,
+            "evaluate.*",
+            "extract.settings",
+        ),
     ),
     "export": StageCode(
         decides=("report.export", "report.speculation_profile", "stats", "methods", "completions", "cache.manifest"),
