@@ -1,17 +1,19 @@
 """Each stage's code identity: the modules it declares as deciding its outputs, hashed one way.
 
-A stage reruns on code only when code that computes its files changes. So each stage declares a short list of the
-`dflash_eval` modules whose logic decides what it writes (`decides`), the modules it imports that only decide how
-it runs (`runs`: the command line, its settings' plumbing, the server's lifecycle, file I/O, code it imports and
-never calls), and an output version bumped on purpose when a change alters its outputs in a way the hash would not
-see (a change in a `runs` module, in a third-party package). tests/provenance/test_identity.py fails when a stage
-imports a `dflash_eval` module that neither list names, so the lists cannot silently go stale.
+A stage reruns on code only when code that computes its files changes. Each stage declares the `dflash_eval` modules
+whose logic decides what it writes (`decides`), those that only run it (`runs`: the command line, its settings, the
+server's lifecycle, file I/O), and an output version bumped on purpose for a change the hash cannot see.
+tests/provenance/test_identity.py fails on an import neither list names. Fetch's code is per engine
+(`FETCH_ENGINES`; server.engine auto, detected when fetch runs, covers every engine).
 
-The hash rule (`modules_hash`) is the one rule for every code identity: the stage identities, the kept states'
-(cache/reuse.py) and the speedup estimate's (speedup/validation.py). It hashes each module's syntax tree without
-docstrings, unparsed, so comments, docstrings, blank lines and formatting change nothing; a change of code does.
-The unparsed text can differ between Python minor versions: a Python upgrade may rerun each stage once.
-Settings are not code here: they reach each stage as its params (config.py and the settings builders are `runs`).
+The one hash rule (`modules_hash`; also the kept states' and the speedup estimate's key) hashes the stage's code, not
+its file layout: the set of the declared modules' top-level statements, docstring-free and unparsed, sorted; an
+import of another package counts once per name it binds, one from `dflash_eval` not at all (inside a function, with
+`dflash_eval` as its source). Moving a function between declared modules, renaming a module whose users import its
+names, splitting one, comments and formatting change nothing; a code change does. Blind to (bump the version): which
+`dflash_eval` module a name is imported from (`from a import f` to `from b import f`, two different f's), the order
+of top-level statements, a statement repeated in two declared modules. Code naming a module (`acceptance.f()`)
+changes with its name. A Python upgrade may change the unparsed text and rerun each stage once.
 """
 
 from __future__ import annotations
