@@ -300,7 +300,7 @@ def _dataset_properties() -> dict:
     return _schema()["properties"]["datasets"]["additionalProperties"]["properties"]
 
 
-# extract's own key, derived from evaluation.verify (config.extract_params): store the target's log-probs
+# extract's own key, derived from evaluation.verify (extract.settings.extract_params): store the target's log-probs
 TARGET_LOGPROBS = {
     "type": "boolean",
     "description": "store the target's sampled log-probability of each completion token (rejection); absent: no",

@@ -195,3 +195,28 @@ def test_a_dflash_eval_import_counts_by_the_names_it_binds_inside_a_function(tmp
     )
     assert identity._statements(str(path)) == identity._statements(str(moved))
     assert "import torch" in identity._statements(str(path))
+
+
+def test_each_files_statement_digests_are_cached_by_path_size_and_mtime(tmp_path, monkeypatch):
+    """Parsing every declared module takes seconds on a slow machine: a second identity parses nothing, an edited
+    file alone is parsed again."""
+    copy = _package_copy(tmp_path, monkeypatch)
+    parsed: list[str] = []
+    real = identity._statement_digests
+
+    def counting(path: str) -> str:
+        parsed.append(path)
+        return real(path)
+
+    monkeypatch.setattr(identity._CODE_DIGESTS, "_digest", counting)
+    try:
+        first = _identity("report")
+        assert parsed, "the first identity parses the declared modules"
+        parsed.clear()
+        assert _identity("report") == first and not parsed
+        summary = copy / "report" / "summary.py"
+        summary.write_text(summary.read_text() + "\nEDITED = 1\n")
+        assert _identity("report") != first and parsed == [str(summary)]
+    finally:
+        monkeypatch.undo()
+        identity.stage_identity.cache_clear()

@@ -381,8 +381,9 @@ def test_the_pin_keeps_any_code_edit_out_of_the_rerun_and_status_names_what_olde
     assert plan(code, root) == {job("fetch", d) for d in ("d1", "d2")} | EXTRACTS | ALL_EVALS | {job("report")}
     _planned_then_ran(code, root, set(), *PIN)
     line = _status(code, root)
-    assert line.startswith("dflash-eval status: 7 of 7 stamped outputs were made by older code (")
+    assert line.startswith("dflash-eval status: 9 of 9 stamped outputs were made by older code (")
     for output in (
+        "results/completions/d1.jsonl",
         "results/hidden/d1/L1-2",
         "results/eval/a/d1/metrics.json",
         "results/eval/b/d2/metrics.json",

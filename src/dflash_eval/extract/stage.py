@@ -73,7 +73,7 @@ def parse_layers(text: str) -> list[int]:
 def settings_from_cli(args: argparse.Namespace) -> dict[str, Any]:
     """--settings JSON (and --runtime), or settings built from --config, --dataset and --layers: comma-separated
     ids (1,16,31: the last layer as the final norm gives it, the default) or the cache directory's layer-set name
-    (L1-16-31, L1-16-31-prenorm), which config.extract_settings takes."""
+    (L1-16-31, L1-16-31-prenorm), which extract.settings.extract_settings takes."""
     from dflash_eval.drafters import layerset_name
 
     layers = args.layers
