@@ -335,6 +335,8 @@ def test_docstrings_comments_and_the_settings_modules_code_rerun_nothing(base, t
         _replace(src / module, '"""', '"""Reworded, with a new first sentence. ')
         _edit(src / module, "\n\n# a comment, and blank lines\n\n")
     _edit(src / "config.py", "\n_A_REFACTOR_OF_THE_SETTINGS_MODULE = True\n")  # settings decide, not config.py
+    for builders in ("drafters.py", "fetch/settings.py", "extract/settings.py", "evaluate/settings.py"):
+        _edit(src / builders, "\n_A_REFACTOR_OF_THE_SETTINGS_BUILDER = True\n")  # nor the builders beside stages
     _planned_then_ran(code, root, set())
 
 
