@@ -3,7 +3,8 @@ import re
 
 from snakemake.utils import min_version
 
-from dflash_eval.config import PRE_NORM_SUFFIX, validate_config
+from dflash_eval.config import validate_config
+from dflash_eval.drafters import PRE_NORM_SUFFIX
 from dflash_eval.preflight import (
     built_by,
     check_inputs,

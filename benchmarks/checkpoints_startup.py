@@ -67,7 +67,8 @@ from dflash_eval.evaluate import stage
 from dflash_eval.evaluate.drafter import load_drafter
 from dflash_eval.evaluate.target_head import load_target_head
 from dflash_eval.cache.store import HiddenCache
-from dflash_eval.config import evaluate_settings, settings_from_args
+from dflash_eval.config import settings_from_args
+from dflash_eval.evaluate.settings import evaluate_settings
 t.append(time.time())
 args = cli.build_parser(only='evaluate').parse_args(sys.argv[2:])
 settings = settings_from_args(args, evaluate_settings)

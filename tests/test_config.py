@@ -12,8 +12,12 @@ import pytest
 import yaml
 
 from dflash_eval import config as cfg
-from dflash_eval.config import expand_step_directories, select
+from dflash_eval.config import select
+from dflash_eval.drafters import expand_step_directories, layerset_name, parse_layerset
 from dflash_eval.errors import DflashEvalError
+from dflash_eval.evaluate.settings import evaluate_settings
+from dflash_eval.extract.settings import extract_params, extract_settings
+from dflash_eval.fetch.settings import fetch_settings
 from dflash_eval.provenance import code_version
 from dflash_eval.report.settings import report_settings
 from dflash_eval.server.control import ServerController
@@ -164,10 +168,10 @@ def test_select_names_patterns_and_series():
 
 
 def test_layerset_names_round_trip_in_order():
-    assert cfg.layerset_name([31, 1, 16], "final_norm") == "L31-1-16"
-    assert cfg.parse_layerset("L31-1-16") == [31, 1, 16]
+    assert layerset_name([31, 1, 16], "final_norm") == "L31-1-16"
+    assert parse_layerset("L31-1-16") == [31, 1, 16]
     with pytest.raises(DflashEvalError, match="must look like L1-16-31"):
-        cfg.parse_layerset("1-16")
+        parse_layerset("1-16")
 
 
 # ----- stage settings: one function, the schema's defaults -----
@@ -298,9 +302,9 @@ def test_workflow_built_settings_pass_unchanged_and_filling_is_idempotent():
     drafter, dataset = next(iter(config["drafters"])), next(iter(config["datasets"]))
     built = {
         "server": cfg.server_settings(config),
-        "fetch": cfg.fetch_settings(config, dataset),
-        "extract": cfg.extract_settings(config, dataset, "L1-5"),
-        "evaluate": cfg.evaluate_settings(config, drafter, dataset),
+        "fetch": fetch_settings(config, dataset),
+        "extract": extract_settings(config, dataset, "L1-5"),
+        "evaluate": evaluate_settings(config, drafter, dataset),
         "report": report_settings(config),
     }
     for stage, settings in built.items():
@@ -316,14 +320,16 @@ def test_cli_settings_go_through_the_same_function():
     assert cfg.settings_from_args(args, cfg.server_settings) == cfg.stage_settings("server", server)
     fetch = {"dataset": "x", "prompts": "p", "tokenizer": "t"}
     args = argparse.Namespace(settings=json.dumps(fetch), config=None, runtime=json.dumps({"server": server}))
-    assert cfg.settings_from_args(args, cfg.fetch_settings, "dataset")["server"] == server  # runtime merged first
+    assert cfg.settings_from_args(args, fetch_settings, "dataset")["server"] == server  # runtime merged first
     with pytest.raises(TypeError, match="not one of the stage builders"):
         cfg.settings_from_args(args, dict)
 
 
 def test_config_imports_no_stage_so_stage_fingerprints_hold_their_own_code():
     config_path = REPO / "src" / "dflash_eval" / "config.py"
-    assert code_version._imports(config_path, config_path.read_text()) == {"errors", "yaml_files"}
+    assert code_version._imports(config_path, config_path.read_text()) == {"drafters", "errors", "yaml_files"}
+    drafters_path = REPO / "src" / "dflash_eval" / "drafters.py"
+    assert code_version._imports(drafters_path, drafters_path.read_text()) == {"checkpoint", "errors", "io_utils"}
     evaluate, report = code_version.stage_modules("evaluate"), code_version.stage_modules("report")
     assert not [m for m in evaluate + report if m.startswith(("fetch.", "server."))]
 
@@ -383,9 +389,9 @@ def test_target_log_probs_are_stored_only_for_sampled_datasets_under_rejection()
     (at T 0 the scheme is target_only's, and extraction would refuse a greedy record); without it, neither."""
     config = cfg.load_config(REPO / "config.yaml")
     both = {**config, "evaluation": {**config["evaluation"], "verify": ["target_only", "rejection"]}}
-    assert "target_logprobs" not in cfg.extract_params(both, "demo-code", [1, 2], "final_norm")
-    assert cfg.extract_params(both, "demo-code-t07", [1, 2], "final_norm")["target_logprobs"] is True
-    assert "target_logprobs" not in cfg.extract_params(config, "demo-code-t07", [1, 2], "final_norm")
+    assert "target_logprobs" not in extract_params(both, "demo-code", [1, 2], "final_norm")
+    assert extract_params(both, "demo-code-t07", [1, 2], "final_norm")["target_logprobs"] is True
+    assert "target_logprobs" not in extract_params(config, "demo-code-t07", [1, 2], "final_norm")
 
 
 def test_the_gpu_demo_leaves_profile_server_off_and_its_overlay_turns_it_back_on():

@@ -1,17 +1,16 @@
-"""config.yaml: loading, validation with messages that name the key, and per-stage settings.
+"""config.yaml: loading and validation with messages that name the key, and the one way in for every stage's settings.
 
-The Snakefile and the CLI both go through here, so a stage run by hand gets exactly the settings
-the workflow would pass. What decides a stage's output (`fetch_params`, `extract_params`,
-`evaluate_settings`, report/settings.py's `report_settings`) is a rule param, which is what makes Snakemake rerun a stage
-when (and only when) it changes; how fetch and extract run (`fetch_runtime`, `extract_runtime`:
-the server, concurrency, timeouts) reaches them as `--runtime` JSON and reruns nothing. The
-`*_settings` functions join the two for running a stage by hand from config.yaml.
+The settings builders live beside their stages (fetch/, extract/, evaluate/, report/settings.py; a drafter's layer
+list and checkpoint directories in drafters.py), so that a stage's option is edited where the stage is. What decides a
+stage's output (`fetch_params`, `extract_params`, `evaluate_settings`, `report_settings`) is a rule param, which
+makes Snakemake rerun a stage when (and only when) it changes; how fetch and extract run (`fetch_runtime`,
+`extract_runtime`: the server, concurrency, timeouts) reaches them as `--runtime` JSON and reruns nothing.
 
-Every default lives in the schema, src/dflash_eval/config.schema.yaml (shipped with the package). A stage's settings dict, however
-it was made (built here from config.yaml, or written by hand in a test or a `--settings` JSON), goes
-through `stage_settings`, which fills it from the same schema sections and checks it the same way.
-This module imports no stage; no stage's code identity (provenance/identity.py) covers it: settings reach a stage as
-its params, so an edit here reruns only the stages whose settings it changes.
+Every default lives in the schema, src/dflash_eval/config.schema.yaml (shipped with the package). A stage's settings
+dict, however it was made (built from config.yaml, or written by hand in a test or a `--settings` JSON), goes through
+`stage_settings`, which fills it from the same schema sections and checks it the same way; `settings_from_args` runs a
+stage by hand with the builder it registered (`stage_builder`). This module imports no stage; no stage's code
+identity (provenance/identity.py) covers it or the builders: settings reach a stage as its params.
 """
 
 from __future__ import annotations
@@ -21,13 +20,13 @@ import fnmatch
 import functools
 import json
 import logging
-import re
 from pathlib import Path
 from typing import Any
 
 import jsonschema
 import yaml
 
+from dflash_eval.drafters import expand_step_directories
 from dflash_eval.errors import DflashEvalError
 from dflash_eval.yaml_files import read_yaml
 
@@ -252,70 +251,7 @@ def load_config(path: str | Path) -> dict:
     return validate_config(read_yaml(path) or {}, str(path))
 
 
-# -- checkpoint directories and selections ------------------------------------------------------
-
-_STEP_NAME = re.compile(r"^(?:step|checkpoint|global_step)[_-]?(\d+)(\.pt|\.pth|\.safetensors)?$")
-
-
-def step_checkpoints(path: str | Path) -> list[tuple[int, Path]]:
-    """(step, checkpoint) of a training run's directory: `step_N.pt` / `step_N.safetensors` files or `step_N/`,
-    `checkpoint-N/` HF dirs.
-
-    Empty when `path` is not such a directory (a single checkpoint, or not there yet): an HF directory holds
-    weights under another name (model.safetensors, its shards), while step-named files are a run's steps.
-    """
-    root = Path(path)
-    if not root.is_dir() or any(not _STEP_NAME.match(f.name) for f in root.glob("*.safetensors")):
-        return []
-    found = []
-    for child in root.iterdir():
-        match = _STEP_NAME.match(child.name)
-        if not match:
-            continue
-        is_file = child.is_file() and match.group(2) is not None
-        is_model_dir = child.is_dir() and match.group(2) is None and (child / "config.json").is_file()
-        if is_file or is_model_dir:
-            found.append((int(match.group(1)), child))
-    steps = [step for step, _ in found]
-    duplicates = sorted({step for step in steps if steps.count(step) > 1})
-    if duplicates:
-        raise DflashEvalError(f"{root}: more than one checkpoint for step(s) {duplicates}; keep one layout per step")
-    return sorted(found)
-
-
-def expand_step_directories(drafters: dict, source: str) -> dict:
-    """A drafter naming a directory of training checkpoints becomes one drafter per step, `<name>-step<N>`.
-
-    Evaluated at every workflow start, so a new step shows up as new jobs and nothing else.
-    """
-    expanded: dict = {}
-    for name, spec in drafters.items():
-        steps = step_checkpoints(spec["path"])
-        if not steps:
-            expanded[name] = spec
-            continue
-        config_path = spec.get("config")
-        if config_path is None and (Path(spec["path"]) / "config.json").is_file():
-            config_path = str(Path(spec["path"]) / "config.json")
-        for step, checkpoint in steps:
-            if checkpoint.is_file() and config_path is None:
-                raise DflashEvalError(
-                    f"{source}: drafters.{name}: {checkpoint} is a bare checkpoint; set drafters.{name}.config "
-                    f"(a drafter config.json) or put config.json in {spec['path']}"
-                )
-            step_name = f"{name}-step{step}"
-            if step_name in drafters:
-                raise DflashEvalError(
-                    f"{source}: drafters.{name} expands to {step_name}, which is also a drafter of its own; rename one"
-                )
-            expanded[step_name] = {
-                **spec,
-                "path": str(checkpoint),
-                "step": step,
-                "run": spec.get("run") or name,
-                "config": None if checkpoint.is_dir() else config_path,
-            }
-    return expanded
+# -- selections ------------------------------------------------------------------------------
 
 
 def select(patterns: Any, names: list[str], what: str) -> list[str]:
@@ -336,56 +272,9 @@ def select(patterns: Any, names: list[str], what: str) -> list[str]:
     return [n for n in names if n in chosen]
 
 
-# -- layer sets -------------------------------------------------------------------------------
-
-PRE_NORM_SUFFIX = "-prenorm"  # a layer set whose last-layer id holds that layer's own output, not the final norm's
-
-
-def layerset_name(layer_ids: list[int], last_layer: str) -> str:
-    """Directory-safe, order-preserving name of a layer list: [1, 16, 31] -> L1-16-31, with the pre-norm last
-    layer L1-16-31-prenorm (the target's layer count is not known at workflow load: the demo builds it)."""
-    return "L" + "-".join(str(i) for i in layer_ids) + (PRE_NORM_SUFFIX if last_layer == "pre_norm" else "")
-
-
-def parse_layerset(name: str) -> list[int]:
-    if not name.startswith("L"):
-        raise DflashEvalError(f"layer set {name!r} must look like L1-16-31")
-    return [int(part) for part in name[1:].removesuffix(PRE_NORM_SUFFIX).split("-")]
-
-
-def layerset_last_layer(name: str) -> str:
-    """What a layer set's last-layer id holds: "pre_norm" for a name ending in -prenorm, else "final_norm"."""
-    return "pre_norm" if name.endswith(PRE_NORM_SUFFIX) else "final_norm"
-
-
 def drafter_default(key: str) -> Any:
     """The schema's default of a drafter setting (`drafters.<name>.<key>`), for code that runs without a config."""
     return _schema()["properties"]["drafters"]["additionalProperties"]["properties"][key]["default"]
-
-
-def drafter_last_layer(config: dict, drafter: str) -> str:
-    """drafters.<name>.last_layer: what the drafter was trained on for the target's last layer."""
-    return config["drafters"][drafter]["last_layer"]  # filled from the schema's default
-
-
-def drafter_layer_ids(config: dict, drafter: str) -> list[int]:
-    """The drafter's target layers: from config.yaml, else from its config.json when it exists now."""
-    spec = config["drafters"][drafter]
-    if spec.get("layer_ids"):
-        return [int(i) for i in spec["layer_ids"]]
-    path = Path(spec["path"])
-    candidates = [Path(spec["config"])] if spec.get("config") else [path, path.parent]
-    for candidate in candidates:
-        file = candidate / "config.json" if candidate.is_dir() or candidate.suffix != ".json" else candidate
-        if file.is_file():
-            data = json.loads(file.read_text())
-            ids = data.get("dflash_config", {}).get("target_layer_ids", data.get("target_layer_ids"))
-            if ids:
-                return [int(i) for i in ids]
-    raise DflashEvalError(
-        f"drafters.{drafter}: cannot tell its target layers (no layer_ids in config.yaml and no readable "
-        f"config.json with dflash_config.target_layer_ids at {spec['path']}); set drafters.{drafter}.layer_ids"
-    )
 
 
 # -- stage settings: built from config.yaml, or written by hand; filled and checked here -------
@@ -411,7 +300,7 @@ def _dataset_properties() -> dict:
     return _schema()["properties"]["datasets"]["additionalProperties"]["properties"]
 
 
-# extract's own key, derived from evaluation.verify (config.extract_params): store the target's log-probs
+# extract's own key, derived from evaluation.verify (extract.settings.extract_params): store the target's log-probs
 TARGET_LOGPROBS = {
     "type": "boolean",
     "description": "store the target's sampled log-probability of each completion token (rejection); absent: no",
@@ -573,106 +462,11 @@ def server_settings(config: dict) -> dict:
     return dict(config["server"])
 
 
-def dataset_inputs(config: dict, dataset: str) -> list[str]:
-    """The files a dataset's fetch reads as Snakemake inputs: a preset's local copy (none from the hub). A prompt file
-    is not one: the fetch rule tracks it by its prompts as a set (params.prompts, fetch.prompts.order_free_digest),
-    so that its order, a touch or a re-save rerun nothing (issue 32)."""
-    spec = config["datasets"][dataset]
-    if "prompts" in spec:
-        return []
-    return [spec["source"]] if spec.get("source") else []
-
-
-FETCH_RUNTIME_KEYS = ("concurrency", "timeout_s", "retries", "backoff_s")
-
-
-def fetch_runtime(config: dict) -> dict:
-    """How fetch runs, not what it fetches: the server it talks to, concurrency, timeouts, retries.
-
-    The workflow passes these beside the params (`--runtime`), so changing them reruns nothing: a
-    rerun of fetch would throw away hours of completions, and of extraction hours of GPU time.
-    """
-    return {"server": server_settings(config), **{key: config["fetch"][key] for key in FETCH_RUNTIME_KEYS}}
-
-
-def fetch_params(config: dict, dataset: str) -> dict:
-    """What decides a dataset's completions: the Snakemake params of its fetch job."""
-    spec = config["datasets"][dataset]
-    # A prompt file's params carry no preset keys (source, cache_dir): only a preset's depend on them.
-    where = (
-        {"prompts": spec["prompts"]}
-        if "prompts" in spec
-        else {"preset": spec["preset"], "source": spec["source"], "cache_dir": spec["cache_dir"]}
-    )
-    return {
-        "dataset": dataset,
-        **where,
-        "max_samples": spec["max_samples"],
-        "seed": spec["seed"],
-        "tokenizer": config["target"]["path"],
-        **{key: config["fetch"][key] for key in ("endpoint", "max_tokens")},
-        **{key: spec[key] for key in SAMPLING_KEYS},  # a greedy dataset's records ignore all but temperature
-        "chat_template_kwargs": config["fetch"]["chat_template_kwargs"],
-    }
-
-
-def fetch_settings(config: dict, dataset: str) -> dict:
-    """Everything the fetch stage reads (params and runtime), for running it by hand from config.yaml."""
-    return {**fetch_params(config, dataset), **fetch_runtime(config)}
-
-
-def extract_runtime(config: dict) -> dict:
-    """How extraction (and the profile_target rule) runs around the server (see fetch_runtime): passed beside the
-    params."""
-    return {"server": server_settings(config)}
-
-
 def verify_schemes(verify: str | list[str] | None) -> list[str]:
     """evaluation.verify as a list: one scheme or several (the schema's default when None)."""
     if verify is None:
         verify = _properties("evaluation")["verify"]["default"]
     return [verify] if isinstance(verify, str) else list(verify)
-
-
-def extract_params(config: dict, dataset: str, layer_ids: list[int], last_layer: str) -> dict:
-    """What decides a hidden-state cache: the Snakemake params of its extract job (target_logprobs only when the
-    rejection scheme is asked for and the dataset samples, so that a cache without it keeps its params; at T 0 the
-    scheme is target_only's and needs none: docs/sampling.md)."""
-    rejection = "rejection" in verify_schemes(config["evaluation"].get("verify"))
-    return {
-        "dataset": dataset,
-        "layer_ids": list(layer_ids),
-        "last_layer": last_layer,
-        "target": dict(config["target"]),
-        **config["extraction"],
-        **({"target_logprobs": True} if rejection and dataset_samples(config["datasets"][dataset]) else {}),
-    }
-
-
-def extract_settings(config: dict, dataset: str, layerset: str) -> dict:
-    """Everything the extract stage reads (params and runtime) for one layer set's cache (a name from
-    `layerset_name`, as the extract rule has it), for running it by hand from config.yaml."""
-    return {
-        **extract_params(config, dataset, parse_layerset(layerset), layerset_last_layer(layerset)),
-        **extract_runtime(config),
-    }
-
-
-def evaluate_settings(config: dict, drafter: str, dataset: str) -> dict:
-    spec = config["drafters"][drafter]
-    checkpoint = {key: spec[key] for key in CHECKPOINT_KEYS}
-    checkpoint["layer_ids"] = drafter_layer_ids(config, drafter)
-    checkpoint["last_layer"] = drafter_last_layer(config, drafter)
-    return {
-        "drafter": drafter,
-        "dataset": dataset,
-        "checkpoint": checkpoint,
-        "target": {"path": config["target"]["path"]},
-        "max_tokens": config["fetch"]["max_tokens"],
-        # the drafter's step timing; not the user's profile, which only the report reads (report/speedup.py)
-        "speedup": {key: value for key, value in config["speedup"].items() if key != "profile"},
-        **{key: value for key, value in config["evaluation"].items() if key not in EVALUATION_JOB_KEYS},
-    }
 
 
 def prompt_set(spec: dict) -> str:
@@ -688,12 +482,9 @@ def profile_server_settings(config: dict) -> dict:
 
 
 # the builder of each stage's settings from config.yaml, for settings_from_args; a builder that lives beside its
-# stage (report/settings.py) registers itself with stage_builder
+# stage (fetch/, extract/, evaluate/, report/settings.py) registers itself with stage_builder
 _BUILDERS = {
     server_settings: "server",
-    fetch_settings: "fetch",
-    extract_settings: "extract",
-    evaluate_settings: "evaluate",
     profile_server_settings: "profile_server",
 }
 
@@ -714,7 +505,7 @@ def settings_json(settings: dict) -> str:
 
 
 RUNTIME_HELP = (
-    f"how the stage runs, as JSON (server; for fetch also {', '.join(FETCH_RUNTIME_KEYS)}): the workflow "
+    "how the stage runs, as JSON (the server; for fetch also its concurrency, timeout, retries and backoff): the workflow "
     "passes it beside --settings, so that changing it reruns nothing"
 )
 

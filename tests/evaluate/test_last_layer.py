@@ -10,9 +10,9 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from dflash_eval import config as cfg
 from dflash_eval.demo.drafters import TrainingSequence
 from dflash_eval.demo.reference import run_reference_loop
+from dflash_eval.drafters import layerset_last_layer, layerset_name, parse_layerset
 from dflash_eval.errors import DflashEvalError
 from dflash_eval.evaluate.acceptance import sequence_limits
 from dflash_eval.evaluate.all_anchor import evaluate_sample
@@ -105,8 +105,8 @@ def test_a_last_layer_mismatch_is_refused_with_the_fix():
 
 
 def test_layer_set_names_tell_the_conventions_apart():
-    assert cfg.layerset_name([3, 11, 31], "final_norm") == "L3-11-31"
-    assert cfg.layerset_name([3, 11, 31], "pre_norm") == "L3-11-31-prenorm"
+    assert layerset_name([3, 11, 31], "final_norm") == "L3-11-31"
+    assert layerset_name([3, 11, 31], "pre_norm") == "L3-11-31-prenorm"
     for name in ("L3-11-31", "L3-11-31-prenorm"):
-        assert cfg.parse_layerset(name) == [3, 11, 31]
-    assert [cfg.layerset_last_layer(n) for n in ("L3-11-31", "L3-11-31-prenorm")] == ["final_norm", "pre_norm"]
+        assert parse_layerset(name) == [3, 11, 31]
+    assert [layerset_last_layer(n) for n in ("L3-11-31", "L3-11-31-prenorm")] == ["final_norm", "pre_norm"]

@@ -1,6 +1,7 @@
 """The kept states' code key (provenance/identity.py's STATE_CODE, by the one hash rule): a change of the capture
-code recomputes every state instead of copying stale ones; a kept cache keyed by the previous release's rule
-(raw bytes of the same files) is copied once, as before the upgrade. The real extract stage and a tiny target."""
+code recomputes every state instead of copying stale ones; a kept cache keyed by an earlier rule (the last
+release's raw bytes of the same files, or each module's code keyed by its name) is copied once, as before the
+upgrade. The real extract stage and a tiny target."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ import shutil
 
 import pytest
 
-from dflash_eval.cache.reuse import legacy_state_code_hash
+from dflash_eval.cache.reuse import legacy_state_code_hashes
 from dflash_eval.cache.store import HiddenCache
 from dflash_eval.extract import stage as extract_stage
 from dflash_eval.provenance import identity
@@ -46,11 +47,12 @@ def test_a_change_of_the_capture_code_recomputes_every_state(target_dir, tmp_pat
     assert counter.calls == len(LENGTHS) and HiddenCache(out).manifest["reused_samples"] == 0
 
 
-def test_kept_states_keyed_by_the_previous_releases_rule_are_copied_once(target_dir, tmp_path, monkeypatch, caplog):
+@pytest.mark.parametrize("rule", [0, 1], ids=["last-release-bytes", "module-names"])
+def test_kept_states_keyed_by_an_earlier_rule_are_copied_once(rule, target_dir, tmp_path, monkeypatch, caplog):
     completions = write_records(tmp_path / "c.jsonl", tiny_records(LENGTHS))
     out = tmp_path / "hidden"
     with monkeypatch.context() as old_release:  # the kept cache as the previous release keyed it
-        old_release.setattr(extract_stage, "state_code_hash", legacy_state_code_hash)
+        old_release.setattr(extract_stage, "state_code_hash", lambda: legacy_state_code_hashes()[rule])
         extract_stage.extract(extract_settings(target_dir), completions, out)
     old_key = HiddenCache(out).manifest["state_key"]
     shutil.rmtree(out)
@@ -58,5 +60,5 @@ def test_kept_states_keyed_by_the_previous_releases_rule_are_copied_once(target_
     with caplog.at_level("INFO"):
         extract_stage.extract(extract_settings(target_dir), completions, out)
     assert counter.calls == 0 and HiddenCache(out).manifest["reused_samples"] == len(LENGTHS)
-    assert "made by the previous release's state code key" in caplog.text
+    assert "keyed by an earlier rule's state code key" in caplog.text
     assert HiddenCache(out).manifest["state_key"] != old_key, "the new cache carries this release's key"

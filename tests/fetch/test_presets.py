@@ -15,6 +15,7 @@ from dflash_eval import config as cfg
 from dflash_eval.errors import DflashEvalError
 from dflash_eval.fetch import stage as fetch
 from dflash_eval.fetch.presets import PRESETS, load_preset
+from dflash_eval.fetch.settings import dataset_inputs, fetch_settings
 from dflash_eval.testing import fixtures
 
 BOXED = "\nPlease reason step by step, and put your final answer within \\boxed{}."
@@ -199,7 +200,7 @@ def test_config_entry_validates_and_reaches_the_fetch_settings(tmp_path):
             },
         )
     )
-    settings = cfg.fetch_settings(config, "gsm8k")
+    settings = fetch_settings(config, "gsm8k")
     assert {k: settings[k] for k in ("dataset", "preset", "source", "cache_dir", "max_samples", "seed")} == {
         "dataset": "gsm8k",
         "preset": "gsm8k",
@@ -208,9 +209,9 @@ def test_config_entry_validates_and_reaches_the_fetch_settings(tmp_path):
         "max_samples": 1,
         "seed": 3,
     }
-    assert "prompts" not in settings and "preset" not in cfg.fetch_settings(config, "file")
-    assert cfg.dataset_inputs(config, "gsm8k") == [source]
-    assert cfg.dataset_inputs(config, "hub") == [] and cfg.dataset_inputs(config, "file") == []  # params.prompts
+    assert "prompts" not in settings and "preset" not in fetch_settings(config, "file")
+    assert dataset_inputs(config, "gsm8k") == [source]
+    assert dataset_inputs(config, "hub") == [] and dataset_inputs(config, "file") == []  # params.prompts
     prompts, origin = fetch.load_prompt_set(cfg.stage_settings("fetch", {**settings, "server": {}, "tokenizer": "t"}))
     assert origin == "preset gsm8k" and as_tuples(prompts) == EXPECTED["gsm8k"]
 

@@ -10,6 +10,8 @@ import pytest
 
 from dflash_eval.fetch import stage as fetch
 from dflash_eval.fetch.store import partial_path
+from dflash_eval.provenance import identity
+from dflash_eval.provenance.stamps import read_stamp, side_stamp_path
 from dflash_eval.testing import fixtures
 from tests.support.fake_fetch import fake, settings
 
@@ -43,6 +45,10 @@ def test_a_rerun_with_every_record_kept_needs_no_server_and_a_settings_change_do
     with fake(tokenizer_dir, None, "--sglang", model=f"/models/{tokenizer_dir.name}") as url:
         first = fetch.fetch(settings(tmp_path, url, tokenizer_dir, prompts), out)
     made = out.read_bytes()
+    stamp = json.loads(side_stamp_path(out).read_text())  # beside the file: the records keep their format
+    assert stamp == {"code_identity": identity.stage_identity("fetch", stamp["engine"]), "engine": stamp["engine"]}
+    assert read_stamp(out) == stamp["code_identity"] and "code_identity" not in first[0]
+    side_stamp_path(out).unlink()
     out.unlink()  # what Snakemake does before it reruns the job (after a fetch code change, say)
 
     _no_server(monkeypatch)  # and the server is gone: stopped, or held down by another run's extraction
@@ -50,6 +56,7 @@ def test_a_rerun_with_every_record_kept_needs_no_server_and_a_settings_change_do
         again = fetch.fetch(settings(tmp_path, url, tokenizer_dir, prompts), out)
     assert again == first and out.read_bytes() == made
     assert partial_path(out).samefile(out)
+    assert read_stamp(out) == stamp["code_identity"], "a rerun that reused every record stamps the file too"
     assert "all 3 records reused without the server" in caplog.text
     assert f"model path /models/{tokenizer_dir.name}, weight version w1" in caplog.text
 

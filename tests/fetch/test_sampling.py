@@ -10,10 +10,11 @@ from pathlib import Path
 import pytest
 import torch
 
-from dflash_eval.config import fetch_params, sampling_problems, validate_config
+from dflash_eval.config import sampling_problems, validate_config
 from dflash_eval.errors import DflashEvalError
 from dflash_eval.fetch import sampling, sglang
 from dflash_eval.fetch import stage as fetch
+from dflash_eval.fetch.settings import fetch_params
 from dflash_eval.sglang_protocol import PROTOCOL_FIELDS
 from tests.support.demo_server import BLOCK
 

@@ -182,7 +182,11 @@ def test_fetch_end_to_end(tmp_path, tiny_server, reference):
     assert code == 0, failure_logs(log, tiny_server)
     records = [json.loads(line) for line in out.read_text().splitlines()]
     assert [r["id"] for r in records] == ["p0", "p1", "p2", "p3"]
-    assert sorted(out.parent.iterdir()) == [out, out.with_name("tiny.jsonl.partial")]  # no temp file left behind
+    assert sorted(out.parent.iterdir()) == [  # no temp file left behind; the stamp beside the output
+        out,
+        out.with_name("tiny.jsonl.partial"),
+        out.with_name("tiny.jsonl.stamp.json"),
+    ]
     assert out.with_name("tiny.jsonl.partial").samefile(out)  # the records a rerun reuses: a link of the output
     assert '"records": 4' in log.read_text()
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ast
 import shutil
 
 import pytest
@@ -63,7 +64,7 @@ def _package_copy(tmp_path, monkeypatch):
     shutil.copytree(identity.PACKAGE_DIR, copy, ignore=shutil.ignore_patterns("__pycache__"))
     monkeypatch.setattr(identity, "PACKAGE_DIR", copy)
     monkeypatch.setattr(
-        identity, "_CODE_DIGESTS", identity.FingerprintCache(tmp_path / "code.json", digest=identity._code_digest)
+        identity, "_CODE_DIGESTS", identity.FingerprintCache(tmp_path / "code.json", digest=identity._statement_digests)
     )
     return copy
 
@@ -116,3 +117,111 @@ def test_one_hash_rule_for_the_states_the_estimate_and_the_stages():
     assert validation.code_hash() == identity.modules_hash(identity.ESTIMATE_CODE)
     assert set(identity.STATE_CODE) <= set(identity.STAGES["extract"].decides)
     assert identity.module_code("speedup") == "pass"  # the package __init__ is its docstring alone
+
+
+def _declare(monkeypatch, stage: str, old: str, new: str) -> None:
+    declared = identity.STAGES[stage]
+    decides = tuple(new if name == old else name for name in declared.decides)
+    monkeypatch.setitem(identity.STAGES, stage, identity.StageCode(decides, declared.runs, declared.version))
+
+
+def test_moving_a_function_between_two_declared_modules_keeps_the_identity(tmp_path, monkeypatch):
+    """The identity is over the stage's code, not its file layout: a function moved from one declared module to
+    another (its callers importing it from the new one) changes nothing; editing it afterwards does."""
+    copy = _package_copy(tmp_path, monkeypatch)
+    try:
+        before = _identity("evaluate")
+        blocks, acceptance = copy / "evaluate" / "blocks.py", copy / "evaluate" / "acceptance.py"
+        moved = "\n\ndef moved_helper(x: int) -> int:\n    return x + 1\n"
+        blocks.write_text(blocks.read_text() + moved)
+        with_helper = _identity("evaluate")
+        assert with_helper != before, "new code changes it"
+        blocks.write_text(blocks.read_text().replace(moved, ""))
+        acceptance.write_text(acceptance.read_text() + "\nimport math\n" + moved)
+        assert _identity("evaluate") == with_helper, "moved (and an import both modules make): the same"
+        acceptance.write_text(acceptance.read_text().replace("return x + 1", "return x + 2"))
+        assert _identity("evaluate") != with_helper
+    finally:
+        monkeypatch.undo()
+        identity.stage_identity.cache_clear()
+
+
+def test_renaming_or_splitting_a_declared_module_keeps_the_identity(tmp_path, monkeypatch):
+    copy = _package_copy(tmp_path, monkeypatch)
+    try:
+        before = _identity("evaluate")
+        old = copy / "evaluate" / "packed.py"  # its importers import its names (`from ... import`), as a rename keeps
+        text = old.read_text()
+        (copy / "evaluate" / "packed_rows.py").write_text(text)
+        old.unlink()
+        renamed = 0
+        for caller in copy.rglob("*.py"):
+            if "evaluate.packed import" in caller.read_text():
+                caller.write_text(caller.read_text().replace("evaluate.packed import", "evaluate.packed_rows import"))
+                renamed += 1
+            if "evaluate import packed\n" in caller.read_text():  # a module import keeps its name in the code
+                caller.write_text(
+                    caller.read_text().replace("evaluate import packed\n", "evaluate import packed_rows as packed\n")
+                )
+                renamed += 1
+        assert renamed >= 3
+        _declare(monkeypatch, "evaluate", "evaluate.packed", "evaluate.packed_rows")
+        assert _identity("evaluate") == before, "renamed, with its declaration and its importers"
+
+        tree = ast.parse(text)
+        defs = [i for i, node in enumerate(tree.body) if isinstance(node, (ast.FunctionDef, ast.ClassDef))]
+        assert len(defs) >= 2, "a module with two definitions to split"
+        lines = text.splitlines(keepends=True)
+        cut = tree.body[defs[-1]].lineno - 1 - len(tree.body[defs[-1]].decorator_list)
+        imports = [node for node in tree.body if isinstance(node, (ast.Import, ast.ImportFrom))]
+        head = "\n".join(ast.get_source_segment(text, node) for node in imports)
+        (copy / "evaluate" / "packed_rows.py").write_text("".join(lines[:cut]))
+        (copy / "evaluate" / "packed_tail.py").write_text(head + "\n\n" + "".join(lines[cut:]))
+        declared = identity.STAGES["evaluate"]
+        monkeypatch.setitem(
+            identity.STAGES,
+            "evaluate",
+            identity.StageCode((*declared.decides, "evaluate.packed_tail"), declared.runs, declared.version),
+        )
+        assert _identity("evaluate") == before, "split in two, each importing what it needs"
+    finally:
+        monkeypatch.undo()
+        identity.stage_identity.cache_clear()
+
+
+def test_a_dflash_eval_import_counts_by_the_names_it_binds_inside_a_function(tmp_path):
+    path = tmp_path / "m.py"
+    path.write_text(
+        "from dflash_eval.a import f\nimport torch\n\ndef g():\n    from dflash_eval.b import h\n    return h\n"
+    )
+    moved = tmp_path / "n.py"
+    moved.write_text(
+        "from dflash_eval.c import f\nimport torch\n\ndef g():\n    from dflash_eval.d import h\n    return h\n"
+    )
+    assert identity._statements(str(path)) == identity._statements(str(moved))
+    assert "import torch" in identity._statements(str(path))
+
+
+def test_each_files_statement_digests_are_cached_by_path_size_and_mtime(tmp_path, monkeypatch):
+    """Parsing every declared module takes seconds on a slow machine: a second identity parses nothing, an edited
+    file alone is parsed again."""
+    copy = _package_copy(tmp_path, monkeypatch)
+    parsed: list[str] = []
+    real = identity._statement_digests
+
+    def counting(path: str) -> str:
+        parsed.append(path)
+        return real(path)
+
+    monkeypatch.setattr(identity._CODE_DIGESTS, "_digest", counting)
+    try:
+        first = _identity("report")
+        assert parsed, "the first identity parses the declared modules"
+        parsed.clear()
+        assert _identity("report") == first and not parsed
+        summary = copy / "report" / "summary.py"
+        summary.write_text(summary.read_text() + "\nEDITED = 1\n")
+        assert _identity("report") != first and parsed == [str(summary)]
+    finally:
+        monkeypatch.undo()
+        identity.stage_identity.cache_clear()

@@ -40,3 +40,26 @@ def test_status_names_older_unstamped_and_current_outputs(tmp_path, monkeypatch,
     monkeypatch.chdir(tmp_path)
     assert cli.main(["status"]) == 0
     assert capsys.readouterr().out.strip() == line.replace(f"{results}/", "results/").replace(f"{results}", "results")
+
+
+def test_completions_are_stamped_beside_them_by_the_engines_code_and_old_files_are_unstamped(tmp_path):
+    """A completions file's stamp is its side file (the records keep their format); it is this code's when it names
+    the identity of the engine it was planned for; a file from before stamps reads as unstamped."""
+    results = tmp_path / "results"
+    completions = results / "completions"
+    _write(
+        completions / "a.jsonl.stamp.json",
+        {"code_identity": identity.stage_identity("fetch", "vllm"), "engine": "vllm"},
+    )
+    _write(
+        completions / "b.jsonl.stamp.json",
+        {"code_identity": identity.stage_identity("fetch", "sglang"), "engine": "vllm"},
+    )
+    _write(completions / "c.jsonl.stamp.json", {"code_identity": identity.stage_identity("fetch")})  # auto
+    for name in "abcd":
+        (completions / f"{name}.jsonl").write_text(json.dumps({"id": "p0"}) + "\n")  # d: made before stamps
+    assert identity.stage_identity("fetch", "vllm") != identity.stage_identity("fetch", "sglang")
+    assert status.line(results) == (
+        f"dflash-eval status: 2 of 4 stamped outputs were made by older code (fetch: {completions}/b.jsonl; "
+        f"fetch (unstamped): {completions}/d.jsonl)"
+    )

@@ -335,6 +335,8 @@ def test_docstrings_comments_and_the_settings_modules_code_rerun_nothing(base, t
         _replace(src / module, '"""', '"""Reworded, with a new first sentence. ')
         _edit(src / module, "\n\n# a comment, and blank lines\n\n")
     _edit(src / "config.py", "\n_A_REFACTOR_OF_THE_SETTINGS_MODULE = True\n")  # settings decide, not config.py
+    for builders in ("drafters.py", "fetch/settings.py", "extract/settings.py", "evaluate/settings.py"):
+        _edit(src / builders, "\n_A_REFACTOR_OF_THE_SETTINGS_BUILDER = True\n")  # nor the builders beside stages
     _planned_then_ran(code, root, set())
 
 
@@ -381,8 +383,9 @@ def test_the_pin_keeps_any_code_edit_out_of_the_rerun_and_status_names_what_olde
     assert plan(code, root) == {job("fetch", d) for d in ("d1", "d2")} | EXTRACTS | ALL_EVALS | {job("report")}
     _planned_then_ran(code, root, set(), *PIN)
     line = _status(code, root)
-    assert line.startswith("dflash-eval status: 7 of 7 stamped outputs were made by older code (")
+    assert line.startswith("dflash-eval status: 9 of 9 stamped outputs were made by older code (")
     for output in (
+        "results/completions/d1.jsonl",
         "results/hidden/d1/L1-2",
         "results/eval/a/d1/metrics.json",
         "results/eval/b/d2/metrics.json",
@@ -450,3 +453,51 @@ def test_a_change_to_the_target_timing_code_reruns_the_profile_rule_and_the_repo
     ran({PROFILE_TARGET, job("report")})
     _edit(src / "tools" / "target_timing.py", "\n# a comment\n")
     assert plan(code, root) == set()
+
+
+def _top_level(path: Path, name: str) -> str:
+    """The source of the top-level function `name` in `path`."""
+    import ast
+
+    text = path.read_text()
+    node = next(n for n in ast.parse(text).body if isinstance(n, ast.FunctionDef) and n.name == name)
+    return ast.get_source_segment(text, node)
+
+
+def test_moving_a_function_or_renaming_a_module_reruns_nothing_and_editing_the_moved_code_does(base, tmp_path):
+    """The identity is over the stage's code, not its file layout (provenance/identity.py's hash rule)."""
+    code, root, src = _code_case(base, tmp_path)
+    acceptance, blocks = src / "evaluate" / "acceptance.py", src / "evaluate" / "blocks.py"
+    moved = _top_level(acceptance, "matched_prefix")
+    _replace(acceptance, moved, "")  # moved to blocks.py, imported back where it was
+    _edit(acceptance, "\nfrom dflash_eval.evaluate.blocks import matched_prefix  # noqa: E402,F401\n")
+    _edit(blocks, "\n\n" + moved + "\n")
+    packed = src / "evaluate" / "packed.py"  # renamed: its importers and its declaration follow
+    packed.rename(src / "evaluate" / "packed_rows.py")
+    for caller in src.rglob("*.py"):
+        if "evaluate.packed import" in caller.read_text():
+            _replace(caller, "evaluate.packed import", "evaluate.packed_rows import")
+        if "evaluate import packed\n" in caller.read_text():  # a module import keeps its name in the code
+            _replace(caller, "evaluate import packed\n", "evaluate import packed_rows as packed\n")
+    _replace(src / "provenance" / "identity.py", '"evaluate.packed",', '"evaluate.packed_rows",')
+    _planned_then_ran(code, root, set())
+    _replace(blocks, moved, moved.replace("-> torch.Tensor:\n", "-> torch.Tensor:\n    tokens = tokens.clone()\n", 1))
+    assert plan(code, root) == ALL_EVALS | {job("report")}
+
+
+def test_a_vllm_code_change_reruns_nothing_for_an_sglang_server_and_an_sglang_one_reruns_fetch(base, tmp_path):
+    """fetch's identity covers the engine server.engine names (auto: every engine, detected only when fetch runs)."""
+    code, root, src = _code_case(base, tmp_path)
+    config = load_config(root)
+    config["server"]["engine"] = "sglang"  # from auto's identity (every engine's code) to SGLang's: fetch once
+    save_config(root, config)
+    everything = {job("fetch", d) for d in ("d1", "d2")} | EXTRACTS | ALL_EVALS | {job("report")}
+    _planned_then_ran(code, root, everything)
+    _edit(src / "fetch" / "vllm.py", "\n_VLLM_CHANGED = True\n")
+    _edit(src / "vllm_protocol.py", "\n_VLLM_CHANGED = True\n")
+    _planned_then_ran(code, root, set())
+    _edit(src / "fetch" / "sglang.py", "\n_SGLANG_CHANGED = True\n")
+    assert plan(code, root) == everything
+    config["server"]["engine"] = "auto"  # auto covers vLLM's code too: the edit above counts
+    save_config(root, config)
+    assert plan(code, root) == everything

@@ -25,10 +25,8 @@ rule compare_backends:
             if config["drafters"][w.drafter]["config"]
             else ""
         ),
-        layers=lambda w: ",".join(
-            str(i) for i in cfg.drafter_layer_ids(config, w.drafter)
-        ),
-        last_layer=lambda w: cfg.drafter_last_layer(config, w.drafter),
+        layers=lambda w: ",".join(str(i) for i in drafter_layer_ids(config, w.drafter)),
+        last_layer=lambda w: drafter_last_layer(config, w.drafter),
         device=config["target"]["device"],
         max_samples=config["backend_comparison"]["max_samples"],
     shell:

@@ -5,6 +5,16 @@ import os
 from pathlib import Path
 
 from dflash_eval import config as cfg
+from dflash_eval.drafters import (
+    drafter_last_layer,
+    drafter_layer_ids,
+    layerset_last_layer,
+    layerset_name,
+    parse_layerset,
+)
+from dflash_eval.evaluate.settings import evaluate_settings
+from dflash_eval.extract.settings import extract_params, extract_runtime
+from dflash_eval.fetch.settings import dataset_inputs, fetch_params, fetch_runtime
 from dflash_eval.errors import DflashEvalError
 from dflash_eval.fetch.prompts import load_prompts, order_free_digest
 from dflash_eval.report.plots import PLOTS
@@ -49,13 +59,14 @@ TARGET_PROFILE = (
 )
 
 
-def code_prefix(stage: str) -> str:
+def code_prefix(stage: str, engine: str = "auto") -> str:
     """The stage's code identity at the head of its rule's shell command: Snakemake's own `code` rerun trigger compares
     a rule's shell command, so a change of the code that decides the stage's outputs reruns it (not a param: a
     campaign pins its code with `--rerun-triggers mtime params input software-env`, settings still counting).
     The stage reads it as DFLASH_EVAL_CODE to tell whether it runs the code that was planned (docs/reruns.md).
+    `engine`: fetch's server.engine, whose own code decides the records (provenance.identity.FETCH_ENGINES).
     """
-    return f"DFLASH_EVAL_CODE={stage_identity(stage)} "
+    return f"DFLASH_EVAL_CODE={stage_identity(stage, engine)} "
 
 
 def settings_param(settings: dict) -> str:
@@ -68,8 +79,8 @@ def settings_param(settings: dict) -> str:
 # (`--runtime "$DFLASH_EVAL_FETCH_RUNTIME"`), set by every Snakemake process that parses this file, cluster jobs
 # included. See config.fetch_runtime.
 os.environ.update(
-    DFLASH_EVAL_FETCH_RUNTIME=cfg.settings_json(cfg.fetch_runtime(config)),
-    DFLASH_EVAL_EXTRACT_RUNTIME=cfg.settings_json(cfg.extract_runtime(config)),
+    DFLASH_EVAL_FETCH_RUNTIME=cfg.settings_json(fetch_runtime(config)),
+    DFLASH_EVAL_EXTRACT_RUNTIME=cfg.settings_json(extract_runtime(config)),
 )
 
 
@@ -201,8 +212,8 @@ def checkpoint_files(name: str) -> tuple[str, ...]:
 
 
 def drafter_layerset(name: str) -> str:
-    return cfg.layerset_name(
-        cfg.drafter_layer_ids(config, name), cfg.drafter_last_layer(config, name)
+    return layerset_name(
+        drafter_layer_ids(config, name), drafter_last_layer(config, name)
     )
 
 
@@ -313,7 +324,7 @@ def evaluation_member(drafter: str, dataset: str) -> str:
     """One checkpoint of a grouped evaluation job, as its `--member` JSON: its settings and its two outputs."""
     return cfg.settings_json(
         {
-            "settings": cfg.evaluate_settings(config, drafter, dataset),
+            "settings": evaluate_settings(config, drafter, dataset),
             "metrics": METRICS.format(drafter=drafter, dataset=dataset),
             "samples": SAMPLES.format(drafter=drafter, dataset=dataset),
         }

@@ -23,7 +23,7 @@ if config["evaluation"]["checkpoints_per_job"] == 1:
             gpu=lambda w: 0 if config["evaluation"]["device"] == "cpu" else 1,
         params:
             settings=lambda w: settings_param(
-                cfg.evaluate_settings(config, w.drafter, w.dataset)
+                evaluate_settings(config, w.drafter, w.dataset)
             ),
             checkpoint=lambda w: checkpoint_fingerprint(w.drafter),
             target=target_fingerprint,

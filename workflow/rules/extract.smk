@@ -17,11 +17,11 @@ rule extract:
         gpu=lambda w: 0 if config["target"]["device"] == "cpu" else 1,
     params:
         settings=lambda w: settings_param(
-            cfg.extract_params(
+            extract_params(
                 config,
                 w.dataset,
-                cfg.parse_layerset(w.layerset),
-                cfg.layerset_last_layer(w.layerset),
+                parse_layerset(w.layerset),
+                layerset_last_layer(w.layerset),
             )
         ),
         target=target_fingerprint,

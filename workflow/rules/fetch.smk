@@ -4,7 +4,7 @@
 
 rule fetch:
     input:
-        prompts=lambda w: cfg.dataset_inputs(config, w.dataset),
+        prompts=lambda w: dataset_inputs(config, w.dataset),
         target=target_inputs,
         served_drafter=served_drafter_inputs,
     output:
@@ -19,10 +19,10 @@ rule fetch:
             or config["profile_server"]["enabled"]
         ),
     params:
-        settings=lambda w: settings_param(cfg.fetch_params(config, w.dataset)),
+        settings=lambda w: settings_param(fetch_params(config, w.dataset)),
         prompts=lambda w: prompts_fingerprint(w.dataset),
         target=target_fingerprint,
     shell:
-        code_prefix("fetch")
+        code_prefix("fetch", config["server"]["engine"])
         + 'dflash-eval --log {log} fetch --settings {params.settings:q} --runtime "$DFLASH_EVAL_FETCH_RUNTIME"'
         " --out {output} 2>> {log}"

@@ -43,8 +43,8 @@ rule export:
                 "context_buckets": config["report"]["context_buckets"],
                 "bootstrap": config["evaluation"]["bootstrap"],
                 "seed": config["evaluation"]["seed"],
-                "evaluate": cfg.evaluate_settings(config, w.drafter, w.dataset),
-                "fetch": cfg.fetch_params(config, w.dataset),
+                "evaluate": evaluate_settings(config, w.drafter, w.dataset),
+                "fetch": fetch_params(config, w.dataset),
             }
         ),
     shell:

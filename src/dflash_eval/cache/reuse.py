@@ -28,12 +28,15 @@ from safetensors import SafetensorError, safe_open
 from dflash_eval.cache import manifest as cache_manifest
 from dflash_eval.cache.manifest import MANIFEST, CacheError
 from dflash_eval.io_utils import sha256_file
+from dflash_eval.provenance.identity import STATE_CODE, module_code
 
 log = logging.getLogger(__name__)
 
 _PACKAGE = Path(__file__).resolve().parents[1]
-# STATE_CODE's key as it was made before code identities (raw bytes of these files), accepted once so that the
-# first rerun after the upgrade copies kept states instead of computing them (docs/reruns.md, "Upgrading").
+# The one migration (docs/reruns.md, "Upgrading"): the kept states' code key as the two earlier rules made it, on
+# today's code, accepted so that the first rerun after the upgrade copies kept states instead of computing them when
+# STATE_CODE's code is unchanged. The last release's: raw bytes of these files. The rule before the layout-free one:
+# each STATE_CODE module's docstring-free code keyed by its module name.
 _LEGACY_STATE_FILES = ("extract/capture.py", "extract/backends.py", "extract/target.py")
 _HASH_THREADS = 4  # sha256 releases the GIL; a few threads keep up with a fast disk
 
@@ -43,12 +46,16 @@ def kept_dir(out: Path) -> Path:
     return out.with_name(f"{out.name}.kept")
 
 
-def legacy_state_code_hash() -> str:
-    """The kept states' code key of the releases before code identities: sha256 of the three files' bytes."""
-    digest = hashlib.sha256()
+def legacy_state_code_hashes() -> tuple[str, ...]:
+    """The kept states' code keys of the earlier rules, on today's code: the release before code identities'
+    (sha256 of the three files' bytes), and the rule that keyed each module's code by its name."""
+    release = hashlib.sha256()
     for name in _LEGACY_STATE_FILES:
-        digest.update(name.encode() + b"\n" + (_PACKAGE / name).read_bytes())
-    return digest.hexdigest()
+        release.update(name.encode() + b"\n" + (_PACKAGE / name).read_bytes())
+    by_name = hashlib.sha256(b"version 1\n")
+    for name in sorted(STATE_CODE):
+        by_name.update(f"{name}\n{hashlib.sha256(module_code(name).encode()).hexdigest()}\n".encode())
+    return release.hexdigest(), "sha256:" + by_name.hexdigest()[:16]
 
 
 def keep_published(out: Path) -> None:
@@ -84,7 +91,7 @@ class KeptStates:
     """The samples of `<out>.kept/` that a rerun with `state_key` may copy instead of computing."""
 
     def __init__(self, out: Path, state_key: str, also: Sequence[str] = ()) -> None:
-        """`also`: other state keys that name the same states (the key as the previous release made it)."""
+        """`also`: other state keys that name the same states (the keys the earlier rules made: the migration)."""
         self.directory = kept_dir(out)
         self.manifest: dict[str, Any] | None = None
         self.usable: dict[str, dict[str, Any]] = {}  # sample id -> kept manifest entry, tokens and shard checked
@@ -103,7 +110,7 @@ class KeptStates:
         self.manifest = manifest
         if manifest.get("state_key") != state_key:
             log.info(
-                "%s: kept states were made by the previous release's state code key; the code is the same, so "
+                "%s: kept states were keyed by an earlier rule's state code key; the code is the same, so "
                 "they are reused (once: the new cache carries this release's key)",
                 self.directory,
             )

@@ -5,9 +5,10 @@ from __future__ import annotations
 
 import argparse
 
-from dflash_eval.config import evaluate_settings, settings_from_args
+from dflash_eval.config import settings_from_args
 from dflash_eval.errors import DflashEvalError
 from dflash_eval.evaluate import stage
+from dflash_eval.evaluate.settings import evaluate_settings
 from dflash_eval.evaluate.several import run_several
 
 

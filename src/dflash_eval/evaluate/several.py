@@ -16,10 +16,11 @@ import logging
 import time
 from dataclasses import dataclass
 
-from dflash_eval.config import evaluate_settings, settings_from_args
+from dflash_eval.config import settings_from_args
 from dflash_eval.errors import DflashEvalError
 from dflash_eval.evaluate import stage
 from dflash_eval.evaluate.result_store import ResultStore, key_of, key_parts
+from dflash_eval.evaluate.settings import evaluate_settings
 
 log = logging.getLogger(__name__)
 

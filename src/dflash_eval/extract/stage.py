@@ -22,16 +22,11 @@ from tqdm import tqdm
 
 from dflash_eval.cache import completions_check
 from dflash_eval.cache.resume import ResumeState, plan_key, plan_shards, prepare_resume
-from dflash_eval.cache.reuse import KeptStates, keep_published, legacy_state_code_hash
+from dflash_eval.cache.reuse import KeptStates, keep_published, legacy_state_code_hashes
 from dflash_eval.cache.sampling import SamplingParams
 from dflash_eval.cache.writer import CacheWriter
 from dflash_eval.completions import read_completions
-from dflash_eval.config import (
-    RUNTIME_HELP,
-    extract_settings,
-    settings_from_args,
-    stage_settings,
-)
+from dflash_eval.config import RUNTIME_HELP, settings_from_args, stage_settings
 from dflash_eval.errors import DflashEvalError
 from dflash_eval.extract.backends import (
     BackendInfo,
@@ -42,6 +37,7 @@ from dflash_eval.extract.backends import (
 )
 from dflash_eval.extract.capture import capture_layers, check_layer_ids
 from dflash_eval.extract.positions import past_positions
+from dflash_eval.extract.settings import extract_settings
 from dflash_eval.extract.target import (
     load_target,
     read_config_json,
@@ -77,8 +73,8 @@ def parse_layers(text: str) -> list[int]:
 def settings_from_cli(args: argparse.Namespace) -> dict[str, Any]:
     """--settings JSON (and --runtime), or settings built from --config, --dataset and --layers: comma-separated
     ids (1,16,31: the last layer as the final norm gives it, the default) or the cache directory's layer-set name
-    (L1-16-31, L1-16-31-prenorm), which config.extract_settings takes."""
-    from dflash_eval.config import layerset_name
+    (L1-16-31, L1-16-31-prenorm), which extract.settings.extract_settings takes."""
+    from dflash_eval.drafters import layerset_name
 
     layers = args.layers
     if layers is not None and not layers.strip().startswith("L"):
@@ -443,7 +439,7 @@ def extract(settings: dict[str, Any], completions: str | Path, out: str | Path) 
         path = _publish_resumed(settings, header, out, resume, planned)
     else:
         todo = [records[i] for index in resume.todo for i in plan[index]]
-        reuse = KeptStates(out, state_key, also=[_state_key(settings, header, legacy_state_code_hash())])
+        reuse = KeptStates(out, state_key, also=[_state_key(settings, header, k) for k in legacy_state_code_hashes()])
         if "target_logprobs" not in header and reuse.find(todo, bool(settings["store_argmax"])):  # (reuse copies no
             # log-probs: a cache with them is computed afresh, or resumed shard by shard)
             log.info(

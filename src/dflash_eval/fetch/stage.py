@@ -23,17 +23,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from dflash_eval.config import (
-    RUNTIME_HELP,
-    fetch_settings,
-    settings_from_args,
-    stage_settings,
-)
+from dflash_eval.config import RUNTIME_HELP, settings_from_args, stage_settings
 from dflash_eval.errors import DflashEvalError, Terminated
 from dflash_eval.fetch import sampling, sglang, vllm
 from dflash_eval.fetch.prompts import Prompt, load_prompts, record_ids, select_subset
 from dflash_eval.fetch.retry import FetchError, with_retries
+from dflash_eval.fetch.settings import fetch_settings
 from dflash_eval.fetch.store import PartialStore, pick_kept
+from dflash_eval.provenance.identity import AUTO
+from dflash_eval.provenance.stamps import write_side_stamp
 from dflash_eval.server.control import ServerController
 from dflash_eval.server.http import api_key, auth_refusal, http_request
 from dflash_eval.server.signals import sigterm_raises
@@ -658,9 +656,11 @@ def fetch(settings: dict[str, Any], out: Path) -> list[dict[str, Any]]:
     )
 
     tokenizer = AutoTokenizer.from_pretrained(settings["tokenizer"])
+    engine = (settings.get("server") or {}).get("engine") or AUTO  # the stamp names the engine's code it planned
     with PartialStore(Path(out)) as store:
         offline = kept_without_server(prompts, settings, store.load())
         if offline is not None:
+            write_side_stamp(out, "fetch", engine)
             store.finish(offline)
     if offline is not None:
         return offline
@@ -671,7 +671,7 @@ def fetch(settings: dict[str, Any], out: Path) -> list[dict[str, Any]]:
         controller.settings["model"],
         str(settings["tokenizer"]),
         controller.settings["api_key_env"],
-        controller.settings.get("engine") or "auto",
+        controller.settings.get("engine") or AUTO,
     )
     drawn = sampling.record_sampling(settings, "any")
     info.sampling_warning = (
@@ -710,6 +710,7 @@ def fetch(settings: dict[str, Any], out: Path) -> list[dict[str, Any]]:
         finally:
             log.info("fetch %s: retries %s", settings["dataset"], json.dumps(dict(retry_counts)))
         records = [by_id[rid] for rid in expected]
+        write_side_stamp(out, "fetch", engine)
         store.finish(records)
 
     summary = summarize(records)

@@ -1,17 +1,19 @@
 """Each stage's code identity: the modules it declares as deciding its outputs, hashed one way.
 
-A stage reruns on code only when code that computes its files changes. So each stage declares a short list of the
-`dflash_eval` modules whose logic decides what it writes (`decides`), the modules it imports that only decide how
-it runs (`runs`: the command line, its settings' plumbing, the server's lifecycle, file I/O, code it imports and
-never calls), and an output version bumped on purpose when a change alters its outputs in a way the hash would not
-see (a change in a `runs` module, in a third-party package). tests/provenance/test_identity.py fails when a stage
-imports a `dflash_eval` module that neither list names, so the lists cannot silently go stale.
+A stage reruns on code only when code that computes its files changes. Each stage declares the `dflash_eval` modules
+whose logic decides what it writes (`decides`), those that only run it (`runs`: the command line, its settings, the
+server's lifecycle, file I/O), and an output version bumped on purpose for a change the hash cannot see.
+tests/provenance/test_identity.py fails on an import neither list names. Fetch's code is per engine
+(`FETCH_ENGINES`; server.engine auto, detected when fetch runs, covers every engine).
 
-The hash rule (`modules_hash`) is the one rule for every code identity: the stage identities, the kept states'
-(cache/reuse.py) and the speedup estimate's (speedup/validation.py). It hashes each module's syntax tree without
-docstrings, unparsed, so comments, docstrings, blank lines and formatting change nothing; a change of code does.
-The unparsed text can differ between Python minor versions: a Python upgrade may rerun each stage once.
-Settings are not code here: they reach each stage as its params (config.py and the settings builders are `runs`).
+The one hash rule (`modules_hash`; also the kept states' and the speedup estimate's key) hashes the stage's code, not
+its file layout: the set of the declared modules' top-level statements, docstring-free and unparsed, sorted; an
+import of another package counts once per name it binds, one from `dflash_eval` not at all (inside a function, with
+`dflash_eval` as its source). Moving a function between declared modules, renaming a module whose users import its
+names, splitting one, comments and formatting change nothing; a code change does. Blind to (bump the version): which
+`dflash_eval` module a name is imported from (`from a import f` to `from b import f`, two different f's), the order
+of top-level statements, a statement repeated in two declared modules. Code naming a module (`acceptance.f()`)
+changes with its name. A Python upgrade may change the unparsed text and rerun each stage once.
 """
 
 from __future__ import annotations
@@ -28,7 +30,18 @@ PACKAGE = "dflash_eval"
 PACKAGE_DIR = Path(__file__).resolve().parents[1]
 
 # How every stage runs, whatever it computes: the command line, errors, settings, file helpers, provenance itself.
-COMMON_RUNS = ("cli", "commands", "config", "errors", "io_utils", "yaml_files", "provenance.*")
+# (`checkpoint`: the settings read a drafter's layer list through it; evaluation and the report declare it deciding.)
+COMMON_RUNS = (
+    "cli",
+    "commands",
+    "config",
+    "drafters",
+    "checkpoint",
+    "errors",
+    "io_utils",
+    "yaml_files",
+    "provenance.*",
+)
 # The server's lifecycle around fetch and extraction: like the server settings (docs/reruns.md) it reruns nothing.
 SERVER_RUNS = ("server.*",)
 
@@ -138,22 +151,24 @@ _CACHE_READERS = (
     "target_identity",
 )
 
+# fetch's code for every engine, and each engine's own: a record is parsed by the code of the engine that served it.
+_FETCH_DECIDES = ("fetch.sampling", "fetch.presets", "fetch.prompts", "completions")
+FETCH_ENGINES: dict[str, tuple[str, ...]] = {
+    "sglang": ("fetch.sglang", "sglang_protocol"),
+    "vllm": ("fetch.vllm", "vllm_protocol"),
+    "openai": ("fetch.sglang", "sglang_protocol"),  # a plain OpenAI-compatible answer is read by SGLang's parser
+}
+# server.engine: auto is detected from the server when fetch runs, after the plan: its identity covers every engine.
+AUTO = "auto"
+
 STAGES: dict[str, StageCode] = {
     "fetch": StageCode(
-        decides=(
-            "fetch.sglang",
-            "fetch.vllm",
-            "fetch.sampling",
-            "fetch.presets",
-            "fetch.prompts",
-            "completions",
-            "sglang_protocol",
-            "vllm_protocol",
-        ),
-        runs=(*COMMON_RUNS, *SERVER_RUNS, "fetch.stage", "fetch.retry", "fetch.store"),
+        decides=(*_FETCH_DECIDES, *sorted({m for code in FETCH_ENGINES.values() for m in code})),
+        runs=(*COMMON_RUNS, *SERVER_RUNS, "fetch.stage", "fetch.retry", "fetch.store", "fetch.settings"),
     ),
     "extract": StageCode(
-        decides=_EXTRACT_DECIDES, runs=(*COMMON_RUNS, *SERVER_RUNS, *_CACHE_READERS, *VALIDATION_LOOPS, *STATIC_TIMING)
+        decides=_EXTRACT_DECIDES,
+        runs=(*COMMON_RUNS, *SERVER_RUNS, *_CACHE_READERS, *VALIDATION_LOOPS, *STATIC_TIMING, "extract.settings"),
     ),
     "evaluate": StageCode(
         decides=_EVALUATE_DECIDES,
@@ -162,6 +177,7 @@ STAGES: dict[str, StageCode] = {
             *_CACHE_READERS,
             *VALIDATION_LOOPS,
             "evaluate.command",
+            "evaluate.settings",
             "evaluate.several",
             "evaluate.result_store",
             "evaluate.gpu",
@@ -188,7 +204,15 @@ STAGES: dict[str, StageCode] = {
     ),  # two packages' __init__ (docstrings)
     "compare-backends": StageCode(
         decides=("tools.compare_backends", *_EXTRACT_DECIDES, *_EVALUATE_DECIDES),
-        runs=(*COMMON_RUNS, *SERVER_RUNS, *_CACHE_READERS, *VALIDATION_LOOPS, *STATIC_TIMING, "evaluate.*"),
+        runs=(
+            *COMMON_RUNS,
+            *SERVER_RUNS,
+            *_CACHE_READERS,
+            *VALIDATION_LOOPS,
+            *STATIC_TIMING,
+            "evaluate.*",
+            "extract.settings",
+        ),
     ),
     "export": StageCode(
         decides=("report.export", "report.speculation_profile", "stats", "methods", "completions", "cache.manifest"),
@@ -251,40 +275,88 @@ def _without_docstrings(tree: ast.AST) -> ast.AST:
 
 def module_code(dotted: str) -> str:
     """A module's code as it runs: its syntax tree without docstrings, unparsed (no comments, one formatting)."""
-    return _code(str(module_path(dotted)))
+    return ast.unparse(_without_docstrings(ast.parse(module_path(dotted).read_text())))
 
 
-def _code(path: str) -> str:
-    return ast.unparse(_without_docstrings(ast.parse(Path(path).read_text())))
+def _internal(node: ast.Import | ast.ImportFrom) -> bool:
+    if isinstance(node, ast.ImportFrom):
+        return node.level > 0 or node.module == PACKAGE or (node.module or "").startswith(PACKAGE + ".")
+    return any(alias.name == PACKAGE or alias.name.startswith(PACKAGE + ".") for alias in node.names)
 
 
-def _code_digest(path: str) -> str:
-    return hashlib.sha256(_code(path).encode()).hexdigest()
+def _one_name(node: ast.Import | ast.ImportFrom, alias: ast.alias) -> ast.stmt:
+    """The import of one of the names `node` binds: a split module importing the same names twice counts once."""
+    return ast.Import([alias]) if isinstance(node, ast.Import) else ast.ImportFrom(node.module, [alias], node.level)
+
+
+def _statements(path: str) -> list[str]:
+    """A module's top-level statements as they count in an identity, docstring-free and unparsed: an import of
+    another package one statement per name it binds, an import from `dflash_eval` left out (inside a function or a
+    block it is kept, its source module replaced by the package's name)."""
+    tree = _without_docstrings(ast.parse(Path(path).read_text()))
+    found: list[str] = []
+    for node in tree.body:
+        if isinstance(node, (ast.Import, ast.ImportFrom)):
+            if not _internal(node):
+                found.extend(ast.unparse(_one_name(node, alias)) for alias in node.names)
+            continue
+        for inner in ast.walk(node):
+            if isinstance(inner, (ast.Import, ast.ImportFrom)) and _internal(inner):
+                if isinstance(inner, ast.ImportFrom):
+                    inner.module, inner.level = PACKAGE, 0
+                else:
+                    inner.names = [ast.alias(PACKAGE, a.asname) for a in inner.names]
+        found.append(ast.unparse(node))
+    return found
+
+
+def _statement_digests(path: str) -> str:
+    """What is kept per file: the sha256 of each of its counted statements, sorted, one a line."""
+    return "\n".join(sorted({hashlib.sha256(s.encode()).hexdigest() for s in _statements(path)}))
 
 
 # Parsing and unparsing every declared module takes seconds on a slow machine, and the Snakefile is parsed by
-# every Snakemake process (cluster jobs too): each module's code digest is kept by path, size and mtime.
-_CODE_DIGESTS = FingerprintCache(Path(".snakemake") / "dflash-eval" / "code.json", digest=_code_digest)
+# every Snakemake process (cluster jobs too): each module's statement digests are kept by path, size and mtime.
+_CODE_DIGESTS = FingerprintCache(Path(".snakemake") / "dflash-eval" / "code_statements.json", digest=_statement_digests)
+
+
+def declared_modules(modules: tuple[str, ...]) -> list[str]:
+    """Every module the declared names cover, sorted."""
+    return sorted({m for declared in modules for m in package_modules(declared)})
 
 
 def modules_hash(modules: tuple[str, ...], version: int = 1) -> str:
-    """The one hash rule: sha256 over the output version and each declared module's docstring-free code, in name
-    order. `sha256:` and the first 16 hex digits."""
+    """The one hash rule: sha256 over the output version and the set of the declared modules' counted top-level
+    statements (`_statements`), sorted, whatever module holds each. `sha256:` and the first 16 hex digits."""
+    statements: set[str] = set()
+    for name in declared_modules(modules):
+        statements.update(_CODE_DIGESTS.file(module_path(name), name).split())
     digest = hashlib.sha256(f"version {version}\n".encode())
-    for name in sorted({m for declared in modules for m in package_modules(declared)}):
-        digest.update(f"{name}\n{_CODE_DIGESTS.file(module_path(name), name)}\n".encode())
+    for statement in sorted(statements):
+        digest.update(f"{statement}\n".encode())
     return "sha256:" + digest.hexdigest()[:16]
 
 
-@functools.cache
-def stage_identity(stage: str) -> str:
-    """The code identity of a stage's outputs, `<stage>.v<version>.sha256:<16 hex>`: its declared modules and output
-    version, hashed by the one rule. No spaces: the workflow puts it in each rule's shell command, where Snakemake's
-    own `code` rerun trigger compares it (docs/reruns.md)."""
+def decided_by(stage: str, engine: str = AUTO) -> tuple[str, ...]:
+    """The modules that decide `stage`'s outputs; for fetch, with server.engine `engine`, that engine's own
+    (FETCH_ENGINES; every engine's for auto)."""
     if stage not in STAGES:
         raise KeyError(f"unknown stage {stage!r}; one of {', '.join(STAGES)}")
-    declared = STAGES[stage]
-    return f"{stage}.v{declared.version}.{modules_hash(declared.decides, declared.version)}"
+    if stage != "fetch" or engine == AUTO:
+        return STAGES[stage].decides
+    if engine not in FETCH_ENGINES:
+        raise KeyError(f"server.engine {engine!r}: one of {AUTO}, {', '.join(FETCH_ENGINES)}")
+    return (*_FETCH_DECIDES, *FETCH_ENGINES[engine])
+
+
+@functools.cache
+def stage_identity(stage: str, engine: str = AUTO) -> str:
+    """The code identity of a stage's outputs, `<stage>.v<version>.sha256:<16 hex>`: its declared modules (fetch's
+    for server.engine `engine`, `decided_by`) and output version, hashed by the one rule. No spaces: the workflow
+    puts it in each rule's shell command, where Snakemake's own `code` rerun trigger compares it (docs/reruns.md)."""
+    decides = decided_by(stage, engine)
+    version = STAGES[stage].version
+    return f"{stage}.v{version}.{modules_hash(decides, version)}"
 
 
 def state_code_hash() -> str:

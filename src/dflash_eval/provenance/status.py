@@ -1,8 +1,8 @@
 """`dflash-eval status`: which outputs older code made, read from their stamps, in one line.
 
 With the code pinned (`--rerun-triggers mtime params input software-env`, docs/reruns.md) a code upgrade reruns
-nothing, so the outputs made before it keep the stamps of the code that made them: this names them. Completions
-carry no stamp (a record is checked by the request and server it recorded, not by code).
+nothing, so the outputs made before it keep the stamps of the code that made them: this names them. A completions
+file's stamp lies beside it (provenance.stamps.side_stamp_path); one made before that is named unstamped.
 """
 
 from __future__ import annotations
@@ -11,10 +11,11 @@ import argparse
 from pathlib import Path
 
 from dflash_eval.provenance.identity import stage_identity
-from dflash_eval.provenance.stamps import read_stamp
+from dflash_eval.provenance.stamps import read_stamp, side_engine
 
 # stage -> the stamped outputs under the results folder (workflow/rules/common.smk names the same paths)
 STAMPED = {
+    "fetch": "completions/*.jsonl",
     "extract": "hidden/*/*/manifest.json",
     "profile-target": "profile/*/*.json",
     "evaluate": "eval/*/*/metrics.json",
@@ -28,9 +29,9 @@ def older_outputs(results: Path) -> tuple[int, dict[str, list[str]]]:
     older: dict[str, list[str]] = {}
     count = 0
     for stage, pattern in STAMPED.items():
-        current = stage_identity(stage)
         for path in sorted(results.glob(pattern)):
             count += 1
+            current = stage_identity(stage, side_engine(path)) if stage == "fetch" else stage_identity(stage)
             stamp = read_stamp(path)
             if stamp != current:
                 older.setdefault(stage if stamp else f"{stage} (unstamped)", []).append(

@@ -5,7 +5,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from dflash_eval.config import drafter_layer_ids, prompt_set, stage_builder
+from dflash_eval.config import prompt_set, stage_builder
+from dflash_eval.drafters import drafter_layer_ids
 
 
 @stage_builder("report")

@@ -50,6 +50,10 @@ for key in outputs:
     else:
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(stamp)
+if command == "fetch":  # its stamp beside the completions, as provenance.stamps.write_side_stamp writes it
+    engine = json.loads(opts.get("--runtime") or "{{}}").get("server", {{}}).get("engine") or "auto"
+    Path(opts["--out"] + ".stamp.json").write_text(
+        json.dumps({{"code_identity": os.environ.get("DFLASH_EVAL_CODE"), "engine": engine}}))
 if command == "report":  # every registered plot, as the stage writes them
     from dflash_eval.report.plots import PLOTS
     for plot in PLOTS.values():
