@@ -272,6 +272,12 @@ def select(patterns: Any, names: list[str], what: str) -> list[str]:
     return [n for n in names if n in chosen]
 
 
+def setting_default(section: str, key: str) -> Any:
+    """The schema's default of `<section>.<key>`, for code that runs without a config (benchmarks, tests): the one
+    place a setting's default is written."""
+    return _properties(section)[key]["default"]
+
+
 def drafter_default(key: str) -> Any:
     """The schema's default of a drafter setting (`drafters.<name>.<key>`), for code that runs without a config."""
     return _schema()["properties"]["drafters"]["additionalProperties"]["properties"][key]["default"]

@@ -25,6 +25,7 @@ from dflash_eval.errors import DflashEvalError
 from dflash_eval.evaluate import drafter_kind
 from dflash_eval.extract.layers import check_layer_ids
 from dflash_eval.fetch.prompts import load_prompts
+from dflash_eval.methods import REJECTION, TARGET_ONLY
 from dflash_eval.target_identity import check_target_dir, cuda_build_problem
 from dflash_eval.yaml_files import read_yaml
 
@@ -180,11 +181,11 @@ def verify_problems(config: dict[str, Any]) -> list[tuple[str, str]]:
     rejection-sampled tree has a reference loop to hold it to; SGLang 0.5.23 verifies trees target-only), and
     min_p on a sampled dataset (dflash_generate has none). docs/sampling.md says why each is refused."""
     schemes = verify_schemes(config["evaluation"].get("verify"))
-    if "rejection" not in schemes:
+    if REJECTION not in schemes:
         return []
     problems = []
     budgets = sorted(set(config["evaluation"].get("ddtree_budgets") or []))
-    if budgets and "target_only" not in schemes:
+    if budgets and TARGET_ONLY not in schemes:
         methods = ", ".join(f"ddtree-{b}" for b in budgets)
         problems.append(
             (
@@ -234,7 +235,7 @@ def _load_warnings(config: dict[str, Any], target_text: dict[str, Any] | None) -
     """Settings that run but do less than they say: named at every start (also in `snakemake -n`), not
     only in a job's log."""
     warnings = []
-    if "rejection" in verify_schemes(config["evaluation"].get("verify")):
+    if REJECTION in verify_schemes(config["evaluation"].get("verify")):
         greedy = [name for name, spec in config["datasets"].items() if not dataset_samples(spec)]
         if greedy:
             warnings.append(

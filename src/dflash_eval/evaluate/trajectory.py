@@ -28,6 +28,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
+from dflash_eval.config import setting_default
 from dflash_eval.evaluate.acceptance import SequenceLimits
 from dflash_eval.evaluate.blocks import BlockDrafter
 from dflash_eval.evaluate.cuda_graphs import (
@@ -104,10 +105,10 @@ class EvaluatorOptions:
     None: a real graph on CUDA, the eager stand-in elsewhere; not with "row" groups or DFlash2's convolution);
     `graph_exact_tokens`: a graph per forward's own flat token count instead, `max_graphs`: at most that many graphs,
     later new shapes run eagerly. The stage sets `blocks_per_forward` and the graph route (evaluation.cuda_graphs,
-    cuda_graphs.graph_options); the rest are the defaults here.
+    cuda_graphs.graph_options); the rest are the defaults here (blocks_per_forward's is the schema's).
     """
 
-    blocks_per_forward: int = 128
+    blocks_per_forward: int = field(default_factory=lambda: setting_default("evaluation", "blocks_per_forward"))
     pool_slots: int | None = None
     pool_bytes: int | None = None
     head_split: int | None = 4

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from dflash_eval.config import dataset_samples, server_settings, stage_builder, verify_schemes
 from dflash_eval.drafters import layerset_last_layer, parse_layerset
+from dflash_eval.methods import REJECTION
 
 
 def extract_runtime(config: dict) -> dict:
@@ -17,7 +18,7 @@ def extract_params(config: dict, dataset: str, layer_ids: list[int], last_layer:
     """What decides a hidden-state cache: the Snakemake params of its extract job (target_logprobs only when the
     rejection scheme is asked for and the dataset samples, so that a cache without it keeps its params; at T 0 the
     scheme is target_only's and needs none: docs/sampling.md)."""
-    rejection = "rejection" in verify_schemes(config["evaluation"].get("verify"))
+    rejection = REJECTION in verify_schemes(config["evaluation"].get("verify"))
     return {
         "dataset": dataset,
         "layer_ids": list(layer_ids),

@@ -168,7 +168,16 @@ STAGES: dict[str, StageCode] = {
     ),
     "extract": StageCode(
         decides=_EXTRACT_DECIDES,
-        runs=(*COMMON_RUNS, *SERVER_RUNS, *_CACHE_READERS, *VALIDATION_LOOPS, *STATIC_TIMING, "extract.settings"),
+        # methods: the scheme names extract.settings reads evaluation.verify by
+        runs=(
+            *COMMON_RUNS,
+            *SERVER_RUNS,
+            *_CACHE_READERS,
+            *VALIDATION_LOOPS,
+            *STATIC_TIMING,
+            "extract.settings",
+            "methods",
+        ),
     ),
     "evaluate": StageCode(
         decides=_EVALUATE_DECIDES,

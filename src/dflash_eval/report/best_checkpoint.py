@@ -15,6 +15,7 @@ from dataclasses import dataclass
 
 from dflash_eval import stats
 from dflash_eval.completions import prompt_cluster
+from dflash_eval.methods import TARGET_ONLY
 from dflash_eval.report.metrics_files import Evaluation, per_sample_steps
 from dflash_eval.report.plots import training_runs
 
@@ -81,7 +82,7 @@ def _rank(row: dict) -> tuple[float, float, int]:
 
 def find(rows: list[dict], evaluations: list[Evaluation], settings: dict) -> list[Best]:
     """The best step of every run x dataset with two or more checkpoints of known tau."""
-    served = [r for r in rows if r["scheme"] == "target_only"]
+    served = [r for r in rows if r["scheme"] == TARGET_ONLY]
     by_key = {e.key: e for e in evaluations}
     found = []
     for run, members in training_runs(served, settings).items():
@@ -109,7 +110,7 @@ def mark(rows: list[dict], evaluations: list[Evaluation], settings: dict) -> lis
     run's other checkpoints: best_step False); returns what it found, for the page and trust.json."""
     found = find(rows, evaluations, settings)
     for best in found:
-        for row in training_runs([r for r in rows if r["scheme"] == "target_only"], settings)[best.run]:
+        for row in training_runs([r for r in rows if r["scheme"] == TARGET_ONLY], settings)[best.run]:
             if row["dataset"] == best.dataset:
                 row["best_step"] = row is best.best
         best.best.update(

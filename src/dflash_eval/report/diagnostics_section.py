@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from dflash_eval.methods import REJECTION
 from dflash_eval.report.md_table import table_row
 from dflash_eval.report.metrics_files import Evaluation
 from dflash_eval.report.summary import dataset_sampling
@@ -44,7 +45,7 @@ def evaluation_warnings(evaluations: list[Evaluation]) -> list[str]:
                 f"**Low argmax agreement**: {drafter} on {dataset}: {agreement:.1%} of completion tokens "
                 "are the cached target's own greedy choice; the cache may not come from the served model."
             )
-        outside = (metrics.get("rejection") or {}).get("outside_support") or {}
+        outside = (metrics.get(REJECTION) or {}).get("outside_support") or {}
         if outside.get("samples"):
             found.append(
                 f"**Tokens outside dflash's support**: {drafter} on {dataset}: {outside['samples']} of "

@@ -26,6 +26,7 @@ from dflash_eval.cache import manifest as cache_manifest
 from dflash_eval.completions import read_completions
 from dflash_eval.errors import DflashEvalError
 from dflash_eval.io_utils import atomic_write_json, read_json_object, sha256_file
+from dflash_eval.methods import REJECTION, TARGET_ONLY
 from dflash_eval.report import speculation_profile
 
 log = logging.getLogger(__name__)
@@ -73,10 +74,10 @@ def installed_versions() -> dict[str, str]:
 
 def numbers(metrics: dict) -> dict:
     """The evaluation's headline numbers per method (and the rejection scheme's, where it ran)."""
-    out = {"target_only": {m: {k: v[k] for k in NUMBER_KEYS if k in v} for m, v in metrics["methods"].items()}}
-    rejection = (metrics.get("rejection") or {}).get("methods") or {}
+    out = {TARGET_ONLY: {m: {k: v[k] for k in NUMBER_KEYS if k in v} for m, v in metrics["methods"].items()}}
+    rejection = (metrics.get(REJECTION) or {}).get("methods") or {}
     if rejection:
-        out["rejection"] = {m: {k: v[k] for k in NUMBER_KEYS if k in v} for m, v in rejection.items()}
+        out[REJECTION] = {m: {k: v[k] for k in NUMBER_KEYS if k in v} for m, v in rejection.items()}
     return out
 
 

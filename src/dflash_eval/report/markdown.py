@@ -8,7 +8,7 @@ panel's data (report/trust.py), so that a suspect number is impossible to miss.
 
 from __future__ import annotations
 
-from dflash_eval.methods import legend
+from dflash_eval.methods import REJECTION, legend
 from dflash_eval.report import engine_timing, server_profile
 from dflash_eval.report.diagnostics_section import diagnostics_table, evaluation_warnings
 from dflash_eval.report.labels import DIGITS, HYPOTHETICAL_TREE, samples
@@ -47,7 +47,7 @@ def intro(rows: list[dict], evaluations: list[Evaluation]) -> str:
     if not any(samples(r) for r in rows):
         return INTRO
     text = SAMPLED_INTRO + INTRO.split("completions. ", 1)[1]
-    if any(e.metrics.get("rejection") for e in evaluations):
+    if any(e.metrics.get(REJECTION) for e in evaluations):
         text += (
             " The last section is dflash_generate's scheme (verify: rejection): its expected tau given each "
             "sampled completion, with the samples it covers."

@@ -17,7 +17,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from dflash_eval.methods import TREE, is_kind
+from dflash_eval.methods import TARGET_ONLY, TREE, is_kind
 from dflash_eval.report.labels import HYPOTHETICAL_TREE, drafter_label, fmt, missing, samples
 
 TAU_LABEL = "acceptance length tau (tokens per verification step)"
@@ -209,7 +209,7 @@ def temperature_families(rows: list[dict], settings: dict) -> dict[str, list[dic
     families: dict[str, list[dict]] = {}
     for row in chain_rows(rows):
         temperature = row.get("temperature", 0.0)
-        if row.get("scheme", "target_only") != "target_only" or missing(temperature) or row["dataset"] not in sources:
+        if row.get("scheme", TARGET_ONLY) != TARGET_ONLY or missing(temperature) or row["dataset"] not in sources:
             continue  # several sampling sets in one dataset (NaN) have no one temperature
         families.setdefault(sources[row["dataset"]], []).append(row)
     return {

@@ -18,7 +18,7 @@ from pathlib import Path
 from dflash_eval import stats
 from dflash_eval.completions import prompt_cluster
 from dflash_eval.errors import DflashEvalError
-from dflash_eval.methods import CHAIN, is_kind
+from dflash_eval.methods import CHAIN, TARGET_ONLY, is_kind
 from dflash_eval.methods import parse as parse_method
 
 FORMAT = "dflash-eval speculation profile 1"
@@ -217,7 +217,7 @@ def build(
         },
         "measurement_conditions": {
             "dataset": metrics["dataset"],
-            "verification_scheme": "target_only",
+            "verification_scheme": TARGET_ONLY,
             "sampling": metrics.get("sampling") or "greedy",
             "evaluation_dtype": metrics.get("dtype"),
             "validation": VALIDATION,

@@ -18,6 +18,7 @@ from dflash_eval.io_utils import (
     atomic_write_json,
     atomic_write_text,
 )
+from dflash_eval.methods import TARGET_ONLY
 from dflash_eval.provenance.stamps import STAMP, stage_stamp
 from dflash_eval.report import (
     backends,
@@ -124,7 +125,7 @@ def run(args: argparse.Namespace) -> int:
     comparisons = backends.load(args.backend_comparisons)
     if comparisons:
         panel["backend_comparisons"] = comparisons
-    served = [row for row in rows if row["scheme"] == "target_only"]  # the tables and plots; the CSV has all
+    served = [row for row in rows if row["scheme"] == TARGET_ONLY]  # the tables and plots; the CSV has all
     data = plots.PlotData(rows=served, metrics={e.key: e.metrics for e in evaluations}, settings=settings, trust=panel)
     csv = summary.summary_frame(rows).to_csv(index=False)
     page = markdown.render(served, evaluations, settings, panel)

@@ -17,7 +17,7 @@ import pandas as pd
 from dflash_eval import stats
 from dflash_eval.completions import prompt_cluster
 from dflash_eval.errors import DflashEvalError
-from dflash_eval.methods import chain_method, sort_key
+from dflash_eval.methods import REJECTION, TARGET_ONLY, chain_method, sort_key
 from dflash_eval.report import speculation_profile
 from dflash_eval.report.metrics_files import Evaluation, per_sample_steps
 from dflash_eval.speedup import labels as speedup
@@ -152,7 +152,7 @@ def method_rows(evaluation: Evaluation, spec: dict) -> list[dict]:
                 "expected_speedup": _float(numbers.get("expected_speedup")),
                 "speedup_source": source,
                 "best_ddtree_budget": best,
-                **sampling_fields(metrics, "target_only"),
+                **sampling_fields(metrics, TARGET_ONLY),
                 "speculation_profile": str(evaluation.path.with_name(speculation_profile.FILE)),
             }
         )
@@ -185,7 +185,7 @@ def rejection_rows(evaluation: Evaluation, spec: dict) -> list[dict]:
     """dflash_generate's scheme (evaluate/rejection_metrics.py): expected tau given each completion, one row per
     method it covers; its step count is an expectation, so `steps` is left empty."""
     metrics = evaluation.metrics
-    section = metrics.get("rejection") or {}
+    section = metrics.get(REJECTION) or {}
     outside = section.get("outside_support") or {}
     rows = []
     for method, numbers in sorted((section.get("methods") or {}).items()):
@@ -220,7 +220,7 @@ def rejection_rows(evaluation: Evaluation, spec: dict) -> list[dict]:
                 "expected_speedup": math.nan,
                 "speedup_source": "",
                 "best_ddtree_budget": None,
-                **sampling_fields(metrics, "rejection"),
+                **sampling_fields(metrics, REJECTION),
                 "outside_support_samples": outside.get("samples"),
                 "outside_support_share": outside.get("share_of_samples"),
             }
@@ -249,7 +249,7 @@ def add_verdicts(rows: list[dict], evaluations: list[Evaluation], settings: dict
     steps = {e.key: per_sample_steps(e) for e in evaluations}
     sampled = {e.key[1] for e in evaluations if e.metrics.get("sampling")}  # the n draws of a prompt: one cluster
     for row in rows:
-        if row["drafter"] == reference or row["scheme"] != "target_only":  # samples.csv holds target_only steps
+        if row["drafter"] == reference or row["scheme"] != TARGET_ONLY:  # samples.csv holds target_only steps
             continue
         mine = steps.get((row["drafter"], row["dataset"]), {})
         theirs = steps.get((reference, row["dataset"]), {})
@@ -296,7 +296,7 @@ def summary_rows(evaluations: list[Evaluation], settings: dict) -> list[dict]:
 
 def summary_frame(rows: list[dict]) -> pd.DataFrame:
     """The CSV's table; the nullable integer step keeps "1000" from becoming "1000.0"."""
-    sampled = any(row["scheme"] != "target_only" or row["temperature"] != 0 for row in rows)  # NaN: several
+    sampled = any(row["scheme"] != TARGET_ONLY or row["temperature"] != 0 for row in rows)  # NaN: several
     frame = pd.DataFrame(rows, columns=COLUMNS + (SAMPLING_COLUMNS if sampled else []) + HANDOFF_COLUMNS)
     for column in ("training_step", "steps", *(["top_k"] if sampled else [])):
         frame[column] = frame[column].astype("Int64")

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from dflash_eval.methods import TREE, in_main_table, parse
+from dflash_eval.methods import REJECTION, TARGET_ONLY, TREE, in_main_table, parse
 from dflash_eval.report.labels import DIGITS, drafter_label, fmt, missing, samples
 from dflash_eval.report.md_table import table_row
 
@@ -138,10 +138,10 @@ def rejection_table(rows: list[dict], settings: dict) -> list[str]:
     the samples it covers, next to the target_only tau and samples of the same drafter, dataset and block, and the
     share of samples holding a token outside dflash's support (scored at its anchor, not dropped); empty when none
     was asked for."""
-    rejection = [r for r in rows if r["scheme"] == "rejection"]
+    rejection = [r for r in rows if r["scheme"] == REJECTION]
     if not rejection:
         return []
-    served = {(r["drafter"], r["dataset"], r["method"]): r for r in rows if r["scheme"] == "target_only"}
+    served = {(r["drafter"], r["dataset"], r["method"]): r for r in rows if r["scheme"] == TARGET_ONLY}
     lines = [
         "## Under dflash_generate's speculative sampling (verify: rejection)",
         "",
