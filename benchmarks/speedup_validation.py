@@ -1,10 +1,10 @@
 """Is the expected speedup right? It, beside the measured wall-clock speedup of a live loop, per cell.
 
 Two live loops (`--loop`, `graphs` by default on CUDA):
-- `graphs`: a loop that runs like a server (dflash_eval/speedup/static_loop.py): static KV caches, the target's
+- `graphs`: a loop that runs like a server (dflash_eval/speedup/live_loops/chain.py): static KV caches, the target's
   forward captured as a CUDA graph at size 1 (autoregressive) and b (a chain verify), the drafter's at block b,
   greedy acceptance on the device, one host sync per step (on a CPU the same loop runs eagerly). A Gated DeltaNet
-  hybrid runs speedup/static_hybrid.py's loop: its recurrent and conv states after the kept prefix of a verify
+  hybrid runs speedup/live_loops/hybrid.py: its recurrent and conv states after the kept prefix of a verify
   are replayed from the untouched pre-verify state inside the captured accept step (SGLang instead writes
   per-token states in its verify kernel), a per-step term of this loop that `accept+host` holds.
 - `eager`: `dflash.model.dflash_generate` (batch 1, temperature 0; exact rollback on a hybrid target) against the
@@ -31,7 +31,7 @@ Gated DeltaNet hybrid, `--layers` of its 64 layers, its DFlash drafter's shape),
 shape, pure attention, `--layers` of 36), `tiny` and `tiny-attention` (the smoke's). With fewer layers nothing
 is scaled: both sides are of the reduced model, so a cell validates the estimate for that model, and its
 speedup is not the full model's. DDTree (`--budgets`, pure-attention shapes in the graph loop): the live tree
-loop of speedup/static_tree.py at the drafter's block (one target pass under a tree mask, the accepted path's keys
+loop of speedup/live_loops/tree.py at the drafter's block (one target pass under a tree mask, the accepted path's keys
 compacted), its T_verify(N + 1) from the same profile. Each shape's section is printed (and recorded) as soon
 as it is done; `--max-seconds` starts no new cell past it.
 
@@ -60,7 +60,7 @@ from dflash_eval.evaluate.draft_timing import timing_method as draft_timing_meth
 from dflash_eval.extract.backends import bind_backend, gdn_kernels
 from dflash_eval.speedup import validation
 from dflash_eval.speedup.labels import MEASURED
-from dflash_eval.speedup.loop_run import LoopRun
+from dflash_eval.speedup.live_loops.run import LoopRun
 from dflash_eval.speedup.model import expected_speedup
 from dflash_eval.speedup.timing import compare
 from dflash_eval.tools.target_timing import measure_target
@@ -384,10 +384,10 @@ def static_rows(
     skipped: list[str],
 ) -> list[str]:
     """The graph loop's section: the product's prediction, the loop's own terms, and the measured speedup. A Gated
-    DeltaNet hybrid runs speedup/static_hybrid.py's loop (fla on CUDA, chosen by name; the recurrent state after
-    the kept prefix replayed inside the accept graph), a pure-attention target static_loop.py's."""
-    from dflash_eval.speedup.static_hybrid import StaticHybridLoop
-    from dflash_eval.speedup.static_loop import StaticLoop
+    DeltaNet hybrid runs speedup/live_loops/hybrid.py (fla on CUDA, chosen by name; the recurrent state after
+    the kept prefix replayed inside the accept graph), a pure-attention target speedup/live_loops/chain.py's."""
+    from dflash_eval.speedup.live_loops.chain import StaticLoop
+    from dflash_eval.speedup.live_loops.hybrid import StaticHybridLoop
 
     blocks = sorted(args.blocks)
     graphs = device.type == "cuda"
@@ -461,7 +461,7 @@ def static_rows(
                 f"{product:.2f} | {product_host:.2f} | {from_loop:.2f} | {with_host:.2f} | {measured:.2f} | "
                 f"{measured / product:.3f} | {measured / with_host:.3f} |"
             )
-    if args.budgets and not hybrid:  # no tree verify on a hybrid (static_hybrid.py refuses it; docs/speedup.md)
+    if args.budgets and not hybrid:  # no tree verify on a hybrid (speedup/live_loops/hybrid.py refuses it; docs/speedup.md)
         rows += tree_rows(
             name,
             target,
@@ -495,8 +495,8 @@ def tree_rows(
     deadline: float,
     skipped: list[str],
 ) -> list[str]:
-    """DDTree cells: the live tree loop (speedup/static_tree.py) at the drafter's block, per budget and tau."""
-    from dflash_eval.speedup.static_tree import TreeLoop
+    """DDTree cells: the live tree loop (speedup/live_loops/tree.py) at the drafter's block, per budget and tau."""
+    from dflash_eval.speedup.live_loops.tree import TreeLoop
 
     block = max(args.blocks)
     built = time.perf_counter()
@@ -513,7 +513,7 @@ def tree_rows(
     t_ar, verify = profile["t_ar_ms"], profile["t_verify_ms"]
     rows = [
         "",
-        f"DDTree live loop (speedup/static_tree.py; drafter block {block}, its greedy chain as the "
+        f"DDTree live loop (speedup/live_loops/tree.py; drafter block {block}, its greedy chain as the "
         f"simulated tree's spine; target draft and verify {'CUDA graphs' if loop.graphs else 'eager'}, tree "
         f"built and walked on the host; captured and warmed in {time.perf_counter() - built:.0f} s). "
         "Predicted (product) = tau x T_AR / (T_draft(N) + T_verify(N + 1)) from the profile above, T_draft(N) "
@@ -560,7 +560,7 @@ def phase_row(
 ) -> str:
     """One untimed-for-speedup pass with the loop's breakdown (each phase synchronised and clocked): ms/step per
     phase, and what the timed run paid beyond the product's T_draft + T_verify(N + 1)."""
-    from dflash_eval.speedup.static_tree import PHASES
+    from dflash_eval.speedup.live_loops.tree import PHASES
 
     runs = [
         loop.generate_tree(p, args.new_tokens, budget, asked, 1000 * budget + i, breakdown=True)

@@ -16,7 +16,7 @@ from dflash_eval.evaluate.draft_timing import (
     timing_method,
 )
 from dflash_eval.evaluate.drafter import load_drafter
-from dflash_eval.speedup.static_tree import ancestors, build_tree, tree_views
+from dflash_eval.speedup.forwards.tree_step import ancestors, build_tree, tree_views
 from tests.support.tiny import MASK_ID, tiny_drafter, tiny_target
 
 LAYERS = [0, 2]

@@ -69,7 +69,7 @@ def test_stage_fingerprints_cover_the_shared_ground_they_run():
     extract_decides = set(identity.STAGES["extract"].decides)
     # (methods is imported, for the scheme names extract.settings reads evaluation.verify by, and decides nothing)
     assert "target_identity" in extract and "tools.target_timing" not in extract and "methods" not in extract_decides
-    assert not {"speedup.timing", "speedup.static_hybrid", "speedup.static_models"} & extract_decides
+    assert not {"speedup.timing", "speedup.forwards.hybrid_target", "speedup.forwards.target"} & extract_decides
     assert {"tools.target_timing", "speedup.timing", "extract.backends"} <= set(
         code_version.stage_modules("profile-target")
     )

@@ -225,3 +225,11 @@ def test_each_files_statement_digests_are_cached_by_path_size_and_mtime(tmp_path
     finally:
         monkeypatch.undo()
         identity.stage_identity.cache_clear()
+
+
+@pytest.mark.parametrize("stage", sorted(identity.STAGES))
+def test_no_stage_imports_the_live_loops(stage):
+    """The speedup validation loops (speedup/live_loops/) run only in benchmarks/speedup_validation.py: no stage
+    imports them, so no stage's identity or import closure holds them."""
+    loops = set(identity.package_modules("speedup.live_loops.*"))
+    assert loops and not loops & set(code_version.stage_modules(stage)), stage

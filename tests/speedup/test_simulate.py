@@ -75,7 +75,7 @@ def test_the_timed_loops_produce_the_same_tokens_count_and_the_forced_steps(kind
         measured_speedup,
         run_loop,
     )
-    from dflash_eval.speedup.loop_run import LoopRun
+    from dflash_eval.speedup.live_loops.run import LoopRun
 
     target = tiny_target(seed=0) if kind == "hybrid" else tiny_attention_target(2)
     assert is_hybrid(target) is (kind == "hybrid")

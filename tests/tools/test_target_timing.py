@@ -136,18 +136,18 @@ def test_the_static_cache_path_and_the_method_the_profile_names():
 
 
 def test_a_hybrid_target_has_the_static_path_too_with_its_kernels_named(monkeypatch):
-    """A Gated DeltaNet hybrid runs the validated hybrid loop's forward (speedup/static_hybrid.py): its one-token
+    """A Gated DeltaNet hybrid runs the validated hybrid loop's forward (speedup/forwards/hybrid_target.py): its one-token
     step commits the states as a decode step does, an n-token verify leaves them and records its tokens."""
-    from dflash_eval.speedup import static_hybrid
+    from dflash_eval.speedup.forwards import hybrid_target
 
     target, made = tiny_target(seed=0), []
-    real = static_hybrid.StaticHybridTarget.__init__
+    real = hybrid_target.StaticHybridTarget.__init__
 
     def spy(self, model, max_len, kernels, layer_ids=None):
         made.append(kernels.name)
         real(self, model, max_len, kernels, layer_ids)
 
-    monkeypatch.setattr(static_hybrid.StaticHybridTarget, "__init__", spy)
+    monkeypatch.setattr(hybrid_target.StaticHybridTarget, "__init__", spy)
     profile = measure_target(
         target, context_tokens=40, repeats=2, verify_tokens=[3, 17], method="static", backend="torch"
     )
@@ -161,11 +161,11 @@ def test_a_hybrid_verify_is_timed_with_its_state_commit_which_leaves_the_states(
     """The estimate's T_verify(n > 1) of a hybrid is the validated loop's whole verify: the recording forward and
     the commit's replay (its accept step's GDN term, 4-12% of a step on the H200 shapes), at 0 kept: the states
     after each timed verify are those before it. T_AR's one-token step commits in its forward, no replay."""
-    from dflash_eval.speedup import static_hybrid
+    from dflash_eval.speedup.forwards import hybrid_target
 
     calls: list[tuple[str, int, int | bool]] = []
     before: list[torch.Tensor] = []
-    real_forward, real_keep = static_hybrid.StaticHybridTarget.forward, static_hybrid.StaticHybridTarget.keep
+    real_forward, real_keep = hybrid_target.StaticHybridTarget.forward, hybrid_target.StaticHybridTarget.keep
 
     def gdn_states(target) -> list[torch.Tensor]:
         return [t.clone() for layer in target.gdn.values() for t in (layer.conv, layer.recurrent)]
@@ -181,8 +181,8 @@ def test_a_hybrid_verify_is_timed_with_its_state_commit_which_leaves_the_states(
         real_keep(self, kept, n)
         assert all(torch.allclose(a, b, atol=1e-6) for a, b in zip(before, gdn_states(self), strict=True))
 
-    monkeypatch.setattr(static_hybrid.StaticHybridTarget, "forward", forward)
-    monkeypatch.setattr(static_hybrid.StaticHybridTarget, "keep", keep)
+    monkeypatch.setattr(hybrid_target.StaticHybridTarget, "forward", forward)
+    monkeypatch.setattr(hybrid_target.StaticHybridTarget, "keep", keep)
     profile = measure_target(
         tiny_target(seed=0), context_tokens=40, repeats=2, verify_tokens=[3], method="static", backend="torch"
     )

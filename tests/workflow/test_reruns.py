@@ -367,10 +367,10 @@ def test_a_change_to_the_hidden_state_capture_reruns_extraction_and_what_follows
 
 
 def test_a_change_to_the_speedup_validation_loops_reruns_nothing(base, tmp_path):
-    """speedup/simulate.py and loop_run.py run only in benchmarks/speedup_validation.py's live loops."""
+    """speedup/live_loops/ runs only in benchmarks/speedup_validation.py's live loops."""
     code, root, src = _code_case(base, tmp_path)
-    _edit(src / "speedup" / "simulate.py", "\n_LOOP_CHANGED = True\n")
-    _edit(src / "speedup" / "loop_run.py", "\n_LOOP_CHANGED = True\n")
+    _edit(src / "speedup" / "live_loops" / "chain.py", "\n_LOOP_CHANGED = True\n")
+    _edit(src / "speedup" / "live_loops" / "run.py", "\n_LOOP_CHANGED = True\n")
     _planned_then_ran(code, root, set())
 
 

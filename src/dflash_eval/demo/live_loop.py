@@ -19,7 +19,7 @@ from contextlib import ExitStack, contextmanager
 import torch
 
 from dflash_eval.demo.reference import exact_target_rollback
-from dflash_eval.speedup.loop_run import LoopRun
+from dflash_eval.speedup.live_loops.run import LoopRun
 from dflash_eval.speedup.simulate import forced_acceptance
 
 

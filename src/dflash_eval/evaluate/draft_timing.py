@@ -8,12 +8,12 @@ serving drafter's KV cache holds); the anchor is at the profile's context length
 cached sample's, whichever is shorter. Timed only when the profile does not give it.
 
 A DDTree's step (`budget` N) is that drafter step at the drafter's own block followed by the tree's own per-step
-work, as the validated tree loop does it (speedup/static_tree.py): the top-min(N, V) of the P drafted positions
+work, as the validated tree loop does it (speedup/live_loops/tree.py): the top-min(N, V) of the P drafted positions
 on the device, one host read, the best-first tree built on the host and its bytes uploaded. The H200 records
 showed it matters: left out, the DDTree estimate was 10-12% optimistic against the measured tree loop.
 
 How (`method`, as the target profile's): `graphs` on CUDA, the validated loop's static drafter
-(speedup/static_models.py: a preallocated KV buffer, the step captured as one CUDA graph and replayed), so that
+(speedup/forwards/target.py: a preallocated KV buffer, the step captured as one CUDA graph and replayed), so that
 T_draft is timed the way a server runs it and the way the profile times T_AR; `eager` the evaluator's own
 forward (the target profile was timed eagerly, or a drafter the static path does not run); `static` the graphs'
 code path run eagerly (a CPU, tests). The H200 records showed why it matters: an eager T_draft (6.5-11.9 ms)
@@ -30,14 +30,9 @@ from typing import Any
 import torch
 
 from dflash_eval.evaluate.blocks import BlockDrafter
-from dflash_eval.speedup.static_loop import capture
-from dflash_eval.speedup.static_models import StaticDrafter
-from dflash_eval.speedup.static_tree import (
-    draft_top,
-    fill_tree,
-    host_buffer,
-    tree_buffer,
-)
+from dflash_eval.speedup.forwards.drafter import StaticDrafter
+from dflash_eval.speedup.forwards.graphs import capture
+from dflash_eval.speedup.forwards.tree_step import draft_top, fill_tree, host_buffer, tree_buffer
 from dflash_eval.speedup.timing import timed_ms, wanted
 
 METHODS = ("graphs", "static", "eager")
@@ -115,7 +110,7 @@ def drafter_step_ms(
 
 
 class TreeWork:
-    """A DDTree step's work beyond the drafter's forward, on the tree loop's own code (speedup/static_tree.py):
+    """A DDTree step's work beyond the drafter's forward, on the tree loop's own code (speedup/live_loops/tree.py):
     `on_device(logits)` the top-k into a static buffer (inside the drafter's graph where it is one); `on_host()`
     its one read, the tree's build and its upload."""
 
@@ -183,7 +178,7 @@ def static_step(
     drafts its last call wrote."""
     device = tokens.device
     first = anchor + 1 - project  # the first row the step projects (rows anchor+1-project .. anchor)
-    with torch.inference_mode():  # as the validated loop builds it (static_loop.StaticLoop)
+    with torch.inference_mode():  # as the validated loop builds it (live_loops.chain.StaticLoop)
         static = StaticDrafter(runner.drafter, runner.embed, runner.head_logits, anchor + block)
         if first > 0:
             static.context(features[:first], torch.zeros(1, dtype=torch.long, device=device))

@@ -27,7 +27,7 @@ from typing import Any, Literal
 import torch
 
 from dflash_eval.errors import DflashEvalError
-from dflash_eval.speedup.static_hybrid import GdnKernels
+from dflash_eval.speedup.forwards.hybrid_target import GdnKernels
 
 log = logging.getLogger(__name__)
 
@@ -189,7 +189,7 @@ def _fla_kernels(device: torch.device) -> dict[str, Callable]:
 
 
 def gdn_kernels(backend: str | None, device: torch.device) -> GdnKernels:
-    """The delta-rule kernels a static hybrid target (speedup/static_hybrid.py) runs, by name (`fla` or `torch`;
+    """The delta-rule kernels a static hybrid target (speedup/forwards/hybrid_target.py) runs, by name (`fla` or `torch`;
     None: fla on CUDA, torch elsewhere), never by what happens to import."""
     name = backend or ("fla" if device.type == "cuda" else "torch")
     _check_name(name)

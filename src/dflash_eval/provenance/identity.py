@@ -55,10 +55,7 @@ ESTIMATE_CODE = (
     "tools.target_timing",
     "speedup.model",
     "speedup.timing",
-    "speedup.static_models",
-    "speedup.static_loop",
-    "speedup.static_hybrid",
-    "speedup.static_tree",
+    "speedup.forwards.*",
     "evaluate.draft_timing",
     "evaluate.speedup",
     "report.speedup",
@@ -68,19 +65,18 @@ TARGET_TIMING_CODE = (
     "tools.profile_target",
     "tools.target_timing",
     "speedup.timing",
-    "speedup.static_models",
-    "speedup.static_loop",
-    "speedup.static_hybrid",
+    "speedup.forwards.target",
+    "speedup.forwards.hybrid_target",
+    "speedup.forwards.graphs",
     "extract.backends",
     "extract.target",
     "target_identity",
     "stats",
 )
-# Imported (through static_loop and static_tree) but only run by the live loops of benchmarks/speedup_validation.py.
-VALIDATION_LOOPS = ("speedup.loop_run", "speedup.simulate")
 # Imported by extraction only for extract.backends' GdnKernels type (its gdn_kernels serves the target's timing,
-# tools/target_timing.py): no hidden state depends on them.
-STATIC_TIMING = ("speedup.static_hybrid", "speedup.static_loop", "speedup.static_models", "speedup.timing")
+# tools/target_timing.py): no hidden state depends on them. (The live loops, speedup/live_loops/, are imported by no
+# stage: tests/provenance/test_identity.py checks it.)
+STATIC_TIMING = ("speedup.forwards", "speedup.forwards.hybrid_target", "speedup.forwards.target")
 
 
 @dataclass(frozen=True)
@@ -119,9 +115,10 @@ _EVALUATE_DECIDES = (
     "speedup.model",
     "speedup.labels",
     "speedup.timing",
-    "speedup.static_models",
-    "speedup.static_loop",
-    "speedup.static_tree",
+    "speedup.forwards.target",
+    "speedup.forwards.drafter",
+    "speedup.forwards.tree_step",
+    "speedup.forwards.graphs",
 )
 _EXTRACT_DECIDES = (
     *STATE_CODE,
@@ -173,7 +170,6 @@ STAGES: dict[str, StageCode] = {
             *COMMON_RUNS,
             *SERVER_RUNS,
             *_CACHE_READERS,
-            *VALIDATION_LOOPS,
             *STATIC_TIMING,
             "extract.settings",
             "methods",
@@ -184,7 +180,6 @@ STAGES: dict[str, StageCode] = {
         runs=(
             *COMMON_RUNS,
             *_CACHE_READERS,
-            *VALIDATION_LOOPS,
             "evaluate.command",
             "evaluate.settings",
             "evaluate.several",
@@ -217,7 +212,6 @@ STAGES: dict[str, StageCode] = {
             *COMMON_RUNS,
             *SERVER_RUNS,
             *_CACHE_READERS,
-            *VALIDATION_LOOPS,
             *STATIC_TIMING,
             "evaluate.*",
             "extract.settings",
@@ -237,7 +231,6 @@ STAGES: dict[str, StageCode] = {
             "extract",
             "tools",
             "speedup",
-            *VALIDATION_LOOPS,
         ),
     ),
     "profile-server": StageCode(

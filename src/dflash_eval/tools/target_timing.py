@@ -24,9 +24,9 @@ import torch
 from dflash_eval.cache.serving_profile import load_profile
 from dflash_eval.extract.backends import gdn_kernels
 from dflash_eval.io_utils import atomic_write_json
-from dflash_eval.speedup.static_hybrid import StaticHybridTarget, hybrid_unsupported
-from dflash_eval.speedup.static_loop import capture
-from dflash_eval.speedup.static_models import StaticTarget, static_unsupported
+from dflash_eval.speedup.forwards.graphs import capture
+from dflash_eval.speedup.forwards.hybrid_target import StaticHybridTarget, hybrid_unsupported
+from dflash_eval.speedup.forwards.target import StaticTarget, static_unsupported
 from dflash_eval.speedup.timing import compare, timed_ms
 
 log = logging.getLogger(__name__)

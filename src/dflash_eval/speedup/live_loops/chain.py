@@ -1,11 +1,6 @@
-"""A speculative decoding loop that runs like a server, for benchmarks/speedup_validation.py: static KV caches,
-CUDA-graph-captured forwards at the fixed sizes the loop uses, greedy acceptance on the device, one host sync per
-step.
-
-Per block size b three steps (draft, verify, accept), each a captured graph on CUDA and the same function run
-eagerly elsewhere; rollback is by position only (static_models.py), so pure-attention targets only. The steps and
-the last block's rule: docs/speedup_loops.md.
-"""
+"""The chain loop: per block size b three steps (draft, verify, accept), each a captured graph on CUDA;
+rollback by position only, so pure-attention targets only. The steps and the last block's rule:
+docs/speedup_loops.md."""
 
 from __future__ import annotations
 
@@ -16,9 +11,11 @@ from dataclasses import dataclass
 
 import torch
 
-from dflash_eval.speedup.loop_run import LoopRun
+from dflash_eval.speedup.forwards.drafter import StaticDrafter
+from dflash_eval.speedup.forwards.graphs import capture
+from dflash_eval.speedup.forwards.target import StaticTarget
+from dflash_eval.speedup.live_loops.run import LoopRun
 from dflash_eval.speedup.simulate import simulated_length
-from dflash_eval.speedup.static_models import StaticDrafter, StaticTarget
 from dflash_eval.speedup.timing import timed_ms
 
 
@@ -27,38 +24,6 @@ class StaticRun(LoopRun):
     """A LoopRun (per-step committed lengths) with the ids it produced."""
 
     output_ids: torch.Tensor
-
-
-def capture(
-    step: Callable[[], None], device: torch.device, graphs: bool = True, reset: Callable[[], object] | None = None
-) -> Callable[[], None]:
-    """`step` as a CUDA graph's replay (its own memory pool: steps meet only through static buffers), or run
-    eagerly where there are no graphs (`graphs` false, or not CUDA). `reset` runs before each warm-up and the
-    capture (the buffers a step advances, e.g. the loop's start), so that the capture records a valid state."""
-
-    def eager() -> None:
-        with torch.inference_mode():
-            step()
-
-    if not graphs or device.type != "cuda":
-        return eager
-    with torch.inference_mode():  # the buffers are inference tensors: touched only in inference mode
-        stream = torch.cuda.Stream(device)
-        stream.wait_stream(torch.cuda.current_stream(device))
-        with torch.cuda.stream(stream):
-            for _ in range(2):  # warm-up outside the graph (kernel selection, lazy initialisation)
-                if reset:
-                    reset()
-                step()
-        torch.cuda.current_stream(device).wait_stream(stream)
-        if reset:
-            reset()
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph):
-            step()
-        if reset:
-            reset()
-    return graph.replay
 
 
 class StaticLoop:
@@ -110,7 +75,7 @@ class StaticLoop:
                 self.steps[("draft", b)] = self._capture(lambda b=b: self._draft(b))
 
     def _static_target(self, model: torch.nn.Module, width: int, layer_ids: list[int]) -> StaticTarget:
-        """The target over static caches of `width` positions (static_hybrid.py's loop runs a hybrid's)."""
+        """The target over static caches of `width` positions (live_loops/hybrid.py runs a hybrid's)."""
         return StaticTarget(model, width, layer_ids)
 
     # the three steps, on static buffers only (no host read: capturable)

@@ -1,4 +1,4 @@
-"""The static-cache loop (speedup/static_loop.py) against dflash's own loop `dflash_generate`: the same output
+"""The static-cache loop (speedup/live_loops/chain.py) against dflash's own loop `dflash_generate`: the same output
 tokens and the same per-step acceptance in fp32 on a CPU (run eagerly: no graphs there), greedy and with simulated
 acceptance; the device-side acceptance on hand-made logits; on a GPU, graph replay equals the eager loop."""
 
@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from dflash_eval.errors import DflashEvalError
-from dflash_eval.speedup.static_loop import StaticLoop
+from dflash_eval.speedup.live_loops.chain import StaticLoop
 from tests.support.reference import assert_autoregressive_is_greedy, dflash_reference
 from tests.support.tiny import tiny_attention_target, tiny_drafter, tiny_target
 
@@ -102,7 +102,7 @@ def test_graph_replay_equals_the_eager_loop_on_cuda() -> None:
 def test_a_span_limited_step_equals_the_hf_forward() -> None:
     """What the profile times (tools/target_timing.py, `graphs`/`static`): n tokens after a prefilled context over the
     first ceil64(context + n) cache positions give the HF forward's logits for those tokens (fp32)."""
-    from dflash_eval.speedup.static_models import StaticTarget
+    from dflash_eval.speedup.forwards.target import StaticTarget
 
     target = tiny_attention_target()
     ids = torch.randint(0, 300, (1, 80), generator=torch.Generator().manual_seed(4))
@@ -119,7 +119,7 @@ def test_a_span_limited_step_equals_the_hf_forward() -> None:
 def test_which_targets_the_static_cache_runs() -> None:
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    from dflash_eval.speedup.static_models import static_unsupported
+    from dflash_eval.speedup.forwards.target import static_unsupported
 
     assert static_unsupported(tiny_attention_target()) is None
     assert "Gated DeltaNet" in static_unsupported(tiny_target(seed=0))

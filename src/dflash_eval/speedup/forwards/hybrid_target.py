@@ -1,11 +1,7 @@
-"""The static-cache loop (static_loop.py) for a Gated DeltaNet hybrid target (Qwen3.5/3.6), so that its speedup
-can be measured the way a server runs it: fixed shapes, every position a device tensor, each step capturable as a
-CUDA graph.
-
-Full-attention layers roll back by position; a Gated DeltaNet layer's conv and recurrent states cannot, so a
-verify leaves them as its snapshot and acceptance replays the recurrence over the kept tokens. The delta-rule
-kernels are passed in explicitly (GdnKernels). Step by step: docs/speedup_loops.md.
-"""
+"""A Gated DeltaNet hybrid target (Qwen3.5/3.6) over static caches: full-attention layers roll back by position;
+a GDN layer's conv and recurrent states cannot, so a verify leaves them as its snapshot and acceptance replays the
+recurrence over the kept tokens. The delta-rule kernels are passed in explicitly (GdnKernels). Step by step:
+docs/speedup_loops.md."""
 
 from __future__ import annotations
 
@@ -16,9 +12,7 @@ import torch
 from torch.nn import functional as F
 
 from dflash_eval.errors import DflashEvalError
-from dflash_eval.speedup.static_loop import StaticLoop
-from dflash_eval.speedup.static_models import _rope, bind_target
-from dflash_eval.speedup.timing import timed_ms
+from dflash_eval.speedup.forwards.target import _rope, bind_target
 
 Rule = Callable[..., tuple[torch.Tensor, torch.Tensor | None]]
 
@@ -38,7 +32,7 @@ def hybrid_unsupported(model: torch.nn.Module) -> str | None:
     config = getattr(model, "config", None)
     types = list(getattr(config, "layer_types", None) or [])
     if "linear_attention" not in types:
-        return "no linear_attention layers: a pure-attention target runs StaticLoop (static_loop.py)"
+        return "no linear_attention layers: a pure-attention target runs StaticLoop (live_loops/chain.py)"
     layers = getattr(getattr(model, "model", None), "layers", [])
     for layer in layers:
         gdn = getattr(layer, "linear_attn", None)
@@ -293,67 +287,3 @@ class StaticHybridTarget:
         if not (features and self.layer_ids):
             return logits, None
         return logits, torch.cat([captured[i] for i in self.layer_ids], dim=-1)[0]
-
-
-class StaticHybridLoop(StaticLoop):
-    """StaticLoop for a Gated DeltaNet hybrid target (StaticHybridTarget) and one DFlash drafter: the same steps
-    and API (`generate`, `step_terms`), except that the verify of a block b > 1 leaves the GDN states as they
-    were (its snapshot) and the captured accept step commits the accepted tokens to them (`keep`). Block 1 (the
-    autoregressive baseline) commits in its verify, as a server's decode step does."""
-
-    def __init__(
-        self,
-        target: torch.nn.Module,
-        drafter: torch.nn.Module | None,
-        max_len: int,
-        blocks: list[int],
-        graphs: bool,
-        kernels: GdnKernels,
-    ):
-        self.kernels = kernels
-        super().__init__(target, drafter, max_len, blocks, graphs)
-        for b in self.blocks:
-            if b > 1:  # the rollback alone, for step_terms
-                self.steps[("keep", b)] = self._capture(lambda b=b: self.target.keep(self.acc + 1, b))
-
-    def _static_target(self, model: torch.nn.Module, width: int, layer_ids: list[int]) -> StaticHybridTarget:
-        """The hybrid over static caches and states, each block's verify record made before any capture."""
-        static = StaticHybridTarget(model, width, self.kernels, layer_ids)
-        for b in self.blocks:
-            if b > 1:
-                static.prepare(b)
-        return static
-
-    def _verify(self, b: int) -> None:
-        logits, features = self.target.forward(self.ids[b], self.start, features=b > 1, commit=b == 1)
-        self.logits[b].copy_(logits)
-        if features is not None:
-            self.features[b].copy_(features)
-
-    def _accept(self, b: int) -> None:
-        super()._accept(b)
-        if b > 1:  # the bonus and the acc accepted drafts are the block's kept tokens
-            self.target.keep(self.acc + 1, b)
-
-    @torch.inference_mode()
-    def prefill(self, prompt: torch.Tensor, block: int) -> int:
-        """StaticLoop's prefill from empty GDN states (the captures and the last sequence left theirs)."""
-        self.target.reset()
-        return super().prefill(prompt, block)
-
-    @torch.inference_mode()
-    def step_terms(self, block: int, repeats: int, budget_s: float = 1.0, at: int | None = None) -> dict[str, dict]:
-        """StaticLoop's terms (`accept_host` includes the GDN rollback, as the loop pays it), and for b > 1
-        `rollback`: the GDN replay and conv gather alone (what a verify of a hybrid costs beyond its forward)."""
-        terms = super().step_terms(block, repeats, budget_s, at)
-        if block > 1:
-            position = self.max_len // 2 if at is None else int(at)
-
-            def reset() -> None:
-                self.start.fill_(position)
-                self.acc.fill_(block - 1)
-
-            terms["rollback"] = timed_ms(
-                self.steps[("keep", block)], self.device, repeats, setup=reset, budget_s=budget_s
-            )
-        return terms

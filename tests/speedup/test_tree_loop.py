@@ -1,4 +1,4 @@
-"""The DDTree live loop (speedup/static_tree.py) in fp32 on a CPU: tree verify never changes the output (the
+"""The DDTree live loop (speedup/live_loops/tree.py) in fp32 on a CPU: tree verify never changes the output (the
 target's greedy tokens), and each step accepts what the offline DDTree evaluator (evaluate/ddtree.py) scores for
 the same drafter logits and the same greedy continuation; the tree itself on hand-made log-probabilities."""
 
@@ -9,7 +9,8 @@ import pytest
 import torch
 
 from dflash_eval.evaluate.ddtree import tree_accepted
-from dflash_eval.speedup.static_tree import PHASES, TreeLoop, ancestors, build_tree
+from dflash_eval.speedup.forwards.tree_step import ancestors, build_tree
+from dflash_eval.speedup.live_loops.tree import PHASES, TreeLoop
 from tests.support.tiny import tiny_attention_target, tiny_drafter
 
 

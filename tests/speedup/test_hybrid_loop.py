@@ -1,4 +1,4 @@
-"""The static-cache loop for a Gated DeltaNet hybrid (speedup/static_hybrid.py), in fp32 on a CPU with the torch
+"""The static-cache loop for a Gated DeltaNet hybrid (speedup/forwards/hybrid_target.py), in fp32 on a CPU with the torch
 delta rule (conftest binds it for the references): its target's logits and features after a prefill and verify
 blocks with any number of tokens kept equal the Hugging Face forward over the kept tokens; its loop gives dflash's
 reference loop's tokens and steps (with the reference's exact rollback) and the target's greedy output; on a GPU,
@@ -11,12 +11,8 @@ import torch
 
 from dflash_eval.errors import DflashEvalError
 from dflash_eval.extract.backends import BackendUnavailable, gdn_kernels, use_backend
-from dflash_eval.speedup.static_hybrid import (
-    StaticHybridLoop,
-    StaticHybridTarget,
-    _GdnLayer,
-    hybrid_unsupported,
-)
+from dflash_eval.speedup.forwards.hybrid_target import StaticHybridTarget, _GdnLayer, hybrid_unsupported
+from dflash_eval.speedup.live_loops.hybrid import StaticHybridLoop
 from tests.support.reference import assert_autoregressive_is_greedy, dflash_reference
 from tests.support.tiny import tiny_drafter, tiny_target
 
