@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from dflash_eval.report import online
+from dflash_eval.report import online, served_drafter
 
 
 def record(verify_ct: int, completion_tokens: int, correct: int, histogram: list[int], block: int = 4) -> dict:
@@ -97,7 +97,7 @@ def never_hashed(path: str, checkpoint: dict) -> str:
 
 
 def test_a_served_drafter_of_the_same_name_not_readable_here_is_unverified():
-    check = online.check_served_drafter([SERVED], CHECKPOINT, 4, allowed=False, differ=never_hashed)
+    check = served_drafter.check_served_drafter([SERVED], CHECKPOINT, 4, allowed=False, differ=never_hashed)
     assert (check["status"], check["refused"], check["problems"]) == ("unverified", False, [])
     assert "weights unverified" in check["notes"][0]
 
@@ -111,9 +111,9 @@ def test_a_served_drafter_of_the_same_name_not_readable_here_is_unverified():
     ],
 )
 def test_another_served_drafter_is_a_mismatch_that_refuses_unless_allowed(served, says):
-    check = online.check_served_drafter([served], CHECKPOINT, 4, allowed=False, differ=never_hashed)
+    check = served_drafter.check_served_drafter([served], CHECKPOINT, 4, allowed=False, differ=never_hashed)
     assert check["status"] == "mismatch" and check["refused"] and says in check["problems"][0]
-    allowed = online.check_served_drafter([served], CHECKPOINT, 4, allowed=True, differ=never_hashed)
+    allowed = served_drafter.check_served_drafter([served], CHECKPOINT, 4, allowed=True, differ=never_hashed)
     assert allowed["status"] == "mismatch" and not allowed["refused"]
 
 
@@ -131,30 +131,30 @@ def test_readable_served_weights_are_compared_by_sha256_then_by_tensors(tmp_path
     save_file(tensors, str(served))
     digest = hashlib.sha256(served.read_bytes()).hexdigest()
     setting = {**SERVED, "speculative_draft_model_path": str(served)}
-    same = online.check_served_drafter([setting], {"path": "/elsewhere/x", "sha256": digest}, 4, allowed=False)
+    same = served_drafter.check_served_drafter([setting], {"path": "/elsewhere/x", "sha256": digest}, 4, allowed=False)
     assert same["status"] == "verified" and not same["problems"]  # another path, the same bytes
-    other = online.check_served_drafter([setting], CHECKPOINT, 4, allowed=False)
+    other = served_drafter.check_served_drafter([setting], CHECKPOINT, 4, allowed=False)
     assert other["refused"] and f"(sha256 {digest[:12]}) are not /ckpt/step-1000's" in other["problems"][0]
     pt = tmp_path / "step.pt"
     torch.save({"model": {f"model.{k}": v for k, v in tensors.items()}}, pt)
     exported = {"path": str(pt), "sha256": hashlib.sha256(pt.read_bytes()).hexdigest()}
-    assert online.check_served_drafter([setting], exported, 4, allowed=False)["status"] == "verified"
+    assert served_drafter.check_served_drafter([setting], exported, 4, allowed=False)["status"] == "verified"
     torch.save({"model": {**tensors, "norm.weight": torch.zeros(3)}}, pt)
     changed = {"path": str(pt), "sha256": hashlib.sha256(pt.read_bytes()).hexdigest()}
-    check = online.check_served_drafter([setting], changed, 4, allowed=False)
+    check = served_drafter.check_served_drafter([setting], changed, 4, allowed=False)
     assert check["refused"] and "their tensors differ" in check["problems"][0]
 
 
 def test_another_served_block_is_a_note_and_several_settings_a_mismatch():
-    check = online.check_served_drafter(
+    check = served_drafter.check_served_drafter(
         [{**SERVED, "speculative_num_draft_tokens": 8}], CHECKPOINT, 4, allowed=False, differ=never_hashed
     )
     assert check["status"] == "unverified" and "served at block 8, the drafter's own is 4" in check["notes"]
-    two = online.check_served_drafter(
+    two = served_drafter.check_served_drafter(
         [SERVED, {**SERVED, "speculative_num_draft_tokens": 8}], CHECKPOINT, 4, allowed=False, differ=never_hashed
     )
     assert two["refused"] and "2 different speculative settings" in two["problems"][0]
-    assert online.check_served_drafter([], CHECKPOINT, 4, allowed=False)["status"] == "unverified"
+    assert served_drafter.check_served_drafter([], CHECKPOINT, 4, allowed=False)["status"] == "unverified"
 
 
 # ----- the max_tokens tail -----

@@ -40,8 +40,8 @@ def test_a_layout_no_engine_runs_is_an_error_naming_the_key():
 
 
 def test_a_served_vllm_checkpoint_resolved_as_evaluated_is_verified(tmp_path):
-    """online.check_served_drafter: a vLLM server of a dflash_config.causal checkpoint runs what was evaluated."""
-    from dflash_eval.report.online import check_served_drafter
+    """served_drafter.check_served_drafter: a vLLM server of a dflash_config.causal checkpoint runs what was evaluated."""
+    from dflash_eval.report.served_drafter import check_served_drafter
 
     served = tmp_path / "drafter"
     served.mkdir()
@@ -61,9 +61,9 @@ def test_a_served_vllm_checkpoint_resolved_as_evaluated_is_verified(tmp_path):
 
 
 def test_an_sglang_server_of_a_dflash_config_causal_checkpoint_is_a_mismatch_naming_the_layer(tmp_path):
-    """online.check_served_drafter on SGLang's records (they name no engine): SGLang reads no dflash_config.causal, so
+    """served_drafter.check_served_drafter on SGLang's records (they name no engine): SGLang reads no dflash_config.causal, so
     it runs layer 2 non-causal where the evaluation ran it causal; a plain checkpoint stays verified."""
-    from dflash_eval.report.online import check_served_drafter
+    from dflash_eval.report.served_drafter import check_served_drafter
 
     served = tmp_path / "drafter"
     served.mkdir()

@@ -4,44 +4,7 @@ Run: `dflash-eval demo-server --model-path DIR --port P
 [--speculative-algorithm DFLASH --speculative-draft-model-path DIR [--speculative-num-draft-tokens B]]
 [--served-model-name NAME] [--api-key KEY]` (SGLang's own launch flags for these settings).
 
-With `--api-key`, every route but those starting /health, /ready or /metrics wants `Authorization: Bearer KEY`
-(scheme case-insensitive) and answers 401 `{"error": "Unauthorized"}` otherwise, as SGLang 0.5.23's
-middleware does with an api key and no admin key (utils/auth.py, decide_request_auth and
-add_api_key_middleware; release/resume are ADMIN_OPTIONAL there, which with only an api key wants that key).
-
-Endpoints, as SGLang 0.5.23 answers them (docs/sglang_protocol.md): GET /health, /health_generate,
-/v1/models, /get_model_info, /model_info, /get_server_info, /server_info; POST /v1/completions,
-/v1/chat/completions, /generate, /release_memory_occupation, /resume_memory_occupation. Request and
-response bodies use only the field names of SGLang's own models (sglang_protocol.PROTOCOL_FIELDS, read from
-its source); an unknown request field is answered 400 here, where SGLang would ignore it silently, so that a
-misspelt flag fails a test instead of passing unnoticed.
-
-At temperature > 0 (with top_p, top_k, min_p and the request's seed, SGLang's `sampling_seed`) the drafts stay
-greedy and verification is SGLang 0.5.23's target-only one (demo.sampled, demo.sglang_sampling), seeded and
-deterministic, honouring --speculative-accept-threshold-single/-acc as SGLang does; a request that leaves
-temperature out is greedy here (SGLang's OpenAI default would be 1.0). At temperature 0: without a drafter the target decodes token by token. With one, every
-request runs the reference loop (`dflash.model.dflash_generate`) with exact rollback of the hybrid
-target's cache (reference.exact_target_rollback, as SGLang's per-token states give), with blocks of
-`--speculative-num-draft-tokens` tokens (default: the drafter's own), and the counters are computed as
-SGLang computes them from its steps: `spec_verify_ct` = steps, `spec_num_correct_drafts` = accepted draft
-tokens (bonus excluded), the histogram of accepted drafts per step, `spec_num_proposed_drafts` =
-steps x (B - 1), `spec_accept_length` = completion tokens / steps. The max_tokens tail as SGLang's: its DFlash
-worker always verifies full blocks and cuts the output afterwards (speculative/dflash_worker_v2.py,
-managers/schedule_batch.py), where the reference loop shortens the blocks that would run past max_tokens; so
-the loop runs with B tokens to spare (every block that starts before max_tokens full) and is cut as SGLang
-cuts (sglang_steps), the last step's drafts counted raw. One difference remains, stated: at a stop token the
-loop cuts the last step, so there `spec_num_correct_drafts` can be up to B - 1 lower than a real SGLang's.
-
-Timing, as 0.5.23's meta_info holds it (chat with return_meta_info, and /generate; never /v1/completions): every
-finished request has `e2e_latency`, seconds from the request's arrival to its last token, waiting for the engine
-included; with `--enable-metrics` also `first_token_latency` (arrival to the prefill's token), `queue_time` (the
-wait for the engine, SGLang's scheduler queue) and `decode_throughput` ((completion tokens - 1) / the time after
-the first token). `SGLANG_SIMULATE_ACC_LEN` (with `_METHOD` match-expected and `_TOKEN_MODE` fixed or
-real-draft-token) forces the committed length per verification step as 0.5.23's DFlash worker does
-(`simulation_from_env`; docs/server.md gives the semantics and the source lines).
-/generate honours `sampling_params.ignore_eos` (SGLang's: decode to max_new_tokens; dflash-eval profile-server sends it).
-`--engine vllm` answers as vLLM 0.34.0 does instead (demo.vllm_mode: its ids, its per-request spec metrics, its
-sleep routes, its launch flags).
+How, in detail: docs/internals.md (`demo/server.py`).
 """
 
 from __future__ import annotations

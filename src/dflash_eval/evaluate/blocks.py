@@ -219,7 +219,7 @@ class BlockDrafter(nn.Module):
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """Draft logits for the mask positions (block positions 1..B-1), as the reference computes them."""
         # A contiguous 2-D input makes the LM head one GEMM; on the strided slice cuBLAS chooses a
-        # much slower batched kernel (benchmarks/results/evaluator_speed.md, issue 5's records).
+        # much slower batched kernel (benchmarks/results/evaluator_speed.md).
         return self.head_logits(hidden[:, 1:].contiguous())
 
     def head_logits(self, draft: torch.Tensor) -> torch.Tensor:

@@ -1,4 +1,4 @@
-"""CUDA graphs of the packed drafter forward, for the late, small rounds (issue 30).
+"""CUDA graphs of the packed drafter forward, for the late, small rounds.
 
 A late round of the trajectory evaluator computes few blocks, and on the H200 its forward is bound by the
 kernel launches the host issues (benchmarks/results/round_profile.md: rounds of <= 256 blocks ran at 1-25% of

@@ -1,26 +1,6 @@
 """DDTree acceptance from one block of drafter logits, for many anchors and budgets at once.
 
-DDTree-N builds a tree of N nodes besides the root, best-first: a node at depth d holds one of the
-drafter's top-N tokens for block position d, its score is the sum of the log-probabilities along
-its path; pop the best node, push its next sibling (same parent, next rank) and its first child
-(rank 0 at depth d + 1). The target verifies the tree; the accepted length is the deepest root path
-whose tokens match the target's greedy continuation, plus the bonus token.
-
-Scoring needs only the truth path. Scores only fall along child and sibling edges, so the first N
-pops are the N best nodes, and the truth node at depth d is in the DDTree-N tree iff its token is
-among the position's top N and fewer than N nodes score strictly better than it (an exact tie goes
-to the truth: with bf16 logits equal log-probs are common, and this rule does not depend on how a
-top-k orders equal values). So we need, per anchor, the N_max best node scores of the whole tree,
-and only those above the lowest truth score still undecided:
-- at depth k only the N best nodes matter, and they are children of the depth-(k-1) best ones;
-  pairs (parent rank i, token rank j) with (i + 1)(j + 1) > N cannot be among them (that many
-  nodes score at least as well), so ~N ln N candidates per depth instead of N x N;
-- once N nodes are known, a truth score below the N-th best is out for every budget, and a node
-  scoring at or below every truth score still undecided (and its subtree) can never be counted:
-  it is dropped, and an anchor with nothing left is finished (most lose the truth within a few
-  depths).
-Node scores are sums in float32 taken in path order, so the truth's score equals its node's bit
-for bit (a cumsum may round differently: on CPU it accumulates in float64).
+How, in detail: docs/internals.md (`evaluate/ddtree.py`).
 """
 
 from __future__ import annotations

@@ -1,24 +1,6 @@
 """T_draft: one drafter step (block forward with the LM head, batch 1) timed on the evaluation device.
 
-The step is what the live loop's drafter does per verification step: project the target states of
-the tokens the last step accepted into its KV cache (fc, hidden_norm, each layer's k/v: the per-step
-context projection), then the evaluator's own block forward for one anchor at a block size b, its
-LM head over b - 1 positions and their argmax. The older context is already projected (what a
-serving drafter's KV cache holds); the anchor is at the profile's context length or the longest
-cached sample's, whichever is shorter. Timed only when the profile does not give it.
-
-A DDTree's step (`budget` N) is that drafter step at the drafter's own block followed by the tree's own per-step
-work, as the validated tree loop does it (speedup/live_loops/tree.py): the top-min(N, V) of the P drafted positions
-on the device, one host read, the best-first tree built on the host and its bytes uploaded. The H200 records
-showed it matters: left out, the DDTree estimate was 10-12% optimistic against the measured tree loop.
-
-How (`method`, as the target profile's): `graphs` on CUDA, the validated loop's static drafter
-(speedup/forwards/target.py: a preallocated KV buffer, the step captured as one CUDA graph and replayed), so that
-T_draft is timed the way a server runs it and the way the profile times T_AR; `eager` the evaluator's own
-forward (the target profile was timed eagerly, or a drafter the static path does not run); `static` the graphs'
-code path run eagerly (a CPU, tests). The H200 records showed why it matters: an eager T_draft (6.5-11.9 ms)
-beside a graph-timed T_AR put the estimate 1.9-2.7x below the measured speedup, where the loop's graph
-T_draft (2.0 ms) put it within 2% (benchmarks/results/speedup_validation.md).
+How, in detail: docs/internals.md (`evaluate/draft_timing.py`).
 """
 
 from __future__ import annotations

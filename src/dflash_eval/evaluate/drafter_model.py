@@ -1,24 +1,6 @@
 """The DFlash drafter as a container of weights, in torch alone: what the evaluation loads a checkpoint into.
 
-The evaluation never runs the reference package's forward: BlockDrafter (blocks.py, packed.py) reads the drafter's
-weights and calls a handful of its submodules. Building `dflash.model`'s DFlashDraftModel for that imported
-transformers' Qwen3 modeling (and with it torch._dynamo and torch.distributed.tensor): most of an evaluation job's
-start-up (issue 27). This module builds a module tree with the same parameter names and shapes as `dflash.model`'s
-DFlashDraftModel and DFlash2DraftModel, from the same config.json, without importing either package.
-
-What the evaluation uses of it (and all this module provides):
-- `config` (a DrafterConfig: config.json's keys as attributes, Qwen3's defaults for the ones left out, `dflash_config`),
-  `block_size`, `mask_token_id`, `target_layer_ids`;
-- `fc` (Linear), `hidden_norm`, `norm` (RMSNorm), `rotary_emb(x, position_ids) -> (cos, sin)`;
-- `layers[i]`: `input_layernorm`, `post_attention_layernorm` (RMSNorm), `mlp(x)` (gated MLP: gate_proj, up_proj,
-  down_proj), `attention_conv` and `mlp_conv` (None, or DFlash2's block convolution with `prepare` and `finish`),
-  `self_attn`: q_proj, k_proj, v_proj, o_proj (Linear, called), q_norm, k_norm (RMSNorm, called), head_dim,
-  num_key_value_groups, scaling, is_causal, sliding_window (the layout vLLM resolves: dflash_eval.attention_layout);
-- DFlash2 only: `candidate_selector.select(hidden, logits, anchor_ids, 0.0)` (greedy).
-
-The arithmetic of every submodule that runs is the reference's, operation for operation, so the logits are the same
-bits: tests/evaluate/test_drafter_model.py loads one checkpoint into both and compares. A rotary embedding other than
-the default kind, or an activation other than SiLU, is handed to transformers' own (imported only then).
+How, in detail: docs/internals.md (`evaluate/drafter_model.py`).
 """
 
 from __future__ import annotations

@@ -1,30 +1,6 @@
-"""The evaluate stage: one drafter x one dataset, from cached target states to metrics.json.
+"""The evaluate stage: one drafter x one dataset, from cached target states to metrics.json and samples.csv.
 
-metrics.json (the report reads it):
-  drafter, dataset, checkpoint{path, layout, sha256, global_step, epoch, step}, block_size, layer_ids,
-  attention_layout{rule, layers[{causal, sliding_window, causal_from, sliding_from, window_from}]} (what each drafter
-  layer ran, as vLLM resolves the checkpoint's config, and the keys that decided it: dflash_eval.attention_layout),
-  cache{dir, backend, trained_with, backend_mismatch_allowed, target_config_hash, shards_verified[{file, sha256,
-  bytes, mtime_ns}]},
-  stop_token_ids, methods{"chain-B<b>" | "ddtree-<N>": {method, kind, block_size, budget,
-  tau_mean_of_samples, tau_token_weighted, ci95{...}, samples, steps, tokens, acceptance_by_position,
-  histogram}}, chain (= methods["chain-B<B>"], the drafter's own block), topk_accuracy{k, counted_on,
-  positions_seen, by_position[B-1][k]} (counted on the blocks that chain-B<B>'s trajectory drafts, what its
-  reference loop proposes), diagnostics{argmax_agreement, tokens_seen, samples_skipped[], sampled_check{support_share,
-  argmax_agreement, argmax_floor, tokens_seen, suspect[]} | null (evaluate/sampled_check.py), drafter_blocks (computed),
-  all_anchor_blocks (what drafting at every anchor would compute)},
-  speedup{estimate, made_in, draft_timing (the drafter's step, or null), estimate_code{evaluation}} (evaluate/speedup.py:
-  the report makes the expected speedup from it, tau and the target's profile, report/speedup.py),
-  verify (evaluation.verify as a list), sampling (the completions' distinct {temperature, top_p, top_k, min_p}; null
-  when greedy), and with the rejection scheme rejection{scheme, convention, sampling, outside_support{samples, samples_scored,
-  share_of_samples, tokens, tokens_read, share_of_tokens}, methods{"chain-B<b>" per chain: {method,
-  scheme, block_size, tau_mean_of_samples, tau_token_weighted (both exact expectations), ci95, samples, expected_steps,
-  tokens, acceptance_by_position, expected_histogram, per_sample[{id, tokens, expected_steps, expected_tau,
-  tau_variance}]}}}
-  (evaluate/rejection_metrics.py; none on greedy completions, where the scheme is target_only's). Every `methods`
-  entry is the target_only scheme (scheme: target_only), computed whatever evaluation.verify says; rejection adds
-  its section.
-samples.csv: one row per sample x method with its steps, tokens, tau and the acceptance lengths in order.
+metrics.json's keys (the report reads them) and samples.csv's rows: docs/contracts.md.
 """
 
 from __future__ import annotations
@@ -211,7 +187,7 @@ def run_evaluation(
 
     specs, order = [], []
     # By sample id, not the cache's (the prompt file's) order: the evaluator's batches, samples.csv and the bootstrap,
-    # which resamples by position, are then the same for a reordered prompt file (issue 32)
+    # which resamples by position, are then the same for a reordered prompt file
     for entry in sorted(cache.samples, key=lambda e: str(e["id"])):
         sample_id = str(entry["id"])
         record = records.get(sample_id)

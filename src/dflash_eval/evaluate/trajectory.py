@@ -1,23 +1,6 @@
 """Trajectory-following evaluation: the drafter's block only where the reference loop drafts one.
 
-Each method's reference loop (`dflash_generate` at temperature 0, or DDTree) drafts one block per
-verification step, at the anchor its previous step reached: about one anchor in tau. So instead of
-drafting at every anchor (all_anchor.py, kept as the reference), we follow every (sample, method)
-trajectory in rounds. Each round, every trajectory still running asks for the drafter's block at its
-current anchor; requests that name the same (sample, anchor, block length) are computed once, in
-this round or any earlier one (a small per-sample table remembers each block's outcome); the blocks
-of many resident samples run as one packed forward (packed.py); then every trajectory advances by
-what its step produced, exactly as `acceptance.chain_steps` does. Samples enter a pool of slots as
-others finish, so memory stays bounded by the pool and the rows of one forward.
-
-A block of the drafter's own size B (shortened near the token budget) serves every method that
-reads per-position logits: the chain of size B, every DDTree budget and the top-k counts; a block of
-a smaller chain size b only that chain. For chain-only blocks the LM head runs in two stages (it is
-most of a small block's cost): the first `head_split` positions for all blocks, the rest only for the
-blocks whose draft still matched all of them; a chain step never reads past its first mismatch.
-
-Top-k accuracy is counted on the blocks that the drafter's own chain (chain-B<B>) trajectory visits,
-the drafts its reference loop really makes, not at every anchor.
+How, in detail: docs/internals.md (`evaluate/trajectory.py`).
 """
 
 from __future__ import annotations

@@ -469,7 +469,7 @@ def _extract_with_server_paused(
     restored, so that nothing that happens to the restore (a server that dies as it comes back, a second
     Ctrl-C, SIGTERM, SIGKILL) costs the extraction: a restore that fails is reported by server_paused and
     does not fail the job, and a job killed during the restore leaves the kept cache, which the rerun copies
-    without running the target (issue 32)."""
+    without running the target."""
     with _server_paused(settings.get("server")):
         try:
             path = _extract_on_device(settings, records, header, out, resume, reuse)

@@ -207,7 +207,7 @@ def select_subset(prompts: list[Prompt], max_samples: int | None, seed: int, by_
     """A deterministic subset of `max_samples` prompts (all when None), kept in file order.
 
     `by_id` (a prompt file): drawn from the prompts sorted by id, so that the subset depends on the prompts, not
-    on their order in the file (issue 32: a reordered file picked another subset). A preset's rows keep the
+    on their order in the file (a reordered file must not pick another subset). A preset's rows keep the
     dataset's own order, which nobody edits, and the subsets drawn from it so far."""
     if max_samples is None or max_samples >= len(prompts):
         return list(prompts)
@@ -221,6 +221,6 @@ def select_subset(prompts: list[Prompt], max_samples: int | None, seed: int, by_
 def order_free_digest(prompts: list[Prompt]) -> str:
     """sha256 of a prompt set as a set: every prompt's id, messages and turns, in id order. The fetch rule's param
     for a prompt file (instead of its mtime), so that a reordered, touched or re-saved file reruns nothing and an
-    edited prompt reruns the fetch (issue 32)."""
+    edited prompt reruns the fetch."""
     canonical = [[p.id, p.messages, list(p.turns)] for p in sorted(prompts, key=lambda p: p.id)]
     return hashlib.sha256(json.dumps(canonical, sort_keys=True, ensure_ascii=False).encode()).hexdigest()

@@ -9,7 +9,7 @@ from dflash_eval.config import SAMPLING_KEYS, server_settings, stage_builder
 def dataset_inputs(config: dict, dataset: str) -> list[str]:
     """The files a dataset's fetch reads as Snakemake inputs: a preset's local copy (none from the hub). A prompt file
     is not one: the fetch rule tracks it by its prompts as a set (params.prompts, fetch.prompts.order_free_digest),
-    so that its order, a touch or a re-save rerun nothing (issue 32)."""
+    so that its order, a touch or a re-save rerun nothing."""
     spec = config["datasets"][dataset]
     if "prompts" in spec:
         return []

@@ -26,6 +26,7 @@ from dflash_eval.cache import manifest as cache_manifest
 from dflash_eval.errors import DflashEvalError
 from dflash_eval.io_utils import sha256_file
 from dflash_eval.report import online as online_check
+from dflash_eval.report import served_drafter
 from dflash_eval.report.metrics_files import Evaluation, per_sample_steps
 
 log = logging.getLogger(__name__)
@@ -264,7 +265,7 @@ def panel(
             evaluation = by_key[(served, dataset)]
             steps, own_block = per_sample_steps(evaluation), evaluation.metrics["block_size"]
             records = fetched.get(dataset)
-            check = online_check.check_served_drafter(
+            check = served_drafter.check_served_drafter(
                 records.served if records else [],
                 evaluation.metrics["checkpoint"],
                 own_block,

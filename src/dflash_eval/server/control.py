@@ -86,7 +86,7 @@ class ServerController:
 
     def _take_down_again(self, current: Outage) -> None:
         """An outage that no live job held is only joined once the server really is down: a restore cut short
-        (issue 32: a second Ctrl-C) can leave it recorded while the server it relaunched runs, holding the GPU."""
+        (a second Ctrl-C) can leave it recorded while the server it relaunched runs, holding the GPU."""
         if not (self.server.live_launch() or self.is_healthy()):
             return
         log.warning(
@@ -334,7 +334,7 @@ def server_paused(settings: dict[str, Any], work: str = "extraction") -> Iterato
 
     The restore is shielded: from the moment it begins, SIGINT and SIGTERM are only logged, so that a second
     Ctrl-C (or Snakemake's SIGTERM) cannot leave a relaunched server that no record names or an outage record
-    that says the server is down while it runs (issue 32). A SIGINT or SIGTERM while the server is being taken
+    that says the server is down while it runs. A SIGINT or SIGTERM while the server is being taken
     down waits until it is down, then interrupts the block.
 
     A restore that fails after the block succeeded does not fail the block: what the block made is complete

@@ -1,4 +1,4 @@
-"""Whose a healthy server on our port is, when this checkout did not launch it (issue 32: two checkouts on one
+"""Whose a healthy server on our port is, when this checkout did not launch it (two checkouts on one
 port). Without this the second checkout fetched from the first's server (perhaps another model), then failed
 with a bare connection error when the first's run stopped it at its end, or with "not launched by dflash-eval"
 when its extraction tried to take it down.

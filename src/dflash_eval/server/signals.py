@@ -1,6 +1,6 @@
 """SIGTERM (what `scancel` and Snakemake's cancel send) as an exception, so that `finally` blocks restore the
 server and flush records; SIGINT and SIGTERM deferred while the server is half-way through a transition, and
-only logged once the restore has begun (a second Ctrl-C must not cut a restore short: issue 32). While an asyncio
+only logged once the restore has begun (a second Ctrl-C must not cut a restore short). While an asyncio
 event loop runs (fetch's requests) the handler does not raise: an exception raised by a signal handler inside one
 of the loop's callbacks is caught and only logged by asyncio (events.Handle._run catches every BaseException but
 SystemExit and KeyboardInterrupt), so the signal would be lost. It cancels the loop's tasks instead, at the loop's
