@@ -49,9 +49,13 @@ from dflash_eval.testing import eval_project
 ROOT = Path(__file__).resolve().parents[1]
 DATASET = "demo-code"
 # Run in each tree: its own config module turns the config into each drafter's evaluate settings (JSON).
+# (the builder lives in evaluate/settings.py since the config split, in config.py before it)
 SETTINGS = (
-    "import json, sys; from dflash_eval import config as c; cfg = c.validate_config(json.load(open(sys.argv[1])));"
-    " print(json.dumps({d: c.settings_json(c.evaluate_settings(cfg, d, sys.argv[2])) for d in cfg['drafters']}))"
+    "import json, sys\nfrom dflash_eval import config as c\n"
+    "try:\n    from dflash_eval.evaluate.settings import evaluate_settings as build\n"
+    "except ImportError:\n    build = c.evaluate_settings\n"
+    "cfg = c.validate_config(json.load(open(sys.argv[1])))\n"
+    "print(json.dumps({d: c.settings_json(build(cfg, d, sys.argv[2])) for d in cfg['drafters']}))"
 )
 ENTRY = "import sys; from dflash_eval.cli import entry; sys.argv[0] = 'dflash-eval'; entry()"
 # The parts of one evaluate process, in the order an evaluation meets them; prints {part: seconds} as JSON. argv:
