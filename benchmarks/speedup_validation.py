@@ -461,7 +461,8 @@ def static_rows(
                 f"{product:.2f} | {product_host:.2f} | {from_loop:.2f} | {with_host:.2f} | {measured:.2f} | "
                 f"{measured / product:.3f} | {measured / with_host:.3f} |"
             )
-    if args.budgets and not hybrid:  # no tree verify on a hybrid (speedup/live_loops/hybrid.py refuses it; docs/speedup.md)
+    # no tree verify on a hybrid (speedup/live_loops/hybrid.py refuses it; docs/speedup.md)
+    if args.budgets and not hybrid:
         rows += tree_rows(
             name,
             target,
