@@ -33,6 +33,18 @@ def test_the_demo_target_trains_the_steps_of_config_yaml(project):
     assert "--seed 0 --steps 7 " in check(snakemake(REPO, project, "-n", "-p", "resources/demo/target/config.json"))
 
 
+def test_the_build_device_reaches_the_demo_commands_only_off_the_cpu(project):
+    """On the CPU (the default) the demo's build commands are the ones from before demo.build_device existed, so a
+    CPU demo rebuilds nothing for the setting; another device is in the command, which the code trigger compares."""
+    target, drafters = "resources/demo/target/config.json", "resources/demo/drafters/step900/config.json"
+    text = check(snakemake(REPO, project, "-n", "-p", "--forceall", drafters))
+    assert "--steps 300 > /dev/null" in text and "--workers" in text and "--device" not in text
+    _set_demo(project, build_device="cuda:0")
+    text = check(snakemake(REPO, project, "-n", "-p", "--forceall", target, drafters))
+    assert "--steps 300 --device cuda:0 > /dev/null" in text
+    assert re.search(r"demo-drafters .* --device cuda:0 > /dev/null", text)
+
+
 def test_without_demo_enabled_the_demo_is_not_built_and_its_paths_say_so(project):
     _set_demo(project, enabled=False)
     run = snakemake(REPO, project, "-n")
