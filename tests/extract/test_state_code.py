@@ -13,6 +13,7 @@ from dflash_eval.cache.reuse import legacy_state_code_hashes
 from dflash_eval.cache.store import HiddenCache
 from dflash_eval.extract import stage as extract_stage
 from dflash_eval.provenance import identity
+from tests.support.checkout import REPO
 from tests.support.extract_runs import (
     Counting,
     extract_settings,
@@ -62,3 +63,31 @@ def test_kept_states_keyed_by_an_earlier_rule_are_copied_once(rule, target_dir, 
     assert counter.calls == 0 and HiddenCache(out).manifest["reused_samples"] == len(LENGTHS)
     assert "keyed by an earlier rule's state code key" in caplog.text
     assert HiddenCache(out).manifest["state_key"] != old_key, "the new cache carries this release's key"
+
+
+# The last commit whose code identities were keyed by module name (the rule before the layout-free one).
+NAME_KEYED = "7af8def"
+
+
+def test_the_name_keyed_state_key_is_reproduced_when_the_capture_code_is_unchanged(tmp_path):
+    """The migration's promise: a kept cache made by the name-keyed rule is copied when STATE_CODE's code is the same
+    under today's rule. For each module whose statements equal that commit's, today's name-keyed code (moved imports
+    named as then) equals that commit's file's, so the legacy key is the one it wrote."""
+    import ast
+    import subprocess
+
+    from dflash_eval.cache.reuse import name_keyed_code
+
+    compared = 0
+    for name in identity.STATE_CODE:
+        path = identity.module_path(name).relative_to(REPO)
+        shown = subprocess.run(["git", "-C", str(REPO), "show", f"{NAME_KEYED}:{path}"], capture_output=True, text=True)
+        if shown.returncode:
+            pytest.skip(f"no git history with {NAME_KEYED} here (a shallow clone?): {shown.stderr.strip()}")
+        old = tmp_path / path.name
+        old.write_text(shown.stdout)
+        if identity._statements(str(old)) != identity._statements(str(identity.module_path(name))):
+            continue  # its code changed for real: its states are recomputed, as they should be
+        compared += 1
+        assert name_keyed_code(name) == ast.unparse(identity._without_docstrings(ast.parse(shown.stdout))), name
+    assert compared, "every STATE_CODE module changed since the name-keyed rule: this test checks nothing now"
