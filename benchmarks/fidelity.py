@@ -42,15 +42,14 @@ from record import (  # benchmarks/record.py (the script's own folder)
 )
 
 from dflash_eval.completions import read_completions, serialize
-from dflash_eval.config import stage_settings
 from dflash_eval.evaluate.drafter import load_drafter
-from dflash_eval.evaluate.stage import run_evaluation, stop_token_ids
+from dflash_eval.evaluate.stage import stop_token_ids
 from dflash_eval.extract.backends import package_versions, use_backend
-from dflash_eval.extract.stage import extract
 from dflash_eval.extract.target import load_target, parse_dtype
 from dflash_eval.io_utils import atomic_write_json
 from dflash_eval.methods import chain_method
 from dflash_eval.stats import paired_difference
+from dflash_eval.testing.offline import extract_and_evaluate
 
 ROOT = Path(__file__).resolve().parents[1]
 from dflash_eval.demo.reference import first_difference, run_reference_loop
@@ -62,35 +61,8 @@ DTYPES = ("float32", "bfloat16")
 def offline_steps(args: argparse.Namespace, dtype: str, drafter, completions: Path, work: Path) -> dict[str, list[int]]:
     """The workflow's own numbers: extract the served completions' states, evaluate the drafter's own chain."""
     target = {"path": str(args.target), "dtype": dtype, "device": args.device, "backend": args.backend}
-    hidden = work / f"hidden-{dtype}"
-    extract(
-        {
-            "dataset": "fidelity",
-            "layer_ids": drafter.layer_ids,
-            "last_layer": "final_norm",
-            "target": target,
-            "server": None,
-        },
-        completions,
-        hidden,
-    )
-    settings = stage_settings(
-        "evaluate",
-        {
-            "drafter": Path(args.drafter).name,
-            "dataset": "fidelity",
-            "target": {"path": str(args.target)},
-            "checkpoint": {"path": str(args.drafter), "layer_ids": drafter.layer_ids},
-            "device": args.device,
-            "dtype": dtype,
-            "block_sizes": [drafter.block_size],
-            "ddtree_budgets": [],
-            "topk": [1],
-            # the drafter was trained on torch-kernel states; here both sides run --backend, which is the point
-            "allow_backend_mismatch": True,
-        },
-    )
-    _, rows = run_evaluation(settings, str(hidden), str(completions))  # rows: one dict per sample and method
+    # rows: one dict per sample and method
+    _, rows = extract_and_evaluate(target, args.drafter, drafter, completions, work / f"hidden-{dtype}", "fidelity")
     chain = chain_method(drafter.block_size)
     return {
         str(row["id"]): [int(x) for x in str(row["acceptance_lengths"]).split()]

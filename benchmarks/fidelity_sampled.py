@@ -42,15 +42,14 @@ from record import (  # benchmarks/record.py (the script's own folder)
 )
 
 from dflash_eval.completions import read_completions, serialize
-from dflash_eval.config import stage_settings
 from dflash_eval.demo.reference import run_reference_loop
 from dflash_eval.evaluate.drafter import load_drafter
-from dflash_eval.evaluate.stage import run_evaluation, stop_token_ids
+from dflash_eval.evaluate.stage import stop_token_ids
 from dflash_eval.extract.backends import use_backend
-from dflash_eval.extract.stage import extract
 from dflash_eval.extract.target import load_target, parse_dtype
-from dflash_eval.methods import chain_method
+from dflash_eval.methods import REJECTION, TARGET_ONLY, chain_method
 from dflash_eval.report.online import compare_request, request_counters
+from dflash_eval.testing.offline import extract_and_evaluate
 
 ROOT = Path(__file__).resolve().parents[1]
 RECORD = ROOT / "benchmarks" / "results" / "fidelity.md"
@@ -109,36 +108,17 @@ def evaluate(args: argparse.Namespace, dtype: str, drafter, completions: Path, w
     """extract (with target log-probs) + evaluate under both schemes: (metrics, id -> target_only chain steps)."""
     target = {"path": str(args.target), "dtype": dtype, "device": args.device, "backend": args.backend}
     hidden = work / f"hidden-{completions.stem}-{dtype}"
-    extract(
-        {
-            "dataset": "fidelity-sampled",
-            "layer_ids": drafter.layer_ids,
-            "last_layer": "final_norm",
-            "target": target,
-            "server": None,
-            "target_logprobs": True,
-        },
+    metrics, rows = extract_and_evaluate(
+        target,
+        args.drafter,
+        drafter,
         completions,
         hidden,
+        "fidelity-sampled",
+        target_logprobs=True,
+        verify=[TARGET_ONLY, REJECTION],
+        bootstrap=args.bootstrap,
     )
-    settings = stage_settings(
-        "evaluate",
-        {
-            "drafter": Path(args.drafter).name,
-            "dataset": "fidelity-sampled",
-            "target": {"path": str(args.target)},
-            "checkpoint": {"path": str(args.drafter), "layer_ids": drafter.layer_ids},
-            "device": args.device,
-            "dtype": dtype,
-            "block_sizes": [drafter.block_size],
-            "ddtree_budgets": [],
-            "topk": [1],
-            "verify": ["target_only", "rejection"],
-            "bootstrap": args.bootstrap,
-            "allow_backend_mismatch": True,  # the demo's drafters were trained on torch-kernel states
-        },
-    )
-    metrics, rows = run_evaluation(settings, str(hidden), str(completions))
     metrics["first_token_outside"] = first_token_outside(hidden, drafter.layer_ids)
     chain = chain_method(drafter.block_size)
     return metrics, {
