@@ -15,6 +15,7 @@ import pytest
 from dflash_eval import cli
 from dflash_eval.cache.completions_check import IDENTITY_KEY, token_identity
 from dflash_eval.extract import stage as extract_stage
+from tests.support.extract_runs import evaluate_settings
 from tests.support.tiny import tiny_drafter, tiny_target
 
 LAYERS = [0, 2]
@@ -59,31 +60,14 @@ def project(tmp_path_factory):
         root / "c.jsonl",
         root / "hidden",
     )
-    settings = {
-        "drafter": "d",
-        "dataset": "toy",
-        "target": {"path": str(root / "target")},
-        "max_tokens": 7,
-        "checkpoint": {
-            "path": str(root / "drafter"),
-            "layout": "auto",
-            "config": None,
-            "trained_with": "torch",
-            "allow_pickle": False,
-            "step": None,
-            "layer_ids": LAYERS,
-        },
-        "device": "cpu",
-        "dtype": "float32",
-        "blocks_per_forward": 16,
-        "bootstrap": 10,
-        "seed": 0,
-        "stop_token_ids": [1],
-        "allow_backend_mismatch": False,
-        "block_sizes": [],
-        "ddtree_budgets": [],
-        "topk": [],
-    }
+    settings = evaluate_settings(
+        root,
+        max_tokens=7,
+        allow_backend_mismatch=False,
+        block_sizes=[],
+        ddtree_budgets=[],
+        topk=[],
+    )
     return root, records, settings
 
 

@@ -19,6 +19,7 @@ from dflash_eval import cli, stats
 from dflash_eval.evaluate.acceptance import sequence_limits
 from dflash_eval.evaluate.rejection import step_distribution
 from dflash_eval.extract import stage as extract_stage
+from tests.support.extract_runs import evaluate_settings
 from tests.support.reference import _draft_logprobs
 from tests.support.tiny import tiny_drafter, tiny_target
 
@@ -73,30 +74,13 @@ def project(tmp_path_factory):
     }
     extract_stage.extract({**extract, "target_logprobs": True}, completions, root / "hidden")
     extract_stage.extract(extract, completions, root / "hidden-plain")
-    evaluate = {
-        "drafter": "d",
-        "dataset": "toy",
-        "target": {"path": str(root / "target")},
-        "max_tokens": MAX_TOKENS,
-        "checkpoint": {
-            "path": str(root / "drafter"),
-            "layout": "auto",
-            "config": None,
-            "trained_with": "torch",
-            "allow_pickle": False,
-            "step": None,
-            "layer_ids": LAYERS,
-        },
-        "device": "cpu",
-        "dtype": "float32",
-        "blocks_per_forward": 16,
-        "bootstrap": 10,
-        "seed": 0,
-        "stop_token_ids": [1],
-        "ddtree_budgets": [4],
-        "topk": [1],
-        "block_sizes": [SHORT],
-    }
+    evaluate = evaluate_settings(
+        root,
+        max_tokens=MAX_TOKENS,
+        ddtree_budgets=[4],
+        topk=[1],
+        block_sizes=[SHORT],
+    )
     return root, records, evaluate
 
 

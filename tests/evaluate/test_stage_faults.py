@@ -12,6 +12,7 @@ import yaml
 
 from dflash_eval import cli
 from dflash_eval.extract import stage as extract_stage
+from tests.support.extract_runs import evaluate_settings
 from tests.support.tiny import tiny_drafter, tiny_target
 
 LAYERS = [0, 2]
@@ -49,31 +50,14 @@ def project(tmp_path_factory):
         "target": {"path": str(root / "target"), "dtype": "float32", "device": "cpu", "backend": "torch"},
     }
     extract_stage.extract(settings, completions, root / "hidden")
-    evaluate = {
-        "drafter": "d",
-        "dataset": "toy",
-        "target": {"path": str(root / "target")},
-        "max_tokens": 9,
-        "checkpoint": {
-            "path": str(root / "drafter"),
-            "layout": "auto",
-            "config": None,
-            "trained_with": "torch",
-            "allow_pickle": False,
-            "step": None,
-            "layer_ids": LAYERS,
-        },
-        "device": "cpu",
-        "dtype": "float32",
-        "blocks_per_forward": 16,
-        "bootstrap": 10,
-        "seed": 0,
-        "stop_token_ids": [1],
-        "allow_backend_mismatch": False,
-        "block_sizes": [],
-        "ddtree_budgets": [4],
-        "topk": [1],
-    }
+    evaluate = evaluate_settings(
+        root,
+        max_tokens=9,
+        allow_backend_mismatch=False,
+        block_sizes=[],
+        ddtree_budgets=[4],
+        topk=[1],
+    )
     return root, evaluate
 
 

@@ -1,4 +1,4 @@
-"""Settings of the extract stage on a tiny target, and a counter of the forwards it runs (optionally
+"""Settings of the extract and evaluate stages on a tiny target, and a counter of the forwards it runs (optionally
 interrupting one), and tiny completions and the states a cache holds: shared by the cache resume and extract fault
 tests."""
 
@@ -23,6 +23,33 @@ def extract_settings(target_dir, **overrides):
         "strict_tokens": False,
         "server": None,
         "target": {"path": str(target_dir), "dtype": "float32", "device": "cpu", "backend": "torch"},
+    }
+    settings.update(overrides)
+    return settings
+
+
+def evaluate_settings(root, **overrides):
+    """Evaluate-stage settings for the tiny drafter `root / "drafter"` on the tiny target `root / "target"`
+    (layers LAYERS, the CPU in fp32, stop token 1); `overrides` set the methods, max_tokens and the rest."""
+    settings = {
+        "drafter": "d",
+        "dataset": "toy",
+        "target": {"path": str(root / "target")},
+        "checkpoint": {
+            "path": str(root / "drafter"),
+            "layout": "auto",
+            "config": None,
+            "trained_with": "torch",
+            "allow_pickle": False,
+            "step": None,
+            "layer_ids": LAYERS,
+        },
+        "device": "cpu",
+        "dtype": "float32",
+        "blocks_per_forward": 16,
+        "bootstrap": 10,
+        "seed": 0,
+        "stop_token_ids": [1],
     }
     settings.update(overrides)
     return settings
