@@ -382,6 +382,13 @@ def test_the_gpu_demo_config_overlays_config_yaml_validly():
         "cuda",
     )
     assert config["backend_comparison"]["drafters"] == [config["report"]["served_drafter"]]
+    # the GPU demo's server is config.yaml's, with replicas: the same models, the same one-request computation
+    assert config["server"]["command"] == raw_cpu_command() + " --dp-size 8"
+    assert config["fetch"]["concurrency"] == 8
+
+
+def raw_cpu_command() -> str:
+    return yaml.safe_load((REPO / "config.yaml").read_text())["server"]["command"]
 
 
 def test_target_log_probs_are_stored_only_for_sampled_datasets_under_rejection():

@@ -1,5 +1,6 @@
 """demo.build_device cuda (config/gpu.yaml): the demo's target and drafters trained on the GPU repeat
-themselves bit for bit on the same machine, save CPU tensors, and train (a saved step differs from the start). Run on a GPU machine: python -m pytest -m gpu tests/workflow/test_gpu_demo_build.py"""
+themselves bit for bit on the same machine, with one or several processes computing the training completions on the
+GPU, save CPU tensors, and train (a saved step differs from the start). Run on a GPU machine: python -m pytest -m gpu tests/workflow/test_gpu_demo_build.py"""
 
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ from safetensors.torch import load_file
 pytestmark = pytest.mark.gpu
 
 
-def build(out: Path, device: str) -> None:
+def build(out: Path, device: str, workers: int = 1) -> None:
     """The workflow's CLI calls (demo.smk), small: a new process each, as the rules run them."""
     cli = [sys.executable, "-m", "dflash_eval.cli"]
     subprocess.run([*cli, "demo-tokenizer", "--out", str(out / "tok"), "--seed", "0"], check=True)
@@ -25,7 +26,7 @@ def build(out: Path, device: str) -> None:
     )
     subprocess.run(
         [*cli, "demo-drafters", "--target", str(out / "target"), "--out", str(out / "drafters"), "--steps", "30"]
-        + ["--sequences", "4", "--device", device],
+        + ["--sequences", "4", "--device", device, "--workers", str(workers)],
         check=True,
     )
 
@@ -38,7 +39,7 @@ def same_weights(a: Path, b: Path) -> bool:
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 def test_a_cuda_build_repeats_itself_and_loads_anywhere(tmp_path):
     build(tmp_path / "a", "cuda:0")
-    build(tmp_path / "b", "cuda:0")
+    build(tmp_path / "b", "cuda:0", workers=3)
     assert same_weights(tmp_path / "a/target/model.safetensors", tmp_path / "b/target/model.safetensors")
     for name in ("untrained", "step30"):
         assert same_weights(

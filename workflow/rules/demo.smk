@@ -67,9 +67,9 @@ rule demo_drafters:
     benchmark:
         f"{BENCH}/demo/drafters.tsv"
     # every core it is given: two torch threads per process (they decide the bits) and one worker process per
-    # two cores for the target's greedy training completions (the same bits for any number of workers); a build
-    # on CUDA computes them on the GPU, in one process
-    threads: workflow.cores if DEMO_BUILD_DEVICE == "cpu" else 2
+    # two cores for the target's greedy training completions (the same bits for any number of workers), on the
+    # build's device (a build on CUDA runs them side by side on its GPU)
+    threads: workflow.cores
     resources:
         gpu=DEMO_BUILD_GPUS,
     params:

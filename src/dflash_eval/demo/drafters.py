@@ -109,16 +109,19 @@ def greedy_sequence(
 _worker_target = None
 
 
-def _load_worker_target(target_dir: str, threads: int) -> None:
-    """A worker process's own copy of the target, with the build's thread count (it decides the bits)."""
+def _load_worker_target(target_dir: str, threads: int, device: str) -> None:
+    """A worker process's own copy of the target, with the build's thread count (it decides the bits on the CPU)
+    and on the build's device (made deterministic there as in the parent)."""
     global _worker_target
     torch.set_num_threads(threads)
-    bind_backend("torch", "cpu")
-    _worker_target = AutoModelForCausalLM.from_pretrained(target_dir, dtype=torch.float32).eval()
+    torch_device = prepare_build_device(device)
+    bind_backend("torch", device)
+    _worker_target = AutoModelForCausalLM.from_pretrained(target_dir, dtype=torch.float32).eval().to(torch_device)
 
 
 def _worker_sequence(args: tuple[torch.Tensor, list[int], int, int]) -> TrainingSequence:
-    return greedy_sequence(_worker_target, *args)
+    sequence = greedy_sequence(_worker_target, *args)
+    return TrainingSequence(sequence.tokens.cpu(), sequence.features.cpu(), sequence.prompt_len)  # pickled
 
 
 def greedy_sequences(
@@ -131,25 +134,27 @@ def greedy_sequences(
     seed: int,
     workers: int = 1,
 ) -> list[TrainingSequence]:
-    """The target's own greedy completions of the training prompts, in `workers` processes.
+    """The target's own greedy completions of the training prompts, in `workers` processes, on the CPU or on the
+    target's GPU (processes side by side on it), each sequence on the target's device.
 
-    Each sequence is computed alone (batch 1) with the same thread count in every process, so the
-    result is bit-identical whatever `workers` is (tests/demo/test_drafter_build.py); more workers only
-    use more cores. The workers run on the CPU: a target on another device computes them itself.
+    Each sequence is computed alone (batch 1) with the same thread count and kernels in every process, so the
+    result is bit-identical whatever `workers` is (tests/demo/test_drafter_build.py, and on a GPU
+    tests/workflow/test_gpu_demo_build.py); more workers only keep more cores, or the GPU, busy.
     """
     eos = tokenizer.convert_tokens_to_ids("<|im_end|>")
     jobs = [(prompt, layer_ids, max_new_tokens, eos) for prompt in training_prompts(tokenizer, count, seed)]
     progress = dict(total=count, desc="target greedy completions", unit="seq")
-    if workers <= 1 or target.device.type != "cpu":
+    if workers <= 1:
         return [greedy_sequence(target, *job) for job in tqdm(jobs, **progress)]
     context = multiprocessing.get_context("spawn")
     with ProcessPoolExecutor(
         workers,
         mp_context=context,
         initializer=_load_worker_target,
-        initargs=(str(target_dir), torch.get_num_threads()),
+        initargs=(str(target_dir), torch.get_num_threads(), str(target.device)),
     ) as pool:
-        return list(tqdm(pool.map(_worker_sequence, jobs), **progress))
+        done = list(tqdm(pool.map(_worker_sequence, jobs), **progress))
+    return [TrainingSequence(s.tokens.to(target.device), s.features.to(target.device), s.prompt_len) for s in done]
 
 
 def block_loss(
@@ -201,8 +206,8 @@ def build_drafters(
 ) -> dict:
     """Train one drafter on `device`, saving the untrained start and a checkpoint at each of `steps`.
 
-    The drafter starts from the same seeded CPU initialisation on every device; `workers` CPU processes compute
-    the training completions of a CPU build (a build on CUDA computes them on the GPU)."""
+    The drafter starts from the same seeded CPU initialisation on every device; `workers` processes compute the
+    training completions, on the build's device."""
     torch_device = prepare_build_device(device)
     torch.manual_seed(seed)
     rng = random.Random(seed)
@@ -274,7 +279,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--workers",
         type=int,
         default=1,
-        help="processes for the target's greedy completions (same result for any number; a CPU build only)",
+        help="processes for the target's greedy completions, on the build's device (same result for any number)",
     )
     parser.add_argument("--device", default="cpu", help="where to train: cpu, cuda or cuda:N (demo.build_device)")
 

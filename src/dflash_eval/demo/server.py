@@ -2,7 +2,7 @@
 
 Run: `dflash-eval demo-server --model-path DIR --port P
 [--speculative-algorithm DFLASH --speculative-draft-model-path DIR [--speculative-num-draft-tokens B]]
-[--served-model-name NAME] [--api-key KEY]` (SGLang's own launch flags for these settings).
+[--served-model-name NAME] [--api-key KEY] [--dp-size N]` (SGLang's own launch flags for these settings).
 
 How, in detail: docs/internals.md (`demo/server.py`).
 """
@@ -13,6 +13,7 @@ import argparse
 import hmac
 import json
 import os
+import signal
 import sys
 import threading
 import time
@@ -20,6 +21,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
+from dflash_eval.demo.replicas import Replicas
 from dflash_eval.demo.request_sampling import penalties_set, sampling_request
 from dflash_eval.demo.vllm_mode import VllmRoutes
 from dflash_eval.demo.vllm_mode import add_arguments as add_vllm_arguments
@@ -110,7 +112,7 @@ def spec_counters(steps: list[int], completion_tokens: int, block_size: int) -> 
 
 
 class Engine:
-    """The target (and drafter), one request at a time."""
+    """The target (and drafter), one request at a time (or, with replicas, one per replica)."""
 
     def __init__(self, args: argparse.Namespace) -> None:
         import torch
@@ -140,7 +142,9 @@ class Engine:
                 f"target's vocabulary of {vocab}: use real-draft-token"
             )
         self.simulated_requests = 0  # the seed of each request's draws: runs repeat, requests differ
+        self.counter_lock = threading.Lock()
         self.lock = threading.Lock()
+        self.replicas: Replicas | None = None  # set by run() with --dp-size above 1
         self.released = False
         self.sleep_level: int | None = None  # the vLLM mode's /sleep level
         self.last_steps: list[int] = []  # the served verification steps of the last request (the vLLM mode's metrics)
@@ -162,17 +166,17 @@ class Engine:
     ) -> tuple[list[int], dict[str, Any] | None, dict[str, float]]:
         """generate() with its meta_info timing (seconds since `received`, the request's arrival): e2e_latency,
         and with --enable-metrics first_token_latency, queue_time and decode_throughput, as 0.5.23 computes them
-        (sglang/srt/observability/req_time_stats.py: get_e2e_latency, get_first_token_latency, get_decode_throughput)."""
-        with self.lock:
-            started = time.perf_counter()
-            self.first_token_at = None
-            stops = self.stops
-            self.stops = [] if ignore_eos else stops  # SGLang's sampling_params.ignore_eos: run to max_new_tokens
-            try:
-                completion, spec = self.generate(prompt_ids, max_new_tokens, drawn)
-            finally:
-                self.stops = stops
-            finished, first = time.perf_counter(), self.first_token_at
+        (sglang/srt/observability/req_time_stats.py: get_e2e_latency, get_first_token_latency, get_decode_throughput).
+        With --dp-size above 1 a free replica computes it (demo/replicas.py)."""
+        with self.counter_lock:
+            self.simulated_requests += self.simulate is not None and drawn is None
+            seed = self.simulated_requests
+        if self.replicas is not None:
+            completion, spec, steps, clock = self.replicas.generate(prompt_ids, max_new_tokens, drawn, ignore_eos, seed)
+            self.last_steps = steps
+        else:
+            completion, spec, clock = self.generate_timed(prompt_ids, max_new_tokens, drawn, ignore_eos, seed)
+        started, first, finished = clock
         timing = {"e2e_latency": finished - received}
         if self.args.enable_metrics:
             if first is not None and first > received:
@@ -182,11 +186,27 @@ class Engine:
                 timing["decode_throughput"] = (len(completion) - 1) / (finished - first)
         return completion, spec, timing
 
+    def generate_timed(
+        self, prompt_ids: list[int], max_new_tokens: int, drawn: dict[str, Any] | None, ignore_eos: bool, seed: int
+    ) -> tuple[list[int], dict[str, Any] | None, tuple[float, float | None, float]]:
+        """generate() one request at a time, with the perf_counter readings of its start, first token and end."""
+        with self.lock:
+            started = time.perf_counter()
+            self.first_token_at = None
+            stops = self.stops
+            self.stops = [] if ignore_eos else stops  # SGLang's sampling_params.ignore_eos: run to max_new_tokens
+            try:
+                completion, spec = self.generate(prompt_ids, max_new_tokens, drawn, seed)
+            finally:
+                self.stops = stops
+            return completion, spec, (started, self.first_token_at, time.perf_counter())
+
     def generate(
-        self, prompt_ids: list[int], max_new_tokens: int, drawn: dict[str, Any] | None = None
+        self, prompt_ids: list[int], max_new_tokens: int, drawn: dict[str, Any] | None = None, seed: int = 1
     ) -> tuple[list[int], dict[str, Any] | None]:
         """Completion ids (the stop token included, as SGLang's output_ids) and the counters; greedy unless
-        `drawn` (sampling_request's parameters) says how to sample. Called under the lock (timed_generate)."""
+        `drawn` (sampling_request's parameters) says how to sample; `seed` seeds a simulated request's draws.
+        Called under the lock (generate_timed)."""
         import torch
 
         from dflash_eval.demo.reference import run_reference_loop
@@ -197,7 +217,7 @@ class Engine:
                 "only; send temperature 0 or unset the variable"
             )
         if self.simulate is not None:
-            return self.simulated(prompt_ids, max_new_tokens)
+            return self.simulated(prompt_ids, max_new_tokens, seed)
         if drawn is not None:
             from dflash_eval.demo.sampled import sampled_generate
 
@@ -239,7 +259,9 @@ class Engine:
                 ids = torch.tensor([[token]])
             return completion, None
 
-    def simulated(self, prompt_ids: list[int], max_new_tokens: int) -> tuple[list[int], dict[str, Any] | None]:
+    def simulated(
+        self, prompt_ids: list[int], max_new_tokens: int, seed: int
+    ) -> tuple[list[int], dict[str, Any] | None]:
         """A greedy request under SGLANG_SIMULATE_ACC_LEN: the drafter and the target run every step, then each
         step commits k ~ speedup.simulate.simulated_length(length, B) tokens (forced_acceptance), full blocks
         cut as SGLang cuts them (sglang_steps), each step's drafts counted as drawn (k - 1, as SGLang's forced
@@ -252,10 +274,9 @@ class Engine:
         from dflash_eval.speedup.simulate import forced_acceptance
 
         real = self.simulate["token_mode"] == "real-draft-token"
-        self.simulated_requests += 1
         with (
             torch.no_grad(),
-            forced_acceptance(self.target, self.simulate["length"], seed=self.simulated_requests) as drawn,
+            forced_acceptance(self.target, self.simulate["length"], seed=seed) as drawn,
         ):
             _, output = run_reference_loop(
                 self.drafter,
@@ -584,8 +605,21 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         action="store_true",
         help="SGLang's: meta_info also gets first_token_latency, queue_time and decode_throughput",
     )
-    parser.add_argument("--threads", type=int, default=1, help="torch threads")
+    parser.add_argument("--threads", type=int, default=1, help="torch threads (per replica)")
+    parser.add_argument(
+        "--dp-size",
+        "--data-parallel-size",
+        type=int,
+        default=1,
+        help="SGLang's: replicas of the model, each serving one request at a time (worker processes here)",
+    )
     add_vllm_arguments(parser)
+
+
+def replica_engine(args: argparse.Namespace) -> Engine:
+    """A replica's engine, in its own worker process: the torch kernels bound there too."""
+    bind_backend("torch", "cpu")
+    return Engine(args)
 
 
 def run(args: argparse.Namespace) -> None:
@@ -593,13 +627,22 @@ def run(args: argparse.Namespace) -> None:
     bind_backend("torch", "cpu")  # the target runs on the CPU: never fla's Triton kernels, wherever fla imports
     if args.engine == "vllm":
         resolve_vllm_args(args)
-    Handler.engine = Engine(args)
+    if args.dp_size < 1:
+        raise SystemExit(f"--dp-size {args.dp_size}: give 1 or more replicas")
+    Handler.engine = engine = Engine(args)
+    if args.dp_size > 1:
+        engine.replicas = Replicas(replica_engine, args, args.dp_size)
+        signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))  # through `finally`: the replicas stop with it
     server = ThreadingHTTPServer((args.host, args.port), Handler)
-    print(f"{args.engine}-protocol test server on {args.host}:{args.port}", flush=True)
+    replicas = f", {args.dp_size} replicas" if args.dp_size > 1 else ""
+    print(f"{args.engine}-protocol test server on {args.host}:{args.port}{replicas}", flush=True)
     try:
         server.serve_forever()
     except KeyboardInterrupt:
         sys.exit(0)
+    finally:
+        if engine.replicas is not None:
+            engine.replicas.close()
 
 
 def main(argv: list[str] | None = None) -> None:
